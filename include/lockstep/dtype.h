@@ -55,10 +55,21 @@ struct bf16 {
 
 LS_DTYPE_HD float bf16_to_f32(bf16 h) { return f32_from_bits(uint32_t(h.bits) << 16); }
 
-// Round to nearest, ties to even. NaN -> quiet NaN with the same sign.
+// NOTE: IEEE leaves NaN payloads and signs to the hardware (x86 makes 0xFFC00000 for inf-inf, a
+// GPU 0x7FFFFFFF), so for CPU/GPU bit parity every NaN an op stores is ONE pattern: 0x7FC0 in bf16,
+// 0x7FC00000 in fp32 (contract §2).
+constexpr uint16_t kCanonicalNanBf16 = 0x7FC0;
+constexpr uint32_t kCanonicalNanF32 = 0x7FC00000u;
+
+LS_DTYPE_HD bool is_nan_f32(float f) { return (f32_bits(f) & 0x7fffffffu) > 0x7f800000u; }
+
+// fp32 value as stored by an op: NaN becomes the canonical NaN, everything else is unchanged.
+LS_DTYPE_HD float canonical_f32(float f) { return is_nan_f32(f) ? f32_from_bits(kCanonicalNanF32) : f; }
+
+// Round to nearest, ties to even. Any NaN -> the canonical NaN 0x7FC0.
 LS_DTYPE_HD bf16 f32_to_bf16(float f) {
   uint32_t u = f32_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{uint16_t((u >> 16) | 0x0040u)};
+  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{kCanonicalNanBf16};
   uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
   return bf16{uint16_t((u + rounding) >> 16)};
 }

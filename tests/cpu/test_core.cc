@@ -22,9 +22,11 @@ TEST(Bf16, RoundsToNearestEven) {
   EXPECT_EQ(f32_to_bf16(-0.0f).bits, 0x8000);
   EXPECT_EQ(f32_to_bf16(INFINITY).bits, 0x7f80);
   EXPECT_EQ(f32_to_bf16(3.4e38f).bits, 0x7f80);  // rounds past the largest bf16
-  bf16 n = f32_to_bf16(NAN);
-  EXPECT_TRUE(std::isnan(bf16_to_f32(n)));
-  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(f32_from_bits(0x7f800001u)))));
+  // Every NaN, whatever its sign or payload, is stored as the canonical 0x7FC0.
+  for (uint32_t nan : {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xffffffffu, 0x7fffffffu})
+    EXPECT_EQ(f32_to_bf16(f32_from_bits(nan)).bits, kCanonicalNanBf16) << std::hex << nan;
+  EXPECT_EQ(f32_bits(canonical_f32(f32_from_bits(0xffc00001u))), kCanonicalNanF32);
+  EXPECT_EQ(f32_bits(canonical_f32(-0.0f)), 0x80000000u);
 }
 
 TEST(Bf16, RoundTripIsExactForEveryBf16) {

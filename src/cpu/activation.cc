@@ -1,0 +1,70 @@
+// SiLU-and-mul on the CPU, the executable form of docs/contract.d/elementwise.md "SiLU-and-mul":
+// e = ls_expf(-g); d = 1 + e; s = g / d; out = round_bf16(s * u); each step one fp32 RNE op (no
+// fma), NaN stored canonically. One task computes a whole row; no reduction anywhere.
+#include "lockstep/ops/activation.h"
+
+#include <algorithm>
+
+#include "core/math.h"
+#include "core/thread_pool.h"
+#include "cpu/elementwise_common.h"
+
+namespace lockstep::cpu {
+namespace {
+
+// NOTE: large |g|: g -> -inf side, ls_expf(-g) overflows to +inf, d = inf, s = g / inf = -0
+// (so out = -0 * u: a signed zero); g = -inf gives -inf / inf = NaN (as PyTorch's silu);
+// g -> +inf side, e underflows to 0, s = g exactly.
+LS_HD float silu_mul_f32(float g, float u) {
+  const float e = ls_expf(-g);
+  const float d = 1.0f + e;
+  const float s = g / d;
+  return s * u;
+}
+
+}  // namespace
+
+void silu_mul(const TensorView& gate, const TensorView& up, const TensorView& out) {
+  const char* op = "silu_mul";
+  check_tensor(op, "gate", gate, DType::kBF16, {-1, -1});
+  check_inner_contiguous(op, "gate", gate);
+  const int64_t T = gate.shape[0], I = gate.shape[1];
+  LS_CHECK(I >= 1, op, "argument 'gate' expected a last dimension >= 1, got ", gate.shape_string());
+  check_tensor(op, "up", up, DType::kBF16, {T, I});
+  check_inner_contiguous(op, "up", up);
+  check_tensor(op, "out", out, DType::kBF16, {T, I});
+  check_inner_contiguous(op, "out", out);
+  if (T == 0) return;
+
+  const detail::RowAddr ga(gate), ua(up), oa(out);
+  parallel_for(T, std::max<int64_t>(1, 16384 / I), [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const bf16* g = ga.row<const bf16>(t);
+      const bf16* u = ua.row<const bf16>(t);
+      bf16* o = oa.row<bf16>(t);
+      for (int64_t i = 0; i < I; ++i) {
+        o[i] = round_bf16_canonical(silu_mul_f32(bf16_to_f32(g[i]), bf16_to_f32(u[i])));
+      }
+    }
+  });
+}
+
+void silu_and_mul(const TensorView& gate_up, const TensorView& out) {
+  const char* op = "silu_and_mul";
+  check_tensor(op, "gate_up", gate_up, DType::kBF16, {-1, -1});
+  check_inner_contiguous(op, "gate_up", gate_up);
+  const int64_t T = gate_up.shape[0], I2 = gate_up.shape[1];
+  LS_CHECK(I2 >= 2 && I2 % 2 == 0, op,
+           "argument 'gate_up' expected shape [T, 2I] with I >= 1, got ", gate_up.shape_string());
+  const int64_t I = I2 / 2;
+  check_tensor(op, "out", out, DType::kBF16, {T, I});
+  check_inner_contiguous(op, "out", out);
+  if (T == 0) return;
+  TensorView gate = gate_up, up = gate_up;
+  gate.shape[1] = I;
+  up.shape[1] = I;
+  up.data = gate_up.ptr<bf16>() + I;
+  silu_mul(gate, up, out);
+}
+
+}  // namespace lockstep::cpu
