@@ -1,0 +1,360 @@
+// The LogP op on the CPU, the executable form of docs/contract.d/logprob.md: logits of a block of
+// tokens × one vocab tile by the GEMM contract, y = z / temperature, per-tile state in the 8-lane
+// layout, tiles folded left to right per segment, segments merged in a balanced tree. Work is
+// split over token blocks and tiles; each state is computed by one task and combined in the fixed
+// order, so bits never depend on the thread count or on which other tokens are in the batch.
+#include "lockstep/ops/logprob.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "core/math.h"
+#include "core/thread_pool.h"
+#include "cpu/logprob_internal.h"
+#include "lockstep/ops/gemm.h"
+
+namespace lockstep {
+
+namespace {
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// The contract's max rule: the later operand wins only if strictly greater (never NaN: m starts
+// at -inf and NaN > x is false; NaN entries poison s instead).
+inline float max2(float a, float b) { return b > a ? b : a; }
+
+bool pow2_upto8(int64_t n) { return n == 1 || n == 2 || n == 4 || n == 8; }
+}  // namespace
+
+void LogprobParams::validate() const {
+  LS_CHECK(std::isfinite(temperature) && temperature > 0.0f, "LogprobParams",
+           "temperature must be finite and > 0, got ", temperature);
+  LS_CHECK(ignore_index < 0, "LogprobParams", "ignore_index must be negative, got ", ignore_index);
+}
+
+std::string LogprobParams::to_string() const {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "logprob: temperature=%a (%.9g) ignore_index=%lld",
+                double(temperature), double(temperature), (long long)ignore_index);
+  return buf;
+}
+
+LogprobVocabLayout logprob_vocab_layout(const ContractConfig& cfg, int64_t vocab_size) {
+  cfg.validate();
+  LS_CHECK(vocab_size >= 1, "logprob_vocab_layout", "vocab size must be >= 1, got ", vocab_size);
+  LogprobVocabLayout l;
+  l.vocab_size = vocab_size;
+  l.tile = cfg.vocab_tile;
+  l.segments = cfg.vocab_segments;
+  int64_t unit = int64_t(cfg.vocab_tile) * cfg.vocab_segments;
+  l.padded = (vocab_size + unit - 1) / unit * unit;
+  l.segment_len = l.padded / cfg.vocab_segments;
+  l.tiles_per_segment = l.segment_len / cfg.vocab_tile;
+  return l;
+}
+
+LogprobState logprob_tile_state(const float* y, int64_t tile) {
+  constexpr int kL = kLogprobLanes;
+  float m8[kL], s8[kL], w8[kL];
+  for (int l = 0; l < kL; ++l) m8[l] = kNegInf;
+  for (int64_t j = 0; j < tile; j += kL)
+    for (int l = 0; l < kL; ++l) m8[l] = max2(m8[l], y[j + l]);
+  float m = max2(max2(max2(m8[0], m8[1]), max2(m8[2], m8[3])),
+                 max2(max2(m8[4], m8[5]), max2(m8[6], m8[7])));
+  // NOTE: a zero max is made +0, so the max of a set does not depend on the order (only the sign
+  // of a zero could): a GPU may use any reduction order, or fmaxf, for m.
+  if (m == 0.0f) m = 0.0f;
+  for (int l = 0; l < kL; ++l) s8[l] = w8[l] = 0.0f;
+  for (int64_t j = 0; j < tile; j += kL) {
+    for (int l = 0; l < kL; ++l) {
+      float v = y[j + l];
+      float d = v - m;
+      float e = ls_expf(d);
+      // NOTE: a -inf entry (padding) is skipped; adding +0 instead is the same bits (s and w are
+      // never -0), and keeps the loop branch-free. Without it, -inf - (-inf) would poison an
+      // all-padding tile with NaN.
+      bool skip = v == kNegInf;
+      s8[l] = s8[l] + (skip ? 0.0f : e);
+      w8[l] = w8[l] + (skip ? 0.0f : e * d);
+    }
+  }
+  LogprobState st;
+  st.m = m;
+  st.s = ((s8[0] + s8[1]) + (s8[2] + s8[3])) + ((s8[4] + s8[5]) + (s8[6] + s8[7]));
+  st.w = ((w8[0] + w8[1]) + (w8[2] + w8[3])) + ((w8[4] + w8[5]) + (w8[6] + w8[7]));
+  return st;
+}
+
+LogprobState logprob_merge(const LogprobState& a, const LogprobState& b) {
+  if (b.s == 0.0f) return a;  // empty: identity (NaN s is not empty)
+  if (a.s == 0.0f) return b;
+  float M = max2(a.m, b.m);
+  float da = a.m - M, db = b.m - M;
+  float ea = ls_expf(da), eb = ls_expf(db);
+  LogprobState r;
+  r.m = M;
+  r.s = a.s * ea + b.s * eb;
+  // w is relative to the max: Σ e^(y-M)(y-M) = e^(m-M)·(w + (m-M)·s) for each side.
+  r.w = (a.w + da * a.s) * ea + (b.w + db * b.s) * eb;
+  return r;
+}
+
+LogprobState logprob_tree(const LogprobState* states, int64_t n) {
+  LS_CHECK(n >= 1 && (n & (n - 1)) == 0, "logprob_tree", "state count must be a power of two, got ",
+           n);
+  std::vector<LogprobState> level(states, states + n);
+  for (int64_t len = n; len > 1; len /= 2)
+    for (int64_t i = 0; i < len / 2; ++i) level[i] = logprob_merge(level[2 * i], level[2 * i + 1]);
+  return level[0];
+}
+
+void logprob_finish(const LogprobState& st, float* lse, float* entropy) {
+  float ls = ls_logf(st.s);
+  // NOTE: entropy = log s - w/s is a sum of two non-negative terms (w <= 0): no cancellation,
+  // unlike lse - Σ p·y.
+  if (lse) *lse = canonical_f32(st.m + ls);
+  if (entropy) *entropy = canonical_f32(ls - st.w / st.s);
+}
+
+namespace cpu {
+namespace logprob_detail {
+
+void check_hidden(const char* op, int64_t H, const ContractConfig& cfg) {
+  LS_CHECK(H >= 1, op, "argument 'h': hidden size (dim 1) must be >= 1, got ", H);
+}
+
+// The GEMM op itself on a [rows, n] block with fp32 output: its row invariance makes a tile's
+// logits the same bits as the full [T, V] GEMM would give.
+void tile_logits(const TensorView& h, const TensorView& w, const ContractConfig& cfg, float* out,
+                 int64_t ld) {
+  TensorView y;
+  y.data = out;
+  y.dtype = DType::kF32;
+  y.ndim = 2;
+  y.shape[0] = h.size(0);
+  y.shape[1] = w.size(0);
+  y.stride[0] = ld;
+  y.stride[1] = 1;
+  gemm_bf16_nt(h, w, GemmConfig::from_contract(cfg), y);
+}
+
+LogprobState fold_tiles(const LogprobState* tiles, int64_t tiles_per_segment, int seg_count,
+                        LogprobState* seg_scratch) {
+  for (int k = 0; k < seg_count; ++k) {
+    LogprobState acc;  // empty: merge(empty, t) == t exactly
+    for (int64_t i = 0; i < tiles_per_segment; ++i)
+      acc = logprob_merge(acc, tiles[k * tiles_per_segment + i]);
+    seg_scratch[k] = acc;
+  }
+  return logprob_tree(seg_scratch, seg_count);
+}
+
+LogprobState row_state(const float* y, const LogprobVocabLayout& lay,
+                       std::vector<LogprobState>* scratch) {
+  const int64_t n_tiles = lay.padded / lay.tile;
+  scratch->resize(size_t(n_tiles + lay.segments));
+  LogprobState* tiles = scratch->data();
+  for (int64_t i = 0; i < n_tiles; ++i) tiles[i] = logprob_tile_state(y + i * lay.tile, lay.tile);
+  return fold_tiles(tiles, lay.tiles_per_segment, lay.segments, tiles + n_tiles);
+}
+
+}  // namespace logprob_detail
+
+namespace {
+
+using logprob_detail::f32_at;
+using logprob_detail::read_index;
+
+constexpr int64_t kTokenBlock = 16;  // rows per GEMM call (any value gives the same bits)
+
+void check_targets(const char* op, const TensorView& targets, int64_t T, int64_t V,
+                   int64_t ignore_index) {
+  check_tensor_dtypes(op, "targets", targets, {DType::kI32, DType::kI64}, {T});
+  for (int64_t t = 0; t < T; ++t) {
+    int64_t g = read_index(targets, t);
+    LS_CHECK(g == ignore_index || (g >= 0 && g < V), op, "argument 'targets': targets[", t,
+             "] = ", g, " is outside [0, ", V, ") and is not ignore_index (", ignore_index, ")");
+  }
+}
+
+void check_out_1d(const char* op, const char* arg, const TensorView& t, int64_t T) {
+  check_tensor(op, arg, t, DType::kF32, {T});
+}
+
+void check_h(const char* op, const TensorView& h, const ContractConfig& cfg) {
+  check_tensor(op, "h", h, DType::kBF16, {-1, -1});
+  check_inner_contiguous(op, "h", h);
+  logprob_detail::check_hidden(op, h.size(1), cfg);
+}
+
+// States (m, s, w, y_target) of tokens [0, T) over the shard's segments; one aligned subtree.
+// `out` gets T rows of 4 floats (row stride ld); y_target is NaN unless the shard holds it.
+void shard_states(const TensorView& h, const TensorView& w_shard, const TensorView& targets,
+                  const LogprobParams& params, const ContractConfig& cfg,
+                  const LogprobVocabLayout& lay, int seg_begin, int seg_count, float* out,
+                  int64_t ld) {
+  const int64_t T = h.size(0);
+  const int64_t L = lay.tile;
+  const int64_t tps = lay.tiles_per_segment;
+  const int64_t n_tiles = tps * seg_count;
+  const int64_t v_begin = int64_t(seg_begin) * lay.segment_len;  // global row of local row 0
+  const int64_t Vs = w_shard.size(0);
+  const float temperature = params.temperature;
+  const float nan = f32_from_bits(kCanonicalNanF32);
+  const int64_t n_blocks = (T + kTokenBlock - 1) / kTokenBlock;
+
+  parallel_for(n_blocks, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<LogprobState> tiles;  // [rows, n_tiles]
+    std::vector<float> y_target;      // [rows]
+    std::vector<LogprobState> segs(static_cast<size_t>(seg_count));
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t r0 = b * kTokenBlock, rows = std::min(kTokenBlock, T - r0);
+      const TensorView h_blk = h.rows(r0, r0 + rows);
+      tiles.assign(size_t(rows * n_tiles), LogprobState{});
+      y_target.assign(size_t(rows), nan);
+      // Tiles in parallel (nested: serial when the blocks already fill the pool). Each tile's
+      // state and each target logit are written by exactly one task.
+      parallel_for(n_tiles, 1, [&](int64_t i0, int64_t i1) {
+        // [rows, L] scratch: one tile of logits (never more than kTokenBlock rows).
+        std::vector<float> y(static_cast<size_t>(rows * L));
+        for (int64_t i = i0; i < i1; ++i) {
+          const int64_t lv0 = i * L;  // local vocab row of the tile's first entry
+          const int64_t valid = std::clamp<int64_t>(Vs - lv0, 0, L);
+          if (valid > 0)
+            logprob_detail::tile_logits(h_blk, w_shard.rows(lv0, lv0 + valid), cfg, y.data(), L);
+          for (int64_t r = 0; r < rows; ++r) {
+            float* yr = y.data() + r * L;
+            for (int64_t j = 0; j < valid; ++j) yr[j] = yr[j] / temperature;
+            for (int64_t j = valid; j < L; ++j) yr[j] = kNegInf;  // vocab padding
+            tiles[size_t(r * n_tiles + i)] = logprob_tile_state(yr, L);
+            int64_t g = read_index(targets, r0 + r);
+            if (g != params.ignore_index && g >= v_begin + lv0 && g < v_begin + lv0 + valid)
+              y_target[size_t(r)] = yr[g - v_begin - lv0];
+          }
+        }
+      });
+      for (int64_t r = 0; r < rows; ++r) {
+        LogprobState st =
+            logprob_detail::fold_tiles(tiles.data() + r * n_tiles, tps, seg_count, segs.data());
+        float* o = out + (r0 + r) * ld;
+        o[0] = canonical_f32(st.m);
+        o[1] = canonical_f32(st.s);
+        o[2] = canonical_f32(st.w);
+        o[3] = canonical_f32(y_target[size_t(r)]);
+      }
+    }
+  });
+}
+
+void finish_token(const LogprobState& st, float y_target, bool ignored, float* logp, float* lse,
+                  float* entropy) {
+  float l;
+  logprob_finish(st, &l, entropy);
+  *lse = l;
+  *logp = ignored ? 0.0f : canonical_f32(y_target - l);
+}
+
+}  // namespace
+
+void linear_logprob_partial(const TensorView& h, const TensorView& w_shard,
+                            const TensorView& targets, const LogprobParams& params,
+                            const ContractConfig& cfg, const LogprobShard& shard,
+                            const TensorView& state) {
+  const char* op = "linear_logprob_partial";
+  cfg.validate();
+  params.validate();
+  check_h(op, h, cfg);
+  const int64_t T = h.size(0), H = h.size(1);
+  LS_CHECK(shard.vocab_size >= 1, op, "shard.vocab_size must be >= 1, got ", shard.vocab_size);
+  LS_CHECK(pow2_upto8(shard.seg_count) && cfg.vocab_segments % shard.seg_count == 0 &&
+               shard.seg_begin >= 0 && shard.seg_begin % shard.seg_count == 0 &&
+               shard.seg_begin + shard.seg_count <= cfg.vocab_segments,
+           op, "shard: segments [", shard.seg_begin, ", ", shard.seg_begin + shard.seg_count,
+           ") are not an aligned power-of-two subtree of vocab_segments=", cfg.vocab_segments);
+  const LogprobVocabLayout lay = logprob_vocab_layout(cfg, shard.vocab_size);
+  const int64_t v0 = std::min(shard.vocab_size, int64_t(shard.seg_begin) * lay.segment_len);
+  const int64_t v1 =
+      std::min(shard.vocab_size, int64_t(shard.seg_begin + shard.seg_count) * lay.segment_len);
+  check_tensor(op, "w_shard", w_shard, DType::kBF16, {v1 - v0, H});
+  check_inner_contiguous(op, "w_shard", w_shard);
+  check_targets(op, targets, T, shard.vocab_size, params.ignore_index);
+  check_tensor(op, "state", state, DType::kF32, {T, 4});
+  check_inner_contiguous(op, "state", state);
+  if (T == 0) return;
+  shard_states(h, w_shard, targets, params, cfg, lay, shard.seg_begin, shard.seg_count,
+               state.ptr<float>(), state.stride[0]);
+}
+
+void linear_logprob_combine(const TensorView& states, const TensorView& targets,
+                            const LogprobParams& params, const ContractConfig& cfg,
+                            int64_t vocab_size, const TensorView& logp, const TensorView& lse,
+                            const TensorView& entropy) {
+  const char* op = "linear_logprob_combine";
+  cfg.validate();
+  params.validate();
+  check_tensor(op, "states", states, DType::kF32, {-1, -1, 4});
+  check_inner_contiguous(op, "states", states);
+  const int64_t R = states.size(0), T = states.size(1);
+  LS_CHECK(pow2_upto8(R) && cfg.vocab_segments % R == 0, op,
+           "argument 'states': rank count (dim 0) must be a power of two dividing vocab_segments=",
+           cfg.vocab_segments, ", got ", R);
+  const LogprobVocabLayout lay = logprob_vocab_layout(cfg, vocab_size);
+  check_targets(op, targets, T, vocab_size, params.ignore_index);
+  check_out_1d(op, "logp", logp, T);
+  check_out_1d(op, "lse", lse, T);
+  check_out_1d(op, "entropy", entropy, T);
+  const int64_t rank_len = lay.segment_len * (cfg.vocab_segments / R);  // vocab rows per rank
+  parallel_for(T, 256, [&](int64_t t0, int64_t t1) {
+    std::vector<LogprobState> st(static_cast<size_t>(R));
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t r = 0; r < R; ++r) {
+        const float* p = states.ptr<float>() + r * states.stride[0] + t * states.stride[1];
+        st[size_t(r)] = LogprobState{p[0], p[1], p[2]};
+      }
+      LogprobState all = logprob_tree(st.data(), R);
+      int64_t g = read_index(targets, t);
+      bool ignored = g == params.ignore_index;
+      float y = 0.0f;
+      if (!ignored) {
+        int64_t owner = g / rank_len;
+        y = states.ptr<float>()[owner * states.stride[0] + t * states.stride[1] + 3];
+      }
+      finish_token(all, y, ignored, &f32_at(logp, t), &f32_at(lse, t), &f32_at(entropy, t));
+    }
+  });
+}
+
+void linear_logprob(const TensorView& h, const TensorView& w, const TensorView& targets,
+                    const LogprobParams& params, const ContractConfig& cfg, const TensorView& logp,
+                    const TensorView& lse, const TensorView& entropy) {
+  const char* op = "linear_logprob";
+  cfg.validate();
+  params.validate();
+  check_h(op, h, cfg);
+  const int64_t T = h.size(0), H = h.size(1);
+  check_tensor(op, "w", w, DType::kBF16, {-1, H});
+  check_inner_contiguous(op, "w", w);
+  const int64_t V = w.size(0);
+  LS_CHECK(V >= 1, op, "argument 'w': vocab size (dim 0) must be >= 1, got ", V);
+  check_targets(op, targets, T, V, params.ignore_index);
+  check_out_1d(op, "logp", logp, T);
+  check_out_1d(op, "lse", lse, T);
+  check_out_1d(op, "entropy", entropy, T);
+  if (T == 0) return;
+  const LogprobVocabLayout lay = logprob_vocab_layout(cfg, V);
+  // [T, 4] states: 16 bytes per token (never [T, V]).
+  std::vector<float> st(static_cast<size_t>(T * 4));
+  shard_states(h, w, targets, params, cfg, lay, 0, cfg.vocab_segments, st.data(), 4);
+  parallel_for(T, 256, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* p = st.data() + t * 4;
+      bool ignored = read_index(targets, t) == params.ignore_index;
+      finish_token(LogprobState{p[0], p[1], p[2]}, p[3], ignored, &f32_at(logp, t), &f32_at(lse, t),
+                   &f32_at(entropy, t));
+    }
+  });
+}
+
+}  // namespace cpu
+}  // namespace lockstep

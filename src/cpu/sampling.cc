@@ -1,0 +1,276 @@
+// Sampling on the CPU, the executable form of docs/contract.d/sampling.md: one token row at a time
+// (a [V] row is the largest buffer), logits by the GEMM contract, the LogP state of the row by the
+// LogP op's own tile/fold/tree code, filters top-k → top-p (exact integer masses) → min-p, then
+// Gumbel-max with Philox noise, ties to the lowest vocab index. Each row is computed by one task.
+#include "lockstep/ops/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include "core/math.h"
+#include "core/philox.h"
+#include "core/thread_pool.h"
+#include "cpu/logprob_internal.h"
+#include "lockstep/ops/logprob.h"
+
+namespace lockstep {
+
+namespace {
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr int64_t kMaxVocab = int64_t(1) << 21;  // keeps Σ q (q <= 2^32) exact in a double
+constexpr int64_t kRowBlock = 8;                 // rows per GEMM call (any value: same bits)
+constexpr int64_t kFirstSort = 1024;             // top-p: sorted prefix tried before sorting more
+
+// Canonical order of a row: larger y first, then lower index. A strict total order on ids whose
+// y is not NaN (a row with NaN never gets here: its lse is NaN).
+struct CanonicalBefore {
+  const float* y;
+  bool operator()(int64_t a, int64_t b) const { return y[a] > y[b] || (y[a] == y[b] && a < b); }
+};
+
+// argmax y, lowest index among ties (strict > in ascending order).
+int64_t argmax_lowest(const float* y, int64_t V) {
+  int64_t best = 0;
+  for (int64_t v = 1; v < V; ++v)
+    if (y[v] > y[best]) best = v;
+  return best;
+}
+
+inline float prob(float y, float lse) { return ls_expf(y - lse); }
+
+// p as a 32-bit fixed-point mass: floor(p · 2^32) (p·2^32 is exact in fp32; p <= 1).
+inline uint64_t mass_q32(float p) { return uint64_t(p * 0x1p32f); }
+
+// Candidates after the filters into *kept (ascending ids). Returns false (kept untouched) when no
+// filter is active: every id is a candidate. `order` is scratch.
+bool filter_row(const float* y, int64_t V, float lse, const SamplingParams& p,
+                std::vector<int64_t>* order, std::vector<int64_t>* kept) {
+  const bool top_k = p.top_k > 0 && p.top_k < V;
+  const bool top_p = p.top_p < 1.0f;
+  const bool min_p = p.min_p > 0.0f;
+  if (!top_k && !top_p && !min_p) return false;
+  kept->clear();
+  if (top_k || top_p) {
+    order->resize(size_t(V));
+    for (int64_t v = 0; v < V; ++v) (*order)[size_t(v)] = v;
+    const CanonicalBefore before{y};
+    int64_t n = top_k ? p.top_k : V;  // candidates so far: the first n of the canonical order
+    int64_t sorted = 0;               // the first `sorted` entries of *order are in final place
+    // NOTE: partial_sort with a strict total order puts exactly the canonical first m entries in
+    // place, so sorting only as far as needed gives the same set as a full sort.
+    auto sort_first = [&](int64_t m) {
+      m = std::min(m, n);
+      if (m <= sorted) return;
+      std::partial_sort(order->begin() + sorted, order->begin() + m, order->end(), before);
+      sorted = m;
+    };
+    if (top_k) sort_first(n);
+    if (top_p) {
+      // NOTE: masses are integers, so the sums are exact in any order (a GPU scan gives the same
+      // bits); the threshold is one IEEE double multiply, rounded up to an integer.
+      uint64_t total = 0;
+      for (int64_t i = 0; i < n; ++i) total += mass_q32(prob(y[(*order)[size_t(i)]], lse));
+      const uint64_t thr = uint64_t(std::ceil(double(p.top_p) * double(total)));
+      uint64_t cum = 0;
+      int64_t keep = 0;
+      for (int64_t want = kFirstSort;; want *= 16) {
+        sort_first(want);
+        while (keep < sorted && (cum < thr || keep == 0))
+          cum += mass_q32(prob(y[(*order)[size_t(keep++)]], lse));
+        if (cum >= thr || sorted == n) break;
+      }
+      n = keep;
+    }
+    kept->assign(order->begin(), order->begin() + n);
+    std::sort(kept->begin(), kept->end());
+  } else {
+    kept->resize(size_t(V));
+    for (int64_t v = 0; v < V; ++v) (*kept)[size_t(v)] = v;
+  }
+  if (min_p) {
+    const float thr = p.min_p * prob(y[argmax_lowest(y, V)], lse);
+    auto drop = [&](int64_t v) { return !(prob(y[v], lse) >= thr); };
+    kept->erase(std::remove_if(kept->begin(), kept->end(), drop), kept->end());
+  }
+  return true;
+}
+
+// Gumbel-max over the candidates (all ids when `all`), ties to the lowest id.
+int64_t gumbel_argmax(const float* y, int64_t V, bool all, const std::vector<int64_t>& kept,
+                      uint64_t seed, uint64_t request_id, uint32_t position) {
+  int64_t best = -1;
+  float best_score = 0.0f;
+  int64_t group = -1;
+  Philox4 words{};
+  const uint32_t key0 = uint32_t(seed), key1 = uint32_t(seed >> 32);
+  const int64_t n = all ? V : int64_t(kept.size());
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t v = all ? i : kept[size_t(i)];
+    if (y[v] == kNegInf) continue;  // probability 0: never sampled
+    if ((v >> 2) != group) {        // one Philox call serves 4 consecutive ids
+      group = v >> 2;
+      words = philox4x32_10(
+          Philox4{{uint32_t(group), position, uint32_t(request_id), uint32_t(request_id >> 32)}},
+          key0, key1);
+    }
+    const float u = philox_uniform(words.v[v & 3]);
+    const float score = y[v] + -ls_logf(-ls_logf(u));
+    if (best < 0 || score > best_score) {
+      best = v;
+      best_score = score;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+void SamplingParams::validate() const {
+  LS_CHECK(std::isfinite(temperature) && temperature >= 0.0f, "SamplingParams",
+           "temperature must be finite and >= 0 (0: greedy), got ", temperature);
+  LS_CHECK(top_k >= 0, "SamplingParams", "top_k must be >= 0 (0: off), got ", top_k);
+  LS_CHECK(top_p > 0.0f && top_p <= 1.0f, "SamplingParams",
+           "top_p must be in (0, 1] (1: off), got ", top_p);
+  LS_CHECK(min_p >= 0.0f && min_p <= 1.0f, "SamplingParams",
+           "min_p must be in [0, 1] (0: off), got ", min_p);
+}
+
+std::string SamplingParams::to_string() const {
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "sampling: seed=%llu temperature=%a (%.9g) top_k=%lld top_p=%a (%.9g) min_p=%a "
+                "(%.9g)",
+                (unsigned long long)seed, double(temperature), double(temperature),
+                (long long)top_k, double(top_p), double(top_p), double(min_p), double(min_p));
+  return buf;
+}
+
+uint32_t sampling_noise_word(uint64_t seed, uint64_t request_id, uint32_t position, int64_t v) {
+  Philox4 ctr{{uint32_t(v >> 2), position, uint32_t(request_id), uint32_t(request_id >> 32)}};
+  return philox4x32_10(ctr, uint32_t(seed), uint32_t(seed >> 32)).v[v & 3];
+}
+
+float sampling_gumbel(uint64_t seed, uint64_t request_id, uint32_t position, int64_t v) {
+  float u = philox_uniform(sampling_noise_word(seed, request_id, position, v));
+  return -ls_logf(-ls_logf(u));
+}
+
+std::vector<int64_t> sampling_candidates(const float* y, int64_t V, float lse,
+                                         const SamplingParams& params) {
+  params.validate();
+  LS_CHECK(params.temperature > 0.0f, "sampling_candidates",
+           "filters apply to temperature > 0 rows, got temperature 0 (greedy)");
+  LS_CHECK(V >= 1 && V < kMaxVocab, "sampling_candidates", "V must be in [1, 2^21), got ", V);
+  LS_CHECK(std::isfinite(lse), "sampling_candidates", "lse must be finite, got ", lse);
+  std::vector<int64_t> order, kept;
+  if (!filter_row(y, V, lse, params, &order, &kept)) {
+    kept.resize(size_t(V));
+    for (int64_t v = 0; v < V; ++v) kept[size_t(v)] = v;
+  }
+  return kept;
+}
+
+namespace cpu {
+
+using logprob_detail::f32_at;
+using logprob_detail::read_index;
+
+void sample(const TensorView& h, const TensorView& w, std::span<const SamplingParams> params,
+            const TensorView& request_ids, const TensorView& positions, const ContractConfig& cfg,
+            const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
+            const TensorView& entropy) {
+  const char* op = "sample";
+  cfg.validate();
+  check_tensor(op, "h", h, DType::kBF16, {-1, -1});
+  check_inner_contiguous(op, "h", h);
+  const int64_t T = h.size(0), H = h.size(1);
+  logprob_detail::check_hidden(op, H, cfg);
+  check_tensor(op, "w", w, DType::kBF16, {-1, H});
+  check_inner_contiguous(op, "w", w);
+  const int64_t V = w.size(0);
+  LS_CHECK(V >= 1 && V < kMaxVocab, op,
+           "argument 'w': vocab size (dim 0) must be in [1, 2^21), got ", V);
+  LS_CHECK(int64_t(params.size()) == T, op, "argument 'params': expected ", T,
+           " entries (one per row of h), got ", params.size());
+  for (int64_t t = 0; t < T; ++t) {
+    try {
+      params[size_t(t)].validate();
+    } catch (const Error& e) {
+      throw Error(detail::concat(op, ": argument 'params[", t, "]': ", e.what()));
+    }
+  }
+  check_tensor(op, "request_ids", request_ids, DType::kI64, {T});
+  check_tensor_dtypes(op, "positions", positions, {DType::kI32, DType::kI64}, {T});
+  for (int64_t t = 0; t < T; ++t) {
+    int64_t pos = read_index(positions, t);
+    LS_CHECK(pos >= 0 && pos <= int64_t(UINT32_MAX), op, "argument 'positions': positions[", t,
+             "] = ", pos, " is outside [0, 2^32)");
+  }
+  check_tensor_dtypes(op, "token_ids", token_ids, {DType::kI32, DType::kI64}, {T});
+  check_tensor(op, "logp", logp, DType::kF32, {T});
+  check_tensor(op, "lse", lse, DType::kF32, {T});
+  check_tensor(op, "entropy", entropy, DType::kF32, {T});
+  if (T == 0) return;
+  const LogprobVocabLayout lay = logprob_vocab_layout(cfg, V);
+
+  // Blocks of kRowBlock rows: one GEMM over the whole vocab per block ([kRowBlock, V_pad] fp32,
+  // bounded whatever T is), then each row alone. Nested parallel_for calls run serially when the
+  // blocks already fill the pool, and spread one block's GEMM and rows over it otherwise.
+  // Results go to [T] buffers first: a row that cannot be sampled throws before any output is
+  // written.
+  std::vector<int64_t> out_id(static_cast<size_t>(T));
+  std::vector<float> out_logp(static_cast<size_t>(T)), out_lse(static_cast<size_t>(T)),
+      out_entropy(static_cast<size_t>(T));
+  const int64_t n_blocks = (T + kRowBlock - 1) / kRowBlock;
+  parallel_for(n_blocks, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<float> buf(static_cast<size_t>(kRowBlock * lay.padded));  // [rows, V_pad]
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t r0 = b * kRowBlock, rows = std::min(kRowBlock, T - r0);
+      logprob_detail::tile_logits(h.rows(r0, r0 + rows), w, cfg, buf.data(), lay.padded);
+      parallel_for(rows, 1, [&](int64_t i0, int64_t i1) {
+        std::vector<LogprobState> scratch;
+        std::vector<int64_t> order, kept;
+        for (int64_t i = i0; i < i1; ++i) {
+          const int64_t t = r0 + i;
+          float* y = buf.data() + i * lay.padded;  // [V_pad] this row's tempered logits
+          const SamplingParams& p = params[size_t(t)];
+          const float temperature = p.logprob_temperature();
+          for (int64_t v = 0; v < V; ++v) y[v] = y[v] / temperature;
+          for (int64_t v = V; v < lay.padded; ++v) y[v] = kNegInf;
+          const LogprobState st = logprob_detail::row_state(y, lay, &scratch);
+          float row_lse, row_entropy;
+          logprob_finish(st, &row_lse, &row_entropy);
+          LS_CHECK(std::isfinite(row_lse), op, "row ", t, ": logsumexp is ", row_lse,
+                   " (NaN or +inf logits, or every logit -inf): nothing to sample");
+          int64_t id;
+          if (p.temperature == 0.0f) {
+            id = argmax_lowest(y, V);  // y = z / 1 = z
+          } else {
+            bool filtered = filter_row(y, V, row_lse, p, &order, &kept);
+            id = gumbel_argmax(y, V, !filtered, kept, p.seed, uint64_t(read_index(request_ids, t)),
+                               uint32_t(read_index(positions, t)));
+          }
+          out_id[size_t(t)] = id;
+          out_logp[size_t(t)] = canonical_f32(y[id] - row_lse);
+          out_lse[size_t(t)] = row_lse;
+          out_entropy[size_t(t)] = row_entropy;
+        }
+      });
+    }
+  });
+  for (int64_t t = 0; t < T; ++t) {
+    if (token_ids.dtype == DType::kI32) {
+      static_cast<int32_t*>(token_ids.data)[t * token_ids.stride[0]] = int32_t(out_id[size_t(t)]);
+    } else {
+      static_cast<int64_t*>(token_ids.data)[t * token_ids.stride[0]] = out_id[size_t(t)];
+    }
+    f32_at(logp, t) = out_logp[size_t(t)];
+    f32_at(lse, t) = out_lse[size_t(t)];
+    f32_at(entropy, t) = out_entropy[size_t(t)];
+  }
+}
+
+}  // namespace cpu
+}  // namespace lockstep
