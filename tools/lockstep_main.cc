@@ -1,11 +1,12 @@
-// The `lockstep` command line. Until the engine lands (issue 3), `lockstep selfcheck` runs a
-// short contract self-check; `lockstep contract` prints the contract settings.
+// The `lockstep` command line. Until the engine lands, `lockstep selfcheck` is the main job: a
+// short run of the contract's invariances on every CPU op; `lockstep contract` prints settings.
 #include <cstdio>
 #include <cstring>
 #include <string>
 
 #include "lockstep/contract.h"
 #include "lockstep/error.h"
+#include "tools/selfcheck.h"
 
 int main(int argc, char** argv) {
   try {
@@ -16,7 +17,14 @@ int main(int argc, char** argv) {
       std::printf("%s\n", cfg.to_string().c_str());
       return 0;
     }
-    std::printf("usage: lockstep contract\n");
+    if (cmd == "selfcheck") {
+      bool json = argc > 2 && std::strcmp(argv[2], "--json") == 0;
+      return lockstep::tools::run_selfcheck(json);
+    }
+    std::printf(
+        "usage: lockstep <command>\n"
+        "  selfcheck [--json]  run the contract's invariance checks on every CPU op\n"
+        "  contract            print the default contract settings\n");
     return cmd == "help" || cmd == "--help" ? 0 : 2;
   } catch (const lockstep::Error& e) {
     std::fprintf(stderr, "lockstep: error: %s\n", e.what());
