@@ -1,0 +1,91 @@
+// GEMM "nt": y[m,n] = tree_s(seg_s[m,n]) (+ bias[n]), rounded once, with seg_s = the MMA k-block
+// chain (mma_chain_bf16, from +0, k-blocks of 16 ascending) over segment s of K (K zero-padded to
+// a multiple of 16·S, cut into S equal segments). A row's bits never depend on M, other rows,
+// strides, the thread count, the machine, or the tensor-parallel degree t <= S.
+// Normative text: docs/contract.d/gemm.md.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lockstep/contract.h"
+#include "lockstep/tensor.h"
+
+namespace lockstep {
+
+// Every GEMM setting that can change bits (depends only on the model, never on M).
+struct GemmConfig {
+  int segments = 1;  // S in {1, 2, 4, 8}: K segments, tree-combined (max row-parallel TP degree)
+
+  static GemmConfig from_contract(const ContractConfig& c) { return GemmConfig{c.gemm_segments}; }
+  void validate() const;          // throws lockstep::Error on a bad setting
+  std::string to_string() const;  // "gemm: segments=4"
+};
+
+// The K layout for a reduced dimension of k elements (depends only on k and cfg):
+//   padded = k rounded up to a multiple of 16·S (elements >= k are zeros),
+//   segment_len = padded / S (a multiple of 16).
+struct GemmKLayout {
+  int64_t k = 0;
+  int64_t padded = 0;
+  int64_t segment_len = 0;
+  int segments = 1;
+};
+GemmKLayout gemm_k_layout(const GemmConfig& cfg, int64_t k);
+
+// Row-parallel tensor parallelism: rank r of t (t a power of two dividing S) owns the S/t
+// consecutive segments [r·S/t, (r+1)·S/t), i.e. the unpadded K columns [begin, end) below (end is
+// clipped to k; a rank may own only padding, then begin == end).
+struct GemmKRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+GemmKRange gemm_tp_k_range(const GemmConfig& cfg, int64_t k, int tp_size, int tp_rank);
+
+namespace cpu {
+
+// y = x · wᵀ (+ bias), the GEMM contract.
+//   x     [M, K] bf16, rows may be strided (last dim contiguous)
+//   w     [N, K] bf16, rows may be strided (last dim contiguous)
+//   bias  [N] bf16 or f32 (any stride), or nullptr for none; converted to fp32 and added once
+//   y     [M, N] bf16 (rounded once, RNE) or f32 (kept); rows may be strided; must not overlap
+//         x, w or bias
+// M, N or K may be 0 (K == 0 gives y = bias or +0).
+void gemm_bf16_nt(const TensorView& x, const TensorView& w, const TensorView* bias,
+                  const GemmConfig& cfg, const TensorView& y);
+inline void gemm_bf16_nt(const TensorView& x, const TensorView& w, const GemmConfig& cfg,
+                         const TensorView& y) {
+  gemm_bf16_nt(x, w, nullptr, cfg, y);
+}
+
+// Tensor-parallel building blocks (the engine simulates TP in-process with these; a real
+// deployment exchanges the fp32 partials between ranks).
+// Rank `tp_rank` of `tp_size` computes the fp32 value of the subtree of its S/t segments:
+//   x_shard    [M, Kr] bf16, Kr = end - begin of gemm_tp_k_range(cfg, k_total, tp_size, tp_rank):
+//              the columns [begin, end) of the full x (a strided column view of x works)
+//   w_shard    [N, Kr] bf16, the same columns of w
+//   y_partial  [M, N] f32 (no bias, no rounding)
+void gemm_bf16_nt_partial(const TensorView& x_shard, const TensorView& w_shard, int64_t k_total,
+                          int tp_size, int tp_rank, const GemmConfig& cfg,
+                          const TensorView& y_partial);
+
+// Finishes the tree: y = round(tree(partials[0..t)) + bias), t = partials.size() a power of two
+// (partials in rank order, each [M, N] f32, rows may be strided). With the partials of
+// gemm_bf16_nt_partial for t ranks this gives the same bits as gemm_bf16_nt.
+//   bias  [N] bf16 or f32, or nullptr;  y [M, N] bf16 or f32 (may alias partials[0] exactly when
+//   y is f32 with the same layout)
+void gemm_tree_combine(const std::vector<TensorView>& partials, const TensorView* bias,
+                       const TensorView& y);
+
+// The plain scalar path (one output at a time through mma_chain_bf16): the executable spec the
+// fast path is tested against. Same arguments, same bits, much slower.
+void gemm_bf16_nt_scalar(const TensorView& x, const TensorView& w, const TensorView* bias,
+                         const GemmConfig& cfg, const TensorView& y);
+inline void gemm_bf16_nt_scalar(const TensorView& x, const TensorView& w, const GemmConfig& cfg,
+                                const TensorView& y) {
+  gemm_bf16_nt_scalar(x, w, nullptr, cfg, y);
+}
+
+}  // namespace cpu
+}  // namespace lockstep

@@ -1,0 +1,406 @@
+// The vectorized GEMM kernel: the MMA k-block model (core/mma_model.h) for 32 outputs at once,
+// bitwise equal to mma_kblock_bf16 chained along each segment, then the segment tree. Inputs the
+// kernel does not model exactly (inf, NaN, subnormal, exponent sums outside [-100, 90]) are
+// detected per row and those outputs are recomputed with the scalar chain.
+//
+// How one k-block of 16 is computed for 32 outputs n (lanes) and one row m (see also
+// docs/contract.d/gemm.md, "fast path"):
+//   pass 1  E = max(27, max_k ex[m,k] + ew[n,k]) in int16 lanes (exponents biased like fp32, zeros
+//           carry a huge negative exponent so they never raise E), then E = max(E, field(c)).
+//   pass 2  term_k = trunc((x·w) · 2^(25-E)): x·w is exact in fp32 (8-bit mantissas), the scaling
+//           is exact, so cvtt gives exactly the model's term truncated toward zero to a multiple
+//           of 2^(E-25), |term| < 2^27; 16 terms sum exactly in int32 (< 2^31).
+//   finish  sum = P + trunc(c · 2^(25-E)) (int32, int64 on overflow), rounded toward zero to fp32
+//           (cvt with RZ), times 2^(E-25) (exact: the result is a normal float). That is the model
+//           (truncate each term, exact sum, round toward zero) step by step.
+// Why the clamp E >= 27 (unbiased -100) is exact: every nonzero product has exponent >= -100 in
+// the modelled range, so the clamp only matters when all products are zero; then c is a multiple
+// of 2^-125 (it is a previous result), so c's term stays exact and the result is c, as in the
+// model.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/thread_pool.h"
+#include "cpu/gemm_kernel.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
+#define LOCKSTEP_GEMM_AVX512 1
+#include <immintrin.h>
+// GCC 12 reports the _mm512_undefined_* placeholders inside its own intrinsics as "maybe
+// uninitialized" (a false positive): silence it for this file only.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace lockstep::cpu::gemm_detail {
+
+#if defined(LOCKSTEP_GEMM_AVX512)
+
+bool fast_kernel_available() { return true; }
+
+namespace {
+
+constexpr int kNR = 32;  // outputs per tile (lanes): one int16 exponent vector, two fp32 vectors
+constexpr int kMR = 4;   // rows per micro-kernel call
+constexpr int16_t kZeroExp = -16000;  // exponent of a zero element: sums stay far below kEFloor
+constexpr int kEFloor = 27;           // E is at least 27 (biased), i.e. 2^-100
+// Modelled range of a product's exponent ea + eb (unbiased) for nonzero normal a, b.
+constexpr int kMinProdExp = -100, kMaxProdExp = 90;
+
+// 64-byte aligned scratch that grows on demand (one per thread).
+class Scratch {
+ public:
+  ~Scratch() { std::free(p_); }
+  void* get(size_t bytes) {
+    if (bytes > cap_) {
+      std::free(p_);
+      cap_ = (bytes + 4095) / 4096 * 4096;
+      p_ = std::aligned_alloc(64, cap_);
+      if (p_ == nullptr) throw Error("gemm_bf16_nt: out of memory for scratch");
+    }
+    return p_;
+  }
+
+ private:
+  void* p_ = nullptr;
+  size_t cap_ = 0;
+};
+
+// Exponent statistics of one row: over its nonzero elements, min/max exponent field; whether it
+// holds inf/NaN/subnormal values (not modelled by the fast kernel).
+struct RowStats {
+  int emin = 255, emax = 0;
+  bool any = false;
+  bool special = false;
+};
+
+// Whether the fast kernel models every k-block of the pair (row x, row w) exactly.
+inline bool modelled(const RowStats& a, const RowStats& b) {
+  if (a.special || b.special) return false;
+  if (!a.any || !b.any) return true;  // every product is zero
+  return a.emax + b.emax - 254 <= kMaxProdExp && a.emin + b.emin - 254 >= kMinProdExp;
+}
+
+// Field 255 (inf/NaN) shows as emax == 255, a subnormal (field 0, nonzero) as emin == 0.
+inline RowStats make_stats(bool any, int emin, int emax) {
+  RowStats s;
+  s.any = any;
+  if (any) {
+    s.emin = emin;
+    s.emax = emax;
+    s.special = emax == 255 || emin == 0;
+  }
+  return s;
+}
+
+inline int reduce_max(__m512i v) { return _mm512_reduce_max_epi32(v); }
+inline int reduce_min(__m512i v) { return _mm512_reduce_min_epi32(v); }
+
+// Decodes an x row (kw values, zero-padded to kp, a multiple of 16): f = fp32 values, e = the
+// exponent field (kZeroExp for zeros) as int32 whose two int16 halves both hold it, so that one
+// 32-bit broadcast fills all 32 int16 lanes of the kernel's exponent vector.
+RowStats decode_row(const bf16* src, int64_t kw, int64_t kp, float* f, int32_t* e) {
+  const __m512i k7fff = _mm512_set1_epi32(0x7fff), kff = _mm512_set1_epi32(0xff);
+  const __m512i zero_dup = _mm512_set1_epi32(int32_t(uint32_t(uint16_t(kZeroExp)) * 0x10001u));
+  __m512i vmax = _mm512_set1_epi32(-1), vmin = _mm512_set1_epi32(1000);
+  __mmask16 any = 0;
+  for (int64_t k = 0; k < kp; k += 16) {
+    int64_t left = kw - k;
+    __mmask16 mask = left >= 16 ? __mmask16(0xffff) : left <= 0 ? 0 : __mmask16((1u << left) - 1);
+    __m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, src + k));
+    _mm512_store_ps(f + k, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
+    __m512i field = _mm512_and_si512(_mm512_srli_epi32(v, 7), kff);
+    __mmask16 nz = _mm512_test_epi32_mask(v, k7fff);
+    __m512i dup = _mm512_or_si512(field, _mm512_slli_epi32(field, 16));
+    _mm512_store_si512(e + k, _mm512_mask_mov_epi32(zero_dup, nz, dup));
+    vmax = _mm512_max_epi32(vmax, field);  // zeros have field 0: harmless for the max
+    vmin = _mm512_mask_min_epi32(vmin, nz, vmin, field);
+    any |= nz;
+  }
+  return make_stats(any != 0, reduce_min(vmin), reduce_max(vmax));
+}
+
+// 16x16 transpose of 32-bit elements: r[i] lane j <- r[j] lane i.
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int i = 0; i < 16; i += 8)
+    for (int j = 0; j < 4; ++j) {
+      t[i + j] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0x88);
+      t[i + j + 4] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0xdd);
+    }
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
+    r[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xdd);
+  }
+}
+
+// Packs 32 rows of w (n0 .. n0+31; rows >= N are zeros) into k-major panels:
+//   wf[k][32] fp32 values, we[k][32] int16 unbiased exponents (kZeroExp for zeros),
+// and returns each row's exponent statistics. Works on 32 k at a time: a 32-bit element holds the
+// pair (w[n][k], w[n][k+1]); a 16x16 transpose of those pairs puts n in the lanes.
+void pack_w(const Problem& p, int64_t n0, int64_t kp, float* wf, int16_t* we, RowStats* st) {
+  const __m512i k7fff = _mm512_set1_epi16(0x7fff), kff = _mm512_set1_epi16(0xff);
+  const __m512i k127 = _mm512_set1_epi16(127), zexp = _mm512_set1_epi16(kZeroExp);
+  const __m512i hi16 = _mm512_set1_epi32(int32_t(0xffff0000u));
+  alignas(64) int16_t even[32], odd[32];
+  for (int i = 0; i < 32; ++i) {  // int16 lane 2j of half h is row 16h + j
+    even[i] = int16_t(i < 16 ? 2 * i : 32 + 2 * (i - 16));
+    odd[i] = int16_t(even[i] + 1);
+  }
+  const __m512i idx_even = _mm512_load_si512(even), idx_odd = _mm512_load_si512(odd);
+  __m512i vmax[2], vmin[2];
+  __mmask32 any[2] = {0, 0};
+  for (int h = 0; h < 2; ++h) {
+    vmax[h] = _mm512_set1_epi16(-1);
+    vmin[h] = _mm512_set1_epi16(1000);
+  }
+  for (int64_t k0 = 0; k0 < kp; k0 += 32) {
+    const int64_t left = p.kw - k0;
+    const __mmask32 lm = left >= 32 ? ~__mmask32(0) : left <= 0 ? 0 : __mmask32((1u << left) - 1);
+    const int dmax = int(std::min<int64_t>(16, (kp - k0) / 2));
+    alignas(64) int16_t e16[2][16][32];  // [h][d][lane]: exponents, pair-interleaved
+    for (int h = 0; h < 2; ++h) {
+      __m512i T[16];
+      for (int r = 0; r < 16; ++r) {
+        const int64_t n = n0 + 16 * h + r;
+        T[r] = n < p.N ? _mm512_maskz_loadu_epi16(
+                             lm, static_cast<const bf16*>(p.w.data) + n * p.w.stride[0] + k0)
+                       : _mm512_setzero_si512();
+      }
+      transpose16(T);
+      for (int d = 0; d < dmax; ++d) {
+        float* f0 = wf + (k0 + 2 * d) * kNR + 16 * h;
+        const __m512i t = T[d];
+        _mm512_store_ps(f0, _mm512_castsi512_ps(_mm512_slli_epi32(t, 16)));
+        _mm512_store_ps(f0 + kNR, _mm512_castsi512_ps(_mm512_and_si512(t, hi16)));
+        const __m512i field = _mm512_and_si512(_mm512_srli_epi16(t, 7), kff);
+        const __mmask32 nz = _mm512_test_epi16_mask(t, k7fff);
+        _mm512_store_si512(e16[h][d],
+                           _mm512_mask_mov_epi16(zexp, nz, _mm512_sub_epi16(field, k127)));
+        vmax[h] = _mm512_max_epi16(vmax[h], field);
+        vmin[h] = _mm512_mask_min_epi16(vmin[h], nz, vmin[h], field);
+        any[h] |= nz;
+      }
+    }
+    // Un-interleave: lane j of k (even/odd) for rows 0..15 then 16..31.
+    for (int d = 0; d < dmax; ++d) {
+      const __m512i e0 = _mm512_load_si512(e16[0][d]), e1 = _mm512_load_si512(e16[1][d]);
+      _mm512_store_si512(we + (k0 + 2 * d) * kNR, _mm512_permutex2var_epi16(e0, idx_even, e1));
+      _mm512_store_si512(we + (k0 + 2 * d + 1) * kNR, _mm512_permutex2var_epi16(e0, idx_odd, e1));
+    }
+  }
+  for (int h = 0; h < 2; ++h) {
+    alignas(64) int16_t mx[32], mn[32];
+    _mm512_store_si512(mx, vmax[h]);
+    _mm512_store_si512(mn, vmin[h]);
+    for (int r = 0; r < 16; ++r) {
+      st[16 * h + r] = make_stats((any[h] >> (2 * r) & 3u) != 0, std::min(mn[2 * r], mn[2 * r + 1]),
+                                  std::max(mx[2 * r], mx[2 * r + 1]));
+    }
+  }
+}
+
+// Round toward zero of the exact int64 sum P + C (the rare case where it overflows int32).
+inline __m512 wide_sum_rz(__m512i P, __m512i C) {
+  __m512i lo = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(P)),
+                                _mm512_cvtepi32_epi64(_mm512_castsi512_si256(C)));
+  __m512i hi = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(P, 1)),
+                                _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(C, 1)));
+  __m256 rlo = _mm512_cvt_roundepi64_ps(lo, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+  __m256 rhi = _mm512_cvt_roundepi64_ps(hi, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+  return _mm512_insertf32x8(_mm512_castps256_ps512(rlo), rhi, 1);
+}
+
+// MR rows x 32 outputs: for each segment s, the chain over its k-blocks from +0; the segment
+// values go to part[(s·MR + m)·32 + lane].
+template <int MR>
+void kernel(const float* const* xf, const int32_t* const* xe, const float* wf, const int16_t* we,
+            int nseg, int64_t seg_len, float* part) {
+  const __m512i efloor = _mm512_set1_epi16(kEFloor);
+  // Exponents below are kept shifted into the fp32 exponent field (<< 23).
+  const __m512i c279 = _mm512_set1_epi32(int32_t(279u << 23)), kexp = _mm512_set1_epi32(0x7f800000);
+  const __m512i c254 = _mm512_set1_epi32(254 << 23);
+  for (int s = 0; s < nseg; ++s) {
+    __m512 c[MR][2];
+    for (int m = 0; m < MR; ++m) c[m][0] = c[m][1] = _mm512_setzero_ps();
+    const int64_t kb = s * seg_len, ke = kb + seg_len;
+    for (int64_t k0 = kb; k0 < ke; k0 += 16) {
+      // Pass 1: E per (m, lane), int16, 32 lanes.
+      __m512i E[MR];
+      for (int m = 0; m < MR; ++m) E[m] = efloor;
+#pragma GCC unroll 16
+      for (int kk = 0; kk < 16; ++kk) {
+        __m512i ew = _mm512_load_si512(we + (k0 + kk) * kNR);
+        for (int m = 0; m < MR; ++m)
+          E[m] = _mm512_max_epi16(E[m], _mm512_add_epi16(ew, _mm512_set1_epi32(xe[m][k0 + kk])));
+      }
+      // The accumulator's exponent joins E; scale factors 2^(25-E).
+      __m512 sc[MR][2];
+      __m512i P[MR][2];
+      for (int m = 0; m < MR; ++m)
+        for (int h = 0; h < 2; ++h) {
+          __m512i eh =
+              _mm512_slli_epi32(_mm512_cvtepi16_epi32(h ? _mm512_extracti64x4_epi64(E[m], 1)
+                                                        : _mm512_castsi512_si256(E[m])),
+                                23);
+          eh = _mm512_max_epi32(eh, _mm512_and_si512(_mm512_castps_si512(c[m][h]), kexp));
+          sc[m][h] = _mm512_castsi512_ps(_mm512_sub_epi32(c279, eh));  // 2^(25-E)
+          P[m][h] = _mm512_setzero_si512();
+        }
+        // Pass 2: truncated terms, summed exactly in int32.
+#pragma GCC unroll 16
+      for (int kk = 0; kk < 16; ++kk) {
+        const float* wk = wf + (k0 + kk) * kNR;
+        __m512 w0 = _mm512_load_ps(wk), w1 = _mm512_load_ps(wk + 16);
+        for (int m = 0; m < MR; ++m) {
+          __m512 xb = _mm512_set1_ps(xf[m][k0 + kk]);
+          P[m][0] = _mm512_add_epi32(
+              P[m][0], _mm512_cvttps_epi32(_mm512_mul_ps(_mm512_mul_ps(w0, xb), sc[m][0])));
+          P[m][1] = _mm512_add_epi32(
+              P[m][1], _mm512_cvttps_epi32(_mm512_mul_ps(_mm512_mul_ps(w1, xb), sc[m][1])));
+        }
+      }
+      // Finish: + c's truncated term, round toward zero, scale back by 2^(E-25).
+      for (int m = 0; m < MR; ++m)
+        for (int h = 0; h < 2; ++h) {
+          __m512i C = _mm512_cvttps_epi32(_mm512_mul_ps(c[m][h], sc[m][h]));
+          __m512i sum = _mm512_add_epi32(P[m][h], C);
+          // Signed overflow iff P and C share a sign that sum does not: (P^sum)&(C^sum) < 0.
+          __mmask16 ovf = _mm512_movepi32_mask(_mm512_ternarylogic_epi32(P[m][h], C, sum, 0x42));
+          __m512 r = _mm512_cvt_roundepi32_ps(sum, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+          if (__builtin_expect(ovf != 0, 0)) r = wide_sum_rz(P[m][h], C);
+          // 2^(E-25) = 1 / 2^(25-E): exponent field 254 - field.
+          __m512 inv = _mm512_castsi512_ps(_mm512_sub_epi32(c254, _mm512_castps_si512(sc[m][h])));
+          c[m][h] = _mm512_mul_ps(r, inv);
+        }
+    }
+    for (int m = 0; m < MR; ++m) {
+      _mm512_store_ps(part + (s * MR + m) * kNR, c[m][0]);
+      _mm512_store_ps(part + (s * MR + m) * kNR + 16, c[m][1]);
+    }
+  }
+}
+
+void run_kernel(int mr, const float* const* xf, const int32_t* const* xe, const float* wf,
+                const int16_t* we, int nseg, int64_t seg_len, float* part) {
+  switch (mr) {
+    case 1:
+      kernel<1>(xf, xe, wf, we, nseg, seg_len, part);
+      break;
+    case 2:
+      kernel<2>(xf, xe, wf, we, nseg, seg_len, part);
+      break;
+    case 3:
+      kernel<3>(xf, xe, wf, we, nseg, seg_len, part);
+      break;
+    default:
+      kernel<4>(xf, xe, wf, we, nseg, seg_len, part);
+      break;
+  }
+}
+
+// One task: rows [m0, m1) x column groups [g0, g1) of 32.
+void run_task(const Problem& p, int64_t kp, int64_t m0, int64_t m1, int64_t g0, int64_t g1,
+              TileSink sink, void* ctx) {
+  thread_local Scratch sx, sw, st;
+  const int64_t rows = m1 - m0;
+  const size_t xbytes = size_t(rows * kp) * 8, wbytes = size_t(kp) * kNR * 6;
+  char* xbuf = static_cast<char*>(sx.get(xbytes + 64));
+  float* xf = reinterpret_cast<float*>(xbuf);
+  int32_t* xe = reinterpret_cast<int32_t*>(xbuf + size_t(rows * kp) * 4);
+  char* wbuf = static_cast<char*>(sw.get(wbytes + 64));
+  float* wf = reinterpret_cast<float*>(wbuf);
+  int16_t* we = reinterpret_cast<int16_t*>(wbuf + size_t(kp) * kNR * 4);
+  // Scratch: the segment values of a tile and the scalar path's padded rows.
+  const size_t part_bytes = size_t(p.nseg) * kMR * kNR * 4;
+  char* tbuf = static_cast<char*>(st.get(part_bytes + size_t(kp) * 4 + 64));
+  float* part = reinterpret_cast<float*>(tbuf);
+  bf16* sxb = reinterpret_cast<bf16*>(tbuf + part_bytes);
+  bf16* swb = sxb + kp;
+
+  RowStats xs[64 + kMR];
+  for (int64_t i = 0; i < rows; ++i) {
+    const bf16* row = static_cast<const bf16*>(p.x.data) + (m0 + i) * p.x.stride[0];
+    xs[i] = decode_row(row, p.kw, kp, xf + i * kp, xe + i * kp);
+  }
+  RowStats ws[kNR];
+  alignas(64) float vals[kNR];
+  for (int64_t g = g0; g < g1; ++g) {
+    const int64_t n0 = g * kNR, count = std::min<int64_t>(kNR, p.N - n0);
+    pack_w(p, n0, kp, wf, we, ws);
+    for (int64_t i0 = 0; i0 < rows; i0 += kMR) {
+      const int mr = int(std::min<int64_t>(kMR, rows - i0));
+      const float* xfp[kMR];
+      const int32_t* xep[kMR];
+      for (int i = 0; i < mr; ++i) {
+        xfp[i] = xf + (i0 + i) * kp;
+        xep[i] = xe + (i0 + i) * kp;
+      }
+      run_kernel(mr, xfp, xep, wf, we, p.nseg, p.seg_len, part);
+      for (int i = 0; i < mr; ++i) {
+        const int64_t m = m0 + i0 + i;
+        // The segment tree, 16 lanes at a time (the same fp32 adds as tree_sum).
+        for (int h = 0; h < 2; ++h) {
+          __m512 v[8];
+          for (int s = 0; s < p.nseg; ++s)
+            v[s] = _mm512_load_ps(part + (s * mr + i) * kNR + 16 * h);
+          for (int width = p.nseg; width > 1; width /= 2)
+            for (int s = 0; s < width / 2; ++s) v[s] = _mm512_add_ps(v[2 * s], v[2 * s + 1]);
+          _mm512_store_ps(vals + 16 * h, v[0]);
+        }
+        // Outputs whose inputs the kernel does not model: the scalar chain.
+        for (int64_t j = 0; j < count; ++j) {
+          if (__builtin_expect(!modelled(xs[i0 + i], ws[j]), 0)) {
+            const bf16* xr = static_cast<const bf16*>(p.x.data) + m * p.x.stride[0];
+            const bf16* wr = static_cast<const bf16*>(p.w.data) + (n0 + j) * p.w.stride[0];
+            vals[j] = tree_value_scalar(xr, wr, p.kw, p.nseg, p.seg_len, sxb, swb);
+          }
+        }
+        sink(ctx, m, n0, count, vals);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void tree_all_fast(const Problem& p, TileSink sink, void* ctx) {
+  const int64_t kp = int64_t(p.nseg) * p.seg_len;
+  const int64_t groups = (p.N + kNR - 1) / kNR;
+  // Tile sizes only change speed, never bits (each output's arithmetic is fixed).
+  // Rows per task: the decoded x rows (8 bytes per element) stay within ~1 MB of L2.
+  int64_t mb = std::max<int64_t>(
+      kMR, std::min<int64_t>(64, (int64_t(1) << 20) / std::max<int64_t>(kp * 8, 1)));
+  mb = mb / kMR * kMR;
+  mb = std::min(mb, p.M);
+  const int64_t gb = 4;  // column groups per task
+  const int64_t mtasks = (p.M + mb - 1) / mb, gtasks = (groups + gb - 1) / gb;
+  parallel_for(mtasks * gtasks, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t mi = t / gtasks, gi = t % gtasks;
+      run_task(p, kp, mi * mb, std::min(p.M, (mi + 1) * mb), gi * gb,
+               std::min(groups, (gi + 1) * gb), sink, ctx);
+    }
+  });
+}
+
+#else  // no AVX-512: the scalar path is used (same bits)
+
+bool fast_kernel_available() { return false; }
+void tree_all_fast(const Problem&, TileSink, void*) {
+  throw Error("gemm_bf16_nt: the vectorized kernel is not compiled in this build");
+}
+
+#endif
+
+}  // namespace lockstep::cpu::gemm_detail
