@@ -1,0 +1,172 @@
+// Default-model generation. Bits depend only on (config, seed, name): Philox integer words, an
+// exact integer Irwin-Hall sum, one IEEE double multiply (and add), double->float->bf16 RNE. No
+// std::*_distribution (their algorithms differ between standard libraries), no libm.
+#include "engine/default_model.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "core/philox.h"
+#include "engine/safetensors.h"
+#include "lockstep/error.h"
+
+namespace lockstep::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+uint32_t fnv1a32(const std::string& s) {
+  uint32_t h = 0x811c9dc5u;
+  for (unsigned char c : s) h = (h ^ c) * 0x01000193u;
+  return h;
+}
+
+// Standard deviation of a weight (0 marks a norm weight, drawn around 1). Projections reading a
+// normalized input of RMS ~1 use 1/sqrt(fan_in) so their outputs are O(1); the embedding's 0.2
+// makes tied logits (final-normed h · E) have a spread of about 0.2·sqrt(H) ≈ 2.3 at H = 128:
+// peaked enough that sampling settings matter, flat enough that samples vary.
+double weight_std(const std::string& name, const std::vector<int64_t>& shape) {
+  if (shape.size() == 1) return 0.0;
+  if (name == "model.embed_tokens.weight" || name == "lm_head.weight") return 0.2;
+  return 1.0 / std::sqrt(double(shape[1]));  // fan_in = in_features
+}
+
+std::string hex64(uint64_t v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "0x%016llx", (unsigned long long)v);
+  return buf;
+}
+
+}  // namespace
+
+Qwen3Config default_model_config() {
+  Qwen3Config c;
+  c.vocab_size = 2048;
+  c.hidden_size = 128;
+  c.intermediate_size = 384;
+  c.num_hidden_layers = 4;
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 4;
+  c.head_dim = 32;
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = 1e6;
+  c.max_position_embeddings = 4096;
+  c.tie_word_embeddings = true;
+  c.torch_dtype = "bfloat16";
+  c.bos_token_ids = {1};
+  c.eos_token_ids = {2};
+  c.validate();
+  return c;
+}
+
+Weights random_qwen3_weights(const Qwen3Config& cfg, uint64_t seed) {
+  const uint32_t key0 = uint32_t(seed), key1 = uint32_t(seed >> 32);
+  Weights out;
+  for (const WeightSpec& w : qwen3_weight_specs(cfg)) {
+    Tensor t(DType::kBF16, w.shape);
+    bf16* p = t.ptr<bf16>();
+    const uint32_t name_key = fnv1a32(w.name);
+    const double std = weight_std(w.name, w.shape);
+    const bool norm = std == 0.0;
+    // z = (sum of four (k + 1/2)/2^24 uniforms - 2)·sqrt(3) = s·sqrt(3)/2^25 with the integer
+    // s = sum(2k + 1) - 2^26; the constant folds the scale in so only one multiply rounds.
+    const double c = (norm ? 0.05 : std) * std::sqrt(3.0) * 0x1p-25;
+    for (int64_t j = 0; j < t.numel(); ++j) {
+      Philox4 r = philox4x32_10(Philox4{{uint32_t(j), uint32_t(uint64_t(j) >> 32), name_key, 0}},
+                                key0, key1);
+      int64_t s = -(int64_t(1) << 26);
+      for (uint32_t word : r.v) s += 2 * int64_t(word >> 8) + 1;
+      double v = double(s) * c;
+      if (norm) v = 1.0 + v;
+      p[j] = f32_to_bf16(float(v));
+    }
+    out.emplace_back(w.name, std::move(t));
+  }
+  return out;
+}
+
+ModelFileBytes serialize_qwen3_model(const Qwen3Config& cfg, const Weights& weights,
+                                     const std::map<std::string, std::string>& metadata) {
+  const char* op = "serialize_qwen3_model";
+  std::vector<WeightSpec> specs = qwen3_weight_specs(cfg);
+  LS_CHECK(weights.size() == specs.size(), op, "expected ", specs.size(), " weights for ",
+           cfg.to_string(), ", got ", weights.size());
+  std::vector<NamedTensor> named;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const auto& [name, t] = weights[i];
+    LS_CHECK(name == specs[i].name, op, "weight ", i, " is '", name, "', expected '", specs[i].name,
+             "'");
+    LS_CHECK(t.shape() == specs[i].shape, op, "weight '", name, "' has shape ",
+             t.view().shape_string(), ", expected ",
+             TensorView::contiguous(nullptr, t.dtype(), specs[i].shape).shape_string());
+    LS_CHECK(t.dtype() == DType::kBF16 || t.dtype() == DType::kF32, op, "weight '", name,
+             "' must be bf16 or f32, got ", dtype_name(t.dtype()));
+    named.push_back({name, t.view()});
+  }
+  std::map<std::string, std::string> meta = metadata;
+  meta["format"] = "pt";  // transformers refuses safetensors files without it
+  ModelFileBytes files;
+  files.config_json = cfg.to_json();
+  files.safetensors = serialize_safetensors(named, meta);
+  return files;
+}
+
+void write_model_files(const std::string& dir, const ModelFileBytes& files) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw Error("write model " + dir + ": cannot create the directory: " + ec.message());
+  // Weights first: a directory with config.json is complete.
+  write_file_atomic((fs::path(dir) / "model.safetensors").string(), files.safetensors.data(),
+                    files.safetensors.size());
+  write_file_atomic((fs::path(dir) / "config.json").string(), files.config_json.data(),
+                    files.config_json.size());
+}
+
+ModelFileBytes default_model_files() {
+  Qwen3Config cfg = default_model_config();
+  return serialize_qwen3_model(cfg, random_qwen3_weights(cfg, kDefaultModelSeed),
+                               {{"lockstep_default_model", kDefaultModelVersion},
+                                {"lockstep_seed", hex64(kDefaultModelSeed)}});
+}
+
+std::string ensure_default_model(const std::string& dir) {
+  const std::string what = "default model " + dir;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw Error(what + ": cannot create the directory: " + ec.message());
+  ModelFileBytes files = default_model_files();
+  struct File {
+    const char* name;
+    const void* data;
+    size_t size;
+  };
+  // Weights first (see write_model_files).
+  const File list[] = {{"model.safetensors", files.safetensors.data(), files.safetensors.size()},
+                       {"config.json", files.config_json.data(), files.config_json.size()}};
+  for (const File& f : list) {
+    const std::string path = (fs::path(dir) / f.name).string();
+    if (!fs::exists(path, ec)) {
+      write_file_atomic(path, f.data, f.size);
+      continue;
+    }
+    const auto size = fs::file_size(path, ec);
+    if (ec) throw Error(what + ": cannot read " + path + ": " + ec.message());
+    if (size != f.size)
+      throw Error(detail::concat(what, ": ", f.name, " is ", size, " bytes, the built-in default ",
+                                 "model's is ", f.size, "; delete ", dir, " to regenerate it"));
+    std::string have(f.size, '\0');
+    std::ifstream in(path, std::ios::binary);
+    in.read(have.data(), std::streamsize(f.size));
+    if (!in || size_t(in.gcount()) != f.size) throw Error(what + ": cannot read " + path);
+    if (std::memcmp(have.data(), f.data, f.size) != 0)
+      throw Error(what + ": " + f.name + " differs from the built-in default model (sha256 " +
+                  sha256_hex(have.data(), have.size()) + ", expected " +
+                  sha256_hex(f.data, f.size) + "); delete " + dir + " to regenerate it");
+  }
+  return dir;
+}
+
+}  // namespace lockstep::engine

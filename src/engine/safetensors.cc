@@ -1,0 +1,873 @@
+// Safetensors reader/writer and sharded checkpoints. The reader checks the whole header against
+// the file size before any tensor is touched: afterwards every (pointer, nbytes) it hands out lies
+// inside the mapping (or inside an aligned copy), so no later access can go out of bounds.
+#include "engine/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "engine/text.h"
+#include "lockstep/error.h"
+
+namespace lockstep::engine {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+constexpr uint64_t kMaxElements = uint64_t(1) << 62;
+constexpr size_t kMaxShapeDims = 64;
+constexpr int kMaxHeaderDepth = 16;  // a valid header is 3 deep
+
+struct DTypeEntry {
+  const char* name;
+  int bits;
+};
+// The dtypes of the safetensors format (Rust crate 0.5 / Python package).
+constexpr DTypeEntry kDTypes[] = {
+    {"BOOL", 8},    {"U8", 8},   {"I8", 8},   {"F8_E5M2", 8}, {"F8_E4M3", 8},
+    {"F8_E8M0", 8}, {"I16", 16}, {"U16", 16}, {"F16", 16},    {"BF16", 16},
+    {"I32", 32},    {"U32", 32}, {"F32", 32}, {"C64", 64},    {"F64", 64},
+    {"I64", 64},    {"U64", 64}, {"F4", 4},   {"F6_E2M3", 6}, {"F6_E3M2", 6},
+};
+
+// Names from a damaged file can be long or odd: messages show at most 200 bytes, escaped. (Names
+// are valid UTF-8: the JSON parser checked them.)
+std::string shown(const std::string& name) { return printable(name, false); }
+
+[[noreturn]] void fail(const std::string& file, const std::string& msg) {
+  throw Error("safetensors " + file + ": " + msg);
+}
+[[noreturn]] void fail_tensor(const std::string& file, const std::string& name,
+                              const std::string& msg) {
+  throw Error("safetensors " + file + ": tensor '" + shown(name) + "': " + msg);
+}
+
+std::string describe(const json& v) {
+  switch (v.type()) {
+    case json::value_t::object:
+      return "an object";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::null:
+      return "null";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::boolean:
+      return "a boolean";
+    case json::value_t::number_integer:
+      return std::to_string(v.get<int64_t>());
+    case json::value_t::number_unsigned:
+      return std::to_string(v.get<uint64_t>());
+    case json::value_t::number_float:
+      return "a non-integer number";
+    default:
+      return "an unsupported value";
+  }
+}
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << "]";
+  return os.str();
+}
+
+// Parses JSON text with a depth cap and duplicate-key detection (nlohmann keeps the last of
+// duplicate keys silently; a header with two entries of one name is malformed).
+json parse_json_checked(const char* begin, const char* end, const std::string& what) {
+  // NOTE: nlohmann's lexer takes a NUL byte for the end of input and would ignore what follows;
+  // JSON text never holds a raw NUL, so one is an error here (as in the reference parser).
+  if (const void* nul = std::memchr(begin, 0, size_t(end - begin)))
+    throw Error(detail::concat(what, ": NUL byte at offset ", static_cast<const char*>(nul) - begin,
+                               " of the JSON text"));
+  std::vector<std::unordered_set<std::string>> keys;  // one set per open object/array
+  try {
+    return json::parse(begin, end, [&](int depth, json::parse_event_t ev, json& parsed) {
+      if (depth > kMaxHeaderDepth)
+        throw Error(detail::concat(what, ": JSON nested deeper than ", kMaxHeaderDepth));
+      switch (ev) {
+        case json::parse_event_t::object_start:
+        case json::parse_event_t::array_start:
+          keys.emplace_back();
+          break;
+        case json::parse_event_t::object_end:
+        case json::parse_event_t::array_end:
+          if (!keys.empty()) keys.pop_back();
+          break;
+        case json::parse_event_t::key:
+          if (!keys.empty() && parsed.is_string() &&
+              !keys.back().insert(parsed.get_ref<const std::string&>()).second)
+            throw Error(what + ": duplicate key '" + shown(parsed.get_ref<const std::string&>()) +
+                        "'" + (keys.size() == 1 ? " (two entries with one name)" : ""));
+          break;
+        default:
+          break;
+      }
+      return true;
+    });
+  } catch (const json::exception& e) {
+    throw Error(what + ": invalid JSON: " + printable(e.what(), true, 300));
+  }
+}
+
+// A non-negative JSON integer, or nullopt.
+std::optional<uint64_t> as_u64(const json& v) {
+  if (v.is_number_unsigned()) return v.get<uint64_t>();
+  if (v.is_number_integer() && v.get<int64_t>() >= 0) return uint64_t(v.get<int64_t>());
+  return std::nullopt;
+}
+
+TensorInfo parse_entry(const std::string& file, const std::string& name, const json& v,
+                       uint64_t data_len) {
+  if (!v.is_object())
+    fail_tensor(file, name,
+                "entry must be an object with dtype, shape and data_offsets, got " + describe(v));
+  TensorInfo t;
+  t.name = name;
+
+  auto dt = v.find("dtype");
+  if (dt == v.end()) fail_tensor(file, name, "missing 'dtype'");
+  if (!dt->is_string()) fail_tensor(file, name, "'dtype' must be a string, got " + describe(*dt));
+  t.dtype = dt->get<std::string>();
+  int bits = safetensors_dtype_bits(t.dtype);
+  if (bits == 0) fail_tensor(file, name, "unknown dtype \"" + shown(t.dtype) + "\"");
+
+  auto sh = v.find("shape");
+  if (sh == v.end()) fail_tensor(file, name, "missing 'shape'");
+  if (!sh->is_array()) fail_tensor(file, name, "'shape' must be a list, got " + describe(*sh));
+  if (sh->size() > kMaxShapeDims)
+    fail_tensor(file, name,
+                detail::concat("'shape' has ", sh->size(), " dims (at most ", kMaxShapeDims, ")"));
+  // The product of max(extent, 1) is capped, so no partial product of the shape can overflow.
+  uint64_t numel = 1, capped = 1;
+  for (const json& e : *sh) {
+    auto d = as_u64(e);
+    if (!d) fail_tensor(file, name, "'shape' extents must be integers >= 0, got " + describe(e));
+    if (*d > kMaxElements || __builtin_mul_overflow(capped, std::max<uint64_t>(*d, 1), &capped) ||
+        capped > kMaxElements)
+      fail_tensor(file, name, "'shape' is too large (more than 2^62 elements)");
+    numel *= *d;
+    t.shape.push_back(int64_t(*d));
+  }
+  uint64_t nbits = 0;
+  if (__builtin_mul_overflow(numel, uint64_t(bits), &nbits))
+    fail_tensor(file, name, "'shape' is too large for its dtype");
+  if (nbits % 8 != 0)
+    fail_tensor(file, name,
+                detail::concat("shape ", shape_str(t.shape), " of ", t.dtype,
+                               " is not a whole number of bytes"));
+  const uint64_t nbytes = nbits / 8;
+
+  auto off = v.find("data_offsets");
+  if (off == v.end()) fail_tensor(file, name, "missing 'data_offsets'");
+  if (!off->is_array() || off->size() != 2)
+    fail_tensor(file, name, "'data_offsets' must be [begin, end], got " + describe(*off));
+  auto b = as_u64((*off)[0]), e = as_u64((*off)[1]);
+  if (!b || !e)
+    fail_tensor(file, name,
+                "'data_offsets' must be integers >= 0, got [" + describe((*off)[0]) + ", " +
+                    describe((*off)[1]) + "]");
+  std::string range = detail::concat("data_offsets [", *b, ", ", *e, "]");
+  if (*b > *e) fail_tensor(file, name, range + ": begin is after end");
+  if (*e > data_len)
+    fail_tensor(file, name,
+                detail::concat(range, " run past the end of the data buffer (", data_len,
+                               " bytes; truncated file?)"));
+  if (*e - *b != nbytes)
+    fail_tensor(file, name,
+                detail::concat(range, " hold ", *e - *b, " bytes, but ", t.dtype, " ",
+                               shape_str(t.shape), " needs ", nbytes, " bytes"));
+  t.data_begin = *b;
+  t.data_end = *e;
+  return t;
+}
+
+// RAII for a POSIX file descriptor.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+std::string read_small_file(const std::string& path, uint64_t cap, const std::string& what) {
+  std::error_code ec;
+  auto size = fs::file_size(path, ec);
+  if (ec) throw Error(what + ": cannot read " + path + ": " + ec.message());
+  if (size > cap)
+    throw Error(detail::concat(what, ": ", path, " is ", size, " bytes (cap ", cap, ")"));
+  std::ifstream in(path, std::ios::binary);
+  std::string s(size_t(size), '\0');
+  in.read(s.data(), std::streamsize(size));
+  if (!in || uint64_t(in.gcount()) != size) throw Error(what + ": error reading " + path);
+  return s;
+}
+
+// SHA-256 (FIPS 180-4).
+struct Sha256 {
+  uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                   0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+  uint8_t buf[64];
+  size_t buf_len = 0;
+  uint64_t total = 0;
+
+  static uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+  void block(const uint8_t* p) {
+    static constexpr uint32_t k[64] = {
+        0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4,
+        0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe,
+        0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f,
+        0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7,
+        0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc,
+        0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b,
+        0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116,
+        0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+        0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
+        0xc67178f2};
+    uint32_t w[64];
+    for (int i = 0; i < 16; ++i)
+      w[i] = uint32_t(p[4 * i]) << 24 | uint32_t(p[4 * i + 1]) << 16 | uint32_t(p[4 * i + 2]) << 8 |
+             uint32_t(p[4 * i + 3]);
+    for (int i = 16; i < 64; ++i) {
+      uint32_t s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
+      uint32_t s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
+      w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+    }
+    uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], hh = h[7];
+    for (int i = 0; i < 64; ++i) {
+      uint32_t t1 =
+          hh + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + k[i] + w[i];
+      uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+      hh = g;
+      g = f;
+      f = e;
+      e = d + t1;
+      d = c;
+      c = b;
+      b = a;
+      a = t1 + t2;
+    }
+    h[0] += a, h[1] += b, h[2] += c, h[3] += d, h[4] += e, h[5] += f, h[6] += g, h[7] += hh;
+  }
+  void update(const uint8_t* p, size_t n) {
+    total += n;
+    if (buf_len) {
+      size_t take = std::min(n, 64 - buf_len);
+      std::memcpy(buf + buf_len, p, take);
+      buf_len += take, p += take, n -= take;
+      if (buf_len == 64) block(buf), buf_len = 0;
+    }
+    for (; n >= 64; p += 64, n -= 64) block(p);
+    if (n) std::memcpy(buf, p, n), buf_len = n;
+  }
+  std::string hex() {
+    uint64_t bits = total * 8;
+    uint8_t pad = 0x80;
+    update(&pad, 1);
+    uint8_t zero = 0;
+    while (buf_len != 56) update(&zero, 1);
+    uint8_t len[8];
+    for (int i = 0; i < 8; ++i) len[i] = uint8_t(bits >> (56 - 8 * i));
+    update(len, 8);
+    static const char* digits = "0123456789abcdef";
+    std::string s;
+    for (uint32_t v : h)
+      for (int i = 28; i >= 0; i -= 4) s += digits[(v >> i) & 15];
+    return s;
+  }
+};
+
+// fp16 -> fp32, exact (NaN -> the canonical fp32 NaN).
+float f16_to_f32(uint16_t x) {
+  uint32_t sign = uint32_t(x & 0x8000u) << 16, exp = (x >> 10) & 0x1fu, man = x & 0x3ffu;
+  if (exp == 0) {
+    float v = float(man) * 0x1p-24f;  // zero or subnormal: man · 2^-24, exact
+    return f32_from_bits(f32_bits(v) | sign);
+  }
+  if (exp == 31) return man ? f32_from_bits(kCanonicalNanF32) : f32_from_bits(sign | 0x7f800000u);
+  return f32_from_bits(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+}  // namespace
+
+int safetensors_dtype_bits(const std::string& dtype) {
+  for (const DTypeEntry& e : kDTypes)
+    if (dtype == e.name) return e.bits;
+  return 0;
+}
+
+std::optional<DType> safetensors_to_dtype(const std::string& dtype) {
+  if (dtype == "BF16") return DType::kBF16;
+  if (dtype == "F32") return DType::kF32;
+  if (dtype == "I32") return DType::kI32;
+  if (dtype == "I64") return DType::kI64;
+  if (dtype == "U8") return DType::kU8;
+  return std::nullopt;
+}
+
+const char* dtype_to_safetensors(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF32:
+      return "F32";
+    case DType::kI32:
+      return "I32";
+    case DType::kI64:
+      return "I64";
+    case DType::kU8:
+      return "U8";
+  }
+  return nullptr;
+}
+
+int64_t TensorInfo::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string TensorInfo::shape_string() const { return shape_str(shape); }
+
+std::string sha256_hex(const void* data, size_t size) {
+  Sha256 s;
+  s.update(static_cast<const uint8_t*>(data), size);
+  return s.hex();
+}
+
+// ---------------------------------------------------------------------------------------------
+// SafetensorsFile
+
+struct SafetensorsFile::Impl {
+  std::string path;
+  std::vector<uint8_t> owned;  // from_bytes()
+  void* map = nullptr;         // open()
+  size_t map_size = 0;
+  const uint8_t* base = nullptr;
+  uint64_t size = 0;
+  uint64_t header_len = 0;
+  const uint8_t* data = nullptr;  // the data buffer: base + 8 + header_len
+  uint64_t data_len = 0;
+  std::vector<TensorInfo> tensors;   // sorted by data offset
+  std::vector<const uint8_t*> ptrs;  // per tensor: its bytes (mapping or copy)
+  std::vector<Tensor> copies;        // aligned copies of misaligned tensors
+  std::unordered_map<std::string, size_t> by_name;
+  std::map<std::string, std::string> metadata;
+
+  Impl() = default;
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+  ~Impl() {
+    if (map) ::munmap(map, map_size);
+  }
+
+  void parse();
+};
+
+void SafetensorsFile::Impl::parse() {
+  const std::string& file = path;
+  if (size < 8)
+    fail(file, detail::concat("file is ", size,
+                              " bytes, too short for the 8-byte header length (truncated?)"));
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(base[i]) << (8 * i);
+  if (n > kSafetensorsMaxHeader)
+    fail(file, detail::concat("header length ", n, " exceeds the cap of ", kSafetensorsMaxHeader,
+                              " bytes (corrupt, or not a safetensors file?)"));
+  if (n > size - 8)
+    fail(file, detail::concat("header length ", n, " runs past the end of the file (", size,
+                              " bytes; truncated?)"));
+  if (n < 2) fail(file, detail::concat("header length ", n, " is too small for a JSON object"));
+  const char* h = reinterpret_cast<const char*>(base) + 8;
+  if (h[0] != '{') fail(file, "header does not start with '{' (not a safetensors file?)");
+  header_len = n;
+  data = base + 8 + n;
+  data_len = size - 8 - n;
+
+  json j = parse_json_checked(h, h + n, "safetensors " + file + ": header");
+  if (!j.is_object()) fail(file, "header is not a JSON object");
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& key = it.key();
+    if (key == "__metadata__") {
+      if (!it->is_object()) fail(file, "__metadata__ must be an object, got " + describe(*it));
+      for (auto m = it->begin(); m != it->end(); ++m) {
+        if (!m->is_string())
+          fail(file, "__metadata__ value of '" + shown(m.key()) + "' must be a string, got " +
+                         describe(*m));
+        metadata[m.key()] = m->get<std::string>();
+      }
+      continue;
+    }
+    if (key.empty()) fail(file, "a tensor has an empty name");
+    tensors.push_back(parse_entry(file, key, *it, data_len));
+  }
+
+  // The tensors must tile the data buffer: sorted by offset, each begins where the previous ended,
+  // the last ends at the end of the file (as the reference implementation requires).
+  std::sort(tensors.begin(), tensors.end(), [](const TensorInfo& a, const TensorInfo& b) {
+    if (a.data_begin != b.data_begin) return a.data_begin < b.data_begin;
+    if (a.data_end != b.data_end) return a.data_end < b.data_end;
+    return a.name < b.name;
+  });
+  uint64_t pos = 0;
+  const TensorInfo* prev = nullptr;
+  for (const TensorInfo& t : tensors) {
+    std::string range = detail::concat("data_offsets [", t.data_begin, ", ", t.data_end, "]");
+    if (t.data_begin < pos)
+      fail_tensor(file, t.name,
+                  detail::concat(range, " overlap tensor '", shown(prev->name), "' [",
+                                 prev->data_begin, ", ", prev->data_end, "]"));
+    if (t.data_begin > pos)
+      fail_tensor(
+          file, t.name,
+          detail::concat(range, " leave a gap of ", t.data_begin - pos, " bytes after ",
+                         prev ? "tensor '" + shown(prev->name) + "'" : std::string("the header"),
+                         " (tensors must tile the data buffer)"));
+    pos = t.data_end;
+    prev = &t;
+  }
+  if (pos != data_len)
+    fail(file,
+         detail::concat(data_len - pos, " bytes after the last tensor's data (the data buffer",
+                        " is ", data_len, " bytes, the tensors cover ", pos, ")"));
+
+  ptrs.resize(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorInfo& t = tensors[i];
+    if (!by_name.emplace(t.name, i).second) fail_tensor(file, t.name, "duplicate name");
+    const uint8_t* p = data + t.data_begin;
+    int bits = safetensors_dtype_bits(t.dtype);
+    uint64_t align = bits >= 8 ? uint64_t(bits / 8) : 1;
+    if (reinterpret_cast<uintptr_t>(p) % align != 0) {
+      // NOTE: files written without header padding can put a tensor at an odd address; reading a
+      // float there through a float* would be undefined behaviour, so it is copied once.
+      Tensor c(DType::kU8, {int64_t(t.nbytes())});
+      std::memcpy(c.data(), p, t.nbytes());
+      p = c.ptr<uint8_t>();
+      copies.push_back(std::move(c));
+    }
+    ptrs[i] = p;
+  }
+}
+
+SafetensorsFile SafetensorsFile::open(const std::string& path) {
+  auto im = std::make_shared<Impl>();
+  im->path = path;
+  Fd fd;
+  fd.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd.fd < 0) fail(path, std::string("cannot open: ") + std::strerror(errno));
+  struct stat st;
+  if (::fstat(fd.fd, &st) != 0) fail(path, std::string("cannot stat: ") + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
+  im->size = uint64_t(st.st_size);
+  if (im->size >= 8) {
+    void* m = ::mmap(nullptr, size_t(im->size), PROT_READ, MAP_PRIVATE, fd.fd, 0);
+    if (m == MAP_FAILED) fail(path, std::string("cannot map: ") + std::strerror(errno));
+    im->map = m;
+    im->map_size = size_t(im->size);
+    im->base = static_cast<const uint8_t*>(m);
+  }
+  im->parse();
+  SafetensorsFile f;
+  f.impl_ = std::move(im);
+  return f;
+}
+
+SafetensorsFile SafetensorsFile::from_bytes(std::vector<uint8_t> bytes, const std::string& name) {
+  auto im = std::make_shared<Impl>();
+  im->path = name;
+  im->owned = std::move(bytes);
+  im->base = im->owned.data();
+  im->size = im->owned.size();
+  im->parse();
+  SafetensorsFile f;
+  f.impl_ = std::move(im);
+  return f;
+}
+
+const std::string& SafetensorsFile::path() const { return impl_->path; }
+uint64_t SafetensorsFile::file_size() const { return impl_->size; }
+uint64_t SafetensorsFile::header_size() const { return impl_->header_len; }
+const std::vector<TensorInfo>& SafetensorsFile::tensors() const { return impl_->tensors; }
+const std::map<std::string, std::string>& SafetensorsFile::metadata() const {
+  return impl_->metadata;
+}
+
+const TensorInfo* SafetensorsFile::find(const std::string& name) const {
+  auto it = impl_->by_name.find(name);
+  return it == impl_->by_name.end() ? nullptr : &impl_->tensors[it->second];
+}
+
+const uint8_t* SafetensorsFile::raw(const TensorInfo& info) const {
+  const auto& ts = impl_->tensors;
+  // Accept only entries of this file (a TensorInfo copy is looked up by name).
+  if (!ts.empty() && &info >= ts.data() && &info < ts.data() + ts.size())
+    return impl_->ptrs[size_t(&info - ts.data())];
+  const TensorInfo* own = find(info.name);
+  if (!own) fail_tensor(impl_->path, info.name, "not in this file");
+  return raw(*own);
+}
+
+TensorView SafetensorsFile::view(const std::string& name) const {
+  const TensorInfo* info = find(name);
+  if (!info) fail(impl_->path, "missing tensor " + shown(name));
+  return view(*info);
+}
+
+TensorView SafetensorsFile::view(const TensorInfo& info) const {
+  auto dt = safetensors_to_dtype(info.dtype);
+  if (!dt)
+    fail_tensor(impl_->path, info.name,
+                "dtype " + info.dtype + " cannot be viewed as a lockstep tensor (BF16, F32, I32, " +
+                    "I64 or U8)");
+  if (info.shape.size() > size_t(kMaxDims))
+    fail_tensor(
+        impl_->path, info.name,
+        detail::concat("has ", info.shape.size(), " dims; a TensorView holds at most ", kMaxDims));
+  return TensorView::contiguous(const_cast<uint8_t*>(raw(info)), *dt, info.shape);
+}
+
+bool SafetensorsFile::verify_checksum() const {
+  auto it = impl_->metadata.find(kDataSha256Key);
+  if (it == impl_->metadata.end()) return false;
+  std::string got = sha256_hex(impl_->data, size_t(impl_->data_len));
+  if (got != it->second)
+    fail(impl_->path, "data checksum mismatch: __metadata__ " + std::string(kDataSha256Key) +
+                          " is " + shown(it->second) + ", the data hashes to " + got +
+                          " (corrupt file)");
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoint
+
+Checkpoint Checkpoint::open(const std::string& dir) {
+  const std::string what = "checkpoint " + dir;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) throw Error(what + ": not a directory");
+  Checkpoint c;
+  c.dir_ = dir;
+  fs::path d(dir);
+  if (!fs::exists(d / "config.json", ec)) throw Error(what + ": config.json not found");
+  c.config_ = load_qwen3_config((d / "config.json").string());
+
+  const fs::path single = d / "model.safetensors", index = d / "model.safetensors.index.json";
+  if (fs::exists(single, ec)) {
+    c.files_.push_back(SafetensorsFile::open(single.string()));
+    for (const TensorInfo& t : c.files_[0].tensors()) c.index_[t.name] = Entry{0, &t};
+    return c;
+  }
+  if (!fs::exists(index, ec))
+    throw Error(what + ": neither model.safetensors nor model.safetensors.index.json found");
+
+  const std::string iwhat = what + ": model.safetensors.index.json";
+  std::string text = read_small_file(index.string(), kSafetensorsMaxHeader, what);
+  json j = parse_json_checked(text.data(), text.data() + text.size(), iwhat);
+  if (!j.is_object()) throw Error(iwhat + ": expected a JSON object");
+  auto wm = j.find("weight_map");
+  if (wm == j.end()) throw Error(iwhat + ": missing 'weight_map'");
+  if (!wm->is_object() || wm->empty())
+    throw Error(iwhat + ": 'weight_map' must be a non-empty object, got " + describe(*wm));
+
+  std::map<std::string, std::string> weight_map;  // tensor -> shard file name
+  std::map<std::string, size_t> shard_ids;        // shard file name -> files_ index
+  for (auto it = wm->begin(); it != wm->end(); ++it) {
+    if (!it->is_string())
+      throw Error(iwhat + ": weight_map['" + shown(it.key()) + "'] must be a file name, got " +
+                  describe(*it));
+    std::string f = it->get<std::string>();
+    // Shards live in this directory: a path ("../x", "/etc/x") in an index is rejected.
+    if (f.empty() || f == "." || f == ".." || f.find('/') != std::string::npos ||
+        f.find('\\') != std::string::npos || f.find('\0') != std::string::npos)
+      throw Error(iwhat + ": weight_map['" + shown(it.key()) + "'] = '" + shown(f) +
+                  "' is not a plain file name in the checkpoint directory");
+    weight_map[it.key()] = f;
+    shard_ids.emplace(f, 0);
+  }
+  for (auto& [f, id] : shard_ids) {
+    fs::path p = d / f;
+    if (!fs::exists(p, ec)) {
+      std::string example;
+      for (const auto& [t, s] : weight_map)
+        if (s == f) {
+          example = t;
+          break;
+        }
+      throw Error(what + ": shard '" + shown(f) + "' (listed in model.safetensors.index.json for " +
+                  shown(example) + ") not found");
+    }
+    id = c.files_.size();
+    c.files_.push_back(SafetensorsFile::open(p.string()));
+  }
+  for (const auto& [f, id] : shard_ids) {
+    for (const TensorInfo& t : c.files_[id].tensors()) {
+      auto prev = c.index_.find(t.name);
+      if (prev != c.index_.end())
+        throw Error(what + ": tensor '" + shown(t.name) + "' is in two shards: '" +
+                    shown(c.files_[prev->second.file].path()) + "' and '" + shown(f) + "'");
+      auto m = weight_map.find(t.name);
+      if (m == weight_map.end())
+        throw Error(what + ": tensor '" + shown(t.name) + "' in shard '" + shown(f) +
+                    "' is not listed in weight_map");
+      if (m->second != f)
+        throw Error(what + ": weight_map puts '" + shown(t.name) + "' in '" + shown(m->second) +
+                    "', but it is in '" + shown(f) + "'");
+      c.index_[t.name] = Entry{id, &t};
+    }
+  }
+  for (const auto& [t, f] : weight_map)
+    if (!c.index_.count(t))
+      throw Error(what + ": weight_map puts '" + shown(t) + "' in '" + shown(f) +
+                  "', but that shard has no such tensor");
+  return c;
+}
+
+std::vector<std::string> Checkpoint::tensor_names() const {
+  std::vector<std::string> names;
+  for (const auto& [n, e] : index_) names.push_back(n);
+  return names;
+}
+
+const Checkpoint::Entry& Checkpoint::entry(const std::string& name) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) throw Error("checkpoint " + dir_ + ": missing tensor " + shown(name));
+  return it->second;
+}
+
+const TensorInfo& Checkpoint::info(const std::string& name) const { return *entry(name).info; }
+
+const SafetensorsFile& Checkpoint::file_of(const std::string& name) const {
+  return files_[entry(name).file];
+}
+
+void Checkpoint::check_shape(const std::string& name, const TensorInfo& info,
+                             const std::vector<int64_t>& shape) const {
+  bool ok = info.shape.size() == shape.size();
+  for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || shape[i] == info.shape[i];
+  if (!ok)
+    throw Error("checkpoint " + dir_ + ": tensor " + shown(name) + ": shape mismatch: expected " +
+                shape_str(shape) + " (from config.json), got " + info.shape_string() + " in " +
+                files_[entry(name).file].path());
+}
+
+TensorView Checkpoint::get(const std::string& name, DType dtype,
+                           const std::vector<int64_t>& shape) const {
+  const Entry& e = entry(name);
+  auto dt = safetensors_to_dtype(e.info->dtype);
+  if (!dt || *dt != dtype)
+    throw Error("checkpoint " + dir_ + ": tensor " + shown(name) + ": dtype " + e.info->dtype +
+                " in " + files_[e.file].path() + ", expected " + dtype_to_safetensors(dtype) +
+                (e.info->dtype == "BF16" || e.info->dtype == "F32" || e.info->dtype == "F16"
+                     ? " (get_converted converts)"
+                     : ""));
+  check_shape(name, *e.info, shape);
+  return files_[e.file].view(*e.info);
+}
+
+Tensor Checkpoint::get_converted(const std::string& name, DType dtype,
+                                 const std::vector<int64_t>& shape) const {
+  LS_CHECK(dtype == DType::kBF16 || dtype == DType::kF32, "Checkpoint::get_converted",
+           "target dtype must be bf16 or f32, got ", dtype_name(dtype));
+  const Entry& e = entry(name);
+  const std::string& src = e.info->dtype;
+  if (src != "BF16" && src != "F32" && src != "F16")
+    throw Error("checkpoint " + dir_ + ": tensor " + shown(name) + ": dtype " + src + " in " +
+                files_[e.file].path() + " is not a float weight type (BF16, F32 or F16)");
+  check_shape(name, *e.info, shape);
+  const uint8_t* p = files_[e.file].raw(*e.info);
+  const int64_t n = e.info->numel();
+  Tensor out(dtype, e.info->shape);
+  for (int64_t i = 0; i < n; ++i) {
+    float v;
+    if (src == "F32") {
+      std::memcpy(&v, p + 4 * i, 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, p + 2 * i, 2);
+      v = src == "BF16" ? bf16_to_f32(bf16{h}) : f16_to_f32(h);
+    }
+    if (dtype == DType::kF32) {
+      out.ptr<float>()[i] = v;
+    } else if (src == "BF16") {
+      out.ptr<uint16_t>()[i] = uint16_t(f32_bits(v) >> 16);  // bit copy, NaN payload kept
+    } else {
+      out.ptr<bf16>()[i] = f32_to_bf16(v);
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> Checkpoint::check_qwen3_weights() const {
+  std::vector<std::string> missing;
+  std::set<std::string> used;
+  for (const WeightSpec& w : qwen3_weight_specs(config_)) {
+    auto it = index_.find(w.name);
+    if (it == index_.end()) {
+      missing.push_back(w.name);
+      continue;
+    }
+    used.insert(w.name);
+    const TensorInfo& t = *it->second.info;
+    if (t.dtype != "BF16" && t.dtype != "F32" && t.dtype != "F16")
+      throw Error("checkpoint " + dir_ + ": tensor " + w.name + ": dtype " + t.dtype + " in " +
+                  files_[it->second.file].path() + "; weights must be BF16, F32 or F16");
+    check_shape(w.name, t, w.shape);
+  }
+  if (!missing.empty()) {
+    std::ostringstream os;
+    os << "checkpoint " << dir_ << ": missing tensor " << missing[0];
+    if (missing.size() > 1) os << " (and " << missing.size() - 1 << " more)";
+    os << "; the checkpoint has " << index_.size() << " tensors";
+    if (!index_.empty()) os << ", e.g. '" << shown(index_.begin()->first) << "'";
+    throw Error(os.str());
+  }
+  std::vector<std::string> unused;
+  for (const auto& [n, e] : index_)
+    if (!used.count(n)) unused.push_back(n);
+  return unused;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writer
+
+std::vector<uint8_t> serialize_safetensors(const std::vector<NamedTensor>& tensors,
+                                           const std::map<std::string, std::string>& metadata) {
+  const char* op = "write_safetensors";
+  LS_CHECK(!metadata.count(kDataSha256Key), op, "metadata key '", kDataSha256Key,
+           "' is reserved (the writer sets it)");
+  std::set<std::string> names;
+  for (const NamedTensor& t : tensors) {
+    LS_CHECK(!t.name.empty(), op, "a tensor has an empty name");
+    LS_CHECK(t.name != "__metadata__", op, "'__metadata__' is not a tensor name");
+    LS_CHECK(names.insert(t.name).second, op, "duplicate tensor name '", t.name, "'");
+    LS_CHECK(t.tensor.device == Device::kCPU, op, "tensor '", t.name, "' is not on the CPU");
+    LS_CHECK(t.tensor.ndim >= 0 && t.tensor.ndim <= kMaxDims, op, "tensor '", t.name,
+             "' has a bad ndim ", t.tensor.ndim);
+    for (int i = 0; i < t.tensor.ndim; ++i)
+      LS_CHECK(t.tensor.shape[i] >= 0, op, "tensor '", t.name, "' has a negative extent");
+    LS_CHECK(t.tensor.numel() == 0 || t.tensor.data != nullptr, op, "tensor '", t.name,
+             "' has a null data pointer");
+  }
+  // Largest elements first, then by name: every tensor starts at a multiple of its element size.
+  std::vector<const NamedTensor*> order;
+  for (const NamedTensor& t : tensors) order.push_back(&t);
+  std::sort(order.begin(), order.end(), [](const NamedTensor* a, const NamedTensor* b) {
+    int64_t sa = dtype_size(a->tensor.dtype), sb = dtype_size(b->tensor.dtype);
+    return sa != sb ? sa > sb : a->name < b->name;
+  });
+
+  std::vector<uint8_t> data;
+  std::vector<std::pair<uint64_t, uint64_t>> offsets;
+  for (const NamedTensor* t : order) {
+    const TensorView& v = t->tensor;
+    const int64_t es = dtype_size(v.dtype), n = v.numel();
+    uint64_t begin = data.size();
+    data.resize(size_t(begin + uint64_t(n * es)));
+    uint8_t* dst = data.data() + begin;
+    if (v.is_contiguous()) {
+      if (n) std::memcpy(dst, v.data, size_t(n * es));
+    } else {
+      int64_t idx[kMaxDims] = {};
+      for (int64_t i = 0; i < n; ++i) {
+        int64_t off = 0;
+        for (int d = 0; d < v.ndim; ++d) off += idx[d] * v.stride[d];
+        std::memcpy(dst + i * es, static_cast<const uint8_t*>(v.data) + off * es, size_t(es));
+        for (int d = v.ndim - 1; d >= 0 && ++idx[d] == v.shape[d]; --d) idx[d] = 0;
+      }
+    }
+    offsets.emplace_back(begin, data.size());
+  }
+
+  ojson header = ojson::object();
+  ojson meta = ojson::object();
+  std::map<std::string, std::string> all = metadata;
+  all[kDataSha256Key] = sha256_hex(data.data(), data.size());
+  for (const auto& [k, val] : all) meta[k] = val;
+  header["__metadata__"] = std::move(meta);
+  for (size_t i = 0; i < order.size(); ++i) {
+    const TensorView& v = order[i]->tensor;
+    std::vector<int64_t> shape(v.shape, v.shape + v.ndim);
+    header[order[i]->name] = ojson{{"dtype", dtype_to_safetensors(v.dtype)},
+                                   {"shape", shape},
+                                   {"data_offsets", {offsets[i].first, offsets[i].second}}};
+  }
+  std::string hs;
+  try {
+    hs = header.dump();
+  } catch (const ojson::exception& e) {
+    throw Error(std::string(op) +
+                ": cannot encode the header (tensor names and metadata must be "
+                "UTF-8): " +
+                e.what());
+  }
+  hs.append((8 - hs.size() % 8) % 8, ' ');
+
+  std::vector<uint8_t> out(8 + hs.size() + data.size());
+  const uint64_t n = hs.size();
+  for (int i = 0; i < 8; ++i) out[size_t(i)] = uint8_t(n >> (8 * i));
+  std::memcpy(out.data() + 8, hs.data(), hs.size());
+  if (!data.empty()) std::memcpy(out.data() + 8 + hs.size(), data.data(), data.size());
+  return out;
+}
+
+void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<uint8_t> bytes = serialize_safetensors(tensors, metadata);
+  write_file_atomic(path, bytes.data(), bytes.size());
+}
+
+void write_file_atomic(const std::string& path, const void* data, size_t size) {
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp = detail::concat(path, ".tmp.", ::getpid(), ".", counter++);
+  auto sys_fail = [&](const std::string& what) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    throw Error("write " + path + ": " + what + ": " + std::strerror(err));
+  };
+  {
+    Fd fd;
+    fd.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd.fd < 0) {
+      int err = errno;
+      throw Error("write " + path + ": cannot create " + tmp + ": " + std::strerror(err));
+    }
+    const uint8_t* p = static_cast<const uint8_t*>(data);
+    size_t left = size;
+    while (left > 0) {
+      ssize_t w = ::write(fd.fd, p, left);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) sys_fail("write failed");
+      p += w;
+      left -= size_t(w);
+    }
+    if (::fsync(fd.fd) != 0) sys_fail("fsync failed");
+    int cfd = fd.fd;
+    fd.fd = -1;
+    if (::close(cfd) != 0) sys_fail("close failed");
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) sys_fail("rename failed");
+  // Make the rename itself durable (best effort: some filesystems refuse directory fsync).
+  std::string parent = fs::path(path).parent_path().string();
+  Fd dfd;
+  dfd.fd = ::open(parent.empty() ? "." : parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd.fd >= 0) ::fsync(dfd.fd);
+}
+
+}  // namespace lockstep::engine

@@ -1,0 +1,29 @@
+// Text helpers for the model-file layer's error messages: file contents quoted in a message are
+// escaped so a damaged or hostile file cannot put control sequences or invalid UTF-8 on a terminal.
+#pragma once
+
+#include <cstdio>
+#include <string>
+#include <string_view>
+
+namespace lockstep::engine {
+
+// Bytes < 0x20 and 0x7f become \xNN; bytes >= 0x80 too when `ascii_only` (text that may not be
+// valid UTF-8); longer than `max_len` bytes: cut and "..." appended.
+inline std::string printable(std::string_view s, bool ascii_only, size_t max_len = 200) {
+  std::string out;
+  for (size_t i = 0; i < s.size() && i < max_len; ++i) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f || (ascii_only && c >= 0x80)) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\x%02x", c);
+      out += buf;
+    } else {
+      out += char(c);
+    }
+  }
+  if (s.size() > max_len) out += "...";
+  return out;
+}
+
+}  // namespace lockstep::engine

@@ -1,0 +1,847 @@
+// Safetensors: writer/reader round trips (bf16/f32/ints, empty and 0-d tensors, strided input),
+// one hand-built file per malformed case with the error it must give, a randomized mutation test
+// (only lockstep::Error, never a crash), checkpoints (single, sharded) and their errors, sha256.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include "engine/default_model.h"
+#include "engine/safetensors.h"
+#include "lockstep/error.h"
+#include "util/test_util.h"
+
+namespace lockstep::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A file from a header string and `data_len` bytes of data (0, 1, 2, ...).
+std::vector<uint8_t> st_bytes(const std::string& header, size_t data_len = 0) {
+  std::vector<uint8_t> b(8 + header.size() + data_len);
+  for (int i = 0; i < 8; ++i) b[size_t(i)] = uint8_t(uint64_t(header.size()) >> (8 * i));
+  std::memcpy(b.data() + 8, header.data(), header.size());
+  for (size_t i = 0; i < data_len; ++i) b[8 + header.size() + i] = uint8_t(i);
+  return b;
+}
+
+// Expects from_bytes to throw an Error that names the file and contains every needle.
+void expect_st_error(const std::vector<uint8_t>& bytes,
+                     std::initializer_list<const char*> needles) {
+  try {
+    SafetensorsFile f = SafetensorsFile::from_bytes(bytes, "bad.safetensors");
+    ADD_FAILURE() << "expected an error; parsed " << f.tensors().size() << " tensors";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_EQ(msg.rfind("safetensors bad.safetensors: ", 0), 0u) << msg;
+    for (const char* n : needles)
+      EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
+  }
+}
+void expect_header_error(const std::string& header, size_t data_len,
+                         std::initializer_list<const char*> needles) {
+  SCOPED_TRACE(header);
+  expect_st_error(st_bytes(header, data_len), needles);
+}
+
+// A unique scratch directory, removed at the end of the test.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path = fs::path(::testing::TempDir()) /
+           (std::string("lockstep_st_") + info->name() + "_" + std::to_string(::getpid()));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+}
+
+template <typename Fn>
+void expect_error_containing(Fn&& fn, std::initializer_list<std::string> needles) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    for (const std::string& n : needles)
+      EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(Sha256, KnownAnswers) {
+  EXPECT_EQ(sha256_hex("", 0), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(sha256_hex("abc", 3),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  const std::string two = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+  EXPECT_EQ(sha256_hex(two.data(), two.size()),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  const std::string million(1000000, 'a');
+  EXPECT_EQ(sha256_hex(million.data(), million.size()),
+            "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+TEST(Safetensors, DTypeTables) {
+  EXPECT_EQ(safetensors_dtype_bits("BF16"), 16);
+  EXPECT_EQ(safetensors_dtype_bits("F32"), 32);
+  EXPECT_EQ(safetensors_dtype_bits("F8_E4M3"), 8);
+  EXPECT_EQ(safetensors_dtype_bits("F4"), 4);
+  EXPECT_EQ(safetensors_dtype_bits("bf16"), 0);  // names are case-sensitive
+  EXPECT_EQ(safetensors_to_dtype("BF16"), DType::kBF16);
+  EXPECT_EQ(safetensors_to_dtype("F16"), std::nullopt);
+  for (DType d : {DType::kF32, DType::kBF16, DType::kI32, DType::kI64, DType::kU8})
+    EXPECT_EQ(safetensors_to_dtype(dtype_to_safetensors(d)), d);
+}
+
+TEST(Safetensors, RoundTripManyShapes) {
+  auto g = test::rng(1);
+  const std::vector<std::vector<int64_t>> shapes = {
+      {}, {0}, {1}, {3}, {17, 5}, {2, 3, 4}, {1, 1, 1, 1, 1, 1}, {0, 7}, {111}, {4, 0, 3}, {989}};
+  std::vector<Tensor> owned;
+  std::vector<NamedTensor> named;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    for (DType d : {DType::kBF16, DType::kF32, DType::kI32, DType::kI64, DType::kU8}) {
+      Tensor t(d, shapes[i]);
+      auto* p = t.ptr<uint8_t>();
+      for (int64_t b = 0; b < t.nbytes(); ++b) p[b] = uint8_t(g());
+      named.push_back({std::string("t") + std::to_string(i) + "." + dtype_name(d), t.view()});
+      owned.push_back(std::move(t));
+    }
+  }
+  std::vector<uint8_t> bytes = serialize_safetensors(named, {{"format", "pt"}, {"note", "x"}});
+  EXPECT_EQ(serialize_safetensors(named, {{"format", "pt"}, {"note", "x"}}),
+            bytes);  // deterministic
+
+  TempDir dir;
+  write_safetensors(dir / "rt.safetensors", named, {{"format", "pt"}, {"note", "x"}});
+  for (int mode = 0; mode < 2; ++mode) {
+    SafetensorsFile f = mode == 0 ? SafetensorsFile::from_bytes(bytes, "mem")
+                                  : SafetensorsFile::open(dir / "rt.safetensors");
+    EXPECT_EQ(f.file_size(), bytes.size());
+    EXPECT_EQ((8 + f.header_size()) % 8, 0u);
+    EXPECT_EQ(f.metadata().at("format"), "pt");
+    EXPECT_EQ(f.metadata().at("note"), "x");
+    EXPECT_TRUE(f.verify_checksum());
+    ASSERT_EQ(f.tensors().size(), named.size());
+    for (const NamedTensor& n : named) {
+      const TensorInfo* info = f.find(n.name);
+      ASSERT_NE(info, nullptr) << n.name;
+      TensorView v = f.view(n.name);
+      EXPECT_EQ(v.dtype, n.tensor.dtype) << n.name;
+      EXPECT_EQ(v.shape_string(), n.tensor.shape_string()) << n.name;
+      EXPECT_TRUE(v.is_contiguous());
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(v.data) % uintptr_t(dtype_size(v.dtype)), 0u);
+      EXPECT_EQ(int64_t(info->nbytes()), n.tensor.numel() * dtype_size(n.tensor.dtype));
+      if (v.numel() > 0) {
+        EXPECT_BITWISE_EQ(v.data, n.tensor.data, v.numel(), v.dtype);
+      }
+    }
+  }
+}
+
+TEST(Safetensors, WriterGathersStridedViews) {
+  auto g = test::rng(2);
+  Tensor base = test::random_f32({6, 5}, g);
+  TensorView every_other = base.view();
+  every_other.shape[0] = 3;
+  every_other.stride[0] = 10;  // rows 0, 2, 4
+  TensorView column = base.view();
+  column.ndim = 1;
+  column.shape[0] = 6;
+  column.stride[0] = 5;  // column 0
+  SafetensorsFile f = SafetensorsFile::from_bytes(
+      serialize_safetensors({{"rows", every_other}, {"col", column}}), "mem");
+  TensorView r = f.view("rows"), c = f.view("col");
+  for (int i = 0; i < 3; ++i)
+    EXPECT_BITWISE_EQ(r.ptr<float>() + 5 * i, base.ptr<float>() + 10 * i, 5, DType::kF32);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(c.ptr<float>()[i], base.ptr<float>()[5 * i]);
+}
+
+TEST(Safetensors, WriterRejectsBadInput) {
+  Tensor t(DType::kF32, {2});
+  t.ptr<float>()[0] = t.ptr<float>()[1] = 1.0f;
+  expect_error_containing(
+      [&] {
+        serialize_safetensors({{"a", t.view()}, {"a", t.view()}});
+      },
+      {"duplicate tensor name 'a'"});
+  expect_error_containing([&] { serialize_safetensors({{"", t.view()}}); }, {"empty name"});
+  expect_error_containing(
+      [&] {
+        serialize_safetensors({{"__metadata__", t.view()}});
+      },
+      {"'__metadata__' is not a tensor name"});
+  expect_error_containing(
+      [&] {
+        serialize_safetensors({{"a", t.view()}}, {{kDataSha256Key, "0"}});
+      },
+      {"reserved"});
+  TensorView gpu = t.view();
+  gpu.device = Device::kCUDA;
+  expect_error_containing([&] { serialize_safetensors({{"a", gpu}}); }, {"not on the CPU"});
+  TensorView null = t.view();
+  null.data = nullptr;
+  expect_error_containing([&] { serialize_safetensors({{"a", null}}); }, {"null data pointer"});
+  expect_error_containing([&] { serialize_safetensors({{"bad\xff name", t.view()}}); }, {"UTF-8"});
+  // The writer never leaves a partial file: a failed write leaves nothing behind.
+  expect_error_containing([&] { write_safetensors("/nonexistent-dir/x.safetensors", {}); },
+                          {"write /nonexistent-dir/x.safetensors", "cannot create"});
+}
+
+TEST(Safetensors, AtomicWriteReplacesAndLeavesNoTemporaries) {
+  TempDir dir;
+  write_file_atomic(dir / "f", "old", 3);
+  write_file_atomic(dir / "f", "new contents", 12);
+  std::ifstream in(dir / "f");
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(s, "new contents");
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(dir.path)) files += e.is_regular_file();
+  EXPECT_EQ(files, 1);
+}
+
+// A file as the Python package writes it (F16 and I8 tensors are listed but not viewable).
+TEST(Safetensors, ReadsForeignDtypesAndMetadata) {
+  std::string h =
+      R"({"__metadata__":{"format":"pt"},"w":{"dtype":"F16","shape":[2,2],"data_offsets":[0,8]},)"
+      R"("q":{"dtype":"I8","shape":[3],"data_offsets":[8,11]},)"
+      R"("s":{"dtype":"F8_E4M3","shape":[],"data_offsets":[11,12]},)"
+      R"("p":{"dtype":"F4","shape":[4],"data_offsets":[12,14]}})";
+  SafetensorsFile f = SafetensorsFile::from_bytes(st_bytes(h, 14), "foreign.safetensors");
+  ASSERT_EQ(f.tensors().size(), 4u);
+  EXPECT_EQ(f.tensors()[0].name, "w");  // sorted by offset
+  EXPECT_EQ(f.find("w")->dtype, "F16");
+  EXPECT_EQ(f.find("s")->shape.size(), 0u);
+  EXPECT_EQ(f.find("p")->nbytes(), 2u);
+  EXPECT_FALSE(f.verify_checksum());  // no checksum in the metadata
+  EXPECT_EQ(f.raw(*f.find("q"))[0], 8);
+  expect_error_containing(
+      [&] { f.view("w"); },
+      {"safetensors foreign.safetensors: tensor 'w': dtype F16 cannot be viewed"});
+  expect_error_containing([&] { f.view("nope"); }, {"missing tensor nope"});
+}
+
+// A header whose length is not a multiple of 8 puts tensors at odd addresses: they are copied
+// into aligned storage, contents intact.
+TEST(Safetensors, MisalignedDataIsCopied) {
+  for (int pad = 0; pad < 8; ++pad) {
+    std::string h = R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,12]},)"
+                    R"("b":{"dtype":"BF16","shape":[1],"data_offsets":[12,14]},)"
+                    R"("c":{"dtype":"I64","shape":[1],"data_offsets":[14,22]}})" +
+                    std::string(size_t(pad), ' ');
+    std::vector<uint8_t> bytes = st_bytes(h, 22);
+    SafetensorsFile f = SafetensorsFile::from_bytes(bytes, "odd");
+    const uint8_t* data = bytes.data() + 8 + h.size();
+    for (const char* name : {"a", "b", "c"}) {
+      const TensorInfo& info = *f.find(name);
+      TensorView v = f.view(name);
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(v.data) % uintptr_t(dtype_size(v.dtype)), 0u) << name;
+      EXPECT_EQ(std::memcmp(v.data, data + info.data_begin, info.nbytes()), 0) << name;
+    }
+  }
+}
+
+TEST(Safetensors, ViewLimits) {
+  std::string h = R"({"seven":{"dtype":"F32","shape":[1,1,1,1,1,1,1],"data_offsets":[0,4]}})";
+  SafetensorsFile f = SafetensorsFile::from_bytes(st_bytes(h, 4), "7d");
+  EXPECT_EQ(f.find("seven")->shape.size(), 7u);  // listed
+  expect_error_containing([&] { f.view("seven"); }, {"has 7 dims", "at most 6"});
+}
+
+TEST(Safetensors, ChecksumCatchesFlippedData) {
+  Tensor t(DType::kF32, {4});
+  for (int i = 0; i < 4; ++i) t.ptr<float>()[i] = float(i) + 0.5f;
+  std::vector<uint8_t> bytes = serialize_safetensors({{"a", t.view()}});
+  EXPECT_TRUE(SafetensorsFile::from_bytes(bytes, "ok").verify_checksum());
+  bytes.back() ^= 1;  // still a structurally valid file
+  SafetensorsFile f = SafetensorsFile::from_bytes(bytes, "flipped");
+  expect_error_containing([&] { f.verify_checksum(); }, {"flipped", "data checksum mismatch"});
+}
+
+TEST(Safetensors, MalformedFiles) {
+  const std::string ok = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  // Size and header length.
+  expect_st_error({}, {"file is 0 bytes, too short", "truncated"});
+  expect_st_error({1, 0, 0, 0, 0}, {"file is 5 bytes"});
+  {
+    std::vector<uint8_t> b = st_bytes(ok, 8);
+    b[4] = 1;  // 2^32 + length
+    expect_st_error(b, {"header length 4294967", "exceeds the cap of 100000000"});
+    b = st_bytes(ok, 8);
+    b[0] = uint8_t(b[0] + 100);
+    expect_st_error(b, {"runs past the end of the file", "truncated"});
+    std::vector<uint8_t> pk = {'P', 'K', 3, 4, 20, 0, 0, 0, 0, 0};  // a zip (torch .bin)
+    expect_st_error(pk, {"header length", "not a safetensors file"});
+  }
+  expect_header_error("", 0, {"header length 0 is too small"});
+  expect_header_error("{", 0, {"header length 1 is too small"});
+  expect_header_error("[1,2]", 0, {"does not start with '{'"});
+  expect_header_error(" {}", 0, {"does not start with '{'"});
+  // JSON.
+  expect_header_error("{\"a\":", 0, {"invalid JSON"});
+  expect_header_error("{} x", 0, {"invalid JSON"});
+  expect_header_error("{\"a\xff\":1}", 0, {"invalid JSON"});  // not UTF-8
+  // A NUL ends nlohmann's input early; the reader must not ignore what follows it.
+  expect_header_error(ok + std::string("\0garbage", 8), 8, {"NUL byte at offset 54"});
+  // File bytes quoted in a message are escaped: no control or non-ASCII bytes reach a terminal.
+  for (const std::string& h :
+       {std::string("{\"\x1b[31m\xff\xfe\":1}"), std::string("{\x01\x80}")}) {
+    try {
+      SafetensorsFile::from_bytes(st_bytes(h), "esc");
+      ADD_FAILURE() << "expected an error";
+    } catch (const Error& e) {
+      for (const char* p = e.what(); *p; ++p)
+        EXPECT_TRUE(*p >= 0x20 && *p < 0x7f)
+            << "raw byte " << int(uint8_t(*p)) << " in " << e.what();
+    }
+  }
+  expect_header_error("{\"x\":" + std::string(40, '[') + std::string(40, ']') + "}", 0,
+                      {"nested deeper than 16"});
+  expect_header_error(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                      R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                      8, {"duplicate key 'a'", "two entries with one name"});
+  expect_header_error(R"({"a":{"dtype":"F32","dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4,
+                      {"duplicate key 'dtype'"});
+  // Entries.
+  expect_header_error(R"({"a":5})", 0, {"tensor 'a'", "entry must be an object", "got 5"});
+  expect_header_error(R"({"":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})", 0,
+                      {"empty name"});
+  expect_header_error(R"({"a":{"shape":[2],"data_offsets":[0,8]}})", 8,
+                      {"tensor 'a'", "missing 'dtype'"});
+  expect_header_error(R"({"a":{"dtype":"F32","data_offsets":[0,8]}})", 8, {"missing 'shape'"});
+  expect_header_error(R"({"a":{"dtype":"F32","shape":[2]}})", 8, {"missing 'data_offsets'"});
+  expect_header_error(R"({"a":{"dtype":32,"shape":[2],"data_offsets":[0,8]}})", 8,
+                      {"'dtype' must be a string"});
+  expect_header_error(R"({"a":{"dtype":"F33","shape":[2],"data_offsets":[0,8]}})", 8,
+                      {"unknown dtype \"F33\""});
+  expect_header_error(R"({"a":{"dtype":"F32","shape":2,"data_offsets":[0,8]}})", 8,
+                      {"'shape' must be a list"});
+  expect_header_error(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8,
+                      {"extents must be integers >= 0", "got -2"});
+  expect_header_error(R"({"a":{"dtype":"F32","shape":[2.0],"data_offsets":[0,8]}})", 8,
+                      {"extents must be integers >= 0", "non-integer"});
+  expect_header_error(R"({"a":{"dtype":"F32","shape":["2"],"data_offsets":[0,8]}})", 8,
+                      {"extents must be integers"});
+  {
+    std::string dims = "[1";
+    for (int i = 0; i < 64; ++i) dims += ",1";
+    expect_header_error(R"({"a":{"dtype":"F32","shape":)" + dims + R"(],"data_offsets":[0,4]}})", 4,
+                        {"'shape' has 65 dims"});
+  }
+  expect_header_error(
+      R"({"a":{"dtype":"F32","shape":[1099511627776,1099511627776],"data_offsets":[0,8]}})", 8,
+      {"too large"});
+  expect_header_error(
+      R"({"a":{"dtype":"F32","shape":[0,4611686018427387904,4],"data_offsets":[0,0]}})", 0,
+      {"too large"});
+  expect_header_error(R"({"a":{"dtype":"F64","shape":[4611686018427387904],"data_offsets":[0,8]}})",
+                      8, {"too large for its dtype"});
+  expect_header_error(
+      R"({"a":{"dtype":"F32","shape":[99999999999999999999],"data_offsets":[0,8]}})", 8,
+      {"extents must be integers >= 0"});
+  expect_header_error(R"({"a":{"dtype":"F4","shape":[3],"data_offsets":[0,2]}})", 2,
+                      {"shape [3] of F4 is not a whole number of bytes"});
+  // Offsets.
+  expect_header_error(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":8}})", 8,
+                      {"'data_offsets' must be [begin, end]"});
+  expect_header_error(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4,8]}})", 8,
+                      {"'data_offsets' must be [begin, end]"});
+  expect_header_error(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[-8,0]}})", 8,
+                      {"'data_offsets' must be integers >= 0", "[-8, 0]"});
+  expect_header_error(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8.5]}})", 8,
+                      {"'data_offsets' must be integers >= 0"});
+  expect_header_error(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", 8,
+                      {"data_offsets [8, 0]: begin is after end"});
+  expect_header_error(ok, 4,
+                      {"tensor 'a'",
+                       "data_offsets [0, 8] run past the end of the data "
+                       "buffer (4 bytes; truncated file?)"});
+  expect_header_error(
+      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,18446744073709551615]}})", 8,
+      {"run past the end"});
+  expect_header_error(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", 4,
+                      {"data_offsets [0, 4] hold 4 bytes, but F32 [2] needs 8 bytes"});
+  expect_header_error(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                      R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                      12, {"tensor 'b'", "overlap tensor 'a' [0, 8]"});
+  expect_header_error(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                      R"("b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+                      12, {"tensor 'b'", "leave a gap of 4 bytes after tensor 'a'"});
+  expect_header_error(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8,
+                      {"gap of 4 bytes after the header"});
+  expect_header_error(ok, 9, {"1 bytes after the last tensor's data"});
+  // Metadata.
+  expect_header_error(R"({"__metadata__":["pt"]})", 0, {"__metadata__ must be an object"});
+  expect_header_error(R"({"__metadata__":{"format":1}})", 0,
+                      {"__metadata__ value of 'format' must be a string"});
+  // Long names are shortened in messages.
+  std::string long_name(5000, 'n');
+  expect_header_error(
+      R"({")" + long_name + R"(":{"dtype":"F32","shape":[1],"data_offsets":[0,8]}})", 8,
+      {"tensor 'nnnn", "...'"});
+}
+
+TEST(Safetensors, EveryTruncationIsAnError) {
+  Tensor a(DType::kBF16, {3, 5}), b(DType::kF32, {7});
+  std::memset(a.data(), 0x3f, size_t(a.nbytes()));
+  std::memset(b.data(), 0x40, size_t(b.nbytes()));
+  std::vector<uint8_t> bytes = serialize_safetensors({{"a", a.view()}, {"b", b.view()}});
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    std::vector<uint8_t> cut(bytes.begin(), bytes.begin() + long(n));
+    EXPECT_THROW(SafetensorsFile::from_bytes(cut, "cut"), Error) << n;
+  }
+  EXPECT_NO_THROW(SafetensorsFile::from_bytes(bytes, "whole"));
+}
+
+TEST(Safetensors, OpenErrors) {
+  TempDir dir;
+  expect_error_containing([&] { SafetensorsFile::open(dir / "absent.safetensors"); },
+                          {"safetensors " + (dir / "absent.safetensors") + ": cannot open"});
+  expect_error_containing([&] { SafetensorsFile::open(dir.path.string()); },
+                          {"not a regular file"});
+  write_text(dir / "empty.safetensors", "");
+  expect_error_containing([&] { SafetensorsFile::open(dir / "empty.safetensors"); },
+                          {"empty.safetensors: file is 0 bytes"});
+  write_text(dir / "short.safetensors", std::string("\x10\0\0\0\0\0\0\0{}", 10));
+  expect_error_containing([&] { SafetensorsFile::open(dir / "short.safetensors"); },
+                          {"short.safetensors: header length 16 runs past the end"});
+}
+
+// Random damage to a valid file: flips, overwrites, inserts, deletes, truncations, header-length
+// edits and number swaps inside the header. The reader must accept or throw lockstep::Error;
+// whatever it accepts must be readable end to end (ASan/UBSan builds catch stray accesses).
+TEST(Safetensors, MutationOnlyThrowsError) {
+  auto g = test::rng(3);
+  Tensor bf(DType::kBF16, {3, 5}), f32(DType::kF32, {4}), scalar(DType::kF32, {}),
+      empty(DType::kBF16, {0, 3}), ids(DType::kI64, {2}), bytes_t(DType::kU8, {5});
+  for (Tensor* t : {&bf, &f32, &scalar, &ids, &bytes_t})
+    for (int64_t i = 0; i < t->nbytes(); ++i) t->ptr<uint8_t>()[i] = uint8_t(g());
+  const std::vector<uint8_t> base = serialize_safetensors({{"model.layers.0.w", bf.view()},
+                                                           {"f", f32.view()},
+                                                           {"s", scalar.view()},
+                                                           {"e", empty.view()},
+                                                           {"ids", ids.view()},
+                                                           {"u8", bytes_t.view()}},
+                                                          {{"format", "pt"}});
+  const size_t header_end = 8 + (size_t(base[0]) | size_t(base[1]) << 8);
+  const char* specials = "{}[]\":,0123456789-. \\ \xff\x80\x00";
+  const uint64_t numbers[] = {0,
+                              1,
+                              7,
+                              8,
+                              255,
+                              65535,
+                              uint64_t(1) << 31,
+                              uint64_t(1) << 32,
+                              uint64_t(1) << 62,
+                              uint64_t(1) << 63,
+                              ~uint64_t(0)};
+
+  const auto t0 = std::chrono::steady_clock::now();
+  int accepted = 0, rejected = 0, iters = 0;
+  for (; iters < 60000; ++iters) {
+    std::vector<uint8_t> b = base;
+    const int edits = 1 + int(g() % 3);
+    for (int k = 0; k < edits; ++k) {
+      // Aim most edits at the header, where structure lives.
+      size_t limit = (g() % 4 != 0 && header_end < b.size()) ? header_end : b.size();
+      size_t pos = limit ? g() % limit : 0;
+      switch (g() % 8) {
+        case 0:
+          if (pos < b.size()) b[pos] ^= uint8_t(1u << (g() % 8));
+          break;
+        case 1:
+          if (pos < b.size()) b[pos] = uint8_t(specials[g() % 22]);
+          break;
+        case 2:
+          b.insert(b.begin() + long(std::min(pos, b.size())), uint8_t(specials[g() % 22]));
+          break;
+        case 3:
+          if (pos < b.size())
+            b.erase(b.begin() + long(pos),
+                    b.begin() + long(std::min(b.size(), pos + 1 + g() % 16)));
+          break;
+        case 4:
+          b.resize(g() % (b.size() + 1));
+          break;
+        case 5:  // header length field
+          if (b.size() >= 8) {
+            uint64_t n = 0;
+            for (int i = 0; i < 8; ++i) n |= uint64_t(b[size_t(i)]) << (8 * i);
+            n = g() % 2 ? n + (g() % 17) - 8 : numbers[g() % 11];
+            for (int i = 0; i < 8; ++i) b[size_t(i)] = uint8_t(n >> (8 * i));
+          }
+          break;
+        case 6:  // replace a number in the header with another
+        case 7: {
+          size_t start = 8 + g() % std::max<size_t>(1, header_end - 8);
+          while (start < std::min(b.size(), header_end) && !(b[start] >= '0' && b[start] <= '9'))
+            ++start;
+          size_t end = start;
+          while (end < b.size() && b[end] >= '0' && b[end] <= '9') ++end;
+          if (end > start) {
+            std::string num = std::to_string(numbers[g() % 11] + (g() % 3));
+            if (g() % 4 == 0) num = "-" + num;
+            b.erase(b.begin() + long(start), b.begin() + long(end));
+            b.insert(b.begin() + long(start), num.begin(), num.end());
+          }
+          break;
+        }
+      }
+    }
+    try {
+      SafetensorsFile f = SafetensorsFile::from_bytes(b, "mutant");
+      uint64_t sum = 0;
+      for (const TensorInfo& t : f.tensors()) {
+        const uint8_t* p = f.raw(t);
+        for (uint64_t i = 0; i < t.nbytes(); ++i) sum += p[i];
+        if (safetensors_to_dtype(t.dtype) && t.shape.size() <= size_t(kMaxDims)) {
+          TensorView v = f.view(t);
+          EXPECT_EQ(uint64_t(v.numel() * dtype_size(v.dtype)), t.nbytes());
+        }
+      }
+      f.verify_checksum();  // may throw Error on flipped data
+      ::testing::Test::RecordProperty("sum", int(sum & 1));
+      ++accepted;
+    } catch (const Error&) {
+      ++rejected;
+    } catch (const std::exception& e) {
+      FAIL() << "iteration " << iters << ": non-lockstep exception: " << e.what();
+    }
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("[lockstep] %d mutants in %.2f s: %d accepted, %d rejected with lockstep::Error\n",
+              iters, secs, accepted, rejected);
+  EXPECT_GT(rejected, iters / 2);
+  EXPECT_GT(accepted, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoints
+
+Qwen3Config tiny_config(bool tied) {
+  Qwen3Config c;
+  c.vocab_size = 96;
+  c.hidden_size = 32;
+  c.intermediate_size = 48;
+  c.num_hidden_layers = 3;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 16;
+  c.max_position_embeddings = 128;
+  c.tie_word_embeddings = tied;
+  c.torch_dtype = "bfloat16";
+  c.eos_token_ids = {2};
+  return c;
+}
+
+std::vector<NamedTensor> named(const Weights& w) {
+  std::vector<NamedTensor> out;
+  for (const auto& [n, t] : w) out.push_back({n, t.view()});
+  return out;
+}
+
+// Writes config.json + model.safetensors (or shards + index when `shards` > 1).
+void write_checkpoint(const TempDir& dir, const Qwen3Config& cfg, const std::vector<NamedTensor>& w,
+                      int shards = 1) {
+  write_text(dir / "config.json", cfg.to_json());
+  if (shards == 1) {
+    write_safetensors(dir / "model.safetensors", w, {{"format", "pt"}});
+    return;
+  }
+  std::string index = "{\"metadata\": {\"total_size\": 0}, \"weight_map\": {";
+  for (int s = 0; s < shards; ++s) {
+    std::vector<NamedTensor> part;
+    char file[64];
+    std::snprintf(file, sizeof(file), "model-%05d-of-%05d.safetensors", s + 1, shards);
+    for (size_t i = size_t(s); i < w.size(); i += size_t(shards)) {
+      part.push_back(w[i]);
+      index +=
+          std::string(index.back() == '{' ? "" : ", ") + "\"" + w[i].name + "\": \"" + file + "\"";
+    }
+    write_safetensors(dir / file, part, {{"format", "pt"}});
+  }
+  write_text(dir / "model.safetensors.index.json", index + "}}");
+}
+
+TEST(Checkpoint, SingleFileLoadsEveryWeight) {
+  for (bool tied : {true, false}) {
+    TempDir dir;
+    Qwen3Config cfg = tiny_config(tied);
+    Weights w = random_qwen3_weights(cfg, 11);
+    write_checkpoint(dir, cfg, named(w));
+    Checkpoint ck = Checkpoint::open(dir.path.string());
+    EXPECT_EQ(ck.config().to_string(), cfg.to_string());
+    EXPECT_EQ(ck.files().size(), 1u);
+    EXPECT_TRUE(ck.check_qwen3_weights().empty());
+    EXPECT_EQ(ck.has("lm_head.weight"), !tied);
+    for (const auto& [name, t] : w) {
+      TensorView v = ck.get(name, DType::kBF16, t.shape());
+      EXPECT_BITWISE_EQ(v.data, t.data(), t.numel(), DType::kBF16);
+    }
+    // -1 matches any extent.
+    EXPECT_NO_THROW(ck.get("model.embed_tokens.weight", DType::kBF16, {-1, 32}));
+  }
+}
+
+TEST(Checkpoint, GetNamesTheProblem) {
+  TempDir dir;
+  Qwen3Config cfg = tiny_config(true);
+  write_checkpoint(dir, cfg, named(random_qwen3_weights(cfg, 12)));
+  Checkpoint ck = Checkpoint::open(dir.path.string());
+  const std::string where = "checkpoint " + dir.path.string() + ": ";
+  expect_error_containing(
+      [&] {
+        ck.get("model.layers.3.mlp.up_proj.weight", DType::kBF16, {48, 32});
+      },
+      {where + "missing tensor model.layers.3.mlp.up_proj.weight"});
+  expect_error_containing(
+      [&] {
+        ck.get("model.layers.1.mlp.up_proj.weight", DType::kBF16, {48, 64});
+      },
+      {where +
+       "tensor model.layers.1.mlp.up_proj.weight: shape mismatch: expected [48, 64] "
+       "(from config.json), got [48, 32] in " +
+       (dir / "model.safetensors")});
+  expect_error_containing(
+      [&] {
+        ck.get("model.norm.weight", DType::kBF16, {32, 1});
+      },
+      {"shape mismatch: expected [32, 1]", "got [32]"});
+  expect_error_containing(
+      [&] { ck.get("model.norm.weight", DType::kF32, {32}); },
+      {"tensor model.norm.weight: dtype BF16", "expected F32", "(get_converted converts)"});
+  expect_error_containing([&] { ck.info("nope"); }, {"missing tensor nope"});
+}
+
+TEST(Checkpoint, ConvertsFloatDtypes) {
+  TempDir dir;
+  Qwen3Config cfg = tiny_config(true);
+  Weights w = random_qwen3_weights(cfg, 13);
+  // Store the final norm as F32 (with values that need rounding) and one layernorm as F16.
+  Tensor norm32(DType::kF32, {32});
+  for (int i = 0; i < 32; ++i) norm32.ptr<float>()[i] = 1.0f + float(i) * 0x1p-12f;
+  norm32.ptr<float>()[31] = std::nanf("");
+  Tensor ln16(DType::kU8, {64});  // F16 bytes, written through a custom header below
+  std::vector<NamedTensor> nt;
+  for (const auto& [n, t] : w)
+    if (n == "model.norm.weight")
+      nt.push_back({n, norm32.view()});
+    else if (n != "model.layers.0.input_layernorm.weight")
+      nt.push_back({n, t.view()});
+  write_checkpoint(dir, cfg, nt);
+  {
+    Checkpoint ck = Checkpoint::open(dir.path.string());
+    Tensor a = ck.get_converted("model.norm.weight", DType::kBF16, {32});
+    Tensor b = ck.get_converted("model.norm.weight", DType::kF32, {32});
+    for (int i = 0; i < 32; ++i) {
+      EXPECT_EQ(a.ptr<bf16>()[i].bits, f32_to_bf16(norm32.ptr<float>()[i]).bits) << i;
+      EXPECT_EQ(f32_bits(b.ptr<float>()[i]), f32_bits(norm32.ptr<float>()[i])) << i;
+    }
+    EXPECT_EQ(a.ptr<bf16>()[31].bits, kCanonicalNanBf16);
+    Tensor c = ck.get_converted("model.layers.1.mlp.up_proj.weight", DType::kF32, {48, 32});
+    TensorView src = ck.get("model.layers.1.mlp.up_proj.weight", DType::kBF16, {48, 32});
+    for (int64_t i = 0; i < 48 * 32; ++i)
+      ASSERT_EQ(f32_bits(c.ptr<float>()[i]), uint32_t(src.ptr<bf16>()[i].bits) << 16);
+    // Missing layer-0 input norm: check_qwen3_weights reports it up front.
+    expect_error_containing([&] { ck.check_qwen3_weights(); },
+                            {"missing tensor model.layers.0.input_layernorm.weight"});
+    expect_error_containing([&] { ck.get_converted("model.norm.weight", DType::kI32, {32}); },
+                            {"target dtype must be bf16 or f32"});
+  }
+  // F16 values, including subnormal, inf and NaN: widened exactly.
+  const uint16_t halves[8] = {0x3c00, 0xc000, 0x0001, 0x03ff, 0x7bff, 0x7c00, 0xfc00, 0x7e01};
+  const float expect[8] = {1.0f,     -2.0f,    0x1p-24f,  1023 * 0x1p-24f,
+                           65504.0f, INFINITY, -INFINITY, NAN};
+  std::string h =
+      R"({"__metadata__":{"format":"pt"},"x":{"dtype":"F16","shape":[8],"data_offsets":[0,16]}})";
+  std::vector<uint8_t> bytes = st_bytes(h, 16);
+  std::memcpy(bytes.data() + 8 + h.size(), halves, 16);
+  std::ofstream(dir / "model.safetensors", std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()), long(bytes.size()));
+  Checkpoint ck = Checkpoint::open(dir.path.string());
+  Tensor f = ck.get_converted("x", DType::kF32, {8});
+  for (int i = 0; i < 7; ++i) EXPECT_EQ(f.ptr<float>()[i], expect[i]) << i;
+  EXPECT_EQ(f32_bits(f.ptr<float>()[7]), kCanonicalNanF32);
+  expect_error_containing([&] { ck.get("x", DType::kBF16, {8}); }, {"dtype F16", "expected BF16"});
+}
+
+TEST(Checkpoint, CheckQwen3WeightsReportsProblems) {
+  Qwen3Config cfg = tiny_config(false);
+  Weights w = random_qwen3_weights(cfg, 14);
+  {  // extra tensors are returned, not an error
+    TempDir dir;
+    Tensor extra(DType::kF32, {4});
+    std::memset(extra.data(), 0, 16);
+    std::vector<NamedTensor> nt = named(w);
+    nt.push_back({"model.rotary_emb.inv_freq", extra.view()});
+    write_checkpoint(dir, cfg, nt);
+    EXPECT_EQ(Checkpoint::open(dir.path.string()).check_qwen3_weights(),
+              std::vector<std::string>{"model.rotary_emb.inv_freq"});
+  }
+  {  // names without the "model." prefix (a Qwen3Model, not Qwen3ForCausalLM)
+    TempDir dir;
+    std::vector<NamedTensor> nt = named(w);
+    for (NamedTensor& t : nt)
+      if (t.name.rfind("model.", 0) == 0) t.name = t.name.substr(6);
+    write_checkpoint(dir, cfg, nt);
+    expect_error_containing([&] { Checkpoint::open(dir.path.string()).check_qwen3_weights(); },
+                            {"missing tensor model.embed_tokens.weight", "(and 34 more)",
+                             "the checkpoint has 36 tensors", "e.g. 'embed_tokens.weight'"});
+  }
+  {  // config and weights disagree
+    TempDir dir;
+    write_checkpoint(dir, cfg, named(w));
+    Qwen3Config wider = cfg;
+    wider.intermediate_size = 64;
+    write_text(dir / "config.json", wider.to_json());
+    expect_error_containing([&] { Checkpoint::open(dir.path.string()).check_qwen3_weights(); },
+                            {"tensor model.layers.0.mlp.gate_proj.weight: shape mismatch: "
+                             "expected [64, 32] (from config.json), got [48, 32]"});
+  }
+  {  // integer weights
+    TempDir dir;
+    std::vector<NamedTensor> nt = named(w);
+    Tensor ints(DType::kI32, {32});
+    std::memset(ints.data(), 0, 128);
+    for (NamedTensor& t : nt)
+      if (t.name == "model.norm.weight") t.tensor = ints.view();
+    write_checkpoint(dir, cfg, nt);
+    expect_error_containing([&] { Checkpoint::open(dir.path.string()).check_qwen3_weights(); },
+                            {"tensor model.norm.weight: dtype I32", "must be BF16, F32 or F16"});
+  }
+}
+
+TEST(Checkpoint, ShardedMatchesSingle) {
+  Qwen3Config cfg = tiny_config(false);
+  Weights w = random_qwen3_weights(cfg, 15);
+  TempDir dir;
+  write_checkpoint(dir, cfg, named(w), 3);
+  Checkpoint ck = Checkpoint::open(dir.path.string());
+  EXPECT_EQ(ck.files().size(), 3u);
+  EXPECT_TRUE(ck.check_qwen3_weights().empty());
+  EXPECT_EQ(ck.tensor_names().size(), w.size());
+  for (const auto& [name, t] : w) {
+    TensorView v = ck.get(name, DType::kBF16, t.shape());
+    EXPECT_BITWISE_EQ(v.data, t.data(), t.numel(), DType::kBF16);
+  }
+  EXPECT_NE(ck.file_of("model.layers.0.input_layernorm.weight").path(),
+            ck.file_of("model.embed_tokens.weight").path());
+  // model.safetensors, when present too, wins (as in transformers).
+  Tensor one(DType::kF32, {1});
+  one.ptr<float>()[0] = 1;
+  write_safetensors(dir / "model.safetensors", {{"only", one.view()}});
+  EXPECT_EQ(Checkpoint::open(dir.path.string()).tensor_names(), std::vector<std::string>{"only"});
+}
+
+TEST(Checkpoint, ShardErrors) {
+  Qwen3Config cfg = tiny_config(true);
+  Weights w = random_qwen3_weights(cfg, 16);
+  std::vector<NamedTensor> nt = named(w);
+  const std::string s1 = "model-00001-of-00002.safetensors",
+                    s2 = "model-00002-of-00002.safetensors";
+  auto setup = [&](const TempDir& dir, const std::vector<NamedTensor>& a,
+                   const std::vector<NamedTensor>& b, const std::string& index) {
+    write_text(dir / "config.json", cfg.to_json());
+    write_safetensors(dir / s1, a);
+    write_safetensors(dir / s2, b);
+    write_text(dir / "model.safetensors.index.json", index);
+  };
+  std::vector<NamedTensor> first(nt.begin(), nt.begin() + 10), second(nt.begin() + 10, nt.end());
+  auto map_of = [&](const std::vector<NamedTensor>& a, const std::vector<NamedTensor>& b,
+                    const std::string& extra) {
+    std::string m = "{\"weight_map\": {";
+    for (const NamedTensor& t : a) m += "\"" + t.name + "\": \"" + s1 + "\", ";
+    for (const NamedTensor& t : b) m += "\"" + t.name + "\": \"" + s2 + "\", ";
+    m += extra;
+    if (m.size() >= 2 && m.substr(m.size() - 2) == ", ") m.resize(m.size() - 2);
+    return m + "}}";
+  };
+  auto expect_open_error = [](const TempDir& dir, std::initializer_list<std::string> needles) {
+    expect_error_containing([&] { Checkpoint::open(dir.path.string()); }, needles);
+  };
+  {
+    TempDir dir;
+    setup(dir, first, second, map_of(first, second, ""));
+    EXPECT_NO_THROW(Checkpoint::open(dir.path.string()).check_qwen3_weights());
+    fs::remove(dir / s2);
+    expect_open_error(dir, {"shard '" + s2 + "'", "not found"});
+  }
+  {  // a tensor stored in both shards
+    TempDir dir;
+    std::vector<NamedTensor> b2 = second;
+    b2.push_back(first[0]);
+    setup(dir, first, b2, map_of(first, second, ""));
+    expect_open_error(dir, {"tensor '" + first[0].name + "' is in two shards"});
+  }
+  {  // weight_map names a tensor its shard lacks
+    TempDir dir;
+    setup(dir, first, second, map_of(first, second, "\"model.ghost.weight\": \"" + s2 + "\""));
+    expect_open_error(dir, {"weight_map puts 'model.ghost.weight' in '" + s2 +
+                            "', but that shard has no such tensor"});
+  }
+  {  // a shard tensor missing from weight_map
+    TempDir dir;
+    std::vector<NamedTensor> a2(first.begin() + 1, first.end());
+    setup(dir, first, second, map_of(a2, second, ""));
+    expect_open_error(
+        dir, {"tensor '" + first[0].name + "' in shard '" + s1 + "' is not listed in weight_map"});
+  }
+  {  // weight_map points at the wrong shard
+    TempDir dir;
+    std::vector<NamedTensor> a2(first.begin() + 1, first.end()), b2 = second;
+    b2.insert(b2.begin(), first[0]);
+    setup(dir, first, second, map_of(a2, b2, ""));
+    expect_open_error(dir, {"weight_map puts '" + first[0].name + "' in '" + s2 +
+                            "', but it is in '" + s1 + "'"});
+  }
+  for (const std::string& bad : {std::string("../escape.safetensors"), std::string("/etc/passwd"),
+                                 std::string(".."), std::string("")}) {
+    TempDir dir;
+    setup(dir, first, second, map_of(first, second, "\"x\": \"" + bad + "\""));
+    expect_open_error(dir, {"weight_map['x'] = '" + bad + "' is not a plain file name"});
+  }
+  const std::pair<std::string, std::string> bad_index[] = {
+      {"not json", "invalid JSON"},
+      {"[]", "expected a JSON object"},
+      {"{\"metadata\": {}}", "missing 'weight_map'"},
+      {"{\"weight_map\": {}}", "'weight_map' must be a non-empty object"},
+      {"{\"weight_map\": []}", "'weight_map' must be a non-empty object"},
+      {"{\"weight_map\": {\"a\": 3}}", "weight_map['a'] must be a file name, got 3"},
+      {"{\"weight_map\": {\"a\": \"x\", \"a\": \"y\"}}", "duplicate key 'a'"},
+  };
+  for (const auto& [text, needle] : bad_index) {
+    TempDir dir;
+    setup(dir, first, second, text);
+    expect_open_error(dir, {"model.safetensors.index.json", needle});
+  }
+}
+
+TEST(Checkpoint, DirectoryErrors) {
+  TempDir dir;
+  expect_error_containing([&] { Checkpoint::open(dir / "absent"); }, {"absent: not a directory"});
+  expect_error_containing([&] { Checkpoint::open(dir.path.string()); }, {"config.json not found"});
+  Qwen3Config cfg = tiny_config(true);
+  write_text(dir / "config.json", cfg.to_json());
+  expect_error_containing([&] { Checkpoint::open(dir.path.string()); },
+                          {"neither model.safetensors nor model.safetensors.index.json"});
+  write_text(dir / "model.safetensors", "garbage!garbage!");
+  expect_error_containing([&] { Checkpoint::open(dir.path.string()); },
+                          {"safetensors " + (dir / "model.safetensors") + ": header length"});
+  write_text(dir / "config.json", "{\"model_type\": \"llama\"}");
+  expect_error_containing([&] { Checkpoint::open(dir.path.string()); },
+                          {"config " + (dir / "config.json"), "llama"});
+}
+
+}  // namespace
+}  // namespace lockstep::engine
