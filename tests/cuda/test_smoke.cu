@@ -12,13 +12,13 @@ namespace lockstep::cuda {
 void bf16_round(const float* in, bf16* out, int n, cudaStream_t stream);
 }
 
-#define CK(x)                                                                   \
-  do {                                                                          \
-    cudaError_t e = (x);                                                        \
-    if (e != cudaSuccess) {                                                     \
+#define CK(x)                                                                        \
+  do {                                                                               \
+    cudaError_t e = (x);                                                             \
+    if (e != cudaSuccess) {                                                          \
       std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); \
-      return 2;                                                                 \
-    }                                                                           \
+      return 2;                                                                      \
+    }                                                                                \
   } while (0)
 
 int main() {
@@ -43,8 +43,8 @@ int main() {
   int bad = 0;
   for (int i = 0; i < n; ++i)
     if (out[i].bits != f32_to_bf16(in[i]).bits && bad++ < 5)
-      std::printf("mismatch at %d: in 0x%08x gpu 0x%04x cpu 0x%04x\n", i,
-                  f32_bits(in[i]), out[i].bits, f32_to_bf16(in[i]).bits);
+      std::printf("mismatch at %d: in 0x%08x gpu 0x%04x cpu 0x%04x\n", i, f32_bits(in[i]),
+                  out[i].bits, f32_to_bf16(in[i]).bits);
   std::printf("test_smoke: %d mismatches of %d\n", bad, n);
   std::printf("%d passed, %d failed\n", bad == 0, bad != 0);
   return bad == 0 ? 0 : 1;

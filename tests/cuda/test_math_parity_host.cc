@@ -16,10 +16,18 @@ void cpu_eval(int fn, uint32_t start, uint64_t n, float* out) {
         float x = lockstep::f32_from_bits(uint32_t(start + i));
         float y;
         switch (fn) {
-          case 0: y = lockstep::ls_exp2f(x); break;
-          case 1: y = lockstep::ls_expf(x); break;
-          case 2: y = lockstep::ls_log2f(x); break;
-          default: y = lockstep::ls_logf(x); break;
+          case 0:
+            y = lockstep::ls_exp2f(x);
+            break;
+          case 1:
+            y = lockstep::ls_expf(x);
+            break;
+          case 2:
+            y = lockstep::ls_log2f(x);
+            break;
+          default:
+            y = lockstep::ls_logf(x);
+            break;
         }
         out[i] = y;
       }
