@@ -1,0 +1,110 @@
+// OpsBackend: the op set the Qwen3 model (src/engine/model.h) runs on. Every numeric step of the
+// forward, the log-prob heads and sampling goes through one of these calls, so a backend decides
+// all the bits. The invariant backend (make_invariant_backend) forwards to lockstep::cpu::*, whose
+// contract is docs/contract.d/*.md; a "baseline" backend with ordinary kernels implements the same
+// interface. Signatures and argument rules are those of the cpu ops (include/lockstep/ops/*.h).
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "lockstep/contract.h"
+#include "lockstep/ops/attention.h"
+#include "lockstep/ops/embedding.h"
+#include "lockstep/ops/gemm.h"
+#include "lockstep/ops/logprob.h"
+#include "lockstep/ops/norm.h"
+#include "lockstep/ops/rope.h"
+#include "lockstep/ops/sampling.h"
+#include "lockstep/tensor.h"
+
+namespace lockstep::engine {
+
+// NOTE: methods are const: a backend's results may depend only on its arguments and its own
+// fixed settings (a baseline backend may keep e.g. a thread count as a setting), never on
+// earlier calls.
+class OpsBackend {
+ public:
+  virtual ~OpsBackend() = default;
+  virtual std::string name() const = 0;  // "invariant", "baseline", ...
+
+  // --- GEMM (lockstep/ops/gemm.h) ---
+  // y[M, N] = x[M, K] · w[N, K]ᵀ; y bf16 (rounded) or f32.
+  virtual void gemm(const TensorView& x, const TensorView& w, const GemmConfig& cfg,
+                    const TensorView& y) const = 0;
+  // Row-parallel rank `tp_rank` of `tp_size`: fp32 partial over its K columns
+  // (gemm_tp_k_range(cfg, k_total, tp_size, tp_rank)).
+  virtual void gemm_partial(const TensorView& x_shard, const TensorView& w_shard, int64_t k_total,
+                            int tp_size, int tp_rank, const GemmConfig& cfg,
+                            const TensorView& y_partial) const = 0;
+  // Combines the ranks' partials (rank order) into y (bf16 rounded or f32).
+  virtual void gemm_combine(const std::vector<TensorView>& partials, const TensorView& y) const = 0;
+
+  // --- elementwise (norm.h, rope.h, activation.h) ---
+  virtual void rmsnorm(const TensorView& x, const TensorView& weight, const RmsNormConfig& cfg,
+                       const TensorView& y) const = 0;
+  virtual void rmsnorm_residual(const TensorView& x, const TensorView& residual,
+                                const TensorView& weight, const RmsNormConfig& cfg,
+                                const TensorView& residual_out, const TensorView& y) const = 0;
+  virtual void rope(const TensorView& x, const TensorView& positions, const RopeTable& table,
+                    const TensorView& y) const = 0;
+  // out = silu(gate) * up (gate, up may be strided column halves of one buffer).
+  virtual void silu_mul(const TensorView& gate, const TensorView& up,
+                        const TensorView& out) const = 0;
+
+  // --- embedding (embedding.h) ---
+  virtual void embedding(const TensorView& ids, const TensorView& table,
+                         const TensorView& out) const = 0;
+  virtual void embedding_vocab_parallel(const TensorView& ids, const TensorView& table,
+                                        const VocabShard& shard, int64_t vocab,
+                                        const TensorView& out) const = 0;
+  virtual void embedding_combine(const std::vector<TensorView>& partials,
+                                 const TensorView& out) const = 0;
+
+  // --- attention (attention.h); lse may be an empty TensorView{} ---
+  virtual void attention_prefill_varlen(const TensorView& q, const TensorView& k,
+                                        const TensorView& v, const TensorView& cu_seqlens,
+                                        const AttentionConfig& cfg, const TensorView& out,
+                                        const TensorView& lse) const = 0;
+  virtual void attention_paged(const TensorView& q, const TensorView& q_seq,
+                               const TensorView& q_pos, const PagedKv& kv,
+                               const AttentionConfig& cfg, const TensorView& out,
+                               const TensorView& lse) const = 0;
+  virtual void attention_paged_split_kv(const TensorView& q, const TensorView& q_seq,
+                                        const TensorView& q_pos, const PagedKv& kv,
+                                        const AttentionConfig& cfg, int num_splits,
+                                        const TensorView& out, const TensorView& lse) const = 0;
+  virtual void attention_paged_cascade(const TensorView& q, const TensorView& q_seq,
+                                       const TensorView& q_pos, const PagedKv& kv,
+                                       const SharedPrefix& prefix, const AttentionConfig& cfg,
+                                       const TensorView& out, const TensorView& lse) const = 0;
+  virtual void kv_cache_write(const TensorView& k, const TensorView& v,
+                              const TensorView& slot_mapping, const TensorView& k_cache,
+                              const TensorView& v_cache) const = 0;
+
+  // --- heads (logprob.h, sampling.h) ---
+  virtual void linear_logprob(const TensorView& h, const TensorView& w, const TensorView& targets,
+                              const LogprobParams& params, const ContractConfig& cfg,
+                              const TensorView& logp, const TensorView& lse,
+                              const TensorView& entropy) const = 0;
+  virtual void linear_logprob_partial(const TensorView& h, const TensorView& w_shard,
+                                      const TensorView& targets, const LogprobParams& params,
+                                      const ContractConfig& cfg, const LogprobShard& shard,
+                                      const TensorView& state) const = 0;
+  virtual void linear_logprob_combine(const TensorView& states, const TensorView& targets,
+                                      const LogprobParams& params, const ContractConfig& cfg,
+                                      int64_t vocab_size, const TensorView& logp,
+                                      const TensorView& lse, const TensorView& entropy) const = 0;
+  virtual void sample(const TensorView& h, const TensorView& w,
+                      std::span<const SamplingParams> params, const TensorView& request_ids,
+                      const TensorView& positions, const ContractConfig& cfg,
+                      const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
+                      const TensorView& entropy) const = 0;
+};
+
+// The invariant CPU backend: every call is the lockstep::cpu op of the same name.
+std::unique_ptr<OpsBackend> make_invariant_backend();
+
+}  // namespace lockstep::engine

@@ -1,0 +1,682 @@
+// The Qwen3 decoder on an OpsBackend: embedding, L x (input RMSNorm, fused q|k|v GEMM, per-head
+// q/k RMSNorm, RoPE, causal GQA attention, o_proj, post-attention RMSNorm, fused gate|up GEMM,
+// SiLU-and-mul, down_proj), final RMSNorm. Every number comes out of an OpsBackend call; this file
+// only moves bf16 bits (weight packing, views). Tensor parallelism is simulated rank by rank with
+// the same shards a multi-GPU deployment would hold; see docs/engine-model.md.
+#include "engine/model.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+namespace lockstep::engine {
+
+namespace {
+
+constexpr const char* kOp = "Model";
+
+// --- small view helpers (bf16 / f32 / i32 only; strides in elements) ---
+
+TensorView view2(void* data, DType dt, int64_t rows, int64_t cols, int64_t row_stride) {
+  TensorView v;
+  v.data = data;
+  v.dtype = dt;
+  v.ndim = 2;
+  v.shape[0] = rows;
+  v.shape[1] = cols;
+  v.stride[0] = row_stride;
+  v.stride[1] = 1;
+  return v;
+}
+
+// Columns [c0, c1) of a 2-D view (inner-contiguous).
+TensorView cols(const TensorView& m, int64_t c0, int64_t c1) {
+  TensorView v = m;
+  v.data = static_cast<char*>(m.data) + c0 * dtype_size(m.dtype);
+  v.shape[1] = c1 - c0;
+  return v;
+}
+
+// [T, heads, D] view of `heads` heads starting at column `col0` of a 2-D [T, C] view.
+TensorView heads_of(const TensorView& m, int64_t col0, int64_t heads, int64_t D) {
+  TensorView v;
+  v.data = static_cast<char*>(m.data) + col0 * dtype_size(m.dtype);
+  v.dtype = m.dtype;
+  v.ndim = 3;
+  v.shape[0] = m.shape[0];
+  v.shape[1] = heads;
+  v.shape[2] = D;
+  v.stride[0] = m.stride[0];
+  v.stride[1] = D;
+  v.stride[2] = 1;
+  return v;
+}
+
+// Heads [h0, h0 + n) of a [NP, P, Hkv, D] cache.
+TensorView cache_heads(const TensorView& c, int64_t h0, int64_t n) {
+  TensorView v = c;
+  v.data = static_cast<char*>(c.data) + h0 * c.stride[2] * dtype_size(c.dtype);
+  v.shape[2] = n;
+  return v;
+}
+
+int64_t read_index(const TensorView& t, int64_t i) {
+  return t.dtype == DType::kI32 ? int64_t(t.ptr<const int32_t>()[i * t.stride[0]])
+                                : t.ptr<const int64_t>()[i * t.stride[0]];
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// Copies the rows [r0, r1) of a [R, C] bf16 view into dst (row-major, C columns).
+void copy_rows(const TensorView& src, int64_t r0, int64_t r1, bf16* dst) {
+  const int64_t C = src.shape[1];
+  for (int64_t r = r0; r < r1; ++r)
+    std::memcpy(dst + (r - r0) * C, src.ptr<const bf16>() + r * src.stride[0], size_t(C) * 2);
+}
+
+// Copies a 2-D view into a contiguous 2-D destination view of the same shape (trace gathers).
+void copy_2d(const TensorView& src, const TensorView& dst) {
+  const size_t row = size_t(src.shape[1] * dtype_size(src.dtype));
+  for (int64_t r = 0; r < src.shape[0]; ++r)
+    std::memcpy(static_cast<char*>(dst.data) + r * dst.stride[0] * dtype_size(dst.dtype),
+                static_cast<const char*>(src.data) + r * src.stride[0] * dtype_size(src.dtype),
+                row);
+}
+
+}  // namespace
+
+std::string ModelOptions::to_string() const {
+  return "tp=" + std::to_string(tp) + " max_positions=" + std::to_string(max_positions) + " " +
+         contract.to_string();
+}
+
+std::string StepOptions::to_string() const {
+  return "step: kv_splits=" + std::to_string(kv_splits) + " cascade=" + (cascade ? "on" : "off");
+}
+
+// One tensor-parallel rank's share of a layer (the same for every layer).
+struct RankShard {
+  int64_t q0 = 0, nq = 0;    // query heads [q0, q0 + nq)
+  int64_t kv0 = 0, nkv = 0;  // kv heads [kv0, kv0 + nkv) (replicated on several ranks if Hkv < tp)
+  int64_t i0 = 0, ni = 0;    // intermediate columns [i0, i0 + ni) (= the down_proj K range)
+};
+
+struct LayerWeights {
+  TensorView input_norm, post_norm;  // [H]
+  TensorView q_norm, k_norm;         // [D]
+  TensorView wo;                     // [H, Hq·D]
+  TensorView wdown;                  // [H, I]
+  std::vector<Tensor> wqkv;          // per rank [(nq + 2·nkv)·D, H]: q rows | k rows | v rows
+  std::vector<Tensor> wgu;           // per rank [2·ni, H]: gate rows | up rows
+};
+
+struct Model::Impl {
+  Qwen3Config cfg;
+  ModelOptions opt;
+  std::shared_ptr<OpsBackend> ops;
+  std::optional<Checkpoint> ckpt;  // keeps zero-copy bf16 views valid
+  std::map<std::string, Tensor> owned;
+  std::map<std::string, TensorView> w;  // every weight as a bf16 view
+
+  GemmConfig gemm;
+  AttentionConfig attn;
+  RmsNormConfig norm;
+  RopeTable rope;
+  int64_t max_positions = 0;
+
+  TensorView embed, lm_head, final_norm;
+  std::vector<LayerWeights> layers;
+  std::vector<RankShard> ranks;
+  TraceFn trace;
+
+  void check_setup() const;
+  void build();
+
+  // The decoder over T tokens at `positions`; `attend(layer, rank, q, k, v, out)` runs attention
+  // of one rank (its head slices) and may write the KV cache first.
+  using AttendFn = std::function<void(int, int, const TensorView&, const TensorView&,
+                                      const TensorView&, const TensorView&)>;
+  void run(const TensorView& tokens, const TensorView& positions, const AttendFn& attend,
+           const TensorView& hidden_out) const;
+  void check_tokens(const char* op, const TensorView& tokens, int64_t T) const;
+  void emit(const char* op, int layer, const TensorView& t) const {
+    if (trace) trace(op, layer, t);
+  }
+};
+
+// --- construction ---
+
+void Model::Impl::check_setup() const {
+  cfg.validate();
+  opt.contract.validate();
+  const int tp = opt.tp;
+  const int64_t Hq = cfg.num_attention_heads, Hkv = cfg.num_key_value_heads, D = cfg.head_dim;
+  LS_CHECK(tp == 1 || tp == 2 || tp == 4 || tp == 8, kOp, "options.tp must be 1, 2, 4 or 8, got ",
+           tp);
+  LS_CHECK(D % kAttnMmaK == 0 && D >= 16 && D <= kAttnMaxHeadDim, kOp,
+           "head_dim must be a multiple of 16 in [16, 512] (attention contract), got ", D);
+  LS_CHECK(opt.contract.gemm_segments % tp == 0, kOp, "options.tp=", tp,
+           " needs contract.gemm_segments to be a multiple of tp (row-parallel o_proj/down_proj "
+           "ranks own whole K segments), got gemm_segments=",
+           opt.contract.gemm_segments);
+  LS_CHECK(opt.contract.vocab_segments % tp == 0, kOp, "options.tp=", tp,
+           " needs contract.vocab_segments to be a multiple of tp (vocab-parallel lm_head ranks "
+           "own whole vocab segments), got vocab_segments=",
+           opt.contract.vocab_segments);
+  LS_CHECK(Hq % tp == 0, kOp, "num_attention_heads=", Hq, " is not divisible by tp=", tp);
+  LS_CHECK(Hkv % tp == 0 || tp % Hkv == 0, kOp, "num_key_value_heads=", Hkv,
+           " must be a multiple or a divisor of tp=", tp, " (kv heads are split or replicated)");
+  LS_CHECK(opt.max_positions >= 0, kOp, "options.max_positions must be >= 0, got ",
+           opt.max_positions);
+  // o_proj is row-parallel over the attention output: each rank's K range (whole GEMM segments)
+  // must be exactly its query heads.
+  const GemmConfig g = GemmConfig::from_contract(opt.contract);
+  for (int r = 0; r < tp; ++r) {
+    const GemmKRange kr = gemm_tp_k_range(g, Hq * D, tp, r);
+    const int64_t b = r * (Hq / tp) * D, e = (r + 1) * (Hq / tp) * D;
+    LS_CHECK(kr.begin == b && kr.end == e, kOp, "tp=", tp, " rank ", r, ": o_proj K range [",
+             kr.begin, ", ", kr.end, ") (gemm_segments=", opt.contract.gemm_segments,
+             ", K = Hq·D = ", Hq * D, ") is not the rank's query heads' columns [", b, ", ", e,
+             "); Hq·D must be a multiple of 16·gemm_segments");
+  }
+}
+
+void Model::Impl::build() {
+  const int tp = opt.tp;
+  const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, D = cfg.head_dim;
+  const int64_t Hq = cfg.num_attention_heads, Hkv = cfg.num_key_value_heads, G = Hq / Hkv;
+  gemm = GemmConfig::from_contract(opt.contract);
+  attn = AttentionConfig::from_contract(opt.contract);  // scale 1/sqrt(D), as Qwen3
+  attn.validate();
+  norm.eps = cfg.rms_norm_eps_f32();
+  norm.validate();
+  max_positions = opt.max_positions > 0 ? opt.max_positions : cfg.max_position_embeddings;
+  RopeConfig rc;
+  rc.head_dim = D;
+  rc.theta = cfg.rope_theta;
+  rc.max_positions = max_positions;
+  rope = RopeTable::build(rc);
+
+  ranks.resize(size_t(tp));
+  for (int r = 0; r < tp; ++r) {
+    RankShard& s = ranks[size_t(r)];
+    s.nq = Hq / tp;
+    s.q0 = r * s.nq;
+    // kv heads used by this rank's query heads (one replicated head when Hkv < tp).
+    s.kv0 = s.q0 / G;
+    s.nkv = (s.q0 + s.nq - 1) / G + 1 - s.kv0;
+    const GemmKRange kr = gemm_tp_k_range(gemm, I, tp, r);
+    s.i0 = kr.begin;
+    s.ni = kr.end - kr.begin;
+  }
+
+  embed = w.at("model.embed_tokens.weight");
+  lm_head = cfg.tie_word_embeddings ? embed : w.at("lm_head.weight");
+  final_norm = w.at("model.norm.weight");
+  layers.resize(size_t(cfg.num_hidden_layers));
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    LayerWeights& L = layers[size_t(l)];
+    L.input_norm = w.at(p + "input_layernorm.weight");
+    L.post_norm = w.at(p + "post_attention_layernorm.weight");
+    L.q_norm = w.at(p + "self_attn.q_norm.weight");
+    L.k_norm = w.at(p + "self_attn.k_norm.weight");
+    L.wo = w.at(p + "self_attn.o_proj.weight");
+    L.wdown = w.at(p + "mlp.down_proj.weight");
+    const TensorView& wq = w.at(p + "self_attn.q_proj.weight");
+    const TensorView& wk = w.at(p + "self_attn.k_proj.weight");
+    const TensorView& wv = w.at(p + "self_attn.v_proj.weight");
+    const TensorView& wg = w.at(p + "mlp.gate_proj.weight");
+    const TensorView& wu = w.at(p + "mlp.up_proj.weight");
+    // NOTE: fusing q|k|v and gate|up into one GEMM each gives the same bits as separate GEMMs:
+    // every output column is its own reduction over K, independent of the other columns.
+    for (const RankShard& s : ranks) {
+      Tensor qkv(DType::kBF16, {(s.nq + 2 * s.nkv) * D, H});
+      bf16* dst = qkv.ptr<bf16>();
+      copy_rows(wq, s.q0 * D, (s.q0 + s.nq) * D, dst);
+      copy_rows(wk, s.kv0 * D, (s.kv0 + s.nkv) * D, dst + s.nq * D * H);
+      copy_rows(wv, s.kv0 * D, (s.kv0 + s.nkv) * D, dst + (s.nq + s.nkv) * D * H);
+      L.wqkv.push_back(std::move(qkv));
+      Tensor gu(DType::kBF16, {2 * s.ni, H});
+      copy_rows(wg, s.i0, s.i0 + s.ni, gu.ptr<bf16>());
+      copy_rows(wu, s.i0, s.i0 + s.ni, gu.ptr<bf16>() + s.ni * H);
+      L.wgu.push_back(std::move(gu));
+    }
+    // The fused copies replace the originals: drop owned originals (f32-converted or map weights).
+    for (const char* n :
+         {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+          "mlp.gate_proj.weight", "mlp.up_proj.weight"}) {
+      owned.erase(p + n);
+      w.erase(p + n);
+    }
+  }
+}
+
+Model::Model(const Qwen3Config& cfg, const Checkpoint& ckpt, const ModelOptions& opt,
+             std::shared_ptr<OpsBackend> ops)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.cfg = cfg;
+  m.opt = opt;
+  m.ops = std::move(ops);
+  LS_CHECK(m.ops != nullptr, kOp, "ops backend is null");
+  m.check_setup();
+  m.ckpt = ckpt;
+  for (const WeightSpec& spec : qwen3_weight_specs(cfg)) {
+    LS_CHECK(ckpt.has(spec.name), kOp, "checkpoint ", ckpt.dir(), " has no tensor ", spec.name,
+             " (required by the config: ", cfg.to_string(), ")");
+    const TensorInfo& info = ckpt.info(spec.name);
+    LS_CHECK(info.shape == spec.shape, kOp, "checkpoint ", ckpt.dir(), ": tensor ", spec.name,
+             " has shape ", shape_str(info.shape), ", the config expects ", shape_str(spec.shape));
+    if (info.dtype == "BF16") {
+      m.w[spec.name] = m.ckpt->get(spec.name, DType::kBF16, spec.shape);
+    } else {
+      LS_CHECK(info.dtype == "F32" || info.dtype == "F16", kOp, "checkpoint ", ckpt.dir(),
+               ": tensor ", spec.name, " has dtype ", info.dtype, ", expected BF16, F32 or F16");
+      Tensor t = m.ckpt->get_converted(spec.name, DType::kBF16, spec.shape);
+      m.w[spec.name] = t.view();
+      m.owned[spec.name] = std::move(t);
+    }
+  }
+  m.build();
+}
+
+Model::Model(const Qwen3Config& cfg, const std::map<std::string, TensorView>& weights,
+             const ModelOptions& opt, std::shared_ptr<OpsBackend> ops)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.cfg = cfg;
+  m.opt = opt;
+  m.ops = std::move(ops);
+  LS_CHECK(m.ops != nullptr, kOp, "ops backend is null");
+  m.check_setup();
+  const std::vector<WeightSpec> specs = qwen3_weight_specs(cfg);
+  for (const auto& [name, view] : weights) {
+    const bool known = std::any_of(specs.begin(), specs.end(),
+                                   [&](const WeightSpec& s) { return s.name == name; });
+    LS_CHECK(known, kOp, "weight ", name, " is not part of the Qwen3 architecture for this config",
+             cfg.tie_word_embeddings ? " (tie_word_embeddings: no lm_head.weight)" : "");
+  }
+  for (const WeightSpec& spec : specs) {
+    auto it = weights.find(spec.name);
+    LS_CHECK(it != weights.end(), kOp, "missing weight ", spec.name, " (shape ",
+             shape_str(spec.shape), ")");
+    const TensorView& src = it->second;
+    std::vector<int64_t> got(src.shape, src.shape + src.ndim);
+    LS_CHECK(got == spec.shape, kOp, "weight ", spec.name, " has shape ", shape_str(got),
+             ", the config expects ", shape_str(spec.shape));
+    LS_CHECK(src.dtype == DType::kBF16 || src.dtype == DType::kF32, kOp, "weight ", spec.name,
+             " has dtype ", dtype_name(src.dtype), ", expected bf16 or f32");
+    LS_CHECK(src.device == Device::kCPU, kOp, "weight ", spec.name, " is not on the CPU");
+    check_inner_contiguous(kOp, spec.name.c_str(), src);
+    Tensor t(DType::kBF16, spec.shape);
+    const int64_t C = spec.shape.back();
+    const int64_t R = t.numel() / std::max<int64_t>(C, 1);
+    const int64_t rs = src.ndim == 2 ? src.stride[0] : C;
+    for (int64_t r = 0; r < R; ++r) {
+      bf16* d = t.ptr<bf16>() + r * C;
+      if (src.dtype == DType::kBF16) {
+        std::memcpy(d, src.ptr<const bf16>() + r * rs, size_t(C) * 2);
+      } else {
+        const float* s = src.ptr<const float>() + r * rs;
+        for (int64_t c = 0; c < C; ++c) d[c] = f32_to_bf16(s[c]);  // RNE, once
+      }
+    }
+    m.w[spec.name] = t.view();
+    m.owned[spec.name] = std::move(t);
+  }
+  m.build();
+}
+
+Model::~Model() = default;
+
+const Qwen3Config& Model::config() const { return impl_->cfg; }
+const ModelOptions& Model::options() const { return impl_->opt; }
+const OpsBackend& Model::ops() const { return *impl_->ops; }
+const RopeTable& Model::rope_table() const { return impl_->rope; }
+void Model::set_trace(TraceFn fn) { impl_->trace = std::move(fn); }
+
+// --- forward ---
+
+void Model::Impl::check_tokens(const char* op, const TensorView& tokens, int64_t T) const {
+  check_tensor_dtypes(op, "tokens", tokens, {DType::kI32, DType::kI64}, {T});
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t id = read_index(tokens, t);
+    LS_CHECK(id >= 0 && id < cfg.vocab_size, op, "tokens[", t, "] = ", id,
+             " is outside the vocabulary [0, ", cfg.vocab_size, ")");
+  }
+}
+
+void Model::Impl::run(const TensorView& tokens, const TensorView& positions, const AttendFn& attend,
+                      const TensorView& hidden_out) const {
+  const OpsBackend& op = *ops;
+  const int tp = opt.tp;
+  const int64_t T = tokens.size(0), H = cfg.hidden_size, I = cfg.intermediate_size;
+  const int64_t D = cfg.head_dim, Hq = cfg.num_attention_heads, Hkv = cfg.num_key_value_heads;
+  const int64_t V = cfg.vocab_size;
+
+  Tensor res(DType::kBF16, {T, H});        // residual stream
+  Tensor xn(DType::kBF16, {T, H});         // normed input of a sublayer
+  Tensor out(DType::kBF16, {T, H});        // o_proj / down_proj output
+  Tensor attn(DType::kBF16, {T, Hq * D});  // attention output, all heads
+  Tensor act(DType::kBF16, {T, I});        // SiLU-and-mul output, all columns
+  std::vector<Tensor> qkv, gu, partial;
+  for (const RankShard& s : ranks) {
+    qkv.emplace_back(DType::kBF16, std::vector<int64_t>{T, (s.nq + 2 * s.nkv) * D});
+    gu.emplace_back(DType::kBF16, std::vector<int64_t>{T, 2 * s.ni});
+    if (tp > 1) partial.emplace_back(DType::kF32, std::vector<int64_t>{T, H});
+  }
+  std::vector<TensorView> partial_views;
+  for (const Tensor& p : partial) partial_views.push_back(p.view());
+
+  // Row-parallel projection (o_proj / down_proj): y = x · wᵀ over K; ranks own their K ranges.
+  auto row_parallel = [&](const TensorView& x, const TensorView& w, bool attn_side) {
+    if (tp == 1) {
+      op.gemm(x, w, gemm, out.view());
+      return;
+    }
+    const int64_t K = x.size(1);
+    for (int r = 0; r < tp; ++r) {
+      const RankShard& s = ranks[size_t(r)];
+      const int64_t k0 = attn_side ? s.q0 * D : s.i0;
+      const int64_t k1 = attn_side ? (s.q0 + s.nq) * D : s.i0 + s.ni;
+      op.gemm_partial(cols(x, k0, k1), cols(w, k0, k1), K, tp, r, gemm, partial_views[size_t(r)]);
+    }
+    op.gemm_combine(partial_views, out.view());
+  };
+
+  // Gathers a per-rank column block of every rank into one [T, C] tensor for the trace.
+  auto trace_gather = [&](const char* name, int layer, std::vector<Tensor>& per_rank,
+                          auto col_range, int64_t C) {
+    if (!trace) return;
+    Tensor full(DType::kBF16, {T, C});
+    for (int r = 0; r < tp; ++r) {
+      auto [src0, dst0, n] = col_range(ranks[size_t(r)]);
+      copy_2d(cols(per_rank[size_t(r)].view(), src0, src0 + n), cols(full.view(), dst0, dst0 + n));
+    }
+    emit(name, layer, full.view());
+  };
+  auto trace_qkv = [&](const char* name, int layer, int part) {  // part 0 q, 1 k, 2 v
+    trace_gather(
+        name, layer, qkv,
+        [&](const RankShard& s) {
+          if (part == 0) return std::tuple<int64_t, int64_t, int64_t>{0, s.q0 * D, s.nq * D};
+          const int64_t base = (s.nq + (part == 2 ? s.nkv : 0)) * D;
+          return std::tuple<int64_t, int64_t, int64_t>{base, s.kv0 * D, s.nkv * D};
+        },
+        part == 0 ? Hq * D : Hkv * D);
+  };
+
+  // Embedding (vocab-parallel for tp > 1: each rank gathers its rows, exact -0.0 elsewhere).
+  if (tp == 1) {
+    op.embedding(tokens, embed, res.view());
+  } else {
+    std::vector<Tensor> parts;
+    std::vector<TensorView> views;
+    for (int r = 0; r < tp; ++r) {
+      const VocabShard sh = vocab_shard(V, r, tp);
+      parts.emplace_back(DType::kBF16, std::vector<int64_t>{T, H});
+      views.push_back(parts.back().view());
+      op.embedding_vocab_parallel(tokens, embed.rows(sh.begin, sh.end), sh, V, views.back());
+    }
+    op.embedding_combine(views, res.view());
+  }
+  emit("embed", -1, res.view());
+
+  for (int64_t li = 0; li < cfg.num_hidden_layers; ++li) {
+    const int l = int(li);
+    const LayerWeights& L = layers[size_t(l)];
+    // (residual, x) = input_layernorm(out + residual); layer 0: residual = embedding, no add.
+    if (l == 0) {
+      op.rmsnorm(res.view(), L.input_norm, norm, xn.view());
+    } else {
+      op.rmsnorm_residual(out.view(), res.view(), L.input_norm, norm, res.view(), xn.view());
+      emit("input_residual", l, res.view());
+    }
+    emit("input_norm", l, xn.view());
+
+    // Attention block, rank by rank (column-parallel q|k|v, heads split).
+    for (int r = 0; r < tp; ++r)
+      op.gemm(xn.view(), L.wqkv[size_t(r)].view(), gemm, qkv[size_t(r)].view());
+    trace_qkv("q", l, 0);
+    trace_qkv("k", l, 1);
+    trace_qkv("v", l, 2);
+    for (int r = 0; r < tp; ++r) {
+      const RankShard& s = ranks[size_t(r)];
+      const TensorView m = qkv[size_t(r)].view();
+      const TensorView q = heads_of(m, 0, s.nq, D);
+      const TensorView k = heads_of(m, s.nq * D, s.nkv, D);
+      op.rmsnorm(q, L.q_norm, norm, q);  // per head over D, in place
+      op.rmsnorm(k, L.k_norm, norm, k);
+    }
+    trace_qkv("q_norm", l, 0);
+    trace_qkv("k_norm", l, 1);
+    for (int r = 0; r < tp; ++r) {
+      const RankShard& s = ranks[size_t(r)];
+      const TensorView m = qkv[size_t(r)].view();
+      const TensorView q = heads_of(m, 0, s.nq, D);
+      const TensorView k = heads_of(m, s.nq * D, s.nkv, D);
+      op.rope(q, positions, rope, q);
+      op.rope(k, positions, rope, k);
+    }
+    trace_qkv("q_rope", l, 0);
+    trace_qkv("k_rope", l, 1);
+    for (int r = 0; r < tp; ++r) {
+      const RankShard& s = ranks[size_t(r)];
+      const TensorView m = qkv[size_t(r)].view();
+      attend(l, r, heads_of(m, 0, s.nq, D), heads_of(m, s.nq * D, s.nkv, D),
+             heads_of(m, (s.nq + s.nkv) * D, s.nkv, D), heads_of(attn.view(), s.q0 * D, s.nq, D));
+    }
+    emit("attn", l, attn.view());
+    row_parallel(attn.view(), L.wo, true);
+    emit("o_proj", l, out.view());
+
+    // (residual, x) = post_attention_layernorm(o + residual).
+    op.rmsnorm_residual(out.view(), res.view(), L.post_norm, norm, res.view(), xn.view());
+    emit("post_residual", l, res.view());
+    emit("post_norm", l, xn.view());
+
+    // MLP block (column-parallel gate|up over the rank's intermediate range, row-parallel down).
+    for (int r = 0; r < tp; ++r)
+      op.gemm(xn.view(), L.wgu[size_t(r)].view(), gemm, gu[size_t(r)].view());
+    trace_gather(
+        "gate", l, gu,
+        [&](const RankShard& s) {
+          return std::tuple<int64_t, int64_t, int64_t>{0, s.i0, s.ni};
+        },
+        I);
+    trace_gather(
+        "up", l, gu,
+        [&](const RankShard& s) {
+          return std::tuple<int64_t, int64_t, int64_t>{s.ni, s.i0, s.ni};
+        },
+        I);
+    for (int r = 0; r < tp; ++r) {
+      const RankShard& s = ranks[size_t(r)];
+      if (s.ni == 0) continue;
+      const TensorView g = gu[size_t(r)].view();
+      op.silu_mul(cols(g, 0, s.ni), cols(g, s.ni, 2 * s.ni), cols(act.view(), s.i0, s.i0 + s.ni));
+    }
+    emit("act", l, act.view());
+    row_parallel(act.view(), L.wdown, false);
+    emit("down", l, out.view());
+  }
+  // Final norm with the last residual add.
+  op.rmsnorm_residual(out.view(), res.view(), final_norm, norm, res.view(), hidden_out);
+  emit("final_residual", -1, res.view());
+  emit("final_norm", -1, hidden_out);
+}
+
+void Model::forward_packed(const TensorView& tokens, const TensorView& cu_seqlens,
+                           const TensorView& hidden_out) const {
+  const char* op = "Model::forward_packed";
+  const Impl& m = *impl_;
+  LS_CHECK(tokens.ndim == 1, op, "argument 'tokens' expected shape [T], got ",
+           tokens.shape_string());
+  const int64_t T = tokens.size(0), H = m.cfg.hidden_size;
+  m.check_tokens(op, tokens, T);
+  LS_CHECK(cu_seqlens.ndim == 1 && cu_seqlens.size(0) >= 1, op,
+           "argument 'cu_seqlens' expected shape [B+1], got ", cu_seqlens.shape_string());
+  check_tensor(op, "cu_seqlens", cu_seqlens, DType::kI32, {-1});
+  check_tensor(op, "hidden_out", hidden_out, DType::kBF16, {T, H});
+  check_inner_contiguous(op, "hidden_out", hidden_out);
+  const int64_t B = cu_seqlens.size(0) - 1;
+  LS_CHECK(read_index(cu_seqlens, 0) == 0 && read_index(cu_seqlens, B) == T, op,
+           "cu_seqlens must start at 0 and end at T = ", T, ", got ", read_index(cu_seqlens, 0),
+           " .. ", read_index(cu_seqlens, B));
+  Tensor pos(DType::kI32, {T});
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t s0 = read_index(cu_seqlens, b), s1 = read_index(cu_seqlens, b + 1);
+    LS_CHECK(s0 <= s1, op, "cu_seqlens must be non-decreasing: cu_seqlens[", b, "] = ", s0,
+             " > cu_seqlens[", b + 1, "] = ", s1);
+    LS_CHECK(s1 - s0 <= m.max_positions, op, "sequence ", b, " has ", s1 - s0,
+             " tokens, more than the model's max positions (", m.max_positions, ")");
+    for (int64_t t = s0; t < s1; ++t) pos.ptr<int32_t>()[t] = int32_t(t - s0);
+  }
+  if (T == 0) return;
+  m.run(
+      tokens, pos.view(),
+      [&](int, int, const TensorView& q, const TensorView& k, const TensorView& v,
+          const TensorView& out) {
+        m.ops->attention_prefill_varlen(q, k, v, cu_seqlens, m.attn, out, TensorView{});
+      },
+      hidden_out);
+}
+
+void Model::forward_step(const TensorView& tokens, const TensorView& seq, const TensorView& pos,
+                         KvCacheView& cache, const StepOptions& step,
+                         const TensorView& hidden_out) const {
+  const char* op = "Model::forward_step";
+  const Impl& m = *impl_;
+  const int64_t L = m.cfg.num_hidden_layers, Hkv = m.cfg.num_key_value_heads, D = m.cfg.head_dim;
+  LS_CHECK(tokens.ndim == 1, op, "argument 'tokens' expected shape [N], got ",
+           tokens.shape_string());
+  const int64_t N = tokens.size(0);
+  m.check_tokens(op, tokens, N);
+  check_tensor(op, "seq", seq, DType::kI32, {N});
+  check_tensor(op, "pos", pos, DType::kI32, {N});
+  check_tensor(op, "hidden_out", hidden_out, DType::kBF16, {N, m.cfg.hidden_size});
+  check_inner_contiguous(op, "hidden_out", hidden_out);
+  LS_CHECK(step.kv_splits >= 1, op, "step.kv_splits must be >= 1, got ", step.kv_splits);
+  LS_CHECK(!step.cascade || cache.prefix.has_value(), op,
+           "step.cascade is on but cache.prefix is not set");
+  LS_CHECK(int64_t(cache.k.size()) == L && int64_t(cache.v.size()) == L, op, "cache holds ",
+           cache.k.size(), " k and ", cache.v.size(), " v layers, the model has ", L);
+  for (int64_t l = 0; l < L; ++l) {
+    LS_CHECK(cache.k[size_t(l)].ndim == 4, op, "cache.k[", l,
+             "] expected shape [NP, P, Hkv, D], got ", cache.k[size_t(l)].shape_string());
+    const TensorView& k0 = cache.k[0];
+    const std::string kn = "cache.k[" + std::to_string(l) + "]";
+    const std::string vn = "cache.v[" + std::to_string(l) + "]";
+    check_tensor(op, kn.c_str(), cache.k[size_t(l)], DType::kBF16,
+                 {k0.shape[0], k0.shape[1], Hkv, D});
+    check_tensor(op, vn.c_str(), cache.v[size_t(l)], DType::kBF16,
+                 {k0.shape[0], k0.shape[1], Hkv, D});
+    check_inner_contiguous(op, kn.c_str(), cache.k[size_t(l)]);
+    check_inner_contiguous(op, vn.c_str(), cache.v[size_t(l)]);
+  }
+  LS_CHECK(cache.block_table.ndim == 2, op, "cache.block_table expected shape [S, MP], got ",
+           cache.block_table.shape_string());
+  check_tensor(op, "cache.block_table", cache.block_table, DType::kI32, {-1, -1});
+  check_inner_contiguous(op, "cache.block_table", cache.block_table);
+  const int64_t S = cache.block_table.size(0), MP = cache.block_table.size(1);
+  check_tensor(op, "cache.seq_lens", cache.seq_lens, DType::kI32, {S});
+  if (N == 0) return;
+  const int64_t NP = cache.k[0].shape[0], P = cache.k[0].shape[1];
+  LS_CHECK(P >= 1, op, "cache page size must be >= 1, got ", P);
+
+  Tensor slots(DType::kI64, {N});
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t s = read_index(seq, i), p = read_index(pos, i);
+    LS_CHECK(s >= 0 && s < S, op, "seq[", i, "] = ", s,
+             " is not a row of cache.block_table (S = ", S, ")");
+    const int64_t len = read_index(cache.seq_lens, s);
+    LS_CHECK(p >= 0 && p < len, op, "pos[", i, "] = ", p, " outside [0, cache.seq_lens[", s,
+             "] = ", len, ")");
+    LS_CHECK(p < m.max_positions, op, "pos[", i, "] = ", p, " >= the model's max positions (",
+             m.max_positions, ")");
+    // Slot through the sequence's own block table.
+    LS_CHECK(p / P < MP, op, "pos[", i, "] = ", p, " needs page-slot ", p / P,
+             " but cache.block_table has ", MP, " per row (page size ", P, ")");
+    const int64_t page =
+        cache.block_table.ptr<const int32_t>()[s * cache.block_table.stride[0] + p / P];
+    LS_CHECK(page >= 0 && page < NP, op, "cache.block_table[", s, "][", p / P, "] = ", page,
+             " is not a page of the cache (NP = ", NP, ")");
+    slots.ptr<int64_t>()[i] = page * P + p % P;
+  }
+
+  m.run(
+      tokens, pos,
+      [&](int l, int r, const TensorView& q, const TensorView& k, const TensorView& v,
+          const TensorView& out) {
+        const RankShard& s = m.ranks[size_t(r)];
+        const TensorView kc = cache_heads(cache.k[size_t(l)], s.kv0, s.nkv);
+        const TensorView vc = cache_heads(cache.v[size_t(l)], s.kv0, s.nkv);
+        // Every new token's K/V goes in before attention (chunked prefill reads its own
+        // chunk's keys from the cache). Replicated kv heads (Hkv < tp) are written by each of
+        // their ranks with identical bits.
+        m.ops->kv_cache_write(k, v, slots.view(), kc, vc);
+        const PagedKv kv{kc, vc, cache.block_table, cache.seq_lens};
+        if (step.cascade) {
+          m.ops->attention_paged_cascade(q, seq, pos, kv, *cache.prefix, m.attn, out, TensorView{});
+        } else if (step.kv_splits > 1) {
+          m.ops->attention_paged_split_kv(q, seq, pos, kv, m.attn, step.kv_splits, out,
+                                          TensorView{});
+        } else {
+          m.ops->attention_paged(q, seq, pos, kv, m.attn, out, TensorView{});
+        }
+      },
+      hidden_out);
+}
+
+// --- heads ---
+
+void Model::logprob(const TensorView& hidden, const TensorView& targets, float temperature,
+                    const TensorView& logp, const TensorView& lse,
+                    const TensorView& entropy) const {
+  const Impl& m = *impl_;
+  LogprobParams params;
+  params.temperature = temperature;
+  params.ignore_index = -1;
+  const int tp = m.opt.tp;
+  if (tp == 1) {
+    m.ops->linear_logprob(hidden, m.lm_head, targets, params, m.opt.contract, logp, lse, entropy);
+    return;
+  }
+  const char* op = "Model::logprob";
+  LS_CHECK(hidden.ndim == 2, op, "argument 'hidden' expected shape [T, H], got ",
+           hidden.shape_string());
+  const int64_t T = hidden.size(0), V = m.cfg.vocab_size;
+  // Vocab-parallel: rank r owns the aligned subtree of vocab segments [r·S/tp, (r+1)·S/tp).
+  const LogprobVocabLayout lay = logprob_vocab_layout(m.opt.contract, V);
+  const int per = m.opt.contract.vocab_segments / tp;
+  Tensor states(DType::kF32, {tp, T, 4});
+  for (int r = 0; r < tp; ++r) {
+    const LogprobShard sh{V, r * per, per};
+    const int64_t v0 = std::min(V, int64_t(r * per) * lay.segment_len);
+    const int64_t v1 = std::min(V, int64_t((r + 1) * per) * lay.segment_len);
+    TensorView st = view2(states.ptr<float>() + int64_t(r) * T * 4, DType::kF32, T, 4, 4);
+    m.ops->linear_logprob_partial(hidden, m.lm_head.rows(v0, v1), targets, params, m.opt.contract,
+                                  sh, st);
+  }
+  m.ops->linear_logprob_combine(states.view(), targets, params, m.opt.contract, V, logp, lse,
+                                entropy);
+}
+
+void Model::sample(const TensorView& hidden, std::span<const SamplingParams> params,
+                   const TensorView& request_ids, const TensorView& positions,
+                   const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
+                   const TensorView& entropy) const {
+  // NOTE: vocab-parallel sampling = the ranks' fp32 logits are gathered and one sampler decides.
+  // A logit z[t, v] is one GEMM output column (its own K reduction from row v of the lm_head), so
+  // the gathered row has the same bits for every tp; simulated by sampling on the full lm_head.
+  const Impl& m = *impl_;
+  m.ops->sample(hidden, m.lm_head, params, request_ids, positions, m.opt.contract, token_ids, logp,
+                lse, entropy);
+}
+
+}  // namespace lockstep::engine

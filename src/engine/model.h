@@ -1,0 +1,127 @@
+// The Qwen3 dense decoder (HF Qwen3ForCausalLM) on an OpsBackend: a training-side packed forward,
+// a rollout-side paged step, and the vocab-parallel log-prob / sampling heads, with tensor
+// parallelism simulated in-process (tp = 1, 2, 4). With the invariant backend a token's hidden
+// state and log-prob have the same bits on every path (packed or paged, any packing, chunking,
+// page size, split-KV, cascade, tp, thread count). Description: docs/engine-model.md.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/config.h"
+#include "engine/safetensors.h"
+#include "lockstep/contract.h"
+#include "lockstep/ops/attention.h"
+#include "lockstep/ops/rope.h"
+#include "lockstep/ops/sampling.h"
+#include "lockstep/tensor.h"
+
+namespace lockstep::engine {
+
+// Dimension names (config.h): V vocab, H hidden, I intermediate, L layers, Hq / Hkv heads, D
+// head_dim; T packed tokens, B packed sequences, N new tokens of a step, S cache rows (sequences),
+// NP pages, P page size, MP pages per block-table row.
+
+struct ModelOptions {
+  ContractConfig
+      contract;  // every bit-changing setting (gemm_segments >= tp, vocab_segments >= tp)
+  int tp = 1;    // tensor-parallel degree simulated in-process: 1, 2, 4 (or 8)
+  // RoPE table rows (positions 0 .. max_positions-1); 0: config.max_position_embeddings. Any
+  // value gives the same bits for a position (each table entry is computed alone).
+  int64_t max_positions = 0;
+  std::string to_string() const;  // "tp=2 contract 0.1: gemm_segments=4 ..."
+};
+
+// Per-layer paged KV cache storage owned by the caller (the rollout engine allocates pages). The
+// cache always holds all Hkv heads, whatever tp (rank r reads and writes its head slice).
+struct KvCacheView {
+  std::vector<TensorView> k, v;  // per layer: [NP, P, Hkv, D] bf16 (last dim contiguous)
+  TensorView block_table;        // [S, MP] i32: page of each page-slot of a sequence
+  TensorView seq_lens;  // [S] i32: keys valid for attention in this step (incl. new tokens)
+  // Prefix sharing (GRPO groups), see SharedPrefix in lockstep/ops/attention.h; read only when
+  // StepOptions::cascade is on (attention_paged_cascade). New K/V are always written through the
+  // sequence's OWN block_table, so the sequence that prefills a group's prompt must have the
+  // group's prefix pages in its own row; the other members' rows are read only at positions
+  // >= shared_len. Prefill steps (seq_lens < shared_len) run with cascade off.
+  std::optional<SharedPrefix> prefix;
+};
+
+struct StepOptions {
+  int kv_splits = 1;     // split-KV count (>= 1): 1 = attention_paged, else _split_kv. Same bits.
+  bool cascade = false;  // prefix-shared attention (needs KvCacheView::prefix). Same bits.
+  std::string to_string() const;
+};
+
+// Activation capture at every op boundary (issue 3 item 7), in this order: "embed" (layer -1);
+// per layer "input_residual" (not in layer 0), "input_norm", "q", "k", "v", "q_norm", "k_norm",
+// "q_rope", "k_rope", "attn", "o_proj", "post_residual", "post_norm", "gate", "up", "act", "down";
+// then "final_residual", "final_norm" (layer -1). The tensor is the full (all-rank, contiguous)
+// activation, rows in the call's token order: [T, Hq·D] (q, q_norm, q_rope, attn), [T, Hkv·D]
+// (k, v, k_norm, k_rope), [T, I] (gate, up, act), else [T, H]. Valid only during the call.
+using TraceFn = std::function<void(const std::string& op, int layer, const TensorView& t)>;
+
+class Model {
+ public:
+  // Takes weights from a checkpoint (bf16 kept as is, zero-copy; f32/f16 rounded to bf16 RNE once
+  // at load), validates every tensor's name/shape against `cfg` (clear errors), and shards them
+  // for options.tp. The model keeps the checkpoint's mapping alive.
+  Model(const Qwen3Config& cfg, const Checkpoint& ckpt, const ModelOptions& opt,
+        std::shared_ptr<OpsBackend> ops);
+  // Same from named weights (HF names, e.g. from random_qwen3_weights): bf16 or f32 views of the
+  // qwen3_weight_specs(cfg) shapes (contiguous rows); they are copied (f32 rounded to bf16).
+  Model(const Qwen3Config& cfg, const std::map<std::string, TensorView>& weights,
+        const ModelOptions& opt, std::shared_ptr<OpsBackend> ops);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const Qwen3Config& config() const;
+  const ModelOptions& options() const;
+  const OpsBackend& ops() const;
+  const RopeTable& rope_table() const;  // positions 0 .. max_position_embeddings-1
+
+  // Training side: packed sequences, tokens [T] i32/i64, cu_seqlens [B+1] i32 (B sequences,
+  // each starting at position 0). Writes the final-normed hidden states [T, H] bf16.
+  void forward_packed(const TensorView& tokens, const TensorView& cu_seqlens,
+                      const TensorView& hidden_out) const;
+
+  // Rollout side: one engine step over N new tokens of sequences that live in `cache`:
+  // tokens [N] i32/i64, seq [N] i32 (row of the cache's block table), pos [N] i32 (absolute
+  // position). Writes each token's K/V (every layer) into the cache at its slot, attends (causal,
+  // up to and including pos) and writes final-normed hidden [N, H] bf16. Within a step, a sequence
+  // may have several consecutive new tokens (chunked prefill) — their K/V are written before
+  // attention. Requires pos < seq_lens[seq] and all positions < seq_lens[seq] written by now.
+  void forward_step(const TensorView& tokens, const TensorView& seq, const TensorView& pos,
+                    KvCacheView& cache, const StepOptions& step,
+                    const TensorView& hidden_out) const;
+
+  // Heads (lm_head = lm_head.weight or the tied embed_tokens), vocab-parallel across tp ranks.
+  // hidden [T, H] bf16; targets [T] i32/i64 (in [0, V), or -1: no target, logp written as +0);
+  // logp, lse, entropy [T] f32 at the given temperature (> 0).
+  void logprob(const TensorView& hidden, const TensorView& targets, float temperature,
+               const TensorView& logp, const TensorView& lse, const TensorView& entropy) const;
+  // One token per row, the sampling op's contract (lockstep/ops/sampling.h): token_ids [T]
+  // i32/i64, logp/lse/entropy [T] f32 = logprob(hidden, token_ids,
+  // params[t].logprob_temperature()). request_ids [T] i64, positions [T] i32/i64 (the Philox
+  // counter).
+  void sample(const TensorView& hidden, std::span<const SamplingParams> params,
+              const TensorView& request_ids, const TensorView& positions,
+              const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
+              const TensorView& entropy) const;
+
+  // Optional per-op activation capture (nullptr: off).
+  void set_trace(TraceFn fn);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace lockstep::engine
