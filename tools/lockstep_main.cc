@@ -1,16 +1,19 @@
-// The `lockstep` command line. Until the engine lands, `lockstep selfcheck` is the main job: a
-// short run of the contract's invariances on every CPU op; `lockstep contract` prints settings.
+// The `lockstep` command line. The main job is `lockstep audit`: rollout vs training log-probs of
+// a model, compared bit for bit. `lockstep selfcheck` runs the contract's invariances on every CPU
+// op in seconds; `lockstep contract` prints the default settings.
 #include <cstdio>
 #include <cstring>
 #include <string>
 
 #include "lockstep/contract.h"
 #include "lockstep/error.h"
+#include "tools/audit_cmd.h"
 #include "tools/selfcheck.h"
 
 int main(int argc, char** argv) {
   try {
     std::string cmd = argc > 1 ? argv[1] : "help";
+    if (cmd == "audit") return lockstep::tools::run_audit_command(argc - 1, argv + 1);
     if (cmd == "contract") {
       lockstep::ContractConfig cfg;
       cfg.validate();
@@ -23,6 +26,8 @@ int main(int argc, char** argv) {
     }
     std::printf(
         "usage: lockstep <command>\n"
+        "  audit [flags]       the main job: rollout vs training log-probs, bit for bit\n"
+        "                      (lockstep audit --help for the flags)\n"
         "  selfcheck [--json]  run the contract's invariance checks on every CPU op\n"
         "  contract            print the default contract settings\n");
     return cmd == "help" || cmd == "--help" ? 0 : 2;

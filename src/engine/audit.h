@@ -1,0 +1,156 @@
+// `lockstep audit`, the main job: generate completions the way an RL rollout engine does
+// (rollout.h, under one configuration), recompute their log-probs the way a training engine does
+// (trainer.h, under another), and compare every generated token's fp32 log-prob (and entropy) bit
+// for bit (memcmp). Optionally localizes the first divergence: both sides replay the token with
+// Model::set_trace and the first op boundary whose activation row differs is named.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/model.h"
+#include "engine/rollout.h"
+#include "engine/trainer.h"
+#include "lockstep/contract.h"
+
+namespace lockstep::engine {
+
+// Everything an audit run depends on. Defaults are the `lockstep audit` defaults.
+struct AuditConfig {
+  // Workload: `prompts` prompts of random token ids (there is no tokenizer) x `group_size` samples.
+  int64_t prompts = 64;
+  int64_t group_size = 8;
+  int64_t prompt_len_min = 8, prompt_len_max = 80;
+  int64_t max_new_tokens = 96;
+  uint64_t seed = 1;           // prompts, sampling seed, default arrival and packing orders
+  bool mixed_sampling = true;  // per-group settings from a fixed table (see audit.cc) ...
+  SamplingParams sampling;     // ... or these for every request (seed is taken from `seed`)
+  bool stop_on_eos = true;
+
+  // Rollout side.
+  int rollout_tp = 2;
+  RolloutConfig rollout;        // kv.num_pages 0 = enough for max_running full sequences
+  uint64_t arrival_seed = 0;    // permutation of the arrival order; 0 = in order
+  int64_t arrival_stagger = 1;  // steps between consecutive groups' arrivals (0: all at once)
+
+  // Training side.
+  int train_tp = 1;
+  PackingConfig packing;
+
+  // The deployment's contract (both sides). gemm/vocab segments must be >= both TP degrees.
+  ContractConfig contract;
+
+  bool localize = false;  // replay the first mismatching token with activation traces
+
+  AuditConfig();  // sets the audit's defaults for the nested configs
+  void validate() const;
+  // Lines "rollout: ...", "training: ...", "workload: ..." for reports.
+  std::string rollout_string() const;
+  std::string training_string() const;
+  std::string workload_string() const;
+};
+
+// The audit's requests: ids prompt * group_size + g, group = prompt, arrival by the arrival order.
+std::vector<RolloutRequest> make_audit_requests(const AuditConfig& cfg, const Qwen3Config& model);
+
+// KV pages for rollout.kv.num_pages == 0: half of what max_running full-length sequences need (so
+// long runs preempt), at least what the longest sequence needs alone.
+int64_t audit_auto_kv_pages(const AuditConfig& cfg);
+
+// The sampling settings of prompt group k under mixed sampling (a fixed cycle).
+SamplingParams mixed_sampling_params(int64_t group, uint64_t seed);
+
+// One bitwise difference: request, completion index, absolute position of the token, the token.
+struct Divergence {
+  int64_t request = -1;
+  int64_t index = -1;
+  int64_t position = -1;
+  int32_t token = -1;
+  float rollout_logp = 0, train_logp = 0;
+};
+
+// Activation comparison at one op boundary of the replayed token's row.
+struct OpComparison {
+  std::string op;
+  int layer = -1;
+  int64_t elements = 0;
+  int64_t mismatches = 0;
+  double max_abs_diff = 0;
+  int64_t first = -1;  // first differing element
+  float rollout_value = 0, train_value = 0;
+};
+
+struct Localization {
+  bool replayed = false;          // both sides captured the token's row
+  std::vector<OpComparison> ops;  // in the rollout's op order; the last one is the "logp" head
+  int first_divergent = -1;       // index into ops, -1: none differs
+  std::string summary;            // one line for the report
+};
+
+// One column of the report: the whole pipeline with one backend.
+struct AuditSide {
+  std::string backend;
+  int64_t tokens_compared = 0;
+  int64_t mismatches = 0;  // log-prob bit patterns that differ
+  int64_t entropy_mismatches = 0;
+  double max_abs_diff = 0;  // max |Δ logp| (NaN-aware: any NaN mismatch counts as inf)
+  int64_t sequences = 0;
+  std::optional<Divergence> first;
+  double rollout_seconds = 0, train_seconds = 0;
+  SchedulerStats rollout_stats;
+  int64_t cascade_rows = 0;  // RolloutResult::cascade_rows
+  int64_t micro_batches = 0;
+  std::optional<Localization> localization;
+};
+
+struct AuditReport {
+  std::string model;     // description (path, config line)
+  std::string contract;  // ContractConfig::to_string()
+  AuditConfig config;
+  std::vector<AuditSide> sides;  // sides[0] decides the exit status
+  bool passed() const {
+    return !sides.empty() && sides[0].mismatches == 0 && sides[0].entropy_mismatches == 0;
+  }
+};
+
+// Makes the model for one side: (tp, backend) -> Model with the audit's contract.
+using ModelFactory =
+    std::function<std::unique_ptr<Model>(int tp, std::shared_ptr<OpsBackend> backend)>;
+
+struct AuditHooks {
+  std::function<void(const std::string&)> log;  // progress lines (no newline)
+  double progress_every_s = 5.0;
+};
+
+// Runs rollout and training with `backend` (both sides), compares, localizes if asked.
+AuditSide run_audit_side(const AuditConfig& cfg, const ModelFactory& make_model,
+                         std::shared_ptr<OpsBackend> backend, const AuditHooks& hooks = {});
+
+// The baseline backend (ordinary, non-invariant kernels) when it is built into this binary.
+std::shared_ptr<OpsBackend> baseline_backend_or_null();
+
+// Human report (columns per side) and one JSON object (fields of sides[0] at the top level, the
+// other sides under their backend name).
+std::string format_audit_report(const AuditReport& r);
+std::string audit_report_json(const AuditReport& r);
+
+// `lockstep audit` flags (parsed in the library so tests can check them; tools/audit_cmd.cc runs
+// them). audit_usage() is the --help text, which lists every flag and its default.
+struct AuditCommandLine {
+  AuditConfig cfg;
+  std::string model_dir;       // empty: the built-in default model in ./models/default
+  bool baseline_only = false;  // --baseline
+  bool no_baseline = false;    // --no-baseline
+  bool json = false, quiet = false, help = false;
+  int threads = 0;  // 0: all cores
+};
+// Throws lockstep::Error with a one-line message naming the flag on bad usage; validates.
+AuditCommandLine parse_audit_args(const std::vector<std::string>& args);
+const char* audit_usage();
+
+}  // namespace lockstep::engine

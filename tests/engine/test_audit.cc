@@ -1,0 +1,464 @@
+// `lockstep audit` on a tiny random-weight model: zero mismatches on many random rollout/training
+// configuration pairs (TP pairs, page sizes, budgets, batch limits, sharing, preemption), identical
+// reruns, a perturbed backend is caught and localized to the right op, the reports carry what they
+// must, and bad flags are clear errors.
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/audit.h"
+#include "engine/rollout_test_util.h"
+#include "lockstep/error.h"
+
+namespace lockstep::engine {
+namespace {
+
+using test_util::TinyModel;
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+const TinyModel& tiny() {
+  static TinyModel m;
+  return m;
+}
+
+ModelFactory factory(const ContractConfig& contract) {
+  return [contract](int tp, std::shared_ptr<OpsBackend> b) {
+    return tiny().make(tp, std::move(b), contract);
+  };
+}
+
+std::shared_ptr<OpsBackend> invariant() {
+  return std::shared_ptr<OpsBackend>(make_invariant_backend());
+}
+
+// A small audit: a few prompts, short completions.
+AuditConfig small_config() {
+  AuditConfig c;
+  c.prompts = 4;
+  c.group_size = 3;
+  c.prompt_len_min = 3;
+  c.prompt_len_max = 30;
+  c.max_new_tokens = 10;
+  c.rollout.kv.num_pages = 0;
+  c.contract = test_util::tiny_contract();
+  return c;
+}
+
+AuditSide run(const AuditConfig& c, std::shared_ptr<OpsBackend> b = nullptr) {
+  AuditConfig r = c;
+  if (r.rollout.kv.num_pages == 0) r.rollout.kv.num_pages = audit_auto_kv_pages(r);
+  return run_audit_side(r, factory(r.contract), b ? b : invariant());
+}
+
+TEST(Audit, RandomConfigurationsHaveZeroMismatches) {
+  auto g = test::rng(1);
+  const std::pair<int, int> tp_pairs[] = {{1, 2}, {2, 1}, {4, 1}, {1, 4}, {2, 4}, {1, 1}};
+  int64_t compared = 0, preemptions = 0, cascade_rows = 0;
+  for (int trial = 0; trial < 80; ++trial) {
+    AuditConfig c = small_config();
+    c.seed = g();
+    c.prompts = 1 + int64_t(g() % 5);
+    c.group_size = 1 + int64_t(g() % 6);
+    c.max_new_tokens = 1 + int64_t(g() % 24);
+    c.prompt_len_max = std::vector<int64_t>{3, 30, 150}[g() % 3];
+    c.prompt_len_min = 1 + int64_t(g() % uint64_t(c.prompt_len_max));
+    c.mixed_sampling = g() % 4 != 0;
+    c.stop_on_eos = g() % 2;
+    std::tie(c.rollout_tp, c.train_tp) = tp_pairs[g() % 6];
+    c.rollout.kv.page_size = std::vector<int64_t>{1, 3, 16}[g() % 3];
+    c.rollout.scheduler.max_running = std::vector<int64_t>{1, 2, 7, 64}[g() % 4];
+    c.rollout.scheduler.max_batched_tokens = std::vector<int64_t>{1, 5, 16, 256}[g() % 4];
+    c.rollout.scheduler.prefix_sharing = g() % 3 != 0;
+    c.rollout.step.cascade = c.rollout.scheduler.prefix_sharing && g() % 2;
+    c.rollout.step.kv_splits = int(1 + g() % 3);
+    c.arrival_seed = g() % 4;
+    c.arrival_stagger = int64_t(g() % 4);
+    c.packing.micro_batch_tokens = std::vector<int64_t>{1, 40, 100, 4096}[g() % 4];
+    c.packing.seed = g() % 3;
+    if (g() % 3 == 0) {  // a pool that barely holds the longest sequence: preemption
+      c.rollout.kv.num_pages =
+          c.rollout.kv.pages_for(c.prompt_len_max + c.max_new_tokens) + int64_t(g() % 3);
+    }
+    SCOPED_TRACE(c.workload_string() + " | rollout " + c.rollout_string() + " | training " +
+                 c.training_string());
+    const AuditSide s = run(c);
+    EXPECT_GT(s.tokens_compared, 0);
+    EXPECT_EQ(s.mismatches, 0);
+    EXPECT_EQ(s.entropy_mismatches, 0);
+    EXPECT_EQ(s.max_abs_diff, 0.0);
+    EXPECT_FALSE(s.first.has_value());
+    EXPECT_EQ(s.sequences, c.prompts * c.group_size);
+    compared += s.tokens_compared;
+    preemptions += s.rollout_stats.preemptions;
+    cascade_rows += s.cascade_rows;
+  }
+  EXPECT_GT(preemptions, 0);
+  EXPECT_GT(cascade_rows, 0);
+  std::printf("tokens compared %lld, preemptions %lld, cascade rows %lld\n", (long long)compared,
+              (long long)preemptions, (long long)cascade_rows);
+}
+
+TEST(Audit, IdenticalRunsGiveIdenticalReports) {
+  AuditConfig c = small_config();
+  c.rollout_tp = 4;
+  c.rollout.kv.page_size = 3;
+  auto json_without_timing = [&] {
+    AuditReport r;
+    r.contract = c.contract.to_string();
+    r.config = c;
+    r.sides.push_back(run(c));
+    auto j = nlohmann::json::parse(audit_report_json(r));
+    j.erase("rollout_seconds");
+    j.erase("train_seconds");
+    return j.dump();
+  };
+  EXPECT_EQ(json_without_timing(), json_without_timing());
+}
+
+// A backend that is the invariant one except for one op, whose output gets its lowest bit flipped:
+// the audit must see mismatches and localization must name that op.
+class PerturbedBackend : public OpsBackend {
+ public:
+  enum class Target { kPrefillAttention, kTrainingLogprob };
+  explicit PerturbedBackend(Target t) : t_(t), b_(make_invariant_backend()) {}
+  std::string name() const override { return "perturbed"; }
+
+  void gemm(const TensorView& x, const TensorView& w, const GemmConfig& cfg,
+            const TensorView& y) const override {
+    b_->gemm(x, w, cfg, y);
+  }
+  void gemm_partial(const TensorView& x, const TensorView& w, int64_t k, int tp, int r,
+                    const GemmConfig& cfg, const TensorView& y) const override {
+    b_->gemm_partial(x, w, k, tp, r, cfg, y);
+  }
+  void gemm_combine(const std::vector<TensorView>& p, const TensorView& y) const override {
+    b_->gemm_combine(p, y);
+  }
+  void rmsnorm(const TensorView& x, const TensorView& w, const RmsNormConfig& c,
+               const TensorView& y) const override {
+    b_->rmsnorm(x, w, c, y);
+  }
+  void rmsnorm_residual(const TensorView& x, const TensorView& r, const TensorView& w,
+                        const RmsNormConfig& c, const TensorView& ro,
+                        const TensorView& y) const override {
+    b_->rmsnorm_residual(x, r, w, c, ro, y);
+  }
+  void rope(const TensorView& x, const TensorView& p, const RopeTable& t,
+            const TensorView& y) const override {
+    b_->rope(x, p, t, y);
+  }
+  void silu_mul(const TensorView& g, const TensorView& u, const TensorView& o) const override {
+    b_->silu_mul(g, u, o);
+  }
+  void embedding(const TensorView& i, const TensorView& t, const TensorView& o) const override {
+    b_->embedding(i, t, o);
+  }
+  void embedding_vocab_parallel(const TensorView& i, const TensorView& t, const VocabShard& s,
+                                int64_t v, const TensorView& o) const override {
+    b_->embedding_vocab_parallel(i, t, s, v, o);
+  }
+  void embedding_combine(const std::vector<TensorView>& p, const TensorView& o) const override {
+    b_->embedding_combine(p, o);
+  }
+  void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const TensorView& cu, const AttentionConfig& cfg,
+                                const TensorView& out, const TensorView& lse) const override {
+    b_->attention_prefill_varlen(q, k, v, cu, cfg, out, lse);
+    if (t_ == Target::kPrefillAttention) flip_bf16(out);
+  }
+  void attention_paged(const TensorView& q, const TensorView& s, const TensorView& p,
+                       const PagedKv& kv, const AttentionConfig& cfg, const TensorView& out,
+                       const TensorView& lse) const override {
+    b_->attention_paged(q, s, p, kv, cfg, out, lse);
+  }
+  void attention_paged_split_kv(const TensorView& q, const TensorView& s, const TensorView& p,
+                                const PagedKv& kv, const AttentionConfig& cfg, int n,
+                                const TensorView& out, const TensorView& lse) const override {
+    b_->attention_paged_split_kv(q, s, p, kv, cfg, n, out, lse);
+  }
+  void attention_paged_cascade(const TensorView& q, const TensorView& s, const TensorView& p,
+                               const PagedKv& kv, const SharedPrefix& sp,
+                               const AttentionConfig& cfg, const TensorView& out,
+                               const TensorView& lse) const override {
+    b_->attention_paged_cascade(q, s, p, kv, sp, cfg, out, lse);
+  }
+  void kv_cache_write(const TensorView& k, const TensorView& v, const TensorView& s,
+                      const TensorView& kc, const TensorView& vc) const override {
+    b_->kv_cache_write(k, v, s, kc, vc);
+  }
+  void linear_logprob(const TensorView& h, const TensorView& w, const TensorView& t,
+                      const LogprobParams& p, const ContractConfig& c, const TensorView& logp,
+                      const TensorView& lse, const TensorView& ent) const override {
+    b_->linear_logprob(h, w, t, p, c, logp, lse, ent);
+    if (t_ == Target::kTrainingLogprob) flip_f32(logp);
+  }
+  void linear_logprob_partial(const TensorView& h, const TensorView& w, const TensorView& t,
+                              const LogprobParams& p, const ContractConfig& c,
+                              const LogprobShard& s, const TensorView& st) const override {
+    b_->linear_logprob_partial(h, w, t, p, c, s, st);
+  }
+  void linear_logprob_combine(const TensorView& st, const TensorView& t, const LogprobParams& p,
+                              const ContractConfig& c, int64_t V, const TensorView& logp,
+                              const TensorView& lse, const TensorView& ent) const override {
+    b_->linear_logprob_combine(st, t, p, c, V, logp, lse, ent);
+    if (t_ == Target::kTrainingLogprob) flip_f32(logp);
+  }
+  void sample(const TensorView& h, const TensorView& w, std::span<const SamplingParams> p,
+              const TensorView& r, const TensorView& pos, const ContractConfig& c,
+              const TensorView& ids, const TensorView& logp, const TensorView& lse,
+              const TensorView& ent) const override {
+    b_->sample(h, w, p, r, pos, c, ids, logp, lse, ent);
+  }
+
+ private:
+  static void flip_bf16(const TensorView& t) {  // [N, Hq, D], last dim contiguous
+    for (int64_t i = 0; i < t.shape[0]; ++i)
+      for (int64_t h = 0; h < t.shape[1]; ++h)
+        for (int64_t d = 0; d < t.shape[2]; ++d)
+          t.ptr<bf16>()[i * t.stride[0] + h * t.stride[1] + d].bits ^= 1;
+  }
+  static void flip_f32(const TensorView& t) {
+    for (int64_t i = 0; i < t.shape[0]; ++i) {
+      float& f = t.ptr<float>()[i * t.stride[0]];
+      f = f32_from_bits(f32_bits(f) ^ 1u);
+    }
+  }
+  Target t_;
+  std::unique_ptr<OpsBackend> b_;
+};
+
+TEST(Audit, PerturbedAttentionIsCaughtAndLocalized) {
+  AuditConfig c = small_config();
+  c.localize = true;
+  c.train_tp = 2;
+  const AuditSide s =
+      run(c, std::make_shared<PerturbedBackend>(PerturbedBackend::Target::kPrefillAttention));
+  EXPECT_EQ(s.backend, "perturbed");
+  EXPECT_GT(s.mismatches, 0);
+  EXPECT_GT(s.max_abs_diff, 0.0);
+  ASSERT_TRUE(s.first.has_value());
+  ASSERT_TRUE(s.localization.has_value());
+  const Localization& l = *s.localization;
+  EXPECT_TRUE(l.replayed) << l.summary;
+  ASSERT_GE(l.first_divergent, 0) << l.summary;
+  const OpComparison& op = l.ops[size_t(l.first_divergent)];
+  EXPECT_EQ(op.op, "attn") << l.summary;
+  EXPECT_EQ(op.layer, 0) << l.summary;
+  EXPECT_GT(op.mismatches, 0);
+  EXPECT_GT(l.first_divergent, 0);  // embedding, norms, projections before it agree
+  EXPECT_NE(l.summary.find("first divergent op: attn (layer 0)"), std::string::npos) << l.summary;
+  std::printf("%s\n", l.summary.c_str());
+}
+
+TEST(Audit, PerturbedHeadIsLocalizedToTheLogprob) {
+  for (int tp : {1, 2}) {
+    AuditConfig c = small_config();
+    c.localize = true;
+    c.train_tp = tp;
+    const AuditSide s =
+        run(c, std::make_shared<PerturbedBackend>(PerturbedBackend::Target::kTrainingLogprob));
+    EXPECT_EQ(s.mismatches, s.tokens_compared);
+    EXPECT_EQ(s.entropy_mismatches, 0);
+    ASSERT_TRUE(s.localization.has_value());
+    const Localization& l = *s.localization;
+    ASSERT_GE(l.first_divergent, 0) << l.summary;
+    EXPECT_EQ(l.ops[size_t(l.first_divergent)].op, "logp") << l.summary;
+    EXPECT_EQ(size_t(l.first_divergent), l.ops.size() - 1);
+    EXPECT_NE(l.summary.find("log-prob head"), std::string::npos) << l.summary;
+  }
+}
+
+TEST(Audit, LocalizeWithoutMismatchSaysSo) {
+  AuditConfig c = small_config();
+  c.localize = true;
+  const AuditSide s = run(c);
+  EXPECT_EQ(s.mismatches, 0);
+  ASSERT_TRUE(s.localization.has_value());
+  EXPECT_NE(s.localization->summary.find("nothing to localize"), std::string::npos);
+}
+
+TEST(Audit, ReportsCarryTheRequiredFields) {
+  AuditConfig c = small_config();
+  AuditReport r;
+  r.model = "tiny";
+  r.contract = c.contract.to_string();
+  r.config = c;
+  r.sides.push_back(run(c));
+  r.sides.push_back(
+      run(c, std::make_shared<PerturbedBackend>(PerturbedBackend::Target::kTrainingLogprob)));
+  EXPECT_TRUE(r.passed());
+  const std::string human = format_audit_report(r);
+  for (const char* s : {"tokens compared", "logp mismatches", "max |Δlogp|", "first divergence",
+                        "invariant", "perturbed", "contract 0.1: gemm_segments=4",
+                        "PASS:", "rollout   tp=2", "training  tp=1", "no tokenizer"})
+    EXPECT_NE(human.find(s), std::string::npos) << s << "\n" << human;
+  std::printf("%s", human.c_str());
+
+  const auto j = nlohmann::json::parse(audit_report_json(r));
+  EXPECT_EQ(j["tokens_compared"].get<int64_t>(), r.sides[0].tokens_compared);
+  EXPECT_EQ(j["mismatches"].get<int64_t>(), 0);
+  EXPECT_EQ(j["max_abs_diff"].get<double>(), 0.0);
+  EXPECT_EQ(j["contract"].get<std::string>(), c.contract.to_string());
+  EXPECT_EQ(j["backend"].get<std::string>(), "invariant");
+  EXPECT_TRUE(j["passed"].get<bool>());
+  EXPECT_TRUE(j["first_divergence"].is_null());
+  EXPECT_EQ(j["rollout"]["tp"].get<int>(), 2);
+  EXPECT_EQ(j["training"]["tp"].get<int>(), 1);
+  EXPECT_GT(j["perturbed"]["mismatches"].get<int64_t>(), 0);
+  EXPECT_FALSE(j["perturbed"]["first_divergence"].is_null());
+
+  // A failing primary side fails the report.
+  std::swap(r.sides[0], r.sides[1]);
+  EXPECT_FALSE(r.passed());
+  EXPECT_NE(format_audit_report(r).find("FAIL:"), std::string::npos);
+  EXPECT_FALSE(nlohmann::json::parse(audit_report_json(r))["passed"].get<bool>());
+}
+
+TEST(Audit, WorkloadIsFixedBySeed) {
+  AuditConfig c = small_config();
+  const auto a = make_audit_requests(c, tiny().config());
+  const auto b = make_audit_requests(c, tiny().config());
+  ASSERT_EQ(a.size(), size_t(c.prompts * c.group_size));
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].prompt, b[i].prompt);
+    EXPECT_EQ(a[i].arrival_step, b[i].arrival_step);
+    EXPECT_GE(int64_t(a[i].prompt.size()), c.prompt_len_min);
+    EXPECT_LE(int64_t(a[i].prompt.size()), c.prompt_len_max);
+    EXPECT_EQ(a[i].prompt, a[i / size_t(c.group_size) * size_t(c.group_size)].prompt);
+  }
+  c.seed = 2;
+  EXPECT_NE(make_audit_requests(c, tiny().config())[0].prompt, a[0].prompt);
+  EXPECT_EQ(mixed_sampling_params(5, 9).temperature, 0.0f);
+  EXPECT_EQ(mixed_sampling_params(1, 9).top_k, 40);
+}
+
+std::string parse_error(std::vector<std::string> args) {
+  return error_of([&] { parse_audit_args(args); });
+}
+
+TEST(AuditArgs, DefaultsAndFlags) {
+  const AuditCommandLine d = parse_audit_args({});
+  EXPECT_EQ(d.cfg.prompts, 64);
+  EXPECT_EQ(d.cfg.group_size, 8);
+  EXPECT_EQ(d.cfg.max_new_tokens, 96);
+  EXPECT_EQ(d.cfg.rollout_tp, 2);
+  EXPECT_EQ(d.cfg.train_tp, 1);
+  EXPECT_TRUE(d.model_dir.empty());
+  EXPECT_FALSE(d.json);
+  const AuditCommandLine o = parse_audit_args({"--model",
+                                               "/m",
+                                               "--prompts=5",
+                                               "--group",
+                                               "2",
+                                               "--prompt-len",
+                                               "4:9",
+                                               "--max-new-tokens",
+                                               "7",
+                                               "--rollout-tp",
+                                               "4",
+                                               "--train-tp=2",
+                                               "--page-size",
+                                               "3",
+                                               "--kv-pages",
+                                               "50",
+                                               "--chunk-budget",
+                                               "11",
+                                               "--max-batch",
+                                               "6",
+                                               "--kv-splits",
+                                               "3",
+                                               "--prefix-sharing",
+                                               "off",
+                                               "--micro-batch-tokens",
+                                               "99",
+                                               "--packing-seed",
+                                               "0",
+                                               "--arrival-seed",
+                                               "5",
+                                               "--arrival-stagger",
+                                               "0",
+                                               "--temperature",
+                                               "0.5",
+                                               "--json",
+                                               "--localize",
+                                               "--quiet",
+                                               "--threads",
+                                               "1",
+                                               "--no-eos"});
+  EXPECT_EQ(o.model_dir, "/m");
+  EXPECT_EQ(o.cfg.prompts, 5);
+  EXPECT_EQ(o.cfg.group_size, 2);
+  EXPECT_EQ(o.cfg.prompt_len_min, 4);
+  EXPECT_EQ(o.cfg.prompt_len_max, 9);
+  EXPECT_EQ(o.cfg.rollout_tp, 4);
+  EXPECT_EQ(o.cfg.train_tp, 2);
+  EXPECT_EQ(o.cfg.rollout.kv.page_size, 3);
+  EXPECT_EQ(o.cfg.rollout.kv.num_pages, 50);
+  EXPECT_EQ(o.cfg.rollout.scheduler.max_batched_tokens, 11);
+  EXPECT_EQ(o.cfg.rollout.scheduler.max_running, 6);
+  EXPECT_EQ(o.cfg.rollout.step.kv_splits, 3);
+  EXPECT_FALSE(o.cfg.rollout.scheduler.prefix_sharing);
+  EXPECT_FALSE(o.cfg.rollout.step.cascade);  // follows sharing
+  EXPECT_EQ(o.cfg.packing.micro_batch_tokens, 99);
+  EXPECT_FALSE(o.cfg.mixed_sampling);
+  EXPECT_EQ(o.cfg.sampling.temperature, 0.5f);
+  EXPECT_FALSE(o.cfg.stop_on_eos);
+  EXPECT_TRUE(o.json && o.cfg.localize && o.quiet);
+  EXPECT_EQ(o.threads, 1);
+  EXPECT_TRUE(parse_audit_args({"--help"}).help);
+  EXPECT_NE(std::string(audit_usage()).find("--chunk-budget"), std::string::npos);
+}
+
+TEST(AuditArgs, BadFlagsAreClearErrors) {
+  EXPECT_NE(parse_error({"--bogus"}).find("unknown flag '--bogus'"), std::string::npos);
+  EXPECT_NE(parse_error({"--prompts"}).find("--prompts needs a value"), std::string::npos);
+  EXPECT_NE(parse_error({"--prompts", "x"}).find("--prompts expects an integer"),
+            std::string::npos);
+  EXPECT_NE(parse_error({"--prompts", "0"}).find("--prompts"), std::string::npos);
+  EXPECT_NE(parse_error({"--page-size", "-3"}).find("--page-size"), std::string::npos);
+  EXPECT_NE(parse_error({"--prompt-len", "9:4"}).find("MIN <= MAX"), std::string::npos);
+  EXPECT_NE(parse_error({"--rollout-tp", "3"}).find("--rollout-tp must be 1, 2, 4 or 8"),
+            std::string::npos);
+  EXPECT_NE(parse_error({"--train-tp", "8"}).find("raise --segments"), std::string::npos);
+  EXPECT_NE(parse_error({"--prefix-sharing", "maybe"}).find("on or off"), std::string::npos);
+  EXPECT_NE(parse_error({"--prefix-sharing", "off", "--cascade", "on"})
+                .find("--cascade on needs --prefix-sharing on"),
+            std::string::npos);
+  EXPECT_NE(parse_error({"--json=1"}).find("--json takes no value"), std::string::npos);
+  EXPECT_NE(parse_error({"--temperature", "-1"}).find("temperature"), std::string::npos);
+  EXPECT_NE(parse_error({"--top-p", "nan"}).find("--top-p"), std::string::npos);
+  EXPECT_NE(parse_error({"--kv-chunk", "100"}).find("kv_chunk"), std::string::npos);
+  EXPECT_NE(parse_error({"--baseline", "--no-baseline"}).find("exclude"), std::string::npos);
+  EXPECT_NE(parse_error({"--seed", "-5"}).find("--seed"), std::string::npos);
+}
+
+// The baseline backend (ordinary kernels, another engineer's) must show the mismatches the audit
+// exists to catch: rollout TP 2 with batched decode vs training TP 1 packed.
+TEST(Audit, BaselineMismatches) {
+  auto b = baseline_backend_or_null();
+  if (!b) GTEST_SKIP() << "baseline backend not built into this library yet";
+  EXPECT_EQ(b->name(), "baseline");
+  AuditConfig c = small_config();
+  c.localize = true;
+  const AuditSide s = run(c, b);
+  EXPECT_GT(s.tokens_compared, 0);
+  EXPECT_GT(s.mismatches, 0);
+  EXPECT_GT(s.max_abs_diff, 0.0);
+  ASSERT_TRUE(s.localization.has_value());
+  EXPECT_GE(s.localization->first_divergent, 0) << s.localization->summary;
+  std::printf("baseline: %lld of %lld log-probs differ; %s\n", (long long)s.mismatches,
+              (long long)s.tokens_compared, s.localization->summary.c_str());
+}
+
+}  // namespace
+}  // namespace lockstep::engine
