@@ -37,14 +37,22 @@ int run_score_command(int argc, char** argv) {
   };
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--model") model_dir = need(i);
-    else if (a == "--tokens") tokens_path = need(i);
-    else if (a == "--out") out_path = need(i);
-    else if (a == "--tp") tp = std::stoi(need(i));
-    else if (a == "--threads") threads = std::stoi(need(i));
-    else if (a == "--temperature") temperature = std::stof(need(i));
-    else if (a == "--gemm-segments") contract.gemm_segments = std::stoi(need(i));
-    else if (a == "--vocab-segments") contract.vocab_segments = std::stoi(need(i));
+    if (a == "--model")
+      model_dir = need(i);
+    else if (a == "--tokens")
+      tokens_path = need(i);
+    else if (a == "--out")
+      out_path = need(i);
+    else if (a == "--tp")
+      tp = std::stoi(need(i));
+    else if (a == "--threads")
+      threads = std::stoi(need(i));
+    else if (a == "--temperature")
+      temperature = std::stof(need(i));
+    else if (a == "--gemm-segments")
+      contract.gemm_segments = std::stoi(need(i));
+    else if (a == "--vocab-segments")
+      contract.vocab_segments = std::stoi(need(i));
     else if (a == "--help" || a == "-h") {
       std::printf("%s", kUsage);
       return 0;
@@ -73,8 +81,8 @@ int run_score_command(int argc, char** argv) {
     while (ls >> tok) {
       char* end = nullptr;
       long long v = std::strtoll(tok.c_str(), &end, 10);
-      LS_CHECK(end && *end == '\0' && v >= 0 && v <= INT32_MAX, "lockstep score", tokens_path,
-               ":", line_no, ": '", tok, "' is not a token id");
+      LS_CHECK(end && *end == '\0' && v >= 0 && v <= INT32_MAX, "lockstep score", tokens_path, ":",
+               line_no, ": '", tok, "' is not a token id");
       ids.push_back(int32_t(v));
     }
     if (ids.empty()) continue;
@@ -94,8 +102,8 @@ int run_score_command(int argc, char** argv) {
   mo.contract = contract;
   mo.tp = tp;
   engine::Model model(ckpt.config(), ckpt, mo, engine::make_invariant_backend());
-  std::fprintf(stderr, "lockstep score: %s; %zu sequences; %s\n",
-               ckpt.config().to_string().c_str(), seqs.size(), mo.to_string().c_str());
+  std::fprintf(stderr, "lockstep score: %s; %zu sequences; %s\n", ckpt.config().to_string().c_str(),
+               seqs.size(), mo.to_string().c_str());
   engine::PackingConfig pc;
   pc.micro_batch_tokens = 4096;
   engine::TrainHooks hooks;

@@ -17,22 +17,32 @@ enum class DType : uint8_t { kF32, kBF16, kI32, kI64, kU8 };
 
 inline const char* dtype_name(DType t) {
   switch (t) {
-    case DType::kF32: return "f32";
-    case DType::kBF16: return "bf16";
-    case DType::kI32: return "i32";
-    case DType::kI64: return "i64";
-    case DType::kU8: return "u8";
+    case DType::kF32:
+      return "f32";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kI32:
+      return "i32";
+    case DType::kI64:
+      return "i64";
+    case DType::kU8:
+      return "u8";
   }
   return "?";
 }
 
 inline int64_t dtype_size(DType t) {
   switch (t) {
-    case DType::kF32: return 4;
-    case DType::kBF16: return 2;
-    case DType::kI32: return 4;
-    case DType::kI64: return 8;
-    case DType::kU8: return 1;
+    case DType::kF32:
+      return 4;
+    case DType::kBF16:
+      return 2;
+    case DType::kI32:
+      return 4;
+    case DType::kI64:
+      return 8;
+    case DType::kU8:
+      return 1;
   }
   return 0;
 }
@@ -64,7 +74,9 @@ constexpr uint32_t kCanonicalNanF32 = 0x7FC00000u;
 LS_DTYPE_HD bool is_nan_f32(float f) { return (f32_bits(f) & 0x7fffffffu) > 0x7f800000u; }
 
 // fp32 value as stored by an op: NaN becomes the canonical NaN, everything else is unchanged.
-LS_DTYPE_HD float canonical_f32(float f) { return is_nan_f32(f) ? f32_from_bits(kCanonicalNanF32) : f; }
+LS_DTYPE_HD float canonical_f32(float f) {
+  return is_nan_f32(f) ? f32_from_bits(kCanonicalNanF32) : f;
+}
 
 // Round to nearest, ties to even. Any NaN -> the canonical NaN 0x7FC0.
 LS_DTYPE_HD bf16 f32_to_bf16(float f) {

@@ -23,8 +23,8 @@ std::string concat(const Args&... args) {
 }  // namespace detail
 
 // LS_CHECK(cond, "gemm_bf16_nt", "x: expected ", a, ", got ", b)
-#define LS_CHECK(cond, op, ...)                                                       \
-  do {                                                                                \
+#define LS_CHECK(cond, op, ...)                                                              \
+  do {                                                                                       \
     if (!(cond)) throw ::lockstep::Error(::lockstep::detail::concat(op, ": ", __VA_ARGS__)); \
   } while (0)
 

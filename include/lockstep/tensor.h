@@ -38,7 +38,9 @@ struct TensorView {
   bool empty() const { return numel() == 0; }
   bool is_contiguous() const;
   // Innermost dimension has stride 1 (rows may be strided).
-  bool inner_contiguous() const { return ndim == 0 || stride[ndim - 1] == 1 || shape[ndim - 1] <= 1; }
+  bool inner_contiguous() const {
+    return ndim == 0 || stride[ndim - 1] == 1 || shape[ndim - 1] <= 1;
+  }
   std::string shape_string() const;  // "[3, 4]"
   std::string describe() const;      // "bf16[3, 4] cpu strides [4, 1]"
 
@@ -55,7 +57,9 @@ class Tensor {
  public:
   Tensor() = default;
   Tensor(DType dtype, std::vector<int64_t> shape);
-  static Tensor empty(DType dtype, std::vector<int64_t> shape) { return Tensor(dtype, std::move(shape)); }
+  static Tensor empty(DType dtype, std::vector<int64_t> shape) {
+    return Tensor(dtype, std::move(shape));
+  }
 
   TensorView view() const;
   const std::vector<int64_t>& shape() const { return shape_; }

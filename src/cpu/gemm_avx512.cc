@@ -1,7 +1,7 @@
-// The vectorized GEMM kernel: the MMA k-block model (core/mma_model.h) for 32 outputs at once,
-// bitwise equal to mma_kblock_bf16 chained along each segment, then the segment tree. Inputs the
-// kernel does not model exactly (inf, NaN, subnormal, exponent sums outside [-100, 90]) are
-// detected per row and those outputs are recomputed with the scalar chain.
+// The vectorized GEMM kernels: the MMA k-block model (core/mma_model.h) for 32 (or, for M <= 4,
+// 16) outputs at once, bitwise equal to mma_kblock_bf16 chained along each segment, then the
+// segment tree. Inputs the kernels do not model exactly (inf, NaN, subnormal, exponent sums
+// outside [-100, 90]) are detected per row and those outputs are recomputed with the scalar chain.
 //
 // How one k-block of 16 is computed for 32 outputs n (lanes) and one row m (see also
 // docs/contract.d/gemm.md, "fast path"):
@@ -18,6 +18,7 @@
 // of 2^-125 (it is a previous result), so c's term stays exact and the result is c, as in the
 // model.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -96,12 +97,16 @@ inline RowStats make_stats(bool any, int emin, int emax) {
 inline int reduce_max(__m512i v) { return _mm512_reduce_max_epi32(v); }
 inline int reduce_min(__m512i v) { return _mm512_reduce_min_epi32(v); }
 
-// Decodes an x row (kw values, zero-padded to kp, a multiple of 16): f = fp32 values, e = the
-// exponent field (kZeroExp for zeros) as int32 whose two int16 halves both hold it, so that one
-// 32-bit broadcast fills all 32 int16 lanes of the kernel's exponent vector.
+// Decodes an x row (kw values, zero-padded to kp, a multiple of 16) into f = fp32 values and
+// e = exponents as int32, kZeroExp for zeros:
+//   kPairs (packed kernel): the exponent field in both int16 halves, so that one 32-bit
+//           broadcast fills all 32 int16 lanes of the kernel's exponent vector;
+//   otherwise (small-M kernel): the unbiased exponent field - 127.
+template <bool kPairs>
 RowStats decode_row(const bf16* src, int64_t kw, int64_t kp, float* f, int32_t* e) {
   const __m512i k7fff = _mm512_set1_epi32(0x7fff), kff = _mm512_set1_epi32(0xff);
-  const __m512i zero_dup = _mm512_set1_epi32(int32_t(uint32_t(uint16_t(kZeroExp)) * 0x10001u));
+  const __m512i zero_e = _mm512_set1_epi32(kPairs ? int32_t(uint32_t(uint16_t(kZeroExp)) * 0x10001u)
+                                                  : int32_t(kZeroExp));
   __m512i vmax = _mm512_set1_epi32(-1), vmin = _mm512_set1_epi32(1000);
   __mmask16 any = 0;
   for (int64_t k = 0; k < kp; k += 16) {
@@ -111,8 +116,9 @@ RowStats decode_row(const bf16* src, int64_t kw, int64_t kp, float* f, int32_t* 
     _mm512_store_ps(f + k, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
     __m512i field = _mm512_and_si512(_mm512_srli_epi32(v, 7), kff);
     __mmask16 nz = _mm512_test_epi32_mask(v, k7fff);
-    __m512i dup = _mm512_or_si512(field, _mm512_slli_epi32(field, 16));
-    _mm512_store_si512(e + k, _mm512_mask_mov_epi32(zero_dup, nz, dup));
+    __m512i ev = kPairs ? _mm512_or_si512(field, _mm512_slli_epi32(field, 16))
+                        : _mm512_sub_epi32(field, _mm512_set1_epi32(127));
+    _mm512_store_si512(e + k, _mm512_mask_mov_epi32(zero_e, nz, ev));
     vmax = _mm512_max_epi32(vmax, field);  // zeros have field 0: harmless for the max
     vmin = _mm512_mask_min_epi32(vmin, nz, vmin, field);
     any |= nz;
@@ -331,7 +337,7 @@ void run_task(const Problem& p, int64_t kp, int64_t m0, int64_t m1, int64_t g0, 
   RowStats xs[64 + kMR];
   for (int64_t i = 0; i < rows; ++i) {
     const bf16* row = static_cast<const bf16*>(p.x.data) + (m0 + i) * p.x.stride[0];
-    xs[i] = decode_row(row, p.kw, kp, xf + i * kp, xe + i * kp);
+    xs[i] = decode_row<true>(row, p.kw, kp, xf + i * kp, xe + i * kp);
   }
   RowStats ws[kNR];
   alignas(64) float vals[kNR];
@@ -372,10 +378,197 @@ void run_task(const Problem& p, int64_t kp, int64_t m0, int64_t m1, int64_t g0, 
   }
 }
 
+// ---- Small M (decode): w decoded in registers, no packing -------------------------------------
+//
+// For M <= kSmallM the packing above would cost more than the arithmetic it feeds, so this path
+// reads 16 rows of w (outputs n0 .. n0+15, the lanes) 32 k at a time, transposes the pairs
+// (w[n][k], w[n][k+1]) in registers and runs the same two passes per k-block on 16 lanes with
+// int32 exponents. The arithmetic per output is identical to kernel<> (same steps, same order).
+constexpr int64_t kSmallM = 4;
+
+// Exponent statistics of 16 rows from their (w[n][k], w[n][k+1]) pairs, in int16 lanes: the
+// max magnitude and the min (magnitude - 1) as unsigned (zeros wrap to 0xFFFF and drop out);
+// a magnitude's exponent field is magnitude >> 7.
+struct LaneStats {
+  __m512i vmax = _mm512_setzero_si512(), vmin = _mm512_set1_epi32(-1);
+  __m512i add(__m512i pair) {  // returns the pair's magnitudes
+    const __m512i mag = _mm512_and_si512(pair, _mm512_set1_epi16(0x7fff));
+    vmax = _mm512_max_epu16(vmax, mag);
+    vmin = _mm512_min_epu16(vmin, _mm512_sub_epi16(mag, _mm512_set1_epi16(1)));
+    return mag;
+  }
+  void store(RowStats* st) const {
+    alignas(64) uint16_t mx[32], mn[32];
+    _mm512_store_si512(mx, vmax);
+    _mm512_store_si512(mn, vmin);
+    for (int j = 0; j < 16; ++j) {
+      const int hi = std::max(mx[2 * j], mx[2 * j + 1]);
+      const int lo = std::min(mn[2 * j], mn[2 * j + 1]);
+      st[j] = make_stats(hi != 0, (lo + 1) >> 7, hi >> 7);
+    }
+  }
+};
+
+// MR rows x 16 outputs (w rows n0 .. n0+15; rows >= N are zeros). Segment values go to
+// part[(s·MR + m)·16 + lane]; the rows' exponent statistics to st[0..16).
+template <int MR>
+void kernel_small(const Problem& p, int64_t n0, int64_t kp, const float* const* xf,
+                  const int32_t* const* xe, float* part, RowStats* st) {
+  const __m512i kff = _mm512_set1_epi32(0xff), hi16 = _mm512_set1_epi32(int32_t(0xffff0000u));
+  const __m512i efloor = _mm512_set1_epi32(kEFloor);
+  const __m512i c279 = _mm512_set1_epi32(int32_t(279u << 23)), kexp = _mm512_set1_epi32(0x7f800000);
+  const __m512i c254 = _mm512_set1_epi32(254 << 23);
+  LaneStats stats;
+  alignas(64) int32_t tb[16][16];  // [k pair][lane]: (w[n][k], w[n][k+1]) of the current 32 k
+  __m512 c[MR];
+  int seg = -1;
+  for (int64_t k0 = 0; k0 < kp; k0 += 32) {
+    const int64_t left = p.kw - k0;
+    const __mmask32 lm = left >= 32 ? ~__mmask32(0) : left <= 0 ? 0 : __mmask32((1u << left) - 1);
+    __m512i T[16];
+    for (int r = 0; r < 16; ++r) {
+      const int64_t n = n0 + r;
+      T[r] = n < p.N ? _mm512_maskz_loadu_epi16(
+                           lm, static_cast<const bf16*>(p.w.data) + n * p.w.stride[0] + k0)
+                     : _mm512_setzero_si512();
+    }
+    transpose16(T);
+    for (int d = 0; d < 16; ++d) _mm512_store_si512(tb[d], T[d]);
+    const int blocks = kp - k0 >= 32 ? 2 : 1;
+    for (int b = 0; b < blocks; ++b) {
+      const int64_t kb = k0 + 16 * b;
+      if (kb % p.seg_len == 0) {  // a segment starts: its chain starts from +0
+        if (seg >= 0)
+          for (int m = 0; m < MR; ++m) _mm512_store_ps(part + (seg * MR + m) * 16, c[m]);
+        ++seg;
+        for (int m = 0; m < MR; ++m) c[m] = _mm512_setzero_ps();
+      }
+      // Pass 1: E = max(27, max over nonzero w of field(w) + (field(x) - 127)).
+      __m512i E[MR], mag;
+      for (int m = 0; m < MR; ++m) E[m] = efloor;
+#pragma GCC unroll 16
+      for (int kk = 0; kk < 16; ++kk) {
+        // mag: both elements' magnitudes; field: this k's exponent field (0 for a zero w, whose
+        // sum field + ex stays <= 27 because this path takes x rows with exponents <= 27 only).
+        if (kk % 2 == 0) mag = stats.add(_mm512_load_si512(tb[8 * b + kk / 2]));
+        const __m512i field =
+            kk % 2 ? _mm512_srli_epi32(mag, 23) : _mm512_and_si512(_mm512_srli_epi32(mag, 7), kff);
+        for (int m = 0; m < MR; ++m)
+          E[m] = _mm512_max_epi32(E[m], _mm512_add_epi32(field, _mm512_set1_epi32(xe[m][kb + kk])));
+      }
+      __m512 sc[MR];
+      __m512i P[MR];
+      for (int m = 0; m < MR; ++m) {
+        __m512i eh = _mm512_slli_epi32(E[m], 23);
+        eh = _mm512_max_epi32(eh, _mm512_and_si512(_mm512_castps_si512(c[m]), kexp));
+        sc[m] = _mm512_castsi512_ps(_mm512_sub_epi32(c279, eh));  // 2^(25-E)
+        P[m] = _mm512_setzero_si512();
+      }
+      // Pass 2: truncated terms, summed exactly in int32.
+#pragma GCC unroll 16
+      for (int kk = 0; kk < 16; ++kk) {
+        const __m512i t = _mm512_load_si512(tb[8 * b + kk / 2]);
+        const __m512 wv =
+            _mm512_castsi512_ps(kk % 2 ? _mm512_and_si512(t, hi16) : _mm512_slli_epi32(t, 16));
+        for (int m = 0; m < MR; ++m) {
+          const __m512 xb = _mm512_set1_ps(xf[m][kb + kk]);
+          P[m] = _mm512_add_epi32(P[m],
+                                  _mm512_cvttps_epi32(_mm512_mul_ps(_mm512_mul_ps(wv, xb), sc[m])));
+        }
+      }
+      // Finish: as in kernel<>.
+      for (int m = 0; m < MR; ++m) {
+        const __m512i C = _mm512_cvttps_epi32(_mm512_mul_ps(c[m], sc[m]));
+        const __m512i sum = _mm512_add_epi32(P[m], C);
+        const __mmask16 ovf = _mm512_movepi32_mask(_mm512_ternarylogic_epi32(P[m], C, sum, 0x42));
+        __m512 r = _mm512_cvt_roundepi32_ps(sum, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+        if (__builtin_expect(ovf != 0, 0)) r = wide_sum_rz(P[m], C);
+        const __m512 inv = _mm512_castsi512_ps(_mm512_sub_epi32(c254, _mm512_castps_si512(sc[m])));
+        c[m] = _mm512_mul_ps(r, inv);
+      }
+    }
+  }
+  if (seg >= 0)
+    for (int m = 0; m < MR; ++m) _mm512_store_ps(part + (seg * MR + m) * 16, c[m]);
+  for (int s = seg + 1; s < p.nseg; ++s)  // only when kp == 0
+    for (int m = 0; m < MR; ++m) _mm512_store_ps(part + (s * MR + m) * 16, _mm512_setzero_ps());
+  stats.store(st);
+}
+
+// One small-M task: all M (<= kSmallM) rows x 16-row groups [g0, g1) of w.
+void run_task_small(const Problem& p, int64_t kp, int64_t g0, int64_t g1, TileSink sink,
+                    void* ctx) {
+  thread_local Scratch sx, st;
+  const int64_t rows = p.M;
+  char* xbuf = static_cast<char*>(sx.get(size_t(rows * kp) * 8 + 64));
+  float* xf = reinterpret_cast<float*>(xbuf);
+  int32_t* xe = reinterpret_cast<int32_t*>(xbuf + size_t(rows * kp) * 4);
+  const size_t part_bytes = size_t(p.nseg) * kSmallM * 16 * 4;
+  char* tbuf = static_cast<char*>(st.get(part_bytes + size_t(kp) * 4 + 64));
+  float* part = reinterpret_cast<float*>(tbuf);
+  bf16* sxb = reinterpret_cast<bf16*>(tbuf + part_bytes);
+  bf16* swb = sxb + kp;
+  RowStats xs[kSmallM], ws[16];
+  const float* xfp[kSmallM];
+  const int32_t* xep[kSmallM];
+  for (int64_t i = 0; i < rows; ++i) {
+    const bf16* row = static_cast<const bf16*>(p.x.data) + i * p.x.stride[0];
+    xs[i] = decode_row<false>(row, p.kw, kp, xf + i * kp, xe + i * kp);
+    xfp[i] = xf + i * kp;
+    xep[i] = xe + i * kp;
+  }
+  alignas(64) float vals[16];
+  for (int64_t g = g0; g < g1; ++g) {
+    const int64_t n0 = g * 16, count = std::min<int64_t>(16, p.N - n0);
+    switch (rows) {
+      case 1:
+        kernel_small<1>(p, n0, kp, xfp, xep, part, ws);
+        break;
+      case 2:
+        kernel_small<2>(p, n0, kp, xfp, xep, part, ws);
+        break;
+      case 3:
+        kernel_small<3>(p, n0, kp, xfp, xep, part, ws);
+        break;
+      default:
+        kernel_small<4>(p, n0, kp, xfp, xep, part, ws);
+        break;
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+      __m512 v[8];
+      for (int s = 0; s < p.nseg; ++s) v[s] = _mm512_load_ps(part + (s * rows + i) * 16);
+      for (int width = p.nseg; width > 1; width /= 2)
+        for (int s = 0; s < width / 2; ++s) v[s] = _mm512_add_ps(v[2 * s], v[2 * s + 1]);
+      _mm512_store_ps(vals, v[0]);
+      for (int64_t j = 0; j < count; ++j) {
+        // This path also needs |x| < 2^28 (see kernel_small: zero w elements are not masked).
+        if (__builtin_expect(!modelled(xs[i], ws[j]) || xs[i].emax > 127 + 27, 0)) {
+          const bf16* xr = static_cast<const bf16*>(p.x.data) + i * p.x.stride[0];
+          const bf16* wr = static_cast<const bf16*>(p.w.data) + (n0 + j) * p.w.stride[0];
+          vals[j] = tree_value_scalar(xr, wr, p.kw, p.nseg, p.seg_len, sxb, swb);
+        }
+      }
+      sink(ctx, i, n0, count, vals);
+    }
+  }
+}
+
 }  // namespace
 
 void tree_all_fast(const Problem& p, TileSink sink, void* ctx) {
   const int64_t kp = int64_t(p.nseg) * p.seg_len;
+  if (p.M <= kSmallM) {
+    // Tasks of 16-row groups of w, about 4 per thread, handed out dynamically.
+    const int64_t groups = (p.N + 15) / 16;
+    const int64_t gb = std::clamp<int64_t>(groups / (4 * num_threads()), 1, 32);
+    const int64_t tasks = (groups + gb - 1) / gb;
+    std::atomic<int64_t> next{0};
+    parallel_for(std::min<int64_t>(num_threads(), tasks), 1, [&](int64_t, int64_t) {
+      for (int64_t t; (t = next.fetch_add(1)) < tasks;)
+        run_task_small(p, kp, t * gb, std::min(groups, (t + 1) * gb), sink, ctx);
+    });
+    return;
+  }
   const int64_t groups = (p.N + kNR - 1) / kNR;
   // Tile sizes only change speed, never bits (each output's arithmetic is fixed).
   // Rows per task: the decoded x rows (8 bytes per element) stay within ~1 MB of L2.
@@ -383,10 +576,16 @@ void tree_all_fast(const Problem& p, TileSink sink, void* ctx) {
       kMR, std::min<int64_t>(64, (int64_t(1) << 20) / std::max<int64_t>(kp * 8, 1)));
   mb = mb / kMR * kMR;
   mb = std::min(mb, p.M);
-  const int64_t gb = 4;  // column groups per task
+  // Column groups per task: about 4 tasks per thread when M is small, and as wide as 16 groups
+  // (512 columns) otherwise, so that each task re-decodes its x rows less often.
+  const int64_t gb = std::clamp<int64_t>(groups / (4 * num_threads()), 4, 16);
   const int64_t mtasks = (p.M + mb - 1) / mb, gtasks = (groups + gb - 1) / gb;
-  parallel_for(mtasks * gtasks, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
+  // Tasks are handed out dynamically (a thread slowed by other load takes fewer); which thread
+  // computes a task never matters for the bits.
+  const int64_t tasks = mtasks * gtasks;
+  std::atomic<int64_t> next{0};
+  parallel_for(std::min<int64_t>(num_threads(), tasks), 1, [&](int64_t, int64_t) {
+    for (int64_t t; (t = next.fetch_add(1)) < tasks;) {
       const int64_t mi = t / gtasks, gi = t % gtasks;
       run_task(p, kp, mi * mb, std::min(p.M, (mi + 1) * mb), gi * gb,
                std::min(groups, (gi + 1) * gb), sink, ctx);

@@ -242,6 +242,46 @@ TEST(Gemm, FastPathEqualsScalarModelOnHardInputs) {
   }
 }
 
+// M <= 4 (decode) takes its own kernel (w decoded in registers): the same hard inputs, plus x
+// rows with large exponents (> 2^27) where w is zero and tiny products elsewhere, a case that
+// path must route to the scalar chain.
+TEST(Gemm, FastPathEqualsScalarModelForSmallM) {
+  auto g = test::rng(15);
+  const Fill fills[] = {Fill::kSpread,  Fill::kWide, Fill::kZeros, Fill::kSpecial,
+                        Fill::kMaxMant, Fill::kTiny, Fill::kHuge,  Fill::kEdge};
+  std::uniform_int_distribution<int> nd(1, 100), kd(1, 400), sd(0, 3), fd(0, 7), big(0, 3);
+  for (int iter = 0; iter < 60; ++iter)
+    for (int64_t M = 1; M <= 5; ++M) {
+      const int64_t N = nd(g), K = kd(g);
+      const int S = 1 << sd(g);
+      Tensor x(DType::kBF16, {M, K}), w(DType::kBF16, {N, K});
+      for (int64_t m = 0; m < M; ++m) {
+        if (big(g) == 0) {  // x up to 2^40 where w (below) is zero, tiny where w is not
+          for (int64_t k = 0; k < K; ++k)
+            x.ptr<bf16>()[m * K + k] =
+                k % 3 ? random_exp_bf16(g, 28, 40) : random_exp_bf16(g, -50, -45);
+        } else {
+          hard_fill(x.ptr<bf16>() + m * K, K, fills[fd(g)], g);
+        }
+      }
+      for (int64_t n = 0; n < N; ++n) {
+        if (big(g) == 0) {
+          for (int64_t k = 0; k < K; ++k)  // products near 2^-100; zeros, and a zero k-block
+            w.ptr<bf16>()[n * K + k] = k % 3 == 0 && (k < 16 || k >= 32)
+                                           ? random_exp_bf16(g, -50, -45)
+                                           : bf16{uint16_t(k % 2 ? 0x8000 : 0)};
+        } else {
+          hard_fill(w.ptr<bf16>() + n * K, K, fills[fd(g)], g);
+        }
+      }
+      Tensor y = test::poisoned(DType::kF32, {M, N}), ys = test::poisoned(DType::kF32, {M, N});
+      cpu::gemm_bf16_nt(x.view(), w.view(), seg(S), y.view());
+      cpu::gemm_bf16_nt_scalar(x.view(), w.view(), seg(S), ys.view());
+      ASSERT_TRUE(bitwise_equal(y.data(), ys.data(), y.numel(), DType::kF32))
+          << "iter " << iter << " M=" << M << " N=" << N << " K=" << K << " S=" << S;
+    }
+}
+
 // The same per fill kind, with every row of that kind (long K: long chains).
 TEST(Gemm, FastPathEqualsScalarModelPerFillKind) {
   auto g = test::rng(4);
@@ -373,17 +413,19 @@ TEST(Gemm, StridedRowsGiveTheSameBits) {
 
 TEST(Gemm, ThreadCountDoesNotChangeBits) {
   auto g = test::rng(7);
-  int64_t M = 67, N = 129, K = 300;
-  Tensor x = test::random_bf16({M, K}, g), w = test::random_bf16({N, K}, g);
-  int saved = num_threads();
-  set_num_threads(1);
-  Tensor y1 = test::poisoned(DType::kF32, {M, N});
-  cpu::gemm_bf16_nt(x.view(), w.view(), seg(4), y1.view());
-  set_num_threads(3);
-  Tensor y3 = test::poisoned(DType::kF32, {M, N});
-  cpu::gemm_bf16_nt(x.view(), w.view(), seg(4), y3.view());
-  set_num_threads(saved);
-  EXPECT_TRUE(bitwise_equal(y1.data(), y3.data(), y1.numel(), DType::kF32));
+  const int saved = num_threads();
+  for (int64_t M : {1, 67}) {
+    const int64_t N = 1029, K = 300;
+    Tensor x = test::random_bf16({M, K}, g), w = test::random_bf16({N, K}, g);
+    set_num_threads(1);
+    Tensor y1 = test::poisoned(DType::kF32, {M, N});
+    cpu::gemm_bf16_nt(x.view(), w.view(), seg(4), y1.view());
+    set_num_threads(3);
+    Tensor y3 = test::poisoned(DType::kF32, {M, N});
+    cpu::gemm_bf16_nt(x.view(), w.view(), seg(4), y3.view());
+    set_num_threads(saved);
+    EXPECT_TRUE(bitwise_equal(y1.data(), y3.data(), y1.numel(), DType::kF32)) << "M=" << M;
+  }
 }
 
 TEST(Gemm, RerunGivesTheSameBits) {
@@ -403,34 +445,41 @@ TEST(Gemm, RerunGivesTheSameBits) {
 TEST(Gemm, TensorParallelPartialsGiveTheSameBitsAsTp1) {
   auto g = test::rng(9);
   for (int S : {1, 2, 4, 8})
-    for (int64_t K : {128, 200, 1000, 37}) {
-      int64_t M = 13, N = 45;
-      Tensor x = test::random_bf16({M, K}, g), w = test::random_bf16({N, K}, g);
-      Tensor b = test::random_bf16({N}, g);
-      TensorView bv = b.view();
-      for (DType out : {DType::kBF16, DType::kF32}) {
-        Tensor y1 = test::poisoned(out, {M, N});
-        cpu::gemm_bf16_nt(x.view(), w.view(), &bv, seg(S), y1.view());
-        for (int t = 1; t <= S; t *= 2) {
-          std::vector<Tensor> parts;
-          std::vector<TensorView> views;
-          for (int r = 0; r < t; ++r) {
-            GemmKRange kr = gemm_tp_k_range(seg(S), K, t, r);
-            TensorView xs = x.view(), ws = w.view();
-            xs.data = x.ptr<bf16>() + kr.begin;
-            ws.data = w.ptr<bf16>() + kr.begin;
-            xs.shape[1] = ws.shape[1] = kr.end - kr.begin;
-            parts.push_back(test::poisoned(DType::kF32, {M, N}));
-            cpu::gemm_bf16_nt_partial(xs, ws, K, t, r, seg(S), parts.back().view());
-            views.push_back(parts.back().view());
+    for (int64_t K : {128, 200, 1000, 37})
+      for (int64_t M : {1, 13}) {  // the decode (M <= 4) and the packed kernel
+        const int64_t N = 45;
+        Tensor x = test::random_bf16({M, K}, g), w = test::random_bf16({N, K}, g);
+        Tensor b = test::random_bf16({N}, g);
+        TensorView bv = b.view();
+        for (DType out : {DType::kBF16, DType::kF32}) {
+          Tensor y1 = test::poisoned(out, {M, N});
+          cpu::gemm_bf16_nt(x.view(), w.view(), &bv, seg(S), y1.view());
+          for (int t = 1; t <= S; t *= 2) {
+            std::vector<Tensor> parts;
+            std::vector<TensorView> views;
+            for (int r = 0; r < t; ++r) {
+              GemmKRange kr = gemm_tp_k_range(seg(S), K, t, r);
+              TensorView xs = x.view(), ws = w.view();
+              xs.data = x.ptr<bf16>() + kr.begin;
+              ws.data = w.ptr<bf16>() + kr.begin;
+              xs.shape[1] = ws.shape[1] = kr.end - kr.begin;
+              parts.push_back(test::poisoned(DType::kF32, {M, N}));
+              cpu::gemm_bf16_nt_partial(xs, ws, K, t, r, seg(S), parts.back().view());
+              views.push_back(parts.back().view());
+            }
+            Tensor yt = test::poisoned(out, {M, N});
+            cpu::gemm_tree_combine(views, &bv, yt.view());
+            ASSERT_TRUE(bitwise_equal(yt.data(), y1.data(), yt.numel(), out))
+                << "S=" << S << " K=" << K << " M=" << M << " t=" << t
+                << " out=" << dtype_name(out);
+            if (out == DType::kF32) {  // in place, into the last rank's buffer
+              cpu::gemm_tree_combine(views, &bv, views.back());
+              ASSERT_TRUE(bitwise_equal(parts.back().data(), y1.data(), yt.numel(), out))
+                  << "in place: S=" << S << " K=" << K << " t=" << t;
+            }
           }
-          Tensor yt = test::poisoned(out, {M, N});
-          cpu::gemm_tree_combine(views, &bv, yt.view());
-          ASSERT_TRUE(bitwise_equal(yt.data(), y1.data(), yt.numel(), out))
-              << "S=" << S << " K=" << K << " t=" << t << " out=" << dtype_name(out);
         }
       }
-    }
 }
 
 TEST(Gemm, TpRangesTileThePaddedK) {

@@ -40,11 +40,16 @@ inline std::mt19937_64 rng(uint64_t salt = 0) {
 
 inline float element_as_float(const void* p, DType t, int64_t i) {
   switch (t) {
-    case DType::kF32: return static_cast<const float*>(p)[i];
-    case DType::kBF16: return bf16_to_f32(static_cast<const bf16*>(p)[i]);
-    case DType::kI32: return float(static_cast<const int32_t*>(p)[i]);
-    case DType::kI64: return float(static_cast<const int64_t*>(p)[i]);
-    case DType::kU8: return float(static_cast<const uint8_t*>(p)[i]);
+    case DType::kF32:
+      return static_cast<const float*>(p)[i];
+    case DType::kBF16:
+      return bf16_to_f32(static_cast<const bf16*>(p)[i]);
+    case DType::kI32:
+      return float(static_cast<const int32_t*>(p)[i]);
+    case DType::kI64:
+      return float(static_cast<const int64_t*>(p)[i]);
+    case DType::kU8:
+      return float(static_cast<const uint8_t*>(p)[i]);
   }
   return 0;
 }
@@ -82,8 +87,10 @@ inline ::testing::AssertionResult bitwise_equal(const std::vector<float>& a,
   return bitwise_equal(a.data(), b.data(), int64_t(a.size()), DType::kF32);
 }
 
-#define EXPECT_BITWISE_EQ(a, b, n, dtype) EXPECT_TRUE(::lockstep::test::bitwise_equal(a, b, n, dtype))
-#define ASSERT_BITWISE_EQ(a, b, n, dtype) ASSERT_TRUE(::lockstep::test::bitwise_equal(a, b, n, dtype))
+#define EXPECT_BITWISE_EQ(a, b, n, dtype) \
+  EXPECT_TRUE(::lockstep::test::bitwise_equal(a, b, n, dtype))
+#define ASSERT_BITWISE_EQ(a, b, n, dtype) \
+  ASSERT_TRUE(::lockstep::test::bitwise_equal(a, b, n, dtype))
 
 // Random bf16 values ~ N(0, scale), never exactly zero unless allow_zero.
 inline void fill_bf16(bf16* p, int64_t n, std::mt19937_64& g, float scale = 1.0f) {

@@ -52,6 +52,8 @@ namespace cpu {
 //   y     [M, N] bf16 (rounded once, RNE) or f32 (kept); rows may be strided; must not overlap
 //         x, w or bias
 // M, N or K may be 0 (K == 0 gives y = bias or +0).
+// Speed (not bits): for M > 4, w is re-packed for every block of up to 64 rows of x, so pass as
+// many rows per call as is convenient (>= 64 amortizes the packing to a few percent).
 void gemm_bf16_nt(const TensorView& x, const TensorView& w, const TensorView* bias,
                   const GemmConfig& cfg, const TensorView& y);
 inline void gemm_bf16_nt(const TensorView& x, const TensorView& w, const GemmConfig& cfg,
@@ -73,8 +75,8 @@ void gemm_bf16_nt_partial(const TensorView& x_shard, const TensorView& w_shard, 
 // Finishes the tree: y = round(tree(partials[0..t)) + bias), t = partials.size() a power of two
 // (partials in rank order, each [M, N] f32, rows may be strided). With the partials of
 // gemm_bf16_nt_partial for t ranks this gives the same bits as gemm_bf16_nt.
-//   bias  [N] bf16 or f32, or nullptr;  y [M, N] bf16 or f32 (may alias partials[0] exactly when
-//   y is f32 with the same layout)
+//   bias  [N] bf16 or f32, or nullptr;  y [M, N] bf16 or f32 (an f32 y may be exactly one of the
+//   partials, same data and row stride: the combine then runs in place)
 void gemm_tree_combine(const std::vector<TensorView>& partials, const TensorView* bias,
                        const TensorView& y);
 
