@@ -443,7 +443,7 @@ void kernel_small(const Problem& p, int64_t n0, int64_t kp, const float* const* 
         ++seg;
         for (int m = 0; m < MR; ++m) c[m] = _mm512_setzero_ps();
       }
-      // Pass 1: E = max(27, max over nonzero w of field(w) + (field(x) - 127)).
+      // Pass 1: E = max(27, max_k field(w) + (field(x) - 127)); zero x carry kZeroExp.
       __m512i E[MR], mag;
       for (int m = 0; m < MR; ++m) E[m] = efloor;
 #pragma GCC unroll 16
