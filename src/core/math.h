@@ -1,7 +1,7 @@
 // The project's own fp32 exp2 / exp / log2 / log: ONE source for host (g++ -ffp-contract=off)
 // and device (nvcc -fmad=false) giving identical bits on every input. Only IEEE binary32 + - * /,
 // explicit fmaf (correctly rounded on both sides) and integer bit manipulation; no tables, no
-// libm, no intrinsics. Max error < 1 ulp (measured over all 2^32 inputs; docs/contract.d/math.md
+// libm, no intrinsics. Max error < 1 ulp (measured over all 2^32 inputs; docs/contract.md §P
 // is the normative description, including every coefficient and the evaluation order).
 // Subnormal results are produced (gradual underflow), never flushed; subnormal inputs are exact.
 #pragma once

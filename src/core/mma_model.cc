@@ -1,5 +1,5 @@
 // Reference implementation of the tensor-core MMA k-block model (see mma_model.h and
-// docs/contract.d/mma.md). Every step below was fitted to, and is checked against, outputs
+// docs/contract.md §M). Every step below was fitted to, and is checked against, outputs
 // recorded on an H200 (tools/probes/probe_mma.cu, tests/golden/, tests/cpu/test_mma_model.cc).
 // Pure function of its inputs: integer arithmetic only, no floating-point rounding anywhere.
 #include "core/mma_model.h"

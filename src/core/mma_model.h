@@ -1,5 +1,5 @@
 // The tensor-core arithmetic of one bf16 MMA k-block (16 products + fp32 accumulator), modelled
-// bit-exactly on the CPU (DESIGN §3, docs/contract.d/mma.md). Verified on an H200 for mma.sync
+// bit-exactly on the CPU (DESIGN §3, docs/contract.md §M). Verified on an H200 for mma.sync
 // m16n8k16 and wgmma m64nNk16 (same model), random and edge-case data (tests/golden/):
 //   products exact, exponent unnormalized e(a)+e(b) (subnormals: e = -126); E = max exponent of
 //   the nonzero terms and c; each term truncated toward zero to a multiple of 2^max(E-25, -158);

@@ -1,4 +1,4 @@
-// SiLU-and-mul on the CPU, the executable form of docs/contract.d/elementwise.md "SiLU-and-mul":
+// SiLU-and-mul on the CPU, the executable form of docs/contract.md §E "SiLU-and-mul":
 // e = ls_expf(-g); d = 1 + e; s = g / d; out = round_bf16(s * u); each step one fp32 RNE op (no
 // fma), NaN stored canonically. One task computes a whole row; no reduction anywhere.
 #include "lockstep/ops/activation.h"

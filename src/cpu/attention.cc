@@ -1,4 +1,4 @@
-// The CPU attention ops (docs/contract.d/attention.md): argument checks and the mapping of each
+// The CPU attention ops (docs/contract.md §A): argument checks and the mapping of each
 // mode (packed prefill, paged decode / chunked prefill, split-KV, chunk states + merge, cascade)
 // onto the one canonical engine (attention_engine.cc), which computes every (row, head) in the
 // order fixed by absolute key positions: bits never depend on the mode, tiling, splits or threads.

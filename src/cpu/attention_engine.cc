@@ -1,4 +1,4 @@
-// The canonical attention arithmetic on the CPU (docs/contract.d/attention.md A.3-A.4): one
+// The canonical attention arithmetic on the CPU (docs/contract.md §A A.3-A.4): one
 // 64-key block step (MMA-model scores, scale, max rule, ls_exp2f, bf16 P, halving-tree row sum,
 // MMA-model PV chained from the rescaled accumulator), the chunk merge, the final normalization,
 // and the tile runner. Every (row, head) is computed by one task in this fixed order.

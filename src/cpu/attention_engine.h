@@ -1,4 +1,4 @@
-// The canonical attention engine behind every CPU attention op (docs/contract.d/attention.md A.4):
+// The canonical attention engine behind every CPU attention op (docs/contract.md §A A.4):
 // for each (query row, head), keys in 64-key blocks by absolute position folded inside
 // kv_chunk-key chunks, chunk states merged left to right. The ops (attention.cc) check their
 // arguments and describe the work as tiles; how rows are tiled never changes a row's bits.

@@ -1,5 +1,5 @@
 // Embedding gather and its vocab-parallel form on the CPU, the executable form of
-// docs/contract.d/elementwise.md "Embedding": a row copy (NaN -> canonical 0x7FC0), non-owned rows
+// docs/contract.md §E "Embedding": a row copy (NaN -> canonical 0x7FC0), non-owned rows
 // of a shard as -0.0, and an fp32 rank-order sum of partials that is exact. Ids are all checked
 // before anything is written.
 #include "lockstep/ops/embedding.h"

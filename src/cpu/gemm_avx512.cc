@@ -4,7 +4,7 @@
 // outside [-100, 90]) are detected per row and those outputs are recomputed with the scalar chain.
 //
 // How one k-block of 16 is computed for 32 outputs n (lanes) and one row m (see also
-// docs/contract.d/gemm.md, "fast path"):
+// docs/contract.md §G, "fast path"):
 //   pass 1  E = max(27, max_k ex[m,k] + ew[n,k]) in int16 lanes (exponents biased like fp32, zeros
 //           carry a huge negative exponent so they never raise E), then E = max(E, field(c)).
 //   pass 2  term_k = trunc((x·w) · 2^(25-E)): x·w is exact in fp32 (8-bit mantissas), the scaling

@@ -1,4 +1,4 @@
-// The LogP op on the CPU, the executable form of docs/contract.d/logprob.md: logits of a block of
+// The LogP op on the CPU, the executable form of docs/contract.md §L: logits of a block of
 // tokens × one vocab tile by the GEMM contract, y = z / temperature, per-tile state in the 8-lane
 // layout, tiles folded left to right per segment, segments merged in a balanced tree. Work is
 // split over token blocks and tiles; each state is computed by one task and combined in the fixed

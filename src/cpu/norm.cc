@@ -1,4 +1,4 @@
-// RMSNorm (+ fused residual add) on the CPU, the executable form of docs/contract.d/elementwise.md
+// RMSNorm (+ fused residual add) on the CPU, the executable form of docs/contract.md §E
 // "RMSNorm": per row, sum of x*x (separate mul then add, fp32 RNE) in the 32-lane / 8-element-group
 // layout of one warp with 16-byte loads, xor-butterfly over lanes; mean = sum / float(H);
 // r = 1 / sqrt(mean + eps); y = round(round(x*r) * w). One task computes a whole row.

@@ -1,4 +1,4 @@
-// RoPE on the CPU, the executable form of docs/contract.d/elementwise.md "RoPE": host double
+// RoPE on the CPU, the executable form of docs/contract.md §E "RoPE": host double
 // cos/sin table rounded to fp32; per pair (i, i + D/2) of a row at position p, with c = cos[p,i],
 // s = sin[p,i]: y_i = round(x_i*c - x_{i+D/2}*s), y_{i+D/2} = round(x_{i+D/2}*c + x_i*s), each
 // product and the sum a separate fp32 RNE op. One task computes a whole (token, head) row.

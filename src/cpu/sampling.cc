@@ -1,4 +1,4 @@
-// Sampling on the CPU, the executable form of docs/contract.d/sampling.md: one token row at a time
+// Sampling on the CPU, the executable form of docs/contract.md §S: one token row at a time
 // (a [V] row is the largest buffer), logits by the GEMM contract, the LogP state of the row by the
 // LogP op's own tile/fold/tree code, filters top-k → top-p (exact integer masses) → min-p, then
 // Gumbel-max with Philox noise, ties to the lowest vocab index. Each row is computed by one task.

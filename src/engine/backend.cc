@@ -1,5 +1,5 @@
 // The invariant CPU backend: each OpsBackend call is the lockstep::cpu op of the same name, whose
-// bits are fixed by docs/contract.d/*.md. No state, no arithmetic of its own.
+// bits are fixed by docs/contract.md. No state, no arithmetic of its own.
 #include "engine/backend.h"
 
 #include "lockstep/ops/activation.h"

@@ -1,7 +1,7 @@
 // OpsBackend: the op set the Qwen3 model (src/engine/model.h) runs on. Every numeric step of the
 // forward, the log-prob heads and sampling goes through one of these calls, so a backend decides
 // all the bits. The invariant backend (make_invariant_backend) forwards to lockstep::cpu::*, whose
-// contract is docs/contract.d/*.md; a "baseline" backend with ordinary kernels implements the same
+// contract is docs/contract.md; a "baseline" backend with ordinary kernels implements the same
 // interface. Signatures and argument rules are those of the cpu ops (include/lockstep/ops/*.h).
 #pragma once
 

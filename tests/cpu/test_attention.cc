@@ -1,4 +1,4 @@
-// CPU attention (docs/contract.d/attention.md): an independent from-the-text implementation of the
+// CPU attention (docs/contract.md §A): an independent from-the-text implementation of the
 // canonical order (bitwise); invariance of packed prefill, paged decode, chunked prefill, split-KV
 // and cascade across batches, page sizes, chunk sizes, split counts and thread counts (bitwise);
 // accuracy vs an fp64 oracle; determinism; poison; NaN garbage in the cache; bad inputs.

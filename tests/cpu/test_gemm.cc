@@ -498,7 +498,7 @@ TEST(Gemm, TpRangesTileThePaddedK) {
 
 // ---- Accuracy vs fp64 ------------------------------------------------------------------------
 
-// Bound (docs/contract.d/gemm.md): with A = sum_k |x_k w_k| + |bias| and B = K_padded/16 blocks,
+// Bound (docs/contract.md §G): with A = sum_k |x_k w_k| + |bias| and B = K_padded/16 blocks,
 //   f32 out:  |y - exact| <= (B + log2(S) + 2) * 2^-20 * A
 //   bf16 out: |y - exact| <= 2^-8 * |exact| + (B + log2(S) + 2) * 2^-19 * A
 TEST(Gemm, AccuracyAgainstFp64Oracle) {

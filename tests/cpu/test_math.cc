@@ -15,7 +15,7 @@
 namespace lockstep {
 namespace {
 
-// The bounds this file asserts (docs/contract.d/math.md). Measured over all 2^32 inputs
+// The bounds this file asserts (docs/contract.md §P). Measured over all 2^32 inputs
 // (dev/math_sweep.cc): exp2 0.910, exp 0.874, log2 0.585, log 0.559 ulp.
 constexpr double kMaxUlpExp2 = 1.0;
 constexpr double kMaxUlpExp = 1.0;

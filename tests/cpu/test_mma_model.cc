@@ -240,7 +240,7 @@ float wide_f32(std::mt19937_64& g) {
   return f32_from_bits((r & 0x80000000u) | uint32_t(e + 127) << 23 | ((r >> 7) & 0x7fffff));
 }
 
-// The model written a second way, straight from the contract text (docs/contract.d/mma.md),
+// The model written a second way, straight from the contract text (docs/contract.md §M),
 // with exact double arithmetic where the library uses integer tricks. Slow; for comparison.
 uint32_t spec_kblock(const bf16* a, const bf16* b, float c) {
   bool nan = false;

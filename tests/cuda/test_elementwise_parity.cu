@@ -1,4 +1,4 @@
-// Probe: straightforward CUDA kernels written from docs/contract.d/elementwise.md alone (RMSNorm
+// Probe: straightforward CUDA kernels written from docs/contract.md §E alone (RMSNorm
 // one warp per row with the 32-lane layout, RoPE, SiLU-and-mul, embedding + vocab-parallel
 // combine), compared bit for bit with the CPU backend (src/cpu/*.cc) on random data, specials
 // (NaN, inf, +-0, subnormal squares, overflow) and every bf16 gate value. Not a product kernel:

@@ -1,4 +1,4 @@
-// Probe: straightforward CUDA kernels written from docs/contract.d/logprob.md and sampling.md
+// Probe: straightforward CUDA kernels written from docs/contract.md §L and §S
 // alone — tile states (8 threads per tile, xor butterfly 1,2,4), per-segment fold + segment tree +
 // finish, and plain/greedy Gumbel-max sampling (one block per row, order-free argmax reduction) —
 // compared bit for bit with the CPU backend (cpu::linear_logprob, cpu::sample). The logits come

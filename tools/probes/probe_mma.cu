@@ -1,4 +1,4 @@
-// H200 probe of the tensor-core bf16 MMA arithmetic (docs/probes.md, docs/contract.d/mma.md).
+// H200 probe of the tensor-core bf16 MMA arithmetic (docs/probes.md, docs/contract.md §M).
 // Runs mma.sync m16n8k16 and wgmma m64n8k16 / m64n64k16 (operands from shared memory, or A from
 // registers) chained over k-blocks on generated tiles (random data with wide exponent spreads, and
 // edge cases: subnormals, zeros, cancellation, inf/NaN, overflow, near FLT_MAX), compares every GPU

@@ -1,6 +1,6 @@
 // SiLU-and-mul (the Qwen3/LLaMA MLP gate): out = round(silu(g) * u) with
 // silu(g) = g / (1 + ls_expf(-g)), all in fp32 with separate IEEE ops and ONE rounding to bf16.
-// Purely elementwise: bits depend only on (g, u). Normative text: docs/contract.d/elementwise.md
+// Purely elementwise: bits depend only on (g, u). Normative text: docs/contract.md §E
 // "SiLU-and-mul".
 #pragma once
 

@@ -3,7 +3,7 @@
 // folded inside kv_chunk-key chunks, chunk states merged left to right by one formula. Packed
 // prefill, paged decode, chunked prefill, split-KV and prefix-shared (cascade) attention therefore
 // give identical bits for a (sequence, position, head). Normative text:
-// docs/contract.d/attention.md.
+// docs/contract.md §A.
 #pragma once
 
 #include <cstdint>
@@ -69,7 +69,7 @@ struct SharedPrefix {
 
 // Partial results per canonical KV chunk (split-KV, context parallelism). For query row r,
 // head h and chunk c: m = max scaled score (log2 units), l = row sum, acc = unnormalized output;
-// see docs/contract.d/attention.md "Chunk state". Any strides (acc: last dim contiguous).
+// see docs/contract.md §A "Chunk state". Any strides (acc: last dim contiguous).
 struct AttentionChunkStates {
   TensorView m;    // [N, Hq, C] f32
   TensorView l;    // [N, Hq, C] f32

@@ -2,7 +2,7 @@
 // vocab-parallel form: rank r holds rows [v0, v1), writes its rows and -0.0 (the IEEE additive
 // identity) elsewhere, and embedding_combine sums the partials in fp32 — exact, so TP = 1, 2, 4, 8
 // give identical bits. NaN values are stored as the canonical 0x7FC0 on every path. Normative
-// text: docs/contract.d/elementwise.md "Embedding".
+// text: docs/contract.md §E "Embedding".
 #pragma once
 
 #include <cstdint>

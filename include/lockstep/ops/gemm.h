@@ -2,7 +2,7 @@
 // chain (mma_chain_bf16, from +0, k-blocks of 16 ascending) over segment s of K (K zero-padded to
 // a multiple of 16·S, cut into S equal segments). A row's bits never depend on M, other rows,
 // strides, the thread count, the machine, or the tensor-parallel degree t <= S.
-// Normative text: docs/contract.d/gemm.md.
+// Normative text: docs/contract.md §G.
 #pragma once
 
 #include <cstdint>

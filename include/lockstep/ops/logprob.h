@@ -3,7 +3,7 @@
 // buffer. Vocab in tiles of cfg.vocab_tile (fixed 8-lane order inside a tile), tiles folded left to
 // right inside each of cfg.vocab_segments segments, segments combined by a balanced tree: a token's
 // bits never depend on T, other rows, strides, thread count or the vocab-parallel degree.
-// Normative text: docs/contract.d/logprob.md.
+// Normative text: docs/contract.md §L.
 #pragma once
 
 #include <cstdint>

@@ -2,7 +2,7 @@
 // [T, heads, D]. Sum of squares in a fixed 32-lane layout (8-element groups, lane = group % 32,
 // ascending order per lane, then an xor-butterfly 16,8,4,2,1); r = 1/sqrt(sum/H + eps) with IEEE
 // div/sqrt; y = bf16(bf16(x·r)·w). Every row is computed alone: bits never depend on T, the other
-// rows, strides or the thread count. Normative text: docs/contract.d/elementwise.md "RMSNorm".
+// rows, strides or the thread count. Normative text: docs/contract.md §E "RMSNorm".
 #pragma once
 
 #include <string>

@@ -2,7 +2,7 @@
 // a table built once on the host in double and rounded to fp32 (never device math); the rotation
 // is fp32 with separate mul and add (no fma) and one rounding to bf16. Each (token, head) row is
 // computed alone: bits depend only on the row, its position and the table. Normative text:
-// docs/contract.d/elementwise.md "RoPE".
+// docs/contract.md §E "RoPE".
 #pragma once
 
 #include <cstdint>

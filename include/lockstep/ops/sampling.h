@@ -2,7 +2,7 @@
 // Philox4x32-10 noise keyed by the seed and counted by (request id, position, vocab index), after
 // top-k → top-p → min-p filters; ties go to the lowest vocab index. Returns the sampled id and the
 // LogP op's logp / lse / entropy of the untruncated tempered distribution, bit-equal to
-// linear_logprob(targets = sampled ids). Normative text: docs/contract.d/sampling.md.
+// linear_logprob(targets = sampled ids). Normative text: docs/contract.md §S.
 #pragma once
 
 #include <cstdint>
