@@ -1,4 +1,5 @@
-// Quick ns/call loop for src/core/math.h (dev tool; numbers go into reports, not tests).
+// Quick ns/call loop for src/core/math.h (dev tool; numbers go into docs/perf.md, not tests).
+//   g++ -O3 -std=c++20 -march=native -ffp-contract=off -Iinclude -Isrc dev/math_bench.cc -o /tmp/math_bench
 #include <chrono>
 #include <cmath>
 #include <cstdio>

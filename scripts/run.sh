@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Sets up (packages + build) and runs the main job. Until the engine lands (issue 3) the main job
-# is `lockstep selfcheck`: the contract's invariances on every CPU op. Extra arguments go to it.
+# Sets up (packages + build) and runs the main job: `lockstep audit` on the built-in default
+# model (created in ./models/default on first use) — rollout vs training log-probs compared bit
+# for bit, lockstep's invariant kernels beside an ordinary non-invariant baseline. Extra
+# arguments go to `lockstep audit` (see `build/lockstep audit --help`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh >&2
-exec ./build/lockstep selfcheck "$@"
+exec ./build/lockstep audit "$@"

@@ -397,7 +397,13 @@ TEST(MmaModel, AgreesWithTheContractWrittenOut) {
     const uint32_t want = spec_kblock(a, b, c), got = f32_bits(mma_kblock_bf16(a, b, c));
     if (want != got) {
       std::string in;
-      for (int k = 0; k < kMmaK; ++k) in += " " + hex16(a[k].bits) + "*" + hex16(b[k].bits);
+      for (int k = 0; k < kMmaK; ++k) {
+        // NOTE: appended piecewise; `" " + std::string` trips GCC 12's -Wrestrict false positive.
+        in += ' ';
+        in += hex16(a[k].bits);
+        in += '*';
+        in += hex16(b[k].bits);
+      }
       FAIL() << "iteration " << it << ": model " << hex32(got) << " spec " << hex32(want) << " c "
              << hex32(f32_bits(c)) << " products (bf16 bits)" << in;
     }
