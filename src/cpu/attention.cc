@@ -13,6 +13,7 @@
 
 #include "core/thread_pool.h"
 #include "cpu/attention_engine.h"
+#include "cpu/checks.h"
 
 namespace lockstep {
 
@@ -47,15 +48,15 @@ std::string AttentionConfig::to_string() const {
 namespace cpu {
 namespace {
 
-using namespace attn_detail;
-
-// Argument checks.
-
 int32_t read_i32(const TensorView& t, int64_t i) { return t.ptr<const int32_t>()[i * t.stride[0]]; }
 
-struct QShape {
-  int64_t N, Hq, D;
-};
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Argument checks (shared with the engine's baseline backend).
+
+namespace check_detail {
+namespace {
 
 QShape check_q(const char* op, const TensorView& q) {
   LS_CHECK(q.ndim == 3, op, "argument 'q' expected shape [N, Hq, D], got ", q.shape_string());
@@ -74,45 +75,6 @@ void check_heads(const char* op, int64_t Hq, int64_t Hkv) {
            " must be a multiple of kv heads Hkv=", Hkv);
 }
 
-void check_outputs(const char* op, const QShape& s, const TensorView& out, const TensorView& lse) {
-  check_tensor(op, "out", out, DType::kBF16, {s.N, s.Hq, s.D});
-  check_inner_contiguous(op, "out", out);
-  if (lse.ndim != 0 || lse.data != nullptr) check_tensor(op, "lse", lse, DType::kF32, {s.N, s.Hq});
-}
-
-void set_outputs(Ctx& cx, const TensorView& out, const TensorView& lse) {
-  cx.out = out.ptr<bf16>();
-  cx.o_s0 = out.stride[0];
-  cx.o_s1 = out.stride[1];
-  if (lse.ndim != 0 && lse.numel() > 0) {
-    cx.lse = lse.ptr<float>();
-    cx.l_s0 = lse.stride[0];
-    cx.l_s1 = lse.stride[1];
-  }
-}
-
-void set_queries(Ctx& cx, const QShape& s, const TensorView& q, int64_t Hkv,
-                 const AttentionConfig& cfg) {
-  cx.Hq = s.Hq;
-  cx.Hkv = Hkv;
-  cx.G = s.Hq / Hkv;
-  cx.D = s.D;
-  cx.K = cfg.kv_chunk;
-  cx.scale = cfg.scale_log2(s.D);
-  cx.q = q.ptr<bf16>();
-  cx.q_s0 = q.stride[0];
-  cx.q_s1 = q.stride[1];
-}
-
-// The validated paged problem: positions, and per referenced sequence its key source.
-struct Paged {
-  QShape qs;
-  int64_t Hkv = 0, NP = 0, P = 0, S = 0, MP = 0;
-  std::vector<int64_t> pos, seq;
-  std::vector<int64_t> group;       // per sequence: prefix group or -1 (cascade only)
-  std::vector<int64_t> shared_len;  // per group
-};
-
 void check_cache(const char* op, const char* arg, const TensorView& c, int64_t D) {
   LS_CHECK(c.ndim == 4, op, "argument '", arg, "' expected shape [NP, P, Hkv, D], got ",
            c.shape_string());
@@ -120,8 +82,15 @@ void check_cache(const char* op, const char* arg, const TensorView& c, int64_t D
   check_inner_contiguous(op, arg, c);
 }
 
-// Checks q / q_seq / q_pos / kv (and the prefix tables when given) and every page index that
-// the computation of chunks [c_lo, c_hi) will read.
+}  // namespace
+
+void check_attn_outputs(const char* op, const QShape& s, const TensorView& out,
+                        const TensorView& lse) {
+  check_tensor(op, "out", out, DType::kBF16, {s.N, s.Hq, s.D});
+  check_inner_contiguous(op, "out", out);
+  if (lse.ndim != 0 || lse.data != nullptr) check_tensor(op, "lse", lse, DType::kF32, {s.N, s.Hq});
+}
+
 Paged check_paged(const char* op, const TensorView& q, const TensorView& q_seq,
                   const TensorView& q_pos, const PagedKv& kv, const SharedPrefix* prefix,
                   const AttentionConfig& cfg, int64_t c_lo, int64_t c_hi) {
@@ -204,6 +173,7 @@ Paged check_paged(const char* op, const TensorView& q, const TensorView& q_seq,
     }
     p.pos[size_t(r)] = pos;
     p.seq[size_t(r)] = s;
+    if (reach[size_t(s)] < 0) ++p.num_seqs;
     reach[size_t(s)] = std::max(reach[size_t(s)], pos);
   }
   // Page indices of every position that will be read: [c_lo * K, min(c_hi * K, reach + 1)).
@@ -230,6 +200,70 @@ Paged check_paged(const char* op, const TensorView& q, const TensorView& q_seq,
       check_pages(ptab + g * ptab_s0, "prefix.block_table", g, j_lo, std::min(j_hi, split));
   }
   return p;
+}
+
+QShape check_prefill_varlen(const char* op, const TensorView& q, const TensorView& k,
+                            const TensorView& v, const TensorView& cu_seqlens,
+                            const AttentionConfig& cfg, const TensorView& out,
+                            const TensorView& lse) {
+  cfg.validate();
+  const QShape qs = check_q(op, q);
+  const int64_t T = qs.N, D = qs.D;
+  LS_CHECK(k.ndim == 3, op, "argument 'k' expected shape [T, Hkv, D], got ", k.shape_string());
+  check_tensor(op, "k", k, DType::kBF16, {T, -1, D});
+  check_inner_contiguous(op, "k", k);
+  const int64_t Hkv = k.shape[1];
+  check_heads(op, qs.Hq, Hkv);
+  check_tensor(op, "v", v, DType::kBF16, {T, Hkv, D});
+  check_inner_contiguous(op, "v", v);
+  LS_CHECK(cu_seqlens.ndim == 1 && cu_seqlens.shape[0] >= 1, op,
+           "argument 'cu_seqlens' expected shape [B+1] with B >= 0, got ",
+           cu_seqlens.shape_string());
+  check_tensor(op, "cu_seqlens", cu_seqlens, DType::kI32, {-1});
+  const int64_t B = cu_seqlens.shape[0] - 1;
+  LS_CHECK(read_i32(cu_seqlens, 0) == 0, op, "cu_seqlens[0] must be 0, got ",
+           read_i32(cu_seqlens, 0));
+  for (int64_t b = 0; b < B; ++b) {
+    LS_CHECK(read_i32(cu_seqlens, b + 1) >= read_i32(cu_seqlens, b), op,
+             "cu_seqlens must be non-decreasing: cu_seqlens[", b + 1,
+             "] = ", read_i32(cu_seqlens, b + 1), " < cu_seqlens[", b,
+             "] = ", read_i32(cu_seqlens, b));
+  }
+  LS_CHECK(read_i32(cu_seqlens, B) == T, op, "cu_seqlens[B] must equal T = ", T, ", got ",
+           read_i32(cu_seqlens, B));
+  check_attn_outputs(op, qs, out, lse);
+  return qs;
+}
+
+}  // namespace check_detail
+
+namespace {
+
+using namespace attn_detail;
+using namespace check_detail;
+
+void set_outputs(Ctx& cx, const TensorView& out, const TensorView& lse) {
+  cx.out = out.ptr<bf16>();
+  cx.o_s0 = out.stride[0];
+  cx.o_s1 = out.stride[1];
+  if (lse.ndim != 0 && lse.numel() > 0) {
+    cx.lse = lse.ptr<float>();
+    cx.l_s0 = lse.stride[0];
+    cx.l_s1 = lse.stride[1];
+  }
+}
+
+void set_queries(Ctx& cx, const QShape& s, const TensorView& q, int64_t Hkv,
+                 const AttentionConfig& cfg) {
+  cx.Hq = s.Hq;
+  cx.Hkv = Hkv;
+  cx.G = s.Hq / Hkv;
+  cx.D = s.D;
+  cx.K = cfg.kv_chunk;
+  cx.scale = cfg.scale_log2(s.D);
+  cx.q = q.ptr<bf16>();
+  cx.q_s0 = q.stride[0];
+  cx.q_s1 = q.stride[1];
 }
 
 KvSource paged_source(const PagedKv& kv, const Paged& p, int64_t s, const SharedPrefix* prefix) {
@@ -310,9 +344,8 @@ std::vector<int64_t> iota_rows(int64_t N) {
 void paged_common(const char* op, const TensorView& q, const TensorView& q_seq,
                   const TensorView& q_pos, const PagedKv& kv, const AttentionConfig& cfg,
                   int64_t num_splits, const TensorView& out, const TensorView& lse) {
-  Paged p =
-      check_paged(op, q, q_seq, q_pos, kv, nullptr, cfg, 0, std::numeric_limits<int64_t>::max());
-  check_outputs(op, p.qs, out, lse);
+  Paged p = check_paged(op, q, q_seq, q_pos, kv, nullptr, cfg, 0, kAllChunks);
+  check_attn_outputs(op, p.qs, out, lse);
   const int64_t N = p.qs.N;
   if (N == 0) return;
   Ctx cx;
@@ -349,33 +382,9 @@ void paged_common(const char* op, const TensorView& q, const TensorView& q_seq,
 void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                               const TensorView& cu_seqlens, const AttentionConfig& cfg,
                               const TensorView& out, const TensorView& lse) {
-  const char* op = "attention_prefill_varlen";
-  cfg.validate();
-  const QShape qs = check_q(op, q);
-  const int64_t T = qs.N, D = qs.D;
-  LS_CHECK(k.ndim == 3, op, "argument 'k' expected shape [T, Hkv, D], got ", k.shape_string());
-  check_tensor(op, "k", k, DType::kBF16, {T, -1, D});
-  check_inner_contiguous(op, "k", k);
-  const int64_t Hkv = k.shape[1];
-  check_heads(op, qs.Hq, Hkv);
-  check_tensor(op, "v", v, DType::kBF16, {T, Hkv, D});
-  check_inner_contiguous(op, "v", v);
-  LS_CHECK(cu_seqlens.ndim == 1 && cu_seqlens.shape[0] >= 1, op,
-           "argument 'cu_seqlens' expected shape [B+1] with B >= 0, got ",
-           cu_seqlens.shape_string());
-  check_tensor(op, "cu_seqlens", cu_seqlens, DType::kI32, {-1});
-  const int64_t B = cu_seqlens.shape[0] - 1;
-  LS_CHECK(read_i32(cu_seqlens, 0) == 0, op, "cu_seqlens[0] must be 0, got ",
-           read_i32(cu_seqlens, 0));
-  for (int64_t b = 0; b < B; ++b) {
-    LS_CHECK(read_i32(cu_seqlens, b + 1) >= read_i32(cu_seqlens, b), op,
-             "cu_seqlens must be non-decreasing: cu_seqlens[", b + 1,
-             "] = ", read_i32(cu_seqlens, b + 1), " < cu_seqlens[", b,
-             "] = ", read_i32(cu_seqlens, b));
-  }
-  LS_CHECK(read_i32(cu_seqlens, B) == T, op, "cu_seqlens[B] must equal T = ", T, ", got ",
-           read_i32(cu_seqlens, B));
-  check_outputs(op, qs, out, lse);
+  const QShape qs = check_detail::check_prefill_varlen("attention_prefill_varlen", q, k, v,
+                                                       cu_seqlens, cfg, out, lse);
+  const int64_t T = qs.N, Hkv = k.shape[1], B = cu_seqlens.shape[0] - 1;
   if (T == 0) return;
 
   Ctx cx;
@@ -429,9 +438,8 @@ void attention_paged_cascade(const TensorView& q, const TensorView& q_seq, const
                              const AttentionConfig& cfg, const TensorView& out,
                              const TensorView& lse) {
   const char* op = "attention_paged_cascade";
-  Paged p =
-      check_paged(op, q, q_seq, q_pos, kv, &prefix, cfg, 0, std::numeric_limits<int64_t>::max());
-  check_outputs(op, p.qs, out, lse);
+  Paged p = check_paged(op, q, q_seq, q_pos, kv, &prefix, cfg, 0, kAllChunks);
+  check_attn_outputs(op, p.qs, out, lse);
   const int64_t N = p.qs.N, K = cfg.kv_chunk;
   if (N == 0) return;
   Ctx cx;
@@ -539,7 +547,7 @@ void attention_merge_chunk_states(const AttentionChunkStates& states, const Tens
   check_tensor(op, "states.l", states.l, DType::kF32, {N, Hq, C});
   check_tensor(op, "q_pos", q_pos, DType::kI32, {N});
   const QShape qs{N, Hq, D};
-  check_outputs(op, qs, out, lse);
+  check_attn_outputs(op, qs, out, lse);
   std::vector<int64_t> pos(static_cast<size_t>(N));
   for (int64_t r = 0; r < N; ++r) {
     pos[size_t(r)] = read_i32(q_pos, r);

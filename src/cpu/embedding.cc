@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "core/thread_pool.h"
+#include "cpu/checks.h"
 #include "cpu/elementwise_common.h"
 
 namespace lockstep {
@@ -37,7 +38,10 @@ int64_t id_at(const TensorView& ids, int64_t t) {
                                   : ids.ptr<const int64_t>()[off];
 }
 
-// Checks ids, table and out; returns T. table_rows is the table's first extent.
+}  // namespace
+
+namespace check_detail {
+
 int64_t check_gather(const char* op, const TensorView& ids, const TensorView& table,
                      int64_t table_rows, int64_t vocab, const TensorView& out) {
   check_tensor_dtypes(op, "ids", ids, {DType::kI32, DType::kI64}, {-1});
@@ -55,6 +59,26 @@ int64_t check_gather(const char* op, const TensorView& ids, const TensorView& ta
   }
   return T;
 }
+
+void check_embedding_combine(const char* op, const std::vector<TensorView>& partials,
+                             const TensorView& out) {
+  LS_CHECK(!partials.empty(), op, "argument 'partials' must hold at least one view");
+  check_tensor(op, "out", out, DType::kBF16, {-1, -1});
+  check_inner_contiguous(op, "out", out);
+  const int64_t T = out.shape[0], H = out.shape[1];
+  LS_CHECK(H >= 1, op, "argument 'out' expected a hidden size >= 1, got ", out.shape_string());
+  for (size_t r = 0; r < partials.size(); ++r) {
+    const std::string name = detail::concat("partials[", r, "]");
+    check_tensor(op, name.c_str(), partials[r], DType::kBF16, {T, H});
+    check_inner_contiguous(op, name.c_str(), partials[r]);
+  }
+}
+
+}  // namespace check_detail
+
+namespace {
+
+using check_detail::check_gather;
 
 void copy_row(const bf16* src, int64_t H, bf16* dst) {
   for (int64_t k = 0; k < H; ++k) {
@@ -104,17 +128,8 @@ void embedding_vocab_parallel(const TensorView& ids, const TensorView& table,
 }
 
 void embedding_combine(const std::vector<TensorView>& partials, const TensorView& out) {
-  const char* op = "embedding_combine";
-  LS_CHECK(!partials.empty(), op, "argument 'partials' must hold at least one view");
-  check_tensor(op, "out", out, DType::kBF16, {-1, -1});
-  check_inner_contiguous(op, "out", out);
+  check_detail::check_embedding_combine("embedding_combine", partials, out);
   const int64_t T = out.shape[0], H = out.shape[1];
-  LS_CHECK(H >= 1, op, "argument 'out' expected a hidden size >= 1, got ", out.shape_string());
-  for (size_t r = 0; r < partials.size(); ++r) {
-    const std::string name = detail::concat("partials[", r, "]");
-    check_tensor(op, name.c_str(), partials[r], DType::kBF16, {T, H});
-    check_inner_contiguous(op, name.c_str(), partials[r]);
-  }
   if (T == 0) return;
   std::vector<detail::RowAddr> pa;
   for (const TensorView& p : partials) pa.emplace_back(p);

@@ -12,6 +12,7 @@
 
 #include "core/math.h"
 #include "core/thread_pool.h"
+#include "cpu/checks.h"
 #include "cpu/logprob_internal.h"
 #include "lockstep/ops/gemm.h"
 
@@ -161,12 +162,25 @@ LogprobState row_state(const float* y, const LogprobVocabLayout& lay,
 
 }  // namespace logprob_detail
 
-namespace {
-
 using logprob_detail::f32_at;
 using logprob_detail::read_index;
 
-constexpr int64_t kTokenBlock = 16;  // rows per GEMM call (any value gives the same bits)
+namespace {
+
+void check_out_1d(const char* op, const char* arg, const TensorView& t, int64_t T) {
+  check_tensor(op, arg, t, DType::kF32, {T});
+}
+
+}  // namespace
+
+namespace check_detail {
+namespace {
+
+void check_h(const char* op, const TensorView& h, const ContractConfig& cfg) {
+  check_tensor(op, "h", h, DType::kBF16, {-1, -1});
+  check_inner_contiguous(op, "h", h);
+  logprob_detail::check_hidden(op, h.size(1), cfg);
+}
 
 void check_targets(const char* op, const TensorView& targets, int64_t T, int64_t V,
                    int64_t ignore_index) {
@@ -178,15 +192,84 @@ void check_targets(const char* op, const TensorView& targets, int64_t T, int64_t
   }
 }
 
-void check_out_1d(const char* op, const char* arg, const TensorView& t, int64_t T) {
-  check_tensor(op, arg, t, DType::kF32, {T});
+}  // namespace
+
+void check_h_w(const char* op, const TensorView& h, const TensorView& w,
+               const ContractConfig& cfg) {
+  check_h(op, h, cfg);
+  check_tensor(op, "w", w, DType::kBF16, {-1, h.size(1)});
+  check_inner_contiguous(op, "w", w);
 }
 
-void check_h(const char* op, const TensorView& h, const ContractConfig& cfg) {
-  check_tensor(op, "h", h, DType::kBF16, {-1, -1});
-  check_inner_contiguous(op, "h", h);
-  logprob_detail::check_hidden(op, h.size(1), cfg);
+void check_linear_logprob(const char* op, const TensorView& h, const TensorView& w,
+                          const TensorView& targets, const LogprobParams& params,
+                          const ContractConfig& cfg, const TensorView& logp, const TensorView& lse,
+                          const TensorView& entropy) {
+  cfg.validate();
+  params.validate();
+  check_h_w(op, h, w, cfg);
+  const int64_t T = h.size(0), V = w.size(0);
+  LS_CHECK(V >= 1, op, "argument 'w': vocab size (dim 0) must be >= 1, got ", V);
+  check_targets(op, targets, T, V, params.ignore_index);
+  check_out_1d(op, "logp", logp, T);
+  check_out_1d(op, "lse", lse, T);
+  check_out_1d(op, "entropy", entropy, T);
 }
+
+ShardRows check_linear_logprob_partial(const char* op, const TensorView& h,
+                                       const TensorView& w_shard, const TensorView& targets,
+                                       const LogprobParams& params, const ContractConfig& cfg,
+                                       const LogprobShard& shard, const TensorView& state) {
+  cfg.validate();
+  params.validate();
+  check_h(op, h, cfg);
+  const int64_t T = h.size(0), H = h.size(1);
+  LS_CHECK(shard.vocab_size >= 1, op, "shard.vocab_size must be >= 1, got ", shard.vocab_size);
+  LS_CHECK(pow2_upto8(shard.seg_count) && cfg.vocab_segments % shard.seg_count == 0 &&
+               shard.seg_begin >= 0 && shard.seg_begin % shard.seg_count == 0 &&
+               shard.seg_begin + shard.seg_count <= cfg.vocab_segments,
+           op, "shard: segments [", shard.seg_begin, ", ", shard.seg_begin + shard.seg_count,
+           ") are not an aligned power-of-two subtree of vocab_segments=", cfg.vocab_segments);
+  ShardRows sr;
+  sr.lay = logprob_vocab_layout(cfg, shard.vocab_size);
+  sr.v0 = std::min(shard.vocab_size, int64_t(shard.seg_begin) * sr.lay.segment_len);
+  sr.v1 =
+      std::min(shard.vocab_size, int64_t(shard.seg_begin + shard.seg_count) * sr.lay.segment_len);
+  check_tensor(op, "w_shard", w_shard, DType::kBF16, {sr.v1 - sr.v0, H});
+  check_inner_contiguous(op, "w_shard", w_shard);
+  check_targets(op, targets, T, shard.vocab_size, params.ignore_index);
+  check_tensor(op, "state", state, DType::kF32, {T, 4});
+  check_inner_contiguous(op, "state", state);
+  return sr;
+}
+
+LogprobVocabLayout check_linear_logprob_combine(const char* op, const TensorView& states,
+                                                const TensorView& targets,
+                                                const LogprobParams& params,
+                                                const ContractConfig& cfg, int64_t vocab_size,
+                                                const TensorView& logp, const TensorView& lse,
+                                                const TensorView& entropy) {
+  cfg.validate();
+  params.validate();
+  check_tensor(op, "states", states, DType::kF32, {-1, -1, 4});
+  check_inner_contiguous(op, "states", states);
+  const int64_t R = states.size(0), T = states.size(1);
+  LS_CHECK(pow2_upto8(R) && cfg.vocab_segments % R == 0, op,
+           "argument 'states': rank count (dim 0) must be a power of two dividing vocab_segments=",
+           cfg.vocab_segments, ", got ", R);
+  const LogprobVocabLayout lay = logprob_vocab_layout(cfg, vocab_size);
+  check_targets(op, targets, T, vocab_size, params.ignore_index);
+  check_out_1d(op, "logp", logp, T);
+  check_out_1d(op, "lse", lse, T);
+  check_out_1d(op, "entropy", entropy, T);
+  return lay;
+}
+
+}  // namespace check_detail
+
+namespace {
+
+constexpr int64_t kTokenBlock = 16;  // rows per GEMM call (any value gives the same bits)
 
 // States (m, s, w, y_target) of tokens [0, T) over the shard's segments; one aligned subtree.
 // `out` gets T rows of 4 floats (row stride ld); y_target is NaN unless the shard holds it.
@@ -261,28 +344,11 @@ void linear_logprob_partial(const TensorView& h, const TensorView& w_shard,
                             const TensorView& targets, const LogprobParams& params,
                             const ContractConfig& cfg, const LogprobShard& shard,
                             const TensorView& state) {
-  const char* op = "linear_logprob_partial";
-  cfg.validate();
-  params.validate();
-  check_h(op, h, cfg);
-  const int64_t T = h.size(0), H = h.size(1);
-  LS_CHECK(shard.vocab_size >= 1, op, "shard.vocab_size must be >= 1, got ", shard.vocab_size);
-  LS_CHECK(pow2_upto8(shard.seg_count) && cfg.vocab_segments % shard.seg_count == 0 &&
-               shard.seg_begin >= 0 && shard.seg_begin % shard.seg_count == 0 &&
-               shard.seg_begin + shard.seg_count <= cfg.vocab_segments,
-           op, "shard: segments [", shard.seg_begin, ", ", shard.seg_begin + shard.seg_count,
-           ") are not an aligned power-of-two subtree of vocab_segments=", cfg.vocab_segments);
-  const LogprobVocabLayout lay = logprob_vocab_layout(cfg, shard.vocab_size);
-  const int64_t v0 = std::min(shard.vocab_size, int64_t(shard.seg_begin) * lay.segment_len);
-  const int64_t v1 =
-      std::min(shard.vocab_size, int64_t(shard.seg_begin + shard.seg_count) * lay.segment_len);
-  check_tensor(op, "w_shard", w_shard, DType::kBF16, {v1 - v0, H});
-  check_inner_contiguous(op, "w_shard", w_shard);
-  check_targets(op, targets, T, shard.vocab_size, params.ignore_index);
-  check_tensor(op, "state", state, DType::kF32, {T, 4});
-  check_inner_contiguous(op, "state", state);
+  const check_detail::ShardRows sr = check_detail::check_linear_logprob_partial(
+      "linear_logprob_partial", h, w_shard, targets, params, cfg, shard, state);
+  const int64_t T = h.size(0);
   if (T == 0) return;
-  shard_states(h, w_shard, targets, params, cfg, lay, shard.seg_begin, shard.seg_count,
+  shard_states(h, w_shard, targets, params, cfg, sr.lay, shard.seg_begin, shard.seg_count,
                state.ptr<float>(), state.stride[0]);
 }
 
@@ -290,20 +356,9 @@ void linear_logprob_combine(const TensorView& states, const TensorView& targets,
                             const LogprobParams& params, const ContractConfig& cfg,
                             int64_t vocab_size, const TensorView& logp, const TensorView& lse,
                             const TensorView& entropy) {
-  const char* op = "linear_logprob_combine";
-  cfg.validate();
-  params.validate();
-  check_tensor(op, "states", states, DType::kF32, {-1, -1, 4});
-  check_inner_contiguous(op, "states", states);
+  const LogprobVocabLayout lay = check_detail::check_linear_logprob_combine(
+      "linear_logprob_combine", states, targets, params, cfg, vocab_size, logp, lse, entropy);
   const int64_t R = states.size(0), T = states.size(1);
-  LS_CHECK(pow2_upto8(R) && cfg.vocab_segments % R == 0, op,
-           "argument 'states': rank count (dim 0) must be a power of two dividing vocab_segments=",
-           cfg.vocab_segments, ", got ", R);
-  const LogprobVocabLayout lay = logprob_vocab_layout(cfg, vocab_size);
-  check_targets(op, targets, T, vocab_size, params.ignore_index);
-  check_out_1d(op, "logp", logp, T);
-  check_out_1d(op, "lse", lse, T);
-  check_out_1d(op, "entropy", entropy, T);
   const int64_t rank_len = lay.segment_len * (cfg.vocab_segments / R);  // vocab rows per rank
   parallel_for(T, 256, [&](int64_t t0, int64_t t1) {
     std::vector<LogprobState> st(static_cast<size_t>(R));
@@ -328,19 +383,9 @@ void linear_logprob_combine(const TensorView& states, const TensorView& targets,
 void linear_logprob(const TensorView& h, const TensorView& w, const TensorView& targets,
                     const LogprobParams& params, const ContractConfig& cfg, const TensorView& logp,
                     const TensorView& lse, const TensorView& entropy) {
-  const char* op = "linear_logprob";
-  cfg.validate();
-  params.validate();
-  check_h(op, h, cfg);
-  const int64_t T = h.size(0), H = h.size(1);
-  check_tensor(op, "w", w, DType::kBF16, {-1, H});
-  check_inner_contiguous(op, "w", w);
-  const int64_t V = w.size(0);
-  LS_CHECK(V >= 1, op, "argument 'w': vocab size (dim 0) must be >= 1, got ", V);
-  check_targets(op, targets, T, V, params.ignore_index);
-  check_out_1d(op, "logp", logp, T);
-  check_out_1d(op, "lse", lse, T);
-  check_out_1d(op, "entropy", entropy, T);
+  check_detail::check_linear_logprob("linear_logprob", h, w, targets, params, cfg, logp, lse,
+                                     entropy);
+  const int64_t T = h.size(0), V = w.size(0);
   if (T == 0) return;
   const LogprobVocabLayout lay = logprob_vocab_layout(cfg, V);
   // [T, 4] states: 16 bytes per token (never [T, V]).

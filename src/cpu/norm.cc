@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "cpu/checks.h"
 #include "cpu/elementwise_common.h"
 
 namespace lockstep {
@@ -27,6 +28,7 @@ std::string RmsNormConfig::to_string() const {
 }
 
 namespace cpu {
+namespace check_detail {
 namespace {
 
 // x is [T, H] or [T, heads, D]; every other row tensor must have exactly x's shape.
@@ -55,6 +57,37 @@ void check_weight(const char* op, const TensorView& w, int64_t H) {
   check_tensor(op, "weight", w, DType::kBF16, {H});
   check_inner_contiguous(op, "weight", w);
 }
+
+}  // namespace
+
+int64_t check_rmsnorm(const char* op, const TensorView& x, const TensorView& weight,
+                      const RmsNormConfig& cfg, const TensorView& y) {
+  cfg.validate();
+  check_x(op, x);
+  const int64_t H = x.shape[x.ndim - 1];  // hidden (or head_dim for q/k norm)
+  check_weight(op, weight, H);
+  check_rows_like(op, "y", y, x);
+  return H;
+}
+
+int64_t check_rmsnorm_residual(const char* op, const TensorView& x, const TensorView& residual,
+                               const TensorView& weight, const RmsNormConfig& cfg,
+                               const TensorView& residual_out, const TensorView& y) {
+  cfg.validate();
+  check_x(op, x);
+  const int64_t H = x.shape[x.ndim - 1];
+  check_rows_like(op, "residual", residual, x);
+  check_weight(op, weight, H);
+  check_rows_like(op, "residual_out", residual_out, x);
+  check_rows_like(op, "y", y, x);
+  LS_CHECK(residual_out.data != y.data || x.numel() == 0, op,
+           "outputs 'residual_out' and 'y' must not be the same memory");
+  return H;
+}
+
+}  // namespace check_detail
+
+namespace {
 
 // The contract's reduction: sum of squares of one row in the fixed lane layout, then r.
 // NOTE: x*x of a bf16 value is exact in fp32 (8-bit significands), except when it overflows
@@ -99,12 +132,7 @@ int64_t row_grain(int64_t H) { return std::max<int64_t>(1, 16384 / H); }
 
 void rmsnorm(const TensorView& x, const TensorView& weight, const RmsNormConfig& cfg,
              const TensorView& y) {
-  const char* op = "rmsnorm";
-  cfg.validate();
-  check_x(op, x);
-  const int64_t H = x.shape[x.ndim - 1];  // hidden (or head_dim for q/k norm)
-  check_weight(op, weight, H);
-  check_rows_like(op, "y", y, x);
+  const int64_t H = check_detail::check_rmsnorm("rmsnorm", x, weight, cfg, y);
   const int64_t rows = x.numel() / H;
   if (rows == 0) return;
 
@@ -126,16 +154,8 @@ void rmsnorm(const TensorView& x, const TensorView& weight, const RmsNormConfig&
 void rmsnorm_residual(const TensorView& x, const TensorView& residual, const TensorView& weight,
                       const RmsNormConfig& cfg, const TensorView& residual_out,
                       const TensorView& y) {
-  const char* op = "rmsnorm_residual";
-  cfg.validate();
-  check_x(op, x);
-  const int64_t H = x.shape[x.ndim - 1];
-  check_rows_like(op, "residual", residual, x);
-  check_weight(op, weight, H);
-  check_rows_like(op, "residual_out", residual_out, x);
-  check_rows_like(op, "y", y, x);
-  LS_CHECK(residual_out.data != y.data || x.numel() == 0, op,
-           "outputs 'residual_out' and 'y' must not be the same memory");
+  const int64_t H = check_detail::check_rmsnorm_residual("rmsnorm_residual", x, residual, weight,
+                                                         cfg, residual_out, y);
   const int64_t rows = x.numel() / H;
   if (rows == 0) return;
 

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "core/thread_pool.h"
+#include "cpu/checks.h"
 #include "cpu/elementwise_common.h"
 
 namespace lockstep {
@@ -85,6 +86,27 @@ TensorView RopeTable::sin_view() const {
 }
 
 namespace cpu {
+namespace check_detail {
+
+void check_rope_args(const char* op, const TensorView& x, const TensorView& positions, int64_t D,
+                     int64_t P, const TensorView& y) {
+  check_tensor(op, "x", x, DType::kBF16, {-1, -1, D});
+  check_inner_contiguous(op, "x", x);
+  const int64_t T = x.shape[0], heads = x.shape[1];
+  check_tensor_dtypes(op, "positions", positions, {DType::kI32, DType::kI64}, {T});
+  check_tensor(op, "y", y, DType::kBF16, {T, heads, D});
+  check_inner_contiguous(op, "y", y);
+  // Every position is checked before anything is written.
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t off = t * positions.stride[0];
+    const int64_t p = positions.dtype == DType::kI32 ? int64_t(positions.ptr<const int32_t>()[off])
+                                                     : positions.ptr<const int64_t>()[off];
+    LS_CHECK(p >= 0 && p < P, op, "argument 'positions' element ", t, " = ", p,
+             " is outside the table's range [0, ", P, ")");
+  }
+}
+
+}  // namespace check_detail
 
 void rope(const TensorView& x, const TensorView& positions, const RopeTable& table,
           const TensorView& y) {
@@ -94,24 +116,13 @@ void rope(const TensorView& x, const TensorView& positions, const RopeTable& tab
   LS_CHECK(int64_t(table.cos.size()) == P * half && int64_t(table.sin.size()) == P * half, op,
            "argument 'table' has ", table.cos.size(), " cos and ", table.sin.size(),
            " sin entries, expected ", P * half, " each (build it with RopeTable::build)");
-  check_tensor(op, "x", x, DType::kBF16, {-1, -1, D});
-  check_inner_contiguous(op, "x", x);
+  check_detail::check_rope_args(op, x, positions, D, P, y);
   const int64_t T = x.shape[0], heads = x.shape[1];
-  check_tensor_dtypes(op, "positions", positions, {DType::kI32, DType::kI64}, {T});
-  check_tensor(op, "y", y, DType::kBF16, {T, heads, D});
-  check_inner_contiguous(op, "y", y);
-
-  // Every position is checked before anything is written.
   auto pos_at = [&](int64_t t) -> int64_t {
     const int64_t off = t * positions.stride[0];
     return positions.dtype == DType::kI32 ? int64_t(positions.ptr<const int32_t>()[off])
                                           : positions.ptr<const int64_t>()[off];
   };
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t p = pos_at(t);
-    LS_CHECK(p >= 0 && p < P, op, "argument 'positions' element ", t, " = ", p,
-             " is outside the table's range [0, ", P, ")");
-  }
   const int64_t rows = T * heads;
   if (rows == 0) return;
 

@@ -12,6 +12,7 @@
 #include "core/math.h"
 #include "core/philox.h"
 #include "core/thread_pool.h"
+#include "cpu/checks.h"
 #include "cpu/logprob_internal.h"
 #include "lockstep/ops/logprob.h"
 
@@ -177,19 +178,16 @@ namespace cpu {
 using logprob_detail::f32_at;
 using logprob_detail::read_index;
 
-void sample(const TensorView& h, const TensorView& w, std::span<const SamplingParams> params,
-            const TensorView& request_ids, const TensorView& positions, const ContractConfig& cfg,
-            const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
-            const TensorView& entropy) {
-  const char* op = "sample";
+namespace check_detail {
+
+void check_sample(const char* op, const TensorView& h, const TensorView& w,
+                  std::span<const SamplingParams> params, const TensorView& request_ids,
+                  const TensorView& positions, const ContractConfig& cfg,
+                  const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
+                  const TensorView& entropy) {
   cfg.validate();
-  check_tensor(op, "h", h, DType::kBF16, {-1, -1});
-  check_inner_contiguous(op, "h", h);
-  const int64_t T = h.size(0), H = h.size(1);
-  logprob_detail::check_hidden(op, H, cfg);
-  check_tensor(op, "w", w, DType::kBF16, {-1, H});
-  check_inner_contiguous(op, "w", w);
-  const int64_t V = w.size(0);
+  check_h_w(op, h, w, cfg);
+  const int64_t T = h.size(0), V = w.size(0);
   LS_CHECK(V >= 1 && V < kMaxVocab, op,
            "argument 'w': vocab size (dim 0) must be in [1, 2^21), got ", V);
   LS_CHECK(int64_t(params.size()) == T, op, "argument 'params': expected ", T,
@@ -212,6 +210,18 @@ void sample(const TensorView& h, const TensorView& w, std::span<const SamplingPa
   check_tensor(op, "logp", logp, DType::kF32, {T});
   check_tensor(op, "lse", lse, DType::kF32, {T});
   check_tensor(op, "entropy", entropy, DType::kF32, {T});
+}
+
+}  // namespace check_detail
+
+void sample(const TensorView& h, const TensorView& w, std::span<const SamplingParams> params,
+            const TensorView& request_ids, const TensorView& positions, const ContractConfig& cfg,
+            const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
+            const TensorView& entropy) {
+  const char* op = "sample";
+  check_detail::check_sample(op, h, w, params, request_ids, positions, cfg, token_ids, logp, lse,
+                             entropy);
+  const int64_t T = h.size(0), V = w.size(0);
   if (T == 0) return;
   const LogprobVocabLayout lay = logprob_vocab_layout(cfg, V);
 

@@ -21,6 +21,7 @@
 #include "core/math.h"
 #include "core/philox.h"
 #include "core/thread_pool.h"
+#include "cpu/checks.h"
 
 namespace lockstep::engine {
 
@@ -54,6 +55,10 @@ BaselineConfig default_baseline_config(int num_threads) {
 
 namespace {
 
+// The argument checks are the cpu ops' own (same messages); only what the baseline does
+// differently (BLAS int range, gemm_combine's rank count, rope's table) is checked here.
+using namespace cpu::check_detail;
+
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // ---------------------------------------------------------------------------------------------
@@ -71,20 +76,6 @@ const bf16* row_bf16(const TensorView& t, int64_t r) {
 }
 
 bool has_view(const TensorView& t) { return t.ndim != 0 || t.data != nullptr; }
-
-bool overlaps(const TensorView& a, const TensorView& b) {
-  if (a.numel() == 0 || b.numel() == 0) return false;
-  auto span = [](const TensorView& t, const char*& lo, const char*& hi) {
-    int64_t last = 0;
-    for (int i = 0; i < t.ndim; ++i) last += (t.shape[i] - 1) * t.stride[i];
-    lo = static_cast<const char*>(t.data);
-    hi = lo + (last + 1) * dtype_size(t.dtype);
-  };
-  const char *alo, *ahi, *blo, *bhi;
-  span(a, alo, ahi);
-  span(b, blo, bhi);
-  return alo < bhi && blo < ahi;
-}
 
 // Rows [r0, r1) of a 2-D bf16 view (last dim contiguous) as dense fp32 [r1 - r0, C].
 void to_f32(const TensorView& t, int64_t r0, int64_t r1, float* out) {
@@ -136,20 +127,6 @@ void store_rows(const float* v, int64_t M, int64_t N, const TensorView& y) {
   });
 }
 
-void check_xw(const char* op, const TensorView& x, const TensorView& w) {
-  check_tensor(op, "x", x, DType::kBF16, {-1, -1});
-  check_tensor(op, "w", w, DType::kBF16, {-1, -1});
-  check_inner_contiguous(op, "x", x);
-  check_inner_contiguous(op, "w", w);
-  LS_CHECK(x.size(1) == w.size(1), op, "x and w must have the same K: x is ", x.shape_string(),
-           ", w is ", w.shape_string());
-}
-
-void check_segments(const char* op, const GemmConfig& cfg) {
-  LS_CHECK(cfg.segments == 1 || cfg.segments == 2 || cfg.segments == 4 || cfg.segments == 8, op,
-           "cfg.segments must be 1, 2, 4 or 8, got ", cfg.segments);
-}
-
 // x·wᵀ in fp32 (dense [M, N]): bf16 inputs converted to fp32, then OpenBLAS.
 std::vector<float> matmul_nt(const TensorView& x, const TensorView& w) {
   const int64_t M = x.size(0), N = w.size(0), K = x.size(1);
@@ -159,30 +136,6 @@ std::vector<float> matmul_nt(const TensorView& x, const TensorView& w) {
   to_f32(w, 0, N, wf.data());
   blas_nt(xf.data(), wf.data(), M, N, K, y.data(), N);
   return y;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Elementwise checks (as the cpu ops).
-
-void check_rows_like(const char* op, const char* arg, const TensorView& t, const TensorView& x) {
-  if (x.ndim == 2) {
-    check_tensor(op, arg, t, DType::kBF16, {x.shape[0], x.shape[1]});
-  } else {
-    check_tensor(op, arg, t, DType::kBF16, {x.shape[0], x.shape[1], x.shape[2]});
-  }
-  check_inner_contiguous(op, arg, t);
-}
-
-void check_norm_x(const char* op, const TensorView& x) {
-  LS_CHECK(x.ndim == 2 || x.ndim == 3, op,
-           "argument 'x' expected shape [T, H] or [T, heads, D], got ", x.shape_string());
-  LS_CHECK(x.dtype == DType::kBF16, op, "argument 'x' expected dtype bf16, got ",
-           dtype_name(x.dtype));
-  LS_CHECK(x.device == Device::kCPU, op, "argument 'x' expected device cpu, got ",
-           device_name(x.device));
-  LS_CHECK(x.shape[x.ndim - 1] >= 1, op, "argument 'x' expected a last dimension >= 1, got ",
-           x.shape_string());
-  check_rows_like(op, "x", x, x);
 }
 
 // Row r of the flattened [R, C] rows of a [T, C] or [T, B, C] view (last dim contiguous).
@@ -196,34 +149,6 @@ T* flat_row(const TensorView& v, int64_t r) {
 
 // ---------------------------------------------------------------------------------------------
 // Attention helpers.
-
-struct QShape {
-  int64_t N, Hq, D;
-};
-
-QShape check_q(const char* op, const TensorView& q) {
-  LS_CHECK(q.ndim == 3, op, "argument 'q' expected shape [N, Hq, D], got ", q.shape_string());
-  check_tensor(op, "q", q, DType::kBF16, {-1, -1, -1});
-  check_inner_contiguous(op, "q", q);
-  const int64_t D = q.shape[2];
-  LS_CHECK(D >= kAttnMmaK && D <= kAttnMaxHeadDim && D % kAttnMmaK == 0, op,
-           "argument 'q' head_dim must be a multiple of ", kAttnMmaK, " in [", kAttnMmaK, ", ",
-           kAttnMaxHeadDim, "], got ", D);
-  LS_CHECK(q.shape[1] >= 1, op, "argument 'q' expected at least one head, got ", q.shape_string());
-  return {q.shape[0], q.shape[1], D};
-}
-
-void check_heads(const char* op, int64_t Hq, int64_t Hkv) {
-  LS_CHECK(Hkv >= 1 && Hq % Hkv == 0, op, "query heads Hq=", Hq,
-           " must be a multiple of kv heads Hkv=", Hkv);
-}
-
-void check_attn_outputs(const char* op, const QShape& s, const TensorView& out,
-                        const TensorView& lse) {
-  check_tensor(op, "out", out, DType::kBF16, {s.N, s.Hq, s.D});
-  check_inner_contiguous(op, "out", out);
-  if (has_view(lse)) check_tensor(op, "lse", lse, DType::kF32, {s.N, s.Hq});
-}
 
 // Plain fp32 dot product of two bf16 vectors (one mul and one add per element, in order).
 float dot_bf16(const bf16* a, const bf16* b, int64_t D) {
@@ -240,129 +165,7 @@ void write_attn_row(const float* o, int64_t D, const TensorView& out, int64_t r,
     lse.ptr<float>()[r * lse.stride[0] + h * lse.stride[1]] = lse_value;
 }
 
-// The validated paged problem and the key/value addressing of one sequence.
-struct Paged {
-  QShape qs;
-  int64_t Hkv = 0, NP = 0, P = 0, S = 0, MP = 0;
-  std::vector<int64_t> pos, seq;
-  std::vector<int64_t> group;       // per sequence: prefix group or -1
-  std::vector<int64_t> shared_len;  // per group
-  int64_t num_seqs = 0;             // distinct sequences among the rows
-};
-
-void check_cache(const char* op, const char* arg, const TensorView& c, int64_t D) {
-  LS_CHECK(c.ndim == 4, op, "argument '", arg, "' expected shape [NP, P, Hkv, D], got ",
-           c.shape_string());
-  check_tensor(op, arg, c, DType::kBF16, {-1, -1, -1, D});
-  check_inner_contiguous(op, arg, c);
-}
-
 int64_t read_i32(const TensorView& t, int64_t i) { return t.ptr<const int32_t>()[i * t.stride[0]]; }
-
-// The checks of the cpu paged ops: shapes, dtypes, q_seq / q_pos / seq_lens ranges, and every
-// page index a row's keys 0 .. q_pos will be read from.
-Paged check_paged(const char* op, const TensorView& q, const TensorView& q_seq,
-                  const TensorView& q_pos, const PagedKv& kv, const SharedPrefix* prefix,
-                  const AttentionConfig& cfg) {
-  cfg.validate();
-  Paged p;
-  p.qs = check_q(op, q);
-  const int64_t N = p.qs.N, D = p.qs.D;
-  check_cache(op, "kv.k_cache", kv.k_cache, D);
-  check_cache(op, "kv.v_cache", kv.v_cache, D);
-  check_tensor(op, "kv.v_cache", kv.v_cache, DType::kBF16,
-               {kv.k_cache.shape[0], kv.k_cache.shape[1], kv.k_cache.shape[2], D});
-  p.NP = kv.k_cache.shape[0];
-  p.P = kv.k_cache.shape[1];
-  p.Hkv = kv.k_cache.shape[2];
-  LS_CHECK(p.P >= 1, op, "argument 'kv.k_cache' page size must be >= 1, got ",
-           kv.k_cache.shape_string());
-  check_heads(op, p.qs.Hq, p.Hkv);
-  LS_CHECK(kv.block_table.ndim == 2, op, "argument 'kv.block_table' expected shape [S, MP], got ",
-           kv.block_table.shape_string());
-  check_tensor(op, "kv.block_table", kv.block_table, DType::kI32, {-1, -1});
-  check_inner_contiguous(op, "kv.block_table", kv.block_table);
-  p.S = kv.block_table.shape[0];
-  p.MP = kv.block_table.shape[1];
-  check_tensor(op, "kv.seq_lens", kv.seq_lens, DType::kI32, {p.S});
-  check_tensor(op, "q_seq", q_seq, DType::kI32, {N});
-  check_tensor(op, "q_pos", q_pos, DType::kI32, {N});
-
-  const int32_t* ptab = nullptr;
-  int64_t GR = 0, MPs = 0, ptab_s0 = 0;
-  p.group.assign(size_t(p.S), -1);
-  if (prefix != nullptr) {
-    LS_CHECK(prefix->block_table.ndim == 2, op,
-             "argument 'prefix.block_table' expected shape [GR, MPs], got ",
-             prefix->block_table.shape_string());
-    check_tensor(op, "prefix.block_table", prefix->block_table, DType::kI32, {-1, -1});
-    check_inner_contiguous(op, "prefix.block_table", prefix->block_table);
-    GR = prefix->block_table.shape[0];
-    MPs = prefix->block_table.shape[1];
-    ptab = prefix->block_table.ptr<const int32_t>();
-    ptab_s0 = prefix->block_table.stride[0];
-    check_tensor(op, "prefix.shared_len", prefix->shared_len, DType::kI32, {GR});
-    check_tensor(op, "prefix.seq_group", prefix->seq_group, DType::kI32, {p.S});
-    p.shared_len.resize(size_t(GR));
-    for (int64_t g = 0; g < GR; ++g) {
-      const int64_t len = read_i32(prefix->shared_len, g);
-      LS_CHECK(len >= 0 && len <= MPs * p.P, op, "prefix.shared_len[", g, "] = ", len,
-               " outside [0, MPs * P = ", MPs * p.P, "] (prefix block table too short)");
-      p.shared_len[size_t(g)] = len;
-    }
-    for (int64_t s = 0; s < p.S; ++s) {
-      const int64_t g = read_i32(prefix->seq_group, s);
-      LS_CHECK(g >= -1 && g < GR, op, "prefix.seq_group[", s, "] = ", g, " outside [-1, ", GR, ")");
-      p.group[size_t(s)] = g;
-    }
-  }
-
-  const int32_t* bt = kv.block_table.ptr<const int32_t>();
-  const int64_t bt_s0 = kv.block_table.stride[0];
-  p.pos.resize(size_t(N));
-  p.seq.resize(size_t(N));
-  std::vector<int64_t> reach(static_cast<size_t>(p.S), -1);  // furthest position read per sequence
-  for (int64_t r = 0; r < N; ++r) {
-    const int64_t s = read_i32(q_seq, r);
-    LS_CHECK(s >= 0 && s < p.S, op, "q_seq[", r, "] = ", s, " outside [0, S = ", p.S, ")");
-    const int64_t len = read_i32(kv.seq_lens, s);
-    LS_CHECK(len >= 1, op, "kv.seq_lens[", s, "] = ", len,
-             ": context length must be >= 1 for a sequence with queries (row ", r, ")");
-    LS_CHECK(len <= p.MP * p.P, op, "kv.seq_lens[", s, "] = ", len,
-             " needs more pages than kv.block_table has (MP = ", p.MP, ", P = ", p.P, ")");
-    const int64_t pos = read_i32(q_pos, r);
-    LS_CHECK(pos >= 0 && pos < len, op, "q_pos[", r, "] = ", pos, " outside [0, seq_len = ", len,
-             ") of sequence ", s);
-    const int64_t g = p.group[size_t(s)];
-    if (g >= 0) {
-      LS_CHECK(len >= p.shared_len[size_t(g)], op, "kv.seq_lens[", s, "] = ", len,
-               " is shorter than the shared prefix of its group ", g, " (", p.shared_len[size_t(g)],
-               ")");
-    }
-    p.pos[size_t(r)] = pos;
-    p.seq[size_t(r)] = s;
-    if (reach[size_t(s)] < 0) ++p.num_seqs;
-    reach[size_t(s)] = std::max(reach[size_t(s)], pos);
-  }
-  auto check_pages = [&](const int32_t* row, const char* what, int64_t which, int64_t j_lo,
-                         int64_t j_hi) {
-    if (j_hi <= j_lo) return;
-    for (int64_t i = j_lo / p.P; i <= (j_hi - 1) / p.P; ++i) {
-      const int64_t page = row[i];
-      LS_CHECK(page >= 0 && page < p.NP, op, what, "[", which, "][", i, "] = ", page,
-               " is not a page of the cache (NP = ", p.NP, ")");
-    }
-  };
-  for (int64_t s = 0; s < p.S; ++s) {
-    if (reach[size_t(s)] < 0) continue;
-    const int64_t j_hi = reach[size_t(s)] + 1;
-    const int64_t g = p.group[size_t(s)];
-    const int64_t split = g >= 0 ? p.shared_len[size_t(g)] : 0;
-    check_pages(bt + s * bt_s0, "kv.block_table", s, split, j_hi);
-    if (g >= 0) check_pages(ptab + g * ptab_s0, "prefix.block_table", g, 0, std::min(j_hi, split));
-  }
-  return p;
-}
 
 // Where key position j of one sequence lives: the group's prefix pages below shared_len, the
 // sequence's own pages from there on.
@@ -404,22 +207,6 @@ KvRow kv_row(const PagedKv& kv, const Paged& p, int64_t s, const SharedPrefix* p
 
 // ---------------------------------------------------------------------------------------------
 // LogP / sampling helpers.
-
-void check_h(const char* op, const TensorView& h) {
-  check_tensor(op, "h", h, DType::kBF16, {-1, -1});
-  check_inner_contiguous(op, "h", h);
-  LS_CHECK(h.size(1) >= 1, op, "argument 'h': hidden size (dim 1) must be >= 1, got ", h.size(1));
-}
-
-void check_targets(const char* op, const TensorView& targets, int64_t T, int64_t V,
-                   int64_t ignore_index) {
-  check_tensor_dtypes(op, "targets", targets, {DType::kI32, DType::kI64}, {T});
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t g = read_index(targets, t);
-    LS_CHECK(g == ignore_index || (g >= 0 && g < V), op, "argument 'targets': targets[", t,
-             "] = ", g, " is outside [0, ", V, ") and is not ignore_index (", ignore_index, ")");
-  }
-}
 
 // Plain softmax statistics of one row y[0 .. n): m = max (sequential), s = Σ exp(y − m)
 // (sequential, libm exp), lse = m + log(s), and the entropy as verl computes it:
@@ -470,8 +257,6 @@ int64_t gumbel_argmax(const float* y, int64_t V, const std::vector<int64_t>* kep
   return best;
 }
 
-constexpr int64_t kMaxSampleVocab = int64_t(1) << 21;
-
 // ---------------------------------------------------------------------------------------------
 
 class BaselineBackend final : public OpsBackend {
@@ -500,22 +285,8 @@ class BaselineBackend final : public OpsBackend {
                     int tp_size, int tp_rank, const GemmConfig& cfg,
                     const TensorView& y_partial) const override {
     const char* op = "baseline gemm_partial";
-    check_segments(op, cfg);
-    LS_CHECK(k_total >= 0, op, "k_total must be >= 0, got ", k_total);
-    LS_CHECK(tp_size >= 1 && (tp_size & (tp_size - 1)) == 0 && tp_size <= cfg.segments, op,
-             "tp_size must be a power of two <= segments (", cfg.segments, "), got ", tp_size);
-    LS_CHECK(tp_rank >= 0 && tp_rank < tp_size, op, "tp_rank must be in [0, ", tp_size, "), got ",
-             tp_rank);
-    check_xw(op, x_shard, w_shard);
-    const GemmKRange r = gemm_tp_k_range(cfg, k_total, tp_size, tp_rank);
-    LS_CHECK(x_shard.size(1) == r.end - r.begin, op, "rank ", tp_rank, " of ", tp_size,
-             " owns K columns [", r.begin, ", ", r.end, ") of ", k_total, " (", r.end - r.begin,
-             " columns), but x_shard is ", x_shard.shape_string());
+    check_gemm_partial(op, x_shard, w_shard, k_total, tp_size, tp_rank, cfg, y_partial);
     const int64_t M = x_shard.size(0), N = w_shard.size(0);
-    check_tensor(op, "y_partial", y_partial, DType::kF32, {M, N});
-    check_inner_contiguous(op, "y_partial", y_partial);
-    LS_CHECK(!overlaps(y_partial, x_shard) && !overlaps(y_partial, w_shard), op,
-             "argument 'y_partial' must not overlap x_shard or w_shard");
     check_blas_dims(op, M, N, x_shard.size(1));
     if (M == 0 || N == 0) return;
     store_rows(matmul_nt(x_shard, w_shard).data(), M, N, y_partial);
@@ -524,22 +295,10 @@ class BaselineBackend final : public OpsBackend {
   // The usual all-reduce: ((p0 + p1) + p2) + ... in rank order, then one rounding.
   void gemm_combine(const std::vector<TensorView>& partials, const TensorView& y) const override {
     const char* op = "baseline gemm_combine";
+    // NOTE: any number of ranks (the cpu op's tree takes 1, 2, 4 or 8), and no bias.
     LS_CHECK(!partials.empty(), op, "argument 'partials' must hold at least one view");
-    check_tensor(op, "partials[0]", partials[0], DType::kF32, {-1, -1});
+    check_gemm_combine(op, partials, nullptr, y);
     const int64_t M = partials[0].size(0), N = partials[0].size(1);
-    for (size_t i = 0; i < partials.size(); ++i) {
-      const std::string name = "partials[" + std::to_string(i) + "]";
-      check_tensor(op, name.c_str(), partials[i], DType::kF32, {M, N});
-      check_inner_contiguous(op, name.c_str(), partials[i]);
-    }
-    check_tensor_dtypes(op, "y", y, {DType::kBF16, DType::kF32}, {M, N});
-    check_inner_contiguous(op, "y", y);
-    for (size_t i = 0; i < partials.size(); ++i) {
-      const bool same = partials[i].data == y.data && y.dtype == DType::kF32 &&
-                        (M <= 1 || partials[i].stride[0] == y.stride[0]);
-      LS_CHECK(same || !overlaps(y, partials[i]), op, "argument 'y' overlaps partials[", i,
-               "] (only an exact alias of an f32 partial is allowed)");
-    }
     if (M == 0 || N == 0) return;
     parallel_for(M, 16, [&](int64_t m0, int64_t m1) {
       for (int64_t m = m0; m < m1; ++m) {
@@ -561,13 +320,7 @@ class BaselineBackend final : public OpsBackend {
 
   void rmsnorm(const TensorView& x, const TensorView& weight, const RmsNormConfig& cfg,
                const TensorView& y) const override {
-    const char* op = "baseline rmsnorm";
-    cfg.validate();
-    check_norm_x(op, x);
-    const int64_t H = x.shape[x.ndim - 1];
-    check_tensor(op, "weight", weight, DType::kBF16, {H});
-    check_inner_contiguous(op, "weight", weight);
-    check_rows_like(op, "y", y, x);
+    const int64_t H = check_rmsnorm("baseline rmsnorm", x, weight, cfg, y);
     const int64_t rows = x.numel() / H;
     if (rows == 0) return;
     const std::vector<float> r = inv_rms(x.shape[0], rows, H, cfg.eps,
@@ -579,17 +332,8 @@ class BaselineBackend final : public OpsBackend {
   void rmsnorm_residual(const TensorView& x, const TensorView& residual, const TensorView& weight,
                         const RmsNormConfig& cfg, const TensorView& residual_out,
                         const TensorView& y) const override {
-    const char* op = "baseline rmsnorm_residual";
-    cfg.validate();
-    check_norm_x(op, x);
-    const int64_t H = x.shape[x.ndim - 1];
-    check_rows_like(op, "residual", residual, x);
-    check_tensor(op, "weight", weight, DType::kBF16, {H});
-    check_inner_contiguous(op, "weight", weight);
-    check_rows_like(op, "residual_out", residual_out, x);
-    check_rows_like(op, "y", y, x);
-    LS_CHECK(residual_out.data != y.data || x.numel() == 0, op,
-             "outputs 'residual_out' and 'y' must not be the same memory");
+    const int64_t H = check_rmsnorm_residual("baseline rmsnorm_residual", x, residual, weight, cfg,
+                                             residual_out, y);
     const int64_t rows = x.numel() / H;
     if (rows == 0) return;
     // s = bf16(x + residual), the new residual stream (buffered: outputs may alias inputs).
@@ -616,17 +360,9 @@ class BaselineBackend final : public OpsBackend {
     const char* op = "baseline rope";
     table.config.validate();
     const int64_t D = table.config.head_dim, half = D / 2, P = table.config.max_positions;
-    check_tensor(op, "x", x, DType::kBF16, {-1, -1, D});
-    check_inner_contiguous(op, "x", x);
+    // NOTE: table.cos / table.sin are not read (cos/sin come from libm), so not checked.
+    check_rope_args(op, x, positions, D, P, y);
     const int64_t T = x.shape[0], heads = x.shape[1];
-    check_tensor_dtypes(op, "positions", positions, {DType::kI32, DType::kI64}, {T});
-    check_tensor(op, "y", y, DType::kBF16, {T, heads, D});
-    check_inner_contiguous(op, "y", y);
-    for (int64_t t = 0; t < T; ++t) {
-      const int64_t p = read_index(positions, t);
-      LS_CHECK(p >= 0 && p < P, op, "argument 'positions' element ", t, " = ", p,
-               " is outside the table's range [0, ", P, ")");
-    }
     if (T == 0 || heads == 0) return;
     // HF's inv_freq in fp32: 1 / theta^(2i / D) with a float base and exponent.
     std::vector<float> inv_freq(static_cast<size_t>(half));
@@ -659,16 +395,8 @@ class BaselineBackend final : public OpsBackend {
 
   void silu_mul(const TensorView& gate, const TensorView& up,
                 const TensorView& out) const override {
-    const char* op = "baseline silu_mul";
-    check_tensor(op, "gate", gate, DType::kBF16, {-1, -1});
-    check_inner_contiguous(op, "gate", gate);
+    check_silu_mul("baseline silu_mul", gate, up, out);
     const int64_t T = gate.shape[0], I = gate.shape[1];
-    LS_CHECK(I >= 1, op, "argument 'gate' expected a last dimension >= 1, got ",
-             gate.shape_string());
-    check_tensor(op, "up", up, DType::kBF16, {T, I});
-    check_inner_contiguous(op, "up", up);
-    check_tensor(op, "out", out, DType::kBF16, {T, I});
-    check_inner_contiguous(op, "out", out);
     if (T == 0) return;
     parallel_for(T, std::max<int64_t>(1, 16384 / I), [&](int64_t a, int64_t b) {
       for (int64_t t = a; t < b; ++t) {
@@ -724,17 +452,8 @@ class BaselineBackend final : public OpsBackend {
 
   void embedding_combine(const std::vector<TensorView>& partials,
                          const TensorView& out) const override {
-    const char* op = "baseline embedding_combine";
-    LS_CHECK(!partials.empty(), op, "argument 'partials' must hold at least one view");
-    check_tensor(op, "out", out, DType::kBF16, {-1, -1});
-    check_inner_contiguous(op, "out", out);
+    check_embedding_combine("baseline embedding_combine", partials, out);
     const int64_t T = out.shape[0], H = out.shape[1];
-    LS_CHECK(H >= 1, op, "argument 'out' expected a hidden size >= 1, got ", out.shape_string());
-    for (size_t r = 0; r < partials.size(); ++r) {
-      const std::string name = "partials[" + std::to_string(r) + "]";
-      check_tensor(op, name.c_str(), partials[r], DType::kBF16, {T, H});
-      check_inner_contiguous(op, name.c_str(), partials[r]);
-    }
     if (T == 0) return;
     parallel_for(T, std::max<int64_t>(1, 16384 / H), [&](int64_t a, int64_t b) {
       for (int64_t t = a; t < b; ++t) {
@@ -756,33 +475,9 @@ class BaselineBackend final : public OpsBackend {
   void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                                 const TensorView& cu_seqlens, const AttentionConfig& cfg,
                                 const TensorView& out, const TensorView& lse) const override {
-    const char* op = "baseline attention_prefill_varlen";
-    cfg.validate();
-    const QShape qs = check_q(op, q);
-    const int64_t T = qs.N, D = qs.D, Hq = qs.Hq;
-    LS_CHECK(k.ndim == 3, op, "argument 'k' expected shape [T, Hkv, D], got ", k.shape_string());
-    check_tensor(op, "k", k, DType::kBF16, {T, -1, D});
-    check_inner_contiguous(op, "k", k);
-    const int64_t Hkv = k.shape[1];
-    check_heads(op, Hq, Hkv);
-    check_tensor(op, "v", v, DType::kBF16, {T, Hkv, D});
-    check_inner_contiguous(op, "v", v);
-    LS_CHECK(cu_seqlens.ndim == 1 && cu_seqlens.shape[0] >= 1, op,
-             "argument 'cu_seqlens' expected shape [B+1] with B >= 0, got ",
-             cu_seqlens.shape_string());
-    check_tensor(op, "cu_seqlens", cu_seqlens, DType::kI32, {-1});
-    const int64_t B = cu_seqlens.shape[0] - 1;
-    LS_CHECK(read_i32(cu_seqlens, 0) == 0, op, "cu_seqlens[0] must be 0, got ",
-             read_i32(cu_seqlens, 0));
-    for (int64_t b = 0; b < B; ++b) {
-      LS_CHECK(read_i32(cu_seqlens, b + 1) >= read_i32(cu_seqlens, b), op,
-               "cu_seqlens must be non-decreasing: cu_seqlens[", b + 1,
-               "] = ", read_i32(cu_seqlens, b + 1), " < cu_seqlens[", b,
-               "] = ", read_i32(cu_seqlens, b));
-    }
-    LS_CHECK(read_i32(cu_seqlens, B) == T, op, "cu_seqlens[B] must equal T = ", T, ", got ",
-             read_i32(cu_seqlens, B));
-    check_attn_outputs(op, qs, out, lse);
+    const QShape qs = check_prefill_varlen("baseline attention_prefill_varlen", q, k, v, cu_seqlens,
+                                           cfg, out, lse);
+    const int64_t T = qs.N, D = qs.D, Hq = qs.Hq, Hkv = k.shape[1], B = cu_seqlens.shape[0] - 1;
     if (T == 0) return;
     std::vector<int64_t> start(static_cast<size_t>(T));  // first token of each token's sequence
     for (int64_t b = 0; b < B; ++b)
@@ -857,18 +552,8 @@ class BaselineBackend final : public OpsBackend {
                       const TensorView& logp, const TensorView& lse,
                       const TensorView& entropy) const override {
     const char* op = "baseline linear_logprob";
-    cfg.validate();
-    params.validate();
-    check_h(op, h);
-    const int64_t T = h.size(0), H = h.size(1);
-    check_tensor(op, "w", w, DType::kBF16, {-1, H});
-    check_inner_contiguous(op, "w", w);
-    const int64_t V = w.size(0);
-    LS_CHECK(V >= 1, op, "argument 'w': vocab size (dim 0) must be >= 1, got ", V);
-    check_targets(op, targets, T, V, params.ignore_index);
-    check_tensor(op, "logp", logp, DType::kF32, {T});
-    check_tensor(op, "lse", lse, DType::kF32, {T});
-    check_tensor(op, "entropy", entropy, DType::kF32, {T});
+    check_linear_logprob(op, h, w, targets, params, cfg, logp, lse, entropy);
+    const int64_t H = h.size(1), V = w.size(0);
     check_blas_dims(op, c_.logits_token_block, V, H);
     const float temperature = params.temperature;
     for_logit_blocks(h, w, 0, V, [&](int64_t r0, int64_t rows, float* z) {
@@ -893,27 +578,9 @@ class BaselineBackend final : public OpsBackend {
                               const ContractConfig& cfg, const LogprobShard& shard,
                               const TensorView& state) const override {
     const char* op = "baseline linear_logprob_partial";
-    cfg.validate();
-    params.validate();
-    check_h(op, h);
-    const int64_t T = h.size(0), H = h.size(1);
-    LS_CHECK(shard.vocab_size >= 1, op, "shard.vocab_size must be >= 1, got ", shard.vocab_size);
-    const bool pow2 = shard.seg_count == 1 || shard.seg_count == 2 || shard.seg_count == 4 ||
-                      shard.seg_count == 8;
-    LS_CHECK(pow2 && cfg.vocab_segments % shard.seg_count == 0 && shard.seg_begin >= 0 &&
-                 shard.seg_begin % shard.seg_count == 0 &&
-                 shard.seg_begin + shard.seg_count <= cfg.vocab_segments,
-             op, "shard: segments [", shard.seg_begin, ", ", shard.seg_begin + shard.seg_count,
-             ") are not an aligned power-of-two subtree of vocab_segments=", cfg.vocab_segments);
-    const LogprobVocabLayout lay = logprob_vocab_layout(cfg, shard.vocab_size);
-    const int64_t v0 = std::min(shard.vocab_size, int64_t(shard.seg_begin) * lay.segment_len);
-    const int64_t v1 =
-        std::min(shard.vocab_size, int64_t(shard.seg_begin + shard.seg_count) * lay.segment_len);
-    check_tensor(op, "w_shard", w_shard, DType::kBF16, {v1 - v0, H});
-    check_inner_contiguous(op, "w_shard", w_shard);
-    check_targets(op, targets, T, shard.vocab_size, params.ignore_index);
-    check_tensor(op, "state", state, DType::kF32, {T, 4});
-    check_inner_contiguous(op, "state", state);
+    const ShardRows sr =
+        check_linear_logprob_partial(op, h, w_shard, targets, params, cfg, shard, state);
+    const int64_t T = h.size(0), H = h.size(1), v0 = sr.v0, v1 = sr.v1;
     check_blas_dims(op, c_.logits_token_block, v1 - v0, H);
     if (T == 0) return;
     const float nan = f32_from_bits(kCanonicalNanF32);
@@ -960,21 +627,10 @@ class BaselineBackend final : public OpsBackend {
                               const LogprobParams& params, const ContractConfig& cfg,
                               int64_t vocab_size, const TensorView& logp, const TensorView& lse,
                               const TensorView& entropy) const override {
-    const char* op = "baseline linear_logprob_combine";
-    cfg.validate();
-    params.validate();
-    check_tensor(op, "states", states, DType::kF32, {-1, -1, 4});
-    check_inner_contiguous(op, "states", states);
+    const LogprobVocabLayout lay =
+        check_linear_logprob_combine("baseline linear_logprob_combine", states, targets, params,
+                                     cfg, vocab_size, logp, lse, entropy);
     const int64_t R = states.size(0), T = states.size(1);
-    LS_CHECK((R == 1 || R == 2 || R == 4 || R == 8) && cfg.vocab_segments % R == 0, op,
-             "argument 'states': rank count (dim 0) must be a power of two dividing "
-             "vocab_segments=",
-             cfg.vocab_segments, ", got ", R);
-    const LogprobVocabLayout lay = logprob_vocab_layout(cfg, vocab_size);
-    check_targets(op, targets, T, vocab_size, params.ignore_index);
-    check_tensor(op, "logp", logp, DType::kF32, {T});
-    check_tensor(op, "lse", lse, DType::kF32, {T});
-    check_tensor(op, "entropy", entropy, DType::kF32, {T});
     const int64_t rank_len = lay.segment_len * (cfg.vocab_segments / R);
     auto at = [&](int64_t r, int64_t t) {
       return states.ptr<const float>() + r * states.stride[0] + t * states.stride[1];
@@ -1005,34 +661,8 @@ class BaselineBackend final : public OpsBackend {
               const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
               const TensorView& entropy) const override {
     const char* op = "baseline sample";
-    cfg.validate();
-    check_h(op, h);
-    const int64_t T = h.size(0), H = h.size(1);
-    check_tensor(op, "w", w, DType::kBF16, {-1, H});
-    check_inner_contiguous(op, "w", w);
-    const int64_t V = w.size(0);
-    LS_CHECK(V >= 1 && V < kMaxSampleVocab, op,
-             "argument 'w': vocab size (dim 0) must be in [1, 2^21), got ", V);
-    LS_CHECK(int64_t(params.size()) == T, op, "argument 'params': expected ", T,
-             " entries (one per row of h), got ", params.size());
-    for (int64_t t = 0; t < T; ++t) {
-      try {
-        params[size_t(t)].validate();
-      } catch (const Error& e) {
-        throw Error(detail::concat(op, ": argument 'params[", t, "]': ", e.what()));
-      }
-    }
-    check_tensor(op, "request_ids", request_ids, DType::kI64, {T});
-    check_tensor_dtypes(op, "positions", positions, {DType::kI32, DType::kI64}, {T});
-    for (int64_t t = 0; t < T; ++t) {
-      const int64_t pos = read_index(positions, t);
-      LS_CHECK(pos >= 0 && pos <= int64_t(UINT32_MAX), op, "argument 'positions': positions[", t,
-               "] = ", pos, " is outside [0, 2^32)");
-    }
-    check_tensor_dtypes(op, "token_ids", token_ids, {DType::kI32, DType::kI64}, {T});
-    check_tensor(op, "logp", logp, DType::kF32, {T});
-    check_tensor(op, "lse", lse, DType::kF32, {T});
-    check_tensor(op, "entropy", entropy, DType::kF32, {T});
+    check_sample(op, h, w, params, request_ids, positions, cfg, token_ids, logp, lse, entropy);
+    const int64_t T = h.size(0), H = h.size(1), V = w.size(0);
     check_blas_dims(op, c_.logits_token_block, V, H);
     if (T == 0) return;
     // Results go to [T] buffers first: a row that cannot be sampled throws before any output.
@@ -1147,26 +777,6 @@ class BaselineBackend final : public OpsBackend {
     });
   }
 
-  // Checks ids, table and out of a gather; returns T.
-  static int64_t check_gather(const char* op, const TensorView& ids, const TensorView& table,
-                              int64_t table_rows, int64_t vocab, const TensorView& out) {
-    check_tensor_dtypes(op, "ids", ids, {DType::kI32, DType::kI64}, {-1});
-    const int64_t T = ids.shape[0];
-    check_tensor(op, "table", table, DType::kBF16, {table_rows, -1});
-    check_inner_contiguous(op, "table", table);
-    const int64_t H = table.shape[1];
-    LS_CHECK(H >= 1, op, "argument 'table' expected a hidden size >= 1, got ",
-             table.shape_string());
-    check_tensor(op, "out", out, DType::kBF16, {T, H});
-    check_inner_contiguous(op, "out", out);
-    for (int64_t t = 0; t < T; ++t) {
-      const int64_t id = read_index(ids, t);
-      LS_CHECK(id >= 0 && id < vocab, op, "argument 'ids' element ", t, " = ", id,
-               " is outside the vocabulary [0, ", vocab, ")");
-    }
-    return T;
-  }
-
   // Paged attention (decode and chunked prefill) the flash-decoding way: each (row, head) cuts
   // its keys [0, ctx) into `splits` ranges [ctx·i/splits, ctx·(i+1)/splits); each range runs an
   // online softmax over key blocks of kv_block keys (from the range's first key); the ranges'
@@ -1174,7 +784,7 @@ class BaselineBackend final : public OpsBackend {
   void paged(const char* op, const TensorView& q, const TensorView& q_seq, const TensorView& q_pos,
              const PagedKv& kv, const SharedPrefix* prefix, const AttentionConfig& cfg,
              int forced_splits, const TensorView& out, const TensorView& lse) const {
-    const Paged p = check_paged(op, q, q_seq, q_pos, kv, prefix, cfg);
+    const Paged p = check_paged(op, q, q_seq, q_pos, kv, prefix, cfg, 0, kAllChunks);
     check_attn_outputs(op, p.qs, out, lse);
     const int64_t N = p.qs.N, Hq = p.qs.Hq, D = p.qs.D, G = Hq / p.Hkv;
     if (N == 0) return;

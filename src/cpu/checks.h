@@ -1,0 +1,155 @@
+// Argument checks shared by the CPU ops and the engine's baseline backend, which takes the same
+// arguments and must reject them with the same messages. Each check is defined next to its op
+// (gemm.cc, norm.cc, attention.cc, ...) and throws lockstep::Error naming `op`. Where the
+// baseline accepts something the op does not, the call sites keep that check themselves.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <vector>
+
+#include "lockstep/contract.h"
+#include "lockstep/ops/attention.h"
+#include "lockstep/ops/gemm.h"
+#include "lockstep/ops/logprob.h"
+#include "lockstep/ops/norm.h"
+#include "lockstep/ops/sampling.h"
+#include "lockstep/tensor.h"
+
+// NOTE: not `cpu::detail`: that would hide lockstep::detail (concat, RowAddr) inside lockstep::cpu.
+namespace lockstep::cpu::check_detail {
+
+// --- gemm.cc -----------------------------------------------------------------------------------
+
+// Whether the memory spans of two views intersect (empty views never do).
+bool overlaps(const TensorView& a, const TensorView& b);
+
+// cfg.segments is 1, 2, 4 or 8.
+void check_segments(const char* op, const GemmConfig& cfg);
+
+// x [M, K] and w [N, K]: bf16, last dim contiguous, the same K.
+void check_xw(const char* op, const TensorView& x, const TensorView& w);
+
+// Everything gemm_bf16_nt_partial checks: cfg.segments, k_total, tp_size / tp_rank, x_shard and
+// w_shard holding rank tp_rank's K columns, y_partial [M, N] f32 not overlapping the inputs.
+void check_gemm_partial(const char* op, const TensorView& x_shard, const TensorView& w_shard,
+                        int64_t k_total, int tp_size, int tp_rank, const GemmConfig& cfg,
+                        const TensorView& y_partial);
+
+// partials[i] [M, N] f32, bias [N] (may be null), y [M, N] bf16/f32 overlapping no partial except
+// as an exact alias of an f32 one, nor the bias. The number of partials (at least one) is the
+// caller's to check.
+void check_gemm_combine(const char* op, const std::vector<TensorView>& partials,
+                        const TensorView* bias, const TensorView& y);
+
+// --- norm.cc -----------------------------------------------------------------------------------
+
+// Everything rmsnorm checks (cfg too): x [T, H] or [T, heads, D] bf16 on the CPU, weight [H],
+// y x's shape, all last dim contiguous. Returns H (x's last dimension).
+int64_t check_rmsnorm(const char* op, const TensorView& x, const TensorView& weight,
+                      const RmsNormConfig& cfg, const TensorView& y);
+
+// Everything rmsnorm_residual checks: as check_rmsnorm, plus residual and residual_out of x's
+// shape, and residual_out and y not the same memory. Returns H.
+int64_t check_rmsnorm_residual(const char* op, const TensorView& x, const TensorView& residual,
+                               const TensorView& weight, const RmsNormConfig& cfg,
+                               const TensorView& residual_out, const TensorView& y);
+
+// --- activation.cc -----------------------------------------------------------------------------
+
+// gate, up, out: [T, I] bf16 with I >= 1, last dim contiguous.
+void check_silu_mul(const char* op, const TensorView& gate, const TensorView& up,
+                    const TensorView& out);
+
+// --- rope.cc -----------------------------------------------------------------------------------
+
+// x, y [T, heads, D] bf16 (last dim contiguous), positions [T] i32/i64 each in [0, P).
+void check_rope_args(const char* op, const TensorView& x, const TensorView& positions, int64_t D,
+                     int64_t P, const TensorView& y);
+
+// --- embedding.cc ------------------------------------------------------------------------------
+
+// Checks ids, table and out of a gather; returns T. table_rows is the table's first extent.
+int64_t check_gather(const char* op, const TensorView& ids, const TensorView& table,
+                     int64_t table_rows, int64_t vocab, const TensorView& out);
+
+// partials (at least one) and out: [T, H] bf16 with H >= 1, last dim contiguous.
+void check_embedding_combine(const char* op, const std::vector<TensorView>& partials,
+                             const TensorView& out);
+
+// --- attention.cc ------------------------------------------------------------------------------
+
+struct QShape {
+  int64_t N, Hq, D;
+};
+
+// out [N, Hq, D] bf16 (last dim contiguous); lse [N, Hq] f32 when given (an empty view is none).
+void check_attn_outputs(const char* op, const QShape& s, const TensorView& out,
+                        const TensorView& lse);
+
+// Everything attention_prefill_varlen checks (cfg too); returns q's shape.
+QShape check_prefill_varlen(const char* op, const TensorView& q, const TensorView& k,
+                            const TensorView& v, const TensorView& cu_seqlens,
+                            const AttentionConfig& cfg, const TensorView& out,
+                            const TensorView& lse);
+
+// The validated paged problem: positions, and per referenced sequence its key source.
+struct Paged {
+  QShape qs;
+  int64_t Hkv = 0, NP = 0, P = 0, S = 0, MP = 0;
+  std::vector<int64_t> pos, seq;
+  std::vector<int64_t> group;       // per sequence: prefix group or -1 (prefix given only)
+  std::vector<int64_t> shared_len;  // per group
+  int64_t num_seqs = 0;             // distinct sequences among the rows
+};
+
+// Checks cfg, q / q_seq / q_pos / kv (and the prefix tables when given) and every page index
+// that the computation of kv chunks [c_lo, c_hi) will read (kAllChunks: every key of each row).
+constexpr int64_t kAllChunks = std::numeric_limits<int64_t>::max();
+Paged check_paged(const char* op, const TensorView& q, const TensorView& q_seq,
+                  const TensorView& q_pos, const PagedKv& kv, const SharedPrefix* prefix,
+                  const AttentionConfig& cfg, int64_t c_lo, int64_t c_hi);
+
+// --- logprob.cc --------------------------------------------------------------------------------
+
+// h [T, H] with H >= 1 and w [V, H]: bf16, last dim contiguous (V is the caller's to check).
+void check_h_w(const char* op, const TensorView& h, const TensorView& w, const ContractConfig& cfg);
+
+// Everything linear_logprob checks (cfg and params too).
+void check_linear_logprob(const char* op, const TensorView& h, const TensorView& w,
+                          const TensorView& targets, const LogprobParams& params,
+                          const ContractConfig& cfg, const TensorView& logp, const TensorView& lse,
+                          const TensorView& entropy);
+
+// The vocab rows [v0, v1) a shard holds, and the layout of the whole vocab.
+struct ShardRows {
+  LogprobVocabLayout lay;
+  int64_t v0 = 0, v1 = 0;
+};
+
+// Everything linear_logprob_partial checks (cfg and params too).
+ShardRows check_linear_logprob_partial(const char* op, const TensorView& h,
+                                       const TensorView& w_shard, const TensorView& targets,
+                                       const LogprobParams& params, const ContractConfig& cfg,
+                                       const LogprobShard& shard, const TensorView& state);
+
+// Everything linear_logprob_combine checks (cfg and params too); returns the vocab layout.
+LogprobVocabLayout check_linear_logprob_combine(const char* op, const TensorView& states,
+                                                const TensorView& targets,
+                                                const LogprobParams& params,
+                                                const ContractConfig& cfg, int64_t vocab_size,
+                                                const TensorView& logp, const TensorView& lse,
+                                                const TensorView& entropy);
+
+// --- sampling.cc -------------------------------------------------------------------------------
+
+// Everything sample checks (cfg too): h, w (V in [1, 2^21)), one valid params entry per row,
+// request_ids, positions in [0, 2^32), and the [T] outputs.
+void check_sample(const char* op, const TensorView& h, const TensorView& w,
+                  std::span<const SamplingParams> params, const TensorView& request_ids,
+                  const TensorView& positions, const ContractConfig& cfg,
+                  const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
+                  const TensorView& entropy);
+
+}  // namespace lockstep::cpu::check_detail
