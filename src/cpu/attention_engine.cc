@@ -10,14 +10,13 @@
 #include <cstring>
 
 #include "core/math.h"
-#include "core/mma_model.h"
 #include "core/thread_pool.h"
+#include "cpu/mma_batch.h"
 
 namespace lockstep::cpu::attn_detail {
 namespace {
 
 constexpr int kB = kAttnBlock;
-constexpr int kKb = kAttnMmaK;
 constexpr float kLn2f = 0x1.62e43p-1f;  // ln 2 rounded to fp32
 // NOTE: NaN results are stored as one pattern (as in the elementwise ops) so CPU and GPU agree
 // bit for bit: bf16 0x7FC0, fp32 0x7FC00000.
@@ -66,15 +65,16 @@ void gather_block(const KvSource& s, int64_t kvh, int64_t j0, int nk, int64_t D,
 
 // One 64-key block for one (row, head): the row's keys kblk[0 .. nv) (nv >= 1) are valid; the
 // others (causally masked or past the tile's last key) are never used: their P is +0 and their V
-// is taken as +0. `first` = first block of a chunk (state (-inf, 0, +0): alpha = 0).
-void block_step(const bf16* q, const bf16* kblk, const bf16* vt, int nv, int64_t D, float scale,
-                bool first, float* st) {
-  static const bf16 kZero16[kKb] = {};
+// is taken as +0. vt holds the block's nk >= nv keys (+0 past nk); vmask [D, 64] is scratch.
+// `first` = first block of a chunk (state (-inf, 0, +0): alpha = 0).
+void block_step(const bf16* q, const bf16* kblk, const bf16* vt, int nv, int nk, int64_t D,
+                float scale, bool first, float* st, bf16* vmask) {
   float x[kB];
+  // Scores: one MMA-model chain over D per key, from +0.
+  mma_chain_rows_bf16(q, kblk, D, nv, D, nullptr, x);
   float mb = -INFINITY;
   for (int j = 0; j < nv; ++j) {
-    const float s = mma_chain_bf16(q, kblk + j * D, D, 0.0f);
-    const float xj = s * scale;
+    const float xj = x[j] * scale;
     x[j] = xj;
     mb = max_rule(mb, xj);
   }
@@ -94,22 +94,21 @@ void block_step(const bf16* q, const bf16* kblk, const bf16* vt, int nv, int64_t
   const float rowsum = halving_tree64(p);
   const float alpha = first ? 0.0f : ls_exp2f(m_old - m_use);
   st[1] = first ? rowsum : alpha * st[1] + rowsum;
-  float* acc = st + 2;
-  const int full = nv / kKb, part = nv % kKb;
-  for (int64_t d = 0; d < D; ++d) {
-    const bf16* vr = vt + d * kB;
-    float c = first ? 0.0f : alpha * acc[d];
-    int kb = 0;
-    for (; kb < full; ++kb) c = mma_kblock_bf16(pb + kb * kKb, vr + kb * kKb, c);
-    if (part != 0) {
-      bf16 vm[kKb];
-      for (int i = 0; i < kKb; ++i) vm[i] = i < part ? vr[kb * kKb + i] : bf16{0};
-      c = mma_kblock_bf16(pb + kb * kKb, vm, c);
-      ++kb;
+  // P·V: per d, the 4 k-blocks of the 64 keys chained from c = alpha·acc[d] (+0 when first).
+  // Keys nv .. nk-1 are in vt but masked for this row: a copy with their V = +0 (0·inf is NaN).
+  const bf16* v = vt;
+  if (nv < nk) {
+    for (int64_t d = 0; d < D; ++d) {
+      std::memcpy(vmask + d * kB, vt + d * kB, size_t(nv) * sizeof(bf16));
+      std::memset(static_cast<void*>(vmask + d * kB + nv), 0, size_t(kB - nv) * sizeof(bf16));
     }
-    for (; kb < kB / kKb; ++kb) c = mma_kblock_bf16(pb + kb * kKb, kZero16, c);
-    acc[d] = c;
+    v = vmask;
   }
+  float* acc = st + 2;
+  if (!first) {
+    for (int64_t d = 0; d < D; ++d) acc[d] = alpha * acc[d];
+  }
+  mma_chain_rows_bf16(pb, v, kB, D, kB, first ? nullptr : acc, acc);
   st[0] = m_new;
 }
 
@@ -132,7 +131,7 @@ void finalize_state(const float* st, int64_t D, bf16* out, float* lse) {
 }
 
 struct Scratch {
-  std::vector<bf16> kblk, vt;
+  std::vector<bf16> kblk, vt, vmask;
   std::vector<float> cur, run;
   std::vector<int64_t> cend;
   std::vector<uint8_t> has_run;
@@ -144,6 +143,7 @@ void run_tile(const Ctx& cx, const Tile& t, int64_t kvh, Scratch& sc) {
   const int64_t* rows = cx.order + t.rbeg;
   sc.kblk.resize(size_t(kB * D));
   sc.vt.resize(size_t(kB * D));
+  sc.vmask.resize(size_t(kB * D));
   sc.cur.resize(size_t(nr * G * SS));
   sc.run.resize(size_t(nr * G * SS));
   sc.cend.resize(size_t(nr));
@@ -176,8 +176,8 @@ void run_tile(const Ctx& cx, const Tile& t, int64_t kvh, Scratch& sc) {
         if (sc.cend[i] <= c || cx.pos[r] < j0) continue;
         const int nv = int(std::min<int64_t>(nk, cx.pos[r] - j0 + 1));
         for (int64_t g = 0; g < G; ++g) {
-          block_step(cx.qrow(r, kvh * G + g), sc.kblk.data(), sc.vt.data(), nv, D, cx.scale,
-                     j0 == j_begin, sc.cur.data() + (i * G + g) * SS);
+          block_step(cx.qrow(r, kvh * G + g), sc.kblk.data(), sc.vt.data(), nv, nk, D, cx.scale,
+                     j0 == j_begin, sc.cur.data() + (i * G + g) * SS, sc.vmask.data());
         }
       }
     }
