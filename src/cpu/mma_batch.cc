@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/mma_model.h"
+#include "cpu/kblock_avx512.h"
 #include "lockstep/error.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
@@ -38,102 +39,16 @@ void chain_rows_scalar(const bf16* a, const bf16* b, int64_t ldb, int64_t n, int
 
 #if defined(LOCKSTEP_MMA_BATCH_AVX512)
 
+using namespace kblock_avx512;  // RowStats, make_stats, modelled, transpose16, wide_sum_rz, ...
+
 constexpr int32_t kZeroExp = -16000;  // exponent of a zero a element: sums stay far below kEFloor
-constexpr int kEFloor = 27;           // E is at least 27 (biased), i.e. 2^-100
-// Modelled range of a product's exponent e(a) + e(b) (unbiased) for nonzero normal a, b.
-constexpr int kMinProdExp = -100, kMaxProdExp = 90;
 // Smallest modelled exponent field of a nonzero c_in: from 25 on, c is a multiple of 2^-125.
 constexpr uint32_t kMinCField = 25;
-
-// Exponent statistics of one row over its nonzero elements: min/max exponent field; whether it
-// holds inf/NaN/subnormal values (not modelled).
-struct RowStats {
-  int emin = 255, emax = 0;
-  bool any = false;
-  bool special = false;
-};
-
-// Field 255 (inf/NaN) shows as emax == 255, a subnormal (field 0, nonzero) as emin == 0.
-inline RowStats make_stats(bool any, int emin, int emax) {
-  RowStats s;
-  s.any = any;
-  if (any) {
-    s.emin = emin;
-    s.emax = emax;
-    s.special = emax == 255 || emin == 0;
-  }
-  return s;
-}
-
-// Whether the fast path models every k-block of the pair (row a, row b) exactly.
-inline bool modelled(const RowStats& a, const RowStats& b) {
-  if (a.special || b.special) return false;
-  if (!a.any || !b.any) return true;  // every product is zero
-  return a.emax + b.emax - 254 <= kMaxProdExp && a.emin + b.emin - 254 >= kMinProdExp;
-}
 
 inline bool c_modelled(float c) {
   const uint32_t u = f32_bits(c), field = (u >> 23) & 0xffu;
   return (u & 0x7fffffffu) == 0 || (field >= kMinCField && field != 0xffu);
 }
-
-// 16x16 transpose of 32-bit elements: r[i] lane j <- r[j] lane i.
-inline void transpose16(__m512i r[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-  for (int i = 0; i < 16; i += 8)
-    for (int j = 0; j < 4; ++j) {
-      t[i + j] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0x88);
-      t[i + j + 4] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0xdd);
-    }
-  for (int j = 0; j < 8; ++j) {
-    r[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
-    r[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xdd);
-  }
-}
-
-// P + C (int32 lanes whose int32 sum overflowed) summed in int64, rounded toward zero to fp32.
-inline __m512 wide_sum_rz(__m512i P, __m512i C) {
-  __m512i lo = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(P)),
-                                _mm512_cvtepi32_epi64(_mm512_castsi512_si256(C)));
-  __m512i hi = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(P, 1)),
-                                _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(C, 1)));
-  __m256 rlo = _mm512_cvt_roundepi64_ps(lo, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-  __m256 rhi = _mm512_cvt_roundepi64_ps(hi, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-  return _mm512_insertf32x8(_mm512_castps256_ps512(rlo), rhi, 1);
-}
-
-// Exponent statistics of 16 rows from their (b[j][k], b[j][k+1]) pairs, in int16 lanes: the max
-// magnitude and the min (magnitude - 1) as unsigned (zeros wrap to 0xFFFF and drop out); a
-// magnitude's exponent field is magnitude >> 7.
-struct LaneStats {
-  __m512i vmax = _mm512_setzero_si512(), vmin = _mm512_set1_epi32(-1);
-  __m512i add(__m512i pair) {  // returns the pair's magnitudes
-    const __m512i mag = _mm512_and_si512(pair, _mm512_set1_epi16(0x7fff));
-    vmax = _mm512_max_epu16(vmax, mag);
-    vmin = _mm512_min_epu16(vmin, _mm512_sub_epi16(mag, _mm512_set1_epi16(1)));
-    return mag;
-  }
-  void store(RowStats* st) const {
-    alignas(64) uint16_t mx[32], mn[32];
-    _mm512_store_si512(mx, vmax);
-    _mm512_store_si512(mn, vmin);
-    for (int j = 0; j < 16; ++j) {
-      const int hi = std::max(mx[2 * j], mx[2 * j + 1]);
-      const int lo = std::min(mn[2 * j], mn[2 * j + 1]);
-      st[j] = make_stats(hi != 0, (lo + 1) >> 7, hi >> 7);
-    }
-  }
-};
 
 // Outputs j0 .. j0+count-1 (count <= 16; lanes past count read nothing): the chains of the
 // decoded a (af values, ae unbiased exponents or kZeroExp) against the b rows, from c_in (or
