@@ -41,6 +41,18 @@ inline Qwen3Config tiny_config() {
   return c;
 }
 
+// The same shapes, untied, no bos/eos, 512 positions: the model tests' and baseline tests' model.
+// I=96 with gemm_segments=4 gives tp=4 rank 3 an empty intermediate range (K padded to 128: ranks
+// own [0,32) [32,64) [64,96) [96,96)).
+inline Qwen3Config small_untied_config() {
+  Qwen3Config c = tiny_config();
+  c.max_position_embeddings = 512;
+  c.tie_word_embeddings = false;
+  c.bos_token_ids.clear();
+  c.eos_token_ids.clear();
+  return c;
+}
+
 // The contract both sides use in tests: segments for TP up to 4, small chunks so that sequences
 // of a few dozen tokens span several KV chunks (split-KV and cascade really split).
 inline ContractConfig tiny_contract() {

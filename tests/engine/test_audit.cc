@@ -89,6 +89,34 @@ TEST(Audit, RandomConfigurationsHaveZeroMismatches) {
       c.rollout.kv.num_pages =
           c.rollout.kv.pages_for(c.prompt_len_max + c.max_new_tokens) + int64_t(g() % 3);
     }
+    // NOTE: the first two trials are pinned so that every seed covers cascade attention (shared
+    // prompts longer than a KV chunk, groups decoding together) and preemption (a tight pool);
+    // the random draws above still advance the generator identically.
+    if (trial == 0) {
+      c.prompts = 2;
+      c.group_size = 4;
+      c.prompt_len_min = c.prompt_len_max = 150;
+      c.max_new_tokens = 8;
+      c.stop_on_eos = false;
+      c.rollout.scheduler.max_running = 64;
+      c.rollout.scheduler.max_batched_tokens = 256;
+      c.rollout.scheduler.prefix_sharing = true;
+      c.rollout.step.cascade = true;
+      c.rollout.kv.num_pages = 0;
+    } else if (trial == 1) {  // two prompts fit, their growth does not: one is preempted
+      c.prompts = 3;
+      c.group_size = 2;
+      c.prompt_len_min = c.prompt_len_max = 30;
+      c.max_new_tokens = 12;
+      c.stop_on_eos = false;
+      c.arrival_stagger = 0;
+      c.rollout.kv.page_size = 1;
+      c.rollout.scheduler.max_running = 64;
+      c.rollout.scheduler.max_batched_tokens = 256;
+      c.rollout.scheduler.prefix_sharing = false;
+      c.rollout.step.cascade = false;
+      c.rollout.kv.num_pages = 2 * 30 + 2;
+    }
     SCOPED_TRACE(c.workload_string() + " | rollout " + c.rollout_string() + " | training " +
                  c.training_string());
     const AuditSide s = run(c);
@@ -101,6 +129,8 @@ TEST(Audit, RandomConfigurationsHaveZeroMismatches) {
     compared += s.tokens_compared;
     preemptions += s.rollout_stats.preemptions;
     cascade_rows += s.cascade_rows;
+    if (trial == 0) EXPECT_GT(s.cascade_rows, 0) << "the pinned cascade trial did not use cascade";
+    if (trial == 1) EXPECT_GT(s.rollout_stats.preemptions, 0) << "the pinned trial did not preempt";
   }
   EXPECT_GT(preemptions, 0);
   EXPECT_GT(cascade_rows, 0);

@@ -17,6 +17,7 @@
 #include "engine/baseline_backend.h"
 #include "engine/default_model.h"
 #include "engine/model.h"
+#include "engine/rollout_test_util.h"
 #include "lockstep/error.h"
 #include "util/test_util.h"
 
@@ -1122,22 +1123,8 @@ TEST(Baseline, ConfigPrints) {
 
 // --- end to end ---
 
-// V=300 H=64 I=96 L=2 Hq=4 Hkv=2 D=16, untied.
-Qwen3Config tiny_config() {
-  Qwen3Config c;
-  c.vocab_size = 300;
-  c.hidden_size = 64;
-  c.intermediate_size = 96;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 16;
-  c.rms_norm_eps = 1e-6;
-  c.rope_theta = 10000.0;
-  c.max_position_embeddings = 512;
-  c.torch_dtype = "bfloat16";
-  return c;
-}
+// V=300 H=64 I=96 L=2 Hq=4 Hkv=2 D=16, untied (tests/engine/rollout_test_util.h).
+Qwen3Config tiny_config() { return test_util::small_untied_config(); }
 
 // Training side (one packed forward + logprob) vs rollout side (chunked prefill of the prompts,
 // then one decode step per token for all sequences, logprob per step) on a tiny random model:

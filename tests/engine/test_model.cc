@@ -18,6 +18,7 @@
 #include "core/thread_pool.h"
 #include "engine/default_model.h"
 #include "engine/model.h"
+#include "engine/rollout_test_util.h"
 #include "engine/safetensors.h"
 #include "lockstep/error.h"
 #include "util/test_util.h"
@@ -29,24 +30,8 @@ using test::bitwise_equal;
 
 // --- test models ---
 
-// V=300 H=64 I=96 L=2 Hq=4 Hkv=2 D=16, untied. I=96 with gemm_segments=4 gives tp=4 rank 3 an
-// empty intermediate range (K padded to 128: ranks own [0,32) [32,64) [64,96) [96,96)).
-Qwen3Config small_config() {
-  Qwen3Config c;
-  c.vocab_size = 300;
-  c.hidden_size = 64;
-  c.intermediate_size = 96;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 16;
-  c.rms_norm_eps = 1e-6;
-  c.rope_theta = 10000.0;
-  c.max_position_embeddings = 512;
-  c.tie_word_embeddings = false;
-  c.torch_dtype = "bfloat16";
-  return c;
-}
+// V=300 H=64 I=96 L=2 Hq=4 Hkv=2 D=16, untied (tests/engine/rollout_test_util.h).
+Qwen3Config small_config() { return test_util::small_untied_config(); }
 
 // V=257 H=48 I=80 L=2 Hq=8 Hkv=1 D=32, tied: one kv head replicated on every tp rank.
 Qwen3Config gqa_config() {
