@@ -52,7 +52,7 @@ struct TensorView {
   TensorView rows(int64_t begin, int64_t end) const;
 };
 
-// Owning CPU tensor (contiguous, 64-byte aligned storage).
+// Owning contiguous tensor: CPU storage (64-byte aligned) or adopted storage (e.g. device memory).
 class Tensor {
  public:
   Tensor() = default;
@@ -60,10 +60,15 @@ class Tensor {
   static Tensor empty(DType dtype, std::vector<int64_t> shape) {
     return Tensor(dtype, std::move(shape));
   }
+  // A contiguous tensor over storage owned elsewhere (e.g. device memory from
+  // lockstep::cuda::empty, whose deleter is cudaFree). `storage` must hold numel·dtype bytes.
+  static Tensor adopt(DType dtype, std::vector<int64_t> shape, std::shared_ptr<void> storage,
+                      Device device);
 
   TensorView view() const;
   const std::vector<int64_t>& shape() const { return shape_; }
   DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
   int64_t numel() const { return numel_; }
   int64_t nbytes() const { return numel_ * dtype_size(dtype_); }
   void* data() const { return storage_.get(); }
@@ -77,6 +82,7 @@ class Tensor {
     void operator()(void* p) const;
   };
   DType dtype_ = DType::kF32;
+  Device device_ = Device::kCPU;
   std::vector<int64_t> shape_;
   int64_t numel_ = 0;
   std::shared_ptr<void> storage_;

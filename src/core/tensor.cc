@@ -89,7 +89,26 @@ Tensor::Tensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(
   storage_ = std::shared_ptr<void>(p, Free());
 }
 
-TensorView Tensor::view() const { return TensorView::contiguous(data(), dtype_, shape_); }
+TensorView Tensor::view() const {
+  return TensorView::contiguous(data(), dtype_, shape_, device_);
+}
+
+Tensor Tensor::adopt(DType dtype, std::vector<int64_t> shape, std::shared_ptr<void> storage,
+                     Device device) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.device_ = device;
+  t.shape_ = std::move(shape);
+  t.numel_ = 1;
+  for (int64_t e : t.shape_) {
+    LS_CHECK(e >= 0, "Tensor", "negative extent ", e);
+    t.numel_ *= e;
+  }
+  LS_CHECK(storage != nullptr || t.numel_ == 0, "Tensor", "adopt: null storage for ",
+           t.numel_, " elements");
+  t.storage_ = std::move(storage);
+  return t;
+}
 
 static void check_shape(const char* op, const char* arg, const TensorView& t,
                         std::initializer_list<int64_t> shape, Device device) {

@@ -1,0 +1,49 @@
+// CUDA attention: the same bits as the lockstep::cpu attention ops (docs/contract.md §A): per row,
+// 64-key blocks by absolute position, kv_chunk chunks, the A.4 fold; every mode (packed prefill,
+// paged decode / chunked prefill, split-KV, cascade, chunk states) computes the same operations.
+// Plain C++ header (no CUDA types; stream = opaque cudaStream_t, nullptr = default stream).
+//
+// Metadata (cu_seqlens, q_seq, q_pos, block tables, seq_lens, shared_len, seq_group, slot_mapping)
+// may be host views (Device::kCPU: every value is checked exactly like the CPU op, then copied to
+// the device) or device views (only dtype/shape are checked: their contents are trusted; kernels
+// still never read outside the caches and tables). q/k/v/caches/out/lse/states are device views.
+#pragma once
+
+#include <string>
+
+#include "lockstep/ops/attention.h"
+#include "lockstep/tensor.h"
+
+namespace lockstep::cuda {
+
+void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const TensorView& cu_seqlens, const AttentionConfig& cfg,
+                              const TensorView& out, const TensorView& lse,
+                              void* stream = nullptr);
+void attention_paged(const TensorView& q, const TensorView& q_seq, const TensorView& q_pos,
+                     const PagedKv& kv, const AttentionConfig& cfg, const TensorView& out,
+                     const TensorView& lse, void* stream = nullptr);
+void attention_paged_split_kv(const TensorView& q, const TensorView& q_seq,
+                              const TensorView& q_pos, const PagedKv& kv,
+                              const AttentionConfig& cfg, int num_splits, const TensorView& out,
+                              const TensorView& lse, void* stream = nullptr);
+void attention_paged_cascade(const TensorView& q, const TensorView& q_seq,
+                             const TensorView& q_pos, const PagedKv& kv,
+                             const SharedPrefix& prefix, const AttentionConfig& cfg,
+                             const TensorView& out, const TensorView& lse,
+                             void* stream = nullptr);
+void attention_paged_chunk_states(const TensorView& q, const TensorView& q_seq,
+                                  const TensorView& q_pos, const PagedKv& kv,
+                                  const AttentionConfig& cfg, int64_t chunk_begin,
+                                  const AttentionChunkStates& states, void* stream = nullptr);
+void attention_merge_chunk_states(const AttentionChunkStates& states, const TensorView& q_pos,
+                                  const AttentionConfig& cfg, const TensorView& out,
+                                  const TensorView& lse, void* stream = nullptr);
+void kv_cache_write(const TensorView& k, const TensorView& v, const TensorView& slot_mapping,
+                    const TensorView& k_cache, const TensorView& v_cache, void* stream = nullptr);
+
+// The launch choices (tile sizes, grid, split counts) for given non-batch sizes, printable.
+std::string attention_launch_plan(const AttentionConfig& cfg, int64_t hq, int64_t hkv,
+                                  int64_t head_dim);
+
+}  // namespace lockstep::cuda

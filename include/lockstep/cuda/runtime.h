@@ -1,0 +1,25 @@
+// Device memory and streams for the CUDA backend, behind a plain C++ header (no CUDA types).
+// Allocation failures and CUDA errors throw lockstep::Error with the CUDA error string.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "lockstep/tensor.h"
+
+namespace lockstep::cuda {
+
+bool available();             // a CUDA device is present and usable
+std::string device_summary();  // "NVIDIA H200 (sm_90, 139 GiB), driver 13.0"
+
+// A contiguous device tensor (cudaMalloc; freed when the last copy goes away). Its view() has
+// device == Device::kCUDA.
+Tensor empty(DType dtype, std::vector<int64_t> shape);
+
+// Copies between any two views of the same dtype and shape (host or device, strided rows allowed
+// where the last dim is contiguous), asynchronously on `stream`; host memory must stay valid until
+// the stream is synchronized.
+void copy(const TensorView& dst, const TensorView& src, void* stream = nullptr);
+void synchronize(void* stream = nullptr);  // waits, then throws on any pending CUDA error
+
+}  // namespace lockstep::cuda
