@@ -2,9 +2,45 @@
 // bits are fixed by docs/contract.md. No state, no arithmetic of its own.
 #include "engine/backend.h"
 
+#include <cstring>
+
 #include "lockstep/ops/activation.h"
 
 namespace lockstep::engine {
+
+Tensor OpsBackend::empty(DType dtype, std::vector<int64_t> shape) const {
+  LS_CHECK(device() == Device::kCPU, "OpsBackend", "backend '", name(),
+           "' must override empty() for device ", device_name(device()));
+  return Tensor::empty(dtype, std::move(shape));
+}
+
+void OpsBackend::copy(const TensorView& dst, const TensorView& src) const {
+  LS_CHECK(dst.device == Device::kCPU && src.device == Device::kCPU, "OpsBackend", "backend '",
+           name(), "' must override copy() for device views");
+  LS_CHECK(dst.dtype == src.dtype && dst.ndim == src.ndim, "OpsBackend::copy",
+           "dst ", dst.describe(), " and src ", src.describe(), " differ in dtype or rank");
+  for (int d = 0; d < src.ndim; ++d)
+    LS_CHECK(dst.shape[d] == src.shape[d], "OpsBackend::copy", "dst ", dst.describe(),
+             " and src ", src.describe(), " differ in shape");
+  LS_CHECK(src.inner_contiguous() && dst.inner_contiguous(), "OpsBackend::copy",
+           "last dimension must be contiguous");
+  if (src.numel() == 0) return;
+  // Rows of the last dimension, walked over every outer index.
+  const int64_t inner = src.ndim == 0 ? 1 : src.shape[src.ndim - 1];
+  const int64_t rows = src.numel() / inner;
+  const size_t bytes = size_t(inner) * dtype_size(src.dtype);
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t rem = r, so = 0, dof = 0;
+    for (int d = src.ndim - 2; d >= 0; --d) {
+      const int64_t i = rem % src.shape[d];
+      rem /= src.shape[d];
+      so += i * src.stride[d];
+      dof += i * dst.stride[d];
+    }
+    std::memcpy(static_cast<char*>(dst.data) + dof * dtype_size(dst.dtype),
+                static_cast<const char*>(src.data) + so * dtype_size(src.dtype), bytes);
+  }
+}
 
 namespace {
 

@@ -30,6 +30,17 @@ class OpsBackend {
   virtual ~OpsBackend() = default;
   virtual std::string name() const = 0;  // "invariant", "baseline", ...
 
+  // --- memory: every tensor an op receives lives on device() ---
+  // CPU backends: Device::kCPU and host Tensors; CUDA backends: Device::kCUDA, device Tensors.
+  virtual Device device() const { return Device::kCPU; }
+  // A contiguous tensor on device() (contents undefined).
+  virtual Tensor empty(DType dtype, std::vector<int64_t> shape) const;
+  // dst <- src, same dtype and shape, either side on the host or on device(); ordered after every
+  // earlier op of this backend. Host memory must stay valid until synchronize().
+  virtual void copy(const TensorView& dst, const TensorView& src) const;
+  // Waits for every issued op; throws on a pending device error. CPU: no-op.
+  virtual void synchronize() const {}
+
   // --- GEMM (lockstep/ops/gemm.h) ---
   // y[M, N] = x[M, K] · w[N, K]ᵀ; y bf16 (rounded) or f32.
   virtual void gemm(const TensorView& x, const TensorView& w, const GemmConfig& cfg,
