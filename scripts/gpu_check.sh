@@ -2,10 +2,12 @@
 # The GPU check, in ONE device call. Build here first (the GPU machine has no Debian -dev
 # packages), then carry the build:
 #   here:    bash scripts/gpu_check.sh --build          (configures + builds ./build-gpu, sm_90a)
-#   device:  run(command="bash scripts/gpu_check.sh", carry=["build-gpu"])
-# On the device it runs every GPU test (build-gpu/test_*: each exits non-zero on any mismatch)
-# and the MMA probe (quick mode), writing logs under $OUT (./out by hand): summary.txt and
-# logs.tar.gz.
+#   device:  run(command="bash scripts/gpu_check.sh [parts]", carry=["build-gpu"])
+# Parts (default: tests bench): tests = every GPU test (build-gpu/test_*: each exits non-zero on
+# any mismatch) and the MMA probe (quick mode); bench = every build-gpu/bench_* and the PyTorch
+# peers in bench/*.py; sanitize = compute-sanitizer memcheck and racecheck over every test in
+# --quick mode; audit = scripts/gpu_audit.sh (the engine on the GPU). Logs go under $OUT (./out by
+# hand): summary.txt and logs.tar.gz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,7 +21,10 @@ if [ "${1:-}" = "--build" ]; then
     echo "[gpu_check] build failed (build-gpu.log)"
     exit 1
   fi
-  echo "[gpu_check] built: $(cd build-gpu && ls test_* probe_* 2>/dev/null | tr '\n' ' ')"
+  # The CLI links OpenBLAS (the CPU baseline backend); the GPU machine has none: carry it.
+  mkdir -p build-gpu/rt
+  ldd build-gpu/lockstep | awk '/openblas|gfortran|quadmath/ {print $3}' | xargs -r -I{} cp -L {} build-gpu/rt/
+  echo "[gpu_check] built: $(cd build-gpu && ls test_* bench_* probe_* lockstep 2>/dev/null | tr '\n' ' ')"
   exit 0
 fi
 
@@ -30,8 +35,12 @@ log "date $(date -u +%FT%TZ), git $(git rev-parse --short HEAD 2>/dev/null || ec
 log "gpu $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null)"
 [ -d build-gpu ] || { log "no build-gpu/: run 'bash scripts/gpu_check.sh --build' here and carry it"; exit 1; }
 
+export LD_LIBRARY_PATH="$PWD/build-gpu/rt${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+parts="${*:-tests bench}"
+has() { [[ " $parts " == *" $1 "* ]]; }
 pass=0
 fail=0
+if has tests; then
 for t in build-gpu/test_*; do
   [ -x "$t" ] || continue
   name=$(basename "$t")
@@ -57,6 +66,57 @@ if bash scripts/probe_mma.sh "$OUT/logs/probe" --seed "$seed" --quick >"$OUT/log
 else
   fail=$((fail + 1))
   log "FAIL probe_mma: $(tail -3 "$OUT/logs/probe_mma.out" | tr '\n' ' ')"
+fi
+fi
+
+if has bench; then
+  for b in build-gpu/bench_*; do
+    [ -x "$b" ] || continue
+    name=$(basename "$b")
+    if "$b" >"$OUT/$name.md" 2>&1; then
+      log "BENCH $name: table in $name.md"
+    else
+      fail=$((fail + 1))
+      log "FAIL $name (exit $?): $(tail -3 "$OUT/$name.md" | tr '\n' ' ')"
+    fi
+  done
+  for py in bench/*.py; do
+    [ -f "$py" ] || continue
+    name=$(basename "$py" .py)
+    if PYTHONUNBUFFERED=1 python3 "$py" >"$OUT/$name.md" 2>&1; then
+      log "BENCH $name (PyTorch peer): table in $name.md"
+    else
+      fail=$((fail + 1))
+      log "FAIL $name (exit $?): $(tail -3 "$OUT/$name.md" | tr '\n' ' ')"
+    fi
+  done
+fi
+
+if has sanitize; then
+  for tool in memcheck racecheck; do
+    for t in build-gpu/test_*; do
+      [ -x "$t" ] || continue
+      name=$(basename "$t")
+      if compute-sanitizer --tool "$tool" --error-exitcode 99 "$t" --quick \
+        >"$OUT/logs/$name.$tool.log" 2>&1; then
+        pass=$((pass + 1))
+        log "PASS $tool $name: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/logs/$name.$tool.log" | tail -1)"
+      else
+        fail=$((fail + 1))
+        log "FAIL $tool $name (exit $?): $(grep -E 'SUMMARY|Error|error' "$OUT/logs/$name.$tool.log" | head -3 | tr '\n' ' ')"
+      fi
+    done
+  done
+fi
+
+if has audit; then
+  if bash scripts/gpu_audit.sh >"$OUT/audit.txt" 2>&1; then
+    pass=$((pass + 1))
+    log "PASS audit: $(grep -E 'mismatch' "$OUT/audit.txt" | tr '\n' ';' | head -c 600)"
+  else
+    fail=$((fail + 1))
+    log "FAIL audit (exit $?): $(tail -5 "$OUT/audit.txt" | tr '\n' ' ')"
+  fi
 fi
 
 (cd "$OUT" && tar czf logs.tar.gz logs && rm -rf logs)
