@@ -19,6 +19,26 @@ constexpr int kGemmBK = 64;            // k per tile (four k-blocks of 16)
 constexpr int kGemmLds = 72;           // shared row stride in bf16 (144 B: ldmatrix conflict-free)
 constexpr int kGemmCpr = kGemmBK / 8;  // 16-byte chunks per row of a tile
 
+// Which kernel ran (tests force each one through the hook below; the library itself chooses from
+// sizes, strides and alignment only: src/cuda/gemm_bf16_nt.cu).
+enum class GemmPath : int {
+  kAuto = 0,      // the launcher's choice
+  kSmallM,        // gemm_small_m.cu (M <= 64, when it takes the case)
+  kMma32x64,      // this file, 32x64 tiles
+  kMma128x128,    // this file, 128x128 tiles
+  kWgmma128x256,  // gemm_sm90.cuh; several segments: fp32 workspace + tree kernel
+  kWgmma128x128,
+  kWgmma64x128,
+  kWgmma128x128Tree,  // gemm_sm90.cuh, segments looped in the CTA, register tree (S <= 2)
+  kWgmma64x128Tree,   // same, S <= 8
+};
+// Test hook (process-wide, not thread-safe): run `p` for every following call where the operands
+// allow it (a wgmma path needs TMA-compatible operands, else the 128x128 mma.sync kernel runs);
+// kAuto restores the normal choice. gemm_last_path_for_tests() says what the last call ran.
+void gemm_force_path_for_tests(GemmPath p);
+GemmPath gemm_last_path_for_tests();
+const char* gemm_path_name(GemmPath p);
+
 struct GemmParams {
   const uint16_t* x;
   const uint16_t* w;

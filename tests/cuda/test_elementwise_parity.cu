@@ -1,25 +1,40 @@
-// Probe: straightforward CUDA kernels written from docs/contract.md §E alone (RMSNorm
-// one warp per row with the 32-lane layout, RoPE, SiLU-and-mul, embedding + vocab-parallel
-// combine), compared bit for bit with the CPU backend (src/cpu/*.cc) on random data, specials
-// (NaN, inf, +-0, subnormal squares, overflow) and every bf16 gate value. Not a product kernel:
-// it proves the contract text is GPU-implementable and that hardware cvt/div/sqrt/exp agree.
-//   nvcc -std=c++17 -O2 -fmad=false -gencode arch=compute_90a,code=sm_90a -Iinclude -Isrc \
-//     dev/elementwise_parity.cu <lockstep CPU objects> -o elementwise_parity
-#include <cuda_bf16.h>
+// GPU parity of the CUDA elementwise ops (lockstep::cuda::rmsnorm, rmsnorm_residual, rope,
+// silu_mul, embedding, embedding_vocab_parallel, embedding_combine; src/cuda/{norm,rope,
+// activation,embedding}.cu) with the CPU ops (lockstep::cpu::*), bit for bit (docs/contract.md
+// §E), by memcmp of whole output buffers (padding cells included: outputs are poisoned with 0xA5
+// on both sides first) on fresh random data:
+//   - RMSNorm: H in {1, 3, 17, 64, 111, 128, 136, 1000, 4096, 5120}, rows at 8 magnitudes
+//     (subnormal squares, overflow), NaN / ±inf / ±0 rows, residual overflow; strided rows
+//     (aligned and unaligned), per-head [T, heads, D] views inside a fused qkv buffer, in place;
+//   - RoPE: 40960 positions, D = 2, 6, 128, i32 / i64 / strided positions, q inside qkv, in place,
+//     out-of-table device positions -> canonical-NaN rows;
+//   - SiLU-and-mul: every bf16 gate x special up values, random rows, odd widths, in place;
+//   - embedding: random bit-pattern tables, strided ids / tables / outputs, vocab-parallel partials
+//     TP = 1, 2, 3, 4, 8 and their combine (also in place), invalid device ids -> NaN rows;
+//   - invariance on the GPU: a row alone == the same row inside the batch;
+//   - negative control: a sequential (non-lane) RMSNorm sum must differ from the GPU somewhere;
+//   - argument errors (host views, shapes, dtypes, strides, aliasing, config) before any launch.
+// Fresh seed each run (printed; pass one as argv[1] to repeat). --quick: small sizes (sanitizer).
+// Prints "N passed, M failed" and exits non-zero on any failure.
+#include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
-#include "core/math.h"
+#include "lockstep/cuda/elementwise.h"
 #include "lockstep/ops/activation.h"
 #include "lockstep/ops/embedding.h"
 #include "lockstep/ops/norm.h"
 #include "lockstep/ops/rope.h"
 
 using lockstep::bf16;
+using lockstep::Device;
 using lockstep::DType;
 using lockstep::Tensor;
 using lockstep::TensorView;
@@ -33,292 +48,731 @@ using lockstep::TensorView;
     }                                                                                      \
   } while (0)
 
-// ---- device helpers: hardware conversion + the contract's canonical NaN.
-__device__ __forceinline__ float ld(const uint16_t* p, int64_t i) {
-  return __uint_as_float(uint32_t(p[i]) << 16);
-}
-__device__ __forceinline__ uint16_t rnd(float v) {  // RNE via cvt.rn.bf16.f32, NaN -> 0x7FC0
-  if (v != v) return 0x7FC0;
-  __nv_bfloat16 h = __float2bfloat16_rn(v);
-  return *reinterpret_cast<uint16_t*>(&h);
-}
-__device__ __forceinline__ uint16_t rnd_raw(float v) {  // intermediate rounding, NaN unspecified
-  __nv_bfloat16 h = __float2bfloat16_rn(v);
-  return *reinterpret_cast<uint16_t*>(&h);
-}
+namespace {
 
-// ---- RMSNorm (+ residual): one warp per row.
-__global__ void rmsnorm_kernel(const uint16_t* x, const uint16_t* res, const uint16_t* w,
-                               uint16_t* res_out, uint16_t* y, int64_t rows, int64_t H, float eps) {
-  const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= rows) return;  // whole warp exits together
-  const uint16_t* xr = x + row * H;
-  const uint16_t* src = xr;
-  if (res) {
-    for (int64_t g = lane; g * 8 < H; g += 32) {
-      for (int64_t k = g * 8; k < g * 8 + 8 && k < H; ++k) {
-        res_out[row * H + k] = rnd(__fadd_rn(ld(xr, k), ld(res + row * H, k)));
-      }
-    }
-    src = res_out + row * H;  // each lane re-reads only what it wrote itself
-  }
-  float acc = 0.0f;
-  for (int64_t g = lane; g * 8 < H; g += 32) {
-    for (int64_t k = g * 8; k < g * 8 + 8 && k < H; ++k) {
-      const float v = ld(src, k);
-      acc = __fadd_rn(acc, __fmul_rn(v, v));
-    }
-  }
-  for (int o = 16; o >= 1; o /= 2) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, o));
-  const float mean = __fdiv_rn(acc, float(H));
-  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
-  for (int64_t g = lane; g * 8 < H; g += 32) {
-    for (int64_t k = g * 8; k < g * 8 + 8 && k < H; ++k) {
-      const uint16_t t = rnd_raw(__fmul_rn(ld(src, k), r));
-      y[row * H + k] = rnd(__fmul_rn(__uint_as_float(uint32_t(t) << 16), ld(w, k)));
-    }
+int g_pass = 0, g_fail = 0;
+bool g_quick = false;
+std::mt19937_64 g_rng;
+
+void report(bool ok, const std::string& what) {
+  if (ok) {
+    ++g_pass;
+  } else {
+    ++g_fail;
+    std::printf("FAIL %s\n", what.c_str());
   }
 }
 
-// ---- RoPE: one thread per (row, pair).
-__global__ void rope_kernel(const uint16_t* x, const int64_t* pos, const float* cosT,
-                            const float* sinT, uint16_t* y, int64_t T, int64_t heads, int64_t D) {
-  const int64_t half = D / 2;
-  const int64_t n = T * heads * half;
-  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= n) return;
-  const int64_t row = idx / half, i = idx % half, t = row / heads;
-  const float c = cosT[pos[t] * half + i], s = sinT[pos[t] * half + i];
-  const float a = ld(x + row * D, i), b = ld(x + row * D, i + half);
-  y[row * D + i] = rnd(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
-  y[row * D + i + half] = rnd(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
-}
-
-// ---- SiLU-and-mul on the fused [T, 2I] layout.
-__global__ void silu_kernel(const uint16_t* gu, uint16_t* out, int64_t T, int64_t I) {
-  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= T * I) return;
-  const int64_t t = idx / I, i = idx % I;
-  const float g = ld(gu + t * 2 * I, i), u = ld(gu + t * 2 * I, I + i);
-  const float e = lockstep::ls_expf(-g);
-  const float d = __fadd_rn(1.0f, e);
-  const float s = __fdiv_rn(g, d);
-  out[idx] = rnd(__fmul_rn(s, u));
-}
-
-// ---- Embedding: gather (canonical NaN), shard partial (-0 elsewhere), combine.
-__global__ void embed_kernel(const int64_t* ids, const uint16_t* table, int64_t v0, int64_t v1,
-                             uint16_t* out, int64_t T, int64_t H) {
-  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= T * H) return;
-  const int64_t t = idx / H, k = idx % H, id = ids[t];
-  if (id < v0 || id >= v1) {
-    out[idx] = 0x8000;
-    return;
+// Device allocations of one test, poisoned with 0xA5, freed at scope exit.
+struct DevPool {
+  std::vector<void*> ptrs;
+  void* alloc(size_t bytes) {
+    void* p = nullptr;
+    CK(cudaMalloc(&p, bytes ? bytes : 16));
+    CK(cudaMemset(p, 0xA5, bytes ? bytes : 16));
+    ptrs.push_back(p);
+    return p;
   }
-  const uint16_t b = table[(id - v0) * H + k];
-  out[idx] = (b & 0x7fff) > 0x7f80 ? 0x7FC0 : b;
-}
-__global__ void combine_kernel(const uint16_t* parts, int nparts, uint16_t* out, int64_t n) {
-  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= n) return;
-  float acc = ld(parts, idx);
-  for (int r = 1; r < nparts; ++r) acc = __fadd_rn(acc, ld(parts + r * n, idx));
-  out[idx] = rnd(acc);
-}
+  void* upload(const void* host, size_t bytes) {
+    void* p = alloc(bytes);
+    CK(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice));
+    return p;
+  }
+  ~DevPool() {
+    for (void* p : ptrs) cudaFree(p);
+  }
+};
 
-// ---- host side
-template <typename T>
-T* to_dev(const void* p, size_t bytes) {
-  T* d;
-  CK(cudaMalloc(&d, bytes ? bytes : 1));
-  CK(cudaMemcpy(d, p, bytes, cudaMemcpyHostToDevice));
-  return d;
-}
-std::vector<uint16_t> from_dev(const uint16_t* d, int64_t n) {
-  std::vector<uint16_t> h(static_cast<size_t>(n));
-  CK(cudaMemcpy(h.data(), d, size_t(n) * 2, cudaMemcpyDeviceToHost));
+std::vector<uint8_t> download(const void* dev, size_t bytes) {
+  std::vector<uint8_t> h(bytes);
+  CK(cudaDeviceSynchronize());
+  CK(cudaMemcpy(h.data(), dev, bytes, cudaMemcpyDeviceToHost));
   return h;
 }
 
-int failures = 0;
-void compare(const char* what, const std::vector<uint16_t>& gpu, const void* cpu, int64_t n) {
-  const uint16_t* c = static_cast<const uint16_t*>(cpu);
-  int64_t bad = 0, first = -1;
-  for (int64_t i = 0; i < n; ++i) {
-    if (gpu[size_t(i)] != c[i]) {
-      if (first < 0) first = i;
+// A view with explicit element strides (row-major contiguous when strides is empty).
+TensorView view(void* p, DType dt, std::vector<int64_t> shape, std::vector<int64_t> strides = {},
+                Device dev = Device::kCUDA) {
+  TensorView v = TensorView::contiguous(p, dt, shape, dev);
+  for (size_t i = 0; i < strides.size(); ++i) v.stride[i] = strides[i];
+  return v;
+}
+TensorView on(const TensorView& host_view, void* dev_base, const void* host_base) {
+  TensorView v = host_view;
+  v.device = Device::kCUDA;
+  v.data = static_cast<char*>(dev_base) +
+           (static_cast<const char*>(host_view.data) - static_cast<const char*>(host_base));
+  return v;
+}
+
+// memcmp of n elements of size es; names the first differing element and both patterns.
+bool bitwise(const std::string& what, const void* gpu, const void* cpu, size_t n, size_t es) {
+  const auto* a = static_cast<const uint8_t*>(gpu);
+  const auto* b = static_cast<const uint8_t*>(cpu);
+  if (std::memcmp(a, b, n * es) == 0) {
+    report(true, what);
+    return true;
+  }
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (std::memcmp(a + i * es, b + i * es, es) != 0) {
+      if (bad == 0) first = i;
       ++bad;
     }
   }
-  if (bad) {
-    ++failures;
-    std::printf("MISMATCH %s: %lld of %lld differ; first at %lld: gpu 0x%04x cpu 0x%04x\n", what,
-                (long long)bad, (long long)n, (long long)first, gpu[size_t(first)], c[first]);
-  } else {
-    std::printf("ok %s: %lld elements bitwise equal\n", what, (long long)n);
-  }
+  uint64_t x = 0, y = 0;
+  std::memcpy(&x, a + first * es, es);
+  std::memcpy(&y, b + first * es, es);
+  report(false, what);
+  std::printf("  %zu of %zu differ; first at %zu: gpu 0x%llx cpu 0x%llx\n", bad, n, first,
+              (unsigned long long)x, (unsigned long long)y);
+  return false;
 }
 
-std::mt19937_64 gen(12345);
-void fill(Tensor& t, float scale) {
+void expect_error(const std::string& what, const std::function<void()>& fn, const char* needle) {
+  try {
+    fn();
+  } catch (const lockstep::Error& e) {
+    const bool ok = std::strstr(e.what(), needle) != nullptr;
+    report(ok, "error: " + what);
+    if (!ok) std::printf("  message '%s' lacks '%s'\n", e.what(), needle);
+    return;
+  }
+  report(false, "error: " + what + " (nothing thrown)");
+}
+
+bf16 rnd_bf16(float scale) {
   std::normal_distribution<float> d(0.0f, scale);
-  for (int64_t i = 0; i < t.numel(); ++i) t.ptr<bf16>()[i] = lockstep::f32_to_bf16(d(gen));
+  return lockstep::f32_to_bf16(d(g_rng));
+}
+void fill_bf16(bf16* p, size_t n, float scale) {
+  for (size_t i = 0; i < n; ++i) p[i] = rnd_bf16(scale);
+}
+
+// ---- RMSNorm -----------------------------------------------------------------------------------
+
+// Negative-control reference: the same formula with a plain sequential sum of squares.
+void rmsnorm_sequential(const bf16* x, const bf16* w, int64_t T, int64_t H, float eps, bf16* y) {
+  for (int64_t t = 0; t < T; ++t) {
+    float acc = 0.0f;
+    for (int64_t k = 0; k < H; ++k) {
+      const float v = lockstep::bf16_to_f32(x[t * H + k]);
+      const float sq = v * v;
+      acc = acc + sq;
+    }
+    const float r = 1.0f / std::sqrt(acc / float(H) + eps);
+    for (int64_t k = 0; k < H; ++k) {
+      const bf16 q = lockstep::f32_to_bf16(lockstep::bf16_to_f32(x[t * H + k]) * r);
+      y[t * H + k] = lockstep::f32_to_bf16(lockstep::bf16_to_f32(q) * lockstep::bf16_to_f32(w[k]));
+    }
+  }
 }
 
 void test_rmsnorm(int64_t H) {
   const int64_t T = 64;
+  const lockstep::RmsNormConfig cfg{1e-6f};
   Tensor x(DType::kBF16, {T, H}), r(DType::kBF16, {T, H}), w(DType::kBF16, {H});
-  fill(w, 1.0f);
+  fill_bf16(w.ptr<bf16>(), size_t(H), 1.0f);
   const float scales[] = {1.0f, 1e-20f, 1e-35f, 1e15f, 3e19f, 0.01f, 100.0f, 1e-30f};
   for (int64_t t = 0; t < T; ++t) {
-    std::normal_distribution<float> d(0.0f, scales[t % 8]);
     for (int64_t k = 0; k < H; ++k) {
-      x.ptr<bf16>()[t * H + k] = lockstep::f32_to_bf16(d(gen));
-      r.ptr<bf16>()[t * H + k] = lockstep::f32_to_bf16(d(gen));
+      x.ptr<bf16>()[t * H + k] = rnd_bf16(scales[t % 8]);
+      r.ptr<bf16>()[t * H + k] = rnd_bf16(scales[t % 8]);
     }
   }
   bf16* xp = x.ptr<bf16>();
-  xp[9 * H + H / 2] = bf16{0x7fc1};                                                     // NaN row
-  xp[10 * H + 1] = bf16{0x7f80};                                                        // inf row
-  xp[11 * H + 0] = bf16{0xff80};                                                        // -inf row
-  for (int64_t k = 0; k < H; ++k) xp[12 * H + k] = bf16{uint16_t(k & 1 ? 0x8000 : 0)};  // zeros
-  xp[13 * H + 2] = lockstep::f32_to_bf16(3e38f);  // residual overflow
-  r.ptr<bf16>()[13 * H + 2] = lockstep::f32_to_bf16(3e38f);
+  xp[9 * H + H / 2] = bf16{0x7fc1};                                                     // NaN
+  xp[10 * H + (H > 1 ? 1 : 0)] = bf16{0x7f80};                                          // +inf
+  xp[11 * H + 0] = bf16{0xff80};                                                        // -inf
+  for (int64_t k = 0; k < H; ++k) xp[12 * H + k] = bf16{uint16_t(k & 1 ? 0x8000 : 0)};  // ±0
+  xp[13 * H] = lockstep::f32_to_bf16(3e38f);  // residual overflow
+  r.ptr<bf16>()[13 * H] = lockstep::f32_to_bf16(3e38f);
 
-  lockstep::RmsNormConfig cfg{1e-6f};
+  const size_t nb = size_t(x.nbytes());
   Tensor y(DType::kBF16, {T, H}), y2(DType::kBF16, {T, H}), s2(DType::kBF16, {T, H});
+  for (Tensor* t : {&y, &y2, &s2}) std::memset(t->data(), 0xA5, nb);
   lockstep::cpu::rmsnorm(x.view(), w.view(), cfg, y.view());
   lockstep::cpu::rmsnorm_residual(x.view(), r.view(), w.view(), cfg, s2.view(), y2.view());
 
-  auto* dx = to_dev<uint16_t>(x.data(), size_t(x.nbytes()));
-  auto* dr = to_dev<uint16_t>(r.data(), size_t(r.nbytes()));
-  auto* dw = to_dev<uint16_t>(w.data(), size_t(w.nbytes()));
-  uint16_t *dy, *ds;
-  CK(cudaMalloc(&dy, size_t(x.nbytes())));
-  CK(cudaMalloc(&ds, size_t(x.nbytes())));
-  const int warps = 4;
-  const unsigned blocks = unsigned((T + warps - 1) / warps);
-  rmsnorm_kernel<<<blocks, 32 * warps>>>(dx, nullptr, dw, nullptr, dy, T, H, cfg.eps);
-  CK(cudaDeviceSynchronize());
-  char name[64];
-  std::snprintf(name, sizeof name, "rmsnorm H=%lld", (long long)H);
-  compare(name, from_dev(dy, T * H), y.data(), T * H);
-  rmsnorm_kernel<<<blocks, 32 * warps>>>(dx, dr, dw, ds, dy, T, H, cfg.eps);
-  CK(cudaDeviceSynchronize());
-  std::snprintf(name, sizeof name, "rmsnorm_residual y H=%lld", (long long)H);
-  compare(name, from_dev(dy, T * H), y2.data(), T * H);
-  std::snprintf(name, sizeof name, "rmsnorm_residual residual_out H=%lld", (long long)H);
-  compare(name, from_dev(ds, T * H), s2.data(), T * H);
-  cudaFree(dx), cudaFree(dr), cudaFree(dw), cudaFree(dy), cudaFree(ds);
+  DevPool d;
+  void* dx = d.upload(x.data(), nb);
+  void* dr = d.upload(r.data(), nb);
+  void* dw = d.upload(w.data(), size_t(w.nbytes()));
+  void* dy = d.alloc(nb);
+  void* ds = d.alloc(nb);
+  const TensorView vx = view(dx, DType::kBF16, {T, H}), vr = view(dr, DType::kBF16, {T, H}),
+                   vw = view(dw, DType::kBF16, {H}), vy = view(dy, DType::kBF16, {T, H}),
+                   vs = view(ds, DType::kBF16, {T, H});
+  const std::string tag = " H=" + std::to_string(H);
+  lockstep::cuda::rmsnorm(vx, vw, cfg, vy);
+  bitwise("rmsnorm" + tag, download(dy, nb).data(), y.data(), size_t(T * H), 2);
+  CK(cudaMemset(dy, 0xA5, nb));
+  lockstep::cuda::rmsnorm_residual(vx, vr, vw, cfg, vs, vy);
+  bitwise("rmsnorm_residual y" + tag, download(dy, nb).data(), y2.data(), size_t(T * H), 2);
+  bitwise("rmsnorm_residual residual_out" + tag, download(ds, nb).data(), s2.data(), size_t(T * H),
+          2);
+
+  // Invariance: rows alone (T = 1 calls) == the same rows of the batch.
+  for (int64_t row : {int64_t(0), int64_t(5), int64_t(13), T - 1}) {
+    void* d1 = d.alloc(size_t(H) * 2);
+    lockstep::cuda::rmsnorm(vx.rows(row, row + 1), vw, cfg, view(d1, DType::kBF16, {1, H}));
+    bitwise("rmsnorm row " + std::to_string(row) + " alone == in batch" + tag,
+            download(d1, size_t(H) * 2).data(), y.ptr<bf16>() + row * H, size_t(H), 2);
+  }
+
+  // In place: y = x; residual_out = residual and y = x (vLLM's fused_add_rms_norm).
+  void* dx2 = d.upload(x.data(), nb);
+  lockstep::cuda::rmsnorm(view(dx2, DType::kBF16, {T, H}), vw, cfg,
+                          view(dx2, DType::kBF16, {T, H}));
+  bitwise("rmsnorm in place" + tag, download(dx2, nb).data(), y.data(), size_t(T * H), 2);
+  void* dx3 = d.upload(x.data(), nb);
+  void* dr3 = d.upload(r.data(), nb);
+  const TensorView vx3 = view(dx3, DType::kBF16, {T, H}), vr3 = view(dr3, DType::kBF16, {T, H});
+  lockstep::cuda::rmsnorm_residual(vx3, vr3, vw, cfg, vr3, vx3);
+  bitwise("rmsnorm_residual in place y" + tag, download(dx3, nb).data(), y2.data(), size_t(T * H),
+          2);
+  bitwise("rmsnorm_residual in place residual" + tag, download(dr3, nb).data(), s2.data(),
+          size_t(T * H), 2);
 }
 
-void test_rope() {
-  const int64_t T = 512, heads = 8, D = 128;
+// Negative control: the same formula with a plain sequential sum of squares must differ from the
+// GPU somewhere (about 1 row in 30 at H = 4096), so the comparison does see the summation order.
+void test_rmsnorm_negative_control() {
+  const int64_t T = g_quick ? 256 : 2048, H = 4096;
+  const lockstep::RmsNormConfig cfg{1e-6f};
+  Tensor x(DType::kBF16, {T, H}), w(DType::kBF16, {H}), seq(DType::kBF16, {T, H});
+  fill_bf16(x.ptr<bf16>(), size_t(T * H), 1.0f);
+  fill_bf16(w.ptr<bf16>(), size_t(H), 1.0f);
+  rmsnorm_sequential(x.ptr<bf16>(), w.ptr<bf16>(), T, H, cfg.eps, seq.ptr<bf16>());
+  DevPool d;
+  const size_t nb = size_t(x.nbytes());
+  void* dx = d.upload(x.data(), nb);
+  void* dw = d.upload(w.data(), size_t(w.nbytes()));
+  void* dy = d.alloc(nb);
+  lockstep::cuda::rmsnorm(view(dx, DType::kBF16, {T, H}), view(dw, DType::kBF16, {H}), cfg,
+                          view(dy, DType::kBF16, {T, H}));
+  const std::vector<uint8_t> q = download(dy, nb);
+  int64_t rows_differ = 0;
+  for (int64_t t = 0; t < T; ++t)
+    rows_differ += std::memcmp(q.data() + t * H * 2, seq.ptr<bf16>() + t * H, size_t(H) * 2) != 0;
+  std::printf("negative control (sequential sum of squares): %lld of %lld rows differ\n",
+              (long long)rows_differ, (long long)T);
+  report(rows_differ > 0, "rmsnorm negative control sees the summation order");
+}
+
+// Strided rows (aligned / unaligned padding) and per-head [T, heads, D] views in a qkv buffer.
+void test_rmsnorm_views() {
+  const lockstep::RmsNormConfig cfg{1e-5f};
+  for (int64_t pad : {int64_t(5), int64_t(8)}) {
+    for (int64_t H : {int64_t(136), int64_t(4096)}) {
+      if (g_quick && H > 136) continue;
+      const int64_t T = 37, ld = H + pad;
+      Tensor xb(DType::kBF16, {T, ld}), rb(DType::kBF16, {T, ld}), w(DType::kBF16, {H});
+      fill_bf16(xb.ptr<bf16>(), size_t(T * ld), 2.0f);
+      fill_bf16(rb.ptr<bf16>(), size_t(T * ld), 2.0f);
+      fill_bf16(w.ptr<bf16>(), size_t(H), 1.0f);
+      Tensor yb(DType::kBF16, {T, ld}), sb(DType::kBF16, {T, ld});
+      std::memset(yb.data(), 0xA5, size_t(yb.nbytes()));
+      std::memset(sb.data(), 0xA5, size_t(sb.nbytes()));
+      auto hv = [&](const Tensor& t) {
+        return view(t.data(), DType::kBF16, {T, H}, {ld, 1}, Device::kCPU);
+      };
+      lockstep::cpu::rmsnorm_residual(hv(xb), hv(rb), w.view(), cfg, hv(sb), hv(yb));
+      DevPool d;
+      const size_t nb = size_t(xb.nbytes());
+      void* dx = d.upload(xb.data(), nb);
+      void* dr = d.upload(rb.data(), nb);
+      void* dw = d.upload(w.data(), size_t(w.nbytes()));
+      void* dy = d.alloc(nb);
+      void* ds = d.alloc(nb);
+      auto dv = [&](void* p) { return view(p, DType::kBF16, {T, H}, {ld, 1}); };
+      lockstep::cuda::rmsnorm_residual(dv(dx), dv(dr), view(dw, DType::kBF16, {H}), cfg, dv(ds),
+                                       dv(dy));
+      const std::string tag = " H=" + std::to_string(H) + " row stride " + std::to_string(ld);
+      bitwise("rmsnorm_residual strided y (padding untouched)" + tag, download(dy, nb).data(),
+              yb.data(), size_t(T * ld), 2);
+      bitwise("rmsnorm_residual strided residual_out" + tag, download(ds, nb).data(), sb.data(),
+              size_t(T * ld), 2);
+    }
+  }
+  // Qwen3 q/k norm: [T, heads, D] views of q and k inside qkv [T, (Hq + 2·Hkv)·D].
+  const int64_t T = g_quick ? 5 : 111, Hq = 8, Hkv = 2, D = 128, ld = (Hq + 2 * Hkv) * D;
+  Tensor qkv(DType::kBF16, {T, ld}), w(DType::kBF16, {D});
+  fill_bf16(qkv.ptr<bf16>(), size_t(T * ld), 1.5f);
+  fill_bf16(w.ptr<bf16>(), size_t(D), 1.0f);
+  Tensor out(DType::kBF16, {T, ld});
+  std::memset(out.data(), 0xA5, size_t(out.nbytes()));
+  const TensorView hq = view(qkv.data(), DType::kBF16, {T, Hq, D}, {ld, D, 1}, Device::kCPU);
+  const TensorView hk =
+      view(qkv.ptr<bf16>() + Hq * D, DType::kBF16, {T, Hkv, D}, {ld, D, 1}, Device::kCPU);
+  const TensorView oq = view(out.data(), DType::kBF16, {T, Hq, D}, {ld, D, 1}, Device::kCPU);
+  const TensorView ok =
+      view(out.ptr<bf16>() + Hq * D, DType::kBF16, {T, Hkv, D}, {ld, D, 1}, Device::kCPU);
+  lockstep::cpu::rmsnorm(hq, w.view(), cfg, oq);
+  lockstep::cpu::rmsnorm(hk, w.view(), cfg, ok);
+  DevPool d;
+  const size_t nb = size_t(qkv.nbytes());
+  void* dq = d.upload(qkv.data(), nb);
+  void* dout = d.alloc(nb);
+  void* dw = d.upload(w.data(), size_t(w.nbytes()));
+  const TensorView dwv = view(dw, DType::kBF16, {D});
+  lockstep::cuda::rmsnorm(on(hq, dq, qkv.data()), dwv, cfg, on(oq, dout, out.data()));
+  lockstep::cuda::rmsnorm(on(hk, dq, qkv.data()), dwv, cfg, on(ok, dout, out.data()));
+  bitwise("rmsnorm per-head q/k views inside qkv (v untouched)", download(dout, nb).data(),
+          out.data(), size_t(T * ld), 2);
+  // In place on the q heads of the qkv buffer.
+  lockstep::cuda::rmsnorm(on(hq, dq, qkv.data()), dwv, cfg, on(hq, dq, qkv.data()));
+  const std::vector<uint8_t> g = download(dq, nb);
+  bool same = true;
+  for (int64_t t = 0; t < T; ++t)
+    same = same &&
+           std::memcmp(g.data() + t * ld * 2, out.ptr<bf16>() + t * ld, size_t(Hq * D) * 2) == 0 &&
+           std::memcmp(g.data() + (t * ld + Hq * D) * 2, qkv.ptr<bf16>() + t * ld + Hq * D,
+                       size_t(2 * Hkv * D) * 2) == 0;
+  report(same, "rmsnorm per-head in place inside qkv");
+}
+
+void test_rmsnorm_errors() {
+  const lockstep::RmsNormConfig cfg{1e-6f};
+  DevPool d;
+  const int64_t T = 4, H = 16;
+  void* a = d.alloc(size_t(T * H) * 2);
+  void* b = d.alloc(size_t(T * H) * 2);
+  void* wv = d.alloc(size_t(H) * 2);
+  const TensorView x = view(a, DType::kBF16, {T, H}), y = view(b, DType::kBF16, {T, H}),
+                   w = view(wv, DType::kBF16, {H});
+  Tensor hx(DType::kBF16, {T, H});
+  expect_error(
+      "rmsnorm x on the host", [&] { lockstep::cuda::rmsnorm(hx.view(), w, cfg, y); },
+      "expected device cuda");
+  expect_error(
+      "rmsnorm weight shape",
+      [&] { lockstep::cuda::rmsnorm(x, view(wv, DType::kBF16, {H - 1}), cfg, y); }, "'weight'");
+  expect_error(
+      "rmsnorm y dtype",
+      [&] {
+        lockstep::cuda::rmsnorm(x, w, cfg, view(b, DType::kF32, {T, H}));
+      },
+      "'y'");
+  expect_error(
+      "rmsnorm y shape",
+      [&] {
+        lockstep::cuda::rmsnorm(x, w, cfg, view(b, DType::kBF16, {T, H + 1}));
+      },
+      "'y'");
+  expect_error(
+      "rmsnorm x last-dim stride",
+      [&] {
+        lockstep::cuda::rmsnorm(view(a, DType::kBF16, {T, H / 2}, {H, 2}),
+                                view(wv, DType::kBF16, {H / 2}), cfg,
+                                view(b, DType::kBF16, {T, H / 2}));
+      },
+      "stride 1");
+  expect_error(
+      "rmsnorm x 1-D", [&] { lockstep::cuda::rmsnorm(view(a, DType::kBF16, {H}), w, cfg, y); },
+      "'x'");
+  expect_error(
+      "rmsnorm eps < 0", [&] { lockstep::cuda::rmsnorm(x, w, lockstep::RmsNormConfig{-1.0f}, y); },
+      "eps");
+  expect_error(
+      "rmsnorm_residual residual_out == y",
+      [&] { lockstep::cuda::rmsnorm_residual(x, x, w, cfg, y, y); }, "same memory");
+  expect_error(
+      "rmsnorm H = 0",
+      [&] {
+        lockstep::cuda::rmsnorm(view(a, DType::kBF16, {T, 0}), view(wv, DType::kBF16, {0}), cfg,
+                                view(b, DType::kBF16, {T, 0}));
+      },
+      "last dimension >= 1");
+  // T = 0 is a valid no-op.
+  lockstep::cuda::rmsnorm(view(a, DType::kBF16, {0, H}), w, cfg, view(b, DType::kBF16, {0, H}));
+  report(true, "rmsnorm T = 0 no-op");
+}
+
+// ---- RoPE --------------------------------------------------------------------------------------
+
+void test_rope(int64_t T, int64_t heads, int64_t D, bool pos32, int64_t pos_stride) {
   lockstep::RopeConfig rc;
   rc.head_dim = D;
   rc.max_positions = 40960;
   const lockstep::RopeTable table = lockstep::RopeTable::build(rc);
-  Tensor x(DType::kBF16, {T, heads, D});
-  fill(x, 3.0f);
-  x.ptr<bf16>()[5] = bf16{0xffc3};
-  x.ptr<bf16>()[D * heads + 7] = bf16{0x7f80};
-  Tensor pos(DType::kI64, {T});
+  const int64_t half = D / 2;
+  // x = q heads inside a qkv-like buffer [T, (heads + 2)·D]; y strided the same way.
+  const int64_t ld = (heads + 2) * D;
+  Tensor xb(DType::kBF16, {T, ld});
+  fill_bf16(xb.ptr<bf16>(), size_t(T * ld), 3.0f);
+  xb.ptr<bf16>()[5 % D] = bf16{0xffc3};
+  if (T > 1) xb.ptr<bf16>()[ld + 7 % D] = bf16{0x7f80};
+  Tensor pos(pos32 ? DType::kI32 : DType::kI64, {T * pos_stride});
   std::uniform_int_distribution<int64_t> pd(0, rc.max_positions - 1);
-  for (int64_t t = 0; t < T; ++t) pos.ptr<int64_t>()[t] = t < 4 ? t : pd(gen);
-  Tensor y(DType::kBF16, {T, heads, D});
-  lockstep::cpu::rope(x.view(), pos.view(), table, y.view());
-  auto* dx = to_dev<uint16_t>(x.data(), size_t(x.nbytes()));
-  auto* dp = to_dev<int64_t>(pos.data(), size_t(pos.nbytes()));
-  auto* dc = to_dev<float>(table.cos.data(), table.cos.size() * 4);
-  auto* dsn = to_dev<float>(table.sin.data(), table.sin.size() * 4);
-  uint16_t* dy;
-  CK(cudaMalloc(&dy, size_t(x.nbytes())));
-  const int64_t n = T * heads * D / 2;
-  rope_kernel<<<unsigned((n + 255) / 256), 256>>>(dx, dp, dc, dsn, dy, T, heads, D);
-  CK(cudaDeviceSynchronize());
-  compare("rope D=128", from_dev(dy, T * heads * D), y.data(), T * heads * D);
-  cudaFree(dx), cudaFree(dp), cudaFree(dc), cudaFree(dsn), cudaFree(dy);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t p = t < 4 ? t : pd(g_rng);
+    if (pos32) {
+      pos.ptr<int32_t>()[t * pos_stride] = int32_t(p);
+    } else {
+      pos.ptr<int64_t>()[t * pos_stride] = p;
+    }
+  }
+  const TensorView hpos = view(pos.data(), pos.dtype(), {T}, {pos_stride}, Device::kCPU);
+  const TensorView hx = view(xb.data(), DType::kBF16, {T, heads, D}, {ld, D, 1}, Device::kCPU);
+  Tensor yb(DType::kBF16, {T, ld});
+  std::memset(yb.data(), 0xA5, size_t(yb.nbytes()));
+  const TensorView hy = view(yb.data(), DType::kBF16, {T, heads, D}, {ld, D, 1}, Device::kCPU);
+  lockstep::cpu::rope(hx, hpos, table, hy);
+
+  DevPool d;
+  const size_t nb = size_t(xb.nbytes());
+  void* dx = d.upload(xb.data(), nb);
+  void* dy = d.alloc(nb);
+  void* dp = d.upload(pos.data(), size_t(pos.nbytes()));
+  void* dc = d.upload(table.cos.data(), table.cos.size() * 4);
+  void* dsn = d.upload(table.sin.data(), table.sin.size() * 4);
+  const TensorView vc = view(dc, DType::kF32, {rc.max_positions, half});
+  const TensorView vs = view(dsn, DType::kF32, {rc.max_positions, half});
+  const TensorView vp = on(hpos, dp, pos.data());
+  lockstep::cuda::rope(on(hx, dx, xb.data()), vp, vc, vs, on(hy, dy, yb.data()));
+  char tag[96];
+  std::snprintf(tag, sizeof tag, " T=%lld heads=%lld D=%lld pos %s stride %lld", (long long)T,
+                (long long)heads, (long long)D, pos32 ? "i32" : "i64", (long long)pos_stride);
+  bitwise(std::string("rope (k/v columns untouched)") + tag, download(dy, nb).data(), yb.data(),
+          size_t(T * ld), 2);
+  // In place.
+  lockstep::cuda::rope(on(hx, dx, xb.data()), vp, vc, vs, on(hx, dx, xb.data()));
+  {
+    const std::vector<uint8_t> g = download(dx, nb);
+    bool same = true;
+    for (int64_t t = 0; t < T; ++t)
+      same = same && std::memcmp(g.data() + t * ld * 2, yb.ptr<bf16>() + t * ld,
+                                 size_t(heads * D) * 2) == 0;
+    report(same, std::string("rope in place") + tag);
+  }
+  // Invariance: the last token alone.
+  if (T > 1) {
+    void* dx1 = d.upload(xb.data(), nb);
+    void* d1 = d.alloc(size_t(heads * D) * 2);
+    lockstep::cuda::rope(on(hx, dx1, xb.data()).rows(T - 1, T), vp.rows(T - 1, T), vc, vs,
+                         view(d1, DType::kBF16, {1, heads, D}));
+    const std::vector<uint8_t> g = download(d1, size_t(heads * D) * 2);
+    report(std::memcmp(g.data(), yb.ptr<bf16>() + (T - 1) * ld, size_t(heads * D) * 2) == 0,
+           std::string("rope last token alone == in batch") + tag);
+  }
 }
 
+void test_rope_bad_positions_and_errors() {
+  lockstep::RopeConfig rc;
+  rc.head_dim = 8;
+  rc.max_positions = 100;
+  const lockstep::RopeTable table = lockstep::RopeTable::build(rc);
+  const int64_t T = 5, heads = 2, D = 8;
+  Tensor x(DType::kBF16, {T, heads, D});
+  fill_bf16(x.ptr<bf16>(), size_t(T * heads * D), 1.0f);
+  Tensor pos(DType::kI64, {T});
+  const int64_t pv[] = {3, 100, 7, -1, 99};  // 100 and -1 are outside the table
+  std::memcpy(pos.data(), pv, sizeof pv);
+  Tensor posv(DType::kI64, {T});
+  const int64_t pvv[] = {3, 0, 7, 0, 99};
+  std::memcpy(posv.data(), pvv, sizeof pvv);
+  Tensor ref(DType::kBF16, {T, heads, D});
+  lockstep::cpu::rope(x.view(), posv.view(), table, ref.view());
+  for (int64_t t : {int64_t(1), int64_t(3)})
+    for (int64_t i = 0; i < heads * D; ++i) ref.ptr<bf16>()[t * heads * D + i] = bf16{0x7FC0};
+  DevPool d;
+  void* dx = d.upload(x.data(), size_t(x.nbytes()));
+  void* dy = d.alloc(size_t(x.nbytes()));
+  void* dp = d.upload(pos.data(), size_t(pos.nbytes()));
+  void* dc = d.upload(table.cos.data(), table.cos.size() * 4);
+  void* dsn = d.upload(table.sin.data(), table.sin.size() * 4);
+  const TensorView vx = view(dx, DType::kBF16, {T, heads, D}),
+                   vy = view(dy, DType::kBF16, {T, heads, D}), vp = view(dp, DType::kI64, {T}),
+                   vc = view(dc, DType::kF32, {100, 4}), vs = view(dsn, DType::kF32, {100, 4});
+  lockstep::cuda::rope(vx, vp, vc, vs, vy);
+  bitwise("rope: device positions outside the table give canonical-NaN rows",
+          download(dy, size_t(x.nbytes())).data(), ref.data(), size_t(T * heads * D), 2);
+  expect_error(
+      "rope positions on the host", [&] { lockstep::cuda::rope(vx, pos.view(), vc, vs, vy); },
+      "'positions'");
+  expect_error(
+      "rope cos shape",
+      [&] {
+        lockstep::cuda::rope(vx, vp, view(dc, DType::kF32, {100, 8}), vs, vy);
+      },
+      "'cos'");
+  expect_error(
+      "rope sin rows",
+      [&] {
+        lockstep::cuda::rope(vx, vp, vc, view(dsn, DType::kF32, {99, 4}), vy);
+      },
+      "'sin'");
+  expect_error(
+      "rope odd head_dim",
+      [&] {
+        lockstep::cuda::rope(view(dx, DType::kBF16, {T, heads, 7}), vp, vc, vs,
+                             view(dy, DType::kBF16, {T, heads, 7}));
+      },
+      "even");
+  expect_error(
+      "rope y shape",
+      [&] {
+        lockstep::cuda::rope(vx, vp, vc, vs, view(dy, DType::kBF16, {T, 1, D}));
+      },
+      "'y'");
+  expect_error(
+      "rope positions dtype",
+      [&] { lockstep::cuda::rope(vx, view(dp, DType::kF32, {T}), vc, vs, vy); }, "'positions'");
+}
+
+// ---- SiLU-and-mul -------------------------------------------------------------------------------
+
 void test_silu() {
-  // Every gate bit pattern against a set of up values (incl. specials), plus random pairs.
+  // Every gate bit pattern against special up values, plus random rows; gate/up = the two halves
+  // of a fused [T, 2I] buffer (strided views), compared with cpu::silu_and_mul.
   const uint16_t ups[] = {0x3f80, 0xbf80, 0x4049, 0x0000, 0x8000, 0x7f80, 0xff80, 0x0001, 0x7fc1};
-  const int64_t I = 65536, T = int64_t(sizeof ups / sizeof ups[0]) + 64;
+  const int64_t n_ups = int64_t(sizeof ups / sizeof ups[0]);
+  const int64_t I = 65536, T = n_ups + (g_quick ? 4 : 64);
   Tensor gu(DType::kBF16, {T, 2 * I});
-  std::normal_distribution<float> d(0.0f, 4.0f);
   for (int64_t t = 0; t < T; ++t) {
+    bf16* row = gu.ptr<bf16>() + t * 2 * I;
     for (int64_t i = 0; i < I; ++i) {
-      bf16* row = gu.ptr<bf16>() + t * 2 * I;
-      if (t < int64_t(sizeof ups / sizeof ups[0])) {
+      if (t < n_ups) {
         row[i] = bf16{uint16_t(i)};
         row[I + i] = bf16{ups[t]};
       } else {
-        row[i] = lockstep::f32_to_bf16(d(gen));
-        row[I + i] = lockstep::f32_to_bf16(d(gen));
+        row[i] = rnd_bf16(4.0f);
+        row[I + i] = rnd_bf16(4.0f);
       }
     }
   }
   Tensor out(DType::kBF16, {T, I});
   lockstep::cpu::silu_and_mul(gu.view(), out.view());
-  auto* dg = to_dev<uint16_t>(gu.data(), size_t(gu.nbytes()));
-  uint16_t* dout;
-  CK(cudaMalloc(&dout, size_t(out.nbytes())));
-  silu_kernel<<<unsigned((T * I + 255) / 256), 256>>>(dg, dout, T, I);
-  CK(cudaDeviceSynchronize());
-  compare("silu_and_mul (every bf16 gate x specials, + random)", from_dev(dout, T * I), out.data(),
-          T * I);
-  cudaFree(dg), cudaFree(dout);
+  DevPool d;
+  void* dg = d.upload(gu.data(), size_t(gu.nbytes()));
+  void* dout = d.alloc(size_t(out.nbytes()));
+  const TensorView g = view(dg, DType::kBF16, {T, I}, {2 * I, 1});
+  const TensorView u = view(static_cast<bf16*>(dg) + I, DType::kBF16, {T, I}, {2 * I, 1});
+  lockstep::cuda::silu_mul(g, u, view(dout, DType::kBF16, {T, I}));
+  bitwise("silu_mul (every bf16 gate x specials, + random; halves of gate_up)",
+          download(dout, size_t(out.nbytes())).data(), out.data(), size_t(T * I), 2);
+  // In place into the gate half.
+  lockstep::cuda::silu_mul(g, u, g);
+  const std::vector<uint8_t> h = download(dg, size_t(gu.nbytes()));
+  bool same = true;
+  for (int64_t t = 0; t < T && same; ++t)
+    same = std::memcmp(h.data() + t * 2 * I * 2, out.ptr<bf16>() + t * I, size_t(I) * 2) == 0;
+  report(same, "silu_mul in place (out = gate)");
 }
+
+void test_silu_odd() {
+  for (int64_t I : {int64_t(1), int64_t(3), int64_t(17), int64_t(111)}) {
+    const int64_t T = 13, lg = I + 3, lu = I + 1, lo = I + 2;
+    Tensor gb(DType::kBF16, {T, lg}), ub(DType::kBF16, {T, lu}), ob(DType::kBF16, {T, lo});
+    fill_bf16(gb.ptr<bf16>(), size_t(T * lg), 3.0f);
+    fill_bf16(ub.ptr<bf16>(), size_t(T * lu), 3.0f);
+    std::memset(ob.data(), 0xA5, size_t(ob.nbytes()));
+    auto hv = [&](const Tensor& t, int64_t ld) {
+      return view(t.data(), DType::kBF16, {T, I}, {ld, 1}, Device::kCPU);
+    };
+    lockstep::cpu::silu_mul(hv(gb, lg), hv(ub, lu), hv(ob, lo));
+    DevPool d;
+    void* dg = d.upload(gb.data(), size_t(gb.nbytes()));
+    void* du = d.upload(ub.data(), size_t(ub.nbytes()));
+    void* dout = d.alloc(size_t(ob.nbytes()));
+    lockstep::cuda::silu_mul(view(dg, DType::kBF16, {T, I}, {lg, 1}),
+                             view(du, DType::kBF16, {T, I}, {lu, 1}),
+                             view(dout, DType::kBF16, {T, I}, {lo, 1}));
+    bitwise("silu_mul strided I=" + std::to_string(I), download(dout, size_t(ob.nbytes())).data(),
+            ob.data(), size_t(T * lo), 2);
+    if (I == 111) {
+      DevPool e;
+      expect_error(
+          "silu_mul up shape",
+          [&] {
+            lockstep::cuda::silu_mul(view(dg, DType::kBF16, {T, I}, {lg, 1}),
+                                     view(du, DType::kBF16, {T, I - 1}, {lu, 1}),
+                                     view(dout, DType::kBF16, {T, I}, {lo, 1}));
+          },
+          "'up'");
+      expect_error(
+          "silu_mul gate on the host",
+          [&] {
+            lockstep::cuda::silu_mul(hv(gb, lg), view(du, DType::kBF16, {T, I}, {lu, 1}),
+                                     view(dout, DType::kBF16, {T, I}, {lo, 1}));
+          },
+          "expected device cuda");
+      expect_error(
+          "silu_mul I = 0",
+          [&] {
+            lockstep::cuda::silu_mul(view(dg, DType::kBF16, {T, 0}), view(du, DType::kBF16, {T, 0}),
+                                     view(dout, DType::kBF16, {T, 0}));
+          },
+          "last dimension >= 1");
+      expect_error(
+          "silu_mul out dtype",
+          [&] {
+            lockstep::cuda::silu_mul(view(dg, DType::kBF16, {T, I}, {lg, 1}),
+                                     view(du, DType::kBF16, {T, I}, {lu, 1}),
+                                     view(dout, DType::kF32, {T, I}, {lo, 1}));
+          },
+          "'out'");
+    }
+  }
+}
+
+// ---- Embedding ---------------------------------------------------------------------------------
 
 void test_embedding() {
-  const int64_t V = 1000, H = 136, T = 300;
-  Tensor table(DType::kBF16, {V, H});
+  const int64_t V = 1000, H = 136, T = g_quick ? 37 : 300;
+  // Strided table rows (H + 4) with random bit patterns (NaN payloads included).
+  const int64_t lt = H + 4;
+  Tensor table(DType::kBF16, {V, lt});
   std::uniform_int_distribution<uint32_t> bits(0, 0xffff);
-  for (int64_t i = 0; i < V * H; ++i) table.ptr<bf16>()[i] = bf16{uint16_t(bits(gen))};
-  Tensor ids(DType::kI64, {T});
-  std::uniform_int_distribution<int64_t> pick(0, V - 1);
-  for (int64_t t = 0; t < T; ++t) ids.ptr<int64_t>()[t] = pick(gen);
-  Tensor ref(DType::kBF16, {T, H});
-  lockstep::cpu::embedding(ids.view(), table.view(), ref.view());
-  auto* dids = to_dev<int64_t>(ids.data(), size_t(ids.nbytes()));
-  for (int world : {1, 2, 4, 8}) {
-    std::vector<uint16_t*> shards;
-    uint16_t* dparts;
-    CK(cudaMalloc(&dparts, size_t(world * T * H) * 2));
+  for (int64_t i = 0; i < V * lt; ++i) table.ptr<bf16>()[i] = bf16{uint16_t(bits(g_rng))};
+  const TensorView ht = view(table.data(), DType::kBF16, {V, H}, {lt, 1}, Device::kCPU);
+  // i32 ids with stride 3.
+  Tensor ids(DType::kI32, {T * 3});
+  std::uniform_int_distribution<int32_t> pick(0, int32_t(V - 1));
+  for (int64_t t = 0; t < T; ++t) ids.ptr<int32_t>()[t * 3] = pick(g_rng);
+  ids.ptr<int32_t>()[0] = 0;
+  ids.ptr<int32_t>()[3] = int32_t(V - 1);
+  const TensorView hids = view(ids.data(), DType::kI32, {T}, {3}, Device::kCPU);
+  const int64_t lo = H + 2;
+  Tensor ref(DType::kBF16, {T, lo});
+  std::memset(ref.data(), 0xA5, size_t(ref.nbytes()));
+  const TensorView href = view(ref.data(), DType::kBF16, {T, H}, {lo, 1}, Device::kCPU);
+  lockstep::cpu::embedding(hids, ht, href);
+
+  DevPool d;
+  void* dt = d.upload(table.data(), size_t(table.nbytes()));
+  void* di = d.upload(ids.data(), size_t(ids.nbytes()));
+  void* dout = d.alloc(size_t(ref.nbytes()));
+  const TensorView vt = on(ht, dt, table.data()), vi = on(hids, di, ids.data()),
+                   vo = on(href, dout, ref.data());
+  lockstep::cuda::embedding(vi, vt, vo);
+  bitwise("embedding (strided i32 ids, table, out; random bit patterns)",
+          download(dout, size_t(ref.nbytes())).data(), ref.data(), size_t(T * lo), 2);
+
+  for (int world : {1, 2, 3, 4, 8}) {
+    std::vector<void*> parts;
+    std::vector<TensorView> pviews;
     for (int r = 0; r < world; ++r) {
       const lockstep::VocabShard s = lockstep::vocab_shard(V, r, world);
-      auto* dt = to_dev<uint16_t>(table.ptr<bf16>() + s.begin * H, size_t(s.size() * H) * 2);
-      embed_kernel<<<unsigned((T * H + 255) / 256), 256>>>(dids, dt, s.begin, s.end,
-                                                           dparts + r * T * H, T, H);
-      // CPU partial of the same rank must match too.
       Tensor part(DType::kBF16, {T, H});
-      lockstep::cpu::embedding_vocab_parallel(ids.view(), table.view().rows(s.begin, s.end), s, V,
-                                              part.view());
-      CK(cudaDeviceSynchronize());
-      char name[64];
-      std::snprintf(name, sizeof name, "embedding partial rank %d/%d", r, world);
-      compare(name, from_dev(dparts + r * T * H, T * H), part.data(), T * H);
-      cudaFree(dt);
+      lockstep::cpu::embedding_vocab_parallel(hids, ht.rows(s.begin, s.end), s, V, part.view());
+      void* dp = d.alloc(size_t(part.nbytes()));
+      lockstep::cuda::embedding_vocab_parallel(vi, vt.rows(s.begin, s.end), s, V,
+                                               view(dp, DType::kBF16, {T, H}));
+      bitwise("embedding partial rank " + std::to_string(r) + "/" + std::to_string(world),
+              download(dp, size_t(part.nbytes())).data(), part.data(), size_t(T * H), 2);
+      parts.push_back(dp);
+      pviews.push_back(view(dp, DType::kBF16, {T, H}));
     }
-    uint16_t* dout;
-    CK(cudaMalloc(&dout, size_t(T * H) * 2));
-    combine_kernel<<<unsigned((T * H + 255) / 256), 256>>>(dparts, world, dout, T * H);
-    CK(cudaDeviceSynchronize());
-    char name[64];
-    std::snprintf(name, sizeof name, "embedding combine TP=%d vs CPU TP=1", world);
-    compare(name, from_dev(dout, T * H), ref.data(), T * H);
-    cudaFree(dparts), cudaFree(dout);
+    void* dc = d.alloc(size_t(ref.nbytes()));
+    lockstep::cuda::embedding_combine(pviews, on(href, dc, ref.data()));
+    bitwise("embedding combine TP=" + std::to_string(world) + " == cpu embedding TP=1",
+            download(dc, size_t(ref.nbytes())).data(), ref.data(), size_t(T * lo), 2);
+    // In place into partials[0].
+    lockstep::cuda::embedding_combine(pviews, pviews[0]);
+    const std::vector<uint8_t> g = download(parts[0], size_t(T * H) * 2);
+    bool same = true;
+    for (int64_t t = 0; t < T; ++t)
+      same =
+          same && std::memcmp(g.data() + t * H * 2, ref.ptr<bf16>() + t * lo, size_t(H) * 2) == 0;
+    report(same, "embedding combine in place TP=" + std::to_string(world));
   }
-  cudaFree(dids);
+
+  // Invariance: one id alone.
+  {
+    void* d1 = d.alloc(size_t(H) * 2);
+    lockstep::cuda::embedding(vi.rows(T - 1, T), vt, view(d1, DType::kBF16, {1, H}));
+    const std::vector<uint8_t> g = download(d1, size_t(H) * 2);
+    report(std::memcmp(g.data(), ref.ptr<bf16>() + (T - 1) * lo, size_t(H) * 2) == 0,
+           "embedding last id alone == in batch");
+  }
+  // Invalid device ids: canonical-NaN rows.
+  {
+    const int64_t bad[] = {5, -1, V, 7};
+    Tensor bids(DType::kI64, {4});
+    std::memcpy(bids.data(), bad, sizeof bad);
+    void* db = d.upload(bids.data(), sizeof bad);
+    void* d4 = d.alloc(size_t(4 * H) * 2);
+    lockstep::cuda::embedding(view(db, DType::kI64, {4}), vt, view(d4, DType::kBF16, {4, H}));
+    const std::vector<uint8_t> g = download(d4, size_t(4 * H) * 2);
+    const auto* gb = reinterpret_cast<const uint16_t*>(g.data());
+    bool ok = true;
+    for (int64_t k = 0; k < H; ++k) {
+      ok = ok && gb[1 * H + k] == 0x7FC0 && gb[2 * H + k] == 0x7FC0;
+      const uint16_t v5 = table.ptr<bf16>()[5 * lt + k].bits;
+      ok = ok && gb[k] == (((v5 & 0x7fff) > 0x7f80) ? 0x7FC0 : v5);
+    }
+    report(ok, "embedding: device ids outside [0, V) give canonical-NaN rows");
+  }
+  // Errors.
+  expect_error(
+      "embedding ids on the host", [&] { lockstep::cuda::embedding(hids, vt, vo); }, "'ids'");
+  expect_error(
+      "embedding out shape",
+      [&] {
+        lockstep::cuda::embedding(vi, vt, view(dout, DType::kBF16, {T, H + 1}));
+      },
+      "'out'");
+  expect_error(
+      "embedding_vocab_parallel shard outside vocab",
+      [&] {
+        lockstep::cuda::embedding_vocab_parallel(vi, vt, lockstep::VocabShard{0, V + 1}, V,
+                                                 view(dout, DType::kBF16, {T, H}));
+      },
+      "'shard'");
+  expect_error(
+      "embedding_vocab_parallel table rows != shard size",
+      [&] {
+        lockstep::cuda::embedding_vocab_parallel(vi, vt.rows(0, 10), lockstep::VocabShard{0, 11}, V,
+                                                 view(dout, DType::kBF16, {T, H}));
+      },
+      "'table'");
+  expect_error(
+      "embedding_combine no partials",
+      [&] {
+        lockstep::cuda::embedding_combine({}, view(dout, DType::kBF16, {T, H}));
+      },
+      "at least one");
+  expect_error(
+      "embedding_combine partial shape",
+      [&] {
+        lockstep::cuda::embedding_combine({view(dout, DType::kBF16, {T, H - 1})},
+                                          view(dout, DType::kBF16, {T, H}));
+      },
+      "'partials[0]'");
 }
 
-int main() {
-  for (int64_t H : {1, 3, 17, 64, 111, 128, 136, 1000, 4096, 5120}) test_rmsnorm(H);
-  test_rope();
+}  // namespace
+
+int main(int argc, char** argv) {
+  uint64_t seed = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      g_quick = true;
+    } else {
+      seed = std::strtoull(argv[i], nullptr, 10);
+    }
+  }
+  std::printf("test_elementwise_parity: seed %llu%s\n", (unsigned long long)seed,
+              g_quick ? " (quick)" : "");
+  g_rng.seed(seed);
+  const std::vector<int64_t> hs =
+      g_quick ? std::vector<int64_t>{1, 3, 17, 136}
+              : std::vector<int64_t>{1, 3, 17, 64, 111, 128, 136, 1000, 4096, 5120};
+  for (int64_t H : hs) test_rmsnorm(H);
+  test_rmsnorm_negative_control();
+  std::printf("rmsnorm: %d passed, %d failed so far\n", g_pass, g_fail);
+  std::fflush(stdout);
+  test_rmsnorm_views();
+  test_rmsnorm_errors();
+  test_rope(g_quick ? 17 : 512, 8, 128, false, 1);
+  test_rope(17, 3, 2, true, 2);
+  test_rope(g_quick ? 9 : 111, 5, 6, true, 1);
+  test_rope_bad_positions_and_errors();
   test_silu();
+  test_silu_odd();
   test_embedding();
-  std::printf("%s: %d mismatching checks\n", failures ? "FAIL" : "PASS", failures);
-  return failures ? 1 : 0;
+  std::printf("test_elementwise_parity: %d passed, %d failed\n", g_pass, g_fail);
+  return g_fail == 0 ? 0 : 1;
 }

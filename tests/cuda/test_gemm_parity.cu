@@ -1,12 +1,17 @@
-// GPU parity of the tensor-core GEMM (lockstep::cuda::gemm_bf16_nt, src/cuda/gemm_bf16_nt.cu) with
-// the CPU GEMM (lockstep::cpu::gemm_bf16_nt), bit for bit (docs/contract.md §G, docs/cuda-gemm.md):
-// odd shapes (M, N, K in {1, 3, 17, 111, 1000, ...}, K not a multiple of 16·S), S = 1, 2, 4, 8,
-// bf16 and f32 output, no / bf16 / f32 bias, strided rows, special values, row invariance (row m
-// alone vs inside M = 64 / 1024), poisoned outputs (cells outside y stay untouched), argument
-// errors. Fresh seed each run (printed; pass one as argv[1] to repeat). Then, unless --no-bench, a
-// timing table vs cuBLAS (cublasGemmEx bf16 -> bf16, CUBLAS_COMPUTE_32F) on Qwen3-8B layer shapes.
-// Prints "N passed, M failed" and exits non-zero on any failure.
-#include <cublas_v2.h>
+// GPU parity of the tensor-core GEMM (lockstep::cuda::gemm_bf16_nt, gemm_bf16_nt_partial,
+// gemm_tree_combine; src/cuda/gemm_bf16_nt.cu) with the CPU GEMM (lockstep::cpu::*), bit for bit
+// (docs/contract.md §G, docs/cuda-gemm.md). Every case is computed once on the CPU and then on the
+// GPU by EVERY kernel path (the launcher's own choice, and each kernel forced through the test
+// hook: mma.sync 32x64 / 128x128, wgmma+TMA 128x256 / 128x128 / 64x128 with a per-segment fp32
+// workspace, 128x128 / 64x128 with the in-CTA register tree), in three layouts
+// (contiguous; padded rows with 16-byte strides, which TMA takes; odd strides and an unaligned
+// base, which it cannot, so the mma.sync kernel must run). Covered: odd M, N, K (K not a multiple
+// of 16·S), S = 1, 2, 4, 8, bf16 / f32 output, no / bf16 / f32 bias, special values, poisoned
+// outputs (cells outside y stay untouched), row invariance (row alone vs inside batches of 64..2048
+// rows), TP partials and the tree combine vs the CPU's, Qwen3-8B layer shapes (M = 1, 8 whole; M =
+// 4096 on sampled rows computed on the CPU from those rows only: rows are independent), argument
+// errors. Fresh seed each run (printed; pass one as argv to repeat). --quick: small sizes only (<
+// 10 s). Prints "N passed, M failed" and exits non-zero on any failure. Timing: bench_gemm.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -15,20 +20,21 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "cuda/gemm_bf16_nt.cuh"  // detail::GemmPath, the test hook
 #include "lockstep/cuda/gemm.h"
 #include "lockstep/dtype.h"
 #include "lockstep/ops/gemm.h"
 
-using lockstep::bf16;
 using lockstep::Device;
 using lockstep::DType;
 using lockstep::GemmConfig;
-using lockstep::Tensor;
 using lockstep::TensorView;
+using lockstep::cuda::detail::GemmPath;
 
 #define CK(x)                                                                              \
   do {                                                                                     \
@@ -42,7 +48,9 @@ using lockstep::TensorView;
 namespace {
 
 int g_pass = 0, g_fail = 0;
+bool g_quick = false;
 std::mt19937_64 g_rng;
+std::map<std::string, int> g_path_runs;  // which kernel actually ran, over all GPU calls
 
 void report(bool ok, const std::string& what) {
   if (ok) {
@@ -94,108 +102,189 @@ TensorView view2(void* p, DType t, int64_t rows, int64_t cols, int64_t ld, Devic
   return v;
 }
 
-struct Case {
+const char* bias_name(int b) { return b == 0 ? "none" : b == 1 ? "bf16" : "f32"; }
+
+// One problem's host data (logical, contiguous) and its CPU result.
+struct Problem {
   int64_t M, N, K;
   int S;
   DType ydt;
-  int bias;                              // 0 none, 1 bf16, 2 f32
-  int64_t padx = 0, padw = 0, pady = 0;  // extra row stride (elements)
+  int bias;  // 0 none, 1 bf16, 2 f32
   bool specials = false;
+  std::vector<uint16_t> x, w, b16;
+  std::vector<float> b32;
+  std::vector<uint8_t> ref;  // [M, N] contiguous, ydt
 };
 
-std::string describe(const Case& c) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "M=%lld N=%lld K=%lld S=%d y=%s bias=%s pads=%lld/%lld/%lld%s",
-                (long long)c.M, (long long)c.N, (long long)c.K, c.S, lockstep::dtype_name(c.ydt),
-                c.bias == 0   ? "none"
-                : c.bias == 1 ? "bf16"
-                              : "f32",
-                (long long)c.padx, (long long)c.padw, (long long)c.pady,
-                c.specials ? " specials" : "");
-  return buf;
+void make_problem(Problem& p) {
+  p.x.assign(size_t(p.M * p.K), 0);
+  p.w.assign(size_t(p.N * p.K), 0);
+  fill(p.x, p.specials);
+  fill(p.w, p.specials);
+  p.b16.assign(size_t(std::max<int64_t>(p.N, 1)), 0);
+  fill(p.b16, false);
+  p.b32.resize(p.b16.size());
+  for (auto& b : p.b32) b = std::ldexp(std::normal_distribution<float>(0, 1)(g_rng), 3);
+  const size_t ysz = lockstep::dtype_size(p.ydt);
+  p.ref.assign(size_t(std::max<int64_t>(p.M * p.N, 1)) * ysz, 0);
+  TensorView xc = TensorView::contiguous(p.x.data(), DType::kBF16, {p.M, p.K});
+  TensorView wc = TensorView::contiguous(p.w.data(), DType::kBF16, {p.N, p.K});
+  TensorView yc = TensorView::contiguous(p.ref.data(), p.ydt, {p.M, p.N});
+  TensorView bc;
+  if (p.bias == 1) bc = TensorView::contiguous(p.b16.data(), DType::kBF16, {p.N});
+  if (p.bias == 2) bc = TensorView::contiguous(p.b32.data(), DType::kF32, {p.N});
+  lockstep::cpu::gemm_bf16_nt(xc, wc, p.bias ? &bc : nullptr, GemmConfig{p.S}, yc);
 }
 
-// One parity case: GPU vs CPU bits over y, and the poisoned padding of y untouched.
-void run_case(const Case& c) {
-  const int64_t ldx = c.K + c.padx, ldw = c.K + c.padw, ldy = c.N + c.pady;
-  const size_t ysz = lockstep::dtype_size(c.ydt);
-  std::vector<uint16_t> hx(size_t(std::max<int64_t>(c.M * ldx, 1)));
-  std::vector<uint16_t> hw(size_t(std::max<int64_t>(c.N * ldw, 1)));
-  fill(hx, c.specials);
-  fill(hw, c.specials);
-  std::vector<uint16_t> hb16(size_t(std::max<int64_t>(c.N, 1)));
-  std::vector<float> hb32(size_t(std::max<int64_t>(c.N, 1)));
-  fill(hb16, false);
-  for (auto& b : hb32) b = std::ldexp(std::normal_distribution<float>(0, 1)(g_rng), 3);
-  const size_t ybytes = size_t(std::max<int64_t>(c.M * ldy, 1)) * ysz;
-  std::vector<uint8_t> hy_cpu(ybytes, 0xA5), hy_gpu(ybytes);
+// Device layout of one run: row strides K + pad, base offsets (elements) for x.
+struct Layout {
+  const char* name;
+  int64_t padx, padw, pady, offx;
+};
 
-  GemmConfig cfg{c.S};
-  TensorView xc = view2(hx.data(), DType::kBF16, c.M, c.K, ldx, Device::kCPU);
-  TensorView wc = view2(hw.data(), DType::kBF16, c.N, c.K, ldw, Device::kCPU);
-  TensorView yc = view2(hy_cpu.data(), c.ydt, c.M, c.N, ldy, Device::kCPU);
-  TensorView bc;
-  if (c.bias == 1) bc = TensorView::contiguous(hb16.data(), DType::kBF16, {c.N});
-  if (c.bias == 2) bc = TensorView::contiguous(hb32.data(), DType::kF32, {c.N});
-  lockstep::cpu::gemm_bf16_nt(xc, wc, c.bias ? &bc : nullptr, cfg, yc);
-
-  Dev dx(hx.size() * 2), dw(hw.size() * 2), dy(ybytes), db(hb32.size() * 4);
+// Runs problem p on the GPU with layout L and forced path `path`; compares every cell of y with
+// the CPU result and checks the poisoned padding. `expect` (if not kAuto) is the path that must
+// have run. Returns the path that ran.
+GemmPath run_gpu(const Problem& p, const Layout& L, GemmPath path, GemmPath expect) {
+  const int64_t ldx = p.K + L.padx, ldw = p.K + L.padw, ldy = p.N + L.pady;
+  const size_t ysz = lockstep::dtype_size(p.ydt);
+  std::vector<uint16_t> hx(size_t(std::max<int64_t>(p.M * ldx + L.offx, 1)), 0x7fc0);
+  std::vector<uint16_t> hw(size_t(std::max<int64_t>(p.N * ldw, 1)), 0x7fc0);
+  for (int64_t m = 0; m < p.M; ++m)
+    std::memcpy(&hx[size_t(L.offx + m * ldx)], &p.x[size_t(m * p.K)], size_t(p.K) * 2);
+  for (int64_t n = 0; n < p.N; ++n)
+    std::memcpy(&hw[size_t(n * ldw)], &p.w[size_t(n * p.K)], size_t(p.K) * 2);
+  const size_t ybytes = size_t(std::max<int64_t>(p.M * ldy, 1)) * ysz;
+  Dev dx(hx.size() * 2), dw(hw.size() * 2), dy(ybytes), db(p.b32.size() * 4);
   CK(cudaMemcpy(dx.p, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dw.p, hw.data(), hw.size() * 2, cudaMemcpyHostToDevice));
-  CK(cudaMemset(dy.p, 0xA5, ybytes));  // poison: same pattern as the CPU buffer's padding
-  if (c.bias == 1) CK(cudaMemcpy(db.p, hb16.data(), hb16.size() * 2, cudaMemcpyHostToDevice));
-  if (c.bias == 2) CK(cudaMemcpy(db.p, hb32.data(), hb32.size() * 4, cudaMemcpyHostToDevice));
-  TensorView xg = view2(dx.p, DType::kBF16, c.M, c.K, ldx, Device::kCUDA);
-  TensorView wg = view2(dw.p, DType::kBF16, c.N, c.K, ldw, Device::kCUDA);
-  TensorView yg = view2(dy.p, c.ydt, c.M, c.N, ldy, Device::kCUDA);
+  CK(cudaMemset(dy.p, 0xA5, ybytes));
+  if (p.bias == 1) CK(cudaMemcpy(db.p, p.b16.data(), p.b16.size() * 2, cudaMemcpyHostToDevice));
+  if (p.bias == 2) CK(cudaMemcpy(db.p, p.b32.data(), p.b32.size() * 4, cudaMemcpyHostToDevice));
+  TensorView xg =
+      view2(static_cast<uint16_t*>(dx.p) + L.offx, DType::kBF16, p.M, p.K, ldx, Device::kCUDA);
+  TensorView wg = view2(dw.p, DType::kBF16, p.N, p.K, ldw, Device::kCUDA);
+  TensorView yg = view2(dy.p, p.ydt, p.M, p.N, ldy, Device::kCUDA);
   TensorView bg;
-  if (c.bias) {
-    bg = TensorView::contiguous(db.p, c.bias == 1 ? DType::kBF16 : DType::kF32, {c.N},
+  if (p.bias)
+    bg = TensorView::contiguous(db.p, p.bias == 1 ? DType::kBF16 : DType::kF32, {p.N},
                                 Device::kCUDA);
+  lockstep::cuda::detail::gemm_force_path_for_tests(path);
+  std::string err;
+  try {
+    lockstep::cuda::gemm_bf16_nt(xg, wg, p.bias ? &bg : nullptr, GemmConfig{p.S}, yg);
+  } catch (const std::exception& e) {
+    err = e.what();
   }
-  lockstep::cuda::gemm_bf16_nt(xg, wg, c.bias ? &bg : nullptr, cfg, yg);
+  lockstep::cuda::detail::gemm_force_path_for_tests(GemmPath::kAuto);
+  const GemmPath ran = lockstep::cuda::detail::gemm_last_path_for_tests();
   CK(cudaDeviceSynchronize());
-  CK(cudaMemcpy(hy_gpu.data(), dy.p, ybytes, cudaMemcpyDeviceToHost));
+  std::vector<uint8_t> hy(ybytes);
+  CK(cudaMemcpy(hy.data(), dy.p, ybytes, cudaMemcpyDeviceToHost));
 
-  // The whole buffer: written cells must match, poisoned padding must be untouched on both.
-  int64_t bad = 0, first = -1;
-  for (size_t i = 0; i < ybytes; i += ysz) {
-    if (std::memcmp(&hy_cpu[i], &hy_gpu[i], ysz) != 0) {
-      if (first < 0) first = int64_t(i / ysz);
-      ++bad;
+  int64_t bad = 0, first = -1, poison_bad = 0;
+  for (int64_t m = 0; m < p.M; ++m) {
+    for (int64_t n = 0; n < ldy; ++n) {
+      const uint8_t* g = &hy[size_t(m * ldy + n) * ysz];
+      if (n < p.N) {
+        if (std::memcmp(g, &p.ref[size_t(m * p.N + n) * ysz], ysz) != 0) {
+          if (first < 0) first = m * p.N + n;
+          ++bad;
+        }
+      } else {
+        for (size_t b = 0; b < ysz; ++b) poison_bad += g[b] != 0xA5;
+      }
     }
   }
-  std::string what = describe(c);
+  char buf[512];
+  std::snprintf(
+      buf, sizeof buf, "M=%lld N=%lld K=%lld S=%d y=%s bias=%s%s layout=%s forced=%s ran=%s",
+      (long long)p.M, (long long)p.N, (long long)p.K, p.S, lockstep::dtype_name(p.ydt),
+      bias_name(p.bias), p.specials ? " specials" : "", L.name,
+      lockstep::cuda::detail::gemm_path_name(path), lockstep::cuda::detail::gemm_path_name(ran));
+  std::string what = buf;
+  if (!err.empty()) what += ": exception " + err;
   if (bad) {
-    char buf[160];
     uint32_t a = 0, b = 0;
-    std::memcpy(&a, &hy_cpu[size_t(first) * ysz], ysz);
-    std::memcpy(&b, &hy_gpu[size_t(first) * ysz], ysz);
+    std::memcpy(&a, &p.ref[size_t(first) * ysz], ysz);
+    const size_t gi = size_t((first / p.N) * ldy + first % p.N) * ysz;
+    std::memcpy(&b, &hy[gi], ysz);
     std::snprintf(buf, sizeof buf, ": %lld mismatches, first at m=%lld n=%lld cpu=0x%x gpu=0x%x",
-                  (long long)bad, (long long)(first / ldy), (long long)(first % ldy), a, b);
+                  (long long)bad, (long long)(first / p.N), (long long)(first % p.N), a, b);
     what += buf;
   }
-  report(bad == 0, what);
+  if (poison_bad) what += ": padding of y overwritten";
+  const bool path_ok = expect == GemmPath::kAuto || ran == expect;
+  if (!path_ok) {
+    what += ": expected path ";
+    what += lockstep::cuda::detail::gemm_path_name(expect);
+  }
+  ++g_path_runs[lockstep::cuda::detail::gemm_path_name(ran)];
+  report(err.empty() && bad == 0 && poison_bad == 0 && path_ok, what);
+  return ran;
 }
 
-// Row invariance: row m computed alone (M = 1, x pointing at that row) equals the same row inside
-// the M = 64 and M = 1024 calls, bitwise.
+bool tma_able(const Problem& p, const Layout& L) {
+  auto ok = [&](int64_t rows, int64_t ld, int64_t off) {
+    return off % 8 == 0 && (rows <= 1 || ld % 8 == 0);
+  };
+  return p.K >= 1 && ok(p.M, p.K + L.padx, L.offx) && ok(p.N, p.K + L.padw, 0);
+}
+
+// Every path on the contiguous and TMA-friendly layouts, the automatic choice on a layout TMA
+// cannot take (which must then run the mma.sync kernel).
+void run_all_paths(Problem& p) {
+  make_problem(p);
+  const int64_t r8 = (p.K + 7) / 8 * 8 - p.K;
+  const Layout layouts[] = {{"contiguous", 0, 0, 0, 0},
+                            {"padded16B", r8 + 8, r8 + 16, 5, 8},
+                            {"odd-strides", 3 + (p.K % 8 == 5), 1, 2, 1}};
+  const GemmPath paths[] = {GemmPath::kAuto,
+                            GemmPath::kMma32x64,
+                            GemmPath::kMma128x128,
+                            GemmPath::kWgmma128x256,
+                            GemmPath::kWgmma128x128,
+                            GemmPath::kWgmma64x128,
+                            GemmPath::kWgmma128x128Tree,
+                            GemmPath::kWgmma64x128Tree};
+  for (int li = 0; li < 3; ++li) {
+    const Layout& L = layouts[li];
+    const bool tma = tma_able(p, L);
+    for (GemmPath path : paths) {
+      if (li == 2 && path != GemmPath::kAuto && path != GemmPath::kWgmma128x256) continue;
+      GemmPath expect = path;
+      const bool wg = path == GemmPath::kWgmma128x256 || path == GemmPath::kWgmma128x128 ||
+                      path == GemmPath::kWgmma64x128 || path == GemmPath::kWgmma128x128Tree ||
+                      path == GemmPath::kWgmma64x128Tree;
+      if (path == GemmPath::kWgmma128x128Tree && p.S > 2) expect = GemmPath::kWgmma64x128Tree;
+      if (wg && !tma) expect = GemmPath::kMma128x128;
+      if (path == GemmPath::kAuto) expect = GemmPath::kAuto;
+      if (path == GemmPath::kAuto && !tma && p.M > 64) expect = GemmPath::kMma128x128;
+      run_gpu(p, L, path, expect);
+    }
+  }
+}
+
+// Row invariance: row m computed alone (M = 1: the small-M or 32x64 kernel) equals the same row
+// inside batches of Mc rows (other kernels), bitwise.
 void run_invariance(int S, DType ydt) {
-  const int64_t Mb = 1024, N = 300, K = 1000;
-  std::vector<uint16_t> hx(Mb * K), hw(N * K);
+  const int64_t Mb = g_quick ? 300 : 2048, N = 520, K = 1000;
+  std::vector<uint16_t> hx(size_t(Mb * K)), hw(size_t(N * K));
   fill(hx, false);
   fill(hw, false);
   const size_t ysz = lockstep::dtype_size(ydt);
-  Dev dx(hx.size() * 2), dw(hw.size() * 2), dy(Mb * N * ysz), d1(N * ysz);
+  Dev dx(hx.size() * 2), dw(hw.size() * 2), dy(size_t(Mb * N) * ysz), d1(size_t(N) * ysz);
   CK(cudaMemcpy(dx.p, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dw.p, hw.data(), hw.size() * 2, cudaMemcpyHostToDevice));
   GemmConfig cfg{S};
   TensorView wg = TensorView::contiguous(dw.p, DType::kBF16, {N, K}, Device::kCUDA);
-  for (int64_t Mc : {int64_t(64), Mb}) {
-    std::vector<uint8_t> big(Mc * N * ysz), one(N * ysz);
+  for (int64_t Mc : {int64_t(64), int64_t(300), Mb}) {
+    if (Mc > Mb) continue;
+    std::vector<uint8_t> big(size_t(Mc * N) * ysz), one(size_t(N) * ysz);
     TensorView xg = TensorView::contiguous(dx.p, DType::kBF16, {Mc, K}, Device::kCUDA);
     TensorView yg = TensorView::contiguous(dy.p, ydt, {Mc, N}, Device::kCUDA);
     lockstep::cuda::gemm_bf16_nt(xg, wg, nullptr, cfg, yg);
+    const GemmPath big_path = lockstep::cuda::detail::gemm_last_path_for_tests();
     CK(cudaMemcpy(big.data(), dy.p, big.size(), cudaMemcpyDeviceToHost));
     int bad = 0;
     for (int64_t m : {int64_t(0), int64_t(37), Mc - 1, Mc / 2 + 5}) {
@@ -204,30 +293,184 @@ void run_invariance(int S, DType ydt) {
       TensorView y1 = TensorView::contiguous(d1.p, ydt, {1, N}, Device::kCUDA);
       lockstep::cuda::gemm_bf16_nt(x1, wg, nullptr, cfg, y1);
       CK(cudaMemcpy(one.data(), d1.p, one.size(), cudaMemcpyDeviceToHost));
-      if (std::memcmp(one.data(), &big[size_t(m) * N * ysz], one.size()) != 0) ++bad;
+      if (std::memcmp(one.data(), &big[size_t(m * N) * ysz], one.size()) != 0) ++bad;
     }
-    char buf[128];
-    std::snprintf(buf, sizeof buf, "invariance M=1 vs M=%lld S=%d y=%s (%d rows differ)",
-                  (long long)Mc, S, lockstep::dtype_name(ydt), bad);
+    char buf[200];
+    std::snprintf(
+        buf, sizeof buf, "invariance M=1 (%s) vs M=%lld (%s) S=%d y=%s (%d rows differ)",
+        lockstep::cuda::detail::gemm_path_name(lockstep::cuda::detail::gemm_last_path_for_tests()),
+        (long long)Mc, lockstep::cuda::detail::gemm_path_name(big_path), S,
+        lockstep::dtype_name(ydt), bad);
     report(bad == 0, buf);
   }
 }
 
-void run_errors() {
-  Dev d(4096);
-  TensorView x = TensorView::contiguous(d.p, DType::kBF16, {4, 8}, Device::kCUDA);
-  TensorView w =
-      TensorView::contiguous(static_cast<char*>(d.p) + 1024, DType::kBF16, {4, 8}, Device::kCUDA);
-  TensorView y =
-      TensorView::contiguous(static_cast<char*>(d.p) + 2048, DType::kF32, {4, 4}, Device::kCUDA);
-  auto throws = [](auto&& f) {
-    try {
-      f();
-    } catch (const lockstep::Error&) {
-      return true;
+// TP: GPU partials == CPU partials (f32 bits), GPU combine of the GPU partials == the CPU's full
+// GEMM, and the in-place f32 combine.
+void run_partials(int64_t M, int64_t N, int64_t K, int S) {
+  std::vector<uint16_t> hx(size_t(M * K)), hw(size_t(N * K)), hb(static_cast<size_t>(N));
+  fill(hx, false);
+  fill(hw, false);
+  fill(hb, false);
+  GemmConfig cfg{S};
+  std::vector<uint16_t> ref(size_t(M * N));
+  TensorView xc = TensorView::contiguous(hx.data(), DType::kBF16, {M, K});
+  TensorView wc = TensorView::contiguous(hw.data(), DType::kBF16, {N, K});
+  TensorView bc = TensorView::contiguous(hb.data(), DType::kBF16, {N});
+  lockstep::cpu::gemm_bf16_nt(xc, wc, &bc, cfg,
+                              TensorView::contiguous(ref.data(), DType::kBF16, {M, N}));
+  Dev dx(hx.size() * 2), dw(hw.size() * 2), db(hb.size() * 2), dy(size_t(M * N) * 4);
+  CK(cudaMemcpy(dx.p, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dw.p, hw.data(), hw.size() * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(db.p, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
+  TensorView bg = TensorView::contiguous(db.p, DType::kBF16, {N}, Device::kCUDA);
+  for (int t = 1; t <= S; t *= 2) {
+    std::vector<Dev*> parts;
+    std::vector<TensorView> views;
+    int bad_partial = 0;
+    std::string paths;
+    for (int r = 0; r < t; ++r) {
+      const lockstep::GemmKRange kr = lockstep::gemm_tp_k_range(cfg, K, t, r);
+      const int64_t Kr = kr.end - kr.begin;
+      std::vector<float> cpu_part(size_t(M * N));
+      TensorView xs = xc, ws = wc;
+      xs.data = hx.data() + kr.begin;
+      xs.shape[1] = Kr;
+      ws.data = hw.data() + kr.begin;
+      ws.shape[1] = Kr;
+      lockstep::cpu::gemm_bf16_nt_partial(
+          xs, ws, K, t, r, cfg, TensorView::contiguous(cpu_part.data(), DType::kF32, {M, N}));
+      parts.push_back(new Dev(size_t(M * N) * 4));
+      TensorView yp = TensorView::contiguous(parts.back()->p, DType::kF32, {M, N}, Device::kCUDA);
+      TensorView xg =
+          view2(static_cast<uint16_t*>(dx.p) + kr.begin, DType::kBF16, M, Kr, K, Device::kCUDA);
+      TensorView wg =
+          view2(static_cast<uint16_t*>(dw.p) + kr.begin, DType::kBF16, N, Kr, K, Device::kCUDA);
+      lockstep::cuda::gemm_bf16_nt_partial(xg, wg, K, t, r, cfg, yp);
+      paths += std::string(r ? "," : "") + lockstep::cuda::detail::gemm_path_name(
+                                               lockstep::cuda::detail::gemm_last_path_for_tests());
+      std::vector<float> gpu_part(size_t(M * N));
+      CK(cudaMemcpy(gpu_part.data(), yp.data, gpu_part.size() * 4, cudaMemcpyDeviceToHost));
+      if (std::memcmp(gpu_part.data(), cpu_part.data(), gpu_part.size() * 4) != 0) ++bad_partial;
+      views.push_back(yp);
     }
-    return false;
-  };
+    TensorView yg = TensorView::contiguous(dy.p, DType::kBF16, {M, N}, Device::kCUDA);
+    lockstep::cuda::gemm_tree_combine(views, &bg, yg);
+    std::vector<uint16_t> got(size_t(M * N));
+    CK(cudaMemcpy(got.data(), dy.p, got.size() * 2, cudaMemcpyDeviceToHost));
+    const bool comb_ok = std::memcmp(got.data(), ref.data(), got.size() * 2) == 0;
+    // In place: f32 y = partials[0] (no bias), then round on the host like the contract does.
+    lockstep::cuda::gemm_tree_combine(views, nullptr, views[0]);
+    std::vector<float> inpl(size_t(M * N));
+    CK(cudaMemcpy(inpl.data(), views[0].data, inpl.size() * 4, cudaMemcpyDeviceToHost));
+    std::vector<float> ref32(size_t(M * N));
+    lockstep::cpu::gemm_bf16_nt(xc, wc, nullptr, cfg,
+                                TensorView::contiguous(ref32.data(), DType::kF32, {M, N}));
+    const bool inpl_ok = std::memcmp(inpl.data(), ref32.data(), inpl.size() * 4) == 0;
+    char buf[400];
+    std::snprintf(
+        buf, sizeof buf,
+        "partials M=%lld N=%lld K=%lld S=%d t=%d (%s): %d partials differ from the CPU's, "
+        "combine %s, in-place combine %s",
+        (long long)M, (long long)N, (long long)K, S, t, paths.c_str(), bad_partial,
+        comb_ok ? "equal" : "DIFFERS", inpl_ok ? "equal" : "DIFFERS");
+    report(bad_partial == 0 && comb_ok && inpl_ok, buf);
+    for (Dev* d : parts) delete d;
+  }
+}
+
+// Device fill for big operands: bf16 with random sign, exponent 2^±8, random mantissa.
+__global__ void big_fill(uint16_t* p, int64_t n, uint64_t seed) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    uint64_t z = (uint64_t(i) + seed) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 31)) * 0xBF58476D1CE4E5B9ull;
+    z ^= z >> 29;
+    const uint32_t e = 127 - 8 + uint32_t((z >> 8) % 17);
+    p[i] = uint16_t(((z >> 40) & 1) << 15 | e << 7 | (z & 0x7f));
+  }
+}
+
+// A Qwen3-8B layer shape: y = x w^T for M rows on the GPU (the launcher's choice), compared with
+// the CPU on `rows` (all rows when M is small, else sampled rows: the first and last 8 and random
+// ones, computed on the CPU from those rows of x only).
+void run_qwen(const char* name, int64_t N, int64_t K, int64_t M, int S, DType ydt, bool bias) {
+  Dev dx(size_t(M * K) * 2), dw(size_t(N * K) * 2), dy(size_t(M * N) * 4), db(size_t(N) * 2);
+  big_fill<<<1024, 256>>>(static_cast<uint16_t*>(dx.p), M * K, g_rng());
+  big_fill<<<1024, 256>>>(static_cast<uint16_t*>(dw.p), N * K, g_rng());
+  big_fill<<<64, 256>>>(static_cast<uint16_t*>(db.p), N, g_rng());
+  CK(cudaGetLastError());
+  const size_t ysz = lockstep::dtype_size(ydt);
+  TensorView xg = TensorView::contiguous(dx.p, DType::kBF16, {M, K}, Device::kCUDA);
+  TensorView wg = TensorView::contiguous(dw.p, DType::kBF16, {N, K}, Device::kCUDA);
+  TensorView yg = TensorView::contiguous(dy.p, ydt, {M, N}, Device::kCUDA);
+  TensorView bg = TensorView::contiguous(db.p, DType::kBF16, {N}, Device::kCUDA);
+  lockstep::cuda::gemm_bf16_nt(xg, wg, bias ? &bg : nullptr, GemmConfig{S}, yg);
+  const GemmPath ran = lockstep::cuda::detail::gemm_last_path_for_tests();
+  CK(cudaDeviceSynchronize());
+  std::vector<int64_t> rows;
+  if (M <= 64) {
+    for (int64_t m = 0; m < M; ++m) rows.push_back(m);
+  } else {
+    for (int64_t i = 0; i < 8; ++i) rows.push_back(i), rows.push_back(M - 8 + i);
+    for (int i = 0; i < 16; ++i) rows.push_back(int64_t(g_rng() % uint64_t(M)));
+  }
+  const int64_t R = int64_t(rows.size());
+  std::vector<uint16_t> hw(size_t(N * K)), hx(size_t(R * K)), hb(static_cast<size_t>(N));
+  CK(cudaMemcpy(hw.data(), dw.p, hw.size() * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(hb.data(), db.p, hb.size() * 2, cudaMemcpyDeviceToHost));
+  std::vector<uint8_t> got(size_t(R * N) * ysz), ref(size_t(R * N) * ysz);
+  for (int64_t i = 0; i < R; ++i) {
+    CK(cudaMemcpy(&hx[size_t(i * K)], static_cast<uint16_t*>(dx.p) + rows[size_t(i)] * K,
+                  size_t(K) * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(&got[size_t(i * N) * ysz],
+                  static_cast<uint8_t*>(dy.p) + size_t(rows[size_t(i)] * N) * ysz, size_t(N) * ysz,
+                  cudaMemcpyDeviceToHost));
+  }
+  TensorView bc = TensorView::contiguous(hb.data(), DType::kBF16, {N});
+  lockstep::cpu::gemm_bf16_nt(TensorView::contiguous(hx.data(), DType::kBF16, {R, K}),
+                              TensorView::contiguous(hw.data(), DType::kBF16, {N, K}),
+                              bias ? &bc : nullptr, GemmConfig{S},
+                              TensorView::contiguous(ref.data(), ydt, {R, N}));
+  int64_t bad = 0, first = -1;
+  for (int64_t i = 0; i < R * N; ++i)
+    if (std::memcmp(&got[size_t(i) * ysz], &ref[size_t(i) * ysz], ysz) != 0) {
+      if (first < 0) first = i;
+      ++bad;
+    }
+  char buf[300];
+  std::snprintf(buf, sizeof buf,
+                "qwen3-8b %s M=%lld N=%lld K=%lld S=%d y=%s bias=%s (%s): %lld rows checked, %lld "
+                "mismatches%s",
+                name, (long long)M, (long long)N, (long long)K, S, lockstep::dtype_name(ydt),
+                bias ? "bf16" : "none", lockstep::cuda::detail::gemm_path_name(ran), (long long)R,
+                (long long)bad, bad ? "" : "");
+  std::string what = buf;
+  if (bad) {
+    std::snprintf(buf, sizeof buf, ", first at row %lld n=%lld", (long long)rows[size_t(first / N)],
+                  (long long)(first % N));
+    what += buf;
+  }
+  ++g_path_runs[lockstep::cuda::detail::gemm_path_name(ran)];
+  report(bad == 0, what);
+}
+
+template <typename F>
+bool throws(F&& f) {
+  try {
+    f();
+  } catch (const lockstep::Error&) {
+    return true;
+  }
+  return false;
+}
+
+void run_errors() {
+  Dev d(8192);
+  char* base = static_cast<char*>(d.p);
+  TensorView x = TensorView::contiguous(base, DType::kBF16, {4, 8}, Device::kCUDA);
+  TensorView w = TensorView::contiguous(base + 1024, DType::kBF16, {4, 8}, Device::kCUDA);
+  TensorView y = TensorView::contiguous(base + 2048, DType::kF32, {4, 4}, Device::kCUDA);
   GemmConfig cfg{1};
   TensorView xcpu = x;
   xcpu.device = Device::kCPU;
@@ -240,146 +483,133 @@ void run_errors() {
          "error: y overlaps x");
   report(throws([&] { lockstep::cuda::gemm_bf16_nt(x, w, nullptr, GemmConfig{3}, y); }),
          "error: segments = 3");
+  TensorView b3 = TensorView::contiguous(base + 4096, DType::kF32, {3}, Device::kCUDA);
+  report(throws([&] { lockstep::cuda::gemm_bf16_nt(x, w, &b3, cfg, y); }), "error: bias shape");
   report(!throws([&] { lockstep::cuda::gemm_bf16_nt(x, w, nullptr, cfg, y); }) &&
              cudaDeviceSynchronize() == cudaSuccess,
          "valid small call");
-}
-
-// ---- Benchmark vs cuBLAS.
-// Cheap device fill for the benchmark operands: bf16 values in ±[0.5, 2) from a hash.
-__global__ void bench_fill(uint16_t* p, int64_t n, uint64_t seed) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    uint64_t z = (uint64_t(i) + seed) * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 31)) * 0xBF58476D1CE4E5B9ull;
-    z ^= z >> 29;
-    p[i] = uint16_t(0x3f00 + (z & 0xff)) | uint16_t((z >> 8) & 1) << 15;
-  }
-}
-
-float median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-void run_bench() {
-  cublasHandle_t h;
-  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
-    std::printf("bench: cublasCreate failed\n");
-    return;
-  }
-  struct Shape {
-    const char* name;
-    int64_t K, N;
-  };
-  const Shape shapes[] = {
-      {"qkv", 4096, 6144}, {"o", 4096, 4096}, {"gate|up", 4096, 24576}, {"down", 12288, 4096}};
-  const int64_t Ms[] = {1, 64, 1024, 4096};
-  const int64_t maxK = 12288, maxN = 24576, maxM = 4096;
-  Dev dx(maxM * maxK * 2), dw(maxN * maxK * 2), dy(maxM * maxN * 2);
-  bench_fill<<<4096, 256>>>(static_cast<uint16_t*>(dx.p), maxM * maxK, g_rng());
-  bench_fill<<<4096, 256>>>(static_cast<uint16_t*>(dw.p), maxN * maxK, g_rng());
-  CK(cudaGetLastError());
-  CK(cudaDeviceSynchronize());
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  const int kWarm = 3, kRuns = 20;
-  std::printf(
-      "\nbenchmark: y[M,N] = x[M,K] w[N,K]^T, bf16 in, bf16 out, S=1; median of %d timed "
-      "runs (cudaEvents) after %d warm-up\n",
-      kRuns, kWarm);
-  std::printf(
-      "| layer | M | K | N | lockstep us | lockstep TFLOP/s | cuBLAS us | cuBLAS TFLOP/s "
-      "| ratio |\n|---|---|---|---|---|---|---|---|---|\n");
-  for (const Shape& s : shapes) {
-    for (int64_t M : Ms) {
-      TensorView xg = TensorView::contiguous(dx.p, DType::kBF16, {M, s.K}, Device::kCUDA);
-      TensorView wg = TensorView::contiguous(dw.p, DType::kBF16, {s.N, s.K}, Device::kCUDA);
-      TensorView yg = TensorView::contiguous(dy.p, DType::kBF16, {M, s.N}, Device::kCUDA);
-      auto ours = [&] { lockstep::cuda::gemm_bf16_nt(xg, wg, nullptr, GemmConfig{1}, yg); };
-      const float alpha = 1.0f, beta = 0.0f;
-      bool cublas_ok = true;
-      auto theirs = [&] {
-        cublasStatus_t st =
-            cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(s.N), int(M), int(s.K), &alpha, dw.p,
-                         CUDA_R_16BF, int(s.K), dx.p, CUDA_R_16BF, int(s.K), &beta, dy.p,
-                         CUDA_R_16BF, int(s.N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-        if (st != CUBLAS_STATUS_SUCCESS) cublas_ok = false;
-      };
-      auto time = [&](auto&& f) {
-        for (int i = 0; i < kWarm; ++i) f();
-        std::vector<float> ms;
-        for (int i = 0; i < kRuns; ++i) {
-          CK(cudaEventRecord(e0));
-          f();
-          CK(cudaEventRecord(e1));
-          CK(cudaEventSynchronize(e1));
-          float t = 0;
-          CK(cudaEventElapsedTime(&t, e0, e1));
-          ms.push_back(t);
-        }
-        return median(ms);
-      };
-      const float tl = time(ours), tc = time(theirs);
-      const double flop = 2.0 * double(M) * double(s.N) * double(s.K);
-      const double fl = flop / (tl * 1e-3) / 1e12, fc = flop / (tc * 1e-3) / 1e12;
-      std::printf("| %s | %lld | %lld | %lld | %.1f | %.1f | %.1f | %.1f%s | %.2f |\n", s.name,
-                  (long long)M, (long long)s.K, (long long)s.N, tl * 1e3, fl, tc * 1e3, fc,
-                  cublas_ok ? "" : " (cublas error)", fl / fc);
-    }
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cublasDestroy(h);
+  // Partials (S = 4, K = 8: Kp = 64, each of 2 ranks owns 32 padded columns: rank 0 all 8 real).
+  GemmConfig c4{4};
+  report(throws([&] { lockstep::cuda::gemm_bf16_nt_partial(x, w, 8, 3, 0, c4, y); }),
+         "error: partial tp_size = 3");
+  report(throws([&] { lockstep::cuda::gemm_bf16_nt_partial(x, w, 8, 8, 0, c4, y); }),
+         "error: partial tp_size > segments");
+  report(throws([&] { lockstep::cuda::gemm_bf16_nt_partial(x, w, 8, 2, 1, c4, y); }),
+         "error: partial shard width (rank 1 owns no real column)");
+  TensorView yb = TensorView::contiguous(base + 2048, DType::kBF16, {4, 4}, Device::kCUDA);
+  report(throws([&] { lockstep::cuda::gemm_bf16_nt_partial(x, w, 8, 2, 0, c4, yb); }),
+         "error: partial y_partial not f32");
+  report(!throws([&] { lockstep::cuda::gemm_bf16_nt_partial(x, w, 8, 2, 0, c4, y); }) &&
+             cudaDeviceSynchronize() == cudaSuccess,
+         "valid partial call");
+  // Combine.
+  TensorView p1 = TensorView::contiguous(base + 4096, DType::kF32, {4, 4}, Device::kCUDA);
+  TensorView p2 = TensorView::contiguous(base + 6144, DType::kF32, {4, 4}, Device::kCUDA);
+  report(throws([&] {
+           lockstep::cuda::gemm_tree_combine({y, p1, p2}, nullptr, yb);
+         }),
+         "error: combine of 3 partials");
+  TensorView yov = TensorView::contiguous(base + 4096, DType::kBF16, {4, 4}, Device::kCUDA);
+  report(throws([&] {
+           lockstep::cuda::gemm_tree_combine({y, p1}, nullptr, yov);
+         }),
+         "error: combine y (bf16) overlaps a partial");
+  TensorView p5 = TensorView::contiguous(base + 6144, DType::kF32, {4, 5}, Device::kCUDA);
+  report(throws([&] {
+           lockstep::cuda::gemm_tree_combine({y, p5}, nullptr, yb);
+         }),
+         "error: combine partial shapes differ");
+  report(!throws([&] {
+    lockstep::cuda::gemm_tree_combine({p1, p2}, nullptr, p1);
+  }) && cudaDeviceSynchronize() == cudaSuccess,
+         "valid in-place combine");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  setvbuf(stdout, nullptr, _IOLBF, 0);
   uint64_t seed = uint64_t(std::chrono::system_clock::now().time_since_epoch().count());
-  bool bench = true;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--no-bench") == 0)
-      bench = false;
+    if (std::strcmp(argv[i], "--quick") == 0)
+      g_quick = true;
+    else if (std::strcmp(argv[i], "--no-bench") == 0)
+      continue;  // accepted for old scripts: timing moved to bench_gemm
     else
       seed = std::strtoull(argv[i], nullptr, 10);
   }
-  std::printf("test_gemm_parity: seed %llu\n", (unsigned long long)seed);
+  std::printf("test_gemm_parity: seed %llu%s\n", (unsigned long long)seed,
+              g_quick ? " (quick)" : "");
   g_rng.seed(seed);
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s\n", prop.name);
+  std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  const auto t0 = std::chrono::steady_clock::now();
 
   try {
-    const int64_t shapes[][3] = {{1, 1, 1},         {3, 17, 111},    {17, 3, 1000}, {111, 1000, 17},
-                                 {1000, 111, 1000}, {1, 1000, 1000}, {1000, 17, 3}, {130, 129, 333},
-                                 {64, 256, 4096},   {256, 384, 64},  {5, 7, 0}};
+    std::vector<std::vector<int64_t>> shapes = {
+        {1, 1, 1},       {3, 17, 111},     {17, 3, 1000},    {111, 1000, 17}, {1000, 111, 1000},
+        {1, 1000, 1000}, {1000, 17, 3},    {130, 129, 333},  {64, 256, 4096}, {256, 384, 64},
+        {5, 7, 0},       {300, 520, 1000}, {257, 777, 4104}, {640, 1280, 512}};
+    if (g_quick) shapes = {{1, 1, 1}, {3, 17, 111}, {130, 129, 333}, {257, 300, 1000}, {5, 7, 0}};
     int variant = 0;
-    for (auto& sh : shapes) {
+    for (const auto& sh : shapes) {
+      const bool big = sh[0] * sh[1] * sh[2] > 100000000;
       for (int S : {1, 2, 4, 8}) {
+        if (g_quick && (S == 2 || S == 8)) continue;
         for (DType ydt : {DType::kBF16, DType::kF32}) {
-          Case c{sh[0], sh[1], sh[2], S, ydt, variant % 3};
+          if (big && (ydt == DType::kF32) != (S == 2 || S == 8)) continue;  // CPU time
+          Problem p{sh[0], sh[1], sh[2], S, ydt, variant % 3};
           ++variant;
-          run_case(c);
+          run_all_paths(p);
         }
       }
     }
-    // Strided rows (unaligned row starts force the scalar loads), and specials.
+    // Special values (NaN, ±inf, ±0, subnormals).
     for (int S : {1, 4}) {
-      run_case(Case{77, 45, 200, S, DType::kBF16, 1, 5, 3, 7, false});
-      run_case(Case{129, 200, 256, S, DType::kF32, 2, 8, 16, 1, false});
-      run_case(Case{100, 90, 500, S, DType::kBF16, 2, 0, 0, 0, true});
-      run_case(Case{100, 90, 500, S, DType::kF32, 0, 0, 0, 3, true});
+      for (DType ydt : {DType::kBF16, DType::kF32}) {
+        Problem p{g_quick ? 70 : 200, g_quick ? 90 : 300, 500, S, ydt, S == 1 ? 2 : 1, true};
+        run_all_paths(p);
+      }
     }
     for (int S : {1, 2, 8}) run_invariance(S, S == 2 ? DType::kF32 : DType::kBF16);
+    run_partials(g_quick ? 70 : 300, g_quick ? 90 : 520, 1000, 8);
+    run_partials(g_quick ? 70 : 257, g_quick ? 90 : 300, 333, 8);
+    if (!g_quick) run_partials(130, 260, 4104, 4);
+    if (!g_quick) {
+      struct Q {
+        const char* name;
+        int64_t N, K;
+      };
+      const Q qs[] = {{"qkv", 6144, 4096},
+                      {"o_proj", 4096, 4096},
+                      {"gate_up", 24576, 4096},
+                      {"down", 4096, 12288}};
+      for (const Q& q : qs) {
+        run_qwen(q.name, q.N, q.K, 1, 1, DType::kBF16, false);
+        run_qwen(q.name, q.N, q.K, 8, 2, DType::kF32, true);
+        run_qwen(q.name, q.N, q.K, 4096, 1, DType::kBF16, q.N == 6144);
+      }
+      run_qwen("qkv", 6144, 4096, 4096, 4, DType::kF32, false);
+      run_qwen("down", 4096, 12288, 4096, 4, DType::kBF16, true);
+      for (const Q& q : qs)
+        std::printf("plan: %s\n",
+                    lockstep::cuda::gemm_launch_plan(4096, q.N, q.K, GemmConfig{1}).c_str());
+      std::printf("plan: %s\n",
+                  lockstep::cuda::gemm_launch_plan(8, 4096, 4096, GemmConfig{1}).c_str());
+      std::printf("plan: %s\n",
+                  lockstep::cuda::gemm_launch_plan(1024, 6144, 4096, GemmConfig{4}).c_str());
+    }
     run_errors();
   } catch (const std::exception& e) {
     std::printf("FAIL exception: %s\n", e.what());
     ++g_fail;
   }
-  std::printf("test_gemm_parity: %d passed, %d failed (seed %llu)\n", g_pass, g_fail,
-              (unsigned long long)seed);
-  if (bench && g_fail == 0) run_bench();
+  std::printf("kernel runs:");
+  for (const auto& kv : g_path_runs) std::printf(" [%s] %d", kv.first.c_str(), kv.second);
+  std::printf("\n");
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("test_gemm_parity: %d passed, %d failed (seed %llu, %.1f s)\n", g_pass, g_fail,
+              (unsigned long long)seed, secs);
   return g_fail == 0 ? 0 : 1;
 }

@@ -1,22 +1,41 @@
-// Probe: straightforward CUDA kernels written from docs/contract.md §L and §S
-// alone — tile states (8 threads per tile, xor butterfly 1,2,4), per-segment fold + segment tree +
-// finish, and plain/greedy Gumbel-max sampling (one block per row, order-free argmax reduction) —
-// compared bit for bit with the CPU backend (cpu::linear_logprob, cpu::sample). The logits come
-// from the CPU GEMM (cpu::gemm_bf16_nt, fp32 out): the GEMM's own parity is the GEMM probe's job.
-// Not a product kernel: it proves the text is GPU-implementable and that device ls_expf/ls_logf,
-// Philox and IEEE ops agree with the host.
-//   g++ -std=c++20 -O2 -march=native -ffp-contract=off -Iinclude -Isrc -c <core, gemm*, logprob,
-//     sampling sources>;  nvcc -std=c++20 -O2 -fmad=false -gencode arch=compute_90a,code=sm_90a \
-//     -Iinclude -Isrc dev/logprob_parity.cu *.o -o logprob_parity
+// GPU parity of the CUDA LogP op and sampling (lockstep::cuda::linear_logprob, _partial, _combine,
+// sample; src/cuda/{logprob,sampling}.cu) with the CPU ops (lockstep::cpu::*), bit for bit
+// (docs/contract.md §L, §S), memcmp on fresh random data (outputs poisoned with 0xA5 on both
+// sides, padding cells of strided outputs compared too):
+//   - LogP: V in {77, 1000, 4099, 151936}, vocab_tile 8..256, vocab_segments 1..8, gemm_segments
+//     1..8, temperatures 0.7 / 1 / 1.9, logit scales 0.3..3, a NaN row, ignored targets, target
+//     V-1, host (i64) and device (i32) targets;
+//   - strided h / w / targets / outputs, T > the token block, V > one vocab chunk (chunked GEMM);
+//   - invariance on the GPU: a token alone == the same token in the batch;
+//   - vocab parallelism: every rank count R | S, partial states == cpu partial states, combine ==
+//     cpu linear_logprob (all-padding ranks included);
+//   - device targets outside [0, V): logp NaN, lse / entropy unaffected;
+//   - negative control: a host fold with the lane tree 4, 2, 1 must differ from the GPU (and the
+//     same host fold with the contract's tree 1, 2, 4 must equal it);
+//   - sampling: greedy, plain, top-k, top-p, min-p and combinations, tied logits (duplicated W
+//     rows), host / device request ids and positions, i32 / i64 strided token ids; ids, logp, lse,
+//     entropy == cpu::sample; a row alone == in batch; a NaN row throws naming the row and writes
+//     nothing;
+//   - argument errors before any launch.
+// Fresh seed each run (printed; pass one as argv[1] to repeat). --quick: small sizes (sanitizer).
+// Prints "N passed, M failed" and exits non-zero on any failure.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/math.h"
-#include "core/philox.h"
 #include "lockstep/contract.h"
+#include "lockstep/cuda/gemm.h"
+#include "lockstep/cuda/logprob.h"
 #include "lockstep/ops/gemm.h"
 #include "lockstep/ops/logprob.h"
 #include "lockstep/ops/sampling.h"
@@ -32,310 +51,750 @@ using namespace lockstep;
     }                                                                                      \
   } while (0)
 
-constexpr float kNegInfD = -__builtin_huge_valf();
+namespace {
 
-__device__ __forceinline__ float mx(float a, float b) { return b > a ? b : a; }
-__device__ __forceinline__ float canon(float x) {
-  return x != x ? __uint_as_float(0x7fc00000u) : x;
+int g_pass = 0, g_fail = 0;
+bool g_quick = false;
+std::mt19937_64 g_rng;
+
+void report(bool ok, const std::string& what) {
+  if (ok) {
+    ++g_pass;
+  } else {
+    ++g_fail;
+    std::printf("FAIL %s\n", what.c_str());
+  }
 }
 
-struct DState {
-  float m, s, w;
+struct DevPool {
+  std::vector<void*> ptrs;
+  void* alloc(size_t bytes) {
+    void* p = nullptr;
+    CK(cudaMalloc(&p, bytes ? bytes : 16));
+    CK(cudaMemset(p, 0xA5, bytes ? bytes : 16));
+    ptrs.push_back(p);
+    return p;
+  }
+  void* upload(const void* host, size_t bytes) {
+    void* p = alloc(bytes);
+    CK(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice));
+    return p;
+  }
+  ~DevPool() {
+    for (void* p : ptrs) cudaFree(p);
+  }
 };
 
-__device__ DState merge(DState a, DState b) {
-  if (b.s == 0.0f) return a;
-  if (a.s == 0.0f) return b;
-  const float M = mx(a.m, b.m);
-  const float da = __fsub_rn(a.m, M), db = __fsub_rn(b.m, M);
-  const float ea = ls_expf(da), eb = ls_expf(db);
-  DState r;
-  r.m = M;
-  r.s = __fadd_rn(__fmul_rn(a.s, ea), __fmul_rn(b.s, eb));
-  r.w = __fadd_rn(__fmul_rn(__fadd_rn(a.w, __fmul_rn(da, a.s)), ea),
-                  __fmul_rn(__fadd_rn(b.w, __fmul_rn(db, b.s)), eb));
-  return r;
-}
-
-// L.5: grid (tiles, T), 8 threads; lane l owns entries l, l+8, ...
-__global__ void tile_kernel(const float* z, int64_t V, int64_t L, const float* tau,
-                            const int64_t* targets, DState* states, float* ytgt, int64_t n_tiles,
-                            bool wrong_tree) {
-  const int64_t tile = blockIdx.x, t = blockIdx.y;
-  const int l = threadIdx.x;
-  const float* zr = z + t * V;
-  auto y_at = [&](int64_t j) {
-    const int64_t v = tile * L + j;
-    return v < V ? __fdiv_rn(zr[v], tau[t]) : kNegInfD;
-  };
-  float m = kNegInfD;
-  for (int64_t j = l; j < L; j += 8) m = mx(m, y_at(j));
-  for (int o = 1; o <= 4; o *= 2) m = mx(m, __shfl_xor_sync(0xffu, m, o));
-  if (m == 0.0f) m = 0.0f;
-  float s = 0.0f, w = 0.0f;
-  for (int64_t j = l; j < L; j += 8) {
-    const float y = y_at(j);
-    if (y == kNegInfD) continue;
-    const float d = __fsub_rn(y, m);
-    const float e = ls_expf(d);
-    s = __fadd_rn(s, e);
-    w = __fadd_rn(w, __fmul_rn(e, d));
-  }
-  for (int i = 0; i < 3; ++i) {
-    const int o = wrong_tree ? 4 >> i : 1 << i;  // negative control: tree 4,2,1 instead of 1,2,4
-    s = __fadd_rn(s, __shfl_xor_sync(0xffu, s, o));
-    w = __fadd_rn(w, __shfl_xor_sync(0xffu, w, o));
-  }
-  if (l == 0) {
-    states[t * n_tiles + tile] = DState{m, s, w};
-    const int64_t g = targets[t];
-    if (g >= tile * L && g < tile * L + L && g < V) ytgt[t] = y_at(g - tile * L);
-  }
-}
-
-// L.6 / L.7: one thread per token.
-__global__ void finish_kernel(const DState* states, const float* ytgt, const int64_t* targets,
-                              int64_t T, int64_t n_tiles, int S, float* logp, float* lse,
-                              float* entropy) {
-  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t >= T) return;
-  const int64_t tps = n_tiles / S;
-  DState seg[8];
-  for (int k = 0; k < S; ++k) {
-    DState acc{kNegInfD, 0.0f, 0.0f};
-    for (int64_t i = 0; i < tps; ++i) acc = merge(acc, states[t * n_tiles + k * tps + i]);
-    seg[k] = acc;
-  }
-  for (int len = S; len > 1; len /= 2)
-    for (int i = 0; i < len / 2; ++i) seg[i] = merge(seg[2 * i], seg[2 * i + 1]);
-  const float ls = ls_logf(seg[0].s);
-  const float l = __fadd_rn(seg[0].m, ls);
-  lse[t] = canon(l);
-  entropy[t] = canon(__fsub_rn(ls, __fdiv_rn(seg[0].w, seg[0].s)));
-  logp[t] = targets[t] < 0 ? 0.0f : canon(__fsub_rn(ytgt[t], l));
-}
-
-// S.4 / S.6 / S.7 without filters: one block of 256 per row.
-__global__ void sample_kernel(const float* z, int64_t V, const float* temperature,
-                              const uint64_t* seed, const uint64_t* rid, const uint32_t* pos,
-                              int64_t* ids) {
-  const int64_t t = blockIdx.x;
-  const float temp = temperature[t];
-  const float tau = temp == 0.0f ? 1.0f : temp;
-  float best = kNegInfD;
-  int64_t best_v = -1;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-    const float y = __fdiv_rn(z[t * V + v], tau);
-    if (y == kNegInfD) continue;
-    float score = y;
-    if (temp != 0.0f) {
-      Philox4 ctr{{uint32_t(v >> 2), pos[t], uint32_t(rid[t]), uint32_t(rid[t] >> 32)}};
-      const uint32_t word = philox4x32_10(ctr, uint32_t(seed[t]), uint32_t(seed[t] >> 32)).v[v & 3];
-      const float g = -ls_logf(-ls_logf(philox_uniform(word)));
-      score = __fadd_rn(y, g);
-    }
-    if (best_v < 0 || score > best) {  // ascending v per thread: strict > keeps the lowest
-      best = score;
-      best_v = v;
-    }
-  }
-  __shared__ float sb[256];
-  __shared__ int64_t sv[256];
-  sb[threadIdx.x] = best;
-  sv[threadIdx.x] = best_v;
-  __syncthreads();
-  for (int o = 128; o >= 1; o /= 2) {
-    if (threadIdx.x < o) {
-      const float b2 = sb[threadIdx.x + o];
-      const int64_t v2 = sv[threadIdx.x + o];
-      const int64_t v1 = sv[threadIdx.x];
-      const bool take =
-          v2 >= 0 && (v1 < 0 || b2 > sb[threadIdx.x] || (b2 == sb[threadIdx.x] && v2 < v1));
-      if (take) {
-        sb[threadIdx.x] = b2;
-        sv[threadIdx.x] = v2;
-      }
-    }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) ids[t] = sv[0];
-}
-
-template <typename T>
-T* to_dev(const std::vector<T>& h) {
-  T* d;
-  CK(cudaMalloc(&d, h.size() * sizeof(T) + 16));
-  CK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
-template <typename T>
-std::vector<T> from_dev(const T* d, size_t n) {
-  std::vector<T> h(n);
-  CK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+std::vector<uint8_t> download(const void* dev, size_t bytes) {
+  std::vector<uint8_t> h(bytes);
+  CK(cudaDeviceSynchronize());
+  CK(cudaMemcpy(h.data(), dev, bytes, cudaMemcpyDeviceToHost));
   return h;
 }
 
-int64_t count_diff(const void* a, const void* b, size_t n, size_t es, const char* what) {
-  int64_t bad = 0;
+TensorView view(void* p, DType dt, std::vector<int64_t> shape, std::vector<int64_t> strides = {},
+                Device dev = Device::kCUDA) {
+  TensorView v = TensorView::contiguous(p, dt, shape, dev);
+  for (size_t i = 0; i < strides.size(); ++i) v.stride[i] = strides[i];
+  return v;
+}
+
+bool bitwise(const std::string& what, const void* gpu, const void* cpu, size_t n, size_t es) {
+  const auto* a = static_cast<const uint8_t*>(gpu);
+  const auto* b = static_cast<const uint8_t*>(cpu);
+  if (std::memcmp(a, b, n * es) == 0) {
+    report(true, what);
+    return true;
+  }
+  size_t bad = 0, first = 0;
   for (size_t i = 0; i < n; ++i) {
-    if (std::memcmp(static_cast<const char*>(a) + i * es, static_cast<const char*>(b) + i * es,
-                    es) != 0) {
-      if (bad < 3) {
-        uint64_t x = 0, y = 0;
-        std::memcpy(&x, static_cast<const char*>(a) + i * es, es);
-        std::memcpy(&y, static_cast<const char*>(b) + i * es, es);
-        std::printf("  %s[%zu]: gpu 0x%llx cpu 0x%llx\n", what, i, (unsigned long long)x,
-                    (unsigned long long)y);
-      }
+    if (std::memcmp(a + i * es, b + i * es, es) != 0) {
+      if (bad == 0) first = i;
       ++bad;
     }
   }
-  return bad;
+  uint64_t x = 0, y = 0;
+  std::memcpy(&x, a + first * es, es);
+  std::memcpy(&y, b + first * es, es);
+  report(false, what);
+  std::printf("  %zu of %zu differ; first at %zu: gpu 0x%llx cpu 0x%llx\n", bad, n, first,
+              (unsigned long long)x, (unsigned long long)y);
+  return false;
 }
 
-// GPU LogP from fp32 logits z [T, V].
-void gpu_logprob(const std::vector<float>& z, int64_t T, int64_t V, const ContractConfig& cfg,
-                 const std::vector<float>& tau, const std::vector<int64_t>& targets,
-                 std::vector<float>* logp, std::vector<float>* lse, std::vector<float>* ent,
-                 bool wrong_tree = false) {
+void expect_error(const std::string& what, const std::function<void()>& fn, const char* needle) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    const bool ok = std::strstr(e.what(), needle) != nullptr;
+    report(ok, "error: " + what);
+    if (!ok) std::printf("  message '%s' lacks '%s'\n", e.what(), needle);
+    return;
+  }
+  report(false, "error: " + what + " (nothing thrown)");
+}
+
+ContractConfig make_cfg(int tile, int segs, int gsegs) {
+  ContractConfig c;
+  c.vocab_tile = tile;
+  c.vocab_segments = segs;
+  c.gemm_segments = gsegs;
+  return c;
+}
+
+// h [T, H], w [V, H] on the host (contiguous) and the device (copies).
+struct Problem {
+  int64_t T = 0, H = 0, V = 0;
+  Tensor h, w;
+  DevPool d;
+  void* dh = nullptr;
+  void* dw = nullptr;
+  Problem(int64_t T_, int64_t H_, int64_t V_, float scale)
+      : T(T_), H(H_), V(V_), h(DType::kBF16, {T_, H_}), w(DType::kBF16, {V_, H_}) {
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (int64_t i = 0; i < T * H; ++i) h.ptr<bf16>()[i] = f32_to_bf16(nd(g_rng));
+    for (int64_t i = 0; i < V * H; ++i) w.ptr<bf16>()[i] = f32_to_bf16(scale * nd(g_rng));
+  }
+  void upload() {
+    dh = d.upload(h.data(), size_t(h.nbytes()));
+    dw = d.upload(w.data(), size_t(w.nbytes()));
+  }
+  TensorView dev_h() const { return view(dh, DType::kBF16, {T, H}); }
+  TensorView dev_w() const { return view(dw, DType::kBF16, {V, H}); }
+};
+
+std::vector<int64_t> random_targets(int64_t T, int64_t V) {
+  std::vector<int64_t> t(static_cast<size_t>(T));
+  for (auto& x : t) x = int64_t(g_rng() % uint64_t(V));
+  t[0] = -1;
+  if (T > 1) t[size_t(T - 1)] = V - 1;
+  return t;
+}
+
+// ---- host fold with a chosen lane tree (negative control and harness check) -------------------
+
+LogprobState tile_state_tree(const float* y, int64_t L, bool wrong) {
+  const float ninf = -INFINITY;
+  float m8[8], s8[8], w8[8];
+  for (int l = 0; l < 8; ++l) m8[l] = ninf, s8[l] = 0.0f, w8[l] = 0.0f;
+  for (int64_t j = 0; j < L; j += 8)
+    for (int l = 0; l < 8; ++l) m8[l] = y[j + l] > m8[l] ? y[j + l] : m8[l];
+  float m = m8[0];
+  for (int l = 1; l < 8; ++l) m = m8[l] > m ? m8[l] : m;
+  if (m == 0.0f) m = 0.0f;
+  for (int64_t j = 0; j < L; j += 8)
+    for (int l = 0; l < 8; ++l) {
+      const float v = y[j + l];
+      if (v == ninf) continue;
+      const float d = v - m;
+      const float e = ls_expf(d);
+      s8[l] = s8[l] + e;
+      w8[l] = w8[l] + e * d;
+    }
+  auto tree = [&](const float* a) {
+    return wrong ? ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+                 : ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+  };
+  return LogprobState{m, tree(s8), tree(w8)};
+}
+
+// The (m, s, w) state of every token over the whole vocab from fp32 logits z [T, V], tempered,
+// with the chosen lane tree (canonical NaN, as linear_logprob_partial writes it).
+std::vector<LogprobState> host_states(const float* z, int64_t T, int64_t V, float tau,
+                                      const ContractConfig& cfg, bool wrong) {
   const LogprobVocabLayout lay = logprob_vocab_layout(cfg, V);
   const int64_t n_tiles = lay.padded / lay.tile;
-  float* dz = to_dev(z);
-  float* dtau = to_dev(tau);
-  int64_t* dtg = to_dev(targets);
-  DState* dst;
-  float *dy, *dl, *ds, *de;
-  CK(cudaMalloc(&dst, size_t(T * n_tiles) * sizeof(DState)));
-  CK(cudaMalloc(&dy, size_t(T) * 4));
-  CK(cudaMalloc(&dl, size_t(T) * 4));
-  CK(cudaMalloc(&ds, size_t(T) * 4));
-  CK(cudaMalloc(&de, size_t(T) * 4));
-  tile_kernel<<<dim3(unsigned(n_tiles), unsigned(T)), 8>>>(dz, V, lay.tile, dtau, dtg, dst, dy,
-                                                           n_tiles, wrong_tree);
-  CK(cudaGetLastError());
-  finish_kernel<<<unsigned((T + 127) / 128), 128>>>(dst, dy, dtg, T, n_tiles, lay.segments, dl, ds,
-                                                    de);
-  CK(cudaDeviceSynchronize());
-  *logp = from_dev(dl, size_t(T));
-  *lse = from_dev(ds, size_t(T));
-  *ent = from_dev(de, size_t(T));
-  for (void* p :
-       {(void*)dz, (void*)dtau, (void*)dtg, (void*)dst, (void*)dy, (void*)dl, (void*)ds, (void*)de})
-    CK(cudaFree(p));
+  std::vector<LogprobState> out(static_cast<size_t>(T));
+  std::vector<float> y(static_cast<size_t>(lay.padded));
+  std::vector<LogprobState> tiles(static_cast<size_t>(n_tiles)), segs(size_t(lay.segments));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t v = 0; v < lay.padded; ++v) y[size_t(v)] = v < V ? z[t * V + v] / tau : -INFINITY;
+    for (int64_t i = 0; i < n_tiles; ++i)
+      tiles[size_t(i)] = tile_state_tree(y.data() + i * lay.tile, lay.tile, wrong);
+    for (int k = 0; k < lay.segments; ++k) {
+      LogprobState acc;
+      for (int64_t i = 0; i < lay.tiles_per_segment; ++i)
+        acc = logprob_merge(acc, tiles[size_t(k * lay.tiles_per_segment + i)]);
+      segs[size_t(k)] = acc;
+    }
+    LogprobState st = logprob_tree(segs.data(), lay.segments);
+    out[size_t(t)] = LogprobState{canonical_f32(st.m), canonical_f32(st.s), canonical_f32(st.w)};
+  }
+  return out;
 }
 
-int main() {
-  struct Case {
-    int64_t T, H, V;
-    int tile, segs, gsegs;
-  };
-  const Case cases[] = {{64, 64, 151936, 256, 8, 1},
-                        {37, 48, 1000, 64, 2, 2},
-                        {5, 16, 77, 8, 4, 4},
-                        {300, 32, 4099, 24, 1, 8}};
-  std::mt19937_64 g(12345);
-  int64_t total_bad = 0, total = 0;
-  for (const Case& c : cases) {
-    ContractConfig cfg;
-    cfg.vocab_tile = c.tile;
-    cfg.vocab_segments = c.segs;
-    cfg.gemm_segments = c.gsegs;
-    for (float scale : {0.3f, 1.0f, 3.0f}) {
-      std::normal_distribution<float> nd(0.0f, 1.0f);
-      Tensor h(DType::kBF16, {c.T, c.H}), w(DType::kBF16, {c.V, c.H});
-      for (int64_t i = 0; i < c.T * c.H; ++i) h.ptr<bf16>()[i] = f32_to_bf16(nd(g));
-      for (int64_t i = 0; i < c.V * c.H; ++i) w.ptr<bf16>()[i] = f32_to_bf16(scale * nd(g));
-      std::vector<int64_t> targets(size_t(c.T));
-      for (auto& t : targets) t = int64_t(g() % uint64_t(c.V));
-      targets[0] = -1;
-      targets[size_t(c.T - 1)] = c.V - 1;
-      Tensor z(DType::kF32, {c.T, c.V});
-      cpu::gemm_bf16_nt(h.view(), w.view(), GemmConfig::from_contract(cfg), z.view());
-      std::vector<float> zv(z.ptr<float>(), z.ptr<float>() + c.T * c.V);
-      // A NaN logit row (as from NaN in h) for LogP: the CPU op gets the NaN through h.
-      Tensor hn(DType::kBF16, {c.T, c.H});
-      std::memcpy(hn.data(), h.data(), size_t(h.nbytes()));
-      hn.ptr<bf16>()[c.H + 1] = f32_to_bf16(NAN);
-      Tensor zn(DType::kF32, {c.T, c.V});
-      cpu::gemm_bf16_nt(hn.view(), w.view(), GemmConfig::from_contract(cfg), zn.view());
-      std::vector<float> znv(zn.ptr<float>(), zn.ptr<float>() + c.T * c.V);
-      Tensor tg(DType::kI64, {c.T});
-      std::memcpy(tg.data(), targets.data(), size_t(c.T) * 8);
-      for (float tau : {1.0f, 0.7f, 1.9f}) {
-        Tensor lp(DType::kF32, {c.T}), ls(DType::kF32, {c.T}), en(DType::kF32, {c.T});
-        cpu::linear_logprob(hn.view(), w.view(), tg.view(), LogprobParams{tau}, cfg, lp.view(),
-                            ls.view(), en.view());
-        std::vector<float> glp, gls, gen;
-        gpu_logprob(znv, c.T, c.V, cfg, std::vector<float>(size_t(c.T), tau), targets, &glp, &gls,
-                    &gen);
-        int64_t bad = count_diff(glp.data(), lp.data(), size_t(c.T), 4, "logp") +
-                      count_diff(gls.data(), ls.data(), size_t(c.T), 4, "lse") +
-                      count_diff(gen.data(), en.data(), size_t(c.T), 4, "entropy");
-        total += 3 * c.T;
-        total_bad += bad;
-        if (bad)
-          std::printf("LogP mismatch: %s tau=%g scale=%g: %lld\n", cfg.to_string().c_str(), tau,
-                      scale, (long long)bad);
-        if (tau == 1.0f && scale == 1.0f) {  // the comparison must see a different lane tree
-          gpu_logprob(znv, c.T, c.V, cfg, std::vector<float>(size_t(c.T), tau), targets, &glp, &gls,
-                      &gen, true);
-          int64_t neg = 0;
-          for (int64_t t = 0; t < c.T; ++t)
-            neg += std::memcmp(&gls[size_t(t)], ls.ptr<float>() + t, 4) != 0 ||
-                   std::memcmp(&gen[size_t(t)], en.ptr<float>() + t, 4) != 0;
-          std::printf("negative control (lane tree 4,2,1): %lld of %lld tokens differ\n",
-                      (long long)neg, (long long)c.T);
-        }
-      }
-      // Sampling (plain and greedy rows) + recorded values.
-      std::vector<SamplingParams> ps(size_t(c.T));
-      std::vector<float> temps(size_t(c.T));
-      std::vector<uint64_t> seeds(size_t(c.T)), rids(size_t(c.T));
-      std::vector<uint32_t> poss(size_t(c.T));
-      Tensor rid(DType::kI64, {c.T}), pos(DType::kI64, {c.T});
-      const float kT[] = {0.0f, 0.6f, 1.0f, 1.7f};
-      for (int64_t t = 0; t < c.T; ++t) {
-        ps[size_t(t)].seed = seeds[size_t(t)] = g();
-        ps[size_t(t)].temperature = temps[size_t(t)] = kT[g() % 4];
-        rids[size_t(t)] = g();
-        poss[size_t(t)] = uint32_t(g() % 100000);
-        rid.ptr<int64_t>()[t] = int64_t(rids[size_t(t)]);
-        pos.ptr<int64_t>()[t] = poss[size_t(t)];
-      }
-      Tensor ids(DType::kI64, {c.T}), lp(DType::kF32, {c.T}), ls(DType::kF32, {c.T}),
-          en(DType::kF32, {c.T});
-      cpu::sample(h.view(), w.view(), ps, rid.view(), pos.view(), cfg, ids.view(), lp.view(),
-                  ls.view(), en.view());
-      float* dz = to_dev(zv);
-      float* dt = to_dev(temps);
-      uint64_t* dseed = to_dev(seeds);
-      uint64_t* drid = to_dev(rids);
-      uint32_t* dpos = to_dev(poss);
-      int64_t* did;
-      CK(cudaMalloc(&did, size_t(c.T) * 8));
-      sample_kernel<<<unsigned(c.T), 256>>>(dz, c.V, dt, dseed, drid, dpos, did);
-      CK(cudaDeviceSynchronize());
-      std::vector<int64_t> gid = from_dev(did, size_t(c.T));
-      for (void* p : {(void*)dz, (void*)dt, (void*)dseed, (void*)drid, (void*)dpos, (void*)did})
-        CK(cudaFree(p));
-      std::vector<float> tlp(size_t(c.T));
-      for (int64_t t = 0; t < c.T; ++t) tlp[size_t(t)] = ps[size_t(t)].logprob_temperature();
-      std::vector<float> glp, gls, gen;
-      gpu_logprob(zv, c.T, c.V, cfg, tlp, gid, &glp, &gls, &gen);
-      int64_t bad = count_diff(gid.data(), ids.data(), size_t(c.T), 8, "id") +
-                    count_diff(glp.data(), lp.data(), size_t(c.T), 4, "sample logp") +
-                    count_diff(gls.data(), ls.data(), size_t(c.T), 4, "sample lse") +
-                    count_diff(gen.data(), en.data(), size_t(c.T), 4, "sample entropy");
-      total += 4 * c.T;
-      total_bad += bad;
-      if (bad)
-        std::printf("sample mismatch: %s scale=%g: %lld\n", cfg.to_string().c_str(), scale,
-                    (long long)bad);
+// ---- LogP parity -------------------------------------------------------------------------------
+
+struct Case {
+  int64_t T, H, V;
+  int tile, segs, gsegs;
+};
+
+void test_logprob_case(const Case& c) {
+  const ContractConfig cfg = make_cfg(c.tile, c.segs, c.gsegs);
+  const std::vector<float> scales =
+      g_quick ? std::vector<float>{1.0f} : std::vector<float>{0.3f, 1.0f, 3.0f};
+  for (float scale : scales) {
+    Problem pb(c.T, c.H, c.V, scale);
+    if (c.T > 1) pb.h.ptr<bf16>()[c.H + 1] = f32_to_bf16(NAN);  // row 1: NaN logits
+    pb.upload();
+    const std::vector<int64_t> targets = random_targets(c.T, c.V);
+    Tensor tg(DType::kI64, {c.T}), tg32(DType::kI32, {c.T});
+    for (int64_t t = 0; t < c.T; ++t) {
+      tg.ptr<int64_t>()[t] = targets[size_t(t)];
+      tg32.ptr<int32_t>()[t] = int32_t(targets[size_t(t)]);
     }
-    std::printf("done %s T=%lld H=%lld V=%lld\n", cfg.to_string().c_str(), (long long)c.T,
-                (long long)c.H, (long long)c.V);
+    void* dtg32 = pb.d.upload(tg32.data(), size_t(tg32.nbytes()));
+    void* dout = pb.d.alloc(size_t(3 * c.T) * 4);
+    float* dlp = static_cast<float*>(dout);
+    const TensorView vlp = view(dlp, DType::kF32, {c.T}), vls = view(dlp + c.T, DType::kF32, {c.T}),
+                     ven = view(dlp + 2 * c.T, DType::kF32, {c.T});
+    int tau_i = 0;
+    for (float tau : {1.0f, 0.7f, 1.9f}) {
+      Tensor ref(DType::kF32, {3, c.T});
+      float* r = ref.ptr<float>();
+      cpu::linear_logprob(pb.h.view(), pb.w.view(), tg.view(), LogprobParams{tau}, cfg,
+                          view(r, DType::kF32, {c.T}, {}, Device::kCPU),
+                          view(r + c.T, DType::kF32, {c.T}, {}, Device::kCPU),
+                          view(r + 2 * c.T, DType::kF32, {c.T}, {}, Device::kCPU));
+      CK(cudaMemset(dout, 0xA5, size_t(3 * c.T) * 4));
+      const bool host_targets = (tau_i++ % 2) == 0;
+      cuda::linear_logprob(pb.dev_h(), pb.dev_w(),
+                           host_targets ? tg.view() : view(dtg32, DType::kI32, {c.T}),
+                           LogprobParams{tau}, cfg, vlp, vls, ven);
+      char tag[192];
+      std::snprintf(tag, sizeof tag,
+                    "linear_logprob %s T=%lld H=%lld V=%lld tau=%g scale=%g %s targets",
+                    cfg.to_string().c_str(), (long long)c.T, (long long)c.H, (long long)c.V,
+                    double(tau), double(scale), host_targets ? "host i64" : "device i32");
+      bitwise(std::string(tag) + " (logp, lse, entropy)",
+              download(dout, size_t(3 * c.T) * 4).data(), r, size_t(3 * c.T), 4);
+    }
+    if (scale == 1.0f) {
+      // Harness check + negative control on the GPU's whole-vocab state (m, s, w) at tau = 1,
+      // from linear_logprob_partial with one rank owning every segment.
+      void* dst = pb.d.alloc(size_t(c.T) * 16);
+      cuda::linear_logprob_partial(pb.dev_h(), pb.dev_w(), tg.view(), LogprobParams{1.0f}, cfg,
+                                   LogprobShard{c.V, 0, c.segs}, view(dst, DType::kF32, {c.T, 4}));
+      const std::vector<uint8_t> g = download(dst, size_t(c.T) * 16);
+      const float* gs = reinterpret_cast<const float*>(g.data());
+      Tensor z(DType::kF32, {c.T, c.V});
+      cpu::gemm_bf16_nt(pb.h.view(), pb.w.view(), GemmConfig::from_contract(cfg), z.view());
+      {  // the logits producer alone (diagnoses a GEMM mismatch apart from the LogP kernels)
+        void* dz = pb.d.alloc(size_t(z.nbytes()));
+        cuda::gemm_bf16_nt(pb.dev_h(), pb.dev_w(), nullptr, GemmConfig::from_contract(cfg),
+                           view(dz, DType::kF32, {c.T, c.V}));
+        bitwise("cuda::gemm_bf16_nt logits == cpu (V=" + std::to_string(c.V) + ")",
+                download(dz, size_t(z.nbytes())).data(), z.data(), size_t(c.T * c.V), 4);
+      }
+      const std::vector<LogprobState> right =
+          host_states(z.ptr<float>(), c.T, c.V, 1.0f, cfg, false);
+      const std::vector<LogprobState> wrong =
+          host_states(z.ptr<float>(), c.T, c.V, 1.0f, cfg, true);
+      int64_t right_bad = 0, differ = 0;
+      for (int64_t t = 0; t < c.T; ++t) {
+        right_bad += std::memcmp(gs + 4 * t, &right[size_t(t)], 12) != 0;
+        differ += std::memcmp(gs + 4 * t, &wrong[size_t(t)], 12) != 0;
+      }
+      report(right_bad == 0, "host fold with the contract's lane tree == GPU state (m, s, w) (V=" +
+                                 std::to_string(c.V) + ")");
+      if (right_bad)
+        std::printf("  %lld of %lld tokens differ\n", (long long)right_bad, (long long)c.T);
+      std::printf("negative control (lane tree 4,2,1) V=%lld: %lld of %lld token states differ\n",
+                  (long long)c.V, (long long)differ, (long long)c.T);
+      if (c.T >= 16)
+        report(differ > 0, "negative control sees the lane tree (V=" + std::to_string(c.V) + ")");
+    }
   }
-  std::printf("logprob_parity: %lld of %lld outputs differ\n", (long long)total_bad,
-              (long long)total);
-  return total_bad == 0 ? 0 : 1;
+}
+
+// Strided views, several token blocks, poisoned gaps; device targets out of range.
+void test_logprob_strided() {
+  const int64_t T = g_quick ? 19 : 1100, H = 40, V = 4099, lh = H + 3, lw = H + 8;  // > 1 block
+  const ContractConfig cfg = make_cfg(24, 2, 2);
+  Tensor hb(DType::kBF16, {T, lh}), wb(DType::kBF16, {V, lw});
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int64_t i = 0; i < T * lh; ++i) hb.ptr<bf16>()[i] = f32_to_bf16(nd(g_rng));
+  for (int64_t i = 0; i < V * lw; ++i) wb.ptr<bf16>()[i] = f32_to_bf16(nd(g_rng));
+  std::vector<int64_t> targets = random_targets(T, V);
+  targets[0] = 5;  // ignore_index is -7 here
+  Tensor tg(DType::kI64, {T * 3});
+  for (int64_t t = 0; t < T; ++t) tg.ptr<int64_t>()[t * 3] = targets[size_t(t)];
+  const TensorView hh = view(hb.data(), DType::kBF16, {T, H}, {lh, 1}, Device::kCPU);
+  const TensorView hw = view(wb.data(), DType::kBF16, {V, H}, {lw, 1}, Device::kCPU);
+  const TensorView ht = view(tg.data(), DType::kI64, {T}, {3}, Device::kCPU);
+  Tensor ref(DType::kF32, {3, 2 * T});
+  std::memset(ref.data(), 0xA5, size_t(ref.nbytes()));
+  float* r = ref.ptr<float>();
+  const LogprobParams prm{0.8f, -7};
+  auto outv = [&](float* base, int i, Device dev) {
+    return view(base + i * 2 * T, DType::kF32, {T}, {2}, dev);
+  };
+  DevPool d;
+  void* dh = d.upload(hb.data(), size_t(hb.nbytes()));
+  void* dw = d.upload(wb.data(), size_t(wb.nbytes()));
+  void* dt = d.upload(tg.data(), size_t(tg.nbytes()));
+  void* dout = d.alloc(size_t(ref.nbytes()));
+  float* o = static_cast<float*>(dout);
+  const TensorView vh = view(dh, DType::kBF16, {T, H}, {lh, 1});
+  const TensorView vw = view(dw, DType::kBF16, {V, H}, {lw, 1});
+  const TensorView vt = view(dt, DType::kI64, {T}, {3});
+  // Ignored targets with ignore_index -7.
+  Tensor tg2(DType::kI64, {T * 3});
+  std::memcpy(tg2.data(), tg.data(), size_t(tg.nbytes()));
+  tg2.ptr<int64_t>()[0] = -7;
+  const TensorView ht2 = view(tg2.data(), DType::kI64, {T}, {3}, Device::kCPU);
+  cpu::linear_logprob(hh, hw, ht2, prm, cfg, outv(r, 0, Device::kCPU), outv(r, 1, Device::kCPU),
+                      outv(r, 2, Device::kCPU));
+  cuda::linear_logprob(vh, vw, ht2, prm, cfg, outv(o, 0, Device::kCUDA), outv(o, 1, Device::kCUDA),
+                       outv(o, 2, Device::kCUDA));
+  bitwise("linear_logprob strided h/w/targets/outputs, T=" + std::to_string(T) +
+              " (gaps untouched, ignore_index -7)",
+          download(dout, size_t(ref.nbytes())).data(), r, size_t(6 * T), 4);
+
+  // Invariance: tokens alone == in the batch.
+  const std::vector<uint8_t> batch = download(dout, size_t(ref.nbytes()));
+  const float* bf = reinterpret_cast<const float*>(batch.data());
+  for (int64_t t : {int64_t(0), int64_t(1), T / 2, T - 1}) {
+    void* d1 = d.alloc(12);
+    float* o1 = static_cast<float*>(d1);
+    cuda::linear_logprob(vh.rows(t, t + 1), vw, ht2.rows(t, t + 1), prm, cfg,
+                         view(o1, DType::kF32, {1}), view(o1 + 1, DType::kF32, {1}),
+                         view(o1 + 2, DType::kF32, {1}));
+    const std::vector<uint8_t> g = download(d1, 12);
+    const float want[3] = {bf[2 * t], bf[2 * T + 2 * t], bf[4 * T + 2 * t]};
+    bitwise("linear_logprob token " + std::to_string(t) + " alone == in batch", g.data(), want, 3,
+            4);
+  }
+
+  // Device targets outside [0, V): logp NaN, lse / entropy as with a valid target.
+  Tensor bad(DType::kI64, {T * 3});
+  std::memcpy(bad.data(), tg.data(), size_t(tg.nbytes()));
+  bad.ptr<int64_t>()[3] = V;
+  if (T > 2) bad.ptr<int64_t>()[6] = -3;
+  void* db = d.upload(bad.data(), size_t(bad.nbytes()));
+  CK(cudaMemset(dout, 0xA5, size_t(ref.nbytes())));
+  cuda::linear_logprob(vh, vw, view(db, DType::kI64, {T}, {3}), prm, cfg, outv(o, 0, Device::kCUDA),
+                       outv(o, 1, Device::kCUDA), outv(o, 2, Device::kCUDA));
+  cpu::linear_logprob(hh, hw, ht, prm, cfg, outv(r, 0, Device::kCPU), outv(r, 1, Device::kCPU),
+                      outv(r, 2, Device::kCPU));
+  r[2 * 1] = f32_from_bits(kCanonicalNanF32);
+  if (T > 2) r[2 * 2] = f32_from_bits(kCanonicalNanF32);
+  bitwise("linear_logprob device targets outside [0, V): logp NaN, rest unchanged",
+          download(dout, size_t(ref.nbytes())).data(), r, size_t(6 * T), 4);
+}
+
+// V larger than one vocab chunk of the launch plan (the GEMM runs chunk by chunk).
+void test_logprob_chunked() {
+  const int64_t T = g_quick ? 3 : 9, H = 16, V = 300000;
+  const ContractConfig cfg = make_cfg(256, 2, 1);
+  std::printf("%s\n", cuda::logprob_launch_plan(cfg, H, V).c_str());
+  Problem pb(T, H, V, 2.0f);
+  pb.upload();
+  const std::vector<int64_t> targets = random_targets(T, V);
+  Tensor tg(DType::kI64, {T});
+  std::memcpy(tg.data(), targets.data(), size_t(T) * 8);
+  Tensor ref(DType::kF32, {3, T});
+  float* r = ref.ptr<float>();
+  cpu::linear_logprob(pb.h.view(), pb.w.view(), tg.view(), LogprobParams{1.3f}, cfg,
+                      view(r, DType::kF32, {T}, {}, Device::kCPU),
+                      view(r + T, DType::kF32, {T}, {}, Device::kCPU),
+                      view(r + 2 * T, DType::kF32, {T}, {}, Device::kCPU));
+  void* dout = pb.d.alloc(size_t(3 * T) * 4);
+  float* o = static_cast<float*>(dout);
+  cuda::linear_logprob(pb.dev_h(), pb.dev_w(), tg.view(), LogprobParams{1.3f}, cfg,
+                       view(o, DType::kF32, {T}), view(o + T, DType::kF32, {T}),
+                       view(o + 2 * T, DType::kF32, {T}));
+  bitwise("linear_logprob V=300000 (several vocab chunks)",
+          download(dout, size_t(3 * T) * 4).data(), r, size_t(3 * T), 4);
+}
+
+// Vocab parallelism: partial states per rank and the combine, every R | S.
+void test_logprob_tp(const Case& c) {
+  const ContractConfig cfg = make_cfg(c.tile, c.segs, c.gsegs);
+  Problem pb(c.T, c.H, c.V, 1.0f);
+  pb.upload();
+  const std::vector<int64_t> targets = random_targets(c.T, c.V);
+  Tensor tg(DType::kI64, {c.T});
+  std::memcpy(tg.data(), targets.data(), size_t(c.T) * 8);
+  const LogprobParams prm{0.9f};
+  Tensor ref(DType::kF32, {3, c.T});
+  float* r = ref.ptr<float>();
+  cpu::linear_logprob(pb.h.view(), pb.w.view(), tg.view(), prm, cfg,
+                      view(r, DType::kF32, {c.T}, {}, Device::kCPU),
+                      view(r + c.T, DType::kF32, {c.T}, {}, Device::kCPU),
+                      view(r + 2 * c.T, DType::kF32, {c.T}, {}, Device::kCPU));
+  const LogprobVocabLayout lay = logprob_vocab_layout(cfg, c.V);
+  void* dtg = pb.d.upload(tg.data(), size_t(tg.nbytes()));
+  for (int R = 1; R <= c.segs; R *= 2) {
+    const int per = c.segs / R;
+    Tensor hstates(DType::kF32, {R, c.T, 4});
+    void* dstates = pb.d.alloc(size_t(hstates.nbytes()));
+    bool parts_ok = true;
+    for (int rk = 0; rk < R; ++rk) {
+      const LogprobShard shard{c.V, rk * per, per};
+      const int64_t v0 = std::min(c.V, int64_t(rk * per) * lay.segment_len);
+      const int64_t v1 = std::min(c.V, int64_t((rk + 1) * per) * lay.segment_len);
+      float* hs = hstates.ptr<float>() + rk * c.T * 4;
+      cpu::linear_logprob_partial(pb.h.view(), pb.w.view().rows(v0, v1), tg.view(), prm, cfg, shard,
+                                  view(hs, DType::kF32, {c.T, 4}, {}, Device::kCPU));
+      float* ds = static_cast<float*>(dstates) + rk * c.T * 4;
+      cuda::linear_logprob_partial(pb.dev_h(), pb.dev_w().rows(v0, v1),
+                                   rk % 2 ? tg.view() : view(dtg, DType::kI64, {c.T}), prm, cfg,
+                                   shard, view(ds, DType::kF32, {c.T, 4}));
+      const std::vector<uint8_t> g = download(ds, size_t(c.T) * 16);
+      parts_ok = parts_ok && bitwise("partial state R=" + std::to_string(R) + " rank " +
+                                         std::to_string(rk) + " rows [" + std::to_string(v0) +
+                                         ", " + std::to_string(v1) + ") V=" + std::to_string(c.V),
+                                     g.data(), hs, size_t(c.T * 4), 4);
+    }
+    void* dout = pb.d.alloc(size_t(3 * c.T) * 4);
+    float* o = static_cast<float*>(dout);
+    cuda::linear_logprob_combine(view(dstates, DType::kF32, {R, c.T, 4}), tg.view(), prm, cfg, c.V,
+                                 view(o, DType::kF32, {c.T}), view(o + c.T, DType::kF32, {c.T}),
+                                 view(o + 2 * c.T, DType::kF32, {c.T}));
+    bitwise("combine R=" + std::to_string(R) + " of " + cfg.to_string() +
+                " V=" + std::to_string(c.V) + " == cpu linear_logprob",
+            download(dout, size_t(3 * c.T) * 4).data(), r, size_t(3 * c.T), 4);
+  }
+}
+
+void test_logprob_errors() {
+  const ContractConfig cfg = make_cfg(8, 2, 1);
+  const int64_t T = 3, H = 16, V = 30;
+  Problem pb(T, H, V, 1.0f);
+  pb.upload();
+  Tensor tg(DType::kI64, {T});
+  const int64_t tv[] = {0, 30, 2};
+  std::memcpy(tg.data(), tv, sizeof tv);
+  Tensor ok_tg(DType::kI64, {T});
+  const int64_t ov[] = {0, 1, 2};
+  std::memcpy(ok_tg.data(), ov, sizeof ov);
+  void* dout = pb.d.alloc(64);
+  float* o = static_cast<float*>(dout);
+  const TensorView lp = view(o, DType::kF32, {T}), ls = view(o + 4, DType::kF32, {T}),
+                   en = view(o + 8, DType::kF32, {T});
+  auto call = [&](const TensorView& h, const TensorView& w, const TensorView& t,
+                  const LogprobParams& p,
+                  const ContractConfig& c) { cuda::linear_logprob(h, w, t, p, c, lp, ls, en); };
+  expect_error(
+      "h on the host", [&] { call(pb.h.view(), pb.dev_w(), ok_tg.view(), {}, cfg); },
+      "expected device cuda");
+  expect_error(
+      "host target out of range", [&] { call(pb.dev_h(), pb.dev_w(), tg.view(), {}, cfg); },
+      "targets[1] = 30 is outside [0, 30) and is not ignore_index (-1)");
+  expect_error(
+      "temperature 0",
+      [&] { call(pb.dev_h(), pb.dev_w(), ok_tg.view(), LogprobParams{0.0f}, cfg); }, "temperature");
+  expect_error(
+      "ignore_index >= 0",
+      [&] {
+        call(pb.dev_h(), pb.dev_w(), ok_tg.view(), LogprobParams{1.0f, 3}, cfg);
+      },
+      "ignore_index");
+  expect_error(
+      "w hidden mismatch",
+      [&] {
+        call(pb.dev_h(), view(pb.dw, DType::kBF16, {V, H - 1}), ok_tg.view(), {}, cfg);
+      },
+      "'w'");
+  expect_error(
+      "V = 0",
+      [&] {
+        call(pb.dev_h(), view(pb.dw, DType::kBF16, {0, H}), ok_tg.view(), {}, cfg);
+      },
+      "vocab size");
+  expect_error(
+      "bad vocab_tile", [&] { call(pb.dev_h(), pb.dev_w(), ok_tg.view(), {}, make_cfg(7, 2, 1)); },
+      "vocab_tile");
+  expect_error(
+      "lse dtype",
+      [&] {
+        cuda::linear_logprob(pb.dev_h(), pb.dev_w(), ok_tg.view(), {}, cfg, lp,
+                             view(o + 4, DType::kI32, {T}), en);
+      },
+      "'lse'");
+  expect_error(
+      "targets shape", [&] { call(pb.dev_h(), pb.dev_w(), ok_tg.view().rows(0, 2), {}, cfg); },
+      "'targets'");
+  void* dst = pb.d.alloc(size_t(2 * T * 4) * 4);
+  expect_error(
+      "partial shard not an aligned subtree",
+      [&] {
+        cuda::linear_logprob_partial(pb.dev_h(), pb.dev_w(), ok_tg.view(), {}, make_cfg(8, 4, 1),
+                                     LogprobShard{V, 1, 2}, view(dst, DType::kF32, {T, 4}));
+      },
+      "aligned power-of-two subtree");
+  expect_error(
+      "partial w_shard rows",
+      [&] {
+        cuda::linear_logprob_partial(pb.dev_h(), pb.dev_w(), ok_tg.view(), {}, cfg,
+                                     LogprobShard{V, 0, 1}, view(dst, DType::kF32, {T, 4}));
+      },
+      "'w_shard'");
+  expect_error(
+      "partial state shape",
+      [&] {
+        cuda::linear_logprob_partial(pb.dev_h(), pb.dev_w(), ok_tg.view(), {}, cfg,
+                                     LogprobShard{V, 0, 2}, view(dst, DType::kF32, {T, 3}));
+      },
+      "'state'");
+  expect_error(
+      "combine rank count 3",
+      [&] {
+        cuda::linear_logprob_combine(view(dst, DType::kF32, {3, 1, 4}), ok_tg.view().rows(0, 1), {},
+                                     make_cfg(8, 4, 1), V, lp.rows(0, 1), ls.rows(0, 1),
+                                     en.rows(0, 1));
+      },
+      "rank count");
+  // T = 0: a valid no-op.
+  cuda::linear_logprob(view(pb.dh, DType::kBF16, {0, H}), pb.dev_w(), ok_tg.view().rows(0, 0), {},
+                       cfg, lp.rows(0, 0), ls.rows(0, 0), en.rows(0, 0));
+  CK(cudaDeviceSynchronize());
+  report(true, "linear_logprob T = 0 no-op");
+}
+
+// ---- sampling ----------------------------------------------------------------------------------
+
+SamplingParams random_params(int64_t V) {
+  SamplingParams p;
+  p.seed = g_rng();
+  const float temps[] = {0.0f, 0.6f, 1.0f, 1.7f};
+  p.temperature = temps[g_rng() % 4];
+  const int64_t ks[] = {0, 0, 1, 5, 50, V - 1, V, V + 3};
+  const float ps[] = {1.0f, 1.0f, 0.9f, 0.5f, 0.1f, 1e-6f};
+  const float ms[] = {0.0f, 0.0f, 0.05f, 0.5f, 1.0f};
+  p.top_k = std::max<int64_t>(0, ks[g_rng() % 8]);
+  p.top_p = ps[g_rng() % 6];
+  p.min_p = ms[g_rng() % 5];
+  return p;
+}
+
+// Runs cpu::sample and cuda::sample on the same rows and compares everything.
+void check_sample(const std::string& tag, Problem& pb, const ContractConfig& cfg,
+                  const std::vector<SamplingParams>& ps, bool host_meta, bool ids32) {
+  const int64_t T = pb.T;
+  Tensor rid(DType::kI64, {T}), pos(DType::kI32, {2 * T});
+  for (int64_t t = 0; t < T; ++t) {
+    rid.ptr<int64_t>()[t] = int64_t(g_rng());
+    pos.ptr<int32_t>()[2 * t] = int32_t(g_rng() % 100000);
+  }
+  const TensorView hpos = view(pos.data(), DType::kI32, {T}, {2}, Device::kCPU);
+  Tensor ids(DType::kI64, {T}), out(DType::kF32, {3, T});
+  float* o = out.ptr<float>();
+  cpu::sample(pb.h.view(), pb.w.view(), ps, rid.view(), hpos, cfg, ids.view(),
+              view(o, DType::kF32, {T}, {}, Device::kCPU),
+              view(o + T, DType::kF32, {T}, {}, Device::kCPU),
+              view(o + 2 * T, DType::kF32, {T}, {}, Device::kCPU));
+  DevPool d;
+  void* drid = d.upload(rid.data(), size_t(rid.nbytes()));
+  void* dpos = d.upload(pos.data(), size_t(pos.nbytes()));
+  void* dids = d.alloc(size_t(2 * T) * 8);
+  void* dout = d.alloc(size_t(3 * T) * 4);
+  float* go = static_cast<float*>(dout);
+  const TensorView vids = ids32 ? view(dids, DType::kI32, {T}, {2}) : view(dids, DType::kI64, {T});
+  cuda::sample(pb.dev_h(), pb.dev_w(), ps, host_meta ? rid.view() : view(drid, DType::kI64, {T}),
+               host_meta ? hpos : view(dpos, DType::kI32, {T}, {2}), cfg, vids,
+               view(go, DType::kF32, {T}), view(go + T, DType::kF32, {T}),
+               view(go + 2 * T, DType::kF32, {T}));
+  const std::vector<uint8_t> gi = download(dids, size_t(2 * T) * 8);
+  std::vector<int64_t> gid(static_cast<size_t>(T));
+  bool gaps_ok = true;
+  for (int64_t t = 0; t < T; ++t) {
+    if (ids32) {
+      int32_t v, gap;
+      std::memcpy(&v, gi.data() + 8 * t, 4);
+      std::memcpy(&gap, gi.data() + 8 * t + 4, 4);
+      gid[size_t(t)] = v;
+      gaps_ok = gaps_ok && uint32_t(gap) == 0xA5A5A5A5u;
+    } else {
+      std::memcpy(&gid[size_t(t)], gi.data() + 8 * t, 8);
+    }
+  }
+  const std::string sfx = " " + tag + (host_meta ? " host ids/pos" : " device ids/pos") +
+                          (ids32 ? " i32 ids" : " i64 ids");
+  bitwise("sample ids" + sfx, gid.data(), ids.data(), size_t(T), 8);
+  bitwise("sample logp, lse, entropy" + sfx, download(dout, size_t(3 * T) * 4).data(), o,
+          size_t(3 * T), 4);
+  if (ids32) report(gaps_ok, "sample i32 strided ids: gaps untouched" + sfx);
+
+  // Invariance: two rows alone.
+  for (int64_t t : {int64_t(0), T - 1}) {
+    void* d1 = d.alloc(32);
+    int64_t* i1 = static_cast<int64_t*>(d1);
+    float* f1 = reinterpret_cast<float*>(i1 + 1);
+    cuda::sample(pb.dev_h().rows(t, t + 1), pb.dev_w(),
+                 std::span<const SamplingParams>(ps.data() + t, 1), rid.view().rows(t, t + 1),
+                 hpos.rows(t, t + 1), cfg, view(i1, DType::kI64, {1}), view(f1, DType::kF32, {1}),
+                 view(f1 + 1, DType::kF32, {1}), view(f1 + 2, DType::kF32, {1}));
+    const std::vector<uint8_t> g = download(d1, 20);
+    const bool same = std::memcmp(g.data(), ids.ptr<int64_t>() + t, 8) == 0 &&
+                      std::memcmp(g.data() + 8, o + t, 4) == 0 &&
+                      std::memcmp(g.data() + 12, o + T + t, 4) == 0 &&
+                      std::memcmp(g.data() + 16, o + 2 * T + t, 4) == 0;
+    report(same, "sample row " + std::to_string(t) + " alone == in batch" + sfx + " (" +
+                     ps[size_t(t)].to_string() + ")");
+  }
+}
+
+void test_sampling_case(const Case& c) {
+  const ContractConfig cfg = make_cfg(c.tile, c.segs, c.gsegs);
+  for (float scale : {1.0f, 3.0f}) {
+    if (g_quick && scale > 1.0f) continue;
+    Problem pb(c.T, c.H, c.V, scale);
+    // Ties: w rows [10, 20) = 4 · row 10 (exact), so those logits are equal for every token and,
+    // where positive, the largest.
+    if (c.V > 20) {
+      for (int64_t v = 19; v >= 10; --v)  // row 10 last: it is the source
+        for (int64_t k = 0; k < c.H; ++k)
+          pb.w.ptr<bf16>()[v * c.H + k] =
+              f32_to_bf16(4.0f * bf16_to_f32(pb.w.ptr<bf16>()[10 * c.H + k]));
+    }
+    pb.upload();
+    std::vector<SamplingParams> ps(size_t(c.T));
+    for (auto& p : ps) p = random_params(c.V);
+    // A few fixed rows: plain, greedy, top-k at the tie block, top-p tiny / large, min-p alone.
+    auto fix = [&](int64_t t, float temp, int64_t k, float tp, float mp) {
+      if (t >= c.T) return;
+      ps[size_t(t)].temperature = temp;
+      ps[size_t(t)].top_k = k;
+      ps[size_t(t)].top_p = tp;
+      ps[size_t(t)].min_p = mp;
+    };
+    fix(0, 1.0f, 0, 1.0f, 0.0f);
+    fix(1, 0.0f, 0, 1.0f, 0.0f);
+    fix(2, 0.8f, 5, 1.0f, 0.0f);
+    fix(3, 1.0f, 0, 0.3f, 0.0f);
+    fix(4, 1.2f, 0, 1.0f, 0.2f);
+    fix(5, 0.7f, 40, 0.8f, 0.1f);
+    const std::string tag = cfg.to_string() + " T=" + std::to_string(c.T) +
+                            " V=" + std::to_string(c.V) + " scale=" + std::to_string(scale);
+    check_sample(tag, pb, cfg, ps, scale == 1.0f, scale != 1.0f);
+  }
+}
+
+void test_sampling_errors() {
+  const ContractConfig cfg = make_cfg(8, 1, 1);
+  const int64_t T = 3, H = 16, V = 40;
+  Problem pb(T, H, V, 1.0f);
+  pb.h.ptr<bf16>()[1 * H + 3] = f32_to_bf16(NAN);  // row 1 cannot be sampled
+  pb.upload();
+  std::vector<SamplingParams> ps(static_cast<size_t>(T));
+  Tensor rid(DType::kI64, {T}), pos(DType::kI64, {T});
+  for (int64_t t = 0; t < T; ++t) rid.ptr<int64_t>()[t] = t, pos.ptr<int64_t>()[t] = t;
+  DevPool d;
+  void* dids = d.alloc(size_t(T) * 8);
+  void* dout = d.alloc(size_t(3 * T) * 4);
+  float* o = static_cast<float*>(dout);
+  const TensorView vid = view(dids, DType::kI64, {T}), lp = view(o, DType::kF32, {T}),
+                   ls = view(o + T, DType::kF32, {T}), en = view(o + 2 * T, DType::kF32, {T});
+  expect_error(
+      "sample NaN row",
+      [&] {
+        cuda::sample(pb.dev_h(), pb.dev_w(), ps, rid.view(), pos.view(), cfg, vid, lp, ls, en);
+      },
+      "row 1: logsumexp is");
+  const std::vector<uint8_t> gi = download(dids, size_t(T) * 8),
+                             go = download(dout, size_t(3 * T) * 4);
+  bool poisoned = true;
+  for (uint8_t b : gi) poisoned = poisoned && b == 0xA5;
+  for (uint8_t b : go) poisoned = poisoned && b == 0xA5;
+  report(poisoned, "sample NaN row: no output written");
+  Problem ok(T, H, V, 1.0f);
+  ok.upload();
+  expect_error(
+      "params size",
+      [&] {
+        cuda::sample(ok.dev_h(), ok.dev_w(), std::span<const SamplingParams>(ps.data(), 2),
+                     rid.view(), pos.view(), cfg, vid, lp, ls, en);
+      },
+      "'params'");
+  std::vector<SamplingParams> badp(ps);
+  badp[2].top_p = 0.0f;
+  expect_error(
+      "params[2] top_p = 0",
+      [&] {
+        cuda::sample(ok.dev_h(), ok.dev_w(), badp, rid.view(), pos.view(), cfg, vid, lp, ls, en);
+      },
+      "params[2]");
+  expect_error(
+      "V >= 2^21",
+      [&] {
+        cuda::sample(ok.dev_h(), view(ok.dw, DType::kBF16, {int64_t(1) << 21, H}), ps, rid.view(),
+                     pos.view(), cfg, vid, lp, ls, en);
+      },
+      "2^21");
+  Tensor bpos(DType::kI64, {T});
+  const int64_t bp[] = {0, -1, 2};
+  std::memcpy(bpos.data(), bp, sizeof bp);
+  expect_error(
+      "host position -1",
+      [&] {
+        cuda::sample(ok.dev_h(), ok.dev_w(), ps, rid.view(), bpos.view(), cfg, vid, lp, ls, en);
+      },
+      "positions[1] = -1");
+  Tensor rid32(DType::kI32, {T});
+  expect_error(
+      "request_ids dtype",
+      [&] {
+        cuda::sample(ok.dev_h(), ok.dev_w(), ps, rid32.view(), pos.view(), cfg, vid, lp, ls, en);
+      },
+      "'request_ids'");
+  expect_error(
+      "token_ids dtype",
+      [&] {
+        cuda::sample(ok.dev_h(), ok.dev_w(), ps, rid.view(), pos.view(), cfg,
+                     view(dids, DType::kF32, {T}), lp, ls, en);
+      },
+      "'token_ids'");
+  expect_error(
+      "token_ids on the host",
+      [&] {
+        cuda::sample(ok.dev_h(), ok.dev_w(), ps, rid.view(), pos.view(), cfg, rid.view(), lp, ls,
+                     en);
+      },
+      "'token_ids'");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  uint64_t seed = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      g_quick = true;
+    } else {
+      seed = std::strtoull(argv[i], nullptr, 10);
+    }
+  }
+  std::printf("test_logprob_parity: seed %llu%s\n", (unsigned long long)seed,
+              g_quick ? " (quick)" : "");
+  g_rng.seed(seed);
+  std::printf("%s\n", cuda::logprob_launch_plan(ContractConfig{}, 4096, 151936).c_str());
+  const std::vector<Case> cases = {{g_quick ? 4 : 64, 64, 151936, 256, 8, 1},
+                                   {37, 48, 1000, 64, 2, 2},
+                                   {5, 16, 77, 8, 4, 4},
+                                   {g_quick ? 21 : 300, 32, 4099, 24, 1, 8}};
+  const auto t0 = std::chrono::steady_clock::now();
+  auto progress = [&](const char* what) {
+    std::printf("[%6.1f s] %s: %d passed, %d failed so far\n",
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), what,
+                g_pass, g_fail);
+    std::fflush(stdout);
+  };
+  for (const Case& c : cases) test_logprob_case(c);
+  progress("linear_logprob cases");
+  test_logprob_strided();
+  test_logprob_chunked();
+  progress("strided / invariance / chunked");
+  test_logprob_tp({37, 48, 1000, 64, 4, 2});
+  test_logprob_tp({5, 16, 77, 8, 8, 1});  // ranks 5..7 hold only padding
+  if (!g_quick) test_logprob_tp({16, 32, 151936, 256, 8, 2});
+  progress("vocab-parallel partial / combine");
+  test_logprob_errors();
+  for (const Case& c : cases) test_sampling_case(c);
+  progress("sampling");
+  test_sampling_errors();
+  std::printf("test_logprob_parity: %d passed, %d failed\n", g_pass, g_fail);
+  return g_fail == 0 ? 0 : 1;
 }

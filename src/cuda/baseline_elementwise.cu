@@ -1,0 +1,80 @@
+// Launchers of the baseline elementwise kernels (baseline_elementwise.cuh); arguments were checked
+// by the backend (src/engine/cuda/baseline_backend.cc).
+#include "cuda/baseline_elementwise.cuh"
+
+namespace lockstep::cuda::baseline {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned grid_for(int64_t total) {
+  const int64_t b = (total + kThreads - 1) / kThreads;
+  return unsigned(b < 1 ? 1 : (b > 65535 * 16 ? 65535 * 16 : b));
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Rows of `r` start on 16-byte boundaries (so whole 8-element groups can be one load).
+bool rows_vec(const Rows& r) {
+  return aligned16(r.p) && r.s0 % 8 == 0 && (r.inner <= 1 || r.s1 % 8 == 0);
+}
+
+}  // namespace
+
+void rmsnorm(Rows x, const void* w, Rows y, int64_t rows, int64_t H, float eps, void* stream) {
+  if (rows == 0) return;
+  const bool vec = H % 8 == 0 && rows_vec(x) && rows_vec(y) && aligned16(w);
+  const int64_t blocks = (rows + kernels::kNormWarps - 1) / kernels::kNormWarps;
+  kernels::rmsnorm_kernel<false>
+      <<<unsigned(blocks > 1048576 ? 1048576 : blocks), 32 * kernels::kNormWarps, 0,
+         as_stream(stream)>>>(x, Rows{}, static_cast<const uint16_t*>(w), x, y, rows, H, eps, vec);
+  LS_BASE_LAUNCHED("baseline rmsnorm");
+}
+
+void rmsnorm_residual(Rows x, Rows residual, const void* w, Rows residual_out, Rows y, int64_t rows,
+                      int64_t H, float eps, void* stream) {
+  if (rows == 0) return;
+  const bool vec = H % 8 == 0 && rows_vec(x) && rows_vec(y) && rows_vec(residual) &&
+                   rows_vec(residual_out) && aligned16(w);
+  const int64_t blocks = (rows + kernels::kNormWarps - 1) / kernels::kNormWarps;
+  kernels::rmsnorm_kernel<true><<<unsigned(blocks > 1048576 ? 1048576 : blocks),
+                                  32 * kernels::kNormWarps, 0, as_stream(stream)>>>(
+      x, residual, static_cast<const uint16_t*>(w), residual_out, y, rows, H, eps, vec);
+  LS_BASE_LAUNCHED("baseline rmsnorm_residual");
+}
+
+void rope(Rows x, Index positions, Rows y, int64_t T, int64_t heads, int64_t D, float theta,
+          void* stream) {
+  const int64_t rows = T * heads;
+  if (rows == 0 || D < 2) return;
+  kernels::rope_kernel<<<grid_for(rows * (D / 2)), kThreads, 0, as_stream(stream)>>>(
+      x, positions, y, rows, D, theta);
+  LS_BASE_LAUNCHED("baseline rope");
+}
+
+void silu_mul(const void* gate, int64_t ldg, const void* up, int64_t ldu, void* out, int64_t ldo,
+              int64_t T, int64_t I, void* stream) {
+  if (T == 0 || I == 0) return;
+  kernels::silu_mul_kernel<<<grid_for(T * I), kThreads, 0, as_stream(stream)>>>(
+      static_cast<const uint16_t*>(gate), ldg, static_cast<const uint16_t*>(up), ldu,
+      static_cast<uint16_t*>(out), ldo, T, I);
+  LS_BASE_LAUNCHED("baseline silu_mul");
+}
+
+void embedding(Index ids, const void* table, int64_t ldt, int64_t row_begin, int64_t table_rows,
+               void* out, int64_t ldo, int64_t T, int64_t H, void* stream) {
+  if (T == 0 || H == 0) return;
+  kernels::embedding_kernel<<<grid_for(T * H), kThreads, 0, as_stream(stream)>>>(
+      ids, static_cast<const uint16_t*>(table), ldt, row_begin, table_rows,
+      static_cast<uint16_t*>(out), ldo, T, H);
+  LS_BASE_LAUNCHED("baseline embedding");
+}
+
+void kv_cache_write(const KvWriteArgs& a, void* stream) {
+  if (a.T == 0 || a.Hkv == 0 || a.D == 0) return;
+  kernels::kv_write_kernel<<<grid_for(a.T * a.Hkv * a.D), kThreads, 0, as_stream(stream)>>>(a);
+  LS_BASE_LAUNCHED("baseline kv_cache_write");
+}
+
+}  // namespace lockstep::cuda::baseline

@@ -1,0 +1,586 @@
+// Hopper kernel of lockstep::cuda::gemm_bf16_nt (design: docs/cuda-gemm.md). wgmma m64nNk16
+// (bf16 -> f32, A and B K-major in shared memory through 128B-swizzle descriptors) fed by TMA
+// (cp.async.bulk.tensor, 128B swizzle, zero fill out of bounds) through an NS-stage mbarrier
+// pipeline; warpgroup 0 produces (one thread issues the copies), warpgroups 1 and 2 consume.
+// Persistent: CTA b runs jobs b, b + grid, ...; a job is one BM x BN tile of one K segment, or
+// (LEVELS > 0) a whole tile with all its segments.
+// Bits (docs/contract.md §G.3, §M.2): each output's segment is ONE wgmma chain, first k-block with
+// scale-d = 0 (= c = +0), then every k-block of 16 of the segment in ascending k, in order on the
+// same accumulator registers; k-blocks past the segment end are never issued, elements k >= K are
+// TMA zero fill (exact no-ops). Segments are combined by the G.4 tree either in registers
+// (LEVELS > 0) or, one job per segment, through workspace planes and gemm_tree_combine_kernel
+// (G.10); then bias once (fp32 RNE), one rounding, canonical NaN.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap (the type only; the encoder is fetched from the driver at run time)
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/gemm_bf16_nt.cuh"  // round_bf16_canonical
+
+namespace lockstep::cuda::detail {
+
+constexpr int kSm90BK = 64;        // k per stage: one 128-byte (swizzle-width) row of bf16
+constexpr int kSm90Threads = 384;  // producer warpgroup + 2 consumer warpgroups
+constexpr int kSm90GroupM = 8;     // tile raster: 8 row tiles share a column sweep (L2 reuse)
+
+struct Sm90Params {
+  int64_t M, N;     // rows of x in this launch, rows of w
+  int64_t seg_len;  // Ls (multiple of 16)
+  int nseg;         // segments computed by this launch
+  int ws_mode;      // 1: each segment's fp32 value to ws plane s; 0: final values to y
+  // final mode (ws_mode == 0, nseg == 1)
+  const void* bias;  // nullptr, bf16 or f32
+  int64_t bias_stride;
+  int bias_f32;
+  void* y;
+  int64_t ldy;
+  int y_f32;
+  int y_pair;  // 1: two adjacent outputs (even column) may be stored as one aligned word
+  // workspace mode
+  float* ws;
+  int64_t ld_ws;     // even
+  int64_t ws_plane;  // elements per segment plane
+};
+
+// Epilogue staging: per consumer warp, 16 rows x 32 fp32 columns, rows padded to 40 floats
+// (fragment writes and row reads are then conflict-free: 2 wavefronts per 256 bytes).
+constexpr int kSm90EpiCols = 32;
+constexpr int kSm90EpiLd = 40;
+constexpr int kSm90EpiBytes = 8 * 16 * kSm90EpiLd * 4;
+
+// Dynamic shared memory of one CTA: NS stages of A (BM rows) + B (BN rows) x 128 bytes, the
+// 2·NS mbarriers, the epilogue staging, and slack to align the stages to 1024 bytes (the 128B
+// swizzle atom).
+template <int BM, int BN, int NS>
+constexpr int sm90_smem_bytes() {
+  return NS * (BM + BN) * 128 + 2 * NS * 8 + kSm90EpiBytes + 1024;
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ uint32_t mbar_try_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done;
+}
+// NOTE: a wait that has not completed after kSm90WaitLimitNs traps (the launch fails with an
+// error) instead of hanging the process: every wait here lasts microseconds when the pipeline is
+// sound, so this only turns a deadlock bug into an error.
+constexpr uint64_t kSm90WaitLimitNs = 10000000000ull;
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  if (mbar_try_wait(bar, parity)) return;
+  const uint64_t t0 = global_ns();
+  while (!mbar_try_wait(bar, parity)) {
+    if (global_ns() - t0 > kSm90WaitLimitNs) __trap();
+  }
+}
+
+// One 2-D box (64 k x rows) of a bf16 tensor map into shared memory, completing on `bar`.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int32_t k,
+                                            int32_t row, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+      "{%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(row), "r"(bar)
+      : "memory");
+}
+
+// Shared-memory matrix descriptor of a K-major operand stored as TMA wrote it with 128B swizzle:
+// rows of 128 bytes, 8-row groups 1024 bytes apart (SBO), swizzle mode 1 (128B) in bits 62-63.
+// The k-block's 32-byte offset inside the row is added to the start address (the hardware applies
+// the XOR pattern to the final address; stage bases are 1024-aligned, so base offset = 0).
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
+  uint64_t d = uint64_t((addr & 0x3FFFFu) >> 4);  // start address, bits 0-13
+  d |= uint64_t(1) << 16;                         // LBO (unused for swizzled K-major)
+  d |= uint64_t(1024 >> 4) << 32;                 // SBO, bits 32-45
+  d |= uint64_t(1) << 62;                         // 128B swizzle
+  return d;
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Pins the accumulators at this point of the instruction stream (no read or write of them may
+// move across a wgmma issue or wait).
+template <int R>
+__device__ __forceinline__ void fence_acc(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// d = A·B + (scale_d ? d : +0) over one k-block of 16 (the contract's mma_kblock_bf16 per output).
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
+                                                int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
+                                                 int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b,
+                                                 int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, "
+      "%127}, "
+      "%128, %129, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
+        "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
+        "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
+        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
+        "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]),
+        "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),
+        "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
+        "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),
+        "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+template <int WN>
+__device__ __forceinline__ void wgmma_k16(float (&d)[WN / 2], uint64_t da, uint64_t db, int sd) {
+  if constexpr (WN == 64) {
+    wgmma_m64n64k16(d, da, db, sd);
+  } else if constexpr (WN == 128) {
+    wgmma_m64n128k16(d, da, db, sd);
+  } else {
+    static_assert(WN == 256, "wgmma N");
+    wgmma_m64n256k16(d, da, db, sd);
+  }
+}
+
+struct Sm90Job {
+  int64_t m0, n0;
+  int s;
+};
+
+// Job -> (tile, segment). Tiles are rastered in groups of kSm90GroupM row tiles: consecutive jobs
+// sweep the columns of a few row tiles, so concurrent CTAs share x rows and w rows in L2.
+template <int BM, int BN>
+__device__ __forceinline__ Sm90Job sm90_job(int64_t job, int64_t num_m, int64_t num_n, int nseg) {
+  const int64_t tile = job / nseg;
+  const int s = int(job - tile * nseg);
+  const int64_t per_group = int64_t(kSm90GroupM) * num_n;
+  const int64_t g = tile / per_group;
+  const int64_t first = g * kSm90GroupM;
+  const int64_t gm = (num_m - first) < kSm90GroupM ? (num_m - first) : kSm90GroupM;
+  const int64_t r = tile - g * per_group;
+  return Sm90Job{(first + r % gm) * BM, (r / gm) * BN, s};
+}
+
+__device__ __forceinline__ float sm90_bias(const Sm90Params& p, int64_t n) {
+  return p.bias_f32 ? static_cast<const float*>(p.bias)[n * p.bias_stride]
+                    : __uint_as_float(
+                          uint32_t(static_cast<const uint16_t*>(p.bias)[n * p.bias_stride]) << 16);
+}
+
+__device__ __forceinline__ uint32_t canonical_f32_bits(float v) {
+  const uint32_t u = __float_as_uint(v);
+  return ((u & 0x7fffffffu) > 0x7f800000u) ? 0x7FC00000u : u;
+}
+
+// Stores 16 staged rows x 32 columns of one warp: lane -> row (lane >> 4) + 2t, columns
+// col0 + 2(lane & 15) + {0, 1}. Final mode: bias once (fp32 RNE), one rounding to bf16 (RNE) or
+// f32, canonical NaN. Workspace mode: the fp32 segment value into plane s.
+__device__ __forceinline__ void sm90_store_rows(const Sm90Params& p, int s, const float* stg,
+                                                int64_t row0, int64_t col0, int lane) {
+  const int lc = (lane & 15) * 2;
+  const int64_t col = col0 + lc;
+  if (col >= p.N) return;
+  const bool has1 = col + 1 < p.N;
+  if (p.ws_mode) {
+    float* plane = p.ws + int64_t(s) * p.ws_plane;
+#pragma unroll 1
+    for (int t = 0; t < 8; ++t) {
+      const int lr = 2 * t + (lane >> 4);
+      const int64_t row = row0 + lr;
+      if (row >= p.M) break;
+      // ld_ws is even and covers N rounded up: the pair never crosses the row.
+      *reinterpret_cast<float2*>(plane + row * p.ld_ws + col) =
+          *reinterpret_cast<const float2*>(stg + lr * kSm90EpiLd + lc);
+    }
+    return;
+  }
+  float b0 = 0.0f, b1 = 0.0f;
+  if (p.bias) {
+    b0 = sm90_bias(p, col);
+    if (has1) b1 = sm90_bias(p, col + 1);
+  }
+#pragma unroll 1
+  for (int t = 0; t < 8; ++t) {
+    const int lr = 2 * t + (lane >> 4);
+    const int64_t row = row0 + lr;
+    if (row >= p.M) break;
+    const float2 v2 = *reinterpret_cast<const float2*>(stg + lr * kSm90EpiLd + lc);
+    float v0 = v2.x, v1 = v2.y;
+    if (p.bias) {
+      v0 = __fadd_rn(v0, b0);
+      v1 = __fadd_rn(v1, b1);
+    }
+    if (p.y_f32) {
+      uint32_t* yr = static_cast<uint32_t*>(p.y) + row * p.ldy + col;
+      if (has1 && p.y_pair) {
+        *reinterpret_cast<uint2*>(yr) = make_uint2(canonical_f32_bits(v0), canonical_f32_bits(v1));
+      } else {
+        yr[0] = canonical_f32_bits(v0);
+        if (has1) yr[1] = canonical_f32_bits(v1);
+      }
+    } else {
+      uint16_t* yr = static_cast<uint16_t*>(p.y) + row * p.ldy + col;
+      if (has1 && p.y_pair) {
+        *reinterpret_cast<uint32_t*>(yr) =
+            uint32_t(round_bf16_canonical(v0)) | (uint32_t(round_bf16_canonical(v1)) << 16);
+      } else {
+        yr[0] = round_bf16_canonical(v0);
+        if (has1) yr[1] = round_bf16_canonical(v1);
+      }
+    }
+  }
+}
+
+// acc = left + acc, elementwise (fp32 RNE): one node of the G.4 tree, left = the earlier subtree.
+template <int R>
+__device__ __forceinline__ void tree_add(float (&acc)[R], const float (&left)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) acc[i] = __fadd_rn(left[i], acc[i]);
+}
+template <int R>
+__device__ __forceinline__ void copy_acc(float (&dst)[R], const float (&src)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) dst[i] = src[i];
+}
+
+// BM x BN tile per job; WGN = consumer warpgroups along N (1: they split the rows, 64 each;
+// 2: they split the columns, BM = 64); NS pipeline stages. LEVELS = 0: a job is one segment of a
+// tile (one segment: final values; several: workspace planes). LEVELS > 0: a job is a whole tile,
+// its segments (S <= 2^LEVELS) run one after the other, each folded into a register stack of
+// pending left subtrees (binary-counter order, exactly the G.4 tree), then the final epilogue.
+template <int BM, int BN, int WGN, int NS, int LEVELS>
+__global__ void __launch_bounds__(kSm90Threads, 1)
+    gemm_sm90_kernel(const __grid_constant__ CUtensorMap tm_x,
+                     const __grid_constant__ CUtensorMap tm_w, const Sm90Params p) {
+  constexpr int WGM = 2 / WGN;
+  constexpr int WN = BN / WGN;  // columns per consumer warpgroup (wgmma N)
+  constexpr int R = WN / 2;     // f32 accumulators per thread
+  constexpr int kABytes = BM * 128;
+  constexpr int kStageBytes = (BM + BN) * 128;
+  static_assert(BM == 64 * WGM && (WGN == 1 || WGN == 2), "tile shape");
+  static_assert(kABytes % 1024 == 0 && kStageBytes % 1024 == 0, "stages 1024-aligned");
+
+  extern __shared__ uint8_t sm90_smem[];
+  const uint32_t raw = smem_u32(sm90_smem);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  const uint32_t bars = base + NS * kStageBytes;  // full[NS], then empty[NS]
+  auto full_bar = [&](int s) { return bars + 8u * uint32_t(s); };
+  auto empty_bar = [&](int s) { return bars + 8u * uint32_t(NS + s); };
+  float* const epi =
+      reinterpret_cast<float*>(sm90_smem + (base - raw) + NS * kStageBytes + 16 * NS);
+
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    for (int s = 0; s < NS; ++s) {
+      mbar_init(full_bar(s), 1);   // the producer's arrive.expect_tx (+ the copies' bytes)
+      mbar_init(empty_bar(s), 8);  // lane 0 of each of the 8 consumer warps
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_x)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_w)) : "memory");
+  }
+  __syncthreads();
+
+  const int64_t num_m = (p.M + BM - 1) / BM;
+  const int64_t num_n = (p.N + BN - 1) / BN;
+  const int job_segs = LEVELS > 0 ? 1 : p.nseg;  // segments told apart by the job index
+  const int64_t njobs = num_m * num_n * job_segs;
+  const int nkt = int((p.seg_len + kSm90BK - 1) / kSm90BK);  // k-tiles per segment
+
+  if (tid < 128) {
+    // Producer warpgroup: registers go to the consumers; one thread issues every copy.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (tid == 0) {
+      int stage = 0;
+      uint32_t phase = 0;
+      for (int64_t job = blockIdx.x; job < njobs; job += gridDim.x) {
+        const Sm90Job j = sm90_job<BM, BN>(job, num_m, num_n, job_segs);
+        const int s_end = LEVELS > 0 ? p.nseg : j.s + 1;
+        for (int sg = LEVELS > 0 ? 0 : j.s; sg < s_end; ++sg) {
+          const int64_t kseg = int64_t(sg) * p.seg_len;
+          for (int kt = 0; kt < nkt; ++kt) {
+            mbar_wait(empty_bar(stage), phase ^ 1u);  // consumers released this stage
+            mbar_arrive_expect_tx(full_bar(stage), uint32_t(kStageBytes));
+            const int32_t k = int32_t(kseg + int64_t(kt) * kSm90BK);
+            const uint32_t dst = base + uint32_t(stage) * kStageBytes;
+            tma_load_2d(dst, &tm_x, k, int32_t(j.m0), full_bar(stage));
+            tma_load_2d(dst + kABytes, &tm_w, k, int32_t(j.n0), full_bar(stage));
+            if (++stage == NS) {
+              stage = 0;
+              phase ^= 1u;
+            }
+          }
+        }
+      }
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    const int cw = (tid - 128) >> 7;  // consumer warpgroup 0 / 1
+    const int wt = tid & 127;         // thread in the warpgroup
+    const int warp = wt >> 5, lane = wt & 31;
+    const int row_off = WGN == 1 ? cw * 64 : 0;
+    const int col_off = WGN == 2 ? cw * WN : 0;
+    float acc[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) acc[i] = 0.0f;
+    // Pending left subtrees of the tree (levels 0..LEVELS-1; unused when LEVELS == 0).
+    float st0[LEVELS >= 1 ? R : 1], st1[LEVELS >= 2 ? R : 1], st2[LEVELS >= 3 ? R : 1];
+
+    int stage = 0;
+    uint32_t phase = 0;
+    for (int64_t job = blockIdx.x; job < njobs; job += gridDim.x) {
+      const Sm90Job j = sm90_job<BM, BN>(job, num_m, num_n, job_segs);
+      const int s_end = LEVELS > 0 ? p.nseg : j.s + 1;
+      for (int sg = LEVELS > 0 ? 0 : j.s; sg < s_end; ++sg) {
+        int prev = 0;
+        for (int kt = 0; kt < nkt; ++kt) {
+          mbar_wait(full_bar(stage), phase);
+          // k-blocks of this k-tile inside the segment (Ls is a multiple of 16, not of 64).
+          const int64_t left = (p.seg_len - int64_t(kt) * kSm90BK) / 16;
+          const int nkb = left >= 4 ? 4 : int(left);
+          const uint32_t a = base + uint32_t(stage) * kStageBytes + uint32_t(row_off) * 128u;
+          const uint32_t b =
+              base + uint32_t(stage) * kStageBytes + kABytes + uint32_t(col_off) * 128u;
+          // Every register a wgmma reads is written before wgmma.fence (else ptxas inserts a
+          // warpgroup.arrive before each wgmma).
+          uint64_t da[4], db[4];
+#pragma unroll
+          for (int kb = 0; kb < 4; ++kb) {
+            da[kb] = sw128_desc(a + 32u * kb);
+            db[kb] = sw128_desc(b + 32u * kb);
+            asm volatile("" : "+l"(da[kb]), "+l"(db[kb]));
+          }
+          int sd0 = kt > 0 ? 1 : 0, sd1 = 1;
+          asm volatile("" : "+r"(sd0), "+r"(sd1));
+          fence_acc(acc);
+          // The chain: scale-d = 0 only on the segment's first k-block; k-blocks in ascending k.
+          // NOTE: each branch has its own fence and commit: ptxas inserts a warpgroup.arrive before
+          // a wgmma that follows a branch inside the fenced region.
+          if (nkb == 4) {
+            wgmma_fence();
+            wgmma_k16<WN>(acc, da[0], db[0], sd0);
+            wgmma_k16<WN>(acc, da[1], db[1], sd1);
+            wgmma_k16<WN>(acc, da[2], db[2], sd1);
+            wgmma_k16<WN>(acc, da[3], db[3], sd1);
+            wgmma_commit();
+          } else {  // the segment's last k-tile when Ls is not a multiple of 64 (rare)
+            wgmma_fence();
+            wgmma_k16<WN>(acc, da[0], db[0], sd0);
+            if (nkb > 1) wgmma_k16<WN>(acc, da[1], db[1], sd1);
+            if (nkb > 2) wgmma_k16<WN>(acc, da[2], db[2], sd1);
+            wgmma_commit();
+          }
+          fence_acc(acc);
+          if (kt > 0) {
+            wgmma_wait<1>();  // the previous k-tile's wgmmas are done: release its stage
+            fence_acc(acc);
+            if (lane == 0) mbar_arrive(empty_bar(prev));
+          }
+          prev = stage;
+          if (++stage == NS) {
+            stage = 0;
+            phase ^= 1u;
+          }
+        }
+        wgmma_wait<0>();
+        fence_acc(acc);
+        if (lane == 0) mbar_arrive(empty_bar(prev));
+        if constexpr (LEVELS > 0) {
+          // acc = segment sg. Fold the completed left subtrees (one per trailing 1 bit of sg),
+          // then park the result at its level unless it is the root; the next segment's chain
+          // starts with scale-d = 0, so acc needs no reset.
+          if (sg & 1) {
+            tree_add(acc, st0);
+            if constexpr (LEVELS >= 2) {
+              if (sg & 2) {
+                tree_add(acc, st1);
+                if constexpr (LEVELS >= 3) {
+                  if (sg & 4) tree_add(acc, st2);
+                }
+              }
+            }
+          }
+          if (sg + 1 < p.nseg) {
+            const int lvl = (sg & 1) == 0 ? 0 : (sg & 2) == 0 ? 1 : 2;
+            if (lvl == 0) {
+              copy_acc(st0, acc);
+            } else if constexpr (LEVELS >= 2) {
+              if (lvl == 1) {
+                copy_acc(st1, acc);
+              } else if constexpr (LEVELS >= 3) {
+                copy_acc(st2, acc);
+              }
+            }
+          }
+          fence_acc(acc);
+        }
+      }  // segments of this job
+
+      // Epilogue, 32 columns at a time through this warp's staging rows (fragment: acc[4i + 2h + c]
+      // is row 16·warp + lane/4 + 8h, column 8i + 2(lane%4) + c of the warpgroup's tile), then
+      // row-contiguous stores. NOTE: only the register-to-shared copy is unrolled, the stores are
+      // a rolled loop: a first version with the whole epilogue unrolled (210 KB of SASS for
+      // 128x256) cost ~35 us per tile on the H200 (docs/cuda-gemm.md).
+      float* stg = epi + (cw * 4 + warp) * 16 * kSm90EpiLd;
+      const int64_t wrow0 = j.m0 + row_off + warp * 16;  // first row of this warp
+#pragma unroll
+      for (int q = 0; q < WN / kSm90EpiCols; ++q) {
+#pragma unroll
+        for (int ii = 0; ii < kSm90EpiCols / 8; ++ii) {
+          const int i = q * (kSm90EpiCols / 8) + ii;
+          const int c = ii * 8 + (lane & 3) * 2;
+          *reinterpret_cast<float2*>(stg + (lane >> 2) * kSm90EpiLd + c) =
+              make_float2(acc[4 * i], acc[4 * i + 1]);
+          *reinterpret_cast<float2*>(stg + ((lane >> 2) + 8) * kSm90EpiLd + c) =
+              make_float2(acc[4 * i + 2], acc[4 * i + 3]);
+        }
+        __syncwarp();
+        sm90_store_rows(p, j.s, stg, wrow0, j.n0 + col_off + q * kSm90EpiCols, lane);
+        __syncwarp();
+      }
+    }
+  }
+}
+
+// ---- The G.4 tree over per-segment (or per-rank) fp32 values, bias once, one rounding.
+struct CombineParams {
+  const float* part[8];  // n planes [M, N], rows ld[i] apart
+  int64_t ld[8];
+  int n;  // 1, 2, 4 or 8
+  int64_t M, N;
+  const void* bias;  // nullptr, bf16 or f32
+  int64_t bias_stride;
+  int bias_f32;
+  void* y;  // bf16 (one RNE rounding) or f32; NaN stored canonical
+  int64_t ldy;
+  int y_f32;
+};
+
+constexpr int kCombineThreads = 256;
+
+// Grid (⌈N/256⌉, rows): one output per thread and row; an in-place f32 combine (y aliasing
+// part[i] exactly) is safe: each output is read and written by the same thread only.
+__global__ void __launch_bounds__(kCombineThreads) gemm_tree_combine_kernel(const CombineParams p) {
+  const int64_t n = int64_t(blockIdx.x) * kCombineThreads + threadIdx.x;
+  if (n >= p.N) return;
+  float b = 0.0f;
+  if (p.bias) {
+    b = p.bias_f32 ? static_cast<const float*>(p.bias)[n * p.bias_stride]
+                   : __uint_as_float(
+                         uint32_t(static_cast<const uint16_t*>(p.bias)[n * p.bias_stride]) << 16);
+  }
+  for (int64_t m = blockIdx.y; m < p.M; m += gridDim.y) {
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = i < p.n ? p.part[i][m * p.ld[i] + n] : 0.0f;
+    float t;
+    if (p.n == 1) {
+      t = v[0];
+    } else if (p.n == 2) {
+      t = __fadd_rn(v[0], v[1]);
+    } else if (p.n == 4) {
+      t = __fadd_rn(__fadd_rn(v[0], v[1]), __fadd_rn(v[2], v[3]));
+    } else {
+      t = __fadd_rn(__fadd_rn(__fadd_rn(v[0], v[1]), __fadd_rn(v[2], v[3])),
+                    __fadd_rn(__fadd_rn(v[4], v[5]), __fadd_rn(v[6], v[7])));
+    }
+    if (p.bias) t = __fadd_rn(t, b);
+    if (p.y_f32) {
+      static_cast<uint32_t*>(p.y)[m * p.ldy + n] = canonical_f32_bits(t);
+    } else {
+      static_cast<uint16_t*>(p.y)[m * p.ldy + n] = round_bf16_canonical(t);
+    }
+  }
+}
+
+}  // namespace lockstep::cuda::detail

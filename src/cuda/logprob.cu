@@ -1,0 +1,352 @@
+// Launchers of the CUDA LogP op (docs/contract.md §L; kernels: logprob.cuh): cuda::linear_logprob,
+// linear_logprob_partial (one vocab-parallel rank's subtree state) and linear_logprob_combine.
+// Work per call: token blocks of kTokenBlock rows; per block, per vocab chunk, the logits
+// z = h_block · w_chunkᵀ by the GEMM contract (cuda::gemm_bf16_nt, fp32 out) into a bounded
+// scratch, then the tile-state kernel; after the block's last chunk, the fold/tree/finish kernel.
+// Scratch is O(token_block · (chunk + tiles)) whatever T is; no [T, V] buffer ever exists.
+// Every argument is checked before anything is launched; host targets are checked exactly like
+// the CPU op (message names the element), device targets are trusted (an invalid one gives NaN).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cuda/logprob.cuh"
+#include "cuda/logprob_internal.h"
+#include "lockstep/cuda/gemm.h"
+#include "lockstep/cuda/logprob.h"
+#include "lockstep/ops/gemm.h"
+
+namespace lockstep::cuda {
+namespace detail {
+
+namespace {
+// NOTE: 1024 rows per GEMM call (vocab in chunks to stay in the logits budget): W is streamed
+// from HBM once per token block, so larger blocks cut its traffic; the fold runs once per block.
+constexpr int64_t kTokenBlock = 1024;
+constexpr int64_t kSampleRowBlock = 256;               // sampling: whole padded rows per block
+constexpr int64_t kLogitsBudget = int64_t(160) << 20;  // bytes of [token_block, chunk] logits
+constexpr int64_t kStatesBudget = int64_t(64) << 20;   // bytes of [token_block, tiles] states
+constexpr int64_t kSampleLogitsBudget = int64_t(128) << 20;
+constexpr int64_t kSortBudget = int64_t(64) << 20;
+constexpr int64_t kMaxSortBatch = 64;
+}  // namespace
+
+Scratch::~Scratch() {
+  for (void* p : ptrs_) cudaFreeAsync(p, stream_);
+}
+
+void* Scratch::alloc(int64_t bytes) {
+  void* p = nullptr;
+  const int64_t n = std::max<int64_t>(bytes, 16);
+  const cudaError_t e = cudaMallocAsync(&p, size_t(n), stream_);
+  LS_CHECK(e == cudaSuccess, op_, "cudaMallocAsync of ", n,
+           " bytes of scratch failed: ", cudaGetErrorString(e));
+  ptrs_.push_back(p);
+  bytes_ += n;
+  return p;
+}
+
+LogprobPlan logprob_plan(int64_t n_tiles, int64_t L) {
+  LogprobPlan pl;
+  pl.n_tiles = n_tiles;
+  pl.L = L;
+  // Fewer rows when the tile states of a block would pass their budget (tiny tiles, huge V).
+  int64_t tb = std::clamp<int64_t>(kStatesBudget / (n_tiles * 12), 1, kTokenBlock);
+  if (tb >= 64) tb = tb / 64 * 64;
+  pl.token_block = tb;
+  const int64_t max_tiles = std::max<int64_t>(1, kLogitsBudget / (tb * L * 4));
+  pl.chunks = std::max<int64_t>(1, (n_tiles + max_tiles - 1) / max_tiles);
+  pl.chunk_tiles = std::max<int64_t>(1, (n_tiles + pl.chunks - 1) / pl.chunks);  // balanced
+  pl.logits_bytes = tb * pl.chunk_tiles * L * 4;
+  pl.states_bytes = tb * n_tiles * 12;
+  pl.target_bytes = tb * 4;
+  return pl;
+}
+
+SamplePlan sample_plan(const LogprobVocabLayout& lay) {
+  SamplePlan sp;
+  int64_t rb = kSampleLogitsBudget / (lay.padded * 4);
+  if (rb >= 32) rb = rb / 32 * 32;
+  sp.row_block = std::clamp<int64_t>(rb, 1, kSampleRowBlock);
+  sp.sort_batch = std::clamp<int64_t>(kSortBudget / (lay.vocab_size * 16), 1, kMaxSortBatch);
+  sp.logits_bytes = sp.row_block * lay.padded * 4;
+  sp.states_bytes = sp.row_block * (lay.padded / lay.tile) * 12;
+  sp.sort_bytes = sp.sort_batch * lay.vocab_size * 16;
+  return sp;
+}
+
+IndexRef stage_index(const TensorView& v, Scratch& scratch, cudaStream_t stream) {
+  if (v.device == Device::kCUDA) return index_ref(v);
+  const int64_t n = v.shape[0];
+  std::vector<int64_t> host(size_t(std::max<int64_t>(n, 1)));
+  for (int64_t i = 0; i < n; ++i) host[size_t(i)] = host_index(v, i);
+  int64_t* dev = scratch.alloc_n<int64_t>(std::max<int64_t>(n, 1));
+  // NOTE: from pageable memory: returns once the data is staged, so `host` may go away.
+  const cudaError_t e =
+      cudaMemcpyAsync(dev, host.data(), size_t(n) * 8, cudaMemcpyHostToDevice, stream);
+  LS_CHECK(e == cudaSuccess, "cuda::stage_index",
+           "copy to the device failed: ", cudaGetErrorString(e));
+  IndexRef r;
+  r.p = dev;
+  r.stride = 1;
+  r.is64 = 1;
+  return r;
+}
+
+void launch_tile_states(const TileStateParams& tp, bool temper, cudaStream_t stream,
+                        const char* op) {
+  constexpr int kTilesPerCta = kTileThreads / kLpLanes;
+  const dim3 grid(unsigned((tp.ntiles + kTilesPerCta - 1) / kTilesPerCta), unsigned(tp.rows));
+  const bool cached = tp.L <= int64_t(kLpLanes) * kLaneCache;
+  if (temper && cached) {
+    lp_tile_states_kernel<true, true><<<grid, kTileThreads, 0, stream>>>(tp);
+  } else if (temper) {
+    lp_tile_states_kernel<true, false><<<grid, kTileThreads, 0, stream>>>(tp);
+  } else if (cached) {
+    lp_tile_states_kernel<false, true><<<grid, kTileThreads, 0, stream>>>(tp);
+  } else {
+    lp_tile_states_kernel<false, false><<<grid, kTileThreads, 0, stream>>>(tp);
+  }
+  check_launch(op);
+}
+
+void fill_f32(float* p, int64_t n, uint32_t bits, cudaStream_t stream, const char* op) {
+  if (n <= 0) return;
+  lp_fill_kernel<<<grid_for(n, 256), 256, 0, stream>>>(p, n, bits);
+  check_launch(op);
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::check_device_view;
+
+bool pow2_upto8(int64_t n) { return n == 1 || n == 2 || n == 4 || n == 8; }
+
+void check_h_w(const char* op, const TensorView& h, const TensorView& w, const char* w_name) {
+  check_device_view(op, "h", h, DType::kBF16, {-1, -1});
+  LS_CHECK(h.size(1) >= 1, op, "argument 'h': hidden size (dim 1) must be >= 1, got ", h.size(1));
+  check_device_view(op, w_name, w, DType::kBF16, {-1, h.size(1)});
+}
+
+// targets [T] i32/i64 on either device; host values are checked like the CPU op.
+void check_targets(const char* op, const TensorView& targets, int64_t T, int64_t V,
+                   int64_t ignore_index) {
+  check_tensor_dtypes(op, "targets", targets, {DType::kI32, DType::kI64}, {T}, targets.device);
+  if (targets.device != Device::kCPU) return;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t g = detail::host_index(targets, t);
+    LS_CHECK(g == ignore_index || (g >= 0 && g < V), op, "argument 'targets': targets[", t,
+             "] = ", g, " is outside [0, ", V, ") and is not ignore_index (", ignore_index, ")");
+  }
+}
+
+void check_outputs(const char* op, const TensorView& logp, const TensorView& lse,
+                   const TensorView& entropy, int64_t T) {
+  check_tensor(op, "logp", logp, DType::kF32, {T}, Device::kCUDA);
+  check_tensor(op, "lse", lse, DType::kF32, {T}, Device::kCUDA);
+  check_tensor(op, "entropy", entropy, DType::kF32, {T}, Device::kCUDA);
+}
+
+// One vocab part (all of it, or one rank's aligned subtree of segments): local entries
+// [0, valid) are rows of w_local and global ids v_begin + e; tiles_per_segment · seg_count tiles.
+// Token blocks: logits chunk by chunk (GEMM) -> tile states -> fold (mode of `out`).
+void run_states(const char* op, const TensorView& h, const TensorView& w_local, int64_t valid,
+                int64_t v_begin, const LogprobVocabLayout& lay, int seg_count,
+                const detail::IndexRef& targets, const LogprobParams& params,
+                const ContractConfig& cfg, detail::FoldParams out, detail::Scratch& scratch,
+                cudaStream_t stream) {
+  const int64_t T = h.size(0);
+  const int64_t L = lay.tile;
+  const int64_t n_tiles = lay.tiles_per_segment * seg_count;
+  const detail::LogprobPlan pl = detail::logprob_plan(n_tiles, L);
+  const int64_t rows_max = std::min(T, pl.token_block);
+  const int64_t chunk_cols = pl.chunk_tiles * L;
+  float* z = scratch.alloc_n<float>(rows_max * chunk_cols);
+  float* states = scratch.alloc_n<float>(rows_max * n_tiles * 3);
+  float* y_target = scratch.alloc_n<float>(rows_max);
+  const GemmConfig gcfg = GemmConfig::from_contract(cfg);
+
+  for (int64_t r0 = 0; r0 < T; r0 += pl.token_block) {
+    const int64_t rows = std::min(pl.token_block, T - r0);
+    detail::fill_f32(y_target, rows, kCanonicalNanF32, stream, op);
+    const TensorView h_blk = h.rows(r0, r0 + rows);
+    for (int64_t c = 0; c < pl.chunks; ++c) {
+      const int64_t tile0 = c * pl.chunk_tiles;
+      if (tile0 >= n_tiles) break;
+      const int64_t ntiles = std::min(pl.chunk_tiles, n_tiles - tile0);
+      // The logits producer: z[r, col] = logit of local entry tile0·L + col (GEMM contract).
+      const int64_t e0 = tile0 * L;
+      const int64_t ncols = std::clamp<int64_t>(valid - e0, 0, ntiles * L);
+      if (ncols > 0) {
+        TensorView zv = TensorView::contiguous(z, DType::kF32, {rows, ncols}, Device::kCUDA);
+        zv.stride[0] = chunk_cols;
+        gemm_bf16_nt(h_blk, w_local.rows(e0, e0 + ncols), nullptr, gcfg, zv, stream);
+      }
+      detail::TileStateParams tp{};
+      tp.z = z;
+      tp.ldz = chunk_cols;
+      tp.rows = rows;
+      tp.tile0 = tile0;
+      tp.ntiles = ntiles;
+      tp.L = L;
+      tp.valid = valid;
+      tp.tau = params.temperature;
+      tp.states = states;
+      tp.n_tiles = n_tiles;
+      tp.y_target = y_target;
+      tp.targets = targets;
+      tp.row0 = r0;
+      tp.v_begin = v_begin;
+      tp.ignore_index = params.ignore_index;
+      detail::launch_tile_states(tp, true, stream, op);
+    }
+    out.states = states;
+    out.n_tiles = n_tiles;
+    out.tps = lay.tiles_per_segment;
+    out.seg_count = seg_count;
+    out.rows = rows;
+    out.row0 = r0;
+    out.y_target = y_target;
+    out.targets = targets;
+    out.ignore_index = params.ignore_index;
+    detail::lp_fold_kernel<<<unsigned((rows + detail::kFoldThreads - 1) / detail::kFoldThreads),
+                             detail::kFoldThreads, 0, stream>>>(out);
+    detail::check_launch(op);
+  }
+}
+
+}  // namespace
+
+void linear_logprob(const TensorView& h, const TensorView& w, const TensorView& targets,
+                    const LogprobParams& params, const ContractConfig& cfg, const TensorView& logp,
+                    const TensorView& lse, const TensorView& entropy, void* stream) {
+  const char* op = "cuda::linear_logprob";
+  cfg.validate();
+  params.validate();
+  check_h_w(op, h, w, "w");
+  const int64_t T = h.size(0), V = w.size(0);
+  LS_CHECK(V >= 1, op, "argument 'w': vocab size (dim 0) must be >= 1, got ", V);
+  check_targets(op, targets, T, V, params.ignore_index);
+  check_outputs(op, logp, lse, entropy, T);
+  if (T == 0) return;
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const LogprobVocabLayout lay = logprob_vocab_layout(cfg, V);
+  detail::Scratch scratch(op, s);
+  const detail::IndexRef tg = detail::stage_index(targets, scratch, s);
+  detail::FoldParams out{};
+  out.mode = detail::kFoldOutputs;
+  out.logp = logp.ptr<float>();
+  out.lse = lse.ptr<float>();
+  out.entropy = entropy.ptr<float>();
+  out.logp_s = logp.stride[0];
+  out.lse_s = lse.stride[0];
+  out.entropy_s = entropy.stride[0];
+  run_states(op, h, w, V, 0, lay, lay.segments, tg, params, cfg, out, scratch, s);
+}
+
+void linear_logprob_partial(const TensorView& h, const TensorView& w_shard,
+                            const TensorView& targets, const LogprobParams& params,
+                            const ContractConfig& cfg, const LogprobShard& shard,
+                            const TensorView& state, void* stream) {
+  const char* op = "cuda::linear_logprob_partial";
+  cfg.validate();
+  params.validate();
+  check_device_view(op, "h", h, DType::kBF16, {-1, -1});
+  LS_CHECK(h.size(1) >= 1, op, "argument 'h': hidden size (dim 1) must be >= 1, got ", h.size(1));
+  const int64_t T = h.size(0), H = h.size(1);
+  LS_CHECK(shard.vocab_size >= 1, op, "shard.vocab_size must be >= 1, got ", shard.vocab_size);
+  LS_CHECK(pow2_upto8(shard.seg_count) && cfg.vocab_segments % shard.seg_count == 0 &&
+               shard.seg_begin >= 0 && shard.seg_begin % shard.seg_count == 0 &&
+               shard.seg_begin + shard.seg_count <= cfg.vocab_segments,
+           op, "shard: segments [", shard.seg_begin, ", ", shard.seg_begin + shard.seg_count,
+           ") are not an aligned power-of-two subtree of vocab_segments=", cfg.vocab_segments);
+  const LogprobVocabLayout lay = logprob_vocab_layout(cfg, shard.vocab_size);
+  const int64_t v_begin = int64_t(shard.seg_begin) * lay.segment_len;
+  const int64_t v0 = std::min(shard.vocab_size, v_begin);
+  const int64_t v1 =
+      std::min(shard.vocab_size, int64_t(shard.seg_begin + shard.seg_count) * lay.segment_len);
+  check_device_view(op, "w_shard", w_shard, DType::kBF16, {v1 - v0, H});
+  check_targets(op, targets, T, shard.vocab_size, params.ignore_index);
+  check_device_view(op, "state", state, DType::kF32, {T, 4});
+  if (T == 0) return;
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  detail::Scratch scratch(op, s);
+  const detail::IndexRef tg = detail::stage_index(targets, scratch, s);
+  detail::FoldParams out{};
+  out.mode = detail::kFoldState;
+  out.state = state.ptr<float>();
+  out.state_ld = state.stride[0];
+  // An all-padding rank (v0 == v1 == V) has no rows: every tile is empty.
+  run_states(op, h, w_shard, v1 - v0, v_begin, lay, shard.seg_count, tg, params, cfg, out, scratch,
+             s);
+}
+
+void linear_logprob_combine(const TensorView& states, const TensorView& targets,
+                            const LogprobParams& params, const ContractConfig& cfg,
+                            int64_t vocab_size, const TensorView& logp, const TensorView& lse,
+                            const TensorView& entropy, void* stream) {
+  const char* op = "cuda::linear_logprob_combine";
+  cfg.validate();
+  params.validate();
+  check_device_view(op, "states", states, DType::kF32, {-1, -1, 4});
+  const int64_t R = states.size(0), T = states.size(1);
+  LS_CHECK(pow2_upto8(R) && cfg.vocab_segments % R == 0, op,
+           "argument 'states': rank count (dim 0) must be a power of two dividing vocab_segments=",
+           cfg.vocab_segments, ", got ", R);
+  const LogprobVocabLayout lay = logprob_vocab_layout(cfg, vocab_size);
+  check_targets(op, targets, T, vocab_size, params.ignore_index);
+  check_outputs(op, logp, lse, entropy, T);
+  if (T == 0) return;
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  detail::Scratch scratch(op, s);
+  detail::LpCombineParams p{};
+  p.states = states.ptr<float>();
+  p.sr = states.stride[0];
+  p.st = states.stride[1];
+  p.R = int(R);
+  p.T = T;
+  p.rank_len = lay.segment_len * (cfg.vocab_segments / R);
+  p.targets = detail::stage_index(targets, scratch, s);
+  p.ignore_index = params.ignore_index;
+  p.logp = logp.ptr<float>();
+  p.lse = lse.ptr<float>();
+  p.entropy = entropy.ptr<float>();
+  p.logp_s = logp.stride[0];
+  p.lse_s = lse.stride[0];
+  p.entropy_s = entropy.stride[0];
+  detail::lp_combine_kernel<<<unsigned((T + detail::kFoldThreads - 1) / detail::kFoldThreads),
+                              detail::kFoldThreads, 0, s>>>(p);
+  detail::check_launch(op);
+}
+
+std::string logprob_launch_plan(const ContractConfig& cfg, int64_t hidden, int64_t vocab) {
+  const LogprobVocabLayout lay = logprob_vocab_layout(cfg, vocab);
+  const int64_t n_tiles = lay.padded / lay.tile;
+  const detail::LogprobPlan pl = detail::logprob_plan(n_tiles, lay.tile);
+  const detail::SamplePlan sp = detail::sample_plan(lay);
+  auto mib = [](int64_t b) { return double(b) / double(1 << 20); };
+  char buf[1024];
+  std::snprintf(
+      buf, sizeof buf,
+      "logprob: H=%lld V=%lld V_pad=%lld vocab_tile=%lld vocab_segments=%d gemm_segments=%d "
+      "tiles=%lld | linear_logprob: token_block=%lld, vocab chunks=%lld x %lld tiles (%lld "
+      "entries), per block: GEMM [%lld x %lld] fp32 -> tile states (8 lanes/tile, 32 tiles/CTA) "
+      "-> fold/tree/finish (1 thread/token); scratch %.1f MiB (logits %.1f + tile states %.1f + "
+      "targets %.3f) whatever T is | sample: row_block=%lld, sort batch=%lld rows; scratch "
+      "%.1f MiB (logits %.1f + tile states %.1f + sort keys %.1f, + CUB temp) + 20 B per token",
+      (long long)hidden, (long long)vocab, (long long)lay.padded, (long long)lay.tile, lay.segments,
+      cfg.gemm_segments, (long long)n_tiles, (long long)pl.token_block, (long long)pl.chunks,
+      (long long)pl.chunk_tiles, (long long)(pl.chunk_tiles * lay.tile), (long long)pl.token_block,
+      (long long)(pl.chunk_tiles * lay.tile), mib(pl.total_bytes()), mib(pl.logits_bytes),
+      mib(pl.states_bytes), mib(pl.target_bytes), (long long)sp.row_block, (long long)sp.sort_batch,
+      mib(sp.logits_bytes + sp.states_bytes + sp.sort_bytes), mib(sp.logits_bytes),
+      mib(sp.states_bytes), mib(sp.sort_bytes));
+  return buf;
+}
+
+}  // namespace lockstep::cuda

@@ -1,0 +1,82 @@
+// Host-side pieces shared by the CUDA LogP launchers (logprob.cu) and sampling (sampling.cu):
+// stream-ordered scratch, the bounded work plan (token block x vocab chunk; its size depends on
+// V, H and the settings only, never on T), and host-or-device index arguments.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cuda/elementwise_common.cuh"
+#include "lockstep/contract.h"
+#include "lockstep/ops/logprob.h"
+#include "lockstep/tensor.h"
+
+namespace lockstep::cuda::detail {
+
+// cudaMallocAsync'd buffers, freed (cudaFreeAsync, same stream) when this goes out of scope —
+// also when the op throws.
+class Scratch {
+ public:
+  Scratch(const char* op, cudaStream_t stream) : op_(op), stream_(stream) {}
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch();
+  void* alloc(int64_t bytes);
+  template <typename T>
+  T* alloc_n(int64_t n) {
+    return static_cast<T*>(alloc(n * int64_t(sizeof(T))));
+  }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  const char* op_;
+  cudaStream_t stream_;
+  std::vector<void*> ptrs_;
+  int64_t bytes_ = 0;
+};
+
+// The LogP work plan for one call's vocab part (n_tiles tiles of L entries).
+struct LogprobPlan {
+  int64_t n_tiles = 0;      // tiles of the (local) vocab
+  int64_t L = 0;            // vocab_tile
+  int64_t token_block = 0;  // tokens per block (the last block may be shorter)
+  int64_t chunk_tiles = 0;  // tiles per vocab chunk (one GEMM call)
+  int64_t chunks = 0;
+  int64_t logits_bytes = 0;  // [token_block, chunk_tiles·L] f32
+  int64_t states_bytes = 0;  // [token_block, n_tiles] (m, s, w)
+  int64_t target_bytes = 0;  // [token_block] f32
+  int64_t total_bytes() const { return logits_bytes + states_bytes + target_bytes; }
+};
+LogprobPlan logprob_plan(int64_t n_tiles, int64_t L);
+
+// Sampling's plan: a row block holds whole padded vocab rows (the filters need the full row).
+struct SamplePlan {
+  int64_t row_block = 0;   // rows per GEMM call
+  int64_t sort_batch = 0;  // filtered rows sorted together (top-k / top-p)
+  int64_t logits_bytes = 0, states_bytes = 0, sort_bytes = 0;  // sort: keys in + out (u64)
+};
+SamplePlan sample_plan(const LogprobVocabLayout& lay);
+
+// A [T] i32/i64 index argument on the device: a device view as is (trusted), or a host view whose
+// values were already checked, copied (as i64) into scratch on `stream`.
+IndexRef stage_index(const TensorView& v, Scratch& scratch, cudaStream_t stream);
+
+// Host [T] index element i (any stride, i32 or i64).
+inline int64_t host_index(const TensorView& t, int64_t i) {
+  if (t.dtype == DType::kI32) return static_cast<const int32_t*>(t.data)[i * t.stride[0]];
+  return static_cast<const int64_t*>(t.data)[i * t.stride[0]];
+}
+
+// The tile-state kernel (logprob.cuh) for tp (temper: y = z / tp.tau), register-cached when
+// vocab_tile <= 256.
+struct TileStateParams;
+void launch_tile_states(const TileStateParams& tp, bool temper, cudaStream_t stream,
+                        const char* op);
+
+// Fills n floats with the bit pattern `bits` (e.g. canonical NaN) on `stream`.
+void fill_f32(float* p, int64_t n, uint32_t bits, cudaStream_t stream, const char* op);
+
+}  // namespace lockstep::cuda::detail

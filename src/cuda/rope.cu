@@ -1,0 +1,48 @@
+// Launcher of cuda::rope (kernel: rope.cuh): checks every argument before the launch (the CPU
+// op's rules, docs/contract.md §E.2, on device views; positions on the device are not read here),
+// launches on the caller's stream, throws on a launch error.
+#include <cuda_runtime.h>
+
+#include "cuda/rope.cuh"
+#include "lockstep/cuda/elementwise.h"
+
+namespace lockstep::cuda {
+
+void rope(const TensorView& x, const TensorView& positions, const TensorView& cos,
+          const TensorView& sin, const TensorView& y, void* stream) {
+  const char* op = "cuda::rope";
+  using detail::check_device_view;
+  check_device_view(op, "x", x, DType::kBF16, {-1, -1, -1});
+  const int64_t T = x.shape[0], heads = x.shape[1], D = x.shape[2];
+  LS_CHECK(D >= 2 && D % 2 == 0, op, "argument 'x': head_dim (dim 2) must be even and >= 2, got ",
+           D);
+  const int64_t half = D / 2;
+  check_device_view(op, "cos", cos, DType::kF32, {-1, half});
+  const int64_t P = cos.shape[0];
+  LS_CHECK(P >= 1, op, "argument 'cos': expected at least one table row, got ", cos.shape_string());
+  check_device_view(op, "sin", sin, DType::kF32, {P, half});
+  check_tensor_dtypes(op, "positions", positions, {DType::kI32, DType::kI64}, {T}, Device::kCUDA);
+  check_device_view(op, "y", y, DType::kBF16, {T, heads, D});
+  const int64_t rows = T * heads;
+  if (rows == 0) return;
+  detail::RopeParams p{};
+  p.x = static_cast<const uint16_t*>(x.data);
+  p.y = static_cast<uint16_t*>(y.data);
+  p.xm = detail::row_map(x);
+  p.ym = detail::row_map(y);
+  p.pos = detail::index_ref(positions);
+  p.cos = static_cast<const float*>(cos.data);
+  p.sin = static_cast<const float*>(sin.data);
+  p.cs = cos.stride[0];
+  p.ss = sin.stride[0];
+  p.P = P;
+  p.rows = rows;
+  p.heads = heads;
+  p.half = half;
+  constexpr int kThreads = 256;
+  detail::rope_kernel<<<detail::grid_for(rows * half, kThreads), kThreads, 0,
+                        static_cast<cudaStream_t>(stream)>>>(p);
+  detail::check_launch(op);
+}
+
+}  // namespace lockstep::cuda

@@ -1,0 +1,50 @@
+// RoPE kernel, docs/contract.md §E.2 ("rotate_half" pairs (i, i + D/2)): one thread per pair of a
+// (token, head) row, y_i = round(a·c − b·s), y_{i+D/2} = round(b·c + a·s), each product, the
+// difference and the sum one fp32 RNE op (no fma), c/s from the host-built fp32 table on the
+// device. A position outside [0, P) (device positions cannot be checked before the launch) gives a
+// canonical-NaN pair.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/elementwise_common.cuh"
+
+namespace lockstep::cuda::detail {
+
+struct RopeParams {
+  const uint16_t* x;  // [T, heads, D] via xm (rows = T·heads)
+  uint16_t* y;
+  RowMap xm, ym;
+  IndexRef pos;      // [T]
+  const float* cos;  // [P, D/2], row stride cs
+  const float* sin;  // [P, D/2], row stride ss
+  int64_t cs, ss, P;
+  int64_t rows, heads, half;
+};
+
+// NOTE: y may be the same view as x: a thread reads both elements of its pair before writing.
+static __global__ void rope_kernel(const RopeParams p) {
+  const int64_t n = p.rows * p.half;
+  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = idx / p.half, i = idx - row * p.half;
+    const int64_t pos = p.pos[row / p.heads];
+    const uint16_t* xr = p.x + p.xm.offset(row);
+    uint16_t* yr = p.y + p.ym.offset(row);
+    const float a = bf16_bits_to_f32(xr[i]), b = bf16_bits_to_f32(xr[i + p.half]);
+    if (pos < 0 || pos >= p.P) {
+      yr[i] = kNanBf16;
+      yr[i + p.half] = kNanBf16;
+      continue;
+    }
+    const float c = p.cos[pos * p.cs + i], s = p.sin[pos * p.ss + i];
+    const float ac = __fmul_rn(a, c), bs = __fmul_rn(b, s), bc = __fmul_rn(b, c),
+                as = __fmul_rn(a, s);
+    yr[i] = f32_to_bf16_bits(__fsub_rn(ac, bs));
+    yr[i + p.half] = f32_to_bf16_bits(__fadd_rn(bc, as));
+  }
+}
+
+}  // namespace lockstep::cuda::detail

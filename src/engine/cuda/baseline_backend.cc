@@ -1,0 +1,759 @@
+// The CUDA "baseline" OpsBackend: what an ordinary GPU inference / training stack computes for the
+// same op set (docs/baseline.md, "GPU"): cuBLAS GEMMs (cuBLAS picks its kernel and split-K from
+// M, N, K), row-parallel partials summed in rank order, one-pass RMSNorm / RoPE / SiLU kernels
+// with warp-shuffle reductions and __expf, flash-attention prefill, flash-decoding paged attention
+// whose split-KV count is chosen from the batch size, and log-probs / sampling over materialized
+// fp32 logits in bounded row blocks. Correct math within bf16-level tolerances
+// (tests/cuda/test_baseline_cuda.cu), but a token's bits depend on its batch: the performance peer
+// of the invariant CUDA backend, and the source of the mismatches `lockstep audit --baseline`
+// shows on the GPU.
+//
+// Argument checks: the cpu ops' own (src/cpu/checks.h, same messages) on the views re-labelled as
+// host views (never dereferenced there). Metadata (ids, positions, cu_seqlens, q_seq, q_pos, block
+// tables, seq_lens, prefix tables, slot mappings, targets, request ids) may be host views — every
+// value is checked as the cpu op checks it, then uploaded — or device views, whose dtype and shape
+// are checked (through a placeholder with valid values) and whose contents are trusted: the
+// kernels clamp or skip what would read out of bounds.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "cpu/checks.h"
+#include "cuda/baseline.h"
+#include "engine/cuda/backends.h"
+#include "lockstep/cuda/runtime.h"
+#include "lockstep/ops/embedding.h"
+
+namespace lockstep::engine {
+
+namespace {
+
+using namespace cpu::check_detail;
+namespace base = cuda::baseline;
+
+// Token rows per logits GEMM in LogP (fp32 [rows, V] scratch) and in sampling (plus sort buffers).
+constexpr int64_t kLogitsRows = 256;
+constexpr int64_t kSampleRows = 64;
+
+bool is_none(const TensorView& t) { return t.ndim == 0 && t.data == nullptr; }
+
+// A device view as the cpu checks see it: the same view labelled as a host one. The checks only
+// look at dtype, shape, strides and addresses.
+TensorView dev(const char* op, const char* arg, const TensorView& v) {
+  if (is_none(v)) return v;
+  LS_CHECK(v.device == Device::kCUDA, op, "argument '", arg, "' expected device cuda, got ",
+           device_name(v.device));
+  TensorView h = v;
+  h.device = Device::kCPU;
+  return h;
+}
+
+// A metadata view: host views are checked by value (the cpu check reads them) and uploaded;
+// device views are checked through `check`, a placeholder of the same dtype and shape filled with
+// a value every check accepts, and used in place.
+struct Meta {
+  TensorView check;           // what the cpu check sees
+  std::vector<int64_t> fill;  // placeholder storage (enough for one row of any dtype)
+  bool on_device = false;
+};
+
+// force: use the placeholder for a host view too (a call that mixes host and device metadata
+// whose values depend on each other, e.g. q_pos < seq_lens[q_seq]: host values are then trusted
+// like device ones).
+Meta meta(const char* op, const char* arg, const TensorView& v, int64_t value, bool force = false) {
+  Meta m;
+  m.check = v;
+  if (v.device == Device::kCPU && !force) return m;
+  m.on_device = true;
+  const int64_t inner = v.ndim == 0 ? 1 : std::max<int64_t>(1, v.shape[v.ndim - 1]);
+  m.fill.assign(size_t(inner), 0);
+  if (v.dtype == DType::kI32) {
+    int32_t* p = reinterpret_cast<int32_t*>(m.fill.data());
+    for (int64_t i = 0; i < inner; ++i) p[i] = int32_t(value);
+  } else {
+    for (int64_t i = 0; i < inner; ++i) m.fill[size_t(i)] = value;
+  }
+  m.check.data = m.fill.data();
+  m.check.device = Device::kCPU;
+  for (int d = 0; d < v.ndim; ++d) m.check.stride[d] = d == v.ndim - 1 ? 1 : 0;
+  // Tables (2-D) are read row by row: their last dimension must be contiguous on the device too.
+  if (v.ndim >= 2) check_inner_contiguous(op, arg, v);
+  return m;
+}
+
+// Device copies of host metadata, alive for one call (stream-ordered frees after the kernels).
+class Uploads {
+ public:
+  explicit Uploads(void* stream) : stream_(stream) {}
+  // A 1-D i32/i64 view as a device Index (host: packed and uploaded; device: in place).
+  base::Index index(const TensorView& v) {
+    base::Index ix;
+    ix.i64 = v.dtype == DType::kI64;
+    if (v.device == Device::kCUDA) {
+      ix.p = v.data;
+      ix.stride = v.stride[0];
+      return ix;
+    }
+    const int64_t n = v.shape[0], es = dtype_size(v.dtype);
+    std::vector<char> host(size_t(std::max<int64_t>(n, 1) * es));
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(host.data() + i * es, static_cast<const char*>(v.data) + i * v.stride[0] * es,
+                  size_t(es));
+    ix.p = put(host.data(), size_t(n * es));
+    ix.stride = 1;
+    return ix;
+  }
+  // An i32 view of 1 or 2 dims as (device pointer, row stride, element stride).
+  struct I32 {
+    const int32_t* p = nullptr;
+    int64_t s0 = 0, s_last = 1;
+  };
+  I32 i32(const TensorView& v) {
+    I32 r;
+    if (v.device == Device::kCUDA) {
+      r.p = static_cast<const int32_t*>(v.data);
+      r.s0 = v.ndim == 2 ? v.stride[0] : 0;
+      r.s_last = v.ndim == 1 ? v.stride[0] : 1;
+      return r;
+    }
+    const int64_t rows = v.ndim == 2 ? v.shape[0] : 1, cols = v.shape[v.ndim - 1];
+    std::vector<int32_t> host(size_t(std::max<int64_t>(rows * cols, 1)));
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j)
+        host[size_t(i * cols + j)] =
+            v.ptr<const int32_t>()[(v.ndim == 2 ? i * v.stride[0] : 0) + j * v.stride[v.ndim - 1]];
+    r.p = static_cast<const int32_t*>(put(host.data(), size_t(rows * cols) * 4));
+    r.s0 = cols;
+    r.s_last = 1;
+    return r;
+  }
+  void* put(const void* host, size_t bytes) {
+    bufs_.emplace_back(std::max<size_t>(bytes, 16), stream_);
+    base::upload(bufs_.back().get(), host, bytes, stream_);
+    return bufs_.back().get();
+  }
+
+ private:
+  void* stream_;
+  std::vector<base::DeviceBuffer> bufs_;
+};
+
+base::Index offset(base::Index ix, int64_t r0) {
+  ix.p = static_cast<const char*>(ix.p) + r0 * ix.stride * (ix.i64 ? 8 : 4);
+  return ix;
+}
+
+base::Rows rows_of(const TensorView& v) {
+  base::Rows r;
+  r.p = v.data;
+  r.s0 = v.ndim >= 1 ? v.stride[0] : 0;
+  if (v.ndim == 3) {
+    r.s1 = v.stride[1];
+    r.inner = std::max<int64_t>(1, v.shape[1]);
+  }
+  return r;
+}
+
+// Row stride of a 2-D operand as cuBLAS needs it (>= the row length; any value for one row).
+int64_t lead(const char* op, const char* arg, const TensorView& t) {
+  const int64_t cols = t.shape[1];
+  if (t.shape[0] <= 1) return std::max<int64_t>(cols, 1);
+  LS_CHECK(t.stride[0] >= cols, op, "argument '", arg, "': cuBLAS needs a row stride >= ", cols,
+           ", got ", t.describe());
+  return t.stride[0];
+}
+
+float* f32p(const TensorView& t) { return static_cast<float*>(t.data); }
+
+class CudaBaselineBackend final : public OpsBackend {
+ public:
+  std::string name() const override { return "baseline"; }
+
+  Device device() const override { return Device::kCUDA; }
+  Tensor empty(DType dtype, std::vector<int64_t> shape) const override {
+    return cuda::empty(dtype, std::move(shape));
+  }
+  void copy(const TensorView& dst, const TensorView& src) const override {
+    cuda::copy(dst, src, stream_);
+  }
+  void synchronize() const override { cuda::synchronize(stream_); }
+
+  // --- GEMM ---
+
+  void gemm(const TensorView& x_, const TensorView& w_, const GemmConfig& cfg,
+            const TensorView& y_) const override {
+    const char* op = "baseline gemm";
+    const TensorView x = dev(op, "x", x_), w = dev(op, "w", w_), y = dev(op, "y", y_);
+    check_segments(op, cfg);
+    check_xw(op, x, w);
+    const int64_t M = x.size(0), N = w.size(0), K = x.size(1);
+    check_tensor_dtypes(op, "y", y, {DType::kBF16, DType::kF32}, {M, N});
+    check_inner_contiguous(op, "y", y);
+    LS_CHECK(!overlaps(y, x) && !overlaps(y, w), op, "argument 'y' must not overlap x or w");
+    if (M == 0 || N == 0) return;
+    base::gemm(ctx_, x.data, lead(op, "x", x), w.data, lead(op, "w", w), y.data, lead(op, "y", y),
+               y.dtype == DType::kF32, M, N, K, stream_);
+  }
+
+  void gemm_partial(const TensorView& x_, const TensorView& w_, int64_t k_total, int tp_size,
+                    int tp_rank, const GemmConfig& cfg, const TensorView& y_) const override {
+    const char* op = "baseline gemm_partial";
+    const TensorView x = dev(op, "x_shard", x_), w = dev(op, "w_shard", w_),
+                     y = dev(op, "y_partial", y_);
+    check_gemm_partial(op, x, w, k_total, tp_size, tp_rank, cfg, y);
+    const int64_t M = x.size(0), N = w.size(0), K = x.size(1);
+    if (M == 0 || N == 0) return;
+    base::gemm(ctx_, x.data, lead(op, "x_shard", x), w.data, lead(op, "w_shard", w), y.data,
+               lead(op, "y_partial", y), true, M, N, K, stream_);
+  }
+
+  // The usual all-reduce: ((p0 + p1) + p2) + ... in rank order, one rounding.
+  void gemm_combine(const std::vector<TensorView>& partials_, const TensorView& y_) const override {
+    const char* op = "baseline gemm_combine";
+    LS_CHECK(!partials_.empty() && partials_.size() <= size_t(base::kMaxParts), op,
+             "argument 'partials' must hold 1 to ", base::kMaxParts, " views, got ",
+             partials_.size());
+    std::vector<TensorView> partials;
+    for (size_t i = 0; i < partials_.size(); ++i)
+      partials.push_back(dev(op, "partials", partials_[i]));
+    const TensorView y = dev(op, "y", y_);
+    check_gemm_combine(op, partials, nullptr, y);
+    const int64_t M = partials[0].size(0), N = partials[0].size(1);
+    if (M == 0 || N == 0) return;
+    std::vector<const float*> p;
+    std::vector<int64_t> ld;
+    for (const TensorView& t : partials) {
+      p.push_back(static_cast<const float*>(t.data));
+      ld.push_back(t.stride[0]);
+    }
+    base::sum_f32(p.data(), ld.data(), int(p.size()), M, N, y.data, y.stride[0],
+                  y.dtype == DType::kF32, stream_);
+  }
+
+  // --- elementwise ---
+
+  void rmsnorm(const TensorView& x_, const TensorView& w_, const RmsNormConfig& cfg,
+               const TensorView& y_) const override {
+    const char* op = "baseline rmsnorm";
+    const TensorView x = dev(op, "x", x_), w = dev(op, "weight", w_), y = dev(op, "y", y_);
+    const int64_t H = check_rmsnorm(op, x, w, cfg, y);
+    const int64_t rows = x.numel() / H;
+    base::rmsnorm(rows_of(x), w.data, rows_of(y), rows, H, cfg.eps, stream_);
+  }
+
+  void rmsnorm_residual(const TensorView& x_, const TensorView& r_, const TensorView& w_,
+                        const RmsNormConfig& cfg, const TensorView& ro_,
+                        const TensorView& y_) const override {
+    const char* op = "baseline rmsnorm_residual";
+    const TensorView x = dev(op, "x", x_), r = dev(op, "residual", r_), w = dev(op, "weight", w_),
+                     ro = dev(op, "residual_out", ro_), y = dev(op, "y", y_);
+    const int64_t H = check_rmsnorm_residual(op, x, r, w, cfg, ro, y);
+    const int64_t rows = x.numel() / H;
+    base::rmsnorm_residual(rows_of(x), rows_of(r), w.data, rows_of(ro), rows_of(y), rows, H,
+                           cfg.eps, stream_);
+  }
+
+  // cos/sin of pos · inv_freq in fp32 on the device (the table is not read, so not checked).
+  void rope(const TensorView& x_, const TensorView& positions, const RopeTable& table,
+            const TensorView& y_) const override {
+    const char* op = "baseline rope";
+    const TensorView x = dev(op, "x", x_), y = dev(op, "y", y_);
+    table.config.validate();
+    const int64_t D = table.config.head_dim, P = table.config.max_positions;
+    const Meta pm = meta(op, "positions", positions, 0);
+    check_rope_args(op, x, pm.check, D, P, y);
+    const int64_t T = x.shape[0], heads = x.shape[1];
+    if (T == 0 || heads == 0) return;
+    Uploads up(stream_);
+    base::rope(rows_of(x), up.index(positions), rows_of(y), T, heads, D, float(table.config.theta),
+               stream_);
+  }
+
+  void silu_mul(const TensorView& g_, const TensorView& u_, const TensorView& o_) const override {
+    const char* op = "baseline silu_mul";
+    const TensorView g = dev(op, "gate", g_), u = dev(op, "up", u_), o = dev(op, "out", o_);
+    check_silu_mul(op, g, u, o);
+    base::silu_mul(g.data, g.stride[0], u.data, u.stride[0], o.data, o.stride[0], g.shape[0],
+                   g.shape[1], stream_);
+  }
+
+  // --- embedding ---
+
+  void embedding(const TensorView& ids, const TensorView& table_,
+                 const TensorView& out_) const override {
+    const char* op = "baseline embedding";
+    const TensorView table = dev(op, "table", table_), out = dev(op, "out", out_);
+    check_tensor(op, "table", table, DType::kBF16, {-1, -1});
+    const int64_t V = table.shape[0];
+    const Meta im = meta(op, "ids", ids, 0);
+    const int64_t T = check_gather(op, im.check, table, V, V, out);
+    Uploads up(stream_);
+    if (T == 0) return;
+    base::embedding(up.index(ids), table.data, table.stride[0], 0, V, out.data, out.stride[0], T,
+                    table.shape[1], stream_);
+  }
+
+  // Megatron's VocabParallelEmbedding: rows outside the shard are +0, then summed across ranks.
+  void embedding_vocab_parallel(const TensorView& ids, const TensorView& table_,
+                                const VocabShard& shard, int64_t vocab,
+                                const TensorView& out_) const override {
+    const char* op = "baseline embedding_vocab_parallel";
+    const TensorView table = dev(op, "table", table_), out = dev(op, "out", out_);
+    LS_CHECK(vocab >= 1 && shard.begin >= 0 && shard.begin <= shard.end && shard.end <= vocab, op,
+             "argument 'shard' ", shard.to_string(), " is not inside the vocabulary [0, ", vocab,
+             ")");
+    const Meta im = meta(op, "ids", ids, 0);
+    const int64_t T = check_gather(op, im.check, table, shard.size(), vocab, out);
+    if (T == 0) return;
+    Uploads up(stream_);
+    base::embedding(up.index(ids), table.data, table.stride[0], shard.begin, shard.size(), out.data,
+                    out.stride[0], T, table.shape[1], stream_);
+  }
+
+  void embedding_combine(const std::vector<TensorView>& partials_,
+                         const TensorView& out_) const override {
+    const char* op = "baseline embedding_combine";
+    LS_CHECK(partials_.size() <= size_t(base::kMaxParts), op, "argument 'partials' must hold 1 to ",
+             base::kMaxParts, " views, got ", partials_.size());
+    std::vector<TensorView> partials;
+    for (const TensorView& p : partials_) partials.push_back(dev(op, "partials", p));
+    const TensorView out = dev(op, "out", out_);
+    check_embedding_combine(op, partials, out);
+    std::vector<const void*> p;
+    std::vector<int64_t> ld;
+    for (const TensorView& t : partials) {
+      p.push_back(t.data);
+      ld.push_back(t.stride[0]);
+    }
+    base::sum_bf16(p.data(), ld.data(), int(p.size()), out.shape[0], out.shape[1], out.data,
+                   out.stride[0], stream_);
+  }
+
+  // --- attention ---
+
+  void attention_prefill_varlen(const TensorView& q_, const TensorView& k_, const TensorView& v_,
+                                const TensorView& cu_seqlens, const AttentionConfig& cfg,
+                                const TensorView& out_, const TensorView& lse_) const override {
+    const char* op = "baseline attention_prefill_varlen";
+    const TensorView q = dev(op, "q", q_), k = dev(op, "k", k_), v = dev(op, "v", v_),
+                     out = dev(op, "out", out_), lse = dev(op, "lse", lse_);
+    // Device cu_seqlens: the placeholder [0, T, T, ..., T] (one valid packing of T tokens).
+    Meta cm = meta(op, "cu_seqlens", cu_seqlens, 0);
+    if (cm.on_device && cu_seqlens.ndim == 1 && cu_seqlens.dtype == DType::kI32 && q.ndim == 3) {
+      const int64_t n = cu_seqlens.shape[0];
+      cm.fill.assign(size_t(std::max<int64_t>(n, 1)), 0);
+      int32_t* p = reinterpret_cast<int32_t*>(cm.fill.data());
+      for (int64_t i = 1; i < n; ++i) p[i] = int32_t(q.shape[0]);
+      cm.check.data = p;
+      cm.check.stride[0] = 1;
+    }
+    const QShape qs = check_prefill_varlen(op, q, k, v, cm.check, cfg, out, lse);
+    if (qs.N == 0) return;
+    Uploads up(stream_);
+    const Uploads::I32 cu = up.i32(cu_seqlens);
+    base::PrefillArgs a{};
+    a.q = q.data;
+    a.q_s0 = q.stride[0];
+    a.q_s1 = q.stride[1];
+    a.k = k.data;
+    a.k_s0 = k.stride[0];
+    a.k_s1 = k.stride[1];
+    a.v = v.data;
+    a.v_s0 = v.stride[0];
+    a.v_s1 = v.stride[1];
+    a.cu_seqlens = cu.p;
+    a.cu_s = cu.s_last;
+    a.B = cu_seqlens.shape[0] - 1;
+    a.T = qs.N;
+    a.Hq = qs.Hq;
+    a.Hkv = k.shape[1];
+    a.D = qs.D;
+    a.scale_log2 = cfg.scale_log2(qs.D);
+    a.out = out.data;
+    a.o_s0 = out.stride[0];
+    a.o_s1 = out.stride[1];
+    if (!is_none(lse) && lse.numel() > 0) {
+      a.lse = f32p(lse);
+      a.l_s0 = lse.stride[0];
+      a.l_s1 = lse.stride[1];
+    }
+    base::attention_prefill(a, stream_);
+  }
+
+  void attention_paged(const TensorView& q, const TensorView& q_seq, const TensorView& q_pos,
+                       const PagedKv& kv, const AttentionConfig& cfg, const TensorView& out,
+                       const TensorView& lse) const override {
+    paged("baseline attention_paged", q, q_seq, q_pos, kv, nullptr, cfg, 0, out, lse);
+  }
+
+  void attention_paged_split_kv(const TensorView& q, const TensorView& q_seq,
+                                const TensorView& q_pos, const PagedKv& kv,
+                                const AttentionConfig& cfg, int num_splits, const TensorView& out,
+                                const TensorView& lse) const override {
+    const char* op = "baseline attention_paged_split_kv";
+    LS_CHECK(num_splits >= 1, op, "num_splits must be >= 1, got ", num_splits);
+    paged(op, q, q_seq, q_pos, kv, nullptr, cfg, num_splits, out, lse);
+  }
+
+  // Without a cascade kernel: the paged kernel reads positions below shared_len through the
+  // group's prefix table.
+  void attention_paged_cascade(const TensorView& q, const TensorView& q_seq,
+                               const TensorView& q_pos, const PagedKv& kv,
+                               const SharedPrefix& prefix, const AttentionConfig& cfg,
+                               const TensorView& out, const TensorView& lse) const override {
+    paged("baseline attention_paged_cascade", q, q_seq, q_pos, kv, &prefix, cfg, 0, out, lse);
+  }
+
+  // A KV-cache write is a copy: every stack does the same thing.
+  void kv_cache_write(const TensorView& k_, const TensorView& v_, const TensorView& slot_mapping,
+                      const TensorView& kc_, const TensorView& vc_) const override {
+    const char* op = "baseline kv_cache_write";
+    const TensorView k = dev(op, "k", k_), v = dev(op, "v", v_), kc = dev(op, "k_cache", kc_),
+                     vc = dev(op, "v_cache", vc_);
+    LS_CHECK(k.ndim == 3, op, "argument 'k' expected shape [T, Hkv, D], got ", k.shape_string());
+    check_tensor(op, "k", k, DType::kBF16, {-1, -1, -1});
+    check_inner_contiguous(op, "k", k);
+    const int64_t T = k.shape[0], Hkv = k.shape[1], D = k.shape[2];
+    check_tensor(op, "v", v, DType::kBF16, {T, Hkv, D});
+    check_inner_contiguous(op, "v", v);
+    const Meta sm = meta(op, "slot_mapping", slot_mapping, -1);
+    check_tensor_dtypes(op, "slot_mapping", sm.check, {DType::kI32, DType::kI64}, {T});
+    LS_CHECK(kc.ndim == 4, op, "argument 'k_cache' expected shape [NP, P, Hkv, D], got ",
+             kc.shape_string());
+    check_tensor(op, "k_cache", kc, DType::kBF16, {-1, -1, Hkv, D});
+    check_inner_contiguous(op, "k_cache", kc);
+    check_tensor(op, "v_cache", vc, DType::kBF16, {kc.shape[0], kc.shape[1], Hkv, D});
+    check_inner_contiguous(op, "v_cache", vc);
+    const int64_t NP = kc.shape[0], P = kc.shape[1], slots = NP * P;
+    if (!sm.on_device) {
+      std::vector<int64_t> used;
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t off = t * slot_mapping.stride[0];
+        const int64_t s = slot_mapping.dtype == DType::kI32
+                              ? int64_t(slot_mapping.ptr<const int32_t>()[off])
+                              : slot_mapping.ptr<const int64_t>()[off];
+        LS_CHECK(s == -1 || (s >= 0 && s < slots), op, "slot_mapping[", t, "] = ", s,
+                 " outside [0, NP * P = ", slots, ") (and not -1)");
+        if (s >= 0) used.push_back(s);
+      }
+      std::sort(used.begin(), used.end());
+      const auto dup = std::adjacent_find(used.begin(), used.end());
+      LS_CHECK(dup == used.end(), op, "slot_mapping writes slot ", dup == used.end() ? 0 : *dup,
+               " more than once");
+    }
+    if (T == 0) return;
+    Uploads up(stream_);
+    base::KvWriteArgs a{};
+    a.k = k.data;
+    a.k_s0 = k.stride[0];
+    a.k_s1 = k.stride[1];
+    a.v = v.data;
+    a.v_s0 = v.stride[0];
+    a.v_s1 = v.stride[1];
+    a.slots = up.index(slot_mapping);
+    a.k_cache = kc.data;
+    a.kc_s0 = kc.stride[0];
+    a.kc_s1 = kc.stride[1];
+    a.kc_s2 = kc.stride[2];
+    a.v_cache = vc.data;
+    a.vc_s0 = vc.stride[0];
+    a.vc_s1 = vc.stride[1];
+    a.vc_s2 = vc.stride[2];
+    a.T = T;
+    a.Hkv = Hkv;
+    a.D = D;
+    a.NP = NP;
+    a.P = P;
+    base::kv_cache_write(a, stream_);
+  }
+
+  // --- heads ---
+
+  // Logits [rows, V] fp32 per block of kLogitsRows tokens by cuBLAS, then a plain log-softmax.
+  void linear_logprob(const TensorView& h_, const TensorView& w_, const TensorView& targets,
+                      const LogprobParams& params, const ContractConfig& cfg,
+                      const TensorView& logp_, const TensorView& lse_,
+                      const TensorView& ent_) const override {
+    const char* op = "baseline linear_logprob";
+    const TensorView h = dev(op, "h", h_), w = dev(op, "w", w_), logp = dev(op, "logp", logp_),
+                     lse = dev(op, "lse", lse_), ent = dev(op, "entropy", ent_);
+    const Meta tm = meta(op, "targets", targets, params.ignore_index);
+    check_linear_logprob(op, h, w, tm.check, params, cfg, logp, lse, ent);
+    const int64_t T = h.size(0), V = w.size(0);
+    if (T == 0) return;
+    Uploads up(stream_);
+    const base::Index tg = up.index(targets);
+    const int64_t tb = std::min(T, kLogitsRows);
+    base::DeviceBuffer z(size_t(tb * V) * sizeof(float), stream_);
+    for (int64_t r0 = 0; r0 < T; r0 += tb) {
+      const int64_t rows = std::min(tb, T - r0);
+      const TensorView hb = h.rows(r0, r0 + rows);
+      base::gemm(ctx_, hb.data, lead(op, "h", hb), w.data, lead(op, "w", w), z.get(), V, true, rows,
+                 V, h.size(1), stream_);
+      base::StatsArgs a{};
+      a.z = z.as<float>();
+      a.ldz = V;
+      a.rows = rows;
+      a.V = V;
+      a.temperature = params.temperature;
+      a.targets = offset(tg, r0);
+      a.ignore_index = params.ignore_index;
+      a.logp = f32p(logp) + r0 * logp.stride[0];
+      a.s_logp = logp.stride[0];
+      a.lse = f32p(lse) + r0 * lse.stride[0];
+      a.s_lse = lse.stride[0];
+      a.entropy = f32p(ent) + r0 * ent.stride[0];
+      a.s_entropy = ent.stride[0];
+      base::logprob_rows(a, stream_);
+    }
+  }
+
+  // A rank's (m, s, w, y_target) over its vocab rows (w relative to m, as the contract's state).
+  void linear_logprob_partial(const TensorView& h_, const TensorView& w_, const TensorView& targets,
+                              const LogprobParams& params, const ContractConfig& cfg,
+                              const LogprobShard& shard, const TensorView& state_) const override {
+    const char* op = "baseline linear_logprob_partial";
+    const TensorView h = dev(op, "h", h_), w = dev(op, "w_shard", w_),
+                     state = dev(op, "state", state_);
+    const Meta tm = meta(op, "targets", targets, params.ignore_index);
+    const ShardRows sr =
+        check_linear_logprob_partial(op, h, w, tm.check, params, cfg, shard, state);
+    const int64_t T = h.size(0), Vs = sr.v1 - sr.v0;
+    if (T == 0) return;
+    Uploads up(stream_);
+    const base::Index tg = up.index(targets);
+    const int64_t tb = std::min(T, kLogitsRows);
+    base::DeviceBuffer z(size_t(tb * std::max<int64_t>(Vs, 1)) * sizeof(float), stream_);
+    for (int64_t r0 = 0; r0 < T; r0 += tb) {
+      const int64_t rows = std::min(tb, T - r0);
+      const TensorView hb = h.rows(r0, r0 + rows);
+      if (Vs > 0)
+        base::gemm(ctx_, hb.data, lead(op, "h", hb), w.data, lead(op, "w_shard", w), z.get(), Vs,
+                   true, rows, Vs, h.size(1), stream_);
+      base::PartialArgs a{};
+      a.z = z.as<float>();
+      a.ldz = std::max<int64_t>(Vs, 1);
+      a.rows = rows;
+      a.Vs = Vs;
+      a.v0 = sr.v0;
+      a.temperature = params.temperature;
+      a.targets = offset(tg, r0);
+      a.ignore_index = params.ignore_index;
+      a.state = f32p(state) + r0 * state.stride[0];
+      a.ld_state = state.stride[0];
+      base::logprob_partial_rows(a, stream_);
+    }
+  }
+
+  void linear_logprob_combine(const TensorView& states_, const TensorView& targets,
+                              const LogprobParams& params, const ContractConfig& cfg,
+                              int64_t vocab_size, const TensorView& logp_, const TensorView& lse_,
+                              const TensorView& ent_) const override {
+    const char* op = "baseline linear_logprob_combine";
+    const TensorView states = dev(op, "states", states_), logp = dev(op, "logp", logp_),
+                     lse = dev(op, "lse", lse_), ent = dev(op, "entropy", ent_);
+    const Meta tm = meta(op, "targets", targets, params.ignore_index);
+    const LogprobVocabLayout lay =
+        check_linear_logprob_combine(op, states, tm.check, params, cfg, vocab_size, logp, lse, ent);
+    const int64_t R = states.size(0), T = states.size(1);
+    if (T == 0) return;
+    Uploads up(stream_);
+    base::CombineArgs a{};
+    a.states = static_cast<const float*>(states.data);
+    a.st_sR = states.stride[0];
+    a.st_sT = states.stride[1];
+    a.R = R;
+    a.T = T;
+    a.rank_len = lay.segment_len * (cfg.vocab_segments / R);
+    a.V = vocab_size;
+    a.targets = up.index(targets);
+    a.ignore_index = params.ignore_index;
+    a.logp = f32p(logp);
+    a.s_logp = logp.stride[0];
+    a.lse = f32p(lse);
+    a.s_lse = lse.stride[0];
+    a.entropy = f32p(ent);
+    a.s_entropy = ent.stride[0];
+    base::logprob_combine(a, stream_);
+  }
+
+  // Logits blocks of kSampleRows rows by cuBLAS, plain log-softmax, greedy / Gumbel-max with the
+  // invariant sampler's noise, top-k / top-p / min-p on a sorted copy of filtered rows. A row
+  // whose lse is not finite is an Error (found after the kernels: this call synchronizes).
+  void sample(const TensorView& h_, const TensorView& w_, std::span<const SamplingParams> params,
+              const TensorView& request_ids, const TensorView& positions, const ContractConfig& cfg,
+              const TensorView& ids_, const TensorView& logp_, const TensorView& lse_,
+              const TensorView& ent_) const override {
+    const char* op = "baseline sample";
+    const TensorView h = dev(op, "h", h_), w = dev(op, "w", w_), ids = dev(op, "token_ids", ids_),
+                     logp = dev(op, "logp", logp_), lse = dev(op, "lse", lse_),
+                     ent = dev(op, "entropy", ent_);
+    const Meta rm = meta(op, "request_ids", request_ids, 0);
+    const Meta pm = meta(op, "positions", positions, 0);
+    check_sample(op, h, w, params, rm.check, pm.check, cfg, ids, logp, lse, ent);
+    const int64_t T = h.size(0), V = w.size(0);
+    if (T == 0) return;
+    Uploads up(stream_);
+    const base::Index rid = up.index(request_ids), pos = up.index(positions);
+    std::vector<base::SampleRow> rows_host(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) {
+      const SamplingParams& p = params[size_t(t)];
+      base::SampleRow& r = rows_host[size_t(t)];
+      r.seed = p.seed;
+      r.top_k = p.top_k;
+      r.temperature = p.temperature;
+      r.top_p = p.top_p;
+      r.min_p = p.min_p;
+      r.filtered = p.temperature > 0.0f &&
+                   ((p.top_k > 0 && p.top_k < V) || p.top_p < 1.0f || p.min_p > 0.0f);
+    }
+    const auto* rows_dev = static_cast<const base::SampleRow*>(
+        up.put(rows_host.data(), rows_host.size() * sizeof(base::SampleRow)));
+    base::DeviceBuffer bad(sizeof(uint32_t), stream_);
+    base::fill_bytes(bad.get(), 0xff, sizeof(uint32_t), stream_);
+    const int64_t tb = std::min(T, kSampleRows);
+    base::DeviceBuffer z(size_t(tb * V) * sizeof(float), stream_);
+    std::vector<int32_t> filtered;
+    const size_t id_size = size_t(dtype_size(ids.dtype));
+    for (int64_t r0 = 0; r0 < T; r0 += tb) {
+      const int64_t rows = std::min(tb, T - r0);
+      const TensorView hb = h.rows(r0, r0 + rows);
+      base::gemm(ctx_, hb.data, lead(op, "h", hb), w.data, lead(op, "w", w), z.get(), V, true, rows,
+                 V, h.size(1), stream_);
+      filtered.clear();
+      for (int64_t i = 0; i < rows; ++i)
+        if (rows_host[size_t(r0 + i)].filtered) filtered.push_back(int32_t(i));
+      base::SampleArgs a{};
+      a.z = z.as<float>();
+      a.ldz = V;
+      a.rows = rows;
+      a.V = V;
+      a.params = rows_dev + r0;
+      a.request_ids = offset(rid, r0);
+      a.positions = offset(pos, r0);
+      a.token_ids = static_cast<char*>(ids.data) + size_t(r0 * ids.stride[0]) * id_size;
+      a.s_ids = ids.stride[0];
+      a.ids_i64 = ids.dtype == DType::kI64;
+      a.logp = f32p(logp) + r0 * logp.stride[0];
+      a.s_logp = logp.stride[0];
+      a.lse = f32p(lse) + r0 * lse.stride[0];
+      a.s_lse = lse.stride[0];
+      a.entropy = f32p(ent) + r0 * ent.stride[0];
+      a.s_entropy = ent.stride[0];
+      a.bad_row = bad.as<uint32_t>();
+      a.row_offset = uint32_t(r0);
+      base::sample_rows(a, filtered.data(), int64_t(filtered.size()), stream_);
+    }
+    uint32_t bad_row = 0;
+    base::download(&bad_row, bad.get(), sizeof(uint32_t), stream_);
+    base::stream_synchronize(stream_, op);
+    LS_CHECK(bad_row == 0xffffffffu, op, "row ", bad_row,
+             ": logsumexp is not finite (NaN or +inf logits, or every logit -inf): nothing to "
+             "sample");
+  }
+
+ private:
+  void paged(const char* op, const TensorView& q_, const TensorView& q_seq, const TensorView& q_pos,
+             const PagedKv& kv_, const SharedPrefix* prefix_, const AttentionConfig& cfg,
+             int forced_splits, const TensorView& out_, const TensorView& lse_) const {
+    const TensorView q = dev(op, "q", q_), out = dev(op, "out", out_), lse = dev(op, "lse", lse_);
+    PagedKv kv;
+    kv.k_cache = dev(op, "kv.k_cache", kv_.k_cache);
+    kv.v_cache = dev(op, "kv.v_cache", kv_.v_cache);
+    // The tables are checked against each other: all by value (all on the host) or none.
+    bool any = q_seq.device != Device::kCPU || q_pos.device != Device::kCPU ||
+               kv_.block_table.device != Device::kCPU || kv_.seq_lens.device != Device::kCPU;
+    if (prefix_ != nullptr)
+      any = any || prefix_->block_table.device != Device::kCPU ||
+            prefix_->shared_len.device != Device::kCPU || prefix_->seq_group.device != Device::kCPU;
+    const Meta bt = meta(op, "kv.block_table", kv_.block_table, 0, any);
+    const Meta sl = meta(op, "kv.seq_lens", kv_.seq_lens, 1, any);
+    const Meta qs = meta(op, "q_seq", q_seq, 0, any);
+    const Meta qp = meta(op, "q_pos", q_pos, 0, any);
+    kv.block_table = bt.check;
+    kv.seq_lens = sl.check;
+    SharedPrefix prefix;
+    Meta pbt, psl, psg;
+    if (prefix_ != nullptr) {
+      pbt = meta(op, "prefix.block_table", prefix_->block_table, 0, any);
+      psl = meta(op, "prefix.shared_len", prefix_->shared_len, 0, any);
+      psg = meta(op, "prefix.seq_group", prefix_->seq_group, -1, any);
+      prefix.block_table = pbt.check;
+      prefix.shared_len = psl.check;
+      prefix.seq_group = psg.check;
+    }
+    const Paged p =
+        check_paged(op, q, qs.check, qp.check, kv, prefix_ ? &prefix : nullptr, cfg, 0, kAllChunks);
+    check_attn_outputs(op, p.qs, out, lse);
+    if (p.qs.N == 0) return;
+    Uploads up(stream_);
+    base::PagedArgs a{};
+    a.q = q.data;
+    a.q_s0 = q.stride[0];
+    a.q_s1 = q.stride[1];
+    a.k_cache = kv.k_cache.data;
+    a.kc_s0 = kv.k_cache.stride[0];
+    a.kc_s1 = kv.k_cache.stride[1];
+    a.kc_s2 = kv.k_cache.stride[2];
+    a.v_cache = kv.v_cache.data;
+    a.vc_s0 = kv.v_cache.stride[0];
+    a.vc_s1 = kv.v_cache.stride[1];
+    a.vc_s2 = kv.v_cache.stride[2];
+    const Uploads::I32 table = up.i32(kv_.block_table);
+    a.block_table = table.p;
+    a.bt_s0 = table.s0;
+    a.S = p.S;
+    a.MP = p.MP;
+    a.NP = p.NP;
+    a.P = p.P;
+    const Uploads::I32 seq = up.i32(q_seq), pos = up.i32(q_pos);
+    a.q_seq = seq.p;
+    a.qseq_s = seq.s_last;
+    a.q_pos = pos.p;
+    a.qpos_s = pos.s_last;
+    if (prefix_ != nullptr) {
+      const Uploads::I32 pt = up.i32(prefix_->block_table), sh = up.i32(prefix_->shared_len),
+                         sg = up.i32(prefix_->seq_group);
+      a.prefix_table = pt.p;
+      a.pt_s0 = pt.s0;
+      a.GR = prefix_->block_table.shape[0];
+      a.MPs = prefix_->block_table.shape[1];
+      a.shared_len = sh.p;
+      a.sl_s = sh.s_last;
+      a.seq_group = sg.p;
+      a.sg_s = sg.s_last;
+    }
+    a.N = p.qs.N;
+    a.Hq = p.qs.Hq;
+    a.Hkv = p.Hkv;
+    a.D = p.qs.D;
+    a.scale_log2 = cfg.scale_log2(p.qs.D);
+    // NOTE: the split count depends on the batch (rows) and on the table's capacity MP·P, never
+    // on where the metadata lives: host and device metadata give the same bits.
+    a.splits = forced_splits > 0 ? forced_splits
+                                 : base::paged_num_splits(p.qs.N, p.Hkv, p.qs.Hq / p.Hkv,
+                                                          p.MP * p.P, ctx_.num_sms());
+    a.out = out.data;
+    a.o_s0 = out.stride[0];
+    a.o_s1 = out.stride[1];
+    if (!is_none(lse) && lse.numel() > 0) {
+      a.lse = f32p(lse);
+      a.l_s0 = lse.stride[0];
+      a.l_s1 = lse.stride[1];
+    }
+    base::attention_paged(a, stream_);
+  }
+
+  base::Context ctx_;
+  void* stream_ = nullptr;  // the legacy default stream: ordered with every other CUDA call
+};
+
+}  // namespace
+
+std::unique_ptr<OpsBackend> make_cuda_baseline_backend() {
+  return std::make_unique<CudaBaselineBackend>();
+}
+
+}  // namespace lockstep::engine

@@ -1,0 +1,174 @@
+// Throughput of lockstep::cuda::gemm_bf16_nt vs cuBLAS, side by side in one process, on the
+// Qwen3-8B layer shapes: y[M,N] = x[M,K] · w[N,K]ᵀ, bf16 in, bf16 out (cuBLAS: cublasGemmEx
+// OP_T/OP_N, bf16 -> bf16, CUBLAS_COMPUTE_32F, the same row-major layout). Each point: 3 warm-up
+// calls, then the median of 20 timed calls (one cudaEvent pair around each call; the lockstep
+// launcher's host-side checks and tensor-map encoding are inside the timing). Operands: random bf16
+// in ±[0.5, 2) (never zeros). Prints a markdown table (and the kernel plan of each shape); writes
+// nothing else. Usage: bench_gemm [--quick] (--quick: M in {1, 1024, 4096} only).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <vector>
+
+#include "lockstep/cuda/gemm.h"
+
+using lockstep::Device;
+using lockstep::DType;
+using lockstep::GemmConfig;
+using lockstep::TensorView;
+
+#define CK(x)                                                                              \
+  do {                                                                                     \
+    cudaError_t e_ = (x);                                                                  \
+    if (e_ != cudaSuccess) {                                                               \
+      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::exit(2);                                                                        \
+    }                                                                                      \
+  } while (0)
+
+namespace {
+
+// bf16 values in ±[0.5, 2) from a hash of the index.
+__global__ void bench_fill(uint16_t* p, int64_t n, uint64_t seed) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    uint64_t z = (uint64_t(i) + seed) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 31)) * 0xBF58476D1CE4E5B9ull;
+    z ^= z >> 29;
+    p[i] = uint16_t(0x3f00 + (z & 0xff)) | uint16_t((z >> 8) & 1) << 15;
+  }
+}
+
+float median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  setvbuf(stdout, nullptr, _IOLBF, 0);
+  bool quick = false;
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, 0));
+  int driver = 0;
+  CK(cudaDriverGetVersion(&driver));
+  const std::time_t now = std::time(nullptr);
+  char date[64];
+  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+  std::printf("bench_gemm: %s (%d SMs), CUDA driver %d, %s\n", prop.name, prop.multiProcessorCount,
+              driver, date);
+
+  // As the runtime does (src/cuda/runtime.cu): freed stream-ordered blocks stay in the default
+  // pool, so a multi-segment call's workspace is not re-mapped after every synchronization.
+  {
+    cudaMemPool_t pool;
+    CK(cudaDeviceGetDefaultMemPool(&pool, 0));
+    uint64_t threshold = UINT64_MAX;
+    CK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  }
+  cublasHandle_t h;
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+    std::printf("bench_gemm: cublasCreate failed\n");
+    return 1;
+  }
+  struct Shape {
+    const char* name;
+    int64_t N, K;
+  };
+  const Shape shapes[] = {
+      {"qkv", 6144, 4096}, {"o_proj", 4096, 4096}, {"gate_up", 24576, 4096}, {"down", 4096, 12288}};
+  std::vector<int64_t> Ms = {1, 8, 64, 256, 1024, 4096, 16384};
+  if (quick) Ms = {1, 1024, 4096};
+  const int64_t maxM = Ms.back(), maxK = 12288, maxN = 24576;
+  void *dx = nullptr, *dw = nullptr, *dy = nullptr;
+  CK(cudaMalloc(&dx, size_t(maxM * maxK) * 2));
+  CK(cudaMalloc(&dw, size_t(maxN * 4096) * 2));  // the largest w: 24576 x 4096 = 4096 x 12288
+  CK(cudaMalloc(&dy, size_t(maxM * maxN) * 2));
+  bench_fill<<<4096, 256>>>(static_cast<uint16_t*>(dx), maxM * maxK, 12345);
+  bench_fill<<<4096, 256>>>(static_cast<uint16_t*>(dw), maxN * 4096, 67890);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  const int kWarm = 3, kRuns = 20;
+
+  for (const Shape& s : shapes)
+    std::printf("plan %s: %s\n", s.name,
+                lockstep::cuda::gemm_launch_plan(4096, s.N, s.K, GemmConfig{1}).c_str());
+  std::printf(
+      "\ny[M,N] = x[M,K] w[N,K]^T, bf16 in, bf16 out; median of %d timed calls after %d "
+      "warm-up; ratio = lockstep / cuBLAS throughput\n\n",
+      kRuns, kWarm);
+  std::printf(
+      "| shape | S | M | K | N | lockstep us | lockstep TFLOP/s | cuBLAS us | cuBLAS TFLOP/s | "
+      "ratio |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  auto time = [&](auto&& f) {
+    for (int i = 0; i < kWarm; ++i) f();
+    std::vector<float> ms;
+    for (int i = 0; i < kRuns; ++i) {
+      CK(cudaEventRecord(e0));
+      f();
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      float t = 0;
+      CK(cudaEventElapsedTime(&t, e0, e1));
+      ms.push_back(t);
+    }
+    return median(ms);
+  };
+  auto row = [&](const Shape& s, int64_t M, int S) {
+    TensorView xg = TensorView::contiguous(dx, DType::kBF16, {M, s.K}, Device::kCUDA);
+    TensorView wg = TensorView::contiguous(dw, DType::kBF16, {s.N, s.K}, Device::kCUDA);
+    TensorView yg = TensorView::contiguous(dy, DType::kBF16, {M, s.N}, Device::kCUDA);
+    bool ok = true;
+    auto ours = [&] {
+      try {
+        lockstep::cuda::gemm_bf16_nt(xg, wg, nullptr, GemmConfig{S}, yg);
+      } catch (const std::exception& e) {
+        if (ok) std::printf("lockstep error: %s\n", e.what());
+        ok = false;
+      }
+    };
+    const float alpha = 1.0f, beta = 0.0f;
+    bool cublas_ok = true;
+    auto theirs = [&] {
+      const cublasStatus_t st =
+          cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(s.N), int(M), int(s.K), &alpha, dw,
+                       CUDA_R_16BF, int(s.K), dx, CUDA_R_16BF, int(s.K), &beta, dy, CUDA_R_16BF,
+                       int(s.N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      if (st != CUBLAS_STATUS_SUCCESS) cublas_ok = false;
+    };
+    const float tl = time(ours), tc = time(theirs);
+    CK(cudaGetLastError());
+    const double flop = 2.0 * double(M) * double(s.N) * double(s.K);
+    const double fl = flop / (tl * 1e-3) / 1e12, fc = flop / (tc * 1e-3) / 1e12;
+    std::printf("| %s | %d | %lld | %lld | %lld | %.1f%s | %.1f | %.1f%s | %.1f | %.2f |\n", s.name,
+                S, (long long)M, (long long)s.K, (long long)s.N, tl * 1e3, ok ? "" : " (error)", fl,
+                tc * 1e3, cublas_ok ? "" : " (error)", fc, fl / fc);
+  };
+  for (const Shape& s : shapes)
+    for (int64_t M : Ms) row(s, M, 1);
+  // Segments (the TP-invariant setting S > 1; cuBLAS computes the same product without them).
+  for (const Shape& s : shapes)
+    for (int S : {2, 4, 8}) row(s, 4096, S);
+  if (!quick)
+    for (const Shape& s : shapes) row(s, 256, 4);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cublasDestroy(h);
+  cudaFree(dx);
+  cudaFree(dw);
+  cudaFree(dy);
+  return 0;
+}

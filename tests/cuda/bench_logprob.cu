@@ -1,0 +1,236 @@
+// Benchmark of the CUDA LogP op (cuda::linear_logprob) at a training shape: T tokens, hidden H,
+// vocab V (default 8192 x 4096 x 151936, bf16), plus the logits GEMM alone (the same
+// cuda::gemm_bf16_nt calls the op makes, into one [256, V] fp32 scratch) and cuda::sample on the
+// first rows. Time: median of --reps calls (cudaEvent pair around each call). Memory: the
+// stream-ordered pool's high-water mark of used bytes (cudaMemPoolAttrUsedMemHigh, reset before
+// the timed calls) = the op's scratch, and cudaMemGetInfo before / after. Writes a JSON summary
+// (--json PATH) that bench/logprob_torch.py prints next to PyTorch's numbers:
+//   ./build-gpu-lp/bench_logprob --json /tmp/lp.json && python3 bench/logprob_torch.py \
+//       --ours /tmp/lp.json
+// NOTE: the default pool's release threshold is raised so freed scratch stays reserved between
+// calls (as PyTorch's caching allocator keeps its blocks); the first, cold call is timed apart.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "lockstep/contract.h"
+#include "lockstep/cuda/gemm.h"
+#include "lockstep/cuda/logprob.h"
+#include "lockstep/ops/gemm.h"
+#include "lockstep/ops/logprob.h"
+#include "lockstep/ops/sampling.h"
+
+using namespace lockstep;
+
+#define CK(x)                                                                              \
+  do {                                                                                     \
+    cudaError_t e_ = (x);                                                                  \
+    if (e_ != cudaSuccess) {                                                               \
+      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::exit(2);                                                                        \
+    }                                                                                      \
+  } while (0)
+
+namespace {
+
+__device__ uint32_t mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return uint32_t(x);
+}
+
+// bf16 values uniform in [-scale, scale) (scale a power of two: exact).
+__global__ void fill_bf16_kernel(uint16_t* p, int64_t n, uint64_t seed, float scale) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float u =
+        (float(mix(seed * 0x9e3779b97f4a7c15ull + uint64_t(i)) >> 8) * 0x1p-24f) * 2.0f - 1.0f;
+    p[i] = f32_to_bf16(u * scale).bits;
+  }
+}
+
+__global__ void fill_targets_kernel(int64_t* p, int64_t n, int64_t V, uint64_t seed) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    p[i] = int64_t(mix(seed + uint64_t(i)) % uint32_t(V));
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median milliseconds of `reps` calls of fn.
+double time_ms(int reps, const std::function<void()>& fn) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    CK(cudaEventRecord(a));
+    fn();
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    float t = 0.0f;
+    CK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  return median(ms);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t T = 8192, H = 4096, V = 151936, Ts = 512;
+  int reps = 5;
+  std::string json;
+  std::vector<int64_t> pos;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
+      reps = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
+      json = argv[++i];
+    } else if (std::strcmp(argv[i], "--sample-rows") == 0 && i + 1 < argc) {
+      Ts = std::atoll(argv[++i]);
+    } else {
+      pos.push_back(std::atoll(argv[i]));
+    }
+  }
+  if (pos.size() >= 3) T = pos[0], H = pos[1], V = pos[2];
+  Ts = std::min(Ts, T);
+  const ContractConfig cfg;  // defaults: gemm_segments 1, vocab_tile 256, vocab_segments 1
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("bench_logprob: %s, T=%lld H=%lld V=%lld bf16, %s\n", prop.name, (long long)T,
+              (long long)H, (long long)V, cfg.to_string().c_str());
+  std::printf("plan: %s\n", cuda::logprob_launch_plan(cfg, H, V).c_str());
+
+  cudaMemPool_t pool;
+  CK(cudaDeviceGetDefaultMemPool(&pool, 0));
+  uint64_t keep = UINT64_MAX;
+  CK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+
+  uint16_t *h, *w;
+  int64_t* tg;
+  float* out;
+  CK(cudaMalloc(&h, size_t(T * H) * 2));
+  CK(cudaMalloc(&w, size_t(V * H) * 2));
+  CK(cudaMalloc(&tg, size_t(T) * 8));
+  CK(cudaMalloc(&out, size_t(3 * T) * 4));
+  fill_bf16_kernel<<<4096, 256>>>(h, T * H, 1, 1.0f);
+  fill_bf16_kernel<<<4096, 256>>>(w, V * H, 2, 0.0625f);
+  fill_targets_kernel<<<64, 256>>>(tg, T, V, 3);
+  CK(cudaDeviceSynchronize());
+  const TensorView vh = TensorView::contiguous(h, DType::kBF16, {T, H}, Device::kCUDA);
+  const TensorView vw = TensorView::contiguous(w, DType::kBF16, {V, H}, Device::kCUDA);
+  const TensorView vt = TensorView::contiguous(tg, DType::kI64, {T}, Device::kCUDA);
+  const TensorView lp = TensorView::contiguous(out, DType::kF32, {T}, Device::kCUDA);
+  const TensorView ls = TensorView::contiguous(out + T, DType::kF32, {T}, Device::kCUDA);
+  const TensorView en = TensorView::contiguous(out + 2 * T, DType::kF32, {T}, Device::kCUDA);
+  const LogprobParams prm{1.0f};
+
+  size_t free0 = 0, total = 0;
+  CK(cudaMemGetInfo(&free0, &total));
+  uint64_t zero = 0;
+  CK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
+  CK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &zero));
+  auto op = [&] { cuda::linear_logprob(vh, vw, vt, prm, cfg, lp, ls, en); };
+  const double cold = time_ms(1, op);
+  const double ms = time_ms(reps, op);
+  uint64_t used_high = 0, reserved_high = 0;
+  CK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &used_high));
+  CK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &reserved_high));
+  size_t free1 = 0;
+  CK(cudaMemGetInfo(&free1, &total));
+  // A glance at the results (finite, plausible).
+  std::vector<float> ho(size_t(3 * T));
+  CK(cudaMemcpy(ho.data(), out, ho.size() * 4, cudaMemcpyDeviceToHost));
+  double mean_lp = 0, mean_lse = 0, mean_ent = 0;
+  for (int64_t t = 0; t < T; ++t)
+    mean_lp += ho[size_t(t)], mean_lse += ho[size_t(T + t)], mean_ent += ho[size_t(2 * T + t)];
+  std::printf("results: mean logp %.4f, mean lse %.4f, mean entropy %.4f (log V = %.4f)\n",
+              mean_lp / double(T), mean_lse / double(T), mean_ent / double(T), std::log(double(V)));
+
+  // The logits GEMM alone: the op's calls ([256, V] blocks into one fp32 scratch).
+  const int64_t TB = 256;
+  float* z;
+  CK(cudaMalloc(&z, size_t(TB * V) * 4));
+  const TensorView vz = TensorView::contiguous(z, DType::kF32, {TB, V}, Device::kCUDA);
+  const GemmConfig gcfg = GemmConfig::from_contract(cfg);
+  auto gemm = [&] {
+    for (int64_t r0 = 0; r0 + TB <= T; r0 += TB)
+      cuda::gemm_bf16_nt(vh.rows(r0, r0 + TB), vw, nullptr, gcfg, vz);
+  };
+  gemm();
+  const double gemm_ms = time_ms(reps, gemm) * double(T) / double(T / TB * TB);
+  CK(cudaFree(z));
+
+  // Sampling: Ts rows, a mix of plain, greedy, top-p 0.9 and top-k 50 rows.
+  std::vector<SamplingParams> ps(static_cast<size_t>(Ts));
+  for (int64_t t = 0; t < Ts; ++t) {
+    ps[size_t(t)].seed = uint64_t(t);
+    ps[size_t(t)].temperature = t % 4 == 1 ? 0.0f : 0.8f;
+    if (t % 4 == 2) ps[size_t(t)].top_p = 0.9f;
+    if (t % 4 == 3) ps[size_t(t)].top_k = 50;
+  }
+  std::vector<int64_t> rid(static_cast<size_t>(Ts)), sp(static_cast<size_t>(Ts));
+  for (int64_t t = 0; t < Ts; ++t) rid[size_t(t)] = t, sp[size_t(t)] = 100 + t;
+  int64_t* ids;
+  CK(cudaMalloc(&ids, size_t(Ts) * 8));
+  const TensorView hrid = TensorView::contiguous(rid.data(), DType::kI64, {Ts});
+  const TensorView hpos = TensorView::contiguous(sp.data(), DType::kI64, {Ts});
+  auto samp = [&] {
+    cuda::sample(vh.rows(0, Ts), vw, ps, hrid, hpos, cfg,
+                 TensorView::contiguous(ids, DType::kI64, {Ts}, Device::kCUDA), lp.rows(0, Ts),
+                 ls.rows(0, Ts), en.rows(0, Ts));
+  };
+  samp();
+  const double sample_ms = time_ms(std::max(1, reps / 2), samp);
+
+  const double flop = 2.0 * double(T) * double(H) * double(V);
+  const double mib = 1.0 / double(1 << 20);
+  std::printf(
+      "\n| op | ms | TFLOP/s | peak scratch (pool used high) MiB | pool reserved high MiB |\n");
+  std::printf("|---|---|---|---|---|\n");
+  std::printf("| lockstep linear_logprob (steady) | %.2f | %.1f | %.1f | %.1f |\n", ms,
+              flop / ms * 1e-9, double(used_high) * mib, double(reserved_high) * mib);
+  std::printf("| lockstep linear_logprob (first call) | %.2f | %.1f | | |\n", cold,
+              flop / cold * 1e-9);
+  std::printf("| logits GEMM alone ([256, V] blocks) | %.2f | %.1f | %.1f (its z) | |\n", gemm_ms,
+              flop / gemm_ms * 1e-9, double(TB * V * 4) * mib);
+  std::printf("| lockstep sample (%lld rows: plain/greedy/top-p/top-k) | %.2f | | | |\n",
+              (long long)Ts, sample_ms);
+  std::printf("device memory: free before %.1f MiB, after %.1f MiB (inputs %.1f MiB)\n",
+              double(free0) * mib, double(free1) * mib, double((T + V) * H * 2) * mib);
+  if (!json.empty()) {
+    FILE* f = std::fopen(json.c_str(), "w");
+    if (f) {
+      std::fprintf(f,
+                   "{\"T\": %lld, \"H\": %lld, \"V\": %lld, \"ms\": %.4f, \"cold_ms\": %.4f, "
+                   "\"gemm_ms\": %.4f, \"sample_ms\": %.4f, \"sample_rows\": %lld, "
+                   "\"peak_scratch_mib\": %.2f, \"reserved_high_mib\": %.2f}\n",
+                   (long long)T, (long long)H, (long long)V, ms, cold, gemm_ms, sample_ms,
+                   (long long)Ts, double(used_high) * mib, double(reserved_high) * mib);
+      std::fclose(f);
+    }
+  }
+  CK(cudaFree(h));
+  CK(cudaFree(w));
+  CK(cudaFree(tg));
+  CK(cudaFree(out));
+  CK(cudaFree(ids));
+  return 0;
+}
