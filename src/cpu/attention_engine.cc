@@ -188,9 +188,11 @@ void run_tile(const Ctx& cx, const Tile& t, int64_t kvh, Scratch& sc) {
         const float* cur = sc.cur.data() + (i * G + g) * SS;
         if (cx.finish == Finish::kStoreChunks) {
           const int64_t h = kvh * G + g;
-          *cx.states.mp(r, h, c) = cur[0];
-          *cx.states.lp(r, h, c) = cur[1];
-          std::copy(cur + 2, cur + SS, cx.states.ap(r, h, c));
+          // Stored states are op outputs: every NaN is the canonical 0x7FC00000 (contract §4).
+          *cx.states.mp(r, h, c) = canonical_f32(cur[0]);
+          *cx.states.lp(r, h, c) = canonical_f32(cur[1]);
+          std::transform(cur + 2, cur + SS, cx.states.ap(r, h, c),
+                         [](float x) { return canonical_f32(x); });
         } else {
           float* run = sc.run.data() + (i * G + g) * SS;
           if (sc.has_run[i]) {

@@ -578,6 +578,23 @@ TEST(Attention, SplitKvAndChunkStatesEqualPaged) {
   cpu::attention_merge_chunk_states({m.view(), l.view(), acc.view()}, b.q_pos.view(), cfg,
                                     merged.out.view(), merged.lse.view());
   EXPECT_TRUE(rows_equal(ref, 0, merged, 0, N, d));
+
+  // States are outputs: a NaN (here from a negative, non-canonical NaN in row 0's q) is stored
+  // as the canonical 0x7FC00000, like every other op's (contract §4; the GPU stores it so too).
+  b.q.ptr<bf16>()[3] = bf16{0xffc1};
+  cpu::attention_paged_chunk_states(b.q.view(), b.q_seq.view(), b.q_pos.view(), c.view(), cfg, 0,
+                                    {m.view(), l.view(), acc.view()});
+  int64_t nans = 0;
+  for (const Tensor* t : {&m, &l, &acc}) {
+    for (int64_t i = 0; i < t->numel(); ++i) {
+      const float x = t->ptr<float>()[i];
+      if (x != x) {
+        ++nans;
+        ASSERT_EQ(f32_bits(x), 0x7fc00000u) << "state element " << i;
+      }
+    }
+  }
+  EXPECT_GT(nans, 0);
 }
 
 // The default kv_chunk (1024) past one chunk: decode at 1100 keys with 1, 2, 7 splits and the
