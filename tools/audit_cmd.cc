@@ -1,11 +1,11 @@
-// `lockstep audit` command line: flags (parsed by engine::parse_audit_args), model loading (the
-// built-in default model or a Hugging Face style Qwen3 directory), the audit (src/engine/audit.h),
-// and its report.
+// `lockstep audit` command line: flags (parsed by engine::parse_audit_args), the devices and
+// backends (tools/engine_setup.h), the model (a Hugging Face style Qwen3 directory, the built-in
+// default model, or random weights of a named shape), the audit (src/engine/audit.h), and its
+// report.
 #include "tools/audit_cmd.h"
 
 #include <cstdint>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,15 +13,10 @@
 #include "core/thread_pool.h"
 #include "engine/audit.h"
 #include "engine/backend.h"
-#include "engine/default_model.h"
-#include "engine/model.h"
-#include "engine/safetensors.h"
 #include "lockstep/error.h"
+#include "tools/engine_setup.h"
 
 namespace lockstep::tools {
-namespace {
-constexpr const char* kDefaultModelDir = "models/default";
-}  // namespace
 
 int run_audit_command(int argc, char** argv) {
   engine::AuditCommandLine o;
@@ -43,52 +38,50 @@ int run_audit_command(int argc, char** argv) {
       if (!o.quiet) std::fprintf(stderr, "%s\n", s.c_str());
     };
 
-    // The model: a checkpoint directory, or the built-in model (generated on first use).
-    std::string dir = o.model_dir, desc;
-    if (dir.empty()) {
-      dir = kDefaultModelDir;
-      if (!std::filesystem::exists(std::filesystem::path(dir) / "model.safetensors"))
-        log("creating the built-in default model in ./" + dir);
-      engine::ensure_default_model(dir);
-      desc = "built-in default model (./" + dir + ")";
-    } else {
-      desc = dir;
-    }
-    const engine::Checkpoint ckpt = engine::Checkpoint::open(dir);
-    desc += ": " + ckpt.config().to_string();
-    engine::AuditConfig& cfg = o.cfg;
-    if (cfg.rollout.kv.num_pages == 0) cfg.rollout.kv.num_pages = engine::audit_auto_kv_pages(cfg);
-
-    engine::ModelFactory factory = [&](int tp, std::shared_ptr<engine::OpsBackend> backend) {
-      engine::ModelOptions mo;
-      mo.contract = cfg.contract;
-      mo.tp = tp;
-      return std::make_unique<engine::Model>(ckpt.config(), ckpt, mo, std::move(backend));
+    // Backends first: a missing device fails before any model work.
+    struct Pair {
+      std::shared_ptr<engine::OpsBackend> rollout, train;
     };
-
-    std::vector<std::shared_ptr<engine::OpsBackend>> backends;
-    std::shared_ptr<engine::OpsBackend> baseline = engine::baseline_backend_or_null();
+    std::vector<Pair> pairs;
+    auto pair_of = [&](bool baseline) {
+      Pair p;
+      p.rollout = make_device_backend(o.rollout_device, baseline);
+      p.train = o.train_device == o.rollout_device ? p.rollout
+                                                   : make_device_backend(o.train_device, baseline);
+      return p;
+    };
+    const Pair baseline = pair_of(true);
+    const bool have_baseline = baseline.rollout && baseline.train;
     if (o.baseline_only) {
-      if (!baseline) {
+      if (!have_baseline) {
         std::fprintf(stderr,
                      "lockstep audit: --baseline: the baseline backend (ordinary non-invariant "
-                     "kernels) is not built yet in this version; no result\n");
+                     "kernels) is not built in this version; no result\n");
         return 2;
       }
-      backends.push_back(baseline);
+      pairs.push_back(baseline);
     } else {
-      backends.push_back(std::shared_ptr<engine::OpsBackend>(engine::make_invariant_backend()));
-      if (baseline && !o.no_baseline) backends.push_back(baseline);
+      pairs.push_back(pair_of(false));
+      if (have_baseline && !o.no_baseline) pairs.push_back(baseline);
     }
 
+    ModelSource source(o.model_dir, o.model_shape, o.weight_seed, log);
+    engine::AuditConfig& cfg = o.cfg;
+    if (cfg.rollout.kv.num_pages == 0) cfg.rollout.kv.num_pages = engine::audit_auto_kv_pages(cfg);
+    const engine::ModelFactory factory = source.factory(cfg.contract);
+
     engine::AuditReport report;
-    report.model = desc;
+    report.model = source.description();
+    report.devices = "rollout " + device_description(o.rollout_device) + "; training " +
+                     device_description(o.train_device);
     report.contract = cfg.contract.to_string();
     report.config = cfg;
     engine::AuditHooks hooks;
     hooks.log = log;
     log("lockstep audit: " + cfg.workload_string());
-    for (auto& b : backends) report.sides.push_back(engine::run_audit_side(cfg, factory, b, hooks));
+    log("lockstep audit: " + report.devices);
+    for (const Pair& p : pairs)
+      report.sides.push_back(engine::run_audit_side(cfg, factory, p.rollout, p.train, hooks));
 
     if (o.json)
       std::printf("%s\n", engine::audit_report_json(report).c_str());

@@ -8,6 +8,7 @@
 #include "lockstep/contract.h"
 #include "lockstep/error.h"
 #include "tools/audit_cmd.h"
+#include "tools/bench_engine_cmd.h"
 #include "tools/score_cmd.h"
 #include "tools/selfcheck.h"
 
@@ -15,6 +16,7 @@ int main(int argc, char** argv) {
   try {
     std::string cmd = argc > 1 ? argv[1] : "help";
     if (cmd == "audit") return lockstep::tools::run_audit_command(argc - 1, argv + 1);
+    if (cmd == "bench-engine") return lockstep::tools::run_bench_engine_command(argc - 1, argv + 1);
     if (cmd == "score") return lockstep::tools::run_score_command(argc - 1, argv + 1);
     if (cmd == "contract") {
       lockstep::ContractConfig cfg;
@@ -30,6 +32,8 @@ int main(int argc, char** argv) {
         "usage: lockstep <command>\n"
         "  audit [flags]       the main job: rollout vs training log-probs, bit for bit\n"
         "                      (lockstep audit --help for the flags)\n"
+        "  bench-engine [flags]  rollout and training-forward tokens/s, invariant vs baseline\n"
+        "                      backends (takes the audit flags, e.g. --device cuda)\n"
         "  score [flags]       per-token log-probs of token sequences (training forward)\n"
         "                      (lockstep score --help for the flags)\n"
         "  selfcheck [--json]  run the contract's invariance checks on every CPU op\n"

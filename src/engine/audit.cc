@@ -432,17 +432,35 @@ Localization localize(const AuditConfig& cfg, Model& rollout_model, Model& train
 
 }  // namespace
 
+std::string audit_side_label(const OpsBackend& rollout, const OpsBackend& train) {
+  const std::string rd = device_name(rollout.device()), td = device_name(train.device());
+  if (&rollout == &train || (rollout.name() == train.name() && rd == td))
+    return rd == "cpu" ? rollout.name() : rollout.name() + "@" + rd;
+  if (rollout.name() == train.name()) return rollout.name() + "@" + rd + "/" + td;
+  return rollout.name() + "@" + rd + "/" + train.name() + "@" + td;
+}
+
 AuditSide run_audit_side(const AuditConfig& cfg, const ModelFactory& make_model,
                          std::shared_ptr<OpsBackend> backend, const AuditHooks& hooks) {
+  return run_audit_side(cfg, make_model, backend, backend, hooks);
+}
+
+AuditSide run_audit_side(const AuditConfig& cfg, const ModelFactory& make_model,
+                         std::shared_ptr<OpsBackend> rollout_backend,
+                         std::shared_ptr<OpsBackend> train_backend, const AuditHooks& hooks) {
   cfg.validate();
-  LS_CHECK(backend != nullptr, kOp, "backend is null");
+  LS_CHECK(rollout_backend != nullptr && train_backend != nullptr, kOp, "backend is null");
   auto log = [&](const std::string& s) {
     if (hooks.log) hooks.log(s);
   };
   AuditSide side;
-  side.backend = backend->name();
-  std::unique_ptr<Model> rollout_model = make_model(cfg.rollout_tp, backend);
-  std::unique_ptr<Model> train_model = make_model(cfg.train_tp, backend);
+  side.backend = audit_side_label(*rollout_backend, *train_backend);
+  side.rollout_backend = rollout_backend->name();
+  side.train_backend = train_backend->name();
+  side.rollout_device = device_name(rollout_backend->device());
+  side.train_device = device_name(train_backend->device());
+  std::unique_ptr<Model> rollout_model = make_model(cfg.rollout_tp, rollout_backend);
+  std::unique_ptr<Model> train_model = make_model(cfg.train_tp, train_backend);
   const Qwen3Config& mc = rollout_model->config();
   const std::vector<RolloutRequest> requests = make_audit_requests(cfg, mc);
 
@@ -465,6 +483,7 @@ AuditSide run_audit_side(const AuditConfig& cfg, const ModelFactory& make_model,
   };
   RolloutResult rr = run_rollout(*rollout_model, requests, rcfg, rh);
   side.rollout_seconds = rr.seconds;
+  side.generated_tokens = rr.generated_tokens;
   side.rollout_stats = rr.stats;
   side.cascade_rows = rr.cascade_rows;
 
@@ -490,6 +509,7 @@ AuditSide run_audit_side(const AuditConfig& cfg, const ModelFactory& make_model,
   };
   TrainResult tr = run_training_forward(*train_model, train_seqs, cfg.packing, th);
   side.train_seconds = tr.seconds;
+  side.train_tokens = tr.tokens_forwarded;
   side.micro_batches = tr.micro_batches;
 
   // Bitwise comparison (memcmp of the fp32 patterns).
@@ -566,11 +586,14 @@ std::string format_audit_report(const AuditReport& r) {
   const AuditConfig& c = r.config;
   os << "lockstep audit: rollout vs training log-probs, compared bit for bit\n";
   os << "  model     " << r.model << "\n";
+  if (!r.devices.empty()) os << "  devices   " << r.devices << "\n";
   os << "  contract  " << r.contract << "\n";
   os << "  workload  " << c.workload_string() << "\n";
   os << "  rollout   " << c.rollout_string() << "\n";
   os << "  training  " << c.training_string() << "\n\n";
-  const size_t label_w = 24, col_w = 14;
+  const size_t label_w = 24;
+  size_t col_w = 14;
+  for (const AuditSide& s : r.sides) col_w = std::max(col_w, s.backend.size() + 2);
   os << std::string(label_w, ' ');
   for (const AuditSide& s : r.sides) os << pad(s.backend, col_w);
   os << "\n";
@@ -579,6 +602,10 @@ std::string format_audit_report(const AuditReport& r) {
     for (const AuditSide& s : r.sides) os << pad(cell(s), col_w);
     os << "\n";
   };
+  row("rollout backend",
+      [](const AuditSide& s) { return s.rollout_backend + "@" + s.rollout_device; });
+  row("training backend",
+      [](const AuditSide& s) { return s.train_backend + "@" + s.train_device; });
   row("tokens compared", [](const AuditSide& s) { return with_commas(s.tokens_compared); });
   row("logp mismatches", [](const AuditSide& s) { return with_commas(s.mismatches); });
   row("entropy mismatches", [](const AuditSide& s) { return with_commas(s.entropy_mismatches); });
@@ -592,6 +619,9 @@ std::string format_audit_report(const AuditReport& r) {
   row("preemptions", [](const AuditSide& s) { return with_commas(s.rollout_stats.preemptions); });
   row("prefix forks", [](const AuditSide& s) { return with_commas(s.rollout_stats.forks); });
   row("micro-batches", [](const AuditSide& s) { return with_commas(s.micro_batches); });
+  row("rollout tokens",
+      [](const AuditSide& s) { return with_commas(s.rollout_stats.tokens_computed); });
+  row("training tokens", [](const AuditSide& s) { return with_commas(s.train_tokens); });
   row("rollout time (s)", [](const AuditSide& s) {
     char buf[32];
     std::snprintf(buf, sizeof(buf), "%.1f", s.rollout_seconds);
@@ -600,6 +630,18 @@ std::string format_audit_report(const AuditReport& r) {
   row("training time (s)", [](const AuditSide& s) {
     char buf[32];
     std::snprintf(buf, sizeof(buf), "%.1f", s.train_seconds);
+    return std::string(buf);
+  });
+  row("rollout tok/s (gen.)", [](const AuditSide& s) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.0f",
+                  s.rollout_seconds > 0 ? double(s.generated_tokens) / s.rollout_seconds : 0.0);
+    return std::string(buf);
+  });
+  row("training tok/s", [](const AuditSide& s) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.0f",
+                  s.train_seconds > 0 ? double(s.train_tokens) / s.train_seconds : 0.0);
     return std::string(buf);
   });
   os << "\n";
@@ -626,6 +668,10 @@ namespace {
 nlohmann::ordered_json side_json(const AuditSide& s) {
   nlohmann::ordered_json j;
   j["backend"] = s.backend;
+  j["rollout_backend"] = s.rollout_backend;
+  j["train_backend"] = s.train_backend;
+  j["rollout_device"] = s.rollout_device;
+  j["train_device"] = s.train_device;
   j["tokens_compared"] = s.tokens_compared;
   j["mismatches"] = s.mismatches;
   j["entropy_mismatches"] = s.entropy_mismatches;
@@ -663,6 +709,8 @@ nlohmann::ordered_json side_json(const AuditSide& s) {
                         {"min_free_pages", st.min_free_pages},
                         {"cascade_rows", s.cascade_rows}};
   j["micro_batches"] = s.micro_batches;
+  j["generated_tokens"] = s.generated_tokens;
+  j["train_tokens"] = s.train_tokens;
   j["rollout_seconds"] = s.rollout_seconds;
   j["train_seconds"] = s.train_seconds;
   if (s.localization) {
@@ -696,6 +744,7 @@ std::string audit_report_json(const AuditReport& r) {
   j["passed"] = r.passed();
   j["contract"] = r.contract;
   j["model"] = r.model;
+  j["devices"] = r.devices;
   const AuditConfig& c = r.config;
   j["workload"] = {{"prompts", c.prompts},
                    {"group_size", c.group_size},
@@ -739,6 +788,9 @@ const char* const kAuditUsage =
     "model and workload\n"
     "  --model DIR               Qwen3 checkpoint dir (config.json + safetensors); default: the\n"
     "                            built-in model, created in ./models/default on first use\n"
+    "  --model-shape S           default | qwen3-0.6b | qwen3-8b: random bf16 weights of that\n"
+    "                            shape, generated in memory (excludes --model)      [default]\n"
+    "  --weight-seed S           seed of the random weights (0 = the built-in model's)  [0]\n"
     "  --prompts N               prompts (random token ids; there is no tokenizer)     [64]\n"
     "  --group G                 samples per prompt (a GRPO group)                      [8]\n"
     "  --prompt-len MIN:MAX      prompt lengths (or one number)                      [8:80]\n"
@@ -769,9 +821,13 @@ const char* const kAuditUsage =
     "  --segments N              GEMM K segments and vocab segments (>= both TP degrees) [4]\n"
     "  --kv-chunk N              attention KV chunk (multiple of 64)                   [64]\n"
     "  --vocab-tile N            log-prob vocab tile (multiple of 8)                  [256]\n"
+    "devices\n"
+    "  --device cpu|cuda         where both sides run (weights, activations, KV pages)  [cpu]\n"
+    "  --rollout-device cpu|cuda where the rollout runs (cross-device audit)        [--device]\n"
+    "  --train-device cpu|cuda   where the training forward runs                    [--device]\n"
     "run\n"
     "  --baseline                run the pipeline with the baseline (ordinary, non-invariant)\n"
-    "                            kernels only\n"
+    "                            kernels only (on --device)\n"
     "  --no-baseline             do not add the baseline column to the default report\n"
     "  --localize                replay the first mismatching token on both sides and name\n"
     "                            the first op whose activations differ\n"
@@ -846,6 +902,19 @@ AuditCommandLine parse_audit_args(const std::vector<std::string>& args) {
       return o;
     } else if (flag == "--model") {
       o.model_dir = val();
+    } else if (flag == "--model-shape") {
+      o.model_shape = val();
+      if (o.model_shape != "default" && o.model_shape != "qwen3-0.6b" &&
+          o.model_shape != "qwen3-8b")
+        throw Error("--model-shape expects default, qwen3-0.6b or qwen3-8b, got '" + o.model_shape +
+                    "'");
+    } else if (flag == "--weight-seed") {
+      o.weight_seed = parse_u64(flag, val());
+    } else if (flag == "--device" || flag == "--rollout-device" || flag == "--train-device") {
+      const std::string v = val();
+      if (v != "cpu" && v != "cuda") throw Error(flag + " expects cpu or cuda, got '" + v + "'");
+      if (flag != "--train-device") o.rollout_device = v;
+      if (flag != "--rollout-device") o.train_device = v;
     } else if (flag == "--prompts") {
       c.prompts = parse_int(flag, val(), 1, 1 << 20);
     } else if (flag == "--group") {
@@ -941,6 +1010,8 @@ AuditCommandLine parse_audit_args(const std::vector<std::string>& args) {
   }
   if (o.baseline_only && o.no_baseline)
     throw Error("--baseline and --no-baseline exclude each other");
+  if (!o.model_dir.empty() && o.model_shape != "default")
+    throw Error("--model and --model-shape exclude each other");
   // Without sharing there is no shared prefix to cascade over: cascade follows unless set.
   if (!c.rollout.scheduler.prefix_sharing && !cascade_set) c.rollout.step.cascade = false;
   if (c.rollout.step.cascade && !c.rollout.scheduler.prefix_sharing)

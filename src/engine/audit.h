@@ -92,9 +92,12 @@ struct Localization {
   std::string summary;            // one line for the report
 };
 
-// One column of the report: the whole pipeline with one backend.
+// One column of the report: the whole pipeline with one backend (or, cross-device, the rollout on
+// one backend and the training forward on another).
 struct AuditSide {
-  std::string backend;
+  std::string backend;  // column label: "invariant", "invariant@cuda", "invariant@cuda/cpu", ...
+  std::string rollout_backend, train_backend;  // OpsBackend::name() of each side
+  std::string rollout_device, train_device;    // "cpu" | "cuda"
   int64_t tokens_compared = 0;
   int64_t mismatches = 0;  // log-prob bit patterns that differ
   int64_t entropy_mismatches = 0;
@@ -102,6 +105,8 @@ struct AuditSide {
   int64_t sequences = 0;
   std::optional<Divergence> first;
   double rollout_seconds = 0, train_seconds = 0;
+  int64_t generated_tokens = 0;  // rollout: sampled tokens
+  int64_t train_tokens = 0;      // training forward: packed tokens
   SchedulerStats rollout_stats;
   int64_t cascade_rows = 0;  // RolloutResult::cascade_rows
   int64_t micro_batches = 0;
@@ -109,7 +114,8 @@ struct AuditSide {
 };
 
 struct AuditReport {
-  std::string model;     // description (path, config line)
+  std::string model;     // description (path or shape, config line)
+  std::string devices;   // e.g. "rollout cuda (NVIDIA H200 ...), training cpu"; may be empty
   std::string contract;  // ContractConfig::to_string()
   AuditConfig config;
   std::vector<AuditSide> sides;  // sides[0] decides the exit status
@@ -130,6 +136,13 @@ struct AuditHooks {
 // Runs rollout and training with `backend` (both sides), compares, localizes if asked.
 AuditSide run_audit_side(const AuditConfig& cfg, const ModelFactory& make_model,
                          std::shared_ptr<OpsBackend> backend, const AuditHooks& hooks = {});
+// Cross-device (or cross-backend) form: the rollout runs on `rollout_backend`, the training
+// forward on `train_backend` (e.g. rollout on the GPU, training on the CPU).
+AuditSide run_audit_side(const AuditConfig& cfg, const ModelFactory& make_model,
+                         std::shared_ptr<OpsBackend> rollout_backend,
+                         std::shared_ptr<OpsBackend> train_backend, const AuditHooks& hooks = {});
+// The column label of a side (see AuditSide::backend).
+std::string audit_side_label(const OpsBackend& rollout, const OpsBackend& train);
 
 // The baseline backend (ordinary, non-invariant kernels) when it is built into this binary.
 std::shared_ptr<OpsBackend> baseline_backend_or_null();
@@ -143,7 +156,13 @@ std::string audit_report_json(const AuditReport& r);
 // them). audit_usage() is the --help text, which lists every flag and its default.
 struct AuditCommandLine {
   AuditConfig cfg;
-  std::string model_dir;       // empty: the built-in default model in ./models/default
+  std::string model_dir;  // empty: the built-in default model in ./models/default
+  // Random weights of a named shape (default_model.h qwen3_shape_config) instead of a directory:
+  // "default" = the built-in model's files; "qwen3-0.6b", "qwen3-8b" = generated in memory.
+  std::string model_shape = "default";
+  uint64_t weight_seed = 0;  // 0: kDefaultModelSeed (random shapes only)
+  // Where each side runs: "cpu" or "cuda" (--device sets both).
+  std::string rollout_device = "cpu", train_device = "cpu";
   bool baseline_only = false;  // --baseline
   bool no_baseline = false;    // --no-baseline
   bool json = false, quiet = false, help = false;

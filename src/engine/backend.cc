@@ -17,11 +17,11 @@ Tensor OpsBackend::empty(DType dtype, std::vector<int64_t> shape) const {
 void OpsBackend::copy(const TensorView& dst, const TensorView& src) const {
   LS_CHECK(dst.device == Device::kCPU && src.device == Device::kCPU, "OpsBackend", "backend '",
            name(), "' must override copy() for device views");
-  LS_CHECK(dst.dtype == src.dtype && dst.ndim == src.ndim, "OpsBackend::copy",
-           "dst ", dst.describe(), " and src ", src.describe(), " differ in dtype or rank");
+  LS_CHECK(dst.dtype == src.dtype && dst.ndim == src.ndim, "OpsBackend::copy", "dst ",
+           dst.describe(), " and src ", src.describe(), " differ in dtype or rank");
   for (int d = 0; d < src.ndim; ++d)
-    LS_CHECK(dst.shape[d] == src.shape[d], "OpsBackend::copy", "dst ", dst.describe(),
-             " and src ", src.describe(), " differ in shape");
+    LS_CHECK(dst.shape[d] == src.shape[d], "OpsBackend::copy", "dst ", dst.describe(), " and src ",
+             src.describe(), " differ in shape");
   LS_CHECK(src.inner_contiguous() && dst.inner_contiguous(), "OpsBackend::copy",
            "last dimension must be contiguous");
   if (src.numel() == 0) return;

@@ -36,7 +36,10 @@ class OpsBackend {
   // A contiguous tensor on device() (contents undefined).
   virtual Tensor empty(DType dtype, std::vector<int64_t> shape) const;
   // dst <- src, same dtype and shape, either side on the host or on device(); ordered after every
-  // earlier op of this backend. Host memory must stay valid until synchronize().
+  // earlier op of this backend. A host destination is valid after synchronize(). A host source in
+  // ordinary (pageable) memory may be reused as soon as copy() returns (CUDA stages pageable
+  // host-to-device copies before returning); the engine relies on this for its per-call metadata
+  // upload (engine/device.h), so a call whose outputs stay on the device never waits.
   virtual void copy(const TensorView& dst, const TensorView& src) const;
   // Waits for every issued op; throws on a pending device error. CPU: no-op.
   virtual void synchronize() const {}

@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "core/philox.h"
+#include "core/thread_pool.h"
 #include "engine/safetensors.h"
 #include "lockstep/error.h"
 
@@ -63,7 +64,14 @@ Qwen3Config default_model_config() {
 }
 
 Weights random_qwen3_weights(const Qwen3Config& cfg, uint64_t seed) {
+  return random_qwen3_weights(cfg, seed, nullptr);
+}
+
+Weights random_qwen3_weights(const Qwen3Config& cfg, uint64_t seed,
+                             const std::function<void(int64_t, int64_t)>& progress) {
   const uint32_t key0 = uint32_t(seed), key1 = uint32_t(seed >> 32);
+  const int64_t total = qwen3_num_parameters(cfg);
+  int64_t done = 0;
   Weights out;
   for (const WeightSpec& w : qwen3_weight_specs(cfg)) {
     Tensor t(DType::kBF16, w.shape);
@@ -74,18 +82,55 @@ Weights random_qwen3_weights(const Qwen3Config& cfg, uint64_t seed) {
     // z = (sum of four (k + 1/2)/2^24 uniforms - 2)·sqrt(3) = s·sqrt(3)/2^25 with the integer
     // s = sum(2k + 1) - 2^26; the constant folds the scale in so only one multiply rounds.
     const double c = (norm ? 0.05 : std) * std::sqrt(3.0) * 0x1p-25;
-    for (int64_t j = 0; j < t.numel(); ++j) {
-      Philox4 r = philox4x32_10(Philox4{{uint32_t(j), uint32_t(uint64_t(j) >> 32), name_key, 0}},
-                                key0, key1);
-      int64_t s = -(int64_t(1) << 26);
-      for (uint32_t word : r.v) s += 2 * int64_t(word >> 8) + 1;
-      double v = double(s) * c;
-      if (norm) v = 1.0 + v;
-      p[j] = f32_to_bf16(float(v));
-    }
+    // Each element depends only on (seed, name, j): any split over threads gives the same bytes.
+    parallel_for(t.numel(), int64_t(1) << 16, [&](int64_t j0, int64_t j1) {
+      for (int64_t j = j0; j < j1; ++j) {
+        Philox4 r = philox4x32_10(Philox4{{uint32_t(j), uint32_t(uint64_t(j) >> 32), name_key, 0}},
+                                  key0, key1);
+        int64_t s = -(int64_t(1) << 26);
+        for (uint32_t word : r.v) s += 2 * int64_t(word >> 8) + 1;
+        double v = double(s) * c;
+        if (norm) v = 1.0 + v;
+        p[j] = f32_to_bf16(float(v));
+      }
+    });
+    done += t.numel();
+    if (progress) progress(done, total);
     out.emplace_back(w.name, std::move(t));
   }
   return out;
+}
+
+Qwen3Config qwen3_shape_config(const std::string& shape) {
+  if (shape == "default") return default_model_config();
+  Qwen3Config c;
+  c.vocab_size = 151936;
+  c.head_dim = 128;
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = 1e6;
+  c.max_position_embeddings = 40960;
+  c.torch_dtype = "bfloat16";
+  c.bos_token_ids = {151643};
+  c.eos_token_ids = {151645};
+  if (shape == "qwen3-0.6b") {
+    c.hidden_size = 1024;
+    c.intermediate_size = 3072;
+    c.num_hidden_layers = 28;
+    c.num_attention_heads = 16;
+    c.num_key_value_heads = 8;
+    c.tie_word_embeddings = true;
+  } else if (shape == "qwen3-8b") {
+    c.hidden_size = 4096;
+    c.intermediate_size = 12288;
+    c.num_hidden_layers = 36;
+    c.num_attention_heads = 32;
+    c.num_key_value_heads = 8;
+    c.tie_word_embeddings = false;
+  } else {
+    throw Error("model shape '" + shape + "' is not one of default, qwen3-0.6b, qwen3-8b");
+  }
+  c.validate();
+  return c;
 }
 
 ModelFileBytes serialize_qwen3_model(const Qwen3Config& cfg, const Weights& weights,

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -34,7 +35,17 @@ using Weights = std::vector<std::pair<std::string, Tensor>>;
 //   value = bf16(float(std · z)) (RNE), or bf16(float(1 + 0.05·z)) for norm weights.
 //   std: embed_tokens / lm_head 0.2; q,k,v,gate,up 1/sqrt(H); o_proj 1/sqrt(Hq·D);
 //   down_proj 1/sqrt(I).
+// Elements are generated in parallel (lockstep::parallel_for); the bytes never depend on it.
 Weights random_qwen3_weights(const Qwen3Config& cfg, uint64_t seed);
+// Same, calling progress(elements done, total) after each tensor (8B shapes take a while).
+Weights random_qwen3_weights(const Qwen3Config& cfg, uint64_t seed,
+                             const std::function<void(int64_t, int64_t)>& progress);
+
+// Configs of named shapes for random-weight runs: "default" (default_model_config()),
+// "qwen3-0.6b" (V=151936 H=1024 I=3072 L=28 Hq=16 Hkv=8 D=128, tied) and "qwen3-8b" (V=151936
+// H=4096 I=12288 L=36 Hq=32 Hkv=8 D=128, untied): the dimensions of the Hugging Face Qwen3
+// checkpoints of those names (theta 1e6, 40960 positions, eos 151645); weights are random.
+Qwen3Config qwen3_shape_config(const std::string& shape);
 
 // The exact bytes of the two files of a model directory.
 struct ModelFileBytes {

@@ -2,6 +2,7 @@
 // partial page. Integer bookkeeping only; see kv_cache.h.
 #include "engine/kv_cache.h"
 
+#include <cstring>
 #include <sstream>
 
 #include "lockstep/error.h"
@@ -148,6 +149,67 @@ void KvCacheManager::check_invariants() const {
   }
   LS_CHECK(free_count == alloc_.num_free(), "KvCacheManager", free_count,
            " pages unreferenced but the free list holds ", alloc_.num_free());
+}
+
+KvCacheStorage::KvCacheStorage(const OpsBackend& ops, int64_t layers, int64_t kv_heads,
+                               int64_t head_dim, const KvCacheConfig& cfg)
+    : ops_(ops), cfg_((cfg.validate(), cfg)) {
+  const std::vector<int64_t> shape = {cfg.num_pages, cfg.page_size, kv_heads, head_dim};
+  for (int64_t l = 0; l < layers; ++l) {
+    k_.push_back(ops.empty(DType::kBF16, shape));
+    v_.push_back(ops.empty(DType::kBF16, shape));
+  }
+  if (layers == 0) return;
+  if (ops.device() == Device::kCPU) {
+    for (auto* list : {&k_, &v_})
+      for (Tensor& t : *list) std::memset(t.data(), 0xFF, size_t(t.nbytes()));
+    return;
+  }
+  // Device: one upload of a NaN-filled host layer, then device-to-device copies.
+  Tensor nan(DType::kBF16, shape);
+  std::memset(nan.data(), 0xFF, size_t(nan.nbytes()));
+  ops.copy(k_[0].view(), nan.view());
+  for (auto* list : {&k_, &v_})
+    for (Tensor& t : *list)
+      if (&t != &k_[0]) ops.copy(t.view(), k_[0].view());
+  ops.synchronize();
+}
+
+std::vector<TensorView> KvCacheStorage::k_views() const {
+  std::vector<TensorView> out;
+  for (const Tensor& t : k_) out.push_back(t.view());
+  return out;
+}
+
+std::vector<TensorView> KvCacheStorage::v_views() const {
+  std::vector<TensorView> out;
+  for (const Tensor& t : v_) out.push_back(t.view());
+  return out;
+}
+
+void KvCacheStorage::copy_pages(const std::vector<PageCopy>& copies) const {
+  for (const PageCopy& c : copies) {
+    LS_CHECK(c.src >= 0 && c.src < cfg_.num_pages && c.dst >= 0 && c.dst < cfg_.num_pages &&
+                 c.src != c.dst && c.slots >= 0 && c.slots <= cfg_.page_size,
+             "KvCacheStorage", "bad page copy: src ", c.src, " dst ", c.dst, " slots ", c.slots);
+    if (c.slots == 0) continue;
+    for (auto* list : {&k_, &v_})
+      for (const Tensor& t : *list) {
+        // Slots [0, slots) of a page: one contiguous run of slots·Hkv·D elements.
+        const int64_t row = t.shape()[2] * t.shape()[3];
+        const TensorView page_rows = TensorView::contiguous(
+            t.data(), DType::kBF16, {cfg_.num_pages * cfg_.page_size, row}, t.device());
+        ops_.copy(page_rows.rows(c.dst * cfg_.page_size, c.dst * cfg_.page_size + c.slots),
+                  page_rows.rows(c.src * cfg_.page_size, c.src * cfg_.page_size + c.slots));
+      }
+  }
+}
+
+int64_t KvCacheStorage::bytes() const {
+  int64_t b = 0;
+  for (auto* list : {&k_, &v_})
+    for (const Tensor& t : *list) b += t.nbytes();
+  return b;
 }
 
 }  // namespace lockstep::engine

@@ -7,12 +7,17 @@
 // pages, including the partially filled last one; the first write into a shared page copies it
 // (copy-on-write of the partial page: slots [0, len % P) of every layer's K and V, exact bf16
 // copies). Whole pages stay shared for the group's lifetime.
+//
+// KvCacheStorage holds the pages themselves, allocated through the OpsBackend on its device.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <unordered_map>
 #include <vector>
+
+#include "engine/backend.h"
+#include "lockstep/tensor.h"
 
 namespace lockstep::engine {
 
@@ -101,6 +106,27 @@ class KvCacheManager {
   KvCacheConfig cfg_;
   PageAllocator alloc_;
   std::unordered_map<int64_t, Seq> seqs_;
+};
+
+// The pool's storage: per layer K and V [NP, P, Hkv, D] bf16 on the backend's device. Filled with
+// NaN (0xFFFF) at creation so a read of a slot nobody wrote poisons the result instead of passing
+// silently.
+class KvCacheStorage {
+ public:
+  KvCacheStorage(const OpsBackend& ops, int64_t layers, int64_t kv_heads, int64_t head_dim,
+                 const KvCacheConfig& cfg);
+
+  std::vector<TensorView> k_views() const;
+  std::vector<TensorView> v_views() const;
+  // Performs the copies in order (every layer's K and V): exact bytes, ordered on the device
+  // before any later op of the backend.
+  void copy_pages(const std::vector<PageCopy>& copies) const;
+  int64_t bytes() const;  // device bytes of all pages
+
+ private:
+  const OpsBackend& ops_;
+  KvCacheConfig cfg_;
+  std::vector<Tensor> k_, v_;
 };
 
 }  // namespace lockstep::engine

@@ -1,13 +1,18 @@
 // The Qwen3 decoder on an OpsBackend: embedding, L x (input RMSNorm, fused q|k|v GEMM, per-head
 // q/k RMSNorm, RoPE, causal GQA attention, o_proj, post-attention RMSNorm, fused gate|up GEMM,
 // SiLU-and-mul, down_proj), final RMSNorm. Every number comes out of an OpsBackend call; this file
-// only moves bf16 bits (weight packing, views). Tensor parallelism is simulated rank by rank with
-// the same shards a multi-GPU deployment would hold; see docs/engine-model.md.
+// only moves bf16 bits (weight packing, views, copies). Tensor parallelism is simulated rank by
+// rank with the same shards a multi-GPU deployment would hold. Every weight, activation and KV
+// page lives on the backend's device (ops->device()); metadata is validated on the host and
+// uploaded once per call (engine/device.h). See docs/engine-model.md.
 #include "engine/model.h"
 
 #include <algorithm>
 #include <cstring>
+#include <unordered_set>
 #include <utility>
+
+#include "engine/device.h"
 
 namespace lockstep::engine {
 
@@ -42,6 +47,7 @@ TensorView heads_of(const TensorView& m, int64_t col0, int64_t heads, int64_t D)
   TensorView v;
   v.data = static_cast<char*>(m.data) + col0 * dtype_size(m.dtype);
   v.dtype = m.dtype;
+  v.device = m.device;
   v.ndim = 3;
   v.shape[0] = m.shape[0];
   v.shape[1] = heads;
@@ -71,22 +77,6 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return out + "]";
 }
 
-// Copies the rows [r0, r1) of a [R, C] bf16 view into dst (row-major, C columns).
-void copy_rows(const TensorView& src, int64_t r0, int64_t r1, bf16* dst) {
-  const int64_t C = src.shape[1];
-  for (int64_t r = r0; r < r1; ++r)
-    std::memcpy(dst + (r - r0) * C, src.ptr<const bf16>() + r * src.stride[0], size_t(C) * 2);
-}
-
-// Copies a 2-D view into a contiguous 2-D destination view of the same shape (trace gathers).
-void copy_2d(const TensorView& src, const TensorView& dst) {
-  const size_t row = size_t(src.shape[1] * dtype_size(src.dtype));
-  for (int64_t r = 0; r < src.shape[0]; ++r)
-    std::memcpy(static_cast<char*>(dst.data) + r * dst.stride[0] * dtype_size(dst.dtype),
-                static_cast<const char*>(src.data) + r * src.stride[0] * dtype_size(src.dtype),
-                row);
-}
-
 }  // namespace
 
 std::string ModelOptions::to_string() const {
@@ -110,42 +100,63 @@ struct LayerWeights {
   TensorView q_norm, k_norm;         // [D]
   TensorView wo;                     // [H, Hq·D]
   TensorView wdown;                  // [H, I]
-  std::vector<Tensor> wqkv;          // per rank [(nq + 2·nkv)·D, H]: q rows | k rows | v rows
-  std::vector<Tensor> wgu;           // per rank [2·ni, H]: gate rows | up rows
+  std::vector<TensorView> wqkv;      // per rank [(nq + 2·nkv)·D, H]: q rows | k rows | v rows
+  std::vector<TensorView> wgu;       // per rank [2·ni, H]: gate rows | up rows
+};
+
+// The weights on the backend's device (shared by models made with Model::with_backend).
+struct WeightStore {
+  Device device = Device::kCPU;
+  std::optional<Checkpoint> ckpt;  // keeps zero-copy bf16 views valid (CPU backends)
+  std::vector<Tensor> owned;       // copies, converted weights, fused per-rank weights
+  TensorView embed, lm_head, final_norm;
+  std::vector<LayerWeights> layers;
+  RopeTable rope;     // host table (a device backend uploads it once)
+  int64_t bytes = 0;  // weight bytes held on the device by this store
 };
 
 struct Model::Impl {
   Qwen3Config cfg;
   ModelOptions opt;
   std::shared_ptr<OpsBackend> ops;
-  std::optional<Checkpoint> ckpt;  // keeps zero-copy bf16 views valid
-  std::map<std::string, Tensor> owned;
-  std::map<std::string, TensorView> w;  // every weight as a bf16 view
+  std::shared_ptr<const WeightStore> ws;
 
   GemmConfig gemm;
   AttentionConfig attn;
   RmsNormConfig norm;
-  RopeTable rope;
   int64_t max_positions = 0;
-
-  TensorView embed, lm_head, final_norm;
-  std::vector<LayerWeights> layers;
   std::vector<RankShard> ranks;
   TraceFn trace;
 
   void check_setup() const;
-  void build();
+  void setup();  // configs and rank shards (no weights)
+  // Builds the weight store from bf16 views on the host or on the backend's device. zero_copy:
+  // every view outlives the model (checkpoint mappings, tensors moved into `keep`), so a view
+  // already on the backend's device is used in place; otherwise everything is copied.
+  void build(const std::map<std::string, TensorView>& src, bool zero_copy,
+             std::optional<Checkpoint> ckpt, std::vector<Tensor> keep);
 
-  // The decoder over T tokens at `positions`; `attend(layer, rank, q, k, v, out)` runs attention
-  // of one rank (its head slices) and may write the KV cache first.
+  // The decoder over T tokens at `positions` (device views); `attend(layer, rank, q, k, v, out)`
+  // runs attention of one rank (its head slices) and may write the KV cache first.
   using AttendFn = std::function<void(int, int, const TensorView&, const TensorView&,
                                       const TensorView&, const TensorView&)>;
   void run(const TensorView& tokens, const TensorView& positions, const AttendFn& attend,
            const TensorView& hidden_out) const;
   void check_tokens(const char* op, const TensorView& tokens, int64_t T) const;
+  // An activation argument: on the host or on the backend's device, with this dtype and shape.
+  void check_activation(const char* op, const char* arg, const TensorView& t, DType dtype,
+                        std::initializer_list<int64_t> shape) const;
+  // Trace callbacks always see host views (a device tensor is copied back first).
   void emit(const char* op, int layer, const TensorView& t) const {
-    if (trace) trace(op, layer, t);
+    if (!trace) return;
+    if (t.device == Device::kCPU) {
+      trace(op, layer, t);
+      return;
+    }
+    const Tensor h = to_host(*ops, t);
+    trace(op, layer, h.view());
   }
+  bool device_backend() const { return ops->device() != Device::kCPU; }
 };
 
 // --- construction ---
@@ -185,9 +196,9 @@ void Model::Impl::check_setup() const {
   }
 }
 
-void Model::Impl::build() {
+void Model::Impl::setup() {
   const int tp = opt.tp;
-  const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, D = cfg.head_dim;
+  const int64_t I = cfg.intermediate_size;
   const int64_t Hq = cfg.num_attention_heads, Hkv = cfg.num_key_value_heads, G = Hq / Hkv;
   gemm = GemmConfig::from_contract(opt.contract);
   attn = AttentionConfig::from_contract(opt.contract);  // scale 1/sqrt(D), as Qwen3
@@ -195,13 +206,7 @@ void Model::Impl::build() {
   norm.eps = cfg.rms_norm_eps_f32();
   norm.validate();
   max_positions = opt.max_positions > 0 ? opt.max_positions : cfg.max_position_embeddings;
-  RopeConfig rc;
-  rc.head_dim = D;
-  rc.theta = cfg.rope_theta;
-  rc.max_positions = max_positions;
-  rope = RopeTable::build(rc);
-
-  ranks.resize(size_t(tp));
+  ranks.assign(size_t(tp), RankShard{});
   for (int r = 0; r < tp; ++r) {
     RankShard& s = ranks[size_t(r)];
     s.nq = Hq / tp;
@@ -213,47 +218,76 @@ void Model::Impl::build() {
     s.i0 = kr.begin;
     s.ni = kr.end - kr.begin;
   }
+}
 
-  embed = w.at("model.embed_tokens.weight");
-  lm_head = cfg.tie_word_embeddings ? embed : w.at("lm_head.weight");
-  final_norm = w.at("model.norm.weight");
-  layers.resize(size_t(cfg.num_hidden_layers));
+void Model::Impl::build(const std::map<std::string, TensorView>& src, bool zero_copy,
+                        std::optional<Checkpoint> ckpt, std::vector<Tensor> keep) {
+  const OpsBackend& op = *ops;
+  const int64_t H = cfg.hidden_size, D = cfg.head_dim;
+  auto store = std::make_shared<WeightStore>();
+  WeightStore& st = *store;
+  st.device = op.device();
+  st.ckpt = std::move(ckpt);
+  if (zero_copy) st.owned = std::move(keep);
+  RopeConfig rc;
+  rc.head_dim = D;
+  rc.theta = cfg.rope_theta;
+  rc.max_positions = max_positions;
+  st.rope = RopeTable::build(rc);
+
+  // A weight on the backend's device: in place when allowed, else one exact copy.
+  auto place = [&](const std::string& name) -> TensorView {
+    const TensorView& v = src.at(name);
+    if (zero_copy && v.device == op.device()) return v;
+    Tensor t = op.empty(DType::kBF16, std::vector<int64_t>(v.shape, v.shape + v.ndim));
+    op.copy(t.view(), v);
+    st.bytes += t.nbytes();
+    st.owned.push_back(std::move(t));
+    return st.owned.back().view();
+  };
+
+  st.embed = place("model.embed_tokens.weight");
+  st.lm_head = cfg.tie_word_embeddings ? st.embed : place("lm_head.weight");
+  st.final_norm = place("model.norm.weight");
+  st.layers.resize(size_t(cfg.num_hidden_layers));
   for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    LayerWeights& L = layers[size_t(l)];
-    L.input_norm = w.at(p + "input_layernorm.weight");
-    L.post_norm = w.at(p + "post_attention_layernorm.weight");
-    L.q_norm = w.at(p + "self_attn.q_norm.weight");
-    L.k_norm = w.at(p + "self_attn.k_norm.weight");
-    L.wo = w.at(p + "self_attn.o_proj.weight");
-    L.wdown = w.at(p + "mlp.down_proj.weight");
-    const TensorView& wq = w.at(p + "self_attn.q_proj.weight");
-    const TensorView& wk = w.at(p + "self_attn.k_proj.weight");
-    const TensorView& wv = w.at(p + "self_attn.v_proj.weight");
-    const TensorView& wg = w.at(p + "mlp.gate_proj.weight");
-    const TensorView& wu = w.at(p + "mlp.up_proj.weight");
+    LayerWeights& L = st.layers[size_t(l)];
+    L.input_norm = place(p + "input_layernorm.weight");
+    L.post_norm = place(p + "post_attention_layernorm.weight");
+    L.q_norm = place(p + "self_attn.q_norm.weight");
+    L.k_norm = place(p + "self_attn.k_norm.weight");
+    L.wo = place(p + "self_attn.o_proj.weight");
+    L.wdown = place(p + "mlp.down_proj.weight");
+    const TensorView& wq = src.at(p + "self_attn.q_proj.weight");
+    const TensorView& wk = src.at(p + "self_attn.k_proj.weight");
+    const TensorView& wv = src.at(p + "self_attn.v_proj.weight");
+    const TensorView& wg = src.at(p + "mlp.gate_proj.weight");
+    const TensorView& wu = src.at(p + "mlp.up_proj.weight");
     // NOTE: fusing q|k|v and gate|up into one GEMM each gives the same bits as separate GEMMs:
-    // every output column is its own reduction over K, independent of the other columns.
+    // every output column is its own reduction over K, independent of the other columns. The
+    // fused per-rank weights are built straight from the source rows (exact copies).
     for (const RankShard& s : ranks) {
-      Tensor qkv(DType::kBF16, {(s.nq + 2 * s.nkv) * D, H});
-      bf16* dst = qkv.ptr<bf16>();
-      copy_rows(wq, s.q0 * D, (s.q0 + s.nq) * D, dst);
-      copy_rows(wk, s.kv0 * D, (s.kv0 + s.nkv) * D, dst + s.nq * D * H);
-      copy_rows(wv, s.kv0 * D, (s.kv0 + s.nkv) * D, dst + (s.nq + s.nkv) * D * H);
-      L.wqkv.push_back(std::move(qkv));
-      Tensor gu(DType::kBF16, {2 * s.ni, H});
-      copy_rows(wg, s.i0, s.i0 + s.ni, gu.ptr<bf16>());
-      copy_rows(wu, s.i0, s.i0 + s.ni, gu.ptr<bf16>() + s.ni * H);
-      L.wgu.push_back(std::move(gu));
-    }
-    // The fused copies replace the originals: drop owned originals (f32-converted or map weights).
-    for (const char* n :
-         {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-          "mlp.gate_proj.weight", "mlp.up_proj.weight"}) {
-      owned.erase(p + n);
-      w.erase(p + n);
+      Tensor qkv = op.empty(DType::kBF16, {(s.nq + 2 * s.nkv) * D, H});
+      const TensorView q = qkv.view();
+      op.copy(q.rows(0, s.nq * D), wq.rows(s.q0 * D, (s.q0 + s.nq) * D));
+      op.copy(q.rows(s.nq * D, (s.nq + s.nkv) * D), wk.rows(s.kv0 * D, (s.kv0 + s.nkv) * D));
+      op.copy(q.rows((s.nq + s.nkv) * D, (s.nq + 2 * s.nkv) * D),
+              wv.rows(s.kv0 * D, (s.kv0 + s.nkv) * D));
+      Tensor gu = op.empty(DType::kBF16, {2 * s.ni, H});
+      const TensorView g = gu.view();
+      op.copy(g.rows(0, s.ni), wg.rows(s.i0, s.i0 + s.ni));
+      op.copy(g.rows(s.ni, 2 * s.ni), wu.rows(s.i0, s.i0 + s.ni));
+      L.wqkv.push_back(q);
+      L.wgu.push_back(g);
+      st.bytes += qkv.nbytes() + gu.nbytes();
+      st.owned.push_back(std::move(qkv));
+      st.owned.push_back(std::move(gu));
     }
   }
+  // Copies from host memory must finish before the sources may go away.
+  op.synchronize();
+  ws = std::move(store);
 }
 
 Model::Model(const Qwen3Config& cfg, const Checkpoint& ckpt, const ModelOptions& opt,
@@ -265,7 +299,9 @@ Model::Model(const Qwen3Config& cfg, const Checkpoint& ckpt, const ModelOptions&
   m.ops = std::move(ops);
   LS_CHECK(m.ops != nullptr, kOp, "ops backend is null");
   m.check_setup();
-  m.ckpt = ckpt;
+  m.setup();
+  std::map<std::string, TensorView> src;
+  std::vector<Tensor> converted;
   for (const WeightSpec& spec : qwen3_weight_specs(cfg)) {
     LS_CHECK(ckpt.has(spec.name), kOp, "checkpoint ", ckpt.dir(), " has no tensor ", spec.name,
              " (required by the config: ", cfg.to_string(), ")");
@@ -273,16 +309,19 @@ Model::Model(const Qwen3Config& cfg, const Checkpoint& ckpt, const ModelOptions&
     LS_CHECK(info.shape == spec.shape, kOp, "checkpoint ", ckpt.dir(), ": tensor ", spec.name,
              " has shape ", shape_str(info.shape), ", the config expects ", shape_str(spec.shape));
     if (info.dtype == "BF16") {
-      m.w[spec.name] = m.ckpt->get(spec.name, DType::kBF16, spec.shape);
+      src[spec.name] = ckpt.get(spec.name, DType::kBF16, spec.shape);
     } else {
       LS_CHECK(info.dtype == "F32" || info.dtype == "F16", kOp, "checkpoint ", ckpt.dir(),
                ": tensor ", spec.name, " has dtype ", info.dtype, ", expected BF16, F32 or F16");
-      Tensor t = m.ckpt->get_converted(spec.name, DType::kBF16, spec.shape);
-      m.w[spec.name] = t.view();
-      m.owned[spec.name] = std::move(t);
+      converted.push_back(ckpt.get_converted(spec.name, DType::kBF16, spec.shape));
+      src[spec.name] = converted.back().view();
     }
   }
-  m.build();
+  // Zero-copy on a CPU backend (the mapping and the converted tensors are kept); a device
+  // backend gets its own copy of every weight and the checkpoint's mapping is not needed.
+  const bool host = m.ops->device() == Device::kCPU;
+  m.build(src, true, host ? std::optional<Checkpoint>(ckpt) : std::nullopt,
+          host ? std::move(converted) : std::vector<Tensor>{});
 }
 
 Model::Model(const Qwen3Config& cfg, const std::map<std::string, TensorView>& weights,
@@ -294,6 +333,7 @@ Model::Model(const Qwen3Config& cfg, const std::map<std::string, TensorView>& we
   m.ops = std::move(ops);
   LS_CHECK(m.ops != nullptr, kOp, "ops backend is null");
   m.check_setup();
+  m.setup();
   const std::vector<WeightSpec> specs = qwen3_weight_specs(cfg);
   for (const auto& [name, view] : weights) {
     const bool known = std::any_of(specs.begin(), specs.end(),
@@ -301,43 +341,69 @@ Model::Model(const Qwen3Config& cfg, const std::map<std::string, TensorView>& we
     LS_CHECK(known, kOp, "weight ", name, " is not part of the Qwen3 architecture for this config",
              cfg.tie_word_embeddings ? " (tie_word_embeddings: no lm_head.weight)" : "");
   }
+  std::map<std::string, TensorView> src;
+  std::vector<Tensor> converted;
   for (const WeightSpec& spec : specs) {
     auto it = weights.find(spec.name);
     LS_CHECK(it != weights.end(), kOp, "missing weight ", spec.name, " (shape ",
              shape_str(spec.shape), ")");
-    const TensorView& src = it->second;
-    std::vector<int64_t> got(src.shape, src.shape + src.ndim);
+    const TensorView& v = it->second;
+    std::vector<int64_t> got(v.shape, v.shape + v.ndim);
     LS_CHECK(got == spec.shape, kOp, "weight ", spec.name, " has shape ", shape_str(got),
              ", the config expects ", shape_str(spec.shape));
-    LS_CHECK(src.dtype == DType::kBF16 || src.dtype == DType::kF32, kOp, "weight ", spec.name,
-             " has dtype ", dtype_name(src.dtype), ", expected bf16 or f32");
-    LS_CHECK(src.device == Device::kCPU, kOp, "weight ", spec.name, " is not on the CPU");
-    check_inner_contiguous(kOp, spec.name.c_str(), src);
+    LS_CHECK(v.dtype == DType::kBF16 || v.dtype == DType::kF32, kOp, "weight ", spec.name,
+             " has dtype ", dtype_name(v.dtype), ", expected bf16 or f32");
+    LS_CHECK(v.device == Device::kCPU || v.device == m.ops->device(), kOp, "weight ", spec.name,
+             " is on ", device_name(v.device), ": expected the host or the backend's device (",
+             device_name(m.ops->device()), ")");
+    LS_CHECK(v.dtype == DType::kBF16 || v.device == Device::kCPU, kOp, "weight ", spec.name,
+             ": an f32 weight must be on the host (it is rounded to bf16 there)");
+    check_inner_contiguous(kOp, spec.name.c_str(), v);
+    if (v.dtype == DType::kBF16) {
+      src[spec.name] = v;
+      continue;
+    }
     Tensor t(DType::kBF16, spec.shape);
     const int64_t C = spec.shape.back();
     const int64_t R = t.numel() / std::max<int64_t>(C, 1);
-    const int64_t rs = src.ndim == 2 ? src.stride[0] : C;
+    const int64_t rs = v.ndim == 2 ? v.stride[0] : C;
     for (int64_t r = 0; r < R; ++r) {
       bf16* d = t.ptr<bf16>() + r * C;
-      if (src.dtype == DType::kBF16) {
-        std::memcpy(d, src.ptr<const bf16>() + r * rs, size_t(C) * 2);
-      } else {
-        const float* s = src.ptr<const float>() + r * rs;
-        for (int64_t c = 0; c < C; ++c) d[c] = f32_to_bf16(s[c]);  // RNE, once
-      }
+      const float* s = v.ptr<const float>() + r * rs;
+      for (int64_t c = 0; c < C; ++c) d[c] = f32_to_bf16(s[c]);  // RNE, once
     }
-    m.w[spec.name] = t.view();
-    m.owned[spec.name] = std::move(t);
+    src[spec.name] = t.view();
+    converted.push_back(std::move(t));
   }
-  m.build();
+  // The caller's views need not outlive the model: every weight is copied.
+  m.build(src, false, std::nullopt, {});
 }
+
+std::unique_ptr<Model> Model::with_backend(std::shared_ptr<OpsBackend> ops) const {
+  LS_CHECK(ops != nullptr, kOp, "with_backend: ops backend is null");
+  LS_CHECK(ops->device() == impl_->ws->device, kOp, "with_backend: backend '", ops->name(),
+           "' runs on ", device_name(ops->device()), " but the weights are on ",
+           device_name(impl_->ws->device));
+  std::unique_ptr<Model> m(new Model());
+  m->impl_ = std::make_unique<Impl>();
+  Impl& n = *m->impl_;
+  n.cfg = impl_->cfg;
+  n.opt = impl_->opt;
+  n.ops = std::move(ops);
+  n.ws = impl_->ws;
+  n.setup();
+  return m;
+}
+
+Model::Model() = default;
 
 Model::~Model() = default;
 
 const Qwen3Config& Model::config() const { return impl_->cfg; }
 const ModelOptions& Model::options() const { return impl_->opt; }
 const OpsBackend& Model::ops() const { return *impl_->ops; }
-const RopeTable& Model::rope_table() const { return impl_->rope; }
+const RopeTable& Model::rope_table() const { return impl_->ws->rope; }
+int64_t Model::weight_bytes() const { return impl_->ws->bytes; }
 void Model::set_trace(TraceFn fn) { impl_->trace = std::move(fn); }
 
 // --- forward ---
@@ -351,24 +417,34 @@ void Model::Impl::check_tokens(const char* op, const TensorView& tokens, int64_t
   }
 }
 
+void Model::Impl::check_activation(const char* op, const char* arg, const TensorView& t,
+                                   DType dtype, std::initializer_list<int64_t> shape) const {
+  LS_CHECK(t.device == Device::kCPU || t.device == ops->device(), op, "argument '", arg,
+           "' must be on the host or on the backend's device (", device_name(ops->device()),
+           "), got ", t.describe());
+  check_tensor(op, arg, t, dtype, shape, t.device);
+}
+
 void Model::Impl::run(const TensorView& tokens, const TensorView& positions, const AttendFn& attend,
                       const TensorView& hidden_out) const {
   const OpsBackend& op = *ops;
+  const WeightStore& W = *ws;
   const int tp = opt.tp;
   const int64_t T = tokens.size(0), H = cfg.hidden_size, I = cfg.intermediate_size;
   const int64_t D = cfg.head_dim, Hq = cfg.num_attention_heads, Hkv = cfg.num_key_value_heads;
   const int64_t V = cfg.vocab_size;
 
-  Tensor res(DType::kBF16, {T, H});        // residual stream
-  Tensor xn(DType::kBF16, {T, H});         // normed input of a sublayer
-  Tensor out(DType::kBF16, {T, H});        // o_proj / down_proj output
-  Tensor attn(DType::kBF16, {T, Hq * D});  // attention output, all heads
-  Tensor act(DType::kBF16, {T, I});        // SiLU-and-mul output, all columns
+  // Activations on the backend's device.
+  Tensor res = op.empty(DType::kBF16, {T, H});        // residual stream
+  Tensor xn = op.empty(DType::kBF16, {T, H});         // normed input of a sublayer
+  Tensor out = op.empty(DType::kBF16, {T, H});        // o_proj / down_proj output
+  Tensor attn = op.empty(DType::kBF16, {T, Hq * D});  // attention output, all heads
+  Tensor act = op.empty(DType::kBF16, {T, I});        // SiLU-and-mul output, all columns
   std::vector<Tensor> qkv, gu, partial;
   for (const RankShard& s : ranks) {
-    qkv.emplace_back(DType::kBF16, std::vector<int64_t>{T, (s.nq + 2 * s.nkv) * D});
-    gu.emplace_back(DType::kBF16, std::vector<int64_t>{T, 2 * s.ni});
-    if (tp > 1) partial.emplace_back(DType::kF32, std::vector<int64_t>{T, H});
+    qkv.push_back(op.empty(DType::kBF16, {T, (s.nq + 2 * s.nkv) * D}));
+    gu.push_back(op.empty(DType::kBF16, {T, 2 * s.ni}));
+    if (tp > 1) partial.push_back(op.empty(DType::kF32, {T, H}));
   }
   std::vector<TensorView> partial_views;
   for (const Tensor& p : partial) partial_views.push_back(p.view());
@@ -389,15 +465,16 @@ void Model::Impl::run(const TensorView& tokens, const TensorView& positions, con
     op.gemm_combine(partial_views, out.view());
   };
 
-  // Gathers a per-rank column block of every rank into one [T, C] tensor for the trace.
+  // Gathers a per-rank column block of every rank into one host [T, C] tensor for the trace.
   auto trace_gather = [&](const char* name, int layer, std::vector<Tensor>& per_rank,
                           auto col_range, int64_t C) {
     if (!trace) return;
     Tensor full(DType::kBF16, {T, C});
     for (int r = 0; r < tp; ++r) {
       auto [src0, dst0, n] = col_range(ranks[size_t(r)]);
-      copy_2d(cols(per_rank[size_t(r)].view(), src0, src0 + n), cols(full.view(), dst0, dst0 + n));
+      op.copy(cols(full.view(), dst0, dst0 + n), cols(per_rank[size_t(r)].view(), src0, src0 + n));
     }
+    op.synchronize();
     emit(name, layer, full.view());
   };
   auto trace_qkv = [&](const char* name, int layer, int part) {  // part 0 q, 1 k, 2 v
@@ -413,15 +490,15 @@ void Model::Impl::run(const TensorView& tokens, const TensorView& positions, con
 
   // Embedding (vocab-parallel for tp > 1: each rank gathers its rows, exact -0.0 elsewhere).
   if (tp == 1) {
-    op.embedding(tokens, embed, res.view());
+    op.embedding(tokens, W.embed, res.view());
   } else {
     std::vector<Tensor> parts;
     std::vector<TensorView> views;
     for (int r = 0; r < tp; ++r) {
       const VocabShard sh = vocab_shard(V, r, tp);
-      parts.emplace_back(DType::kBF16, std::vector<int64_t>{T, H});
+      parts.push_back(op.empty(DType::kBF16, {T, H}));
       views.push_back(parts.back().view());
-      op.embedding_vocab_parallel(tokens, embed.rows(sh.begin, sh.end), sh, V, views.back());
+      op.embedding_vocab_parallel(tokens, W.embed.rows(sh.begin, sh.end), sh, V, views.back());
     }
     op.embedding_combine(views, res.view());
   }
@@ -429,7 +506,7 @@ void Model::Impl::run(const TensorView& tokens, const TensorView& positions, con
 
   for (int64_t li = 0; li < cfg.num_hidden_layers; ++li) {
     const int l = int(li);
-    const LayerWeights& L = layers[size_t(l)];
+    const LayerWeights& L = W.layers[size_t(l)];
     // (residual, x) = input_layernorm(out + residual); layer 0: residual = embedding, no add.
     if (l == 0) {
       op.rmsnorm(res.view(), L.input_norm, norm, xn.view());
@@ -440,8 +517,7 @@ void Model::Impl::run(const TensorView& tokens, const TensorView& positions, con
     emit("input_norm", l, xn.view());
 
     // Attention block, rank by rank (column-parallel q|k|v, heads split).
-    for (int r = 0; r < tp; ++r)
-      op.gemm(xn.view(), L.wqkv[size_t(r)].view(), gemm, qkv[size_t(r)].view());
+    for (int r = 0; r < tp; ++r) op.gemm(xn.view(), L.wqkv[size_t(r)], gemm, qkv[size_t(r)].view());
     trace_qkv("q", l, 0);
     trace_qkv("k", l, 1);
     trace_qkv("v", l, 2);
@@ -460,8 +536,8 @@ void Model::Impl::run(const TensorView& tokens, const TensorView& positions, con
       const TensorView m = qkv[size_t(r)].view();
       const TensorView q = heads_of(m, 0, s.nq, D);
       const TensorView k = heads_of(m, s.nq * D, s.nkv, D);
-      op.rope(q, positions, rope, q);
-      op.rope(k, positions, rope, k);
+      op.rope(q, positions, W.rope, q);
+      op.rope(k, positions, W.rope, k);
     }
     trace_qkv("q_rope", l, 0);
     trace_qkv("k_rope", l, 1);
@@ -481,8 +557,7 @@ void Model::Impl::run(const TensorView& tokens, const TensorView& positions, con
     emit("post_norm", l, xn.view());
 
     // MLP block (column-parallel gate|up over the rank's intermediate range, row-parallel down).
-    for (int r = 0; r < tp; ++r)
-      op.gemm(xn.view(), L.wgu[size_t(r)].view(), gemm, gu[size_t(r)].view());
+    for (int r = 0; r < tp; ++r) op.gemm(xn.view(), L.wgu[size_t(r)], gemm, gu[size_t(r)].view());
     trace_gather(
         "gate", l, gu,
         [&](const RankShard& s) {
@@ -506,7 +581,7 @@ void Model::Impl::run(const TensorView& tokens, const TensorView& positions, con
     emit("down", l, out.view());
   }
   // Final norm with the last residual add.
-  op.rmsnorm_residual(out.view(), res.view(), final_norm, norm, res.view(), hidden_out);
+  op.rmsnorm_residual(out.view(), res.view(), W.final_norm, norm, res.view(), hidden_out);
   emit("final_residual", -1, res.view());
   emit("final_norm", -1, hidden_out);
 }
@@ -522,7 +597,7 @@ void Model::forward_packed(const TensorView& tokens, const TensorView& cu_seqlen
   LS_CHECK(cu_seqlens.ndim == 1 && cu_seqlens.size(0) >= 1, op,
            "argument 'cu_seqlens' expected shape [B+1], got ", cu_seqlens.shape_string());
   check_tensor(op, "cu_seqlens", cu_seqlens, DType::kI32, {-1});
-  check_tensor(op, "hidden_out", hidden_out, DType::kBF16, {T, H});
+  m.check_activation(op, "hidden_out", hidden_out, DType::kBF16, {T, H});
   check_inner_contiguous(op, "hidden_out", hidden_out);
   const int64_t B = cu_seqlens.size(0) - 1;
   LS_CHECK(read_index(cu_seqlens, 0) == 0 && read_index(cu_seqlens, B) == T, op,
@@ -538,13 +613,19 @@ void Model::forward_packed(const TensorView& tokens, const TensorView& cu_seqlen
     for (int64_t t = s0; t < s1; ++t) pos.ptr<int32_t>()[t] = int32_t(t - s0);
   }
   if (T == 0) return;
+  // Metadata validated above: one upload, used by every layer.
+  DeviceStage stage(*m.ops);
+  const std::vector<TensorView> md =
+      stage.upload(op, {"tokens", "cu_seqlens", "positions"}, {tokens, cu_seqlens, pos.view()});
+  const TensorView hidden = stage.output(hidden_out);
   m.run(
-      tokens, pos.view(),
+      md[0], md[2],
       [&](int, int, const TensorView& q, const TensorView& k, const TensorView& v,
           const TensorView& out) {
-        m.ops->attention_prefill_varlen(q, k, v, cu_seqlens, m.attn, out, TensorView{});
+        m.ops->attention_prefill_varlen(q, k, v, md[1], m.attn, out, TensorView{});
       },
-      hidden_out);
+      hidden);
+  stage.finish();
 }
 
 void Model::forward_step(const TensorView& tokens, const TensorView& seq, const TensorView& pos,
@@ -552,6 +633,7 @@ void Model::forward_step(const TensorView& tokens, const TensorView& seq, const 
                          const TensorView& hidden_out) const {
   const char* op = "Model::forward_step";
   const Impl& m = *impl_;
+  const Device dev = m.ops->device();
   const int64_t L = m.cfg.num_hidden_layers, Hkv = m.cfg.num_key_value_heads, D = m.cfg.head_dim;
   LS_CHECK(tokens.ndim == 1, op, "argument 'tokens' expected shape [N], got ",
            tokens.shape_string());
@@ -559,7 +641,7 @@ void Model::forward_step(const TensorView& tokens, const TensorView& seq, const 
   m.check_tokens(op, tokens, N);
   check_tensor(op, "seq", seq, DType::kI32, {N});
   check_tensor(op, "pos", pos, DType::kI32, {N});
-  check_tensor(op, "hidden_out", hidden_out, DType::kBF16, {N, m.cfg.hidden_size});
+  m.check_activation(op, "hidden_out", hidden_out, DType::kBF16, {N, m.cfg.hidden_size});
   check_inner_contiguous(op, "hidden_out", hidden_out);
   LS_CHECK(step.kv_splits >= 1, op, "step.kv_splits must be >= 1, got ", step.kv_splits);
   LS_CHECK(!step.cascade || cache.prefix.has_value(), op,
@@ -573,9 +655,9 @@ void Model::forward_step(const TensorView& tokens, const TensorView& seq, const 
     const std::string kn = "cache.k[" + std::to_string(l) + "]";
     const std::string vn = "cache.v[" + std::to_string(l) + "]";
     check_tensor(op, kn.c_str(), cache.k[size_t(l)], DType::kBF16,
-                 {k0.shape[0], k0.shape[1], Hkv, D});
+                 {k0.shape[0], k0.shape[1], Hkv, D}, dev);
     check_tensor(op, vn.c_str(), cache.v[size_t(l)], DType::kBF16,
-                 {k0.shape[0], k0.shape[1], Hkv, D});
+                 {k0.shape[0], k0.shape[1], Hkv, D}, dev);
     check_inner_contiguous(op, kn.c_str(), cache.k[size_t(l)]);
     check_inner_contiguous(op, vn.c_str(), cache.v[size_t(l)]);
   }
@@ -588,6 +670,9 @@ void Model::forward_step(const TensorView& tokens, const TensorView& seq, const 
   if (N == 0) return;
   const int64_t NP = cache.k[0].shape[0], P = cache.k[0].shape[1];
   LS_CHECK(P >= 1, op, "cache page size must be >= 1, got ", P);
+  auto table_at = [&](const TensorView& t, int64_t r, int64_t c) {
+    return int64_t(t.ptr<const int32_t>()[r * t.stride[0] + c * t.stride[1]]);
+  };
 
   Tensor slots(DType::kI64, {N});
   for (int64_t i = 0; i < N; ++i) {
@@ -602,15 +687,84 @@ void Model::forward_step(const TensorView& tokens, const TensorView& seq, const 
     // Slot through the sequence's own block table.
     LS_CHECK(p / P < MP, op, "pos[", i, "] = ", p, " needs page-slot ", p / P,
              " but cache.block_table has ", MP, " per row (page size ", P, ")");
-    const int64_t page =
-        cache.block_table.ptr<const int32_t>()[s * cache.block_table.stride[0] + p / P];
+    const int64_t page = table_at(cache.block_table, s, p / P);
     LS_CHECK(page >= 0 && page < NP, op, "cache.block_table[", s, "][", p / P, "] = ", page,
              " is not a page of the cache (NP = ", NP, ")");
     slots.ptr<int64_t>()[i] = page * P + p % P;
   }
 
+  const std::optional<SharedPrefix> prefix = step.cascade ? cache.prefix : std::nullopt;
+  // A device backend trusts device metadata: everything its kernels will read is checked here
+  // (the CPU ops check the same themselves).
+  if (m.device_backend()) {
+    if (prefix) {
+      LS_CHECK(prefix->block_table.ndim == 2, op,
+               "cache.prefix.block_table expected shape [GR, MPs], got ",
+               prefix->block_table.shape_string());
+      check_tensor(op, "cache.prefix.block_table", prefix->block_table, DType::kI32, {-1, -1});
+      check_inner_contiguous(op, "cache.prefix.block_table", prefix->block_table);
+      check_tensor(op, "cache.prefix.shared_len", prefix->shared_len, DType::kI32,
+                   {prefix->block_table.size(0)});
+      check_tensor(op, "cache.prefix.seq_group", prefix->seq_group, DType::kI32, {S});
+    }
+    std::unordered_set<int64_t> seen;
+    for (int64_t i = 0; i < N; ++i)
+      LS_CHECK(seen.insert(slots.ptr<int64_t>()[i]).second, op, "row ", i, " (seq ",
+               read_index(seq, i), ", pos ", read_index(pos, i),
+               ") writes a KV slot that another row of the step writes too: a slot is written "
+               "more than once");
+    for (int64_t s = 0; s < S; ++s) {
+      const int64_t len = read_index(cache.seq_lens, s);
+      LS_CHECK(len >= 0 && (len + P - 1) / P <= MP, op, "cache.seq_lens[", s, "] = ", len,
+               " needs more than the ", MP, " pages of a block-table row (page size ", P, ")");
+    }
+    // Pages each query row reads: positions [0, pos] of its sequence (below a shared prefix:
+    // the group's pages).
+    for (int64_t i = 0; i < N; ++i) {
+      const int64_t s = read_index(seq, i), p = read_index(pos, i);
+      int64_t own_from = 0;
+      if (prefix) {
+        const int64_t g = read_index(prefix->seq_group, s), GR = prefix->block_table.size(0);
+        LS_CHECK(g >= -1 && g < GR, op, "cache.prefix.seq_group[", s, "] = ", g,
+                 " is not a group (GR = ", GR, ") or -1");
+        if (g >= 0) {
+          const int64_t sl = read_index(prefix->shared_len, g);
+          LS_CHECK(sl >= 0 && (sl + P - 1) / P <= prefix->block_table.size(1), op,
+                   "cache.prefix.shared_len[", g, "] = ", sl, " does not fit its block-table row");
+          for (int64_t j = 0; j < std::min(sl, p + 1); j += P) {
+            const int64_t page = table_at(prefix->block_table, g, j / P);
+            LS_CHECK(page >= 0 && page < NP, op, "cache.prefix.block_table[", g, "][", j / P,
+                     "] = ", page, " is not a page of the cache (NP = ", NP, ")");
+          }
+          own_from = sl / P * P;
+        }
+      }
+      for (int64_t j = own_from; j <= p; j += P) {
+        const int64_t page = table_at(cache.block_table, s, j / P);
+        LS_CHECK(page >= 0 && page < NP, op, "cache.block_table[", s, "][", j / P, "] = ", page,
+                 " is not a page of the cache (NP = ", NP, ")");
+      }
+    }
+  }
+
+  // One upload of the step's metadata, used by every layer and rank.
+  DeviceStage stage(*m.ops);
+  std::vector<const char*> names = {"tokens",        "seq", "pos", "slots", "cache.block_table",
+                                    "cache.seq_lens"};
+  std::vector<TensorView> host = {tokens,        seq, pos, slots.view(), cache.block_table,
+                                  cache.seq_lens};
+  if (prefix) {
+    names.insert(names.end(),
+                 {"cache.prefix.block_table", "cache.prefix.shared_len", "cache.prefix.seq_group"});
+    host.insert(host.end(), {prefix->block_table, prefix->shared_len, prefix->seq_group});
+  }
+  const std::vector<TensorView> md = stage.upload(op, names, host);
+  std::optional<SharedPrefix> prefix_d;
+  if (prefix) prefix_d = SharedPrefix{md[6], md[7], md[8]};
+  const TensorView hidden = stage.output(hidden_out);
+
   m.run(
-      tokens, pos,
+      md[0], md[2],
       [&](int l, int r, const TensorView& q, const TensorView& k, const TensorView& v,
           const TensorView& out) {
         const RankShard& s = m.ranks[size_t(r)];
@@ -619,18 +773,19 @@ void Model::forward_step(const TensorView& tokens, const TensorView& seq, const 
         // Every new token's K/V goes in before attention (chunked prefill reads its own
         // chunk's keys from the cache). Replicated kv heads (Hkv < tp) are written by each of
         // their ranks with identical bits.
-        m.ops->kv_cache_write(k, v, slots.view(), kc, vc);
-        const PagedKv kv{kc, vc, cache.block_table, cache.seq_lens};
+        m.ops->kv_cache_write(k, v, md[3], kc, vc);
+        const PagedKv kv{kc, vc, md[4], md[5]};
         if (step.cascade) {
-          m.ops->attention_paged_cascade(q, seq, pos, kv, *cache.prefix, m.attn, out, TensorView{});
+          m.ops->attention_paged_cascade(q, md[1], md[2], kv, *prefix_d, m.attn, out, TensorView{});
         } else if (step.kv_splits > 1) {
-          m.ops->attention_paged_split_kv(q, seq, pos, kv, m.attn, step.kv_splits, out,
+          m.ops->attention_paged_split_kv(q, md[1], md[2], kv, m.attn, step.kv_splits, out,
                                           TensorView{});
         } else {
-          m.ops->attention_paged(q, seq, pos, kv, m.attn, out, TensorView{});
+          m.ops->attention_paged(q, md[1], md[2], kv, m.attn, out, TensorView{});
         }
       },
-      hidden_out);
+      hidden);
+  stage.finish();
 }
 
 // --- heads ---
@@ -639,32 +794,55 @@ void Model::logprob(const TensorView& hidden, const TensorView& targets, float t
                     const TensorView& logp, const TensorView& lse,
                     const TensorView& entropy) const {
   const Impl& m = *impl_;
+  const char* op = "Model::logprob";
   LogprobParams params;
   params.temperature = temperature;
   params.ignore_index = -1;
   const int tp = m.opt.tp;
+  const int64_t V = m.cfg.vocab_size;
+  if (m.device_backend()) {
+    // The device ops trust device targets: check them here (the CPU op does it itself).
+    LS_CHECK(hidden.ndim == 2, op, "argument 'hidden' expected shape [T, H], got ",
+             hidden.shape_string());
+    const int64_t T = hidden.size(0);
+    m.check_activation(op, "hidden", hidden, DType::kBF16, {T, m.cfg.hidden_size});
+    check_tensor_dtypes(op, "targets", targets, {DType::kI32, DType::kI64}, {T});
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t id = read_index(targets, t);
+      LS_CHECK(id == params.ignore_index || (id >= 0 && id < V), op, "targets[", t, "] = ", id,
+               " is outside the vocabulary [0, ", V, ") and not the ignore index -1");
+    }
+    for (auto [name, v] :
+         {std::pair{"logp", &logp}, std::pair{"lse", &lse}, std::pair{"entropy", &entropy}})
+      m.check_activation(op, name, *v, DType::kF32, {T});
+  }
+  DeviceStage stage(*m.ops);
+  const TensorView tg = stage.upload(op, {"targets"}, {targets})[0];
+  const TensorView h = stage.input(hidden);
+  const TensorView lp = stage.output(logp), ls = stage.output(lse), en = stage.output(entropy);
   if (tp == 1) {
-    m.ops->linear_logprob(hidden, m.lm_head, targets, params, m.opt.contract, logp, lse, entropy);
+    m.ops->linear_logprob(h, m.ws->lm_head, tg, params, m.opt.contract, lp, ls, en);
+    stage.finish();
     return;
   }
-  const char* op = "Model::logprob";
   LS_CHECK(hidden.ndim == 2, op, "argument 'hidden' expected shape [T, H], got ",
            hidden.shape_string());
-  const int64_t T = hidden.size(0), V = m.cfg.vocab_size;
+  const int64_t T = hidden.size(0);
   // Vocab-parallel: rank r owns the aligned subtree of vocab segments [r·S/tp, (r+1)·S/tp).
   const LogprobVocabLayout lay = logprob_vocab_layout(m.opt.contract, V);
   const int per = m.opt.contract.vocab_segments / tp;
-  Tensor states(DType::kF32, {tp, T, 4});
+  Tensor states = m.ops->empty(DType::kF32, {tp, T, 4});
   for (int r = 0; r < tp; ++r) {
     const LogprobShard sh{V, r * per, per};
     const int64_t v0 = std::min(V, int64_t(r * per) * lay.segment_len);
     const int64_t v1 = std::min(V, int64_t((r + 1) * per) * lay.segment_len);
     TensorView st = view2(states.ptr<float>() + int64_t(r) * T * 4, DType::kF32, T, 4, 4);
-    m.ops->linear_logprob_partial(hidden, m.lm_head.rows(v0, v1), targets, params, m.opt.contract,
-                                  sh, st);
+    st.device = states.device();
+    m.ops->linear_logprob_partial(h, m.ws->lm_head.rows(v0, v1), tg, params, m.opt.contract, sh,
+                                  st);
   }
-  m.ops->linear_logprob_combine(states.view(), targets, params, m.opt.contract, V, logp, lse,
-                                entropy);
+  m.ops->linear_logprob_combine(states.view(), tg, params, m.opt.contract, V, lp, ls, en);
+  stage.finish();
 }
 
 void Model::sample(const TensorView& hidden, std::span<const SamplingParams> params,
@@ -675,8 +853,36 @@ void Model::sample(const TensorView& hidden, std::span<const SamplingParams> par
   // A logit z[t, v] is one GEMM output column (its own K reduction from row v of the lm_head), so
   // the gathered row has the same bits for every tp; simulated by sampling on the full lm_head.
   const Impl& m = *impl_;
-  m.ops->sample(hidden, m.lm_head, params, request_ids, positions, m.opt.contract, token_ids, logp,
-                lse, entropy);
+  const char* op = "Model::sample";
+  if (m.device_backend()) {
+    LS_CHECK(hidden.ndim == 2, op, "argument 'hidden' expected shape [T, H], got ",
+             hidden.shape_string());
+    const int64_t T = hidden.size(0);
+    m.check_activation(op, "hidden", hidden, DType::kBF16, {T, m.cfg.hidden_size});
+    LS_CHECK(int64_t(params.size()) == T, op, "params has ", params.size(), " entries for ", T,
+             " rows");
+    check_tensor(op, "request_ids", request_ids, DType::kI64, {T});
+    check_tensor_dtypes(op, "positions", positions, {DType::kI32, DType::kI64}, {T});
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t p = read_index(positions, t);
+      LS_CHECK(p >= 0 && p <= int64_t(UINT32_MAX), op, "positions[", t, "] = ", p,
+               " is outside [0, 2^32)");
+    }
+    check_tensor_dtypes(op, "token_ids", token_ids, {DType::kI32, DType::kI64}, {T},
+                        token_ids.device);
+    for (auto [name, v] : {std::pair{"token_ids", &token_ids}, std::pair{"logp", &logp},
+                           std::pair{"lse", &lse}, std::pair{"entropy", &entropy}})
+      LS_CHECK(v->device == Device::kCPU || v->device == m.ops->device(), op, "argument '", name,
+               "' must be on the host or on the backend's device, got ", v->describe());
+  }
+  DeviceStage stage(*m.ops);
+  const std::vector<TensorView> md =
+      stage.upload(op, {"request_ids", "positions"}, {request_ids, positions});
+  const TensorView h = stage.input(hidden);
+  const TensorView ids = stage.output(token_ids), lp = stage.output(logp), ls = stage.output(lse),
+                   en = stage.output(entropy);
+  m.ops->sample(h, m.ws->lm_head, params, md[0], md[1], m.opt.contract, ids, lp, ls, en);
+  stage.finish();
 }
 
 }  // namespace lockstep::engine

@@ -42,14 +42,15 @@ struct ModelOptions {
 // Per-layer paged KV cache storage owned by the caller (the rollout engine allocates pages). The
 // cache always holds all Hkv heads, whatever tp (rank r reads and writes its head slice).
 struct KvCacheView {
-  std::vector<TensorView> k, v;  // per layer: [NP, P, Hkv, D] bf16 (last dim contiguous)
-  TensorView block_table;        // [S, MP] i32: page of each page-slot of a sequence
-  TensorView seq_lens;  // [S] i32: keys valid for attention in this step (incl. new tokens)
+  // per layer: [NP, P, Hkv, D] bf16 (last dim contiguous), on the backend's device
+  std::vector<TensorView> k, v;
+  TensorView block_table;  // [S, MP] i32 (host): page of each page-slot of a sequence
+  TensorView seq_lens;     // [S] i32 (host): keys valid for attention in this step (incl. new)
   // Prefix sharing (GRPO groups), see SharedPrefix in lockstep/ops/attention.h; read only when
   // StepOptions::cascade is on (attention_paged_cascade). New K/V are always written through the
   // sequence's OWN block_table, so the sequence that prefills a group's prompt must have the
   // group's prefix pages in its own row; the other members' rows are read only at positions
-  // >= shared_len. Prefill steps (seq_lens < shared_len) run with cascade off.
+  // >= shared_len. Prefill steps (seq_lens < shared_len) run with cascade off. Host views.
   std::optional<SharedPrefix> prefix;
 };
 
@@ -67,15 +68,25 @@ struct StepOptions {
 // (k, v, k_norm, k_rope), [T, I] (gate, up, act), else [T, H]. Valid only during the call.
 using TraceFn = std::function<void(const std::string& op, int layer, const TensorView& t)>;
 
+// Devices: every weight, activation and KV page lives on the backend's device (ops->device()).
+// Metadata arguments (tokens, cu_seqlens, seq, pos, block tables, seq_lens, prefix tables,
+// targets, request_ids, positions) are always HOST views: validated on the host, then uploaded
+// once per call and used by every layer. Activation arguments and outputs (hidden, hidden_out,
+// logp, lse, entropy, token_ids) may be host views or views on the backend's device; a host one
+// is staged through a device temporary (outputs are copied back and the call waits for them). A
+// call whose outputs are all on the device does not wait for the device. KV-cache views must be on
+// the backend's device. With a CPU backend nothing is copied.
 class Model {
  public:
-  // Takes weights from a checkpoint (bf16 kept as is, zero-copy; f32/f16 rounded to bf16 RNE once
-  // at load), validates every tensor's name/shape against `cfg` (clear errors), and shards them
-  // for options.tp. The model keeps the checkpoint's mapping alive.
+  // Takes weights from a checkpoint (bf16 kept as is, zero-copy on a CPU backend, one upload to a
+  // device backend; f32/f16 rounded to bf16 RNE once at load), validates every tensor's
+  // name/shape against `cfg` (clear errors), and shards them for options.tp. A CPU-backend model
+  // keeps the checkpoint's mapping alive.
   Model(const Qwen3Config& cfg, const Checkpoint& ckpt, const ModelOptions& opt,
         std::shared_ptr<OpsBackend> ops);
   // Same from named weights (HF names, e.g. from random_qwen3_weights): bf16 or f32 views of the
-  // qwen3_weight_specs(cfg) shapes (contiguous rows); they are copied (f32 rounded to bf16).
+  // qwen3_weight_specs(cfg) shapes (last dim contiguous) on the host, or bf16 views on the
+  // backend's device; they are copied (f32 rounded to bf16 on the host).
   Model(const Qwen3Config& cfg, const std::map<std::string, TensorView>& weights,
         const ModelOptions& opt, std::shared_ptr<OpsBackend> ops);
   ~Model();
@@ -86,6 +97,11 @@ class Model {
   const ModelOptions& options() const;
   const OpsBackend& ops() const;
   const RopeTable& rope_table() const;  // positions 0 .. max_position_embeddings-1
+  int64_t weight_bytes() const;         // bytes of weights this model's store copied/packed
+
+  // A model with the same weights (shared, not copied), config and options on another backend of
+  // the same device, e.g. the invariant and the baseline CUDA backends over one upload.
+  std::unique_ptr<Model> with_backend(std::shared_ptr<OpsBackend> ops) const;
 
   // Training side: packed sequences, tokens [T] i32/i64, cu_seqlens [B+1] i32 (B sequences,
   // each starting at position 0). Writes the final-normed hidden states [T, H] bf16.
@@ -120,6 +136,7 @@ class Model {
   void set_trace(TraceFn fn);
 
  private:
+  Model();
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -36,35 +36,6 @@ namespace {
 
 constexpr const char* kOp = "rollout";
 
-// The KV pool's storage: per layer K and V [NP, P, Hkv, D] bf16. Filled with NaN (0xFFFF) so a read
-// of a slot nobody wrote poisons the result instead of passing silently.
-struct KvStorage {
-  std::vector<Tensor> k, v;
-  int64_t page_bytes = 0;  // P · Hkv · D · 2
-
-  KvStorage(const Qwen3Config& mc, const KvCacheConfig& kc) {
-    const int64_t L = mc.num_hidden_layers;
-    for (int64_t l = 0; l < L; ++l) {
-      for (auto* dst : {&k, &v}) {
-        Tensor t(DType::kBF16, {kc.num_pages, kc.page_size, mc.num_key_value_heads, mc.head_dim});
-        std::memset(t.data(), 0xFF, size_t(t.nbytes()));
-        dst->push_back(std::move(t));
-      }
-    }
-    page_bytes = kc.page_size * mc.num_key_value_heads * mc.head_dim * int64_t(sizeof(bf16));
-  }
-
-  // Slots [0, slots) of page src into page dst, every layer: exact bytes.
-  void copy(const PageCopy& c, int64_t page_size) {
-    const int64_t bytes = page_bytes / page_size * c.slots;
-    for (auto* list : {&k, &v})
-      for (Tensor& t : *list) {
-        char* base = static_cast<char*>(t.data());
-        std::memmove(base + c.dst * page_bytes, base + c.src * page_bytes, size_t(bytes));
-      }
-  }
-};
-
 void validate_requests(const Model& model, const std::vector<RolloutRequest>& requests) {
   const int64_t V = model.config().vocab_size, ctx = model_context(model);
   std::unordered_set<int64_t> ids;
@@ -166,7 +137,9 @@ RolloutResult run_rollout(const Model& model, const std::vector<RolloutRequest>&
     req_index[r.id] = i;
   }
   Scheduler sched(cfg.scheduler, cfg.kv, std::move(specs));
-  KvStorage storage(mc, cfg.kv);
+  const OpsBackend& ops = model.ops();
+  const KvCacheStorage storage(ops, mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim,
+                               cfg.kv);
 
   RolloutResult res;
   res.completions.resize(requests.size());
@@ -187,7 +160,7 @@ RolloutResult run_rollout(const Model& model, const std::vector<RolloutRequest>&
   bool stop = false;
   while (!sched.done() && !stop) {
     StepPlan plan = sched.schedule();
-    for (const PageCopy& c : plan.copies) storage.copy(c, P);
+    storage.copy_pages(plan.copies);
 
     // Inputs of the step: rows in plan order, one block-table row per scheduled sequence.
     const int64_t N = plan.num_tokens, S = int64_t(plan.seqs.size());
@@ -218,10 +191,8 @@ RolloutResult run_rollout(const Model& model, const std::vector<RolloutRequest>&
     }
 
     KvCacheView view;
-    for (int64_t l = 0; l < mc.num_hidden_layers; ++l) {
-      view.k.push_back(storage.k[size_t(l)].view());
-      view.v.push_back(storage.v[size_t(l)].view());
-    }
+    view.k = storage.k_views();
+    view.v = storage.v_views();
     view.block_table = block_table.view();
     view.seq_lens = seq_lens.view();
     StepOptions step = cfg.step;
@@ -242,36 +213,54 @@ RolloutResult run_rollout(const Model& model, const std::vector<RolloutRequest>&
     }
     if (hooks.before_step && !hooks.before_step(info)) stop = true;
 
-    Tensor hidden(DType::kBF16, {N, H});
+    // Hidden states stay on the backend's device; the host gets the sampled ids and values
+    // (one wait per step, inside Model::sample).
+    Tensor hidden = ops.empty(DType::kBF16, {N, H});
     model.forward_step(tokens.view(), seq.view(), pos.view(), view, step, hidden.view());
 
     // Sample rows: a sequence's last row, once for itself and once per forked group member.
     const int64_t R = plan.num_samples();
     std::vector<int32_t> sampled;
     if (R > 0) {
-      Tensor h(DType::kBF16, {R, H}), rid(DType::kI64, {R}), spos(DType::kI32, {R});
+      Tensor rid(DType::kI64, {R}), spos(DType::kI32, {R});
+      std::vector<int64_t> src_row;  // row of `hidden` each sample row reads
       std::vector<SamplingParams> params;
       std::vector<size_t> dest;  // completion index of each sample row
-      int64_t r = 0;
       for (int64_t s = 0; s < S; ++s) {
         const ScheduledSeq& ss = plan.seqs[size_t(s)];
         if (!ss.sample) continue;
-        const bf16* src = hidden.ptr<bf16>() + (info.row_begin[size_t(s)] + ss.count - 1) * H;
         auto add = [&](int64_t id) {
-          std::memcpy(h.ptr<bf16>() + r * H, src, size_t(H) * sizeof(bf16));
+          const int64_t r = int64_t(src_row.size());
+          src_row.push_back(info.row_begin[size_t(s)] + ss.count - 1);
           rid.ptr<int64_t>()[r] = id;
           spos.ptr<int32_t>()[r] = int32_t(ss.start + ss.count);
           const size_t idx = req_index.at(id);
           params.push_back(requests[idx].sampling);
           dest.push_back(idx);
-          ++r;
         };
         add(ss.seq);
         for (int64_t m : ss.forks) add(m);
       }
+      // Gather the rows on the device: one copy per run of consecutive rows (a pure decode step
+      // samples every row in order and needs no copy at all).
+      Tensor h;
+      TensorView hv = hidden.view();
+      bool identity = R == N;
+      for (int64_t r = 0; identity && r < R; ++r) identity = src_row[size_t(r)] == r;
+      if (!identity) {
+        h = ops.empty(DType::kBF16, {R, H});
+        hv = h.view();
+        for (int64_t r0 = 0; r0 < R;) {
+          int64_t r1 = r0 + 1;
+          while (r1 < R && src_row[size_t(r1)] == src_row[size_t(r1 - 1)] + 1) ++r1;
+          ops.copy(hv.rows(r0, r1),
+                   hidden.view().rows(src_row[size_t(r0)], src_row[size_t(r0)] + (r1 - r0)));
+          r0 = r1;
+        }
+      }
       Tensor ids(DType::kI32, {R}), logp(DType::kF32, {R}), lse(DType::kF32, {R}),
           ent(DType::kF32, {R});
-      model.sample(h.view(), params, rid.view(), spos.view(), ids.view(), logp.view(), lse.view(),
+      model.sample(hv, params, rid.view(), spos.view(), ids.view(), logp.view(), lse.view(),
                    ent.view());
       sampled.assign(ids.ptr<int32_t>(), ids.ptr<int32_t>() + R);
       for (int64_t i = 0; i < R; ++i) {

@@ -98,7 +98,9 @@ TrainResult run_training_forward(const Model& model, const std::vector<TrainSequ
       std::copy(s.completion.begin(), s.completion.end(), dst + s.prompt.size());
       cu.ptr<int32_t>()[b + 1] = int32_t(first_row[size_t(b)] + lengths[mb[size_t(b)]]);
     }
-    Tensor hidden(DType::kBF16, {T, H});
+    // Hidden states stay on the backend's device; rows are gathered there, log-probs come back.
+    const OpsBackend& ops = model.ops();
+    Tensor hidden = ops.empty(DType::kBF16, {T, H});
     model.forward_packed(tokens.view(), cu.view(), hidden.view());
 
     // Completion token i of a sequence is predicted by the row of position prompt + i - 1.
@@ -114,15 +116,15 @@ TrainResult run_training_forward(const Model& model, const std::vector<TrainSequ
       const std::vector<int64_t>& members = by_temp[bits];
       int64_t Tc = 0;
       for (int64_t b : members) Tc += int64_t(seqs[mb[size_t(b)]].completion.size());
-      Tensor h(DType::kBF16, {Tc, H}), targets(DType::kI32, {Tc});
+      Tensor h = ops.empty(DType::kBF16, {Tc, H});
+      Tensor targets(DType::kI32, {Tc});
       Tensor logp(DType::kF32, {Tc}), lse(DType::kF32, {Tc}), ent(DType::kF32, {Tc});
       int64_t r = 0;
       for (int64_t b : members) {
         const TrainSequence& s = seqs[mb[size_t(b)]];
         const int64_t row0 = first_row[size_t(b)] + int64_t(s.prompt.size()) - 1;
         const int64_t n = int64_t(s.completion.size());
-        std::memcpy(h.ptr<bf16>() + r * H, hidden.ptr<bf16>() + row0 * H,
-                    size_t(n * H) * sizeof(bf16));
+        ops.copy(h.view().rows(r, r + n), hidden.view().rows(row0, row0 + n));
         std::copy(s.completion.begin(), s.completion.end(), targets.ptr<int32_t>() + r);
         r += n;
       }

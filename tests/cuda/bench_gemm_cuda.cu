@@ -4,7 +4,7 @@
 // calls, then the median of 20 timed calls (one cudaEvent pair around each call; the lockstep
 // launcher's host-side checks and tensor-map encoding are inside the timing). Operands: random bf16
 // in ±[0.5, 2) (never zeros). Prints a markdown table (and the kernel plan of each shape); writes
-// nothing else. Usage: bench_gemm [--quick] (--quick: M in {1, 1024, 4096} only).
+// nothing else. Usage: bench_gemm_cuda [--quick] (--quick: M in {1, 1024, 4096} only).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 

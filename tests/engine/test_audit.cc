@@ -449,6 +449,45 @@ TEST(AuditArgs, DefaultsAndFlags) {
   EXPECT_NE(std::string(audit_usage()).find("--chunk-budget"), std::string::npos);
 }
 
+TEST(AuditArgs, DevicesAndModelShapes) {
+  const AuditCommandLine d = parse_audit_args({});
+  EXPECT_EQ(d.rollout_device, "cpu");
+  EXPECT_EQ(d.train_device, "cpu");
+  EXPECT_EQ(d.model_shape, "default");
+  const AuditCommandLine a = parse_audit_args({"--device", "cuda", "--model-shape=qwen3-8b"});
+  EXPECT_EQ(a.rollout_device, "cuda");
+  EXPECT_EQ(a.train_device, "cuda");
+  EXPECT_EQ(a.model_shape, "qwen3-8b");
+  const AuditCommandLine x =
+      parse_audit_args({"--rollout-device", "cuda", "--train-device=cpu", "--model-shape",
+                        "qwen3-0.6b", "--weight-seed", "12"});
+  EXPECT_EQ(x.rollout_device, "cuda");
+  EXPECT_EQ(x.train_device, "cpu");
+  EXPECT_EQ(x.weight_seed, 12u);
+  EXPECT_NE(parse_error({"--device", "tpu"}).find("--device expects cpu or cuda"),
+            std::string::npos);
+  EXPECT_NE(parse_error({"--model-shape", "qwen3-1t"}).find("--model-shape expects"),
+            std::string::npos);
+  EXPECT_NE(parse_error({"--model", "/m", "--model-shape", "qwen3-8b"})
+                .find("--model and --model-shape exclude each other"),
+            std::string::npos);
+  const std::string usage = audit_usage();
+  for (const char* f : {"--device", "--rollout-device", "--train-device", "--model-shape"})
+    EXPECT_NE(usage.find(f), std::string::npos) << f;
+  // The named shapes are the Hugging Face Qwen3 dimensions.
+  const Qwen3Config q06 = qwen3_shape_config("qwen3-0.6b");
+  EXPECT_EQ(q06.hidden_size, 1024);
+  EXPECT_EQ(q06.num_hidden_layers, 28);
+  EXPECT_TRUE(q06.tie_word_embeddings);
+  EXPECT_EQ(qwen3_num_parameters(q06), 596049920);
+  const Qwen3Config q8 = qwen3_shape_config("qwen3-8b");
+  EXPECT_EQ(q8.intermediate_size, 12288);
+  EXPECT_FALSE(q8.tie_word_embeddings);
+  EXPECT_EQ(qwen3_num_parameters(q8), 8190735360);
+  EXPECT_EQ(qwen3_shape_config("default").hidden_size, default_model_config().hidden_size);
+  EXPECT_NE(error_of([] { qwen3_shape_config("x"); }).find("not one of"), std::string::npos);
+}
+
 TEST(AuditArgs, BadFlagsAreClearErrors) {
   EXPECT_NE(parse_error({"--bogus"}).find("unknown flag '--bogus'"), std::string::npos);
   EXPECT_NE(parse_error({"--prompts"}).find("--prompts needs a value"), std::string::npos);

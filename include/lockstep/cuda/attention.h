@@ -5,8 +5,13 @@
 //
 // Metadata (cu_seqlens, q_seq, q_pos, block tables, seq_lens, shared_len, seq_group, slot_mapping)
 // may be host views (Device::kCPU: every value is checked exactly like the CPU op, then copied to
-// the device) or device views (only dtype/shape are checked: their contents are trusted; kernels
-// still never read outside the caches and tables). q/k/v/caches/out/lse/states are device views.
+// the device) or device views. Device block tables and a device slot_mapping are trusted (only
+// dtype/shape are checked; kernels never read outside the caches and tables: a table entry or
+// page index out of range reads as a zero key, an out-of-range slot is skipped). The small
+// per-row / per-sequence views (cu_seqlens, q_seq, q_pos, seq_lens, shared_len, seq_group) are
+// needed to plan the launch: device ones are copied back (one synchronous copy each) and checked
+// like host ones. q/k/v/caches/out/lse/states are device views. Each call uploads its work list
+// (one stream-ordered allocation and copy) and frees it in stream order.
 #pragma once
 
 #include <string>
@@ -18,20 +23,17 @@ namespace lockstep::cuda {
 
 void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                               const TensorView& cu_seqlens, const AttentionConfig& cfg,
-                              const TensorView& out, const TensorView& lse,
-                              void* stream = nullptr);
+                              const TensorView& out, const TensorView& lse, void* stream = nullptr);
 void attention_paged(const TensorView& q, const TensorView& q_seq, const TensorView& q_pos,
                      const PagedKv& kv, const AttentionConfig& cfg, const TensorView& out,
                      const TensorView& lse, void* stream = nullptr);
-void attention_paged_split_kv(const TensorView& q, const TensorView& q_seq,
-                              const TensorView& q_pos, const PagedKv& kv,
-                              const AttentionConfig& cfg, int num_splits, const TensorView& out,
-                              const TensorView& lse, void* stream = nullptr);
-void attention_paged_cascade(const TensorView& q, const TensorView& q_seq,
-                             const TensorView& q_pos, const PagedKv& kv,
-                             const SharedPrefix& prefix, const AttentionConfig& cfg,
-                             const TensorView& out, const TensorView& lse,
-                             void* stream = nullptr);
+void attention_paged_split_kv(const TensorView& q, const TensorView& q_seq, const TensorView& q_pos,
+                              const PagedKv& kv, const AttentionConfig& cfg, int num_splits,
+                              const TensorView& out, const TensorView& lse, void* stream = nullptr);
+void attention_paged_cascade(const TensorView& q, const TensorView& q_seq, const TensorView& q_pos,
+                             const PagedKv& kv, const SharedPrefix& prefix,
+                             const AttentionConfig& cfg, const TensorView& out,
+                             const TensorView& lse, void* stream = nullptr);
 void attention_paged_chunk_states(const TensorView& q, const TensorView& q_seq,
                                   const TensorView& q_pos, const PagedKv& kv,
                                   const AttentionConfig& cfg, int64_t chunk_begin,

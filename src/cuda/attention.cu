@@ -1,0 +1,926 @@
+// Launchers of the CUDA attention kernels (attention.cuh): the same argument checks as the CPU ops
+// (reused from cpu/checks.h on host copies of the metadata), the work items of each mode (row tiles
+// of one KV source x chunk ranges), the launch, and the split-KV / cascade / chunk-state plumbing.
+// Every mode computes each (row, head) in the canonical order, so no choice made here (kernel,
+// rows per CTA, splits, item order) can change bits.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "cpu/checks.h"
+#include "cuda/attention.cuh"
+#include "lockstep/cuda/attention.h"
+#include "lockstep/error.h"
+
+namespace lockstep::cuda {
+namespace {
+
+using namespace attn_detail;
+namespace ck = ::lockstep::cpu::check_detail;
+
+void cuda_check(const char* op, cudaError_t e, const char* what) {
+  LS_CHECK(e == cudaSuccess, op, what, " failed: ", cudaGetErrorString(e));
+}
+
+void check_on_device(const char* op, const char* arg, const TensorView& t) {
+  LS_CHECK(t.device == Device::kCUDA, op, "argument '", arg, "' must be a CUDA view, got ",
+           t.describe());
+}
+bool given(const TensorView& t) { return t.ndim != 0 || t.data != nullptr; }
+
+TensorView as_cpu(TensorView t) {
+  t.device = Device::kCPU;
+  return t;
+}
+
+// Number of elements spanned by a view with non-negative strides (0 when empty).
+int64_t span_elems(const TensorView& t) {
+  if (t.numel() == 0) return 0;
+  int64_t last = 0;
+  for (int d = 0; d < t.ndim; ++d) last += (t.shape[d] - 1) * t.stride[d];
+  return last + 1;
+}
+
+// A metadata view readable on the host: host views as they are; device views copied back (one
+// synchronous copy of the spanned bytes). Contents of device views are checked like host ones.
+struct Meta {
+  std::vector<uint8_t> buf;
+  TensorView host;
+};
+Meta host_meta(const char* op, const char* arg, const TensorView& t, cudaStream_t s) {
+  Meta m;
+  m.host = t;
+  if (t.device == Device::kCUDA && t.data != nullptr && t.numel() > 0) {
+    for (int d = 0; d < t.ndim; ++d)
+      LS_CHECK(t.stride[d] >= 0, op, "argument '", arg, "' must have non-negative strides");
+    const size_t bytes = size_t(span_elems(t) * dtype_size(t.dtype));
+    m.buf.resize(bytes);
+    cuda_check(op, cudaMemcpyAsync(m.buf.data(), t.data, bytes, cudaMemcpyDeviceToHost, s),
+               "metadata copy");
+    cuda_check(op, cudaStreamSynchronize(s), "metadata copy");
+    m.host.data = m.buf.data();
+  }
+  m.host.device = Device::kCPU;
+  return m;
+}
+
+int32_t rd(const TensorView& t, int64_t i) { return t.ptr<const int32_t>()[i * t.stride[0]]; }
+
+int num_sms() {
+  static const int n = [] {
+    int dev = 0, v = 132;
+    if (cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess)
+      return v;
+    return 132;
+  }();
+  return n;
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// ------------------------------------------------------------------------------------------------
+// Kernel choice.
+
+enum class Kern { kCs64, kCs128, kKs64x, kKs128x, kKs64, kKs128, kKs256, kKs512 };
+
+bool cs_ok(int64_t D, int64_t G) { return (D == 64 || D == 128) && G <= kCsCols; }
+
+Kern pick(int64_t D, bool cs) {
+  if (cs) return D == 64 ? Kern::kCs64 : Kern::kCs128;
+  if (D == 64) return Kern::kKs64x;
+  if (D == 128) return Kern::kKs128x;
+  if (D <= 64) return Kern::kKs64;
+  if (D <= 128) return Kern::kKs128;
+  if (D <= 256) return Kern::kKs256;
+  return Kern::kKs512;
+}
+int kern_cols(Kern k) { return (k == Kern::kCs64 || k == Kern::kCs128) ? kCsCols : kKsCols; }
+int rows_per_item(Kern k, int64_t G) { return int(std::max<int64_t>(1, kern_cols(k) / G)); }
+
+constexpr int kCsStages = 2;
+template <int DM>
+constexpr int ks_stages() {
+  return DM <= 128 ? 3 : (DM <= 256 ? 2 : 1);
+}
+
+// NOTE: one template instance per kernel (the kernel is a template argument), so the
+// once-per-process shared-memory attribute is set for every kernel, not just the first.
+template <auto Kernel>
+void launch_kernel(const char* op, int smem, dim3 grid, cudaStream_t s, const AttnParams& p) {
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  LS_CHECK(attr == cudaSuccess, op, "cudaFuncSetAttribute failed: ", cudaGetErrorString(attr));
+  Kernel<<<grid, kThreads, smem, s>>>(p);
+}
+
+int kern_smem(Kern k) {
+  switch (k) {
+    case Kern::kCs64:
+      return CsShape<64, kCsStages>::kSmem;
+    case Kern::kCs128:
+      return CsShape<128, kCsStages>::kSmem;
+    case Kern::kKs64x:
+    case Kern::kKs64:
+      return KsShape<64, ks_stages<64>()>::kSmem;
+    case Kern::kKs128x:
+    case Kern::kKs128:
+      return KsShape<128, ks_stages<128>()>::kSmem;
+    case Kern::kKs256:
+      return KsShape<256, ks_stages<256>()>::kSmem;
+    case Kern::kKs512:
+      return KsShape<512, ks_stages<512>()>::kSmem;
+  }
+  return 0;
+}
+
+const char* kern_name(Kern k) {
+  switch (k) {
+    case Kern::kCs64:
+      return "cs<D=64>";
+    case Kern::kCs128:
+      return "cs<D=128>";
+    case Kern::kKs64x:
+      return "ks<D=64>";
+    case Kern::kKs128x:
+      return "ks<D=128>";
+    case Kern::kKs64:
+      return "ks<D<=64>";
+    case Kern::kKs128:
+      return "ks<D<=128>";
+    case Kern::kKs256:
+      return "ks<D<=256>";
+    case Kern::kKs512:
+      return "ks<D<=512>";
+  }
+  return "?";
+}
+
+void launch(const char* op, Kern k, const AttnParams& p, int64_t items, int64_t Hkv, int64_t zb,
+            cudaStream_t s) {
+  if (items == 0) return;
+  LS_CHECK(items < (int64_t(1) << 31) && Hkv <= 65535 && zb <= 65535, op,
+           "problem too large for one launch (items ", items, ", kv heads ", Hkv, ")");
+  const dim3 grid{unsigned(items), unsigned(Hkv), unsigned(zb)};
+  const int smem = kern_smem(k);
+  switch (k) {
+    case Kern::kCs64:
+      launch_kernel<attn_cs_kernel<64, kCsStages>>(op, smem, grid, s, p);
+      break;
+    case Kern::kCs128:
+      launch_kernel<attn_cs_kernel<128, kCsStages>>(op, smem, grid, s, p);
+      break;
+    case Kern::kKs64x:
+      launch_kernel<attn_ks_kernel<64, true, ks_stages<64>()>>(op, smem, grid, s, p);
+      break;
+    case Kern::kKs128x:
+      launch_kernel<attn_ks_kernel<128, true, ks_stages<128>()>>(op, smem, grid, s, p);
+      break;
+    case Kern::kKs64:
+      launch_kernel<attn_ks_kernel<64, false, ks_stages<64>()>>(op, smem, grid, s, p);
+      break;
+    case Kern::kKs128:
+      launch_kernel<attn_ks_kernel<128, false, ks_stages<128>()>>(op, smem, grid, s, p);
+      break;
+    case Kern::kKs256:
+      launch_kernel<attn_ks_kernel<256, false, ks_stages<256>()>>(op, smem, grid, s, p);
+      break;
+    case Kern::kKs512:
+      launch_kernel<attn_ks_kernel<512, false, ks_stages<512>()>>(op, smem, grid, s, p);
+      break;
+  }
+  cuda_check(op, cudaGetLastError(), "kernel launch");
+}
+
+// ------------------------------------------------------------------------------------------------
+// Work items on the host, then one upload of items, row lists and (host) block tables.
+
+struct ItemPlan {
+  int table = -1;  // -1 packed, 0 kv.block_table, 1 prefix.block_table
+  int64_t own_row = 0;
+  int64_t shared_row = -1;  // prefix table row, or -1
+  int64_t base = 0;
+  int32_t own_pages = 0, shared_pages = 0, shared_len = 0;
+  int32_t rb = 0, nr = 0, c_lo = 0, c_hi = std::numeric_limits<int32_t>::max();
+  int64_t cost = 0;
+};
+
+struct Plan {
+  std::vector<ItemPlan> items;
+  std::vector<int32_t> row_ids, row_pos;
+  int32_t max_nr = 0;
+};
+
+// Device scratch of one call: freed in stream order when the call returns.
+struct Scratch {
+  cudaStream_t s = nullptr;
+  std::vector<void*> ptrs;
+  explicit Scratch(cudaStream_t st) : s(st) {}
+  ~Scratch() {
+    for (void* p : ptrs) cudaFreeAsync(p, s);
+  }
+  void* alloc(const char* op, size_t bytes) {
+    void* p = nullptr;
+    cuda_check(op, cudaMallocAsync(&p, std::max<size_t>(bytes, 16), s), "cudaMallocAsync");
+    ptrs.push_back(p);
+    return p;
+  }
+  template <typename T>
+  T* upload(const char* op, const T* data, size_t n) {
+    T* d = static_cast<T*>(alloc(op, n * sizeof(T)));
+    if (n > 0)
+      cuda_check(op, cudaMemcpyAsync(d, data, n * sizeof(T), cudaMemcpyHostToDevice, s), "upload");
+    return d;
+  }
+};
+
+// A block table usable by the kernels: the device view itself, or an uploaded copy.
+const int32_t* device_table(const char* op, const TensorView& t, Scratch& scr) {
+  if (t.device == Device::kCUDA) return t.ptr<const int32_t>();
+  return scr.upload(op, t.ptr<const int32_t>(), size_t(span_elems(t)));
+}
+
+struct Uploaded {
+  const AttnItem* items = nullptr;
+  const int32_t* row_ids = nullptr;
+  const int32_t* row_pos = nullptr;
+  const uint8_t* extra = nullptr;  // optional per-row bytes (cascade: has_prefix)
+};
+
+// Items, row lists and optional per-row bytes in ONE allocation and ONE copy.
+Uploaded upload_plan(const char* op, const Plan& plan, const int32_t* kv_bt, int64_t kv_bt_s0,
+                     const int32_t* px_bt, int64_t px_bt_s0, Scratch& scr,
+                     const std::vector<uint8_t>* extra = nullptr) {
+  std::vector<AttnItem> items(plan.items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    const ItemPlan& ip = plan.items[i];
+    AttnItem& it = items[i];
+    std::memset(&it, 0, sizeof it);
+    if (ip.table == 0) it.own = kv_bt + ip.own_row * kv_bt_s0;
+    if (ip.table == 1) it.own = px_bt + ip.own_row * px_bt_s0;
+    it.shared = ip.shared_row >= 0 ? px_bt + ip.shared_row * px_bt_s0 : nullptr;
+    it.base = ip.base;
+    it.own_pages = ip.own_pages;
+    it.shared_pages = ip.shared_pages;
+    it.shared_len = ip.shared_len;
+    it.rb = ip.rb;
+    it.nr = ip.nr;
+    it.c_lo = ip.c_lo;
+    it.c_hi = ip.c_hi;
+  }
+  std::vector<uint8_t> blob;
+  auto put = [&](const void* d, size_t bytes) {
+    const size_t off = (blob.size() + 63) & ~size_t(63);
+    blob.resize(off + bytes);
+    if (bytes > 0) std::memcpy(blob.data() + off, d, bytes);
+    return off;
+  };
+  const size_t o_items = put(items.data(), items.size() * sizeof(AttnItem));
+  const size_t o_ids = put(plan.row_ids.data(), plan.row_ids.size() * 4);
+  const size_t o_pos = put(plan.row_pos.data(), plan.row_pos.size() * 4);
+  const size_t o_extra = extra ? put(extra->data(), extra->size()) : 0;
+  uint8_t* base = scr.upload(op, blob.data(), blob.size());
+  Uploaded u;
+  u.items = reinterpret_cast<const AttnItem*>(base + o_items);
+  u.row_ids = reinterpret_cast<const int32_t*>(base + o_ids);
+  u.row_pos = reinterpret_cast<const int32_t*>(base + o_pos);
+  if (extra) u.extra = base + o_extra;
+  return u;
+}
+
+// Longest items first (better tail); the order never changes bits.
+void sort_items(Plan& plan) {
+  std::stable_sort(plan.items.begin(), plan.items.end(),
+                   [](const ItemPlan& a, const ItemPlan& b) { return a.cost > b.cost; });
+}
+
+int64_t item_cost(const Plan& plan, const ItemPlan& ip, int64_t K) {
+  int64_t lim = -1;
+  for (int32_t i = ip.rb; i < ip.rb + ip.nr; ++i) lim = std::max<int64_t>(lim, plan.row_pos[i]);
+  const int64_t lo = int64_t(ip.c_lo) * K;
+  const int64_t hi = std::min<int64_t>(int64_t(ip.c_hi) * K, lim + 1);
+  return hi > lo ? (hi - lo + kBlk - 1) / kBlk : 0;
+}
+
+void base_params(AttnParams& p, const TensorView& q, int64_t G, const AttentionConfig& cfg) {
+  std::memset(&p, 0, sizeof p);
+  p.q = q.ptr<const uint16_t>();
+  p.q_s0 = q.stride[0];
+  p.q_s1 = q.stride[1];
+  p.Hq = int32_t(q.shape[1]);
+  p.D = int32_t(q.shape[2]);
+  p.G = int32_t(G);
+  p.K = cfg.kv_chunk;
+  p.scale = cfg.scale_log2(q.shape[2]);
+  p.q_vec = aligned16(q.data) && q.stride[0] % 8 == 0 && q.stride[1] % 8 == 0;
+}
+
+void set_outputs(AttnParams& p, const TensorView& out, const TensorView& lse) {
+  p.out = out.ptr<uint16_t>();
+  p.o_s0 = out.stride[0];
+  p.o_s1 = out.stride[1];
+  if (given(lse) && lse.numel() > 0) {
+    p.lse = lse.ptr<float>();
+    p.l_s0 = lse.stride[0];
+    p.l_s1 = lse.stride[1];
+  }
+}
+
+void set_cache(AttnParams& p, const PagedKv& kv) {
+  p.k = kv.k_cache.ptr<const uint16_t>();
+  p.v = kv.v_cache.ptr<const uint16_t>();
+  p.k_s0 = kv.k_cache.stride[0];
+  p.k_s1 = kv.k_cache.stride[1];
+  p.k_sh = kv.k_cache.stride[2];
+  p.v_s0 = kv.v_cache.stride[0];
+  p.v_s1 = kv.v_cache.stride[1];
+  p.v_sh = kv.v_cache.stride[2];
+  p.NP = kv.k_cache.shape[0];
+  p.P = int32_t(kv.k_cache.shape[1]);
+  p.kv_vec = aligned16(p.k) && aligned16(p.v) && p.k_s0 % 8 == 0 && p.k_s1 % 8 == 0 &&
+             p.k_sh % 8 == 0 && p.v_s0 % 8 == 0 && p.v_s1 % 8 == 0 && p.v_sh % 8 == 0;
+}
+
+void set_states(AttnParams& p, const AttentionChunkStates& st, int64_t c0) {
+  p.st_m = st.m.ptr<float>();
+  p.st_l = st.l.ptr<float>();
+  p.st_acc = st.acc.ptr<float>();
+  p.sm0 = st.m.stride[0];
+  p.sm1 = st.m.stride[1];
+  p.sm2 = st.m.stride[2];
+  p.sl0 = st.l.stride[0];
+  p.sl1 = st.l.stride[1];
+  p.sl2 = st.l.stride[2];
+  p.sa0 = st.acc.stride[0];
+  p.sa1 = st.acc.stride[1];
+  p.sa2 = st.acc.stride[2];
+  p.st_c0 = c0;
+}
+
+void launch_merge(const char* op, const AttentionChunkStates& st, const int32_t* pos_dev, int64_t N,
+                  int64_t Hq, int64_t D, int K, const TensorView& out, const TensorView& lse,
+                  cudaStream_t s) {
+  if (N == 0 || Hq == 0) return;
+  MergeParams mp;
+  std::memset(&mp, 0, sizeof mp);
+  mp.m = st.m.ptr<const float>();
+  mp.l = st.l.ptr<const float>();
+  mp.acc = st.acc.ptr<const float>();
+  mp.m0 = st.m.stride[0];
+  mp.m1 = st.m.stride[1];
+  mp.m2 = st.m.stride[2];
+  mp.l0 = st.l.stride[0];
+  mp.l1 = st.l.stride[1];
+  mp.l2 = st.l.stride[2];
+  mp.a0 = st.acc.stride[0];
+  mp.a1 = st.acc.stride[1];
+  mp.a2 = st.acc.stride[2];
+  mp.pos = pos_dev;
+  mp.Hq = int32_t(Hq);
+  mp.D = int32_t(D);
+  mp.K = K;
+  mp.out = out.ptr<uint16_t>();
+  mp.o_s0 = out.stride[0];
+  mp.o_s1 = out.stride[1];
+  if (given(lse) && lse.numel() > 0) {
+    mp.lse = lse.ptr<float>();
+    mp.ls0 = lse.stride[0];
+    mp.ls1 = lse.stride[1];
+  }
+  LS_CHECK(N * Hq < (int64_t(1) << 31), op, "too many (row, head) pairs for the merge");
+  attn_merge_kernel<<<unsigned(N * Hq), kMergeThreads, 0, s>>>(mp);
+  cuda_check(op, cudaGetLastError(), "merge kernel launch");
+}
+
+// ------------------------------------------------------------------------------------------------
+// Paged plumbing shared by attention_paged / split-KV / chunk states / cascade.
+
+struct PagedArgs {
+  Meta q_seq, q_pos, seq_lens, px_len, px_group;
+  ck::Paged p;
+};
+
+void check_paged_devices(const char* op, const TensorView& q, const PagedKv& kv) {
+  check_on_device(op, "q", q);
+  check_on_device(op, "kv.k_cache", kv.k_cache);
+  check_on_device(op, "kv.v_cache", kv.v_cache);
+}
+
+PagedArgs paged_args(const char* op, const TensorView& q, const TensorView& q_seq,
+                     const TensorView& q_pos, const PagedKv& kv, const SharedPrefix* prefix,
+                     const AttentionConfig& cfg, int64_t c_lo, int64_t c_hi, cudaStream_t s) {
+  check_paged_devices(op, q, kv);
+  PagedArgs a;
+  a.q_seq = host_meta(op, "q_seq", q_seq, s);
+  a.q_pos = host_meta(op, "q_pos", q_pos, s);
+  a.seq_lens = host_meta(op, "kv.seq_lens", kv.seq_lens, s);
+  // Block tables on the device are neither copied back nor checked (their contents are trusted;
+  // the kernels treat an entry outside the table or the cache as a zero key). Host tables are
+  // checked exactly like the CPU op does.
+  const bool dev_tables = kv.block_table.device == Device::kCUDA ||
+                          (prefix != nullptr && prefix->block_table.device == Device::kCUDA);
+  PagedKv hkv{as_cpu(kv.k_cache), as_cpu(kv.v_cache), as_cpu(kv.block_table), a.seq_lens.host};
+  SharedPrefix hpx;
+  if (prefix != nullptr) {
+    a.px_len = host_meta(op, "prefix.shared_len", prefix->shared_len, s);
+    a.px_group = host_meta(op, "prefix.seq_group", prefix->seq_group, s);
+    hpx = SharedPrefix{as_cpu(prefix->block_table), a.px_len.host, a.px_group.host};
+  }
+  a.p = ck::check_paged(op, as_cpu(q), a.q_seq.host, a.q_pos.host, hkv, prefix ? &hpx : nullptr,
+                        cfg, dev_tables ? 0 : c_lo, dev_tables ? 0 : c_hi);
+  return a;
+}
+
+// Tiles of consecutive rows of one sequence (at most R rows), identity row list.
+void paged_tiles(Plan& plan, const ck::Paged& p, int R, const SharedPrefix* prefix, int64_t MPs,
+                 int64_t K, bool cascade_lo) {
+  const int64_t N = p.qs.N;
+  const int32_t rb0 = int32_t(plan.row_ids.size());
+  for (int64_t r = 0; r < N; ++r) {
+    plan.row_ids.push_back(int32_t(r));
+    plan.row_pos.push_back(int32_t(p.pos[size_t(r)]));
+  }
+  for (int64_t r = 0; r < N;) {
+    int64_t e = r + 1;
+    while (e < N && e - r < R && p.seq[size_t(e)] == p.seq[size_t(r)]) ++e;
+    ItemPlan ip;
+    const int64_t sq = p.seq[size_t(r)];
+    ip.table = 0;
+    ip.own_row = sq;
+    ip.own_pages = int32_t(p.MP);
+    ip.rb = rb0 + int32_t(r);
+    ip.nr = int32_t(e - r);
+    const int64_t g = p.group[size_t(sq)];
+    if (prefix != nullptr && g >= 0) {
+      ip.shared_row = g;
+      ip.shared_pages = int32_t(MPs);
+      ip.shared_len = int32_t(p.shared_len[size_t(g)]);
+      if (cascade_lo) ip.c_lo = int32_t(p.shared_len[size_t(g)] / K);
+    }
+    plan.max_nr = std::max(plan.max_nr, ip.nr);
+    plan.items.push_back(ip);
+    r = e;
+  }
+}
+
+// Whether rows come in runs of one sequence long enough for the 64-column kernel.
+bool multi_row(const ck::Paged& p, int64_t G) {
+  const int64_t N = p.qs.N;
+  int64_t runs = 0;
+  for (int64_t r = 0; r < N; ++r)
+    if (r == 0 || p.seq[size_t(r)] != p.seq[size_t(r - 1)]) ++runs;
+  const int64_t ks_rows = std::max<int64_t>(1, kKsCols / G);
+  return runs > 0 && N >= 2 * ks_rows * runs;
+}
+
+void paged_run(const char* op, const TensorView& q, const TensorView& q_seq,
+               const TensorView& q_pos, const PagedKv& kv, const AttentionConfig& cfg,
+               int64_t num_splits, const TensorView& out, const TensorView& lse, cudaStream_t s) {
+  PagedArgs a = paged_args(op, q, q_seq, q_pos, kv, nullptr, cfg, 0, ck::kAllChunks, s);
+  check_on_device(op, "out", out);
+  if (given(lse)) check_on_device(op, "lse", lse);
+  ck::check_attn_outputs(op, a.p.qs, as_cpu(out), as_cpu(lse));
+  const ck::Paged& p = a.p;
+  const int64_t N = p.qs.N, Hq = p.qs.Hq, D = p.qs.D, G = Hq / p.Hkv, K = cfg.kv_chunk;
+  if (N == 0) return;
+  const Kern kern = pick(D, cs_ok(D, G) && multi_row(p, G));
+  Plan plan;
+  paged_tiles(plan, p, rows_per_item(kern, G), nullptr, 0, K, false);
+  const int64_t zb = (int64_t(plan.max_nr) * G + kern_cols(kern) - 1) / kern_cols(kern);
+  int64_t cmax = 1;
+  for (int64_t r = 0; r < N; ++r) cmax = std::max(cmax, p.pos[size_t(r)] / K + 1);
+  if (num_splits == 0) {
+    // Automatic: split whole chunks over CTAs when the tiles cannot fill the GPU. Bits are the
+    // same for every split count.
+    const int64_t ctas = int64_t(plan.items.size()) * p.Hkv * zb;
+    const double ws = double(N) * double(Hq) * double(cmax) * double(D + 2) * 4.0;
+    num_splits = 1;
+    if (cmax > 1 && ctas < 2 * num_sms() && ws < 256.0 * (1 << 20))
+      num_splits = std::min<int64_t>(cmax, (2 * num_sms() + ctas - 1) / ctas);
+  }
+  Scratch scr(s);
+  const int32_t* bt = device_table(op, kv.block_table, scr);
+  AttnParams prm;
+  base_params(prm, q, G, cfg);
+  set_cache(prm, kv);
+  set_outputs(prm, out, lse);
+  if (num_splits <= 1) {
+    for (ItemPlan& ip : plan.items) ip.cost = item_cost(plan, ip, K);
+    sort_items(plan);
+    const Uploaded u = upload_plan(op, plan, bt, kv.block_table.stride[0], nullptr, 0, scr);
+    prm.items = u.items;
+    prm.row_ids = u.row_ids;
+    prm.row_pos = u.row_pos;
+    prm.finish = kFinalize;
+    launch(op, kern, prm, int64_t(plan.items.size()), p.Hkv, zb, s);
+    return;
+  }
+  // Split-KV: each tile's chunks [0, Ct) cut into num_splits ranges; chunk states to a workspace;
+  // then the left-to-right merge.
+  Plan sp;
+  sp.row_ids = plan.row_ids;
+  sp.row_pos = plan.row_pos;
+  sp.max_nr = plan.max_nr;
+  for (const ItemPlan& b : plan.items) {
+    int64_t ct = 0;
+    for (int32_t i = b.rb; i < b.rb + b.nr; ++i)
+      ct = std::max<int64_t>(ct, plan.row_pos[size_t(i)] / K + 1);
+    for (int64_t si = 0; si < num_splits; ++si) {
+      ItemPlan t = b;
+      t.c_lo = int32_t(ct * si / num_splits);
+      t.c_hi = int32_t(ct * (si + 1) / num_splits);
+      if (t.c_hi <= t.c_lo) continue;
+      t.cost = item_cost(plan, t, K);
+      sp.items.push_back(t);
+    }
+  }
+  sort_items(sp);
+  const size_t nst = size_t(N * Hq * cmax);
+  float* ws_m = static_cast<float*>(scr.alloc(op, nst * size_t(D + 2) * 4));
+  float* ws_l = ws_m + nst;
+  float* ws_a = ws_l + nst;
+  AttentionChunkStates st{
+      TensorView::contiguous(ws_m, DType::kF32, {N, Hq, cmax}, Device::kCUDA),
+      TensorView::contiguous(ws_l, DType::kF32, {N, Hq, cmax}, Device::kCUDA),
+      TensorView::contiguous(ws_a, DType::kF32, {N, Hq, cmax, D}, Device::kCUDA)};
+  const Uploaded u = upload_plan(op, sp, bt, kv.block_table.stride[0], nullptr, 0, scr);
+  prm.items = u.items;
+  prm.row_ids = u.row_ids;
+  prm.row_pos = u.row_pos;
+  prm.finish = kStoreChunks;
+  set_states(prm, st, 0);
+  launch(op, kern, prm, int64_t(sp.items.size()), p.Hkv, zb, s);
+  // Row list is the identity over rows 0..N-1: row_pos doubles as the per-row positions.
+  launch_merge(op, st, u.row_pos, N, Hq, D, cfg.kv_chunk, out, lse, s);
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------
+
+void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const TensorView& cu_seqlens, const AttentionConfig& cfg,
+                              const TensorView& out, const TensorView& lse, void* stream) {
+  const char* op = "cuda::attention_prefill_varlen";
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  check_on_device(op, "q", q);
+  check_on_device(op, "k", k);
+  check_on_device(op, "v", v);
+  check_on_device(op, "out", out);
+  if (given(lse)) check_on_device(op, "lse", lse);
+  const Meta cu = host_meta(op, "cu_seqlens", cu_seqlens, s);
+  const ck::QShape qs = ck::check_prefill_varlen(op, as_cpu(q), as_cpu(k), as_cpu(v), cu.host, cfg,
+                                                 as_cpu(out), as_cpu(lse));
+  const int64_t T = qs.N, Hkv = k.shape[1], G = qs.Hq / Hkv, B = cu_seqlens.shape[0] - 1;
+  const int64_t K = cfg.kv_chunk;
+  if (T == 0) return;
+  const Kern kern = pick(qs.D, cs_ok(qs.D, G));
+  const int R = rows_per_item(kern, G);
+  Plan plan;
+  plan.row_ids.resize(size_t(T));
+  plan.row_pos.resize(size_t(T));
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t t0 = rd(cu.host, b), t1 = rd(cu.host, b + 1);
+    for (int64_t t = t0; t < t1; ++t) {
+      plan.row_ids[size_t(t)] = int32_t(t);
+      plan.row_pos[size_t(t)] = int32_t(t - t0);
+    }
+    for (int64_t r = t0; r < t1; r += R) {
+      ItemPlan ip;
+      ip.table = -1;
+      ip.base = t0;
+      ip.rb = int32_t(r);
+      ip.nr = int32_t(std::min<int64_t>(R, t1 - r));
+      plan.max_nr = std::max(plan.max_nr, ip.nr);
+      plan.items.push_back(ip);
+    }
+  }
+  for (ItemPlan& ip : plan.items) ip.cost = item_cost(plan, ip, K);
+  sort_items(plan);
+  Scratch scr(s);
+  const Uploaded u = upload_plan(op, plan, nullptr, 0, nullptr, 0, scr);
+  AttnParams p;
+  base_params(p, q, G, cfg);
+  p.k = k.ptr<const uint16_t>();
+  p.v = v.ptr<const uint16_t>();
+  p.k_s0 = k.stride[0];
+  p.k_sh = k.stride[1];
+  p.v_s0 = v.stride[0];
+  p.v_sh = v.stride[1];
+  p.P = 1;
+  p.kv_vec = aligned16(p.k) && aligned16(p.v) && p.k_s0 % 8 == 0 && p.k_sh % 8 == 0 &&
+             p.v_s0 % 8 == 0 && p.v_sh % 8 == 0;
+  p.items = u.items;
+  p.row_ids = u.row_ids;
+  p.row_pos = u.row_pos;
+  p.finish = kFinalize;
+  set_outputs(p, out, lse);
+  const int64_t zb = (int64_t(plan.max_nr) * G + kern_cols(kern) - 1) / kern_cols(kern);
+  launch(op, kern, p, int64_t(plan.items.size()), Hkv, zb, s);
+}
+
+void attention_paged(const TensorView& q, const TensorView& q_seq, const TensorView& q_pos,
+                     const PagedKv& kv, const AttentionConfig& cfg, const TensorView& out,
+                     const TensorView& lse, void* stream) {
+  paged_run("cuda::attention_paged", q, q_seq, q_pos, kv, cfg, 0, out, lse,
+            static_cast<cudaStream_t>(stream));
+}
+
+void attention_paged_split_kv(const TensorView& q, const TensorView& q_seq, const TensorView& q_pos,
+                              const PagedKv& kv, const AttentionConfig& cfg, int num_splits,
+                              const TensorView& out, const TensorView& lse, void* stream) {
+  const char* op = "cuda::attention_paged_split_kv";
+  LS_CHECK(num_splits >= 1, op, "num_splits must be >= 1, got ", num_splits);
+  paged_run(op, q, q_seq, q_pos, kv, cfg, num_splits, out, lse, static_cast<cudaStream_t>(stream));
+}
+
+void attention_paged_cascade(const TensorView& q, const TensorView& q_seq, const TensorView& q_pos,
+                             const PagedKv& kv, const SharedPrefix& prefix,
+                             const AttentionConfig& cfg, const TensorView& out,
+                             const TensorView& lse, void* stream) {
+  const char* op = "cuda::attention_paged_cascade";
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  PagedArgs a = paged_args(op, q, q_seq, q_pos, kv, &prefix, cfg, 0, ck::kAllChunks, s);
+  check_on_device(op, "out", out);
+  if (given(lse)) check_on_device(op, "lse", lse);
+  ck::check_attn_outputs(op, a.p.qs, as_cpu(out), as_cpu(lse));
+  const ck::Paged& p = a.p;
+  const int64_t N = p.qs.N, Hq = p.qs.Hq, D = p.qs.D, G = Hq / p.Hkv, K = cfg.kv_chunk;
+  if (N == 0) return;
+  const int64_t GR = int64_t(p.shared_len.size());
+  const int64_t MPs = prefix.block_table.shape[1];
+  Scratch scr(s);
+  const int32_t* bt = device_table(op, kv.block_table, scr);
+  const int32_t* pbt = device_table(op, prefix.block_table, scr);
+  const int64_t pbt_s0 = prefix.block_table.stride[0];
+
+  // Phase 1: per group, its rows over the chunks wholly below shared_len, from the shared pages;
+  // the folded state per (row, head) goes to a workspace.
+  std::vector<uint8_t> has_prefix(size_t(N), 0);
+  std::vector<std::vector<int32_t>> rows_of(static_cast<size_t>(GR));
+  for (int64_t r = 0; r < N; ++r) {
+    const int64_t g = p.group[size_t(p.seq[size_t(r)])];
+    if (g >= 0 && p.shared_len[size_t(g)] / K > 0) {
+      rows_of[size_t(g)].push_back(int32_t(r));
+      has_prefix[size_t(r)] = 1;
+    }
+  }
+  float* prefix_ws = nullptr;
+  const uint8_t* has_prefix_dev = nullptr;
+  {
+    Plan p1;
+    int64_t total = 0, groups = 0;
+    for (const auto& rows : rows_of) {
+      total += int64_t(rows.size());
+      groups += rows.empty() ? 0 : 1;
+    }
+    if (total > 0) {
+      const bool cs = cs_ok(D, G) && total >= 2 * std::max<int64_t>(1, kKsCols / G) * groups;
+      const Kern kern = pick(D, cs);
+      const int R = rows_per_item(kern, G);
+      for (int64_t g = 0; g < GR; ++g) {
+        const auto& rows = rows_of[size_t(g)];
+        const int32_t rb0 = int32_t(p1.row_ids.size());
+        for (int32_t r : rows) {
+          p1.row_ids.push_back(r);
+          p1.row_pos.push_back(int32_t(p.pos[size_t(r)]));
+        }
+        for (int64_t i = 0; i < int64_t(rows.size()); i += R) {
+          ItemPlan ip;
+          ip.table = 1;
+          ip.own_row = g;
+          ip.own_pages = int32_t(MPs);
+          ip.rb = rb0 + int32_t(i);
+          ip.nr = int32_t(std::min<int64_t>(R, int64_t(rows.size()) - i));
+          ip.c_lo = 0;
+          ip.c_hi = int32_t(p.shared_len[size_t(g)] / K);
+          p1.max_nr = std::max(p1.max_nr, ip.nr);
+          p1.items.push_back(ip);
+        }
+      }
+      for (ItemPlan& ip : p1.items) ip.cost = item_cost(p1, ip, K);
+      sort_items(p1);
+      prefix_ws = static_cast<float*>(scr.alloc(op, size_t(N * Hq * (D + 2)) * 4));
+      const Uploaded u = upload_plan(op, p1, bt, kv.block_table.stride[0], pbt, pbt_s0, scr);
+      AttnParams prm;
+      base_params(prm, q, G, cfg);
+      set_cache(prm, kv);
+      prm.items = u.items;
+      prm.row_ids = u.row_ids;
+      prm.row_pos = u.row_pos;
+      prm.finish = kStorePrefix;
+      prm.prefix = prefix_ws;
+      const int64_t zb = (int64_t(p1.max_nr) * G + kern_cols(kern) - 1) / kern_cols(kern);
+      launch(op, kern, prm, int64_t(p1.items.size()), p.Hkv, zb, s);
+    }
+  }
+  // Phase 2: every row continues from its prefix state with its remaining chunks, reading
+  // positions < shared_len from the shared pages and the rest from its own table.
+  const Kern kern = pick(D, cs_ok(D, G) && multi_row(p, G));
+  Plan p2;
+  paged_tiles(p2, p, rows_per_item(kern, G), &prefix, MPs, K, true);
+  for (ItemPlan& ip : p2.items) ip.cost = item_cost(p2, ip, K);
+  sort_items(p2);
+  const Uploaded u =
+      upload_plan(op, p2, bt, kv.block_table.stride[0], pbt, pbt_s0, scr, &has_prefix);
+  if (prefix_ws != nullptr) has_prefix_dev = u.extra;
+  AttnParams prm;
+  base_params(prm, q, G, cfg);
+  set_cache(prm, kv);
+  set_outputs(prm, out, lse);
+  prm.items = u.items;
+  prm.row_ids = u.row_ids;
+  prm.row_pos = u.row_pos;
+  prm.finish = kFinalize;
+  prm.prefix = prefix_ws;
+  prm.has_prefix = has_prefix_dev;
+  const int64_t zb = (int64_t(p2.max_nr) * G + kern_cols(kern) - 1) / kern_cols(kern);
+  launch(op, kern, prm, int64_t(p2.items.size()), p.Hkv, zb, s);
+}
+
+void attention_paged_chunk_states(const TensorView& q, const TensorView& q_seq,
+                                  const TensorView& q_pos, const PagedKv& kv,
+                                  const AttentionConfig& cfg, int64_t chunk_begin,
+                                  const AttentionChunkStates& states, void* stream) {
+  const char* op = "cuda::attention_paged_chunk_states";
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  LS_CHECK(chunk_begin >= 0, op, "chunk_begin must be >= 0, got ", chunk_begin);
+  LS_CHECK(states.m.ndim == 3, op, "argument 'states.m' expected shape [N, Hq, C], got ",
+           states.m.shape_string());
+  const int64_t C = states.m.shape[2];
+  check_on_device(op, "states.m", states.m);
+  check_on_device(op, "states.l", states.l);
+  check_on_device(op, "states.acc", states.acc);
+  PagedArgs a = paged_args(op, q, q_seq, q_pos, kv, nullptr, cfg, chunk_begin, chunk_begin + C, s);
+  const ck::Paged& p = a.p;
+  const int64_t N = p.qs.N, Hq = p.qs.Hq, D = p.qs.D, G = Hq / p.Hkv, K = cfg.kv_chunk;
+  check_tensor(op, "states.m", states.m, DType::kF32, {N, Hq, C}, Device::kCUDA);
+  check_tensor(op, "states.l", states.l, DType::kF32, {N, Hq, C}, Device::kCUDA);
+  check_tensor(op, "states.acc", states.acc, DType::kF32, {N, Hq, C, D}, Device::kCUDA);
+  check_inner_contiguous(op, "states.acc", states.acc);
+  if (N == 0 || C == 0) return;
+  LS_CHECK(chunk_begin + C < std::numeric_limits<int32_t>::max(), op, "chunk range too large");
+  const Kern kern = pick(D, cs_ok(D, G) && multi_row(p, G));
+  Plan plan;
+  paged_tiles(plan, p, rows_per_item(kern, G), nullptr, 0, K, false);
+  for (ItemPlan& ip : plan.items) {
+    ip.c_lo = int32_t(chunk_begin);
+    ip.c_hi = int32_t(chunk_begin + C);
+    ip.cost = item_cost(plan, ip, K);
+  }
+  sort_items(plan);
+  Scratch scr(s);
+  const int32_t* bt = device_table(op, kv.block_table, scr);
+  const Uploaded u = upload_plan(op, plan, bt, kv.block_table.stride[0], nullptr, 0, scr);
+  AttnParams prm;
+  base_params(prm, q, G, cfg);
+  set_cache(prm, kv);
+  prm.items = u.items;
+  prm.row_ids = u.row_ids;
+  prm.row_pos = u.row_pos;
+  prm.finish = kStoreChunks;
+  set_states(prm, states, chunk_begin);
+  const int64_t zb = (int64_t(plan.max_nr) * G + kern_cols(kern) - 1) / kern_cols(kern);
+  launch(op, kern, prm, int64_t(plan.items.size()), p.Hkv, zb, s);
+}
+
+void attention_merge_chunk_states(const AttentionChunkStates& states, const TensorView& q_pos,
+                                  const AttentionConfig& cfg, const TensorView& out,
+                                  const TensorView& lse, void* stream) {
+  const char* op = "cuda::attention_merge_chunk_states";
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  cfg.validate();
+  LS_CHECK(states.acc.ndim == 4, op, "argument 'states.acc' expected shape [N, Hq, C, D], got ",
+           states.acc.shape_string());
+  check_tensor(op, "states.acc", states.acc, DType::kF32, {-1, -1, -1, -1}, Device::kCUDA);
+  check_inner_contiguous(op, "states.acc", states.acc);
+  const int64_t N = states.acc.shape[0], Hq = states.acc.shape[1], C = states.acc.shape[2],
+                D = states.acc.shape[3];
+  check_tensor(op, "states.m", states.m, DType::kF32, {N, Hq, C}, Device::kCUDA);
+  check_tensor(op, "states.l", states.l, DType::kF32, {N, Hq, C}, Device::kCUDA);
+  const Meta pos = host_meta(op, "q_pos", q_pos, s);
+  check_tensor(op, "q_pos", pos.host, DType::kI32, {N});
+  LS_CHECK(D >= 1 && D <= kAttnMaxHeadDim, op, "head_dim must be in [1, ", kAttnMaxHeadDim,
+           "], got ", D);
+  check_on_device(op, "out", out);
+  if (given(lse)) check_on_device(op, "lse", lse);
+  ck::check_attn_outputs(op, ck::QShape{N, Hq, D}, as_cpu(out), as_cpu(lse));
+  std::vector<int32_t> pv(static_cast<size_t>(N));
+  for (int64_t r = 0; r < N; ++r) {
+    const int64_t ps = rd(pos.host, r);
+    LS_CHECK(ps >= 0 && ps / cfg.kv_chunk < C, op, "q_pos[", r, "] = ", ps, " needs ",
+             ps / cfg.kv_chunk + 1, " chunks, but states hold C = ", C);
+    pv[size_t(r)] = int32_t(ps);
+  }
+  if (N == 0 || Hq == 0) return;
+  Scratch scr(s);
+  const int32_t* pos_dev = scr.upload(op, pv.data(), pv.size());
+  launch_merge(op, states, pos_dev, N, Hq, D, cfg.kv_chunk, out, lse, s);
+}
+
+void kv_cache_write(const TensorView& k, const TensorView& v, const TensorView& slot_mapping,
+                    const TensorView& k_cache, const TensorView& v_cache, void* stream) {
+  const char* op = "cuda::kv_cache_write";
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  LS_CHECK(k.ndim == 3, op, "argument 'k' expected shape [T, Hkv, D], got ", k.shape_string());
+  check_tensor(op, "k", k, DType::kBF16, {-1, -1, -1}, Device::kCUDA);
+  check_inner_contiguous(op, "k", k);
+  const int64_t T = k.shape[0], Hkv = k.shape[1], D = k.shape[2];
+  check_tensor(op, "v", v, DType::kBF16, {T, Hkv, D}, Device::kCUDA);
+  check_inner_contiguous(op, "v", v);
+  check_tensor_dtypes(op, "slot_mapping", slot_mapping, {DType::kI32, DType::kI64}, {T},
+                      slot_mapping.device);
+  LS_CHECK(k_cache.ndim == 4, op, "argument 'k_cache' expected shape [NP, P, Hkv, D], got ",
+           k_cache.shape_string());
+  check_tensor(op, "k_cache", k_cache, DType::kBF16, {-1, -1, Hkv, D}, Device::kCUDA);
+  check_inner_contiguous(op, "k_cache", k_cache);
+  check_tensor(op, "v_cache", v_cache, DType::kBF16, {k_cache.shape[0], k_cache.shape[1], Hkv, D},
+               Device::kCUDA);
+  check_inner_contiguous(op, "v_cache", v_cache);
+  const int64_t NP = k_cache.shape[0], P = k_cache.shape[1], slots = NP * P;
+  Scratch scr(s);
+  const void* slot_dev = slot_mapping.data;
+  if (slot_mapping.device == Device::kCPU) {
+    // Host slots: checked exactly like the CPU op (range, -1, duplicates), then uploaded.
+    std::vector<int64_t> slot(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t sl =
+          slot_mapping.dtype == DType::kI32
+              ? int64_t(slot_mapping.ptr<const int32_t>()[t * slot_mapping.stride[0]])
+              : slot_mapping.ptr<const int64_t>()[t * slot_mapping.stride[0]];
+      LS_CHECK(sl == -1 || (sl >= 0 && sl < slots), op, "slot_mapping[", t, "] = ", sl,
+               " outside [0, NP * P = ", slots, ") (and not -1)");
+      slot[size_t(t)] = sl;
+    }
+    std::vector<int64_t> sorted;
+    for (int64_t sl : slot)
+      if (sl >= 0) sorted.push_back(sl);
+    std::sort(sorted.begin(), sorted.end());
+    const auto dup = std::adjacent_find(sorted.begin(), sorted.end());
+    LS_CHECK(dup == sorted.end(), op, "slot_mapping writes slot ", dup == sorted.end() ? 0 : *dup,
+             " more than once");
+    if (T == 0) return;
+    slot_dev = scr.upload(op, slot.data(), slot.size());
+  }
+  if (T == 0) return;
+  KvWriteParams w;
+  std::memset(&w, 0, sizeof w);
+  w.k = k.ptr<const uint16_t>();
+  w.v = v.ptr<const uint16_t>();
+  w.k_s0 = k.stride[0];
+  w.k_s1 = k.stride[1];
+  w.v_s0 = v.stride[0];
+  w.v_s1 = v.stride[1];
+  w.slots = slot_dev;
+  w.slots_i64 = (slot_mapping.device == Device::kCPU || slot_mapping.dtype == DType::kI64) ? 1 : 0;
+  w.slot_s0 = slot_mapping.device == Device::kCPU ? 1 : slot_mapping.stride[0];
+  w.kc = k_cache.ptr<uint16_t>();
+  w.vc = v_cache.ptr<uint16_t>();
+  w.kc0 = k_cache.stride[0];
+  w.kc1 = k_cache.stride[1];
+  w.kc2 = k_cache.stride[2];
+  w.vc0 = v_cache.stride[0];
+  w.vc1 = v_cache.stride[1];
+  w.vc2 = v_cache.stride[2];
+  w.NP = NP;
+  w.P = P;
+  w.Hkv = int32_t(Hkv);
+  w.D = int32_t(D);
+  w.vec = aligned16(w.k) && aligned16(w.v) && aligned16(w.kc) && aligned16(w.vc) &&
+          w.k_s0 % 8 == 0 && w.k_s1 % 8 == 0 && w.v_s0 % 8 == 0 && w.v_s1 % 8 == 0 &&
+          w.kc0 % 8 == 0 && w.kc1 % 8 == 0 && w.kc2 % 8 == 0 && w.vc0 % 8 == 0 && w.vc1 % 8 == 0 &&
+          w.vc2 % 8 == 0 && D % 8 == 0;
+  LS_CHECK(T < (int64_t(1) << 31), op, "too many tokens for one launch: ", T);
+  kv_cache_write_kernel<<<unsigned(T), kThreads, 0, s>>>(w);
+  cuda_check(op, cudaGetLastError(), "kernel launch");
+}
+
+std::string attention_launch_plan(const AttentionConfig& cfg, int64_t hq, int64_t hkv,
+                                  int64_t head_dim) {
+  cfg.validate();
+  LS_CHECK(hkv >= 1 && hq % hkv == 0, "cuda::attention_launch_plan", "Hq=", hq,
+           " must be a multiple of Hkv=", hkv);
+  const int64_t G = hq / hkv, D = head_dim;
+  const Kern pre = pick(D, cs_ok(D, G));
+  const Kern dec = pick(D, false);
+  char buf[1024];
+  std::snprintf(
+      buf, sizeof buf,
+      "%s | cuda: Hq=%lld Hkv=%lld G=%lld D=%lld; prefill/chunked: %s (%d columns = %d rows x "
+      "%lld heads per CTA, 4 warps, 64-key blocks, smem %d B); decode: %s (%d columns per CTA, "
+      "4 warps split keys/D, smem %d B); split-KV: whole kv_chunk=%d chunks per CTA when "
+      "CTAs < 2 x SMs, per-chunk states + left-to-right merge kernel (128 threads per row x "
+      "head); grid = (items, Hkv, column blocks)",
+      cfg.to_string().c_str(), (long long)hq, (long long)hkv, (long long)G, (long long)D,
+      kern_name(pre), kern_cols(pre), rows_per_item(pre, G),
+      (long long)std::min<int64_t>(G, kern_cols(pre)), kern_smem(pre), kern_name(dec),
+      kern_cols(dec), kern_smem(dec), cfg.kv_chunk);
+  return buf;
+}
+
+}  // namespace lockstep::cuda

@@ -1,0 +1,102 @@
+// DeviceStage: one upload per call for host metadata, staging of host activations. See device.h.
+#include "engine/device.h"
+
+#include <cstring>
+
+#include "lockstep/error.h"
+
+namespace lockstep::engine {
+
+namespace {
+
+// Copies a view (any strides) into contiguous bytes at dst, row-major.
+void pack_view(const TensorView& v, char* dst) {
+  const int64_t es = dtype_size(v.dtype), n = v.numel();
+  if (n == 0) return;
+  if (v.is_contiguous()) {
+    std::memcpy(dst, v.data, size_t(n * es));
+    return;
+  }
+  std::vector<int64_t> idx(size_t(v.ndim), 0);
+  for (int64_t e = 0; e < n; ++e) {
+    int64_t off = 0;
+    for (int d = 0; d < v.ndim; ++d) off += idx[size_t(d)] * v.stride[d];
+    std::memcpy(dst + e * es, static_cast<const char*>(v.data) + off * es, size_t(es));
+    for (int d = v.ndim - 1; d >= 0; --d) {
+      if (++idx[size_t(d)] < v.shape[d]) break;
+      idx[size_t(d)] = 0;
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<TensorView> DeviceStage::upload(const char* op, const std::vector<const char*>& names,
+                                            const std::vector<TensorView>& host) {
+  for (size_t i = 0; i < host.size(); ++i)
+    LS_CHECK(host[i].device == Device::kCPU, op, "argument '", names[i],
+             "' must be a host view (metadata is validated on the host and uploaded once per "
+             "call), got ",
+             host[i].describe());
+  if (on_host_backend()) return host;
+  constexpr int64_t kAlign = 16;
+  std::vector<int64_t> offset(host.size());
+  int64_t total = 0;
+  for (size_t i = 0; i < host.size(); ++i) {
+    offset[i] = total;
+    total += (host[i].numel() * dtype_size(host[i].dtype) + kAlign - 1) / kAlign * kAlign;
+  }
+  std::vector<TensorView> out(host.size());
+  if (total == 0) {
+    for (size_t i = 0; i < host.size(); ++i) {
+      out[i] = host[i];
+      out[i].device = ops_.device();
+    }
+    return out;
+  }
+  Tensor staging(DType::kU8, {total});
+  for (size_t i = 0; i < host.size(); ++i) pack_view(host[i], staging.ptr<char>() + offset[i]);
+  Tensor dev = ops_.empty(DType::kU8, {total});
+  ops_.copy(dev.view(), staging.view());
+  for (size_t i = 0; i < host.size(); ++i) {
+    std::vector<int64_t> shape(host[i].shape, host[i].shape + host[i].ndim);
+    out[i] =
+        TensorView::contiguous(dev.ptr<char>() + offset[i], host[i].dtype, shape, dev.device());
+  }
+  keep_.push_back(std::move(staging));  // host memory stays valid until the call ends
+  keep_.push_back(std::move(dev));
+  return out;
+}
+
+TensorView DeviceStage::input(const TensorView& v) {
+  if (v.device == ops_.device() || (v.ndim == 0 && v.data == nullptr)) return v;
+  Tensor t = ops_.empty(v.dtype, std::vector<int64_t>(v.shape, v.shape + v.ndim));
+  ops_.copy(t.view(), v);
+  TensorView d = t.view();
+  keep_.push_back(std::move(t));
+  return d;
+}
+
+TensorView DeviceStage::output(const TensorView& v) {
+  if (v.device == ops_.device() || (v.ndim == 0 && v.data == nullptr)) return v;
+  Tensor t = ops_.empty(v.dtype, std::vector<int64_t>(v.shape, v.shape + v.ndim));
+  TensorView d = t.view();
+  back_.emplace_back(v, d);
+  keep_.push_back(std::move(t));
+  return d;
+}
+
+void DeviceStage::finish() {
+  for (const auto& [dst, src] : back_) ops_.copy(dst, src);
+  if (!back_.empty()) ops_.synchronize();
+  back_.clear();
+}
+
+Tensor to_host(const OpsBackend& ops, const TensorView& t) {
+  Tensor h(t.dtype, std::vector<int64_t>(t.shape, t.shape + t.ndim));
+  ops.copy(h.view(), t);
+  ops.synchronize();
+  return h;
+}
+
+}  // namespace lockstep::engine

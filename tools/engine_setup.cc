@@ -1,0 +1,130 @@
+// Backends by device and the model source shared by `lockstep audit` and `lockstep bench-engine`.
+#include "tools/engine_setup.h"
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "core/thread_pool.h"
+#include "lockstep/error.h"
+
+#ifdef LOCKSTEP_WITH_CUDA
+#include "engine/cuda/backends.h"
+#include "lockstep/cuda/runtime.h"
+#endif
+
+namespace lockstep::tools {
+
+namespace {
+
+constexpr const char* kDefaultModelDir = "models/default";
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string gib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f GiB", double(bytes) / double(int64_t(1) << 30));
+  return buf;
+}
+
+}  // namespace
+
+std::shared_ptr<engine::OpsBackend> make_device_backend(const std::string& device, bool baseline) {
+  if (device == "cpu") {
+    if (baseline) return engine::baseline_backend_or_null();
+    return std::shared_ptr<engine::OpsBackend>(engine::make_invariant_backend());
+  }
+  LS_CHECK(device == "cuda", "device", "unknown device '", device, "' (expected cpu or cuda)");
+#ifdef LOCKSTEP_WITH_CUDA
+  LS_CHECK(cuda::available(), "device",
+           "--device cuda: no usable CUDA device on this machine (the build has CUDA support)");
+  if (baseline) return std::shared_ptr<engine::OpsBackend>(engine::make_cuda_baseline_backend());
+  return std::shared_ptr<engine::OpsBackend>(engine::make_cuda_invariant_backend());
+#else
+  throw Error(
+      "device: --device cuda: this lockstep binary was built without CUDA (configure with "
+      "-DLOCKSTEP_CUDA=ON where nvcc is installed); only --device cpu is available");
+#endif
+}
+
+std::string device_description(const std::string& device) {
+  if (device == "cpu") return "cpu (" + std::to_string(num_threads()) + " threads)";
+#ifdef LOCKSTEP_WITH_CUDA
+  if (device == "cuda") return "cuda: " + cuda::device_summary();
+#endif
+  return device;
+}
+
+ModelSource::ModelSource(const std::string& model_dir, const std::string& shape,
+                         uint64_t weight_seed, const LogFn& log)
+    : log_(log) {
+  if (!model_dir.empty() || shape == "default") {
+    std::string dir = model_dir;
+    if (dir.empty()) {
+      dir = kDefaultModelDir;
+      if (!std::filesystem::exists(std::filesystem::path(dir) / "model.safetensors"))
+        log_("creating the built-in default model in ./" + dir);
+      engine::ensure_default_model(dir);
+      desc_ = "built-in default model (./" + dir + ", shape default)";
+    } else {
+      desc_ = dir;
+    }
+    ckpt_ = std::make_unique<engine::Checkpoint>(engine::Checkpoint::open(dir));
+    cfg_ = ckpt_->config();
+    desc_ += ": " + cfg_.to_string();
+    return;
+  }
+  cfg_ = engine::qwen3_shape_config(shape);
+  const uint64_t seed = weight_seed == 0 ? engine::kDefaultModelSeed : weight_seed;
+  const int64_t n = engine::qwen3_num_parameters(cfg_);
+  char buf[256];
+  std::snprintf(buf, sizeof(buf),
+                "generating random %s weights: %.3g parameters (%s bf16), seed 0x%llx, %d threads",
+                shape.c_str(), double(n), gib(2 * n).c_str(), (unsigned long long)seed,
+                num_threads());
+  log_(buf);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto last = t0;
+  weights_ = engine::random_qwen3_weights(cfg_, seed, [&](int64_t done, int64_t total) {
+    const auto now = std::chrono::steady_clock::now();
+    if (done < total && std::chrono::duration<double>(now - last).count() < 2.0) return;
+    last = now;
+    char b[128];
+    std::snprintf(b, sizeof(b), "  weights: %.0f%% (%.1f s)", 100.0 * double(done) / double(total),
+                  seconds_since(t0));
+    log_(b);
+  });
+  for (auto& [name, t] : weights_) views_[name] = t.view();
+  std::snprintf(buf, sizeof(buf), "random %s weights (seed 0x%llx, shape %s)", shape.c_str(),
+                (unsigned long long)seed, shape.c_str());
+  desc_ = std::string(buf) + ": " + cfg_.to_string();
+}
+
+engine::ModelFactory ModelSource::factory(const ContractConfig& contract) {
+  return [this, contract](int tp, std::shared_ptr<engine::OpsBackend> backend) {
+    const std::pair<int, int> key{tp, int(backend->device())};
+    auto it = cache_.find(key);
+    if (it == cache_.end()) {
+      engine::ModelOptions mo;
+      mo.contract = contract;
+      mo.tp = tp;
+      const auto t0 = std::chrono::steady_clock::now();
+      std::unique_ptr<engine::Model> m =
+          ckpt_ ? std::make_unique<engine::Model>(cfg_, *ckpt_, mo, backend)
+                : std::make_unique<engine::Model>(cfg_, views_, mo, backend);
+      if (backend->device() != Device::kCPU || !ckpt_) {
+        char buf[160];
+        std::snprintf(buf, sizeof(buf), "model tp=%d on %s: %s of weights placed in %.1f s", tp,
+                      device_name(backend->device()), gib(m->weight_bytes()).c_str(),
+                      seconds_since(t0));
+        log_(buf);
+      }
+      it = cache_.emplace(key, std::move(m)).first;
+    }
+    return it->second->with_backend(std::move(backend));
+  };
+}
+
+}  // namespace lockstep::tools

@@ -1,0 +1,53 @@
+// What `lockstep audit` and `lockstep bench-engine` share: the backends of a device ("cpu" or
+// "cuda"; without CUDA in the build, "cuda" is a clear error), and the model source (a checkpoint
+// directory, the built-in default model, or random weights of a named shape) as a ModelFactory
+// that builds each (tp, device) model once and shares its weights between backends of the device.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "engine/audit.h"
+#include "engine/backend.h"
+#include "engine/config.h"
+#include "engine/default_model.h"
+#include "engine/model.h"
+#include "engine/safetensors.h"
+
+namespace lockstep::tools {
+
+using LogFn = std::function<void(const std::string&)>;
+
+// The invariant (baseline = false) or baseline backend of a device. Throws lockstep::Error when
+// the device is unknown, not built in, or absent. Returns nullptr for a baseline that is not built.
+std::shared_ptr<engine::OpsBackend> make_device_backend(const std::string& device, bool baseline);
+// "cpu (16 threads)", "cuda: NVIDIA H200 (sm_90, 139 GiB), driver ...".
+std::string device_description(const std::string& device);
+
+class ModelSource {
+ public:
+  // model_dir non-empty: that checkpoint; else shape "default": ./models/default (created on first
+  // use); else random weights of the shape (seed 0 = kDefaultModelSeed), generated in memory.
+  ModelSource(const std::string& model_dir, const std::string& shape, uint64_t weight_seed,
+              const LogFn& log);
+  const engine::Qwen3Config& config() const { return cfg_; }
+  const std::string& description() const { return desc_; }
+  // Builds (and caches) the model of (tp, backend device) with `contract`, uploading weights once
+  // per device and tp; other backends of the same device share them (Model::with_backend).
+  engine::ModelFactory factory(const ContractConfig& contract);
+
+ private:
+  LogFn log_;
+  engine::Qwen3Config cfg_;
+  std::string desc_;
+  std::unique_ptr<engine::Checkpoint> ckpt_;
+  engine::Weights weights_;  // random shapes
+  std::map<std::string, TensorView> views_;
+  std::map<std::pair<int, int>, std::unique_ptr<engine::Model>> cache_;  // (tp, device)
+};
+
+}  // namespace lockstep::tools
