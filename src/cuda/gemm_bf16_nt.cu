@@ -264,13 +264,12 @@ int sm_count() {
   return n;
 }
 
-template <int BM, int BN, int NS, int LEVELS>
-void launch_sm90_tile(const CUtensorMap& tx, const CUtensorMap& tw, const detail::Sm90Params& p,
-                      cudaStream_t s) {
+template <int BM, int BN, int NS, int LEVELS, int EPI = 0, typename P = detail::Sm90Params>
+void launch_sm90_tile(const CUtensorMap& tx, const CUtensorMap& tw, const P& p, cudaStream_t s) {
   constexpr int WGN = BM == 64 ? 2 : 1;
   constexpr int kSmem = detail::sm90_smem_bytes<BM, BN, NS>();
   static const cudaError_t attr =
-      cudaFuncSetAttribute(detail::gemm_sm90_kernel<BM, BN, WGN, NS, LEVELS>,
+      cudaFuncSetAttribute(detail::gemm_sm90_kernel<BM, BN, WGN, NS, LEVELS, EPI>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   LS_CHECK(attr == cudaSuccess, kOp, "cudaFuncSetAttribute failed: ", cudaGetErrorString(attr));
   LS_CHECK(LEVELS == 0 || p.nseg <= (1 << LEVELS), kOp, "internal: ", p.nseg,
@@ -278,7 +277,7 @@ void launch_sm90_tile(const CUtensorMap& tx, const CUtensorMap& tw, const detail
   const int64_t jobs = ((p.M + BM - 1) / BM) * ((p.N + BN - 1) / BN) * (LEVELS > 0 ? 1 : p.nseg);
   // Persistent grid: one CTA per multiprocessor at most (which CTA runs a job changes no bit).
   const unsigned grid = unsigned(std::min<int64_t>(jobs, sm_count()));
-  detail::gemm_sm90_kernel<BM, BN, WGN, NS, LEVELS>
+  detail::gemm_sm90_kernel<BM, BN, WGN, NS, LEVELS, EPI>
       <<<grid, detail::kSm90Threads, kSmem, s>>>(tx, tw, p);
   check_launch(kOp);
 }
@@ -406,6 +405,46 @@ void run_core(const Core& c, bool small_m_candidate, cudaStream_t s) {
 }
 
 }  // namespace
+
+namespace detail {
+
+bool gemm_logprob_fused_ok(const void* x, int64_t M, int64_t ldx, const void* w, int64_t N,
+                           int64_t ldw, int64_t K) {
+  Core c;
+  c.x = static_cast<const uint16_t*>(x);
+  c.w = static_cast<const uint16_t*>(w);
+  c.ldx = ldx;
+  c.ldw = ldw;
+  c.M = M;
+  c.N = N;
+  c.K = K;
+  return M >= 1 && N >= 1 && tma_compatible(c);
+}
+
+// The 128x256 Hopper kernel (the plain GEMM's main loop, one segment) with the log-prob epilogue.
+void gemm_bf16_nt_logprob_fused(const uint16_t* x, int64_t M, int64_t ldx, const uint16_t* w,
+                                int64_t N, int64_t ldw, int64_t K, int64_t seg_len,
+                                const GemmLogprobEpilogue& e, cudaStream_t stream) {
+  constexpr const char* op = "cuda::linear_logprob (fused GEMM)";
+  LS_CHECK(gemm_logprob_fused_ok(x, M, ldx, w, N, ldw, K), op,
+           "internal: operands not TMA-compatible");
+  LS_CHECK(seg_len >= K && seg_len % 16 == 0 && seg_len - K < 16, op,
+           "internal: seg_len = ", seg_len, " is not K = ", K, " rounded up to 16");
+  const Sm90Tile& t = sm90_tile(GemmPath::kWgmma128x256);
+  static_assert(kLogprobFusedTile == 256, "the fused tile is the 128x256 one");
+  Sm90LpParams p{};
+  p.M = M;
+  p.N = N;
+  p.seg_len = seg_len;
+  p.nseg = 1;
+  p.ws_mode = 0;
+  p.lp = e;
+  const CUtensorMap tx = make_tensor_map(x, M, K, ldx, t.bm);
+  const CUtensorMap tw = make_tensor_map(w, N, K, ldw, t.bn);
+  launch_sm90_tile<128, 256, 4, 0, 1, Sm90LpParams>(tx, tw, p, stream);
+}
+
+}  // namespace detail
 
 void gemm_bf16_nt(const TensorView& x, const TensorView& w, const TensorView* bias,
                   const GemmConfig& cfg, const TensorView& y, void* stream) {

@@ -39,6 +39,41 @@ void gemm_force_path_for_tests(GemmPath p);
 GemmPath gemm_last_path_for_tests();
 const char* gemm_path_name(GemmPath p);
 
+// ---- Internal entry point: the Hopper kernel with the fused log-prob epilogue (used by
+// src/cuda/logprob.cu; docs/cuda-gemm.md "Fused log-prob epilogue"). Instead of storing the fp32
+// logits z[m, n] = x[m, :]·w[n, :] (one segment, the §G.3 chain), each 128x256 tile writes the
+// docs/contract.md §L.5 tile state (m, s, w) of y = z / tau for each of its rows, one vocab tile
+// of 256 = the tile's columns: states[(m · n_tiles + tile0 + n0 / 256) · 3 + {0, 1, 2}] (raw
+// fp32, NaN payload unspecified, as the unfused tile-state kernel writes them); columns n >= N
+// are padding (y = −inf). y_target[m] = y[m, col] for col = targets[row0 + m] − target_base when
+// that target is not ignore_index and col ∈ [0, N) (else y_target[m] is left as it is).
+struct GemmLogprobEpilogue {  // trivial (no member initializers): a kernel parameter's member
+  float tau;
+  float* states;  // [M, n_tiles] of (m, s, w)
+  int64_t n_tiles;
+  int64_t tile0;    // vocab tile of column 0 (a multiple of 256 columns per tile)
+  float* y_target;  // [M]
+  const void* targets;
+  int64_t targets_stride;
+  int targets_i64;
+  int64_t row0;         // targets index of row 0
+  int64_t target_base;  // global vocab id of column 0
+  int64_t ignore_index;
+};
+constexpr int kLogprobFusedTile = 256;  // the vocab tile the fused epilogue computes
+
+// The fused kernel takes x [M, K] (rows ldx apart) and w [N, K] (rows ldw apart) iff they are
+// TMA-compatible (16-byte aligned bases, row strides a multiple of 8 covering K, K >= 1, sizes
+// below 2^31): a function of pointers' alignment, strides and sizes only.
+bool gemm_logprob_fused_ok(const void* x, int64_t M, int64_t ldx, const void* w, int64_t N,
+                           int64_t ldw, int64_t K);
+// One segment of length seg_len (K rounded up to 16: gemm_segments == 1). Requires
+// gemm_logprob_fused_ok; M, N >= 1. Asynchronous on `stream`; throws lockstep::Error on a failed
+// launch.
+void gemm_bf16_nt_logprob_fused(const uint16_t* x, int64_t M, int64_t ldx, const uint16_t* w,
+                                int64_t N, int64_t ldw, int64_t K, int64_t seg_len,
+                                const GemmLogprobEpilogue& e, cudaStream_t stream);
+
 struct GemmParams {
   const uint16_t* x;
   const uint16_t* w;

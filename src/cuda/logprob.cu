@@ -1,9 +1,13 @@
 // Launchers of the CUDA LogP op (docs/contract.md §L; kernels: logprob.cuh): cuda::linear_logprob,
 // linear_logprob_partial (one vocab-parallel rank's subtree state) and linear_logprob_combine.
-// Work per call: token blocks of kTokenBlock rows; per block, per vocab chunk, the logits
-// z = h_block · w_chunkᵀ by the GEMM contract (cuda::gemm_bf16_nt, fp32 out) into a bounded
-// scratch, then the tile-state kernel; after the block's last chunk, the fold/tree/finish kernel.
-// Scratch is O(token_block · (chunk + tiles)) whatever T is; no [T, V] buffer ever exists.
+// Work per call: token blocks; per block the tile states by one of two producers (same bits):
+//   fused (vocab_tile 256, gemm_segments 1, T > 64, TMA-compatible h / w): the Hopper GEMM kernel
+//     with the log-prob epilogue (gemm_sm90.cuh) computes each (row, tile) state from its
+//     accumulators; no logits exist at all;
+//   unfused (everything else): per vocab chunk, the logits z = h_block · w_chunkᵀ by the GEMM
+//     contract (cuda::gemm_bf16_nt, fp32 out) into a bounded scratch, then the tile-state kernel;
+// then the fold/tree/finish kernel. Scratch is O(token_block · (chunk + tiles)) whatever T is; no
+// [T, V] buffer ever exists. logprob_launch_plan prints the choice.
 // Every argument is checked before anything is launched; host targets are checked exactly like
 // the CPU op (message names the element), device targets are trusted (an invalid one gives NaN).
 #include <cuda_runtime.h>
@@ -13,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/gemm_bf16_nt.cuh"  // the fused GEMM + tile-state entry point
 #include "cuda/logprob.cuh"
 #include "cuda/logprob_internal.h"
 #include "lockstep/cuda/gemm.h"
@@ -29,6 +34,9 @@ constexpr int64_t kTokenBlock = 1024;
 constexpr int64_t kSampleRowBlock = 256;               // sampling: whole padded rows per block
 constexpr int64_t kLogitsBudget = int64_t(160) << 20;  // bytes of [token_block, chunk] logits
 constexpr int64_t kStatesBudget = int64_t(64) << 20;   // bytes of [token_block, tiles] states
+// The fused producer keeps no logits: larger token blocks (fewer launches, one fold over many
+// rows), bounded by the tile-state budget.
+constexpr int64_t kFusedTokenBlock = 8192;
 constexpr int64_t kSampleLogitsBudget = int64_t(128) << 20;
 constexpr int64_t kSortBudget = int64_t(64) << 20;
 constexpr int64_t kMaxSortBatch = 64;
@@ -64,6 +72,44 @@ LogprobPlan logprob_plan(int64_t n_tiles, int64_t L) {
   pl.states_bytes = tb * n_tiles * 12;
   pl.target_bytes = tb * 4;
   return pl;
+}
+
+LogprobPlan logprob_fused_plan(int64_t n_tiles, int64_t L) {
+  LogprobPlan pl;
+  pl.n_tiles = n_tiles;
+  pl.L = L;
+  int64_t tb = std::clamp<int64_t>(kStatesBudget / (n_tiles * 12), 1, kFusedTokenBlock);
+  if (tb >= 128) tb = tb / 128 * 128;  // whole 128-row GEMM tiles
+  pl.token_block = tb;
+  pl.chunks = 1;
+  pl.chunk_tiles = n_tiles;
+  pl.logits_bytes = 0;
+  pl.states_bytes = tb * n_tiles * 12;
+  pl.target_bytes = tb * 4;
+  return pl;
+}
+
+bool logprob_fused_by_settings(const ContractConfig& cfg, int64_t T) {
+  return cfg.vocab_tile == kLogprobFusedTile && cfg.gemm_segments == 1 && T > kLogprobFusedMinRows;
+}
+
+namespace {
+LogprobProducer g_force_producer = LogprobProducer::kAuto;
+LogprobProducer g_last_producer = LogprobProducer::kAuto;
+}  // namespace
+
+void logprob_force_producer_for_tests(LogprobProducer p) { g_force_producer = p; }
+LogprobProducer logprob_last_producer_for_tests() { return g_last_producer; }
+const char* logprob_producer_name(LogprobProducer p) {
+  switch (p) {
+    case LogprobProducer::kAuto:
+      return "auto";
+    case LogprobProducer::kFused:
+      return "fused GEMM + tile-state epilogue";
+    case LogprobProducer::kUnfused:
+      return "GEMM into logits scratch + tile-state kernel";
+  }
+  return "?";
 }
 
 SamplePlan sample_plan(const LogprobVocabLayout& lay) {
@@ -154,56 +200,105 @@ void check_outputs(const char* op, const TensorView& logp, const TensorView& lse
 
 // One vocab part (all of it, or one rank's aligned subtree of segments): local entries
 // [0, valid) are rows of w_local and global ids v_begin + e; tiles_per_segment · seg_count tiles.
-// Token blocks: logits chunk by chunk (GEMM) -> tile states -> fold (mode of `out`).
+// Token blocks: tile states by the chosen producer (fused: one GEMM launch with the tile-state
+// epilogue over the tiles holding real entries, the tile-state kernel for all-padding tiles;
+// unfused: logits chunk by chunk (GEMM) -> tile-state kernel) -> fold (mode of `out`).
 void run_states(const char* op, const TensorView& h, const TensorView& w_local, int64_t valid,
                 int64_t v_begin, const LogprobVocabLayout& lay, int seg_count,
                 const detail::IndexRef& targets, const LogprobParams& params,
                 const ContractConfig& cfg, detail::FoldParams out, detail::Scratch& scratch,
                 cudaStream_t stream) {
-  const int64_t T = h.size(0);
+  using detail::LogprobProducer;
+  const int64_t T = h.size(0), H = h.size(1);
   const int64_t L = lay.tile;
   const int64_t n_tiles = lay.tiles_per_segment * seg_count;
-  const detail::LogprobPlan pl = detail::logprob_plan(n_tiles, L);
+  // The producer: settings, sizes and alignment only (a forced choice still needs the settings).
+  const LogprobProducer force = detail::g_force_producer;
+  const bool fused =
+      force != LogprobProducer::kUnfused &&
+      detail::logprob_fused_by_settings(
+          cfg, force == LogprobProducer::kFused ? detail::kLogprobFusedMinRows + 1 : T) &&
+      valid >= 1 &&
+      detail::gemm_logprob_fused_ok(h.data, T, h.stride[0], w_local.data, valid, w_local.stride[0],
+                                    H);
+  detail::g_last_producer = fused ? LogprobProducer::kFused : LogprobProducer::kUnfused;
+  const detail::LogprobPlan pl =
+      fused ? detail::logprob_fused_plan(n_tiles, L) : detail::logprob_plan(n_tiles, L);
   const int64_t rows_max = std::min(T, pl.token_block);
   const int64_t chunk_cols = pl.chunk_tiles * L;
-  float* z = scratch.alloc_n<float>(rows_max * chunk_cols);
+  float* z = fused ? nullptr : scratch.alloc_n<float>(rows_max * chunk_cols);
   float* states = scratch.alloc_n<float>(rows_max * n_tiles * 3);
   float* y_target = scratch.alloc_n<float>(rows_max);
   const GemmConfig gcfg = GemmConfig::from_contract(cfg);
+  const int64_t data_tiles = (valid + L - 1) / L;  // tiles holding a real entry (fused)
 
   for (int64_t r0 = 0; r0 < T; r0 += pl.token_block) {
     const int64_t rows = std::min(pl.token_block, T - r0);
     detail::fill_f32(y_target, rows, kCanonicalNanF32, stream, op);
     const TensorView h_blk = h.rows(r0, r0 + rows);
-    for (int64_t c = 0; c < pl.chunks; ++c) {
-      const int64_t tile0 = c * pl.chunk_tiles;
-      if (tile0 >= n_tiles) break;
-      const int64_t ntiles = std::min(pl.chunk_tiles, n_tiles - tile0);
-      // The logits producer: z[r, col] = logit of local entry tile0·L + col (GEMM contract).
-      const int64_t e0 = tile0 * L;
-      const int64_t ncols = std::clamp<int64_t>(valid - e0, 0, ntiles * L);
-      if (ncols > 0) {
-        TensorView zv = TensorView::contiguous(z, DType::kF32, {rows, ncols}, Device::kCUDA);
-        zv.stride[0] = chunk_cols;
-        gemm_bf16_nt(h_blk, w_local.rows(e0, e0 + ncols), nullptr, gcfg, zv, stream);
+    if (fused) {
+      detail::GemmLogprobEpilogue e{};
+      e.tau = params.temperature;
+      e.states = states;
+      e.n_tiles = n_tiles;
+      e.tile0 = 0;
+      e.y_target = y_target;
+      e.targets = targets.p;
+      e.targets_stride = targets.stride;
+      e.targets_i64 = targets.is64;
+      e.row0 = r0;
+      e.target_base = v_begin;
+      e.ignore_index = params.ignore_index;
+      detail::gemm_bf16_nt_logprob_fused(static_cast<const uint16_t*>(h_blk.data), rows,
+                                         h.stride[0], static_cast<const uint16_t*>(w_local.data),
+                                         valid, w_local.stride[0], H,
+                                         gemm_k_layout(gcfg, H).segment_len, e, stream);
+      if (data_tiles < n_tiles) {  // all-padding tiles: empty states; nothing is read
+        detail::TileStateParams tp{};
+        tp.z = states;
+        tp.ldz = 0;
+        tp.rows = rows;
+        tp.tile0 = data_tiles;
+        tp.ntiles = n_tiles - data_tiles;
+        tp.L = L;
+        tp.valid = valid;
+        tp.tau = params.temperature;
+        tp.states = states;
+        tp.n_tiles = n_tiles;
+        tp.y_target = nullptr;
+        detail::launch_tile_states(tp, true, stream, op);
       }
-      detail::TileStateParams tp{};
-      tp.z = z;
-      tp.ldz = chunk_cols;
-      tp.rows = rows;
-      tp.tile0 = tile0;
-      tp.ntiles = ntiles;
-      tp.L = L;
-      tp.valid = valid;
-      tp.tau = params.temperature;
-      tp.states = states;
-      tp.n_tiles = n_tiles;
-      tp.y_target = y_target;
-      tp.targets = targets;
-      tp.row0 = r0;
-      tp.v_begin = v_begin;
-      tp.ignore_index = params.ignore_index;
-      detail::launch_tile_states(tp, true, stream, op);
+    } else {
+      for (int64_t c = 0; c < pl.chunks; ++c) {
+        const int64_t tile0 = c * pl.chunk_tiles;
+        if (tile0 >= n_tiles) break;
+        const int64_t ntiles = std::min(pl.chunk_tiles, n_tiles - tile0);
+        // The logits producer: z[r, col] = logit of local entry tile0·L + col (GEMM contract).
+        const int64_t e0 = tile0 * L;
+        const int64_t ncols = std::clamp<int64_t>(valid - e0, 0, ntiles * L);
+        if (ncols > 0) {
+          TensorView zv = TensorView::contiguous(z, DType::kF32, {rows, ncols}, Device::kCUDA);
+          zv.stride[0] = chunk_cols;
+          gemm_bf16_nt(h_blk, w_local.rows(e0, e0 + ncols), nullptr, gcfg, zv, stream);
+        }
+        detail::TileStateParams tp{};
+        tp.z = z;
+        tp.ldz = chunk_cols;
+        tp.rows = rows;
+        tp.tile0 = tile0;
+        tp.ntiles = ntiles;
+        tp.L = L;
+        tp.valid = valid;
+        tp.tau = params.temperature;
+        tp.states = states;
+        tp.n_tiles = n_tiles;
+        tp.y_target = y_target;
+        tp.targets = targets;
+        tp.row0 = r0;
+        tp.v_begin = v_begin;
+        tp.ignore_index = params.ignore_index;
+        detail::launch_tile_states(tp, true, stream, op);
+      }
     }
     out.states = states;
     out.n_tiles = n_tiles;
@@ -328,19 +423,34 @@ std::string logprob_launch_plan(const ContractConfig& cfg, int64_t hidden, int64
   const LogprobVocabLayout lay = logprob_vocab_layout(cfg, vocab);
   const int64_t n_tiles = lay.padded / lay.tile;
   const detail::LogprobPlan pl = detail::logprob_plan(n_tiles, lay.tile);
+  const detail::LogprobPlan fp = detail::logprob_fused_plan(n_tiles, lay.tile);
   const detail::SamplePlan sp = detail::sample_plan(lay);
+  const bool fusable = detail::logprob_fused_by_settings(cfg, detail::kLogprobFusedMinRows + 1);
   auto mib = [](int64_t b) { return double(b) / double(1 << 20); };
-  char buf[1024];
+  char fused[512];
+  if (fusable) {
+    std::snprintf(fused, sizeof fused,
+                  "T > %lld with h, w 16-byte aligned and row strides a multiple of 8: FUSED "
+                  "(token_block=%lld, per block one wgmma 128x256 GEMM launch whose epilogue "
+                  "writes the tile states, no logits; -> fold/tree/finish; scratch %.1f MiB: tile "
+                  "states %.1f + targets %.3f); otherwise: UNFUSED ",
+                  (long long)detail::kLogprobFusedMinRows, (long long)fp.token_block,
+                  mib(fp.total_bytes()), mib(fp.states_bytes), mib(fp.target_bytes));
+  } else {
+    std::snprintf(fused, sizeof fused,
+                  "UNFUSED (the fused producer needs vocab_tile=256 and gemm_segments=1) ");
+  }
+  char buf[1536];
   std::snprintf(
       buf, sizeof buf,
       "logprob: H=%lld V=%lld V_pad=%lld vocab_tile=%lld vocab_segments=%d gemm_segments=%d "
-      "tiles=%lld | linear_logprob: token_block=%lld, vocab chunks=%lld x %lld tiles (%lld "
+      "tiles=%lld | linear_logprob: %s(token_block=%lld, vocab chunks=%lld x %lld tiles (%lld "
       "entries), per block: GEMM [%lld x %lld] fp32 -> tile states (8 lanes/tile, 32 tiles/CTA) "
       "-> fold/tree/finish (1 thread/token); scratch %.1f MiB (logits %.1f + tile states %.1f + "
-      "targets %.3f) whatever T is | sample: row_block=%lld, sort batch=%lld rows; scratch "
+      "targets %.3f)) whatever T is | sample: row_block=%lld, sort batch=%lld rows; scratch "
       "%.1f MiB (logits %.1f + tile states %.1f + sort keys %.1f, + CUB temp) + 20 B per token",
       (long long)hidden, (long long)vocab, (long long)lay.padded, (long long)lay.tile, lay.segments,
-      cfg.gemm_segments, (long long)n_tiles, (long long)pl.token_block, (long long)pl.chunks,
+      cfg.gemm_segments, (long long)n_tiles, fused, (long long)pl.token_block, (long long)pl.chunks,
       (long long)pl.chunk_tiles, (long long)(pl.chunk_tiles * lay.tile), (long long)pl.token_block,
       (long long)(pl.chunk_tiles * lay.tile), mib(pl.total_bytes()), mib(pl.logits_bytes),
       mib(pl.states_bytes), mib(pl.target_bytes), (long long)sp.row_block, (long long)sp.sort_batch,

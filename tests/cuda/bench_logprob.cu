@@ -1,5 +1,7 @@
 // Benchmark of the CUDA LogP op (cuda::linear_logprob) at a training shape: T tokens, hidden H,
-// vocab V (default 8192 x 4096 x 151936, bf16), plus the logits GEMM alone (the same
+// vocab V (default 8192 x 4096 x 151936, bf16) — the automatic choice, then each logits ->
+// tile-state producer forced (fused GEMM epilogue / unfused GEMM + tile-state kernel; their
+// outputs are compared bitwise with the automatic call's) — plus the logits GEMM alone (the same
 // cuda::gemm_bf16_nt calls the op makes, into one [256, V] fp32 scratch) and cuda::sample on the
 // first rows. Time: median of --reps calls (cudaEvent pair around each call). Memory: the
 // stream-ordered pool's high-water mark of used bytes (cudaMemPoolAttrUsedMemHigh, reset before
@@ -21,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/logprob_internal.h"  // the producer hook (fused / unfused)
 #include "lockstep/contract.h"
 #include "lockstep/cuda/gemm.h"
 #include "lockstep/cuda/logprob.h"
@@ -153,8 +156,36 @@ int main(int argc, char** argv) {
   uint64_t used_high = 0, reserved_high = 0;
   CK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &used_high));
   CK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &reserved_high));
+  const char* auto_ran =
+      cuda::detail::logprob_producer_name(cuda::detail::logprob_last_producer_for_tests());
   size_t free1 = 0;
   CK(cudaMemGetInfo(&free1, &total));
+  // Each producer forced (same bits; checked below on the outputs).
+  std::vector<float> ho_auto(size_t(3 * T));
+  CK(cudaMemcpy(ho_auto.data(), out, ho_auto.size() * 4, cudaMemcpyDeviceToHost));
+  double prod_ms[2] = {0, 0};
+  uint64_t prod_used[2] = {0, 0};
+  bool prod_same[2] = {false, false};
+  const cuda::detail::LogprobProducer prods[2] = {cuda::detail::LogprobProducer::kFused,
+                                                  cuda::detail::LogprobProducer::kUnfused};
+  for (int i = 0; i < 2; ++i) {
+    cuda::detail::logprob_force_producer_for_tests(prods[i]);
+    CK(cudaMemset(out, 0xA5, size_t(3 * T) * 4));
+    op();  // warm (scratch of this producer's size)
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
+    prod_ms[i] = time_ms(reps, op);
+    CK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &prod_used[i]));
+    std::vector<float> hp(size_t(3 * T));
+    CK(cudaMemcpy(hp.data(), out, hp.size() * 4, cudaMemcpyDeviceToHost));
+    prod_same[i] = std::memcmp(hp.data(), ho_auto.data(), hp.size() * 4) == 0;
+    std::printf(
+        "forced producer %s (ran: %s): %.2f ms, outputs %s the auto call's\n",
+        i == 0 ? "fused" : "unfused",
+        cuda::detail::logprob_producer_name(cuda::detail::logprob_last_producer_for_tests()),
+        prod_ms[i], prod_same[i] ? "bitwise equal to" : "DIFFER FROM");
+  }
+  cuda::detail::logprob_force_producer_for_tests(cuda::detail::LogprobProducer::kAuto);
   // A glance at the results (finite, plausible).
   std::vector<float> ho(size_t(3 * T));
   CK(cudaMemcpy(ho.data(), out, ho.size() * 4, cudaMemcpyDeviceToHost));
@@ -205,8 +236,12 @@ int main(int argc, char** argv) {
   std::printf(
       "\n| op | ms | TFLOP/s | peak scratch (pool used high) MiB | pool reserved high MiB |\n");
   std::printf("|---|---|---|---|---|\n");
-  std::printf("| lockstep linear_logprob (steady) | %.2f | %.1f | %.1f | %.1f |\n", ms,
-              flop / ms * 1e-9, double(used_high) * mib, double(reserved_high) * mib);
+  std::printf("| lockstep linear_logprob (steady; auto = %s) | %.2f | %.1f | %.1f | %.1f |\n",
+              auto_ran, ms, flop / ms * 1e-9, double(used_high) * mib, double(reserved_high) * mib);
+  std::printf("| lockstep linear_logprob, fused producer forced | %.2f | %.1f | %.1f | |\n",
+              prod_ms[0], flop / prod_ms[0] * 1e-9, double(prod_used[0]) * mib);
+  std::printf("| lockstep linear_logprob, unfused producer forced | %.2f | %.1f | %.1f | |\n",
+              prod_ms[1], flop / prod_ms[1] * 1e-9, double(prod_used[1]) * mib);
   std::printf("| lockstep linear_logprob (first call) | %.2f | %.1f | | |\n", cold,
               flop / cold * 1e-9);
   std::printf("| logits GEMM alone ([256, V] blocks) | %.2f | %.1f | %.1f (its z) | |\n", gemm_ms,
@@ -221,9 +256,11 @@ int main(int argc, char** argv) {
       std::fprintf(f,
                    "{\"T\": %lld, \"H\": %lld, \"V\": %lld, \"ms\": %.4f, \"cold_ms\": %.4f, "
                    "\"gemm_ms\": %.4f, \"sample_ms\": %.4f, \"sample_rows\": %lld, "
-                   "\"peak_scratch_mib\": %.2f, \"reserved_high_mib\": %.2f}\n",
+                   "\"peak_scratch_mib\": %.2f, \"reserved_high_mib\": %.2f, "
+                   "\"fused_ms\": %.4f, \"unfused_ms\": %.4f, \"producers_equal\": %s}\n",
                    (long long)T, (long long)H, (long long)V, ms, cold, gemm_ms, sample_ms,
-                   (long long)Ts, double(used_high) * mib, double(reserved_high) * mib);
+                   (long long)Ts, double(used_high) * mib, double(reserved_high) * mib, prod_ms[0],
+                   prod_ms[1], prod_same[0] && prod_same[1] ? "true" : "false");
       std::fclose(f);
     }
   }
@@ -232,5 +269,5 @@ int main(int argc, char** argv) {
   CK(cudaFree(tg));
   CK(cudaFree(out));
   CK(cudaFree(ids));
-  return 0;
+  return prod_same[0] && prod_same[1] ? 0 : 1;
 }

@@ -16,8 +16,13 @@
 //     rows), host / device request ids and positions, i32 / i64 strided token ids; ids, logp, lse,
 //     entropy == cpu::sample; a row alone == in batch; a NaN row throws naming the row and writes
 //     nothing;
+//   - the two logits -> tile-state producers (fused GEMM epilogue, unfused GEMM + tile-state
+//     kernel) forced on the same inputs, each == cpu (T 1..8201, V 1000 / 4099 / 151936, tau 0.7
+//     / 1 / 1.9, NaN / inf rows, a NaN W row, ignored targets, strided h / w / targets / outputs,
+//     partial states of every rank and the combine); unaligned strides fall back; auto choice;
 //   - argument errors before any launch.
 // Fresh seed each run (printed; pass one as argv[1] to repeat). --quick: small sizes (sanitizer).
+// --producers: only the fused / unfused producer checks.
 // Prints "N passed, M failed" and exits non-zero on any failure.
 #include <cuda_runtime.h>
 
@@ -33,6 +38,7 @@
 #include <vector>
 
 #include "core/math.h"
+#include "cuda/logprob_internal.h"  // the producer hook (fused / unfused)
 #include "lockstep/contract.h"
 #include "lockstep/cuda/gemm.h"
 #include "lockstep/cuda/logprob.h"
@@ -459,6 +465,186 @@ void test_logprob_tp(const Case& c) {
   }
 }
 
+// ---- fused vs unfused producer ----------------------------------------------------------------
+
+using cuda::detail::LogprobProducer;
+
+// Runs `fn` with the producer forced to `p`; checks that `p` actually ran (want_ran) or that the
+// launcher fell back to the unfused one.
+void with_producer(LogprobProducer p, LogprobProducer want_ran, const std::string& tag,
+                   const std::function<void()>& fn) {
+  cuda::detail::logprob_force_producer_for_tests(p);
+  fn();
+  cuda::detail::logprob_force_producer_for_tests(LogprobProducer::kAuto);
+  const LogprobProducer ran = cuda::detail::logprob_last_producer_for_tests();
+  report(ran == want_ran, tag + ": producer ran = " + cuda::detail::logprob_producer_name(ran));
+  if (ran != want_ran) std::printf("  wanted %s\n", cuda::detail::logprob_producer_name(want_ran));
+}
+
+struct ProdCase {
+  int64_t T, H, V;
+  int segs;
+  int64_t lh, lw;  // row strides of h and w (>= H)
+  bool fusable;    // the fused producer can take it (alignment / strides)
+};
+
+// Both producers on the same inputs, each memcmp'd against cpu::linear_logprob: NaN rows (h row
+// and, for one case, a W row), ignored targets, host i64 / device i32 strided targets, strided
+// outputs, temperatures 0.7 / 1 / 1.9; then (segs > 1) the vocab-parallel partial states of every
+// rank count and the combine, through both producers.
+void test_producers_case(const ProdCase& c, bool nan_w_row) {
+  const ContractConfig cfg = make_cfg(256, c.segs, 1);
+  const int64_t T = c.T, H = c.H, V = c.V;
+  Tensor hb(DType::kBF16, {T, c.lh}), wb(DType::kBF16, {V, c.lw});
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const float wscale = T % 2 ? 0.5f : 2.0f;
+  for (int64_t i = 0; i < T * c.lh; ++i) hb.ptr<bf16>()[i] = f32_to_bf16(nd(g_rng));
+  for (int64_t i = 0; i < V * c.lw; ++i) wb.ptr<bf16>()[i] = f32_to_bf16(wscale * nd(g_rng));
+  if (T > 2) hb.ptr<bf16>()[2 * c.lh + H / 2] = f32_to_bf16(NAN);        // row 2: NaN logits
+  if (T > 4) hb.ptr<bf16>()[4 * c.lh] = f32_to_bf16(INFINITY);           // row 4: inf / NaN logits
+  if (nan_w_row) wb.ptr<bf16>()[(V / 2) * c.lw + 1] = f32_to_bf16(NAN);  // poisons every token
+  std::vector<int64_t> targets = random_targets(T, V);
+  for (int64_t t = 3; t < T; t += 7) targets[size_t(t)] = -1;  // ignored
+  if (T > 5) targets[5] = 0;
+  Tensor tg(DType::kI64, {T}), tg32(DType::kI32, {2 * T});
+  for (int64_t t = 0; t < T; ++t) {
+    tg.ptr<int64_t>()[t] = targets[size_t(t)];
+    tg32.ptr<int32_t>()[2 * t] = int32_t(targets[size_t(t)]);
+  }
+  const TensorView hh = view(hb.data(), DType::kBF16, {T, H}, {c.lh, 1}, Device::kCPU);
+  const TensorView hw = view(wb.data(), DType::kBF16, {V, H}, {c.lw, 1}, Device::kCPU);
+  DevPool d;
+  void* dh = d.upload(hb.data(), size_t(hb.nbytes()));
+  void* dw = d.upload(wb.data(), size_t(wb.nbytes()));
+  void* dtg32 = d.upload(tg32.data(), size_t(tg32.nbytes()));
+  const TensorView vh = view(dh, DType::kBF16, {T, H}, {c.lh, 1});
+  const TensorView vw = view(dw, DType::kBF16, {V, H}, {c.lw, 1});
+  void* dout = d.alloc(size_t(6 * T) * 4);  // outputs with stride 2
+  float* o = static_cast<float*>(dout);
+  auto outv = [&](float* base, int i, Device dev) {
+    return view(base + i * 2 * T, DType::kF32, {T}, {2}, dev);
+  };
+  char tagc[256];
+  std::snprintf(tagc, sizeof tagc, "%s T=%lld H=%lld V=%lld lh=%lld lw=%lld%s",
+                cfg.to_string().c_str(), (long long)T, (long long)H, (long long)V, (long long)c.lh,
+                (long long)c.lw, nan_w_row ? " NaN W row" : "");
+  const std::string tag = tagc;
+  const LogprobProducer fused_ran = c.fusable ? LogprobProducer::kFused : LogprobProducer::kUnfused;
+  int tau_i = 0;
+  for (float tau : {0.7f, 1.0f, 1.9f}) {
+    Tensor ref(DType::kF32, {6 * T});
+    std::memset(ref.data(), 0xA5, size_t(ref.nbytes()));
+    float* r = ref.ptr<float>();
+    cpu::linear_logprob(hh, hw, tg.view(), LogprobParams{tau}, cfg, outv(r, 0, Device::kCPU),
+                        outv(r, 1, Device::kCPU), outv(r, 2, Device::kCPU));
+    const bool host_t = (tau_i++ % 2) == 0;
+    const TensorView tv = host_t ? tg.view() : view(dtg32, DType::kI32, {T}, {2});
+    for (LogprobProducer p : {LogprobProducer::kFused, LogprobProducer::kUnfused}) {
+      const std::string t2 = std::string(p == LogprobProducer::kFused ? "FUSED " : "UNFUSED ") +
+                             tag + " tau=" + std::to_string(tau) +
+                             (host_t ? " host i64 targets" : " device i32 targets");
+      CK(cudaMemset(dout, 0xA5, size_t(6 * T) * 4));
+      with_producer(
+          p, p == LogprobProducer::kFused ? fused_ran : LogprobProducer::kUnfused, t2, [&] {
+            cuda::linear_logprob(vh, vw, tv, LogprobParams{tau}, cfg, outv(o, 0, Device::kCUDA),
+                                 outv(o, 1, Device::kCUDA), outv(o, 2, Device::kCUDA));
+          });
+      bitwise(t2 + " == cpu (logp, lse, entropy, gaps)", download(dout, size_t(6 * T) * 4).data(),
+              r, size_t(6 * T), 4);
+    }
+  }
+  if (c.segs == 1) return;
+  // Vocab parallelism through both producers.
+  const LogprobParams prm{0.9f};
+  Tensor ref(DType::kF32, {3 * T});
+  float* r = ref.ptr<float>();
+  cpu::linear_logprob(hh, hw, tg.view(), prm, cfg, view(r, DType::kF32, {T}, {}, Device::kCPU),
+                      view(r + T, DType::kF32, {T}, {}, Device::kCPU),
+                      view(r + 2 * T, DType::kF32, {T}, {}, Device::kCPU));
+  const LogprobVocabLayout lay = logprob_vocab_layout(cfg, V);
+  for (int R = 2; R <= c.segs; R *= 4) {  // R = 2 and 8 (segs 8) / 2 (segs 2, 4)
+    const int per = c.segs / R;
+    Tensor hs(DType::kF32, {R, T, 4});
+    void* dstates = d.alloc(size_t(hs.nbytes()));
+    for (int rk = 0; rk < R; ++rk) {
+      const LogprobShard shard{V, rk * per, per};
+      const int64_t v0 = std::min(V, int64_t(rk * per) * lay.segment_len);
+      const int64_t v1 = std::min(V, int64_t((rk + 1) * per) * lay.segment_len);
+      float* hsr = hs.ptr<float>() + rk * T * 4;
+      cpu::linear_logprob_partial(hh, hw.rows(v0, v1), tg.view(), prm, cfg, shard,
+                                  view(hsr, DType::kF32, {T, 4}, {}, Device::kCPU));
+      float* ds = static_cast<float*>(dstates) + rk * T * 4;
+      for (LogprobProducer p : {LogprobProducer::kFused, LogprobProducer::kUnfused}) {
+        const std::string t2 = std::string(p == LogprobProducer::kFused ? "FUSED " : "UNFUSED ") +
+                               "partial " + tag + " R=" + std::to_string(R) + " rank " +
+                               std::to_string(rk) + " rows [" + std::to_string(v0) + ", " +
+                               std::to_string(v1) + ")";
+        // An all-padding rank has no w rows: always the unfused (empty) path.
+        const LogprobProducer want =
+            (p == LogprobProducer::kFused && v1 > v0) ? fused_ran : LogprobProducer::kUnfused;
+        CK(cudaMemset(ds, 0xA5, size_t(T) * 16));
+        with_producer(p, want, t2, [&] {
+          cuda::linear_logprob_partial(vh, vw.rows(v0, v1),
+                                       rk % 2 ? tg.view() : view(dtg32, DType::kI32, {T}, {2}), prm,
+                                       cfg, shard, view(ds, DType::kF32, {T, 4}));
+        });
+        bitwise(t2 + " == cpu partial state", download(ds, size_t(T) * 16).data(), hsr,
+                size_t(T * 4), 4);
+      }
+    }
+    // The states now hold the unfused producer's values, which equal the fused ones (checked).
+    void* dc = d.alloc(size_t(3 * T) * 4);
+    float* oc = static_cast<float*>(dc);
+    cuda::linear_logprob_combine(view(dstates, DType::kF32, {R, T, 4}), tg.view(), prm, cfg, V,
+                                 view(oc, DType::kF32, {T}), view(oc + T, DType::kF32, {T}),
+                                 view(oc + 2 * T, DType::kF32, {T}));
+    bitwise("combine R=" + std::to_string(R) + " " + tag + " == cpu linear_logprob",
+            download(dc, size_t(3 * T) * 4).data(), r, size_t(3 * T), 4);
+  }
+}
+
+void test_producers() {
+  // H multiple of 8 and strides multiple of 8: the fused kernel takes it; H = 100 / lh = H + 3:
+  // the launcher must fall back (and still match).
+  std::vector<ProdCase> cases = {
+      {67, 64, 151936, 1, 64, 64, true}, {3, 64, 151936, 8, 72, 64, true},
+      {1, 16, 1000, 8, 16, 16, true},    {129, 40, 1000, 2, 48, 56, true},
+      {300, 48, 4099, 4, 48, 48, true},  {37, 100, 4099, 1, 100, 100, false},
+      {45, 32, 4099, 2, 35, 32, false},  {131, 64, 1000, 1, 64, 64, true},
+  };
+  if (g_quick) cases = {{19, 32, 4099, 2, 32, 40, true}, {5, 16, 1000, 8, 16, 16, true}};
+  for (const ProdCase& c : cases) test_producers_case(c, false);
+  test_producers_case(
+      g_quick ? ProdCase{7, 16, 1000, 1, 16, 16, true} : ProdCase{70, 32, 4099, 1, 32, 32, true},
+      true);
+  if (!g_quick) {
+    // Two fused token blocks (the second one short).
+    const ContractConfig cfg = make_cfg(256, 1, 1);
+    const int64_t nt = logprob_vocab_layout(cfg, 1000).padded / 256;
+    const int64_t tb = cuda::detail::logprob_fused_plan(nt, 256).token_block;
+    test_producers_case({tb + 9, 16, 1000, 1, 16, 16, true}, false);
+  }
+  // Auto choice: T > 64 with the default settings runs fused, T <= 64 unfused.
+  {
+    const ContractConfig cfg;
+    Problem pb(65, 16, 300, 1.0f);
+    pb.upload();
+    Tensor tg(DType::kI64, {65});
+    for (int64_t t = 0; t < 65; ++t) tg.ptr<int64_t>()[t] = t;
+    void* dout = pb.d.alloc(65 * 12);
+    float* o = static_cast<float*>(dout);
+    for (int64_t T : {int64_t(65), int64_t(64)}) {
+      cuda::linear_logprob(pb.dev_h().rows(0, T), pb.dev_w(), tg.view().rows(0, T), {}, cfg,
+                           view(o, DType::kF32, {T}), view(o + 65, DType::kF32, {T}),
+                           view(o + 130, DType::kF32, {T}));
+      const LogprobProducer want = T > 64 ? LogprobProducer::kFused : LogprobProducer::kUnfused;
+      report(cuda::detail::logprob_last_producer_for_tests() == want,
+             "auto producer at T=" + std::to_string(T) + " is " +
+                 cuda::detail::logprob_producer_name(want));
+    }
+  }
+}
+
 void test_logprob_errors() {
   const ContractConfig cfg = make_cfg(8, 2, 1);
   const int64_t T = 3, H = 16, V = 30;
@@ -760,9 +946,12 @@ void test_sampling_errors() {
 
 int main(int argc, char** argv) {
   uint64_t seed = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
+  bool producers_only = false;  // --producers: only the fused / unfused producer checks
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       g_quick = true;
+    } else if (std::strcmp(argv[i], "--producers") == 0) {
+      producers_only = true;
     } else {
       seed = std::strtoull(argv[i], nullptr, 10);
     }
@@ -782,6 +971,12 @@ int main(int argc, char** argv) {
                 g_pass, g_fail);
     std::fflush(stdout);
   };
+  if (producers_only) {
+    test_producers();
+    progress("fused vs unfused producer");
+    std::printf("test_logprob_parity --producers: %d passed, %d failed\n", g_pass, g_fail);
+    return g_fail == 0 ? 0 : 1;
+  }
   for (const Case& c : cases) test_logprob_case(c);
   progress("linear_logprob cases");
   test_logprob_strided();
@@ -791,6 +986,8 @@ int main(int argc, char** argv) {
   test_logprob_tp({5, 16, 77, 8, 8, 1});  // ranks 5..7 hold only padding
   if (!g_quick) test_logprob_tp({16, 32, 151936, 256, 8, 2});
   progress("vocab-parallel partial / combine");
+  test_producers();
+  progress("fused vs unfused producer");
   test_logprob_errors();
   for (const Case& c : cases) test_sampling_case(c);
   progress("sampling");
