@@ -89,9 +89,7 @@ Tensor::Tensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(
   storage_ = std::shared_ptr<void>(p, Free());
 }
 
-TensorView Tensor::view() const {
-  return TensorView::contiguous(data(), dtype_, shape_, device_);
-}
+TensorView Tensor::view() const { return TensorView::contiguous(data(), dtype_, shape_, device_); }
 
 Tensor Tensor::adopt(DType dtype, std::vector<int64_t> shape, std::shared_ptr<void> storage,
                      Device device) {
@@ -104,8 +102,8 @@ Tensor Tensor::adopt(DType dtype, std::vector<int64_t> shape, std::shared_ptr<vo
     LS_CHECK(e >= 0, "Tensor", "negative extent ", e);
     t.numel_ *= e;
   }
-  LS_CHECK(storage != nullptr || t.numel_ == 0, "Tensor", "adopt: null storage for ",
-           t.numel_, " elements");
+  LS_CHECK(storage != nullptr || t.numel_ == 0, "Tensor", "adopt: null storage for ", t.numel_,
+           " elements");
   t.storage_ = std::move(storage);
   return t;
 }

@@ -3,7 +3,8 @@
 // (one fixed in-row reduction order for RMSNorm), so nothing depends on the batch.
 // Plain C++ header: device pointers live in TensorViews with device == Device::kCUDA; `stream` is
 // an opaque cudaStream_t (nullptr = default stream). Arguments are checked before the launch
-// (lockstep::Error naming the op and argument); launches are asynchronous and a launch error throws.
+// (lockstep::Error naming the op and argument); launches are asynchronous and a launch error
+// throws.
 #pragma once
 
 #include <vector>
@@ -18,8 +19,8 @@ namespace lockstep::cuda {
 void rmsnorm(const TensorView& x, const TensorView& weight, const RmsNormConfig& cfg,
              const TensorView& y, void* stream = nullptr);
 void rmsnorm_residual(const TensorView& x, const TensorView& residual, const TensorView& weight,
-                      const RmsNormConfig& cfg, const TensorView& residual_out,
-                      const TensorView& y, void* stream = nullptr);
+                      const RmsNormConfig& cfg, const TensorView& residual_out, const TensorView& y,
+                      void* stream = nullptr);
 
 // RoPE with the table already on the device: cos, sin f32 [max_positions, D/2] device views of
 // RopeTable::cos / ::sin (copied once by the caller); positions i32/i64 on the device. Positions

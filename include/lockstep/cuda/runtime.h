@@ -9,7 +9,7 @@
 
 namespace lockstep::cuda {
 
-bool available();             // a CUDA device is present and usable
+bool available();              // a CUDA device is present and usable
 std::string device_summary();  // "NVIDIA H200 (sm_90, 139 GiB), driver 13.0"
 
 // A contiguous device tensor (cudaMalloc; freed when the last copy goes away). Its view() has
