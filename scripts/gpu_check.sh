@@ -4,10 +4,11 @@
 #   here:    bash scripts/gpu_check.sh --build          (configures + builds ./build-gpu, sm_90a)
 #   device:  run(command="bash scripts/gpu_check.sh [parts]", carry=["build-gpu"])
 # Parts (default: tests bench): tests = every GPU test (build-gpu/test_*: each exits non-zero on
-# any mismatch) and the MMA probe (quick mode); bench = every build-gpu/bench_* and the PyTorch
-# peers in bench/*.py; sanitize = compute-sanitizer memcheck and racecheck over every test in
+# any mismatch) and the MMA probe (quick mode); bench = the GEMM, small-M GEMM, attention and
+# log-prob benchmarks, each beside its peer (cuBLAS, PyTorch SDPA, PyTorch log_softmax); sanitize = compute-sanitizer memcheck and racecheck over every test in
 # --quick mode; audit = scripts/gpu_audit.sh (the engine on the GPU). Logs go under $OUT (./out by
-# hand): summary.txt and logs.tar.gz.
+# hand): summary.txt and logs.tar.gz (re-packed after every step, so a run cut off at its time
+# limit still returns what it did).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,6 +41,7 @@ parts="${*:-tests bench}"
 has() { [[ " $parts " == *" $1 "* ]]; }
 pass=0
 fail=0
+pack() { (cd "$OUT" && tar czf logs.tar.gz logs); }
 if has tests; then
 for t in build-gpu/test_*; do
   [ -x "$t" ] || continue
@@ -53,6 +55,7 @@ for t in build-gpu/test_*; do
     fail=$((fail + 1))
     log "FAIL $name (exit $rc): $(tail -3 "$OUT/logs/$name.log" | tr '\n' ' ')"
   fi
+  pack
 done
 
 # The MMA probe: mma.sync + wgmma vs the CPU model on fresh random data (new seed each run) and
@@ -70,26 +73,25 @@ fi
 fi
 
 if has bench; then
-  for b in build-gpu/bench_*; do
-    [ -x "$b" ] || continue
-    name=$(basename "$b")
-    if "$b" >"$OUT/$name.md" 2>&1; then
-      log "BENCH $name: table in $name.md"
+  # Each lockstep benchmark beside its peer, measured in the same call (tables in logs/bench_*.md).
+  L="$OUT/logs"
+  bench() {  # bench NAME cmd...
+    local name=$1
+    shift
+    if "$@" >"$L/$name.md" 2>&1; then
+      log "BENCH $name: logs/$name.md"
     else
       fail=$((fail + 1))
-      log "FAIL $name (exit $?): $(tail -3 "$OUT/$name.md" | tr '\n' ' ')"
+      log "FAIL bench $name (exit $?): $(tail -3 "$L/$name.md" | tr '\n' ' ')"
     fi
-  done
-  for py in bench/*.py; do
-    [ -f "$py" ] || continue
-    name=$(basename "$py" .py)
-    if PYTHONUNBUFFERED=1 python3 "$py" >"$OUT/$name.md" 2>&1; then
-      log "BENCH $name (PyTorch peer): table in $name.md"
-    else
-      fail=$((fail + 1))
-      log "FAIL $name (exit $?): $(tail -3 "$OUT/$name.md" | tr '\n' ' ')"
-    fi
-  done
+    pack
+  }
+  bench bench_gemm_cuda build-gpu/bench_gemm_cuda
+  bench bench_gemm_small_m build-gpu/bench_gemm_small_m
+  bench bench_attention bash -c "PYTHONUNBUFFERED=1 python3 bench/attention_sdpa.py --out '$L/sdpa.csv' &&
+    build-gpu/bench_attention --sdpa '$L/sdpa.csv'"
+  bench bench_logprob bash -c "build-gpu/bench_logprob --json '$L/lp.json' &&
+    PYTHONUNBUFFERED=1 python3 bench/logprob_torch.py --ours '$L/lp.json'"
 fi
 
 if has sanitize; then
@@ -105,20 +107,22 @@ if has sanitize; then
         fail=$((fail + 1))
         log "FAIL $tool $name (exit $?): $(grep -E 'SUMMARY|Error|error' "$OUT/logs/$name.$tool.log" | head -3 | tr '\n' ' ')"
       fi
+      pack
     done
   done
 fi
 
 if has audit; then
-  if bash scripts/gpu_audit.sh >"$OUT/audit.txt" 2>&1; then
+  if bash scripts/gpu_audit.sh >"$OUT/logs/audit.txt" 2>&1; then
     pass=$((pass + 1))
-    log "PASS audit: $(grep -E 'mismatch' "$OUT/audit.txt" | tr '\n' ';' | head -c 600)"
+    log "PASS audit: $(grep -E '^=== .*exit|PASS|FAIL' "$OUT/logs/audit.txt" | tr '\n' ';' | head -c 900)"
   else
     fail=$((fail + 1))
-    log "FAIL audit (exit $?): $(tail -5 "$OUT/audit.txt" | tr '\n' ' ')"
+    log "FAIL audit (exit $?): $(grep -E '^=== .*exit|PASS|FAIL' "$OUT/logs/audit.txt" | tr '\n' ';' | head -c 900)"
   fi
+  pack
 fi
 
-(cd "$OUT" && tar czf logs.tar.gz logs && rm -rf logs)
+pack && rm -rf "$OUT/logs"
 log "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
