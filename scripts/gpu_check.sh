@@ -2,7 +2,9 @@
 # The GPU check, in ONE device call. Build here first (the GPU machine has no Debian -dev
 # packages), then carry the build:
 #   here:    bash scripts/gpu_check.sh --build          (configures + builds ./build-gpu, sm_90a)
-#   device:  run(command="bash scripts/gpu_check.sh [parts]", carry=["build-gpu"])
+#   device:  run(command="bash scripts/gpu_check.sh [parts]", carry=["build-gpu-pack"])
+# (build-gpu itself is too big to carry: --build packs the stripped runnables and the CLI's
+# OpenBLAS runtime into build-gpu-pack/gpu.tgz, which the device side unpacks into build-gpu/.)
 # Parts (default: tests bench): tests = every GPU test (build-gpu/test_*: each exits non-zero on
 # any mismatch) and the MMA probe (quick mode); bench = the GEMM, small-M GEMM, attention and
 # log-prob benchmarks, each beside its peer (cuBLAS, PyTorch SDPA, PyTorch log_softmax); sanitize = compute-sanitizer memcheck and racecheck over every test in
@@ -25,7 +27,15 @@ if [ "${1:-}" = "--build" ]; then
   # The CLI links OpenBLAS (the CPU baseline backend); the GPU machine has none: carry it.
   mkdir -p build-gpu/rt
   ldd build-gpu/lockstep | awk '/openblas|gfortran|quadmath/ {print $3}' | xargs -r -I{} cp -L {} build-gpu/rt/
+  stage=$(mktemp -d)
+  cp build-gpu/test_* build-gpu/bench_* build-gpu/probe_* build-gpu/lockstep "$stage"/
+  strip "$stage"/* 2>/dev/null || true
+  cp -r build-gpu/rt "$stage"/
+  mkdir -p build-gpu-pack
+  tar -C "$stage" -czf build-gpu-pack/gpu.tgz .
+  rm -rf "$stage"
   echo "[gpu_check] built: $(cd build-gpu && ls test_* bench_* probe_* lockstep 2>/dev/null | tr '\n' ' ')"
+  echo "[gpu_check] packed build-gpu-pack/gpu.tgz ($(du -h build-gpu-pack/gpu.tgz | cut -f1)): carry build-gpu-pack"
   exit 0
 fi
 
@@ -34,7 +44,10 @@ mkdir -p "$OUT/logs"
 log() { echo "[gpu_check] $*" | tee -a "$OUT/summary.txt"; }
 log "date $(date -u +%FT%TZ), git $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 log "gpu $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null)"
-[ -d build-gpu ] || { log "no build-gpu/: run 'bash scripts/gpu_check.sh --build' here and carry it"; exit 1; }
+if [ -f build-gpu-pack/gpu.tgz ] && [ ! -x build-gpu/test_smoke ]; then
+  mkdir -p build-gpu && tar -C build-gpu -xzf build-gpu-pack/gpu.tgz
+fi
+[ -x build-gpu/test_smoke ] || { log "no build-gpu/: run 'bash scripts/gpu_check.sh --build' here and carry build-gpu-pack"; exit 1; }
 
 export LD_LIBRARY_PATH="$PWD/build-gpu/rt${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 parts="${*:-tests bench}"
