@@ -592,7 +592,13 @@ std::string gemm_launch_plan(int64_t M, int64_t N, int64_t K, const GemmConfig& 
     os << "nothing to launch";
     return os.str();
   }
-  if (M <= 64) os << "small-M kernel if it takes the case, else ";
+  if (M <= 64) {
+    // sm_count 0 = 132 (the H200); the real launch uses the device's SM count.
+    os << "small-M "
+       << detail::small_m_variant(detail::small_m_dispatch_variant(M, N, K, kl.segments, 0))
+              .to_string()
+       << " (on 132 SMs) if it takes the case, else ";
+  }
   const GemmPath path = plan_path(M, N, kl.segments, K >= 1, true);
   if (path == GemmPath::kMma32x64) {
     os << "mma.sync m16n8k16 32x64 tiles, 8 cp.async stages, grid " << (N + 63) / 64 << "x"

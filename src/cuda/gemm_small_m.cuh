@@ -57,8 +57,8 @@ int small_m_default_variant(int64_t M, int64_t N, int64_t K, int segments, int s
 
 // The warp-specialized (kind 1) tile proposed as the next default for these sizes (index into the
 // variant table; sm_count <= 0 means 132). gemm_bf16_nt_small_m uses it only for
-// M <= kSmallMCandidateUpToM (a constant in gemm_small_m.cu, 0 today), and then falls back to the
-// default tile for operands TMA cannot read.
+// M <= kSmallMCandidateUpToM (a constant in gemm_small_m.cu, 64 since 2026-11-29), and then falls
+// back to the default tile for operands TMA cannot read.
 int small_m_candidate_variant(int64_t M, int64_t N, int64_t K, int segments, int sm_count);
 
 // The variant gemm_bf16_nt_small_m tries first for these sizes (the default or, with the switch
