@@ -20,6 +20,7 @@
 
 #include "cuda/gemm_small_m.cuh"            // ldsm_x4, ldsm_x2, mma_16816, round_bf16_canonical
 #include "cuda/gemm_small_m_ws_layout.cuh"  // Shape: geometry, tile sequence, lane addresses
+#include "cuda/sm90_async.cuh"              // mbarriers, TMA loads (shared with gemm_sm90.cuh)
 
 namespace lockstep::cuda::detail::small_m_ws {
 
@@ -40,41 +41,9 @@ struct Params {
   int y_f32;  // 1: y is f32, 0: bf16
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// mbarrier and TMA helpers: the same PTX as gemm_sm90.cuh (proven there), kept in this namespace so
-// that the two kernels evolve independently.
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ uint32_t mbar_try_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return done;
-}
 // NOTE: a wait that has not completed after kWaitLimitNs traps (the launch fails with an error)
 // instead of hanging the process: in a sound pipeline every wait lasts microseconds.
 constexpr uint64_t kWaitLimitNs = 4000000000ull;
-__device__ __forceinline__ uint64_t global_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-  return t;
-}
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   if (mbar_try_wait(bar, parity)) return;
   const uint64_t t0 = global_ns();
@@ -82,16 +51,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
     if (global_ns() - t0 > kWaitLimitNs) __trap();
   }
 }
-// One 2-D box (64 k x rows) of a bf16 tensor map into shared memory, completing on `bar`.
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int32_t k,
-                                            int32_t row, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
-      "{%2, %3}], [%4];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(row), "r"(bar)
-      : "memory");
-}
-
 // ---- Thread-block clusters (CL > 1): x is multicast to the CL CTAs of a cluster, so a stage's
 // slot may be refilled only when every CTA of the cluster released it.
 // The same box into the same shared-memory offset of every CTA in cta_mask, completing on the
