@@ -17,21 +17,13 @@
 #include <ctime>
 #include <vector>
 
+#include "cuda/cuda_ck.h"  // CK
 #include "lockstep/cuda/gemm.h"
 
 using lockstep::Device;
 using lockstep::DType;
 using lockstep::GemmConfig;
 using lockstep::TensorView;
-
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(2);                                                                        \
-    }                                                                                      \
-  } while (0)
 
 namespace {
 

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/cuda_ck.h"  // CK
 #include "cuda/gemm_small_m.cuh"
 #include "lockstep/cuda/gemm.h"
 #include "lockstep/ops/gemm.h"
@@ -33,15 +34,6 @@ using lockstep::DType;
 using lockstep::GemmConfig;
 using lockstep::TensorView;
 namespace detail = lockstep::cuda::detail;
-
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(2);                                                                        \
-    }                                                                                      \
-  } while (0)
 
 namespace {
 

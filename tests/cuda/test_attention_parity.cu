@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/cuda_ck.h"  // CK
 #include "lockstep/cuda/attention.h"
 #include "lockstep/dtype.h"
 #include "lockstep/ops/attention.h"
@@ -36,15 +37,6 @@ using lockstep::SharedPrefix;
 using lockstep::TensorView;
 namespace cpu = lockstep::cpu;
 namespace gpu = lockstep::cuda;
-
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(2);                                                                        \
-    }                                                                                      \
-  } while (0)
 
 namespace {
 

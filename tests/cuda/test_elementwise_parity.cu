@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/cuda_ck.h"  // CK
 #include "lockstep/cuda/elementwise.h"
 #include "lockstep/ops/activation.h"
 #include "lockstep/ops/embedding.h"
@@ -38,15 +39,6 @@ using lockstep::Device;
 using lockstep::DType;
 using lockstep::Tensor;
 using lockstep::TensorView;
-
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(2);                                                                        \
-    }                                                                                      \
-  } while (0)
 
 namespace {
 

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/cuda_ck.h"         // CK
 #include "cuda/gemm_bf16_nt.cuh"  // detail::GemmPath, the test hook
 #include "lockstep/cuda/gemm.h"
 #include "lockstep/dtype.h"
@@ -35,15 +36,6 @@ using lockstep::DType;
 using lockstep::GemmConfig;
 using lockstep::TensorView;
 using lockstep::cuda::detail::GemmPath;
-
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(2);                                                                        \
-    }                                                                                      \
-  } while (0)
 
 namespace {
 

@@ -33,6 +33,7 @@
 
 #include "core/mma_model.h"
 #include "core/thread_pool.h"
+#include "cuda/cuda_ck.h"  // CK
 #include "cuda/gemm_small_m.cuh"
 #include "cuda/gemm_small_m_ws_layout.cuh"
 #include "lockstep/cuda/gemm.h"
@@ -44,15 +45,6 @@ using lockstep::DType;
 using lockstep::GemmConfig;
 using lockstep::TensorView;
 namespace detail = lockstep::cuda::detail;
-
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(2);                                                                        \
-    }                                                                                      \
-  } while (0)
 
 namespace {
 

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "core/math.h"
+#include "cuda/cuda_ck.h"           // CK
 #include "cuda/logprob_internal.h"  // the producer hook (fused / unfused)
 #include "lockstep/contract.h"
 #include "lockstep/cuda/gemm.h"
@@ -47,15 +48,6 @@
 #include "lockstep/ops/sampling.h"
 
 using namespace lockstep;
-
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(2);                                                                        \
-    }                                                                                      \
-  } while (0)
 
 namespace {
 
