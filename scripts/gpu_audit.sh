@@ -33,5 +33,12 @@ step audit_qwen3_8b_cuda "$L" audit --device cuda --model-shape qwen3-8b --promp
   --max-new-tokens 24 --prompt-len 16:128
 step bench_engine_qwen3_8b "$L" bench-engine --device cuda --model-shape qwen3-8b --prompts 16 \
   --group 8 --max-new-tokens 64 --prompt-len 16:128
+# One GPU as deployed: TP 1 on both sides, so one K segment (the S = 1 GEMM and the fused log-prob
+# head) and the default 1024-key attention chunk.
+S1="--rollout-tp 1 --train-tp 1 --segments 1 --kv-chunk 1024"
+step audit_qwen3_8b_cuda_s1 "$L" audit --device cuda --model-shape qwen3-8b $S1 --prompts 8 \
+  --group 4 --max-new-tokens 24 --prompt-len 16:128
+step bench_engine_qwen3_8b_s1 "$L" bench-engine --device cuda --model-shape qwen3-8b $S1 \
+  --prompts 16 --group 8 --max-new-tokens 64 --prompt-len 16:128
 rm -rf "$work"
 exit $status
