@@ -38,8 +38,8 @@
 #include <vector>
 
 #include "core/math.h"
-#include "cuda/cuda_ck.h"           // CK
 #include "cuda/logprob_internal.h"  // the producer hook (fused / unfused)
+#include "cuda/parity_fixture.h"    // report, DevPool, view, bitwise, expect_error
 #include "lockstep/contract.h"
 #include "lockstep/cuda/gemm.h"
 #include "lockstep/cuda/logprob.h"
@@ -50,87 +50,6 @@
 using namespace lockstep;
 
 namespace {
-
-int g_pass = 0, g_fail = 0;
-bool g_quick = false;
-std::mt19937_64 g_rng;
-
-void report(bool ok, const std::string& what) {
-  if (ok) {
-    ++g_pass;
-  } else {
-    ++g_fail;
-    std::printf("FAIL %s\n", what.c_str());
-  }
-}
-
-struct DevPool {
-  std::vector<void*> ptrs;
-  void* alloc(size_t bytes) {
-    void* p = nullptr;
-    CK(cudaMalloc(&p, bytes ? bytes : 16));
-    CK(cudaMemset(p, 0xA5, bytes ? bytes : 16));
-    ptrs.push_back(p);
-    return p;
-  }
-  void* upload(const void* host, size_t bytes) {
-    void* p = alloc(bytes);
-    CK(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice));
-    return p;
-  }
-  ~DevPool() {
-    for (void* p : ptrs) cudaFree(p);
-  }
-};
-
-std::vector<uint8_t> download(const void* dev, size_t bytes) {
-  std::vector<uint8_t> h(bytes);
-  CK(cudaDeviceSynchronize());
-  CK(cudaMemcpy(h.data(), dev, bytes, cudaMemcpyDeviceToHost));
-  return h;
-}
-
-TensorView view(void* p, DType dt, std::vector<int64_t> shape, std::vector<int64_t> strides = {},
-                Device dev = Device::kCUDA) {
-  TensorView v = TensorView::contiguous(p, dt, shape, dev);
-  for (size_t i = 0; i < strides.size(); ++i) v.stride[i] = strides[i];
-  return v;
-}
-
-bool bitwise(const std::string& what, const void* gpu, const void* cpu, size_t n, size_t es) {
-  const auto* a = static_cast<const uint8_t*>(gpu);
-  const auto* b = static_cast<const uint8_t*>(cpu);
-  if (std::memcmp(a, b, n * es) == 0) {
-    report(true, what);
-    return true;
-  }
-  size_t bad = 0, first = 0;
-  for (size_t i = 0; i < n; ++i) {
-    if (std::memcmp(a + i * es, b + i * es, es) != 0) {
-      if (bad == 0) first = i;
-      ++bad;
-    }
-  }
-  uint64_t x = 0, y = 0;
-  std::memcpy(&x, a + first * es, es);
-  std::memcpy(&y, b + first * es, es);
-  report(false, what);
-  std::printf("  %zu of %zu differ; first at %zu: gpu 0x%llx cpu 0x%llx\n", bad, n, first,
-              (unsigned long long)x, (unsigned long long)y);
-  return false;
-}
-
-void expect_error(const std::string& what, const std::function<void()>& fn, const char* needle) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    const bool ok = std::strstr(e.what(), needle) != nullptr;
-    report(ok, "error: " + what);
-    if (!ok) std::printf("  message '%s' lacks '%s'\n", e.what(), needle);
-    return;
-  }
-  report(false, "error: " + what + " (nothing thrown)");
-}
 
 ContractConfig make_cfg(int tile, int segs, int gsegs) {
   ContractConfig c;
