@@ -23,6 +23,7 @@
 #include "cpu/checks.h"
 #include "cuda/baseline.h"
 #include "engine/cuda/backends.h"
+#include "engine/cuda/device_backend.h"
 #include "lockstep/cuda/runtime.h"
 #include "lockstep/ops/embedding.h"
 
@@ -167,18 +168,9 @@ int64_t lead(const char* op, const char* arg, const TensorView& t) {
 
 float* f32p(const TensorView& t) { return static_cast<float*>(t.data); }
 
-class CudaBaselineBackend final : public OpsBackend {
+class CudaBaselineBackend final : public CudaDeviceBackend {
  public:
   std::string name() const override { return "baseline"; }
-
-  Device device() const override { return Device::kCUDA; }
-  Tensor empty(DType dtype, std::vector<int64_t> shape) const override {
-    return cuda::empty(dtype, std::move(shape));
-  }
-  void copy(const TensorView& dst, const TensorView& src) const override {
-    cuda::copy(dst, src, stream_);
-  }
-  void synchronize() const override { cuda::synchronize(stream_); }
 
   // --- GEMM ---
 
@@ -747,7 +739,6 @@ class CudaBaselineBackend final : public OpsBackend {
   }
 
   base::Context ctx_;
-  void* stream_ = nullptr;  // the legacy default stream: ordered with every other CUDA call
 };
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "engine/cuda/backends.h"
+#include "engine/cuda/device_backend.h"
 #include "lockstep/cuda/attention.h"
 #include "lockstep/cuda/elementwise.h"
 #include "lockstep/cuda/gemm.h"
@@ -21,18 +22,9 @@ namespace lockstep::engine {
 
 namespace {
 
-class CudaInvariantBackend final : public OpsBackend {
+class CudaInvariantBackend final : public CudaDeviceBackend {
  public:
   std::string name() const override { return "invariant"; }
-
-  Device device() const override { return Device::kCUDA; }
-  Tensor empty(DType dtype, std::vector<int64_t> shape) const override {
-    return cuda::empty(dtype, std::move(shape));
-  }
-  void copy(const TensorView& dst, const TensorView& src) const override {
-    cuda::copy(dst, src, stream_);
-  }
-  void synchronize() const override { cuda::synchronize(stream_); }
 
   void gemm(const TensorView& x, const TensorView& w, const GemmConfig& cfg,
             const TensorView& y) const override {
@@ -160,7 +152,6 @@ class CudaInvariantBackend final : public OpsBackend {
     return tables_.emplace(key, std::move(t)).first->second;
   }
 
-  void* stream_ = nullptr;  // the legacy default stream
   mutable std::mutex mu_;
   mutable std::map<std::tuple<const void*, const void*, int64_t, int64_t, double>, DeviceTable>
       tables_;

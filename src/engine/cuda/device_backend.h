@@ -1,0 +1,29 @@
+// The memory half shared by the engine's CUDA backends (invariant_backend.cc, baseline_backend.cc):
+// device tensors from lockstep::cuda::empty, copies and waits on one stream — the legacy default
+// stream, so every op and copy of the backend is ordered with every other CUDA call.
+#pragma once
+
+#include <utility>
+#include <vector>
+
+#include "engine/backend.h"
+#include "lockstep/cuda/runtime.h"
+
+namespace lockstep::engine {
+
+class CudaDeviceBackend : public OpsBackend {
+ public:
+  Device device() const override { return Device::kCUDA; }
+  Tensor empty(DType dtype, std::vector<int64_t> shape) const override {
+    return cuda::empty(dtype, std::move(shape));
+  }
+  void copy(const TensorView& dst, const TensorView& src) const override {
+    cuda::copy(dst, src, stream_);
+  }
+  void synchronize() const override { cuda::synchronize(stream_); }
+
+ protected:
+  void* stream_ = nullptr;  // the legacy default stream
+};
+
+}  // namespace lockstep::engine
