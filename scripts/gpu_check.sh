@@ -31,6 +31,9 @@ if [ "${1:-}" = "--build" ]; then
   cp build-gpu/test_* build-gpu/bench_* build-gpu/probe_* build-gpu/lockstep "$stage"/
   strip "$stage"/* 2>/dev/null || true
   cp -r build-gpu/rt "$stage"/
+  # The commit the binaries were built from (the device's copy of .git may be older).
+  echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!docs' 2>/dev/null || echo '+uncommitted')" \
+    >"$stage/BUILT_FROM"
   mkdir -p build-gpu-pack
   tar -C "$stage" -czf build-gpu-pack/gpu.tgz .
   rm -rf "$stage"
@@ -42,11 +45,12 @@ fi
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT/logs"
 log() { echo "[gpu_check] $*" | tee -a "$OUT/summary.txt"; }
-log "date $(date -u +%FT%TZ), git $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+log "date $(date -u +%FT%TZ)"
 log "gpu $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null)"
 if [ -f build-gpu-pack/gpu.tgz ] && [ ! -x build-gpu/test_smoke ]; then
   mkdir -p build-gpu && tar -C build-gpu -xzf build-gpu-pack/gpu.tgz
 fi
+[ -f build-gpu/BUILT_FROM ] && log "binaries built from $(cat build-gpu/BUILT_FROM)"
 [ -x build-gpu/test_smoke ] || { log "no build-gpu/: run 'bash scripts/gpu_check.sh --build' here and carry build-gpu-pack"; exit 1; }
 
 export LD_LIBRARY_PATH="$PWD/build-gpu/rt${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
