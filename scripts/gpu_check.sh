@@ -47,8 +47,15 @@ mkdir -p "$OUT/logs"
 log() { echo "[gpu_check] $*" | tee -a "$OUT/summary.txt"; }
 log "date $(date -u +%FT%TZ)"
 log "gpu $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null)"
-if [ -f build-gpu-pack/gpu.tgz ] && [ ! -x build-gpu/test_smoke ]; then
-  mkdir -p build-gpu && tar -C build-gpu -xzf build-gpu-pack/gpu.tgz
+# Unpack the carried build unless this (warm) machine already unpacked this very pack: a warm
+# machine keeps build-gpu/ from the previous call, which may be an older build. (A build-gpu/
+# with a CMakeCache.txt is a real build directory, the one --build made: never replaced.)
+if [ -f build-gpu-pack/gpu.tgz ] && [ ! -f build-gpu/CMakeCache.txt ]; then
+  sum=$(md5sum build-gpu-pack/gpu.tgz | cut -d' ' -f1)
+  if [ "$(cat build-gpu/.pack_md5 2>/dev/null)" != "$sum" ]; then
+    rm -rf build-gpu && mkdir -p build-gpu && tar -C build-gpu -xzf build-gpu-pack/gpu.tgz &&
+      echo "$sum" >build-gpu/.pack_md5
+  fi
 fi
 [ -f build-gpu/BUILT_FROM ] && log "binaries built from $(cat build-gpu/BUILT_FROM)"
 [ -x build-gpu/test_smoke ] || { log "no build-gpu/: run 'bash scripts/gpu_check.sh --build' here and carry build-gpu-pack"; exit 1; }

@@ -229,7 +229,8 @@ const Variant kVariants[] = {
     LS_SMALL_M_WS(1, 8, 2, 1, 2, 8),   // 59: bn 32, M <= 64, 2 consumer warps x 8 chains
     LS_SMALL_M_WS(4, 2, 2, 2, 2, 6),   // 60: bn 64, M <= 64, 8 consumer warps
     // Kind 1 in clusters of 2 CTAs along N sharing x (multicast): the x bytes each SM pulls
-    // from L2 halve. Variants 61-72: the candidates for M > 16 (same tiles as 40-51).
+    // from L2 halve. Variants 61-72: the same tiles as 40-51 (sweep only: measured slower, see
+    // kCandidateClusters).
     // M <= 32: (2, 2)
     LS_SMALL_M_WS_CL(2, 2, 1, 1, 4, 8, 2),   // 61: bn 16
     LS_SMALL_M_WS_CL(2, 2, 2, 1, 2, 12, 2),  // 62: bn 32
@@ -258,12 +259,17 @@ const Variant kVariants[] = {
 
 // NOTE: gemm_bf16_nt_small_m tries small_m_candidate_variant (kind 1, warp-specialized TMA) first
 // for M <= kSmallMCandidateUpToM (0: never, 16: decode batches up to 16, 64: always); operands TMA
-// cannot read still take the default tile. On the H200 (2026-11-29, docs/cuda-gemm.md) the kind 1
-// tiles ran 0.97-1.06x cuBLAS at M <= 16 and 0.75-0.95x at M = 32/64, vs 0.35-0.86x for the
-// default tiles, with identical bits (every variant passes test_gemm_small_m's parity checks).
+// cannot read still take the default tile. On the H200 (2026-11-29/30, docs/cuda-gemm.md) the kind
+// 1 tiles ran 0.97-1.06x cuBLAS at M <= 16 and 0.84-0.97x at M = 32/64 (single-CTA tiles), vs
+// 0.35-0.86x for the default tiles, with identical bits (every variant passes test_gemm_small_m's
+// parity checks).
 constexpr int64_t kSmallMCandidateUpToM = 64;
 // Whether the candidates for M > 16 are the cluster tiles (61-72) or the single-CTA ones (40-51).
-constexpr bool kCandidateClusters = true;
+// NOTE: off since the sweep of 2026-11-30 (H200, bench_gemm_small_m --sweep, w from HBM): the
+// single-CTA tiles were faster at M = 32/64 on o_proj (15.1 vs 17.8 us, 16.8 vs 19.1), down (35.2
+// vs 39.4, 38.5 vs 42.2) and qkv (18.5 vs 19.6, 20.9 vs 22.2), within 1% on gate_up; clusters of 4
+// and 8 CTAs (tried the same day) ran ~2x slower: 32 clusters of 4 do not fit in one wave.
+constexpr bool kCandidateClusters = false;
 
 constexpr int kNumVariants = int(sizeof(kVariants) / sizeof(kVariants[0]));
 
@@ -327,12 +333,11 @@ bool run_variant(const TensorView& x, const TensorView& w, const TensorView* bia
 std::string SmallMTile::to_string() const {
   char buf[128];
   if (kind == 1) {
+    char cluster_text[24] = "";
+    if (cluster > 1) std::snprintf(cluster_text, sizeof cluster_text, " cluster=%d", cluster);
     std::snprintf(buf, sizeof buf,
                   "small-m-ws bm=%d bn=%d warps=%dx%d+1 chains=%dx%d bk=%d stages=%d%s", bm, bn, wm,
-                  wn, na, mb, bk, stages,
-                  cluster == 2   ? " cluster=2"
-                  : cluster == 4 ? " cluster=4"
-                                 : "");
+                  wn, na, mb, bk, stages, cluster_text);
   } else {
     std::snprintf(buf, sizeof buf, "small-m bm=%d bn=%d warps=%dx%d bk=%d stages=%d", bm, bn, wm,
                   wn, bk, stages);
@@ -371,7 +376,7 @@ int small_m_candidate_variant(int64_t M, int64_t N, int64_t K, int segments, int
   (void)K;
   (void)segments;
   // Kind 1 candidates of the M class, BN = 16, 32, 48, 64, 96, 192; for M > 16 the cluster
-  // tiles (pairs of CTAs sharing x) unless kCandidateClusters is off.
+  // tiles (pairs of CTAs sharing x) when kCandidateClusters is on (off: measured slower).
   static const int kByClass[4][6] = {{28, 29, 30, 31, 32, 33},
                                      {34, 35, 36, 37, 38, 39},
                                      {40, 41, 42, 43, 44, 45},
