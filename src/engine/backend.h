@@ -43,6 +43,12 @@ class OpsBackend {
   virtual void copy(const TensorView& dst, const TensorView& src) const;
   // Waits for every issued op; throws on a pending device error. CPU: no-op.
   virtual void synchronize() const {}
+  // Whether this backend's attention ops read the small per-row / per-sequence metadata
+  // (cu_seqlens, q_seq, q_pos, seq_lens, shared_len, seq_group) on the host to plan a launch. If
+  // so the engine passes its validated host copies of those views (block tables and slot mappings
+  // stay on the device), and a call never copies them back and waits for the device. Every
+  // attention op accepts host metadata (lockstep/ops/attention.h, lockstep/cuda/attention.h).
+  virtual bool plans_attention_on_host() const { return false; }
 
   // --- GEMM (lockstep/ops/gemm.h) ---
   // y[M, N] = x[M, K] · w[N, K]ᵀ; y bf16 (rounded) or f32.

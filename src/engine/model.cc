@@ -618,11 +618,13 @@ void Model::forward_packed(const TensorView& tokens, const TensorView& cu_seqlen
   const std::vector<TensorView> md =
       stage.upload(op, {"tokens", "cu_seqlens", "positions"}, {tokens, cu_seqlens, pos.view()});
   const TensorView hidden = stage.output(hidden_out);
+  const bool host_plan = m.ops->plans_attention_on_host();
   m.run(
       md[0], md[2],
       [&](int, int, const TensorView& q, const TensorView& k, const TensorView& v,
           const TensorView& out) {
-        m.ops->attention_prefill_varlen(q, k, v, md[1], m.attn, out, TensorView{});
+        m.ops->attention_prefill_varlen(q, k, v, host_plan ? cu_seqlens : md[1], m.attn, out,
+                                        TensorView{});
       },
       hidden);
   stage.finish();
@@ -759,8 +761,16 @@ void Model::forward_step(const TensorView& tokens, const TensorView& seq, const 
     host.insert(host.end(), {prefix->block_table, prefix->shared_len, prefix->seq_group});
   }
   const std::vector<TensorView> md = stage.upload(op, names, host);
+  // The attention metadata: device views, or (plans_attention_on_host) the validated host views
+  // for everything but the block tables.
+  const bool host_plan = m.ops->plans_attention_on_host();
+  const TensorView a_seq = host_plan ? seq : md[1], a_pos = host_plan ? pos : md[2],
+                   a_lens = host_plan ? cache.seq_lens : md[5];
   std::optional<SharedPrefix> prefix_d;
-  if (prefix) prefix_d = SharedPrefix{md[6], md[7], md[8]};
+  if (prefix) {
+    prefix_d = host_plan ? SharedPrefix{md[6], prefix->shared_len, prefix->seq_group}
+                         : SharedPrefix{md[6], md[7], md[8]};
+  }
   const TensorView hidden = stage.output(hidden_out);
 
   m.run(
@@ -774,14 +784,14 @@ void Model::forward_step(const TensorView& tokens, const TensorView& seq, const 
         // chunk's keys from the cache). Replicated kv heads (Hkv < tp) are written by each of
         // their ranks with identical bits.
         m.ops->kv_cache_write(k, v, md[3], kc, vc);
-        const PagedKv kv{kc, vc, md[4], md[5]};
+        const PagedKv kv{kc, vc, md[4], a_lens};
         if (step.cascade) {
-          m.ops->attention_paged_cascade(q, md[1], md[2], kv, *prefix_d, m.attn, out, TensorView{});
+          m.ops->attention_paged_cascade(q, a_seq, a_pos, kv, *prefix_d, m.attn, out, TensorView{});
         } else if (step.kv_splits > 1) {
-          m.ops->attention_paged_split_kv(q, md[1], md[2], kv, m.attn, step.kv_splits, out,
+          m.ops->attention_paged_split_kv(q, a_seq, a_pos, kv, m.attn, step.kv_splits, out,
                                           TensorView{});
         } else {
-          m.ops->attention_paged(q, md[1], md[2], kv, m.attn, out, TensorView{});
+          m.ops->attention_paged(q, a_seq, a_pos, kv, m.attn, out, TensorView{});
         }
       },
       hidden);

@@ -96,20 +96,21 @@ std::vector<TensorView> host_of(const std::vector<TensorView>& vs, const char* o
   for (const TensorView& v : vs) out.push_back(host_of(v, op, arg));
   return out;
 }
-PagedKv host_of(const PagedKv& kv, const char* op) {
-  return PagedKv{host_of(kv.k_cache, op, "k_cache"), host_of(kv.v_cache, op, "v_cache"),
-                 host_of(kv.block_table, op, "block_table"), host_of(kv.seq_lens, op, "seq_lens")};
-}
 
 struct Counters {
-  std::atomic<int64_t> uploads{0}, downloads{0}, device_copies{0}, syncs{0}, ops{0};
-  void reset() { uploads = downloads = device_copies = syncs = ops = 0; }
+  std::atomic<int64_t> uploads{0}, downloads{0}, device_copies{0}, syncs{0}, ops{0}, host_meta{0};
+  void reset() { uploads = downloads = device_copies = syncs = ops = host_meta = 0; }
 };
 
 class FakeDeviceBackend final : public OpsBackend {
  public:
   FakeDeviceBackend() : b_(make_invariant_backend()) {}
   mutable Counters n;
+  // Like the CUDA invariant backend: attention plans from host metadata (the engine then passes
+  // host views of cu_seqlens, q_seq, q_pos, seq_lens, shared_len, seq_group; device ones are an
+  // error here).
+  bool host_plans = false;
+  bool plans_attention_on_host() const override { return host_plans; }
 
   std::string name() const override { return "invariant"; }
   Device device() const override { return Device::kCUDA; }
@@ -145,6 +146,21 @@ class FakeDeviceBackend final : public OpsBackend {
   DeviceGuard guard;      \
   const char* op_name = op;
 #define H(v) host_of(v, op_name, #v)
+#define M(v) meta_of(v, op_name, #v)
+  // An attention metadata view: a device view, or with host_plans a host view (counted).
+  TensorView meta_of(const TensorView& v, const char* op, const char* arg) const {
+    if (!host_plans) return host_of(v, op, arg);
+    if (v.device != Device::kCPU)
+      throw Error(std::string("fake device: ") + op + ": metadata '" + arg +
+                  "' is not a host view although the backend plans on the host: " + v.describe());
+    ++n.host_meta;
+    return v;
+  }
+  PagedKv meta_kv(const PagedKv& kv, const char* op) const {
+    return PagedKv{host_of(kv.k_cache, op, "k_cache"), host_of(kv.v_cache, op, "v_cache"),
+                   host_of(kv.block_table, op, "block_table"),
+                   meta_of(kv.seq_lens, op, "seq_lens")};
+  }
 
   void gemm(const TensorView& x, const TensorView& w, const GemmConfig& cfg,
             const TensorView& y) const override {
@@ -197,28 +213,28 @@ class FakeDeviceBackend final : public OpsBackend {
                                 const TensorView& cu, const AttentionConfig& c, const TensorView& o,
                                 const TensorView& l) const override {
     FAKE_OP_BEGIN("attention_prefill_varlen");
-    b_->attention_prefill_varlen(H(q), H(k), H(v), H(cu), c, H(o), H(l));
+    b_->attention_prefill_varlen(H(q), H(k), H(v), M(cu), c, H(o), H(l));
   }
   void attention_paged(const TensorView& q, const TensorView& qs, const TensorView& qp,
                        const PagedKv& kv, const AttentionConfig& c, const TensorView& o,
                        const TensorView& l) const override {
     FAKE_OP_BEGIN("attention_paged");
-    b_->attention_paged(H(q), H(qs), H(qp), host_of(kv, op_name), c, H(o), H(l));
+    b_->attention_paged(H(q), M(qs), M(qp), meta_kv(kv, op_name), c, H(o), H(l));
   }
   void attention_paged_split_kv(const TensorView& q, const TensorView& qs, const TensorView& qp,
                                 const PagedKv& kv, const AttentionConfig& c, int splits,
                                 const TensorView& o, const TensorView& l) const override {
     FAKE_OP_BEGIN("attention_paged_split_kv");
-    b_->attention_paged_split_kv(H(q), H(qs), H(qp), host_of(kv, op_name), c, splits, H(o), H(l));
+    b_->attention_paged_split_kv(H(q), M(qs), M(qp), meta_kv(kv, op_name), c, splits, H(o), H(l));
   }
   void attention_paged_cascade(const TensorView& q, const TensorView& qs, const TensorView& qp,
                                const PagedKv& kv, const SharedPrefix& p, const AttentionConfig& c,
                                const TensorView& o, const TensorView& l) const override {
     FAKE_OP_BEGIN("attention_paged_cascade");
     const SharedPrefix hp{host_of(p.block_table, op_name, "prefix.block_table"),
-                          host_of(p.shared_len, op_name, "prefix.shared_len"),
-                          host_of(p.seq_group, op_name, "prefix.seq_group")};
-    b_->attention_paged_cascade(H(q), H(qs), H(qp), host_of(kv, op_name), hp, c, H(o), H(l));
+                          meta_of(p.shared_len, op_name, "prefix.shared_len"),
+                          meta_of(p.seq_group, op_name, "prefix.seq_group")};
+    b_->attention_paged_cascade(H(q), M(qs), M(qp), meta_kv(kv, op_name), hp, c, H(o), H(l));
   }
   void kv_cache_write(const TensorView& k, const TensorView& v, const TensorView& s,
                       const TensorView& kc, const TensorView& vc) const override {
@@ -250,6 +266,7 @@ class FakeDeviceBackend final : public OpsBackend {
     FAKE_OP_BEGIN("sample");
     b_->sample(H(h), H(w), p, H(r), H(pos), c, H(ids), H(lp), H(ls), H(en));
   }
+#undef M
 #undef H
 #undef FAKE_OP_BEGIN
 
@@ -367,16 +384,21 @@ TEST(Device, ForwardEqualsCpuBitForBitAndUploadsOncePerCall) {
 TEST(Device, RolloutAndTrainingEqualCpuBitForBit) {
   TinyModel tm(0xbeef);
   const auto reqs = requests(tm.config(), 5, 11);
-  for (auto [tp, cascade, splits] :
-       {std::tuple{1, true, 2}, std::tuple{2, false, 1}, std::tuple{4, true, 3}}) {
+  for (auto [tp, cascade, splits, host_plans] :
+       {std::tuple{1, true, 2, false}, std::tuple{2, false, 1, false},
+        std::tuple{4, true, 3, false}, std::tuple{1, true, 2, true},
+        std::tuple{2, false, 3, true}}) {
     const RolloutConfig rc = rollout_config(cascade, splits, 40);
     auto ref_model = tm.make(tp, cpu());
     const RolloutResult want = run_rollout(*ref_model, reqs, rc);
     auto b = fake();
+    b->host_plans = host_plans;
     auto dev_model = tm.make(tp, b);
     const RolloutResult got = run_rollout(*dev_model, reqs, rc);
     EXPECT_TRUE(test_util::same_completions(want.completions, got.completions))
-        << "tp=" << tp << " cascade=" << cascade;
+        << "tp=" << tp << " cascade=" << cascade << " host_plans=" << host_plans;
+    // A host-planning backend gets host metadata in every attention call (a device view throws).
+    EXPECT_EQ(b->n.host_meta.load() > 0, host_plans);
     EXPECT_GT(want.stats.preemptions + want.stats.forks, 0);
     // One wait per step (the sampled values come back), a bounded number of uploads per step.
     EXPECT_LE(b->n.syncs.load(), want.stats.steps + 2);

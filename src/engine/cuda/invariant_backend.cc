@@ -73,6 +73,9 @@ class CudaInvariantBackend final : public CudaDeviceBackend {
     cuda::embedding_combine(partials, out, stream_);
   }
 
+  // cuda:: attention plans on the host: device metadata would be copied back, with a wait.
+  bool plans_attention_on_host() const override { return true; }
+
   void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                                 const TensorView& cu_seqlens, const AttentionConfig& cfg,
                                 const TensorView& out, const TensorView& lse) const override {
