@@ -8,7 +8,8 @@
 # Parts (default: tests bench): tests = every GPU test (build-gpu/test_*: each exits non-zero on
 # any mismatch) and the MMA probe (quick mode); bench = the GEMM, small-M GEMM, attention and
 # log-prob benchmarks, each beside its peer (cuBLAS, PyTorch SDPA, PyTorch log_softmax); sanitize = compute-sanitizer memcheck and racecheck over every test in
-# --quick mode; audit = scripts/gpu_audit.sh (the engine on the GPU). Logs go under $OUT (./out by
+# --quick mode; audit = scripts/gpu_audit.sh (the engine on the GPU); after bench / audit,
+# scripts/perf_bars.py reports the issue's performance bars. Logs go under $OUT (./out by
 # hand): summary.txt and logs.tar.gz (re-packed after every step, so a run cut off at its time
 # limit still returns what it did).
 set -uo pipefail
@@ -145,6 +146,12 @@ if has audit; then
     log "FAIL audit (exit $?): $(grep -E '^=== .*exit|PASS|FAIL' "$OUT/logs/audit.txt" | tr '\n' ';' | head -c 900)"
   fi
   pack
+fi
+
+# The issue's performance bars, read off this run's benchmark and audit logs (a report: speed
+# never fails the check).
+if has bench || has audit; then
+  python3 scripts/perf_bars.py "$OUT/logs" 2>&1 | sed 's/^/[gpu_check] bar: /' | tee -a "$OUT/summary.txt"
 fi
 
 pack && rm -rf "$OUT/logs"

@@ -260,7 +260,7 @@ const Variant kVariants[] = {
 // NOTE: gemm_bf16_nt_small_m tries small_m_candidate_variant (kind 1, warp-specialized TMA) first
 // for M <= kSmallMCandidateUpToM (0: never, 16: decode batches up to 16, 64: always); operands TMA
 // cannot read still take the default tile. On the H200 (2026-11-29/30, docs/cuda-gemm.md) the kind
-// 1 tiles ran 0.97-1.06x cuBLAS at M <= 16 and 0.84-0.97x at M = 32/64 (single-CTA tiles), vs
+// 1 tiles ran 0.94-1.06x cuBLAS at M <= 16 and 0.78-0.99x at M = 32/64 (single-CTA tiles), vs
 // 0.35-0.86x for the default tiles, with identical bits (every variant passes test_gemm_small_m's
 // parity checks).
 constexpr int64_t kSmallMCandidateUpToM = 64;
