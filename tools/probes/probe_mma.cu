@@ -1,10 +1,11 @@
 // H200 probe of the tensor-core bf16 MMA arithmetic (docs/probes.md, docs/contract.md §M).
-// Runs mma.sync m16n8k16 and wgmma m64n8k16 / m64n64k16 (operands from shared memory, or A from
-// registers) chained over k-blocks on generated tiles (random data with wide exponent spreads, and
-// edge cases: subnormals, zeros, cancellation, inf/NaN, overflow, near FLT_MAX), compares every GPU
-// output bitwise with the CPU model (mma_chain_bf16) and writes inputs + GPU outputs as golden
-// files (format: tests/golden/README.md).
-// Usage: probe_mma OUTDIR [--instr 1..5] [--seed N] [--quick] [--fake]   (scripts/probe_mma.sh)
+// Runs mma.sync m16n8k16 and wgmma m64n8k16 / m64n16k16 / m64n32k16 / m64n64k16 (operands from
+// shared memory, or A from registers) chained over k-blocks on generated tiles (random data with
+// wide exponent spreads, and edge cases: subnormals, zeros, cancellation, inf/NaN, overflow, near
+// FLT_MAX), compares every GPU output bitwise with the CPU model (mma_chain_bf16) and writes inputs
+// + GPU outputs as golden files (format: tests/golden/README.md).
+//
+// Usage: probe_mma OUTDIR [--instr 1..7] [--seed N] [--quick] [--fake]   (scripts/probe_mma.sh)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -44,7 +45,15 @@ enum Instr : uint32_t {
   kWgmmaSS64 = 4,  // wgmma m64n64k16, A and B from shared memory
   kWgmmaSS8Z = 5,  // as 2, but the first k-block uses scale-d = 0 (D = A*B, C ignored; C stored
                    // as +0 in the file)
+  kWgmmaSS32 = 6,  // wgmma m64n32k16, A and B from shared memory (a small-M GEMM candidate form)
+  kWgmmaSS16 = 7,  // wgmma m64n16k16, A and B from shared memory
+  kLastInstr = kWgmmaSS16,
 };
+
+// The N of an instruction's tile (M: 16 for mma.sync, 64 for wgmma).
+uint32_t instr_n(uint32_t i) {
+  return i == kWgmmaSS64 ? 64 : i == kWgmmaSS32 ? 32 : i == kWgmmaSS16 ? 16 : 8;
+}
 
 const char* instr_name(uint32_t i) {
   switch (i) {
@@ -58,6 +67,10 @@ const char* instr_name(uint32_t i) {
       return "wgmma.m64n64k16.SS";
     case kWgmmaSS8Z:
       return "wgmma.m64n8k16.SS.d0";
+    case kWgmmaSS32:
+      return "wgmma.m64n32k16.SS";
+    case kWgmmaSS16:
+      return "wgmma.m64n16k16.SS";
   }
   return "?";
 }
@@ -168,6 +181,29 @@ __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t da, uint64
       : "l"(da), "l"(db), "r"(scale_d));
 }
 
+__device__ __forceinline__ void wgmma_ss_n32(float (&d)[16], uint64_t da, uint64_t db,
+                                             int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, "
+      "0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+__device__ __forceinline__ void wgmma_ss_n16(float (&d)[8], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
 constexpr int kMaxK = 64;  // k per tile in the wgmma kernels (4 k-blocks)
 
 // One warpgroup (128 threads) per tile of M=64 rows, N columns. mode: 0 = SS, 1 = RS.
@@ -238,7 +274,12 @@ __global__ void __launch_bounds__(128)
           wgmma_rs_n8(d, af[kb], db, scale_d);
         else
           wgmma_ss_n8(d, da, db, scale_d);
+      } else if constexpr (N == 16) {
+        wgmma_ss_n16(d, da, db, scale_d);
+      } else if constexpr (N == 32) {
+        wgmma_ss_n32(d, da, db, scale_d);
       } else {
+        static_assert(N == 64, "wgmma N");
         wgmma_ss_n64(d, da, db, scale_d);
       }
     }
@@ -290,6 +331,12 @@ void launch_wgmma(uint32_t instr, uint32_t nkb, uint32_t tiles, const uint16_t* 
       break;
     case kWgmmaSS8Z:
       launch_wgmma_k<8, 0, 1>(nkb, tiles, A, B, C, D, swap_lbo);
+      break;
+    case kWgmmaSS32:
+      launch_wgmma_k<32, 0, 0>(nkb, tiles, A, B, C, D, swap_lbo);
+      break;
+    case kWgmmaSS16:
+      launch_wgmma_k<16, 0, 0>(nkb, tiles, A, B, C, D, swap_lbo);
       break;
   }
 }
@@ -711,7 +758,7 @@ uint64_t layout_check(uint32_t instr, int swap_lbo) {
   TileSet ts;
   ts.instr = instr;
   ts.M = instr == kMmaSync ? 16 : 64;
-  ts.N = instr == kWgmmaSS64 ? 64 : 8;
+  ts.N = instr_n(instr);
   ts.K = 64;
   ts.ntiles = 8;
   ts.category = "layout";
@@ -739,7 +786,7 @@ uint64_t layout_check(uint32_t instr, int swap_lbo) {
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
-                 "usage: %s OUTDIR [--instr 1..5|0=all] [--swap 0|1] [--seed N] [--layout-only] "
+                 "usage: %s OUTDIR [--instr 1..7|0=all] [--swap 0|1] [--seed N] [--layout-only] "
                  "[--quick] [--fake]\n",
                  argv[0]);
     return 2;
@@ -770,7 +817,7 @@ int main(int argc, char** argv) {
   // Layout / descriptor self-check with exact data (one process per instruction and descriptor
   // reading, so a wrong descriptor that faults cannot take the other runs down with it).
   bool layout_ok = true;
-  for (uint32_t i = kMmaSync; i <= kWgmmaSS8Z; ++i) {
+  for (uint32_t i = kMmaSync; i <= kLastInstr; ++i) {
     if (only != 0 && i != only) continue;
     uint64_t bad = layout_check(i == kWgmmaSS8Z ? kWgmmaSS8 : i, swap);
     std::printf("layout check %-22s swap=%d (lbo = %s): %llu wrong outputs of exact data\n",
@@ -789,11 +836,11 @@ int main(int argc, char** argv) {
     int save_rand;     // random tiles saved (prefix)
   };
   const int q = quick ? 16 : 1;
-  std::vector<Plan> plans = {{kMmaSync, 349526 / q, 32768 / q, 128},
-                             {kWgmmaSS8, 349526 / q, 32768 / q, 32},
-                             {kWgmmaRS8, 131072 / q, 16384 / q, 16},
-                             {kWgmmaSS64, 131072 / q, 16384 / q, 4},
-                             {kWgmmaSS8Z, 65536 / q, 16384 / q, 16}};
+  std::vector<Plan> plans = {
+      {kMmaSync, 349526 / q, 32768 / q, 128}, {kWgmmaSS8, 349526 / q, 32768 / q, 32},
+      {kWgmmaRS8, 131072 / q, 16384 / q, 16}, {kWgmmaSS64, 131072 / q, 16384 / q, 4},
+      {kWgmmaSS8Z, 65536 / q, 16384 / q, 16}, {kWgmmaSS32, 131072 / q, 16384 / q, 4},
+      {kWgmmaSS16, 131072 / q, 16384 / q, 8}};
   std::printf("\n%-22s %-12s %4s %10s %10s\n", "instruction", "category", "K", "outputs",
               "mismatch");
   uint64_t total_bad = 0;
@@ -807,7 +854,7 @@ int main(int argc, char** argv) {
       TileSet ts;
       ts.instr = p.instr;
       ts.M = p.instr == kMmaSync ? 16 : 64;
-      ts.N = p.instr == kWgmmaSS64 ? 64 : 8;
+      ts.N = instr_n(p.instr);
       ts.K = uint32_t(cat.K);
       ts.category = cat.name;
       int outs = cat.random ? p.rand_outputs : p.edge_outputs;
