@@ -11,6 +11,7 @@
 #include <cstdio>
 
 #include "cuda/gemm_small_m.cuh"
+#include "cuda/gemm_small_m_wg.cuh"
 #include "cuda/gemm_small_m_ws.cuh"
 #include "lockstep/error.h"
 
@@ -70,6 +71,22 @@ bool make_tensor_map(CUtensorMap* map, const uint16_t* p, int64_t rows, int64_t 
   return r == CUDA_SUCCESS;
 }
 
+// The kernel parameters of the TMA kinds (1, 2): the operands travel as tensor maps.
+small_m_ws::Params tma_params(const small_m::Params& p) {
+  small_m_ws::Params q{};
+  q.M = p.M;
+  q.N = p.N;
+  q.seg_len = p.seg_len;
+  q.segments = p.segments;
+  q.bias = p.bias;
+  q.bias_stride = p.bias_stride;
+  q.bias_f32 = p.bias_f32;
+  q.y = p.y;
+  q.ldy = p.ldy;
+  q.y_f32 = p.y_f32;
+  return q;
+}
+
 // CL > 1: clusters of CL CTAs along N share x through TMA multicast (grid.x rounded up to a
 // multiple of CL; the extra CTAs read zero-filled w and store nothing). A launch error (e.g. a
 // cluster shape the GPU cannot place) is cleared and reported as a decline: the caller falls back.
@@ -86,17 +103,7 @@ bool launch_ws(const small_m::Params& p, cudaStream_t stream) {
   static const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Sh::kSmem);
   LS_CHECK(attr == cudaSuccess, kOp, "cudaFuncSetAttribute failed: ", cudaGetErrorString(attr));
-  small_m_ws::Params q{};
-  q.M = p.M;
-  q.N = p.N;
-  q.seg_len = p.seg_len;
-  q.segments = p.segments;
-  q.bias = p.bias;
-  q.bias_stride = p.bias_stride;
-  q.bias_f32 = p.bias_f32;
-  q.y = p.y;
-  q.ldy = p.ldy;
-  q.y_f32 = p.y_f32;
+  small_m_ws::Params q = tma_params(p);
   const int64_t tiles_n = (p.N + Sh::BN - 1) / Sh::BN;
   const dim3 grid(unsigned((tiles_n + CL - 1) / CL * CL), unsigned((p.M + Sh::BM - 1) / Sh::BM));
   cudaError_t e;
@@ -127,6 +134,25 @@ bool launch_ws(const small_m::Params& p, cudaStream_t stream) {
   return true;
 }
 
+// Kind 2: the wgmma tiles (gemm_small_m_wg.cuh), one CTA per BN rows of w and 64 rows of x.
+template <int BN, int KB64, int NS>
+bool launch_wg(const small_m::Params& p, cudaStream_t stream) {
+  using Sh = small_m_wg::Shape<BN, KB64, NS>;
+  if (!p.x_vec || !p.w_vec || p.K < 1 || p.segments > 8) return false;
+  CUtensorMap tx, tw;
+  if (!make_tensor_map(&tx, p.x, p.M, p.K, p.ldx, Sh::BM) ||
+      !make_tensor_map(&tw, p.w, p.N, p.K, p.ldw, BN))
+    return false;
+  auto* kernel = small_m_wg::gemm_small_m_wg_kernel<BN, KB64, NS>;
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Sh::kSmem);
+  LS_CHECK(attr == cudaSuccess, kOp, "cudaFuncSetAttribute failed: ", cudaGetErrorString(attr));
+  small_m_ws::Params q = tma_params(p);
+  const dim3 grid(unsigned((p.N + BN - 1) / BN), unsigned((p.M + Sh::BM - 1) / Sh::BM));
+  kernel<<<grid, Sh::kThreads, Sh::kSmem, stream>>>(tx, tw, q);
+  return true;
+}
+
 struct Variant {
   SmallMTile tile;
   LaunchFn fn;
@@ -141,6 +167,9 @@ struct Variant {
     SmallMTile{WM * MB * 8, WN * NA * 16, WM, WN, 64 * KB64, NS, 1, MB, NA}, \
         &launch_ws<WM, MB, WN, NA, KB64, NS>                                 \
   }
+// Kind 2: BN rows of w (the wgmma N) x 64 rows of x, KB64 boxes of 64 k per stage, NS stages.
+#define LS_SMALL_M_WG(BN, KB64, NS) \
+  Variant { SmallMTile{64, BN, 1, 1, 64 * KB64, NS, 2}, &launch_wg<BN, KB64, NS> }
 // ... in clusters of CL CTAs along N sharing x (TMA multicast).
 #define LS_SMALL_M_WS_CL(WM, MB, WN, NA, KB64, NS, CL)                           \
   Variant {                                                                      \
@@ -252,10 +281,18 @@ const Variant kVariants[] = {
     // once: 7 instead of 9 bytes of shared-memory traffic per byte of w), in pairs and alone.
     LS_SMALL_M_WS_CL(2, 4, 1, 2, 2, 8, 2),  // 75
     LS_SMALL_M_WS(2, 4, 1, 2, 2, 8),        // 76
+    // Kind 2 (wgmma, gemm_small_m_wg.cuh; sweep only: not run on a GPU yet, 2026-11-30). x is the
+    // 64-row A operand, BN rows of w the B operand, both read from shared memory by the tensor
+    // cores: ~3 KiB of shared-memory reads per k-block at BN = 32 instead of 6 KiB (kind 1, v47).
+    LS_SMALL_M_WG(32, 2, 8),  // 77: N = 4096 at 132 SMs (128 CTAs)
+    LS_SMALL_M_WG(32, 4, 4),  // 78: 256-k stages
+    LS_SMALL_M_WG(48, 2, 7),  // 79: N = 6144 (qkv): 128 CTAs
+    LS_SMALL_M_WG(64, 2, 6),  // 80
 };
 #undef LS_SMALL_M_VARIANT
 #undef LS_SMALL_M_WS
 #undef LS_SMALL_M_WS_CL
+#undef LS_SMALL_M_WG
 
 // NOTE: gemm_bf16_nt_small_m tries small_m_candidate_variant (kind 1, warp-specialized TMA) first
 // for M <= kSmallMCandidateUpToM (0: never, 16: decode batches up to 16, 64: always); operands TMA
@@ -332,7 +369,10 @@ bool run_variant(const TensorView& x, const TensorView& w, const TensorView* bia
 
 std::string SmallMTile::to_string() const {
   char buf[128];
-  if (kind == 1) {
+  if (kind == 2) {
+    std::snprintf(buf, sizeof buf, "small-m-wgmma bm=%d bn=%d warpgroups=1+1 bk=%d stages=%d", bm,
+                  bn, bk, stages);
+  } else if (kind == 1) {
     char cluster_text[24] = "";
     if (cluster > 1) std::snprintf(cluster_text, sizeof cluster_text, " cluster=%d", cluster);
     std::snprintf(buf, sizeof buf,

@@ -11,6 +11,8 @@
 //   - kind 1 (gemm_small_m_ws.cuh): warp-specialized, one producer warp streams w and x with TMA
 //     into a deep mbarrier ring, consumer warps run the chains with the operand roles swapped
 //     (A = w, B = x: the MMA model is symmetric); TMA-compatible operands only.
+//   - kind 2 (gemm_small_m_wg.cuh): the same ring feeding one consumer warpgroup's wgmma chains
+//     (x = the 64-row A operand, w = B); not in any dispatch list yet (2026-11-30: no GPU run).
 // The tile choice depends on (M, N) and the SM count only and never changes bits.
 #pragma once
 
@@ -36,12 +38,14 @@ struct SmallMTile {
   int bk = 0;       // k per pipeline stage
   int stages = 0;   // pipeline depth
   int kind = 0;     // 0: cp.async ring, all warps load and compute (handles every layout);
-                    // 1: warp-specialized TMA + mbarrier ring (TMA-compatible operands only)
+                    // 1: warp-specialized TMA + mbarrier ring (TMA-compatible operands only);
+                    // 2: TMA + wgmma, one consumer warpgroup (TMA-compatible operands, S <= 8)
   int mb = 0;       // kind 1: m8 tiles of x per consumer warp
   int na = 0;       // kind 1: n16 tiles of w per consumer warp
   int cluster = 1;  // kind 1: CTAs per thread-block cluster (along N) sharing x by TMA multicast
   // kind 0: "small-m bm=8 bn=16 warps=1x1 bk=256 stages=6";
-  // kind 1: "small-m-ws bm=8 bn=32 warps=1x2+1 chains=1x1 bk=256 stages=9[ cluster=2]"
+  // kind 1: "small-m-ws bm=8 bn=32 warps=1x2+1 chains=1x1 bk=256 stages=9[ cluster=2]";
+  // kind 2: "small-m-wgmma bm=64 bn=32 warpgroups=1+1 bk=128 stages=8"
   std::string to_string() const;
 };
 

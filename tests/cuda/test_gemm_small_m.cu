@@ -52,7 +52,7 @@ int g_pass = 0, g_fail = 0;
 std::mt19937_64 g_rng;
 bool g_dispatch_check = true;
 bool g_quick = false;
-bool g_kind1 = true;  // --no-ws: leave the kind 1 (warp-specialized TMA) variants out
+bool g_kind1 = true;  // --no-ws: leave the TMA variants (kind 1 and the wgmma kind 2) out
 // Every-variant sweep over run_case's cases: checks run / skipped (the variant declined a case it
 // cannot take, e.g. kind 1 on operands TMA cannot read) / cases seen (quick mode rotates).
 int64_t g_variant_checks = 0, g_variant_skips = 0, g_case_counter = 0;
@@ -246,7 +246,8 @@ void run_case(const Case& c) {
                       (c.N <= 1 || ldw % 8 == 0) && c.K >= 1;
   auto run_variant = [&](int v, const char* label) {
     const detail::SmallMTile t = detail::small_m_variant(v);
-    const bool applicable = t.kind == 0 || tma_ok;
+    // Kind 2 (wgmma) also needs S <= 8 (its tree lives in registers).
+    const bool applicable = t.kind == 0 || (tma_ok && (t.kind == 1 || c.S <= 8));
     const bool ran = check(
         std::string(label) + " v" + std::to_string(v) + " (" + t.to_string() + ")",
         [&] { return detail::gemm_bf16_nt_small_m_variant(xg, wg, bp, cfg, yg, nullptr, v); },
@@ -258,7 +259,7 @@ void run_case(const Case& c) {
     return ran;
   };
   if (c.variant >= 0) {
-    if (detail::small_m_variant(c.variant).kind == 1 && !g_kind1) return;
+    if (detail::small_m_variant(c.variant).kind >= 1 && !g_kind1) return;
     if (!run_variant(c.variant, "variant")) {
       ++g_variant_skips;
       std::printf("skip variant v%d (not applicable: operands not TMA-compatible) %s\n", c.variant,
@@ -274,8 +275,8 @@ void run_case(const Case& c) {
   // Every compiled variant on this case (quick mode: a rotating eighth of them), kind 0 first.
   const int64_t idx = g_case_counter++;
   int skipped = 0;
-  for (int kind = 0; kind < 2; ++kind) {
-    if (kind == 1 && !g_kind1) break;
+  for (int kind = 0; kind < 3; ++kind) {
+    if (kind >= 1 && !g_kind1) break;
     for (int v = 0; v < detail::small_m_variant_count(); ++v) {
       if (detail::small_m_variant(v).kind != kind) continue;
       if (g_quick && (v + idx) % 8 != 0) continue;
@@ -284,7 +285,7 @@ void run_case(const Case& c) {
   }
   if (skipped > 0) {
     g_variant_skips += skipped;
-    std::printf("skip %d kind-1 variant(s) (not applicable: operands not TMA-compatible) %s\n",
+    std::printf("skip %d TMA variant(s) (not applicable: operands not TMA-compatible) %s\n",
                 skipped, describe(c).c_str());
   }
 }
@@ -754,7 +755,7 @@ int main(int argc, char** argv) {
     int64_t min_checks = -1;
     int min_v = -1;
     for (int v = 0; v < detail::small_m_variant_count(); ++v) {
-      if (detail::small_m_variant(v).kind == 1 && !g_kind1) continue;
+      if (detail::small_m_variant(v).kind >= 1 && !g_kind1) continue;
       if (min_checks < 0 || g_checks_per_variant[size_t(v)] < min_checks) {
         min_checks = g_checks_per_variant[size_t(v)];
         min_v = v;

@@ -1,11 +1,11 @@
 // H200 probe of the tensor-core bf16 MMA arithmetic (docs/probes.md, docs/contract.md §M).
-// Runs mma.sync m16n8k16 and wgmma m64n8k16 / m64n16k16 / m64n32k16 / m64n64k16 (operands from
-// shared memory, or A from registers) chained over k-blocks on generated tiles (random data with
-// wide exponent spreads, and edge cases: subnormals, zeros, cancellation, inf/NaN, overflow, near
-// FLT_MAX), compares every GPU output bitwise with the CPU model (mma_chain_bf16) and writes inputs
-// + GPU outputs as golden files (format: tests/golden/README.md).
+// Runs mma.sync m16n8k16 and wgmma m64n8k16 / m64n16k16 / m64n32k16 / m64n48k16 / m64n64k16
+// (operands from shared memory, or A from registers) chained over k-blocks on generated tiles
+// (random data with wide exponent spreads, and edge cases: subnormals, zeros, cancellation,
+// inf/NaN, overflow, near FLT_MAX), compares every GPU output bitwise with the CPU model
+// (mma_chain_bf16) and writes inputs + GPU outputs as golden files (tests/golden/README.md).
 //
-// Usage: probe_mma OUTDIR [--instr 1..7] [--seed N] [--quick] [--fake]   (scripts/probe_mma.sh)
+// Usage: probe_mma OUTDIR [--instr 1..8] [--seed N] [--quick] [--fake]   (scripts/probe_mma.sh)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -47,12 +47,17 @@ enum Instr : uint32_t {
                    // as +0 in the file)
   kWgmmaSS32 = 6,  // wgmma m64n32k16, A and B from shared memory (a small-M GEMM candidate form)
   kWgmmaSS16 = 7,  // wgmma m64n16k16, A and B from shared memory
-  kLastInstr = kWgmmaSS16,
+  kWgmmaSS48 = 8,  // wgmma m64n48k16, A and B from shared memory
+  kLastInstr = kWgmmaSS48,
 };
 
 // The N of an instruction's tile (M: 16 for mma.sync, 64 for wgmma).
 uint32_t instr_n(uint32_t i) {
-  return i == kWgmmaSS64 ? 64 : i == kWgmmaSS32 ? 32 : i == kWgmmaSS16 ? 16 : 8;
+  return i == kWgmmaSS64   ? 64
+         : i == kWgmmaSS48 ? 48
+         : i == kWgmmaSS32 ? 32
+         : i == kWgmmaSS16 ? 16
+                           : 8;
 }
 
 const char* instr_name(uint32_t i) {
@@ -71,6 +76,8 @@ const char* instr_name(uint32_t i) {
       return "wgmma.m64n32k16.SS";
     case kWgmmaSS16:
       return "wgmma.m64n16k16.SS";
+    case kWgmmaSS48:
+      return "wgmma.m64n48k16.SS";
   }
   return "?";
 }
@@ -204,6 +211,20 @@ __device__ __forceinline__ void wgmma_ss_n16(float (&d)[8], uint64_t da, uint64_
       : "l"(da), "l"(db), "r"(scale_d));
 }
 
+__device__ __forceinline__ void wgmma_ss_n48(float (&d)[24], uint64_t da, uint64_t db,
+                                             int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23}, %24, %25, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
 constexpr int kMaxK = 64;  // k per tile in the wgmma kernels (4 k-blocks)
 
 // One warpgroup (128 threads) per tile of M=64 rows, N columns. mode: 0 = SS, 1 = RS.
@@ -278,6 +299,8 @@ __global__ void __launch_bounds__(128)
         wgmma_ss_n16(d, da, db, scale_d);
       } else if constexpr (N == 32) {
         wgmma_ss_n32(d, da, db, scale_d);
+      } else if constexpr (N == 48) {
+        wgmma_ss_n48(d, da, db, scale_d);
       } else {
         static_assert(N == 64, "wgmma N");
         wgmma_ss_n64(d, da, db, scale_d);
@@ -337,6 +360,9 @@ void launch_wgmma(uint32_t instr, uint32_t nkb, uint32_t tiles, const uint16_t* 
       break;
     case kWgmmaSS16:
       launch_wgmma_k<16, 0, 0>(nkb, tiles, A, B, C, D, swap_lbo);
+      break;
+    case kWgmmaSS48:
+      launch_wgmma_k<48, 0, 0>(nkb, tiles, A, B, C, D, swap_lbo);
       break;
   }
 }
@@ -786,7 +812,7 @@ uint64_t layout_check(uint32_t instr, int swap_lbo) {
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
-                 "usage: %s OUTDIR [--instr 1..7|0=all] [--swap 0|1] [--seed N] [--layout-only] "
+                 "usage: %s OUTDIR [--instr 1..8|0=all] [--swap 0|1] [--seed N] [--layout-only] "
                  "[--quick] [--fake]\n",
                  argv[0]);
     return 2;
@@ -840,7 +866,7 @@ int main(int argc, char** argv) {
       {kMmaSync, 349526 / q, 32768 / q, 128}, {kWgmmaSS8, 349526 / q, 32768 / q, 32},
       {kWgmmaRS8, 131072 / q, 16384 / q, 16}, {kWgmmaSS64, 131072 / q, 16384 / q, 4},
       {kWgmmaSS8Z, 65536 / q, 16384 / q, 16}, {kWgmmaSS32, 131072 / q, 16384 / q, 4},
-      {kWgmmaSS16, 131072 / q, 16384 / q, 8}};
+      {kWgmmaSS16, 131072 / q, 16384 / q, 8}, {kWgmmaSS48, 131072 / q, 16384 / q, 4}};
   std::printf("\n%-22s %-12s %4s %10s %10s\n", "instruction", "category", "K", "outputs",
               "mismatch");
   uint64_t total_bad = 0;
