@@ -61,10 +61,11 @@ struct Shape {
 // Grid (⌈N/BN⌉, ⌈M/64⌉); CTA (bx, by) computes y[by·64 .., bx·BN ..]. Threads 0-127: the
 // producer warpgroup (thread 0 issues every copy); threads 128-255: the consumer warpgroup.
 // NOTE: the shape of the code follows gemm_sm90.cuh where ptxas is sensitive: the roles split at a
-// warpgroup boundary with if/else (no early return), segments and k-tiles are nested loops with
-// the segment's final wait outside the k-tile loop, each wgmma branch has its own fence and
-// commit. Variations of these (a producer warp beside the warpgroup, an early return, one flat
-// loop) made ptxas serialize every wgmma (C7518/C7520: a wait after each instruction).
+// warpgroup boundary with if/else (no early return), `setmaxnreg` in both roles, segments and
+// k-tiles as nested loops with the segment's final wait outside the k-tile loop, each wgmma branch
+// with its own fence and commit. Without the `setmaxnreg` pair ptxas serialized every wgmma
+// (C7518/C7520: a wait after each HGMMA) even in this shape (checked in the SASS, 2026-11-30); the
+// other choices were not tried one at a time.
 template <int BN, int KB64, int NS>
 __global__ void __launch_bounds__(256, 1)
     gemm_small_m_wg_kernel(const __grid_constant__ CUtensorMap tm_x,
