@@ -29,9 +29,14 @@
 #include <cstdint>
 
 #include "core/math.h"
+#include "cuda/mma_sync.cuh"  // mma_16816, cp.async group steps
 #include "lockstep/dtype.h"
 
 namespace lockstep::cuda::attn_detail {
+
+using detail::cp_async_commit;
+using detail::cp_async_wait;
+using detail::mma_16816;
 
 constexpr int kBlk = 64;                // keys per block (contract A.2)
 constexpr float kLn2f = 0x1.62e43p-1f;  // ln 2 rounded to fp32
@@ -118,21 +123,6 @@ __device__ __forceinline__ uint32_t movtrans(uint32_t x) {
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-// d = mma(a, b, d): one k-block (§M).
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // The contract's max: b > a ? b : a, a zero result is +0 (NaN b never wins; the running max is
@@ -476,7 +466,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_cs_kernel(const AttnParams p
         uint32_t a[4];
         ldsm_x4(a, kt + (mt * 16 + (lane & 15)) * LDS + kb * 16 + (lane >> 4) * 8);
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt) mma16816(s[mt][nt], a, qf[nt][kb][0], qf[nt][kb][1]);
+        for (int nt = 0; nt < 2; ++nt) mma_16816(s[mt][nt], a, qf[nt][kb][0], qf[nt][kb][1]);
       }
     }
     // x = s ⊗ σ; block max over the valid keys.
@@ -568,7 +558,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_cs_kernel(const AttnParams p
           ldsm_x4_t(a, vt + (kb * 16 + (lane & 7) + ((lane >> 4) << 3)) * LDS + dt * 16 +
                            ((lane >> 3) & 1) * 8);
 #pragma unroll
-          for (int nt = 0; nt < 2; ++nt) mma16816(acc[dt][nt], a, pb[kb][nt][0], pb[kb][nt][1]);
+          for (int nt = 0; nt < 2; ++nt) mma_16816(acc[dt][nt], a, pb[kb][nt][0], pb[kb][nt][1]);
         }
     } else {
       // One pass per distinct limit t among the warp's columns (ascending); each pass zeroes the
@@ -602,7 +592,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_cs_kernel(const AttnParams p
                              ((lane >> 3) & 1) * 8);
             mask_keys(a, kb, lane, t);
 #pragma unroll
-            for (int nt = 0; nt < 2; ++nt) mma16816(tmp[nt], a, pb[kb][nt][0], pb[kb][nt][1]);
+            for (int nt = 0; nt < 2; ++nt) mma_16816(tmp[nt], a, pb[kb][nt][0], pb[kb][nt][1]);
           }
 #pragma unroll
           for (int nt = 0; nt < 2; ++nt)
@@ -884,7 +874,7 @@ __global__ void __launch_bounds__(kThreads) attn_ks_kernel(const AttnParams p) {
         uint32_t a[4], bq[2];
         ldsm_x4(a, kt + (warp * 16 + (lane & 15)) * LDS + kb * 16 + (lane >> 4) * 8);
         ldsm_x2(bq, q_s + (lane & 7) * LDS + kb * 16 + ((lane >> 3) & 1) * 8);
-        mma16816(s, a, bq[0], bq[1]);
+        mma_16816(s, a, bq[0], bq[1]);
       }
     }
     float pm[2] = {kNegInf, kNegInf};
@@ -985,7 +975,7 @@ __global__ void __launch_bounds__(kThreads) attn_ks_kernel(const AttnParams p) {
           uint32_t a[4];
           ldsm_x4_t(a, vt + (kb * 16 + (lane & 7) + ((lane >> 4) << 3)) * LDS + dt * 16 +
                            ((lane >> 3) & 1) * 8);
-          mma16816(acc[i], a, pb[kb][0], pb[kb][1]);
+          mma_16816(acc[i], a, pb[kb][0], pb[kb][1]);
         }
       } else {
         float cin[4] = {acc[i][0], acc[i][1], acc[i][2], acc[i][3]};
@@ -1004,7 +994,7 @@ __global__ void __launch_bounds__(kThreads) attn_ks_kernel(const AttnParams p) {
             ldsm_x4_t(a, vt + (kb * 16 + (lane & 7) + ((lane >> 4) << 3)) * LDS + dt * 16 +
                              ((lane >> 3) & 1) * 8);
             mask_keys(a, kb, lane, t);
-            mma16816(tmp, a, pb[kb][0], pb[kb][1]);
+            mma_16816(tmp, a, pb[kb][0], pb[kb][1]);
           }
 #pragma unroll
           for (int r = 0; r < 4; ++r)

@@ -11,7 +11,6 @@
 //           fill the machine, else per-segment fp32 workspace planes and the tree kernel;
 //   otherwise: the mma.sync kernel (gemm_bf16_nt.cuh) with 128x128 tiles.
 #include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -22,6 +21,7 @@
 #include "cuda/gemm_bf16_nt.cuh"
 #include "cuda/gemm_sm90.cuh"
 #include "cuda/gemm_small_m.cuh"
+#include "cuda/tensor_map.h"
 #include "lockstep/cuda/gemm.h"
 #include "lockstep/error.h"
 
@@ -222,35 +222,13 @@ void run_mma(const Core& c, GemmPath path, cudaStream_t s) {
   check_launch(kOp);
 }
 
-// ---- TMA descriptors.
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
-                                                           cudaEnableDefault, &q);
-    return (e == cudaSuccess && q == cudaDriverEntryPointSuccess)
-               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f)
-               : nullptr;
-  }();
-  return fn;
-}
-
-// [rows, K] bf16 with rows ld elements apart; boxes of 64 (k) x box_rows, 128B swizzle, zero fill.
+// ---- TMA descriptors (tensor_map.h; the box k is kSm90BK).
+static_assert(detail::kSm90BK == 64, "tensor maps are encoded with 64-k boxes");
 CUtensorMap make_tensor_map(const uint16_t* p, int64_t rows, int64_t K, int64_t ld, int box_rows) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  LS_CHECK(encode != nullptr, kOp, "cuTensorMapEncodeTiled is not available from the driver");
+  LS_CHECK(detail::tensor_map_encoder() != nullptr, kOp,
+           "cuTensorMapEncodeTiled is not available from the driver");
   CUtensorMap map;
-  const cuuint64_t dims[2] = {cuuint64_t(K), cuuint64_t(rows)};
-  // One row: the stride is never used; any legal value (a multiple of 16 covering the row).
-  const cuuint64_t strides[1] = {rows > 1 ? cuuint64_t(ld) * 2
-                                          : cuuint64_t((K * 2 + 15) / 16 * 16)};
-  const cuuint32_t box[2] = {cuuint32_t(detail::kSm90BK), cuuint32_t(box_rows)};
-  const cuuint32_t estr[2] = {1, 1};
-  const CUresult r =
-      encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(p), dims, strides,
-             box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = detail::encode_bf16_tensor_map(&map, p, rows, K, ld, box_rows);
   LS_CHECK(r == CUDA_SUCCESS, kOp, "cuTensorMapEncodeTiled failed (", int(r), ") for [", rows, ", ",
            K, "] with row stride ", ld);
   return map;

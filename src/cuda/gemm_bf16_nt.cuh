@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include "cuda/mma_sync.cuh"  // mma_16816, cp.async group steps, round_bf16_canonical
+
 namespace lockstep::cuda::detail {
 
 constexpr int kGemmThreads = 256;      // 8 warps
@@ -99,21 +101,6 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-// d = a·b + d, one k-block of 16 (the contract's mma_kblock_bf16).
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                          uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // One 8-element chunk of a row (k in [k0, k0+8)), zero outside [0, klim) and for rows >= rows.
 __device__ __forceinline__ uint4 load_chunk(const uint16_t* base, int64_t ld, int64_t row,
@@ -141,13 +128,6 @@ __device__ __forceinline__ void chunk_to_smem(uint16_t* dst, const uint16_t* bas
   } else {
     *reinterpret_cast<uint4*>(dst) = load_chunk(base, ld, row, rows, k0, klim, vec);
   }
-}
-
-__device__ __forceinline__ uint16_t round_bf16_canonical(float v) {
-  uint32_t u = __float_as_uint(v);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7FC0;
-  u += 0x7fffu + ((u >> 16) & 1u);  // RNE (inf stays inf; finite overflow rounds to inf)
-  return uint16_t(u >> 16);
 }
 
 // Dynamic shared memory of one CTA: NS stages of (BM + BN) rows of kGemmLds bf16.
@@ -309,9 +289,7 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_bf16_nt_kernel(const GemmPa
             v = __fadd_rn(v, b);
           }
           if (p.y_f32) {
-            const uint32_t u = __float_as_uint(v);
-            static_cast<uint32_t*>(p.y)[m * p.ldy + n] =
-                ((u & 0x7fffffffu) > 0x7f800000u) ? 0x7FC00000u : u;
+            static_cast<uint32_t*>(p.y)[m * p.ldy + n] = canonical_f32_bits(v);
           } else {
             static_cast<uint16_t*>(p.y)[m * p.ldy + n] = round_bf16_canonical(v);
           }

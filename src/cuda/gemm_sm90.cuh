@@ -104,11 +104,6 @@ __device__ __forceinline__ float sm90_bias(const Sm90Params& p, int64_t n) {
                           uint32_t(static_cast<const uint16_t*>(p.bias)[n * p.bias_stride]) << 16);
 }
 
-__device__ __forceinline__ uint32_t canonical_f32_bits(float v) {
-  const uint32_t u = __float_as_uint(v);
-  return ((u & 0x7fffffffu) > 0x7f800000u) ? 0x7FC00000u : u;
-}
-
 // Stores 16 staged rows x 32 columns of one warp: lane -> row (lane >> 4) + 2t, columns
 // col0 + 2(lane & 15) + {0, 1}. Final mode: bias once (fp32 RNE), one rounding to bf16 (RNE) or
 // f32, canonical NaN. Workspace mode: the fp32 segment value into plane s.

@@ -3,7 +3,6 @@
 // checked. Picks a tile from (M, N, K, S) only (the bits never depend on it: every tile computes
 // each output with the same chain and tree), launches on the caller's stream, checks the launch.
 #include <cuda.h>
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -13,6 +12,7 @@
 #include "cuda/gemm_small_m.cuh"
 #include "cuda/gemm_small_m_wg.cuh"
 #include "cuda/gemm_small_m_ws.cuh"
+#include "cuda/tensor_map.h"
 #include "lockstep/error.h"
 
 namespace lockstep::cuda::detail {
@@ -38,37 +38,12 @@ bool launch(const small_m::Params& p, cudaStream_t stream) {
   return true;
 }
 
-// ---- TMA descriptors (kind 1).
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
-                                                           cudaEnableDefault, &q);
-    return (e == cudaSuccess && q == cudaDriverEntryPointSuccess)
-               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f)
-               : nullptr;
-  }();
-  return fn;
-}
-
-// [rows, K] bf16 with rows ld elements apart; boxes of 64 (k) x box_rows, 128B swizzle, zero fill
-// out of bounds. False if the driver refuses (the variant then declines the case).
+// ---- TMA descriptors (kinds 1, 2; tensor_map.h). False if the driver refuses (the variant then
+// declines the case).
+static_assert(small_m_ws::kBoxK == 64, "tensor maps are encoded with 64-k boxes");
 bool make_tensor_map(CUtensorMap* map, const uint16_t* p, int64_t rows, int64_t K, int64_t ld,
                      int box_rows) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr) return false;
-  const cuuint64_t dims[2] = {cuuint64_t(K), cuuint64_t(rows)};
-  // One row: the stride is never used; any legal value (a multiple of 16 covering the row).
-  const cuuint64_t strides[1] = {rows > 1 ? cuuint64_t(ld) * 2
-                                          : cuuint64_t((K * 2 + 15) / 16 * 16)};
-  const cuuint32_t box[2] = {cuuint32_t(small_m_ws::kBoxK), cuuint32_t(box_rows)};
-  const cuuint32_t estr[2] = {1, 1};
-  const CUresult r =
-      encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(p), dims, strides, box,
-             estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS;
+  return encode_bf16_tensor_map(map, p, rows, K, ld, box_rows) == CUDA_SUCCESS;
 }
 
 // The kernel parameters of the TMA kinds (1, 2): the operands travel as tensor maps.

@@ -22,6 +22,7 @@
 #include <string>
 #include <type_traits>
 
+#include "cuda/mma_sync.cuh"  // mma_16816, cp.async group steps, round_bf16_canonical
 #include "lockstep/ops/gemm.h"
 #include "lockstep/tensor.h"
 
@@ -116,24 +117,9 @@ __device__ __forceinline__ void ldsm_x2(uint32_t& r0, uint32_t& r1, uint32_t add
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 __device__ __forceinline__ void st_shared16(uint32_t addr, uint4 v) {
   asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z),
                "r"(v.w));
-}
-
-// d = a·b + d: one k-block of 16 (the contract's mma_kblock_bf16, §M).
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                          uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // Elements [k0, k0+8) of row p (k0 < klim), zero at k >= klim: the slow path for K tails and
@@ -145,13 +131,6 @@ __device__ __forceinline__ uint4 load_chunk_slow(const uint16_t* p, int64_t k0, 
   return make_uint4(
       uint32_t(e[0]) | (uint32_t(e[1]) << 16), uint32_t(e[2]) | (uint32_t(e[3]) << 16),
       uint32_t(e[4]) | (uint32_t(e[5]) << 16), uint32_t(e[6]) | (uint32_t(e[7]) << 16));
-}
-
-__device__ __forceinline__ uint16_t round_bf16_canonical(float v) {
-  uint32_t u = __float_as_uint(v);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7FC0;
-  u += 0x7fffu + ((u >> 16) & 1u);  // RNE (inf stays inf; finite overflow rounds to inf)
-  return uint16_t(u >> 16);
 }
 
 template <int BM, int BN, int BK, int NS>
@@ -400,9 +379,7 @@ __global__ void __launch_bounds__(32 * WM * WN) gemm_small_m_kernel(const Params
             v = __fadd_rn(v, b);
           }
           if (p.y_f32) {
-            const uint32_t u = __float_as_uint(v);
-            static_cast<uint32_t*>(p.y)[m * p.ldy + n] =
-                ((u & 0x7fffffffu) > 0x7f800000u) ? 0x7FC00000u : u;
+            static_cast<uint32_t*>(p.y)[m * p.ldy + n] = canonical_f32_bits(v);
           } else {
             static_cast<uint16_t*>(p.y)[m * p.ldy + n] = round_bf16_canonical(v);
           }

@@ -20,7 +20,7 @@
 
 #include <cstdint>
 
-#include "cuda/gemm_small_m.cuh"     // round_bf16_canonical
+#include "cuda/gemm_small_m.cuh"     // (+ mma_sync.cuh: round_bf16_canonical)
 #include "cuda/gemm_small_m_ws.cuh"  // Params, mbar_wait (traps instead of hanging)
 #include "cuda/sm90_async.cuh"       // mbarriers, TMA loads
 #include "cuda/sm90_wgmma.cuh"       // wgmma_k16, sw128_desc, fences, fence_acc, tree_add
@@ -230,11 +230,9 @@ __global__ void __launch_bounds__(256, 1)
           float v = acc[4 * i + 2 * h + c];
           if (p.bias) v = __fadd_rn(v, b);
           if (p.y_f32) {
-            const uint32_t u = __float_as_uint(v);
-            static_cast<uint32_t*>(p.y)[m * p.ldy + n] =
-                ((u & 0x7fffffffu) > 0x7f800000u) ? 0x7FC00000u : u;
+            static_cast<uint32_t*>(p.y)[m * p.ldy + n] = canonical_f32_bits(v);
           } else {
-            static_cast<uint16_t*>(p.y)[m * p.ldy + n] = small_m::round_bf16_canonical(v);
+            static_cast<uint16_t*>(p.y)[m * p.ldy + n] = round_bf16_canonical(v);
           }
         }
       }

@@ -18,7 +18,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda/gemm_small_m.cuh"            // ldsm_x4, ldsm_x2, mma_16816, round_bf16_canonical
+#include "cuda/gemm_small_m.cuh"            // ldsm_x4, ldsm_x2 (+ mma_sync.cuh)
 #include "cuda/gemm_small_m_ws_layout.cuh"  // Shape: geometry, tile sequence, lane addresses
 #include "cuda/sm90_async.cuh"              // mbarriers, TMA loads (shared with gemm_sm90.cuh)
 
@@ -26,8 +26,6 @@ namespace lockstep::cuda::detail::small_m_ws {
 
 using small_m::ldsm_x2;
 using small_m::ldsm_x4;
-using small_m::mma_16816;
-using small_m::round_bf16_canonical;
 
 struct Params {
   int64_t M, N;
@@ -332,9 +330,7 @@ __global__ void __launch_bounds__(Shape<WM, MB, WN, NA, KB64, NS>::kThreads, 1)
           float v = acc[i][j][h * 2 + e];
           if (p.bias) v = __fadd_rn(v, b);
           if (p.y_f32) {
-            const uint32_t u = __float_as_uint(v);
-            static_cast<uint32_t*>(p.y)[m * p.ldy + n] =
-                ((u & 0x7fffffffu) > 0x7f800000u) ? 0x7FC00000u : u;
+            static_cast<uint32_t*>(p.y)[m * p.ldy + n] = canonical_f32_bits(v);
           } else {
             static_cast<uint16_t*>(p.y)[m * p.ldy + n] = round_bf16_canonical(v);
           }

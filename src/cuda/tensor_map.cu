@@ -1,0 +1,36 @@
+// TMA tensor maps (tensor_map.h).
+#include <cuda_runtime.h>
+
+#include "cuda/tensor_map.h"
+
+namespace lockstep::cuda::detail {
+
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
+                                                           cudaEnableDefault, &q);
+    return (e == cudaSuccess && q == cudaDriverEntryPointSuccess)
+               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f)
+               : nullptr;
+  }();
+  return fn;
+}
+
+CUresult encode_bf16_tensor_map(CUtensorMap* map, const uint16_t* p, int64_t rows, int64_t K,
+                                int64_t ld, int box_rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  const cuuint64_t dims[2] = {cuuint64_t(K), cuuint64_t(rows)};
+  // One row: the stride is never used; any legal value (a multiple of 16 covering the row).
+  const cuuint64_t strides[1] = {rows > 1 ? cuuint64_t(ld) * 2
+                                          : cuuint64_t((K * 2 + 15) / 16 * 16)};
+  const cuuint32_t box[2] = {64, cuuint32_t(box_rows)};
+  const cuuint32_t estr[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(p), dims, strides,
+                box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
+}  // namespace lockstep::cuda::detail
