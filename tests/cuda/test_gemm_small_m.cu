@@ -10,7 +10,7 @@
 // contiguous, padded (TMA-compatible) and unaligned rows, an unaligned x base, NaN / inf /
 // subnormal inputs, segments of one k-block, K below one TMA box, several waves of CTAs, the
 // Qwen3-8B layer shapes at M = 1, 8, 64, row invariance (a row alone == the same row inside
-// M = 17 / 33 / 64; also through the kind 1 candidate tiles), and that the public call reaches the
+// M = 17 / 33 / 64; also through the TMA candidate tiles), and that the public call reaches the
 // small-M kernel (launch counter). First of all (section 0, CPU only), the kind 1 index math is
 // emulated on the host for every kind 1 configuration (TMA swizzle, ldmatrix, mma fragments,
 // tile sequence, tree, epilogue) and compared with the CPU GEMM: if a kind 1 variant then fails
@@ -305,7 +305,7 @@ void run_invariance(int S, DType ydt) {
   TensorView wg = TensorView::contiguous(dw.p, DType::kBF16, {N, K}, Device::kCUDA);
   for (int64_t Mc : {int64_t(17), int64_t(33), Mb}) {
     for (int pub = 0; pub < (g_kind1 ? 3 : 2); ++pub) {
-      // pub: 0 the detail call, 1 the public one, 2 the kind 1 candidate tile of each M.
+      // pub: 0 the detail call, 1 the public one, 2 the TMA candidate tile of each M.
       auto gemm = [&](const TensorView& x, const TensorView& y) {
         if (pub == 1) {
           lockstep::cuda::gemm_bf16_nt(x, wg, nullptr, cfg, y);
