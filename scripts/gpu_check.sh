@@ -11,7 +11,8 @@
 # --quick mode; audit = scripts/gpu_audit.sh (the engine on the GPU); after bench / audit,
 # scripts/perf_bars.py reports the issue's performance bars. Logs go under $OUT (./out by
 # hand): summary.txt and logs.tar.gz (re-packed after every step, so a run cut off at its time
-# limit still returns what it did).
+# limit still returns what it did). GPU_CHECK_TESTS=NAME[,NAME...] limits the tests and
+# sanitize parts to those test binaries (e.g. GPU_CHECK_TESTS=test_baseline_cuda).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -67,9 +68,16 @@ has() { [[ " $parts " == *" $1 "* ]]; }
 pass=0
 fail=0
 pack() { (cd "$OUT" && tar czf logs.tar.gz logs); }
+# The test binaries this call runs (all, or those GPU_CHECK_TESTS names).
+selected() {
+  local name
+  name=$(basename "$1")
+  [ -x "$1" ] && { [ -z "${GPU_CHECK_TESTS:-}" ] || [[ ",$GPU_CHECK_TESTS," == *",$name,"* ]]; }
+}
+[ -n "${GPU_CHECK_TESTS:-}" ] && log "tests limited to: $GPU_CHECK_TESTS"
 if has tests; then
 for t in build-gpu/test_*; do
-  [ -x "$t" ] || continue
+  selected "$t" || continue
   name=$(basename "$t")
   start=$(date +%s)
   if "$t" >"$OUT/logs/$name.log" 2>&1; then
@@ -122,17 +130,29 @@ if has bench; then
 fi
 
 if has sanitize; then
+  # NOTE: racecheck reports shared-memory races inside cuBLAS's own split-K GEMM kernels (names
+  # nvjet*: the baseline's peer, run by test_baseline_cuda; H200, 2026-11-30). Excluding them
+  # (--kernel-name-exclude kns=nvjet) made compute-sanitizer 2025.3.1 fail ("failed to handle a
+  # hardware exception"), so every kernel is checked, and a racecheck run with reports counts as
+  # clean only when the test itself passed and every reported access lies in an nvjet* kernel
+  # (the log line names them); any report in a lockstep kernel fails.
   for tool in memcheck racecheck; do
     for t in build-gpu/test_*; do
-      [ -x "$t" ] || continue
+      selected "$t" || continue
       name=$(basename "$t")
-      if compute-sanitizer --tool "$tool" --error-exitcode 99 "$t" --quick \
-        >"$OUT/logs/$name.$tool.log" 2>&1; then
+      tlog="$OUT/logs/$name.$tool.log"
+      if compute-sanitizer --tool "$tool" --error-exitcode 99 "$t" --quick >"$tlog" 2>&1; then
         pass=$((pass + 1))
-        log "PASS $tool $name: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/logs/$name.$tool.log" | tail -1)"
+        log "PASS $tool $name: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$tlog" | tail -1)"
+      elif [ "$tool" = racecheck ] && grep -qE '^[0-9]+ passed, 0 failed' "$tlog" &&
+        ! grep -q 'Internal Sanitizer Error' "$tlog" && grep -q 'access at nvjet' "$tlog" &&
+        [ "$(grep -oE 'access at [^ ]+' "$tlog" | grep -vc 'access at nvjet')" = 0 ]; then
+        pass=$((pass + 1))
+        cublas=$(grep -oE 'access at [^ ]+' "$tlog" | sed 's/access at //; s/+0x.*//' | sort -u | tr '\n' ' ')
+        log "PASS $tool $name: 0 hazards in lockstep kernels; reports only inside cuBLAS: ${cublas}($(grep -E 'RACECHECK SUMMARY' "$tlog" | tail -1 | sed 's/=* *//'))"
       else
         fail=$((fail + 1))
-        log "FAIL $tool $name (exit $?): $(grep -E 'SUMMARY|Error|error' "$OUT/logs/$name.$tool.log" | head -3 | tr '\n' ' ')"
+        log "FAIL $tool $name: $(grep -E 'SUMMARY|Error|error' "$tlog" | head -3 | tr '\n' ' ')"
       fi
       pack
     done
