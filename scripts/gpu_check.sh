@@ -12,7 +12,9 @@
 # scripts/perf_bars.py reports the issue's performance bars. Logs go under $OUT (./out by
 # hand): summary.txt and logs.tar.gz (re-packed after every step, so a run cut off at its time
 # limit still returns what it did). GPU_CHECK_TESTS=NAME[,NAME...] limits the tests and
-# sanitize parts to those test binaries (e.g. GPU_CHECK_TESTS=test_baseline_cuda).
+# sanitize parts to those test binaries (e.g. GPU_CHECK_TESTS=test_baseline_cuda; the MMA probe
+# runs only if probe_mma is named), GPU_CHECK_BENCH=NAME[,NAME...] the bench part to those
+# benchmarks (bench_gemm_cuda, bench_gemm_small_m, bench_attention, bench_logprob).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -72,9 +74,13 @@ pack() { (cd "$OUT" && tar czf logs.tar.gz logs); }
 selected() {
   local name
   name=$(basename "$1")
-  [ -x "$1" ] && { [ -z "${GPU_CHECK_TESTS:-}" ] || [[ ",$GPU_CHECK_TESTS," == *",$name,"* ]]; }
+  [ -x "$1" ] && listed "$name" "${GPU_CHECK_TESTS:-}"
+}
+listed() {  # listed NAME LIST: LIST empty (everything) or naming NAME
+  [ -z "$2" ] || [[ ",$2," == *",$1,"* ]]
 }
 [ -n "${GPU_CHECK_TESTS:-}" ] && log "tests limited to: $GPU_CHECK_TESTS"
+[ -n "${GPU_CHECK_BENCH:-}" ] && log "benchmarks limited to: $GPU_CHECK_BENCH"
 if has tests; then
 for t in build-gpu/test_*; do
   selected "$t" || continue
@@ -94,7 +100,9 @@ done
 # The MMA probe: mma.sync + wgmma vs the CPU model on fresh random data (new seed each run) and
 # edge cases.
 seed=$(date +%s)
-if bash scripts/probe_mma.sh "$OUT/logs/probe" --seed "$seed" --quick >"$OUT/logs/probe_mma.out" 2>&1 &&
+if ! listed probe_mma "${GPU_CHECK_TESTS:-}"; then
+  :
+elif bash scripts/probe_mma.sh "$OUT/logs/probe" --seed "$seed" --quick >"$OUT/logs/probe_mma.out" 2>&1 &&
   ! grep -qE 'differ from the model|probe failed' "$OUT/logs/probe_mma.out"; then
   pass=$((pass + 1))
   log "PASS probe_mma (seed $seed): $(awk '$4 ~ /^[0-9]+$/ && $5 ~ /^[0-9]+$/ {o += $4; m += $5; i[$1] = 1}
@@ -111,6 +119,7 @@ if has bench; then
   bench() {  # bench NAME cmd...
     local name=$1
     shift
+    listed "$name" "${GPU_CHECK_BENCH:-}" || return 0
     if "$@" >"$L/$name.md" 2>&1; then
       log "BENCH $name: logs/$name.md"
     else

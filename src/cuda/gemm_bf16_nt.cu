@@ -56,6 +56,8 @@ const char* gemm_path_name(GemmPath p) {
       return "wgmma+TMA 128x128 in-CTA tree";
     case GemmPath::kWgmma64x128Tree:
       return "wgmma+TMA 64x128 in-CTA tree";
+    case GemmPath::kWgmma128x128Pairs:
+      return "wgmma+TMA 128x128 tree per segment pair + tree kernel";
   }
   return "?";
 }
@@ -103,11 +105,10 @@ struct Sm90Tile {
   int bm, bn, stages;
   int levels;  // 0: one segment per job; > 0: segments looped in the CTA (S <= 2^levels)
 };
-constexpr Sm90Tile kSm90Tiles[] = {{GemmPath::kWgmma128x256, 128, 256, 4, 0},
-                                   {GemmPath::kWgmma128x128, 128, 128, 6, 0},
-                                   {GemmPath::kWgmma64x128, 64, 128, 8, 0},
-                                   {GemmPath::kWgmma128x128Tree, 128, 128, 6, 1},
-                                   {GemmPath::kWgmma64x128Tree, 64, 128, 8, 3}};
+constexpr Sm90Tile kSm90Tiles[] = {
+    {GemmPath::kWgmma128x256, 128, 256, 4, 0},   {GemmPath::kWgmma128x128, 128, 128, 6, 0},
+    {GemmPath::kWgmma64x128, 64, 128, 8, 0},     {GemmPath::kWgmma128x128Tree, 128, 128, 6, 1},
+    {GemmPath::kWgmma64x128Tree, 64, 128, 8, 3}, {GemmPath::kWgmma128x128Pairs, 128, 128, 6, 1}};
 
 const Sm90Tile& sm90_tile(GemmPath p) {
   for (const Sm90Tile& t : kSm90Tiles)
@@ -118,7 +119,7 @@ const Sm90Tile& sm90_tile(GemmPath p) {
 bool is_wgmma(GemmPath p) {
   return p == GemmPath::kWgmma128x256 || p == GemmPath::kWgmma128x128 ||
          p == GemmPath::kWgmma64x128 || p == GemmPath::kWgmma128x128Tree ||
-         p == GemmPath::kWgmma64x128Tree;
+         p == GemmPath::kWgmma64x128Tree || p == GemmPath::kWgmma128x128Pairs;
 }
 
 // Estimated time ∝ waves x tile area x relative cost per output of the tile shape (bigger wgmma N
@@ -133,6 +134,11 @@ GemmPath choose_sm90(int64_t M, int64_t N, int nseg) {
     const int64_t tiles128 = ((M + 127) / 128) * ((N + 127) / 128);
     const int64_t tiles64 = ((M + 63) / 64) * ((N + 127) / 128);
     if (nseg == 2 && tiles128 >= kPlanSMs) return GemmPath::kWgmma128x128Tree;
+    // NOTE (2026-11-30, estimate before measuring): S = 4 as two S = 2 register-tree launches
+    // (each pair of segments into an fp32 plane) + the tree kernel: o_proj at M = 4096 ~ the S = 2
+    // time (241 us) + ~50 us of plane traffic, vs 370 us for the 64x128 three-level tree. S = 8
+    // (four launches, four planes) is estimated no faster than the 64x128 tree: not chosen.
+    if (nseg == 4 && tiles128 >= kPlanSMs) return GemmPath::kWgmma128x128Pairs;
     if (tiles64 >= kPlanSMs) return GemmPath::kWgmma64x128Tree;
   }
   constexpr double kRelCost[] = {1.0, 1.1, 1.35};
@@ -270,6 +276,7 @@ void launch_sm90(GemmPath path, const CUtensorMap& tx, const CUtensorMap& tw,
       launch_sm90_tile<64, 128, 8, 0>(tx, tw, p, s);
       break;
     case GemmPath::kWgmma128x128Tree:
+    case GemmPath::kWgmma128x128Pairs:  // one pair of segments per launch
       launch_sm90_tile<128, 128, 6, 1>(tx, tw, p, s);
       break;
     case GemmPath::kWgmma64x128Tree:
@@ -289,7 +296,100 @@ void launch_combine(const detail::CombineParams& p, cudaStream_t s) {
   check_launch(kOp);
 }
 
+// Runs fn(ws, m, rows) over chunks of `rows` rows of y (multiples of bm, the last one shorter)
+// with an fp32 workspace of planes planes of [rows, ld_ws] (ld_ws = N rounded up to 4: every plane
+// starts 16-byte aligned), at most kWorkspaceBytes (at least one bm-row chunk); fn launches the
+// chunk's GEMM jobs and then the tree kernel, whose parameters combine_params fills.
+template <typename Fn>
+void in_workspace_chunks(const Core& c, int bm, int planes, cudaStream_t s, Fn&& fn) {
+  const int64_t row_bytes = int64_t(planes) * ((c.N + 3) / 4 * 4) * 4;
+  int64_t chunk = std::max<int64_t>(bm, kWorkspaceBytes / row_bytes / bm * bm);
+  chunk = std::min(chunk, (c.M + bm - 1) / bm * bm);
+  float* ws = nullptr;
+  const cudaError_t e =
+      cudaMallocAsync(reinterpret_cast<void**>(&ws), size_t(chunk * row_bytes), s);
+  LS_CHECK(e == cudaSuccess, kOp, "cudaMallocAsync of the ", chunk * row_bytes,
+           "-byte workspace failed: ", cudaGetErrorString(e));
+  try {
+    for (int64_t m = 0; m < c.M; m += chunk) fn(ws, m, std::min(chunk, c.M - m));
+  } catch (...) {
+    cudaFreeAsync(ws, s);
+    throw;
+  }
+  const cudaError_t f = cudaFreeAsync(ws, s);
+  LS_CHECK(f == cudaSuccess, kOp, "cudaFreeAsync of the workspace failed: ", cudaGetErrorString(f));
+}
+
+// The tree kernel over n planes of `rows` rows starting at ws (ld_ws apart) into y rows [m, m +
+// rows): bias once, one rounding.
+detail::CombineParams combine_params(const Core& c, float* ws, int n, int64_t m, int64_t rows) {
+  const int64_t ld_ws = (c.N + 3) / 4 * 4;
+  detail::CombineParams q{};
+  q.n = n;
+  for (int i = 0; i < n; ++i) {
+    q.part[i] = ws + i * rows * ld_ws;
+    q.ld[i] = ld_ws;
+  }
+  q.M = rows;
+  q.N = c.N;
+  q.bias = c.bias ? c.bias->data : nullptr;
+  q.bias_stride = c.bias ? c.bias->stride[0] : 0;
+  q.bias_f32 = (c.bias && c.bias->dtype == DType::kF32) ? 1 : 0;
+  q.y = static_cast<char*>(c.y) + size_t(m * c.ldy) * (c.y_f32 ? 4 : 2);
+  q.ldy = c.ldy;
+  q.y_f32 = c.y_f32 ? 1 : 0;
+  return q;
+}
+
+// S = 4 / 8 as S/2 pairs of segments: pair i covers the k range [2i·Ls, (2i + 2)·Ls) of the
+// padded K, i.e. the segments 2i and 2i + 1, whose G.4 subtree (s_2i + s_2i+1) the 128x128
+// register-tree kernel computes exactly as it does for S = 2 (views of x and w starting at column
+// 2i·Ls, TMA zero fill past K). Each pair's fp32 value goes to its own plane (final mode, f32
+// output, no bias: the stored bits are the fp32 values, a NaN made canonical — it stays a NaN
+// through the remaining adds and is stored canonical at the end anyway), then the tree kernel
+// folds the S/2 planes with G.4's upper levels ((p0 + p1) for S = 4, (p0 + p1) + (p2 + p3) for
+// S = 8), adds the bias once and rounds once. A pair entirely in K's padding (K <= 2i·Ls) is a
+// chain over zero fill, +0: its plane is written as zero bytes.
+void run_sm90_pairs(const Core& c, cudaStream_t s) {
+  const Sm90Tile& t = sm90_tile(GemmPath::kWgmma128x128Pairs);
+  const int npairs = c.nseg / 2;
+  LS_CHECK((c.nseg == 4 || c.nseg == 8) && c.seg_len % 16 == 0, kOp, "internal: ", c.nseg,
+           " segments of ", c.seg_len, " for the segment-pair path");
+  const int64_t ld_ws = (c.N + 3) / 4 * 4;
+  in_workspace_chunks(c, t.bm, npairs, s, [&](float* ws, int64_t m, int64_t rows) {
+    for (int i = 0; i < npairs; ++i) {
+      float* plane = ws + i * rows * ld_ws;
+      const int64_t k0 = 2 * int64_t(i) * c.seg_len;
+      const int64_t kq = std::min(c.K - k0, 2 * c.seg_len);
+      if (kq <= 0) {
+        const cudaError_t z = cudaMemsetAsync(plane, 0, size_t(rows * ld_ws) * 4, s);
+        LS_CHECK(z == cudaSuccess, kOp, "cudaMemsetAsync failed: ", cudaGetErrorString(z));
+        continue;
+      }
+      detail::Sm90Params p{};
+      p.M = rows;
+      p.N = c.N;
+      p.seg_len = c.seg_len;
+      p.nseg = 2;
+      p.ws_mode = 0;
+      p.bias = nullptr;
+      p.y = plane;
+      p.ldy = ld_ws;
+      p.y_f32 = 1;
+      p.y_pair = 1;  // planes are 16-byte aligned, ld_ws is even
+      const CUtensorMap tx = make_tensor_map(c.x + m * c.ldx + k0, rows, kq, c.ldx, t.bm);
+      const CUtensorMap tw = make_tensor_map(c.w + k0, c.N, kq, c.ldw, t.bn);
+      launch_sm90(GemmPath::kWgmma128x128Pairs, tx, tw, p, s);
+    }
+    launch_combine(combine_params(c, ws, npairs, m, rows), s);
+  });
+}
+
 void run_sm90(const Core& c, GemmPath path, cudaStream_t s) {
+  if (path == GemmPath::kWgmma128x128Pairs) {
+    run_sm90_pairs(c, s);
+    return;
+  }
   const Sm90Tile& t = sm90_tile(path);
   const CUtensorMap tw = make_tensor_map(c.w, c.N, c.K, c.ldw, t.bn);
   detail::Sm90Params p{};
@@ -314,48 +414,16 @@ void run_sm90(const Core& c, GemmPath path, cudaStream_t s) {
     return;
   }
   // Several segments: per-segment fp32 planes, then the tree (+ bias, one rounding) per row chunk.
-  const int64_t ld_ws = (c.N + 3) / 4 * 4;
-  const int64_t row_bytes = int64_t(c.nseg) * ld_ws * 4;
-  int64_t chunk = std::max<int64_t>(t.bm, kWorkspaceBytes / row_bytes / t.bm * t.bm);
-  chunk = std::min(chunk, (c.M + t.bm - 1) / t.bm * t.bm);
-  float* ws = nullptr;
-  const cudaError_t e =
-      cudaMallocAsync(reinterpret_cast<void**>(&ws), size_t(chunk * row_bytes), s);
-  LS_CHECK(e == cudaSuccess, kOp, "cudaMallocAsync of the ", chunk * row_bytes,
-           "-byte workspace failed: ", cudaGetErrorString(e));
-  const size_t ysz = c.y_f32 ? 4 : 2;
-  try {
-    for (int64_t m = 0; m < c.M; m += chunk) {
-      const int64_t rows = std::min(chunk, c.M - m);
-      p.M = rows;
-      p.ws_mode = 1;
-      p.ws = ws;
-      p.ld_ws = ld_ws;
-      p.ws_plane = rows * ld_ws;
-      const CUtensorMap tx = make_tensor_map(c.x + m * c.ldx, rows, c.K, c.ldx, t.bm);
-      launch_sm90(path, tx, tw, p, s);
-      detail::CombineParams q{};
-      q.n = c.nseg;
-      for (int i = 0; i < c.nseg; ++i) {
-        q.part[i] = ws + i * p.ws_plane;
-        q.ld[i] = ld_ws;
-      }
-      q.M = rows;
-      q.N = c.N;
-      q.bias = c.bias ? c.bias->data : nullptr;
-      q.bias_stride = c.bias ? c.bias->stride[0] : 0;
-      q.bias_f32 = (c.bias && c.bias->dtype == DType::kF32) ? 1 : 0;
-      q.y = static_cast<char*>(c.y) + size_t(m * c.ldy) * ysz;
-      q.ldy = c.ldy;
-      q.y_f32 = c.y_f32 ? 1 : 0;
-      launch_combine(q, s);
-    }
-  } catch (...) {
-    cudaFreeAsync(ws, s);
-    throw;
-  }
-  const cudaError_t f = cudaFreeAsync(ws, s);
-  LS_CHECK(f == cudaSuccess, kOp, "cudaFreeAsync of the workspace failed: ", cudaGetErrorString(f));
+  in_workspace_chunks(c, t.bm, c.nseg, s, [&](float* ws, int64_t m, int64_t rows) {
+    p.M = rows;
+    p.ws_mode = 1;
+    p.ws = ws;
+    p.ld_ws = (c.N + 3) / 4 * 4;
+    p.ws_plane = rows * p.ld_ws;
+    const CUtensorMap tx = make_tensor_map(c.x + m * c.ldx, rows, c.K, c.ldx, t.bm);
+    launch_sm90(path, tx, tw, p, s);
+    launch_combine(combine_params(c, ws, c.nseg, m, rows), s);
+  });
 }
 
 // Runs the core on the path the sizes choose (or the test hook forces; a forced wgmma path that
@@ -367,8 +435,10 @@ void run_core(const Core& c, bool small_m_candidate, cudaStream_t s) {
   if (forced != GemmPath::kAuto && forced != GemmPath::kSmallM) {
     path = forced;
     if (is_wgmma(path) && !tma_ok) path = GemmPath::kMma128x128;
-    // The 128x128 register tree holds S <= 2; more segments take the 64x128 one.
+    // The 128x128 register tree holds S <= 2; more segments take the 64x128 one. The pair path
+    // is for S = 4 / 8; fewer segments take the 128x128 tree.
     if (path == GemmPath::kWgmma128x128Tree && c.nseg > 2) path = GemmPath::kWgmma64x128Tree;
+    if (path == GemmPath::kWgmma128x128Pairs && c.nseg <= 2) path = GemmPath::kWgmma128x128Tree;
   }
   detail::g_last_path = path;
   switch (path) {
@@ -589,7 +659,10 @@ std::string gemm_launch_plan(int64_t M, int64_t N, int64_t K, const GemmConfig& 
     os << "wgmma m64n" << (t.bm == 64 ? t.bn / 2 : t.bn) << "k16 (SS, 128B swizzle) + TMA, tile "
        << t.bm << "x" << t.bn << "x" << detail::kSm90BK << ", " << t.stages
        << " stages, 1 producer + 2 consumer warpgroups, persistent over ";
-    if (t.levels > 0 || kl.segments == 1) {
+    if (path == GemmPath::kWgmma128x128Pairs) {
+      os << tiles << " tiles per launch, one launch per pair of segments (" << kl.segments / 2
+         << ", register tree over the pair), fp32 plane per pair + tree kernel";
+    } else if (t.levels > 0 || kl.segments == 1) {
       os << tiles << " tiles";
       if (kl.segments > 1)
         os << ", " << kl.segments << " segments per tile in the CTA + register tree";

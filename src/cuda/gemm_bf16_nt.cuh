@@ -33,6 +33,9 @@ enum class GemmPath : int {
   kWgmma64x128,
   kWgmma128x128Tree,  // gemm_sm90.cuh, segments looped in the CTA, register tree (S <= 2)
   kWgmma64x128Tree,   // same, S <= 8
+  // S = 4 or 8: the 128x128 in-CTA tree over each pair of segments (S/2 launches, each writing
+  // one fp32 plane), then the tree kernel over the S/2 planes (G.4's upper levels), bias, rounding
+  kWgmma128x128Pairs,
 };
 // Test hook (process-wide, not thread-safe): run `p` for every following call where the operands
 // allow it (a wgmma path needs TMA-compatible operands, else the 128x128 mma.sync kernel runs);

@@ -5,6 +5,8 @@
 // launcher's host-side checks and tensor-map encoding are inside the timing). Operands: random bf16
 // in ±[0.5, 2) (never zeros). Prints a markdown table (and the kernel plan of each shape); writes
 // nothing else. Usage: bench_gemm_cuda [--quick] (--quick: M in {1, 1024, 4096} only).
+// A last table times the S = 4 / 8 kernels the launcher can choose from, each forced (test hook),
+// beside the automatic choice and cuBLAS (same bits on every path: test_gemm_parity).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -17,7 +19,8 @@
 #include <ctime>
 #include <vector>
 
-#include "cuda/cuda_ck.h"  // CK
+#include "cuda/cuda_ck.h"         // CK
+#include "cuda/gemm_bf16_nt.cuh"  // detail::GemmPath, the forced-path hook (S > 2 table)
 #include "lockstep/cuda/gemm.h"
 
 using lockstep::Device;
@@ -119,6 +122,8 @@ int main(int argc, char** argv) {
     }
     return median(ms);
   };
+  using lockstep::cuda::detail::GemmPath;
+  GemmPath force = GemmPath::kAuto;
   auto row = [&](const Shape& s, int64_t M, int S) {
     TensorView xg = TensorView::contiguous(dx, DType::kBF16, {M, s.K}, Device::kCUDA);
     TensorView wg = TensorView::contiguous(dw, DType::kBF16, {s.N, s.K}, Device::kCUDA);
@@ -126,8 +131,11 @@ int main(int argc, char** argv) {
     bool ok = true;
     auto ours = [&] {
       try {
+        lockstep::cuda::detail::gemm_force_path_for_tests(force);
         lockstep::cuda::gemm_bf16_nt(xg, wg, nullptr, GemmConfig{S}, yg);
+        lockstep::cuda::detail::gemm_force_path_for_tests(GemmPath::kAuto);
       } catch (const std::exception& e) {
+        lockstep::cuda::detail::gemm_force_path_for_tests(GemmPath::kAuto);
         if (ok) std::printf("lockstep error: %s\n", e.what());
         ok = false;
       }
@@ -156,6 +164,35 @@ int main(int argc, char** argv) {
     for (int S : {2, 4, 8}) row(s, 4096, S);
   if (!quick)
     for (const Shape& s : shapes) row(s, 256, 4);
+  // S = 4 / 8: every kernel that takes them, forced, beside the automatic choice.
+  std::printf(
+      "\nS > 2 paths, each forced (auto = the launcher's choice; same bits on every path)\n\n"
+      "| path | shape | S | M | K | N | lockstep us | lockstep TFLOP/s | cuBLAS us | cuBLAS "
+      "TFLOP/s "
+      "| ratio |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const Shape& s : shapes) {
+    for (int S : {4, 8}) {
+      for (int64_t M : {int64_t(1024), int64_t(4096)}) {
+        if (quick && M != 4096) continue;
+        for (GemmPath p : {GemmPath::kAuto, GemmPath::kWgmma64x128Tree, GemmPath::kWgmma128x256,
+                           GemmPath::kWgmma128x128Pairs}) {
+          force = p;
+          GemmPath label = p;
+          if (p == GemmPath::kAuto) {  // which kernel the launcher chooses (one untimed call)
+            lockstep::cuda::gemm_bf16_nt(
+                TensorView::contiguous(dx, DType::kBF16, {M, s.K}, Device::kCUDA),
+                TensorView::contiguous(dw, DType::kBF16, {s.N, s.K}, Device::kCUDA), nullptr,
+                GemmConfig{S}, TensorView::contiguous(dy, DType::kBF16, {M, s.N}, Device::kCUDA));
+            label = lockstep::cuda::detail::gemm_last_path_for_tests();
+          }
+          std::printf("| %s%s ", p == GemmPath::kAuto ? "auto: " : "",
+                      lockstep::cuda::detail::gemm_path_name(label));
+          row(s, M, S);
+        }
+      }
+    }
+  }
+  force = GemmPath::kAuto;
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   cublasDestroy(h);

@@ -238,7 +238,8 @@ void run_all_paths(Problem& p) {
                             GemmPath::kWgmma128x128,
                             GemmPath::kWgmma64x128,
                             GemmPath::kWgmma128x128Tree,
-                            GemmPath::kWgmma64x128Tree};
+                            GemmPath::kWgmma64x128Tree,
+                            GemmPath::kWgmma128x128Pairs};
   for (int li = 0; li < 3; ++li) {
     const Layout& L = layouts[li];
     const bool tma = tma_able(p, L);
@@ -247,8 +248,9 @@ void run_all_paths(Problem& p) {
       GemmPath expect = path;
       const bool wg = path == GemmPath::kWgmma128x256 || path == GemmPath::kWgmma128x128 ||
                       path == GemmPath::kWgmma64x128 || path == GemmPath::kWgmma128x128Tree ||
-                      path == GemmPath::kWgmma64x128Tree;
+                      path == GemmPath::kWgmma64x128Tree || path == GemmPath::kWgmma128x128Pairs;
       if (path == GemmPath::kWgmma128x128Tree && p.S > 2) expect = GemmPath::kWgmma64x128Tree;
+      if (path == GemmPath::kWgmma128x128Pairs && p.S <= 2) expect = GemmPath::kWgmma128x128Tree;
       if (wg && !tma) expect = GemmPath::kMma128x128;
       if (path == GemmPath::kAuto) expect = GemmPath::kAuto;
       if (path == GemmPath::kAuto && !tma && p.M > 64) expect = GemmPath::kMma128x128;
@@ -299,7 +301,7 @@ void run_invariance(int S, DType ydt) {
 
 // TP: GPU partials == CPU partials (f32 bits), GPU combine of the GPU partials == the CPU's full
 // GEMM, and the in-place f32 combine.
-void run_partials(int64_t M, int64_t N, int64_t K, int S) {
+void run_partials(int64_t M, int64_t N, int64_t K, int S, GemmPath force = GemmPath::kAuto) {
   std::vector<uint16_t> hx(size_t(M * K)), hw(size_t(N * K)), hb(static_cast<size_t>(N));
   fill(hx, false);
   fill(hw, false);
@@ -338,9 +340,13 @@ void run_partials(int64_t M, int64_t N, int64_t K, int S) {
           view2(static_cast<uint16_t*>(dx.p) + kr.begin, DType::kBF16, M, Kr, K, Device::kCUDA);
       TensorView wg =
           view2(static_cast<uint16_t*>(dw.p) + kr.begin, DType::kBF16, N, Kr, K, Device::kCUDA);
+      lockstep::cuda::detail::gemm_force_path_for_tests(force);
       lockstep::cuda::gemm_bf16_nt_partial(xg, wg, K, t, r, cfg, yp);
-      paths += std::string(r ? "," : "") + lockstep::cuda::detail::gemm_path_name(
-                                               lockstep::cuda::detail::gemm_last_path_for_tests());
+      lockstep::cuda::detail::gemm_force_path_for_tests(GemmPath::kAuto);
+      const GemmPath ran = lockstep::cuda::detail::gemm_last_path_for_tests();
+      // A forced pair path must run wherever a rank has 4 or 8 segments.
+      if (force == GemmPath::kWgmma128x128Pairs && S / t >= 4 && ran != force) ++bad_partial;
+      paths += std::string(r ? "," : "") + lockstep::cuda::detail::gemm_path_name(ran);
       std::vector<float> gpu_part(size_t(M * N));
       CK(cudaMemcpy(gpu_part.data(), yp.data, gpu_part.size() * 4, cudaMemcpyDeviceToHost));
       if (std::memcmp(gpu_part.data(), cpu_part.data(), gpu_part.size() * 4) != 0) ++bad_partial;
@@ -567,6 +573,8 @@ int main(int argc, char** argv) {
     for (int S : {1, 2, 8}) run_invariance(S, S == 2 ? DType::kF32 : DType::kBF16);
     run_partials(g_quick ? 70 : 300, g_quick ? 90 : 520, 1000, 8);
     run_partials(g_quick ? 70 : 257, g_quick ? 90 : 300, 333, 8);
+    // The segment-pair path on TP partials (S / t = 8, 4 segments per rank; fewer: the tree).
+    run_partials(g_quick ? 70 : 300, g_quick ? 90 : 520, 1000, 8, GemmPath::kWgmma128x128Pairs);
     if (!g_quick) run_partials(130, 260, 4104, 4);
     if (!g_quick) {
       struct Q {
