@@ -129,16 +129,20 @@ bool is_wgmma(GemmPath p) {
 // stack limits the tree tiles: the consumers are compiled for 168 registers (65536 / 384 threads;
 // setmaxnreg raises the budget at run time, not ptxas's allocation), so 128x128 (64 accumulators)
 // holds one pending level (S = 2) and 64x128 (32) three (S <= 8); 128x128 with two levels spilled.
-GemmPath choose_sm90(int64_t M, int64_t N, int nseg) {
+GemmPath choose_sm90(int64_t M, int64_t N, int nseg, int64_t seg_len) {
   if (nseg > 1) {
     const int64_t tiles128 = ((M + 127) / 128) * ((N + 127) / 128);
     const int64_t tiles64 = ((M + 63) / 64) * ((N + 127) / 128);
     if (nseg == 2 && tiles128 >= kPlanSMs) return GemmPath::kWgmma128x128Tree;
-    // NOTE (2026-11-30, estimate before measuring): S = 4 as two S = 2 register-tree launches
-    // (each pair of segments into an fp32 plane) + the tree kernel: o_proj at M = 4096 ~ the S = 2
-    // time (241 us) + ~50 us of plane traffic, vs 370 us for the 64x128 three-level tree. S = 8
-    // (four launches, four planes) is estimated no faster than the 64x128 tree: not chosen.
-    if (nseg == 4 && tiles128 >= kPlanSMs) return GemmPath::kWgmma128x128Pairs;
+    // NOTE: S = 4 as two S = 2 register-tree launches (each pair of segments into an fp32 plane)
+    // + the tree kernel pays only for long segments. H200, 2026-11-30 (bench_gemm_cuda, forced
+    // paths): down (K = 12288, Ls = 3072) 785 vs 968 us (64x128 tree) at M = 4096, 200-219 vs 263
+    // at M = 1024; with Ls = 1024 (K = 4096) it lost on qkv / o_proj (568 vs 533, 371 vs 344 us at
+    // M = 4096) and gate_up at M = 1024 (562 vs 523), won gate_up at M = 4096 (2160 vs 2293). The
+    // estimate before measuring (o_proj ~290 us) missed the epilogue: each 128x128 tile stores
+    // 64 KiB of fp32 without overlapping the next tile's MMAs, twice as often per FLOP at K / 2.
+    // S = 8 (four launches, four planes) lost everywhere (e.g. o_proj 457 vs 366 us).
+    if (nseg == 4 && seg_len >= 2048 && tiles128 >= kPlanSMs) return GemmPath::kWgmma128x128Pairs;
     if (tiles64 >= kPlanSMs) return GemmPath::kWgmma64x128Tree;
   }
   constexpr double kRelCost[] = {1.0, 1.1, 1.35};
@@ -183,10 +187,11 @@ bool tma_compatible(const Core& c) {
 }
 
 // The path for these sizes: a pure function of (M, N, K, segments, TMA compatibility, small_m).
-GemmPath plan_path(int64_t M, int64_t N, int nseg, bool tma_ok, bool small_m_candidate) {
+GemmPath plan_path(int64_t M, int64_t N, int nseg, int64_t seg_len, bool tma_ok,
+                   bool small_m_candidate) {
   if (small_m_candidate && M <= 64) return GemmPath::kMma32x64;  // after the small-M kernel
   if (!tma_ok) return GemmPath::kMma128x128;
-  return choose_sm90(M, N, nseg);
+  return choose_sm90(M, N, nseg, seg_len);
 }
 
 template <int BM, int BN, int NS>
@@ -430,7 +435,7 @@ void run_sm90(const Core& c, GemmPath path, cudaStream_t s) {
 // the operands cannot take runs the 128x128 mma.sync kernel, as the automatic choice would).
 void run_core(const Core& c, bool small_m_candidate, cudaStream_t s) {
   const bool tma_ok = tma_compatible(c);
-  GemmPath path = plan_path(c.M, c.N, c.nseg, tma_ok, small_m_candidate);
+  GemmPath path = plan_path(c.M, c.N, c.nseg, c.seg_len, tma_ok, small_m_candidate);
   const GemmPath forced = detail::g_force_path;
   if (forced != GemmPath::kAuto && forced != GemmPath::kSmallM) {
     path = forced;
@@ -647,7 +652,7 @@ std::string gemm_launch_plan(int64_t M, int64_t N, int64_t K, const GemmConfig& 
               .to_string()
        << " (on 132 SMs) if it takes the case, else ";
   }
-  const GemmPath path = plan_path(M, N, kl.segments, K >= 1, true);
+  const GemmPath path = plan_path(M, N, kl.segments, kl.segment_len, K >= 1, true);
   if (path == GemmPath::kMma32x64) {
     os << "mma.sync m16n8k16 32x64 tiles, 8 cp.async stages, grid " << (N + 63) / 64 << "x"
        << (M + 31) / 32;
