@@ -141,7 +141,8 @@ GemmPath choose_sm90(int64_t M, int64_t N, int nseg, int64_t seg_len) {
     // M = 4096) and gate_up at M = 1024 (562 vs 523), won gate_up at M = 4096 (2160 vs 2293). The
     // estimate before measuring (o_proj ~290 us) missed the epilogue: each 128x128 tile stores
     // 64 KiB of fp32 without overlapping the next tile's MMAs, twice as often per FLOP at K / 2.
-    // S = 8 (four launches, four planes) lost everywhere (e.g. o_proj 457 vs 366 us).
+    // S = 8 (four launches, four planes) lost on the K = 4096 shapes (o_proj 457 vs 366 us at
+    // M = 4096) and won ~8% on down (904 vs 980 us; Ls = 1536): not chosen yet (next step).
     if (nseg == 4 && seg_len >= 2048 && tiles128 >= kPlanSMs) return GemmPath::kWgmma128x128Pairs;
     if (tiles64 >= kPlanSMs) return GemmPath::kWgmma64x128Tree;
   }
