@@ -58,6 +58,8 @@ const char* gemm_path_name(GemmPath p) {
       return "wgmma+TMA 64x128 in-CTA tree";
     case GemmPath::kWgmma128x128Pairs:
       return "wgmma+TMA 128x128 tree per segment pair + tree kernel";
+    case GemmPath::kWgmma64x256PingPong:
+      return "wgmma+TMA 64x256 ping-pong";
   }
   return "?";
 }
@@ -106,9 +108,10 @@ struct Sm90Tile {
   int levels;  // 0: one segment per job; > 0: segments looped in the CTA (S <= 2^levels)
 };
 constexpr Sm90Tile kSm90Tiles[] = {
-    {GemmPath::kWgmma128x256, 128, 256, 4, 0},   {GemmPath::kWgmma128x128, 128, 128, 6, 0},
-    {GemmPath::kWgmma64x128, 64, 128, 8, 0},     {GemmPath::kWgmma128x128Tree, 128, 128, 6, 1},
-    {GemmPath::kWgmma64x128Tree, 64, 128, 8, 3}, {GemmPath::kWgmma128x128Pairs, 128, 128, 6, 1}};
+    {GemmPath::kWgmma128x256, 128, 256, 4, 0},      {GemmPath::kWgmma128x128, 128, 128, 6, 0},
+    {GemmPath::kWgmma64x128, 64, 128, 8, 0},        {GemmPath::kWgmma128x128Tree, 128, 128, 6, 1},
+    {GemmPath::kWgmma64x128Tree, 64, 128, 8, 3},    {GemmPath::kWgmma128x128Pairs, 128, 128, 6, 1},
+    {GemmPath::kWgmma64x256PingPong, 64, 256, 5, 0}};
 
 const Sm90Tile& sm90_tile(GemmPath p) {
   for (const Sm90Tile& t : kSm90Tiles)
@@ -119,7 +122,8 @@ const Sm90Tile& sm90_tile(GemmPath p) {
 bool is_wgmma(GemmPath p) {
   return p == GemmPath::kWgmma128x256 || p == GemmPath::kWgmma128x128 ||
          p == GemmPath::kWgmma64x128 || p == GemmPath::kWgmma128x128Tree ||
-         p == GemmPath::kWgmma64x128Tree || p == GemmPath::kWgmma128x128Pairs;
+         p == GemmPath::kWgmma64x128Tree || p == GemmPath::kWgmma128x128Pairs ||
+         p == GemmPath::kWgmma64x256PingPong;
 }
 
 // Estimated time ∝ waves x tile area x relative cost per output of the tile shape (bigger wgmma N
@@ -254,12 +258,13 @@ int sm_count() {
   return n;
 }
 
-template <int BM, int BN, int NS, int LEVELS, int EPI = 0, typename P = detail::Sm90Params>
+template <int BM, int BN, int NS, int LEVELS, int EPI = 0, typename P = detail::Sm90Params,
+          bool PP = false>
 void launch_sm90_tile(const CUtensorMap& tx, const CUtensorMap& tw, const P& p, cudaStream_t s) {
-  constexpr int WGN = BM == 64 ? 2 : 1;
+  constexpr int WGN = (BM == 64 && !PP) ? 2 : 1;
   constexpr int kSmem = detail::sm90_smem_bytes<BM, BN, NS>();
   static const cudaError_t attr =
-      cudaFuncSetAttribute(detail::gemm_sm90_kernel<BM, BN, WGN, NS, LEVELS, EPI>,
+      cudaFuncSetAttribute(detail::gemm_sm90_kernel<BM, BN, WGN, NS, LEVELS, EPI, PP>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   LS_CHECK(attr == cudaSuccess, kOp, "cudaFuncSetAttribute failed: ", cudaGetErrorString(attr));
   LS_CHECK(LEVELS == 0 || p.nseg <= (1 << LEVELS), kOp, "internal: ", p.nseg,
@@ -267,7 +272,7 @@ void launch_sm90_tile(const CUtensorMap& tx, const CUtensorMap& tw, const P& p, 
   const int64_t jobs = ((p.M + BM - 1) / BM) * ((p.N + BN - 1) / BN) * (LEVELS > 0 ? 1 : p.nseg);
   // Persistent grid: one CTA per multiprocessor at most (which CTA runs a job changes no bit).
   const unsigned grid = unsigned(std::min<int64_t>(jobs, sm_count()));
-  detail::gemm_sm90_kernel<BM, BN, WGN, NS, LEVELS, EPI>
+  detail::gemm_sm90_kernel<BM, BN, WGN, NS, LEVELS, EPI, PP>
       <<<grid, detail::kSm90Threads, kSmem, s>>>(tx, tw, p);
   check_launch(kOp);
 }
@@ -287,6 +292,9 @@ void launch_sm90(GemmPath path, const CUtensorMap& tx, const CUtensorMap& tw,
       break;
     case GemmPath::kWgmma64x128Tree:
       launch_sm90_tile<64, 128, 8, 3>(tx, tw, p, s);
+      break;
+    case GemmPath::kWgmma64x256PingPong:
+      launch_sm90_tile<64, 256, 5, 0, 0, detail::Sm90Params, true>(tx, tw, p, s);
       break;
     default:
       launch_sm90_tile<128, 256, 4, 0>(tx, tw, p, s);
@@ -662,7 +670,8 @@ std::string gemm_launch_plan(int64_t M, int64_t N, int64_t K, const GemmConfig& 
   } else {
     const Sm90Tile& t = sm90_tile(path);
     const int64_t tiles = ((M + t.bm - 1) / t.bm) * ((N + t.bn - 1) / t.bn);
-    os << "wgmma m64n" << (t.bm == 64 ? t.bn / 2 : t.bn) << "k16 (SS, 128B swizzle) + TMA, tile "
+    const bool split_n = t.bm == 64 && path != GemmPath::kWgmma64x256PingPong;
+    os << "wgmma m64n" << (split_n ? t.bn / 2 : t.bn) << "k16 (SS, 128B swizzle) + TMA, tile "
        << t.bm << "x" << t.bn << "x" << detail::kSm90BK << ", " << t.stages
        << " stages, 1 producer + 2 consumer warpgroups, persistent over ";
     if (path == GemmPath::kWgmma128x128Pairs) {

@@ -36,6 +36,9 @@ enum class GemmPath : int {
   // S = 4 or 8: the 128x128 in-CTA tree over each pair of segments (S/2 launches, each writing
   // one fp32 plane), then the tree kernel over the S/2 planes (G.4's upper levels), bias, rounding
   kWgmma128x128Pairs,
+  // 64x256 tiles, the two consumer warpgroups on alternate tiles (one's epilogue overlaps the
+  // other's k-loop); several segments: fp32 workspace + tree kernel. Forced only (not measured yet)
+  kWgmma64x256PingPong,
 };
 // Test hook (process-wide, not thread-safe): run `p` for every following call where the operands
 // allow it (a wgmma path needs TMA-compatible operands, else the 128x128 mma.sync kernel runs);

@@ -79,6 +79,15 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   }
 }
 
+// Named barriers 1..15 (0 is __syncthreads): sync waits until `threads` threads have arrived or
+// synced on it; arrive counts this thread without waiting.
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 struct Sm90Job {
   int64_t m0, n0;
   int s;
@@ -280,17 +289,26 @@ __device__ __forceinline__ void sm90_logprob_epilogue(const Sm90LpParams& p, flo
 // pending left subtrees (binary-counter order, exactly the G.4 tree), then the final epilogue.
 // EPI = 0: the GEMM's epilogue (y or workspace planes). EPI = 1: the fused log-prob epilogue
 // (sm90_logprob_epilogue; 128x256, one segment) instead; the main loop is the same code.
-template <int BM, int BN, int WGN, int NS, int LEVELS, int EPI = 0>
+// PP = true ("ping-pong", BM = 64, WGN = 1, LEVELS = 0, EPI = 0): the two consumer warpgroups take
+// the CTA's jobs in turn, each a whole 64 x BN tile (wgmma m64nBNk16), so that one warpgroup's
+// epilogue runs while the other's k-loop keeps the tensor cores busy. The producer is unchanged
+// (it fills the ring with every job's k-tiles in job order); a warpgroup steps its ring position
+// over the other's jobs, and starts a k-loop only after the other warpgroup has finished the
+// previous job's (named barriers 1 and 2): every ring slot before its first one has then been
+// waited on, so each mbarrier parity wait is on the right phase. The same chains in the same
+// order as every other tile: the bits do not change.
+template <int BM, int BN, int WGN, int NS, int LEVELS, int EPI = 0, bool PP = false>
 __global__ void __launch_bounds__(kSm90Threads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap tm_x,
                      const __grid_constant__ CUtensorMap tm_w,
                      const std::conditional_t<EPI == 1, Sm90LpParams, Sm90Params> p) {
-  constexpr int WGM = 2 / WGN;
+  constexpr int WGM = PP ? 1 : 2 / WGN;
   constexpr int WN = BN / WGN;  // columns per consumer warpgroup (wgmma N)
   constexpr int R = WN / 2;     // f32 accumulators per thread
   constexpr int kABytes = BM * 128;
   constexpr int kStageBytes = (BM + BN) * 128;
   static_assert(BM == 64 * WGM && (WGN == 1 || WGN == 2), "tile shape");
+  static_assert(!PP || (BM == 64 && WGN == 1 && LEVELS == 0 && EPI == 0), "ping-pong tile shape");
   static_assert(EPI == 0 || (BM == 128 && BN == kLogprobFusedTile && WGN == 1 && LEVELS == 0),
                 "the fused log-prob epilogue needs 128x256 tiles, one segment");
   static_assert(kABytes % 1024 == 0 && kStageBytes % 1024 == 0, "stages 1024-aligned");
@@ -307,8 +325,9 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
   const int tid = threadIdx.x;
   if (tid == 0) {
     for (int s = 0; s < NS; ++s) {
-      mbar_init(full_bar(s), 1);   // the producer's arrive.expect_tx (+ the copies' bytes)
-      mbar_init(empty_bar(s), 8);  // lane 0 of each of the 8 consumer warps
+      mbar_init(full_bar(s), 1);  // the producer's arrive.expect_tx (+ the copies' bytes)
+      // lane 0 of each consumer warp that reads the stage: all 8, or one warpgroup's 4 (PP)
+      mbar_init(empty_bar(s), PP ? 4 : 8);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_x)) : "memory");
@@ -350,10 +369,12 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
-    const int cw = (tid - 128) >> 7;  // consumer warpgroup 0 / 1
+    // consumer warpgroup 0 / 1 (PP: broadcast from lane 0 so that ptxas sees a warp-uniform value
+    // in the branches on it; otherwise it serializes the wgmmas, C7520)
+    const int cw = PP ? __shfl_sync(0xffffffffu, (tid - 128) >> 7, 0) : (tid - 128) >> 7;
     const int wt = tid & 127;         // thread in the warpgroup
     const int warp = wt >> 5, lane = wt & 31;
-    const int row_off = WGN == 1 ? cw * 64 : 0;
+    const int row_off = (WGN == 1 && !PP) ? cw * 64 : 0;
     const int col_off = WGN == 2 ? cw * WN : 0;
     float acc[R];
 #pragma unroll
@@ -363,7 +384,18 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
 
     int stage = 0;
     uint32_t phase = 0;
-    for (int64_t job = blockIdx.x; job < njobs; job += gridDim.x) {
+    int64_t local = 0;  // PP: this CTA's job count so far (even: warpgroup 0's, odd: 1's)
+    for (int64_t job = blockIdx.x; job < njobs; job += gridDim.x, ++local) {
+      if constexpr (PP) {
+        if (int(local & 1) != cw) {  // the other warpgroup's job: step over its nkt ring slots
+          const int s2 = stage + nkt % NS;
+          phase ^= uint32_t((nkt / NS) & 1);
+          stage = s2 >= NS ? s2 - NS : s2;
+          if (s2 >= NS) phase ^= 1u;
+          continue;
+        }
+        if (local > 0) named_bar_sync(1 + cw, 256);  // the other's previous k-loop is done
+      }
       const Sm90Job j = sm90_job<BM, BN>(job, num_m, num_n, job_segs);
       const int s_end = LEVELS > 0 ? p.nseg : j.s + 1;
       for (int sg = LEVELS > 0 ? 0 : j.s; sg < s_end; ++sg) {
@@ -450,6 +482,10 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
           fence_acc(acc);
         }
       }  // segments of this job
+      if constexpr (PP) {
+        // The next job (the other warpgroup's) may start its k-loop.
+        if (job + gridDim.x < njobs) named_bar_arrive(1 + (cw ^ 1), 256);
+      }
 
       if constexpr (EPI == 1) {
         sm90_logprob_epilogue(p, acc, epi + (cw * 4 + warp) * 16 * kSm90EpiLd,

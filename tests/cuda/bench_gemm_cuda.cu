@@ -5,8 +5,9 @@
 // launcher's host-side checks and tensor-map encoding are inside the timing). Operands: random bf16
 // in ±[0.5, 2) (never zeros). Prints a markdown table (and the kernel plan of each shape); writes
 // nothing else. Usage: bench_gemm_cuda [--quick] (--quick: M in {1, 1024, 4096} only).
-// A last table times the S = 4 / 8 kernels the launcher can choose from, each forced (test hook),
-// beside the automatic choice and cuBLAS (same bits on every path: test_gemm_parity).
+// A last table times the large-M kernels the launcher can choose from (S = 1, 4, 8), each forced
+// (test hook), beside the automatic choice and cuBLAS (same bits on every path: test_gemm_parity);
+// it includes the ping-pong tile, which no automatic choice takes yet.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -166,16 +167,19 @@ int main(int argc, char** argv) {
     for (const Shape& s : shapes) row(s, 256, 4);
   // S = 4 / 8: every kernel that takes them, forced, beside the automatic choice.
   std::printf(
-      "\nS > 2 paths, each forced (auto = the launcher's choice; same bits on every path)\n\n"
+      "\nLarge-M kernels, each forced (auto = the launcher's choice; same bits on every path)\n\n"
       "| path | shape | S | M | K | N | lockstep us | lockstep TFLOP/s | cuBLAS us | cuBLAS "
       "TFLOP/s "
       "| ratio |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Shape& s : shapes) {
-    for (int S : {4, 8}) {
-      for (int64_t M : {int64_t(1024), int64_t(4096)}) {
-        if (quick && M != 4096) continue;
-        for (GemmPath p : {GemmPath::kAuto, GemmPath::kWgmma64x128Tree, GemmPath::kWgmma128x256,
-                           GemmPath::kWgmma128x128Pairs}) {
+    for (int S : {1, 4, 8}) {
+      for (int64_t M : {int64_t(1024), int64_t(4096), int64_t(16384)}) {
+        if ((quick && M != 4096) || (S > 1 && M > 4096)) continue;
+        for (GemmPath p : {GemmPath::kAuto, GemmPath::kWgmma128x256, GemmPath::kWgmma64x256PingPong,
+                           GemmPath::kWgmma64x128Tree, GemmPath::kWgmma128x128Pairs}) {
+          // S = 1: the one-segment kernels only (the tree / pair paths are S > 1 forms)
+          if (S == 1 && (p == GemmPath::kWgmma64x128Tree || p == GemmPath::kWgmma128x128Pairs))
+            continue;
           force = p;
           GemmPath label = p;
           if (p == GemmPath::kAuto) {  // which kernel the launcher chooses (one untimed call)

@@ -239,7 +239,8 @@ void run_all_paths(Problem& p) {
                             GemmPath::kWgmma64x128,
                             GemmPath::kWgmma128x128Tree,
                             GemmPath::kWgmma64x128Tree,
-                            GemmPath::kWgmma128x128Pairs};
+                            GemmPath::kWgmma128x128Pairs,
+                            GemmPath::kWgmma64x256PingPong};
   for (int li = 0; li < 3; ++li) {
     const Layout& L = layouts[li];
     const bool tma = tma_able(p, L);
@@ -248,7 +249,8 @@ void run_all_paths(Problem& p) {
       GemmPath expect = path;
       const bool wg = path == GemmPath::kWgmma128x256 || path == GemmPath::kWgmma128x128 ||
                       path == GemmPath::kWgmma64x128 || path == GemmPath::kWgmma128x128Tree ||
-                      path == GemmPath::kWgmma64x128Tree || path == GemmPath::kWgmma128x128Pairs;
+                      path == GemmPath::kWgmma64x128Tree || path == GemmPath::kWgmma128x128Pairs ||
+                      path == GemmPath::kWgmma64x256PingPong;
       if (path == GemmPath::kWgmma128x128Tree && p.S > 2) expect = GemmPath::kWgmma64x128Tree;
       if (path == GemmPath::kWgmma128x128Pairs && p.S <= 2) expect = GemmPath::kWgmma128x128Tree;
       if (wg && !tma) expect = GemmPath::kMma128x128;
