@@ -372,7 +372,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
     // consumer warpgroup 0 / 1 (PP: broadcast from lane 0 so that ptxas sees a warp-uniform value
     // in the branches on it; otherwise it serializes the wgmmas, C7520)
     const int cw = PP ? __shfl_sync(0xffffffffu, (tid - 128) >> 7, 0) : (tid - 128) >> 7;
-    const int wt = tid & 127;         // thread in the warpgroup
+    const int wt = tid & 127;  // thread in the warpgroup
     const int warp = wt >> 5, lane = wt & 31;
     const int row_off = (WGN == 1 && !PP) ? cw * 64 : 0;
     const int col_off = WGN == 2 ? cw * WN : 0;
