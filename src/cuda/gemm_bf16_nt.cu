@@ -310,13 +310,17 @@ void launch_combine(const detail::CombineParams& p, cudaStream_t s) {
   check_launch(kOp);
 }
 
+// Row stride of the fp32 workspace planes: N rounded up to 4 (every plane starts 16-byte aligned,
+// and the stride is even: the pair stores of the kernels' epilogue never cross a row).
+int64_t ws_ld(const Core& c) { return (c.N + 3) / 4 * 4; }
+
 // Runs fn(ws, m, rows) over chunks of `rows` rows of y (multiples of bm, the last one shorter)
-// with an fp32 workspace of planes planes of [rows, ld_ws] (ld_ws = N rounded up to 4: every plane
-// starts 16-byte aligned), at most kWorkspaceBytes (at least one bm-row chunk); fn launches the
-// chunk's GEMM jobs and then the tree kernel, whose parameters combine_params fills.
+// with an fp32 workspace of planes planes of [rows, ws_ld], at most kWorkspaceBytes (at least one
+// bm-row chunk); fn launches the chunk's GEMM jobs and then the tree kernel, whose parameters
+// combine_params fills.
 template <typename Fn>
 void in_workspace_chunks(const Core& c, int bm, int planes, cudaStream_t s, Fn&& fn) {
-  const int64_t row_bytes = int64_t(planes) * ((c.N + 3) / 4 * 4) * 4;
+  const int64_t row_bytes = int64_t(planes) * ws_ld(c) * 4;
   int64_t chunk = std::max<int64_t>(bm, kWorkspaceBytes / row_bytes / bm * bm);
   chunk = std::min(chunk, (c.M + bm - 1) / bm * bm);
   float* ws = nullptr;
@@ -334,10 +338,10 @@ void in_workspace_chunks(const Core& c, int bm, int planes, cudaStream_t s, Fn&&
   LS_CHECK(f == cudaSuccess, kOp, "cudaFreeAsync of the workspace failed: ", cudaGetErrorString(f));
 }
 
-// The tree kernel over n planes of `rows` rows starting at ws (ld_ws apart) into y rows [m, m +
+// The tree kernel over n planes of `rows` rows starting at ws (ws_ld apart) into y rows [m, m +
 // rows): bias once, one rounding.
 detail::CombineParams combine_params(const Core& c, float* ws, int n, int64_t m, int64_t rows) {
-  const int64_t ld_ws = (c.N + 3) / 4 * 4;
+  const int64_t ld_ws = ws_ld(c);
   detail::CombineParams q{};
   q.n = n;
   for (int i = 0; i < n; ++i) {
@@ -369,13 +373,19 @@ void run_sm90_pairs(const Core& c, cudaStream_t s) {
   const int npairs = c.nseg / 2;
   LS_CHECK((c.nseg == 4 || c.nseg == 8) && c.seg_len % 16 == 0, kOp, "internal: ", c.nseg,
            " segments of ", c.seg_len, " for the segment-pair path");
-  const int64_t ld_ws = (c.N + 3) / 4 * 4;
+  const int64_t ld_ws = ws_ld(c);
+  // Each pair's w view and its tensor map (the same for every row chunk); kq <= 0: no real k.
+  int64_t kq[4];
+  CUtensorMap tw[4];
+  for (int i = 0; i < npairs; ++i) {
+    const int64_t k0 = 2 * int64_t(i) * c.seg_len;
+    kq[i] = std::min(c.K - k0, 2 * c.seg_len);
+    if (kq[i] > 0) tw[i] = make_tensor_map(c.w + k0, c.N, kq[i], c.ldw, t.bn);
+  }
   in_workspace_chunks(c, t.bm, npairs, s, [&](float* ws, int64_t m, int64_t rows) {
     for (int i = 0; i < npairs; ++i) {
       float* plane = ws + i * rows * ld_ws;
-      const int64_t k0 = 2 * int64_t(i) * c.seg_len;
-      const int64_t kq = std::min(c.K - k0, 2 * c.seg_len);
-      if (kq <= 0) {
+      if (kq[i] <= 0) {
         const cudaError_t z = cudaMemsetAsync(plane, 0, size_t(rows * ld_ws) * 4, s);
         LS_CHECK(z == cudaSuccess, kOp, "cudaMemsetAsync failed: ", cudaGetErrorString(z));
         continue;
@@ -391,9 +401,9 @@ void run_sm90_pairs(const Core& c, cudaStream_t s) {
       p.ldy = ld_ws;
       p.y_f32 = 1;
       p.y_pair = 1;  // planes are 16-byte aligned, ld_ws is even
-      const CUtensorMap tx = make_tensor_map(c.x + m * c.ldx + k0, rows, kq, c.ldx, t.bm);
-      const CUtensorMap tw = make_tensor_map(c.w + k0, c.N, kq, c.ldw, t.bn);
-      launch_sm90(GemmPath::kWgmma128x128Pairs, tx, tw, p, s);
+      const int64_t k0 = 2 * int64_t(i) * c.seg_len;
+      const CUtensorMap tx = make_tensor_map(c.x + m * c.ldx + k0, rows, kq[i], c.ldx, t.bm);
+      launch_sm90(GemmPath::kWgmma128x128Pairs, tx, tw[i], p, s);
     }
     launch_combine(combine_params(c, ws, npairs, m, rows), s);
   });
@@ -432,7 +442,7 @@ void run_sm90(const Core& c, GemmPath path, cudaStream_t s) {
     p.M = rows;
     p.ws_mode = 1;
     p.ws = ws;
-    p.ld_ws = (c.N + 3) / 4 * 4;
+    p.ld_ws = ws_ld(c);
     p.ws_plane = rows * p.ld_ws;
     const CUtensorMap tx = make_tensor_map(c.x + m * c.ldx, rows, c.K, c.ldx, t.bm);
     launch_sm90(path, tx, tw, p, s);

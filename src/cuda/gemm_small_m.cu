@@ -283,12 +283,12 @@ constexpr int64_t kSmallMCandidateUpToM = 64;
 // and 8 CTAs (tried the same day) ran ~2x slower: 32 clusters of 4 do not fit in one wave.
 constexpr bool kCandidateClusters = false;
 // Whether the M > 32 candidates with BN 32 / 48 / 64 are the wgmma tiles (kind 2: v78, v79, v80)
-// instead of kind 1's (v47, v48, v49), for S <= 8 (kind 2 folds at most 8 segments in registers).
-// NOTE: on since the sweep of 2026-11-30 01:49 UTC (H200, w from HBM, M = 64, 9f53156): v78 vs v47
-// 16.4 vs 17.2 us on o_proj (cuBLAS 14.0) and 34.9 vs 37.9 on down (31.9); v79 vs v48 20.3 vs 20.8
-// on qkv (17.8). At M = 32 kind 2 (always 64 rows of x) was slower than kind 1's M <= 32 tiles
-// (o_proj 19.0 vs 14.9 us), so it replaces the M <= 64 class only. Same bits (parity, every
-// variant, 26,024 checks in that run).
+// instead of kind 1's (v47, v48, v49), for every S the contract allows (1-8, like kind 1).
+// NOTE: on since the sweep of 2026-11-30 01:49 UTC (H200, w from HBM, M = 64, 9f53156,
+// bench_gemm_small_m --sweep): v78 vs v47 16.4 vs 16.5 us on o_proj (cuBLAS 14.0) and 34.9 vs 38.7
+// on down (31.9); v79 vs v48 20.3 vs 20.9 on qkv (17.8). At M = 32 kind 2 (always 64 rows of x) was
+// slower than kind 1's M <= 32 tiles (o_proj 19.0 vs 14.9 us), so it replaces the M <= 64 class
+// only. Same bits (parity, every variant, 26,024 checks in that run).
 constexpr bool kCandidateWgmma = true;
 
 constexpr int kNumVariants = int(sizeof(kVariants) / sizeof(kVariants[0]));
@@ -397,9 +397,10 @@ int small_m_default_variant(int64_t M, int64_t N, int64_t K, int segments, int s
 
 int small_m_candidate_variant(int64_t M, int64_t N, int64_t K, int segments, int sm_count) {
   (void)K;
+  (void)segments;
   // Kind 1 candidates of the M class, BN = 16, 32, 48, 64, 96, 192; for M > 16 the cluster
   // tiles (pairs of CTAs sharing x) when kCandidateClusters is on (off: measured slower); for
-  // M > 32 and S <= 8 the chosen BN's wgmma tile where there is one (kCandidateWgmma).
+  // M > 32 the chosen BN's wgmma tile where there is one (kCandidateWgmma).
   static const int kByClass[4][6] = {{28, 29, 30, 31, 32, 33},
                                      {34, 35, 36, 37, 38, 39},
                                      {40, 41, 42, 43, 44, 45},
@@ -414,7 +415,7 @@ int small_m_candidate_variant(int64_t M, int64_t N, int64_t K, int segments, int
   // count only; the bits depend on none of them.
   const int64_t sms = sm_count > 0 ? sm_count : 132;
   const int64_t mrows = M < 1 ? 1 : M;
-  int best = row[0], best_c = 0;
+  int best = 0;  // column of row
   int64_t best_cost = -1;
   for (int c = 0; c < 6; ++c) {
     const int v = row[c];
@@ -424,15 +425,13 @@ int small_m_candidate_variant(int64_t M, int64_t N, int64_t K, int segments, int
     const int64_t cost = waves * (2 * bn + mrows);
     if (best_cost < 0 || cost <= best_cost) {
       best_cost = cost;
-      best = v;
-      best_c = c;
+      best = c;
     }
   }
-  // The wgmma tile of the same BN (kind 2: 64 rows of x, S <= 8), where there is one.
+  // The wgmma tile of the same BN (kind 2: 64 rows of x), where there is one.
   static const int kWgmmaByColumn[6] = {-1, 78, 79, 80, -1, -1};
-  if (kCandidateWgmma && cls == 3 && segments <= 8 && kWgmmaByColumn[best_c] >= 0)
-    return kWgmmaByColumn[best_c];
-  return best;
+  if (kCandidateWgmma && cls == 3 && kWgmmaByColumn[best] >= 0) return kWgmmaByColumn[best];
+  return row[best];
 }
 
 int small_m_dispatch_variant(int64_t M, int64_t N, int64_t K, int segments, int sm_count) {

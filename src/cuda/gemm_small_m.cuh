@@ -12,7 +12,7 @@
 //     into a deep mbarrier ring, consumer warps run the chains with the operand roles swapped
 //     (A = w, B = x: the MMA model is symmetric); TMA-compatible operands only.
 //   - kind 2 (gemm_small_m_wg.cuh): the same ring feeding one consumer warpgroup's wgmma chains
-//     (x = the 64-row A operand, w = B); the M > 32 candidates for BN 32/48/64 and S <= 8.
+//     (x = the 64-row A operand, w = B); the M > 32 candidates for BN 32/48/64.
 // The tile choice depends on (M, N) and the SM count only and never changes bits.
 #pragma once
 
@@ -60,7 +60,7 @@ bool gemm_bf16_nt_small_m(const TensorView& x, const TensorView& w, const Tensor
 // (index into the variant table; sm_count <= 0 means 132).
 int small_m_default_variant(int64_t M, int64_t N, int64_t K, int segments, int sm_count);
 
-// The TMA tile (kind 1; kind 2 for M > 32, S <= 8 and BN 32/48/64) proposed for these sizes (index
+// The TMA tile (kind 1; kind 2 for M > 32 and BN 32/48/64) proposed for these sizes (index
 // into the variant table; sm_count <= 0 means 132). gemm_bf16_nt_small_m uses it only for
 // M <= kSmallMCandidateUpToM (a constant in gemm_small_m.cu, 64 since 2026-11-29), and then falls
 // back to the default tile for operands TMA cannot read.

@@ -11,7 +11,7 @@
 // one rounding, canonical NaN — the same bits as every other small-M tile.
 // NOTE: on the H200 (2026-11-30) these tiles pass test_gemm_small_m's every-variant parity sweep;
 // at M = 64 (w from HBM) BN = 32 with 256-k stages (v78) ran 5-8% faster than the kind 1 tile
-// v47, so small_m_candidate_variant picks v78/v79/v80 for M > 32, S <= 8 (kCandidateWgmma).
+// v47, so small_m_candidate_variant picks v78/v79/v80 for M > 32 (kCandidateWgmma).
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only)
