@@ -1,26 +1,13 @@
-// The contract's version and its model-level settings. Every setting that can change bits lives
-// here, is chosen by the deployment (never by batch size, thread count or SM count), and prints.
-// The normative text is docs/contract.md.
+// The whole contract (docs/contract.md): the model-level settings and every op's types, layouts
+// and canonical formulas. The CPU reference ops are in lockstep/ops/*.h, the CUDA ones in
+// lockstep/cuda/*.h; both implement exactly what these headers define.
 #pragma once
 
-#include <string>
-
-namespace lockstep {
-
-constexpr const char* kContractVersion = "0.1";
-
-struct ContractConfig {
-  // GEMM: K is cut into `gemm_segments` equal segments (1, 2, 4 or 8: the deployment's maximum
-  // tensor-parallel degree); segment partials combine in a balanced binary tree.
-  int gemm_segments = 1;
-  // Attention: keys per canonical KV chunk (a multiple of the 64-key block).
-  int kv_chunk = 1024;
-  // Linear log-prob: vocab entries per tile, and the number of vocab segments (tree-combined).
-  int vocab_tile = 256;
-  int vocab_segments = 1;
-
-  void validate() const;          // throws lockstep::Error on a bad setting
-  std::string to_string() const;  // one line, e.g. "contract 0.1: gemm_segments=1 ..."
-};
-
-}  // namespace lockstep
+#include "lockstep/contract/attention.h"
+#include "lockstep/contract/config.h"
+#include "lockstep/contract/embedding.h"
+#include "lockstep/contract/gemm.h"
+#include "lockstep/contract/logprob.h"
+#include "lockstep/contract/norm.h"
+#include "lockstep/contract/rope.h"
+#include "lockstep/contract/sampling.h"

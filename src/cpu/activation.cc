@@ -5,9 +5,9 @@
 
 #include <algorithm>
 
+#include "contract/checks.h"
 #include "core/math.h"
 #include "core/thread_pool.h"
-#include "cpu/checks.h"
 #include "cpu/elementwise_common.h"
 
 namespace lockstep::cpu {
@@ -25,24 +25,8 @@ LS_HD float silu_mul_f32(float g, float u) {
 
 }  // namespace
 
-namespace check_detail {
-
-void check_silu_mul(const char* op, const TensorView& gate, const TensorView& up,
-                    const TensorView& out) {
-  check_tensor(op, "gate", gate, DType::kBF16, {-1, -1});
-  check_inner_contiguous(op, "gate", gate);
-  const int64_t T = gate.shape[0], I = gate.shape[1];
-  LS_CHECK(I >= 1, op, "argument 'gate' expected a last dimension >= 1, got ", gate.shape_string());
-  check_tensor(op, "up", up, DType::kBF16, {T, I});
-  check_inner_contiguous(op, "up", up);
-  check_tensor(op, "out", out, DType::kBF16, {T, I});
-  check_inner_contiguous(op, "out", out);
-}
-
-}  // namespace check_detail
-
 void silu_mul(const TensorView& gate, const TensorView& up, const TensorView& out) {
-  check_detail::check_silu_mul("silu_mul", gate, up, out);
+  contract::check_silu_mul("silu_mul", Device::kCPU, gate, up, out);
   const int64_t T = gate.shape[0], I = gate.shape[1];
   if (T == 0) return;
 

@@ -6,26 +6,11 @@
 
 #include <algorithm>
 
+#include "contract/checks.h"
 #include "core/thread_pool.h"
-#include "cpu/checks.h"
 #include "cpu/elementwise_common.h"
 
 namespace lockstep {
-
-std::string VocabShard::to_string() const {
-  return detail::concat("vocab rows [", begin, ", ", end, ")");
-}
-
-VocabShard vocab_shard(int64_t vocab, int rank, int world) {
-  LS_CHECK(vocab >= 1, "vocab_shard", "vocab must be >= 1, got ", vocab);
-  LS_CHECK(world >= 1 && rank >= 0 && rank < world, "vocab_shard",
-           "expected 0 <= rank < world, got rank ", rank, " of world ", world);
-  const int64_t block = (vocab + world - 1) / world;
-  VocabShard s;
-  s.begin = std::min<int64_t>(vocab, rank * block);
-  s.end = std::min<int64_t>(vocab, (rank + 1) * block);
-  return s;
-}
 
 namespace cpu {
 namespace {
@@ -40,45 +25,9 @@ int64_t id_at(const TensorView& ids, int64_t t) {
 
 }  // namespace
 
-namespace check_detail {
-
-int64_t check_gather(const char* op, const TensorView& ids, const TensorView& table,
-                     int64_t table_rows, int64_t vocab, const TensorView& out) {
-  check_tensor_dtypes(op, "ids", ids, {DType::kI32, DType::kI64}, {-1});
-  const int64_t T = ids.shape[0];
-  check_tensor(op, "table", table, DType::kBF16, {table_rows, -1});
-  check_inner_contiguous(op, "table", table);
-  const int64_t H = table.shape[1];
-  LS_CHECK(H >= 1, op, "argument 'table' expected a hidden size >= 1, got ", table.shape_string());
-  check_tensor(op, "out", out, DType::kBF16, {T, H});
-  check_inner_contiguous(op, "out", out);
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t id = id_at(ids, t);
-    LS_CHECK(id >= 0 && id < vocab, op, "argument 'ids' element ", t, " = ", id,
-             " is outside the vocabulary [0, ", vocab, ")");
-  }
-  return T;
-}
-
-void check_embedding_combine(const char* op, const std::vector<TensorView>& partials,
-                             const TensorView& out) {
-  LS_CHECK(!partials.empty(), op, "argument 'partials' must hold at least one view");
-  check_tensor(op, "out", out, DType::kBF16, {-1, -1});
-  check_inner_contiguous(op, "out", out);
-  const int64_t T = out.shape[0], H = out.shape[1];
-  LS_CHECK(H >= 1, op, "argument 'out' expected a hidden size >= 1, got ", out.shape_string());
-  for (size_t r = 0; r < partials.size(); ++r) {
-    const std::string name = detail::concat("partials[", r, "]");
-    check_tensor(op, name.c_str(), partials[r], DType::kBF16, {T, H});
-    check_inner_contiguous(op, name.c_str(), partials[r]);
-  }
-}
-
-}  // namespace check_detail
-
 namespace {
 
-using check_detail::check_gather;
+using contract::check_gather;
 
 void copy_row(const bf16* src, int64_t H, bf16* dst) {
   for (int64_t k = 0; k < H; ++k) {
@@ -93,7 +42,7 @@ void embedding(const TensorView& ids, const TensorView& table, const TensorView&
   const char* op = "embedding";
   check_tensor(op, "table", table, DType::kBF16, {-1, -1});
   const int64_t V = table.shape[0];
-  const int64_t T = check_gather(op, ids, table, V, V, out);
+  const int64_t T = check_gather(op, Device::kCPU, ids, table, V, V, out);
   if (T == 0) return;
   const int64_t H = table.shape[1];
   const detail::RowAddr ta(table), oa(out);
@@ -110,7 +59,7 @@ void embedding_vocab_parallel(const TensorView& ids, const TensorView& table,
   LS_CHECK(vocab >= 1 && shard.begin >= 0 && shard.begin <= shard.end && shard.end <= vocab, op,
            "argument 'shard' ", shard.to_string(), " is not inside the vocabulary [0, ", vocab,
            ")");
-  const int64_t T = check_gather(op, ids, table, shard.size(), vocab, out);
+  const int64_t T = check_gather(op, Device::kCPU, ids, table, shard.size(), vocab, out);
   if (T == 0) return;
   const int64_t H = table.shape[1];
   const detail::RowAddr ta(table), oa(out);
@@ -128,7 +77,7 @@ void embedding_vocab_parallel(const TensorView& ids, const TensorView& table,
 }
 
 void embedding_combine(const std::vector<TensorView>& partials, const TensorView& out) {
-  check_detail::check_embedding_combine("embedding_combine", partials, out);
+  contract::check_embedding_combine("embedding_combine", Device::kCPU, partials, out);
   const int64_t T = out.shape[0], H = out.shape[1];
   if (T == 0) return;
   std::vector<detail::RowAddr> pa;

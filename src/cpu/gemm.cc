@@ -8,49 +8,12 @@
 #include <sstream>
 #include <vector>
 
+#include "contract/checks.h"
 #include "core/mma_model.h"
 #include "core/thread_pool.h"
-#include "cpu/checks.h"
 #include "cpu/gemm_kernel.h"
 
 namespace lockstep {
-
-void GemmConfig::validate() const {
-  LS_CHECK(segments == 1 || segments == 2 || segments == 4 || segments == 8, "GemmConfig",
-           "segments must be 1, 2, 4 or 8, got ", segments);
-}
-
-std::string GemmConfig::to_string() const {
-  std::ostringstream os;
-  os << "gemm: segments=" << segments;
-  return os.str();
-}
-
-GemmKLayout gemm_k_layout(const GemmConfig& cfg, int64_t k) {
-  cfg.validate();
-  LS_CHECK(k >= 0, "gemm_k_layout", "k must be >= 0, got ", k);
-  GemmKLayout l;
-  l.k = k;
-  l.segments = cfg.segments;
-  int64_t unit = int64_t(kMmaK) * cfg.segments;
-  l.padded = (k + unit - 1) / unit * unit;
-  l.segment_len = l.padded / cfg.segments;
-  return l;
-}
-
-GemmKRange gemm_tp_k_range(const GemmConfig& cfg, int64_t k, int tp_size, int tp_rank) {
-  GemmKLayout l = gemm_k_layout(cfg, k);
-  LS_CHECK(tp_size >= 1 && (tp_size & (tp_size - 1)) == 0 && tp_size <= cfg.segments,
-           "gemm_tp_k_range", "tp_size must be a power of two <= segments (", cfg.segments,
-           "), got ", tp_size);
-  LS_CHECK(tp_rank >= 0 && tp_rank < tp_size, "gemm_tp_k_range", "tp_rank must be in [0, ", tp_size,
-           "), got ", tp_rank);
-  int64_t per_rank = l.padded / tp_size;
-  GemmKRange r;
-  r.begin = std::min<int64_t>(k, tp_rank * per_rank);
-  r.end = std::min<int64_t>(k, (tp_rank + 1) * per_rank);
-  return r;
-}
 
 namespace cpu {
 
@@ -71,89 +34,6 @@ float gemm_detail::tree_value_scalar(const bf16* xr, const bf16* wr, int64_t kw,
 
 namespace {
 
-void check_bias(const char* op, const TensorView* bias, int64_t n) {
-  if (bias == nullptr) return;
-  check_tensor_dtypes(op, "bias", *bias, {DType::kBF16, DType::kF32}, {n});
-}
-
-}  // namespace
-
-namespace check_detail {
-
-bool overlaps(const TensorView& a, const TensorView& b) {
-  if (a.numel() == 0 || b.numel() == 0) return false;
-  auto span = [](const TensorView& t, const char*& lo, const char*& hi) {
-    int64_t last = 0;
-    for (int i = 0; i < t.ndim; ++i) last += (t.shape[i] - 1) * t.stride[i];
-    lo = static_cast<const char*>(t.data);
-    hi = lo + (last + 1) * dtype_size(t.dtype);
-  };
-  const char *alo, *ahi, *blo, *bhi;
-  span(a, alo, ahi);
-  span(b, blo, bhi);
-  return alo < bhi && blo < ahi;
-}
-
-void check_segments(const char* op, const GemmConfig& cfg) {
-  LS_CHECK(cfg.segments == 1 || cfg.segments == 2 || cfg.segments == 4 || cfg.segments == 8, op,
-           "cfg.segments must be 1, 2, 4 or 8, got ", cfg.segments);
-}
-
-void check_xw(const char* op, const TensorView& x, const TensorView& w) {
-  check_tensor(op, "x", x, DType::kBF16, {-1, -1});
-  check_tensor(op, "w", w, DType::kBF16, {-1, -1});
-  check_inner_contiguous(op, "x", x);
-  check_inner_contiguous(op, "w", w);
-  LS_CHECK(x.size(1) == w.size(1), op, "x and w must have the same K: x is ", x.shape_string(),
-           ", w is ", w.shape_string());
-}
-
-void check_gemm_partial(const char* op, const TensorView& x_shard, const TensorView& w_shard,
-                        int64_t k_total, int tp_size, int tp_rank, const GemmConfig& cfg,
-                        const TensorView& y_partial) {
-  check_segments(op, cfg);
-  LS_CHECK(k_total >= 0, op, "k_total must be >= 0, got ", k_total);
-  LS_CHECK(tp_size >= 1 && (tp_size & (tp_size - 1)) == 0 && tp_size <= cfg.segments, op,
-           "tp_size must be a power of two <= segments (", cfg.segments, "), got ", tp_size);
-  LS_CHECK(tp_rank >= 0 && tp_rank < tp_size, op, "tp_rank must be in [0, ", tp_size, "), got ",
-           tp_rank);
-  check_xw(op, x_shard, w_shard);
-  const GemmKRange r = gemm_tp_k_range(cfg, k_total, tp_size, tp_rank);
-  LS_CHECK(x_shard.size(1) == r.end - r.begin, op, "rank ", tp_rank, " of ", tp_size,
-           " owns K columns [", r.begin, ", ", r.end, ") of ", k_total, " (", r.end - r.begin,
-           " columns), but x_shard is ", x_shard.shape_string());
-  const int64_t M = x_shard.size(0), N = w_shard.size(0);
-  check_tensor(op, "y_partial", y_partial, DType::kF32, {M, N});
-  check_inner_contiguous(op, "y_partial", y_partial);
-  LS_CHECK(!overlaps(y_partial, x_shard) && !overlaps(y_partial, w_shard), op,
-           "argument 'y_partial' must not overlap x_shard or w_shard");
-}
-
-void check_gemm_combine(const char* op, const std::vector<TensorView>& partials,
-                        const TensorView* bias, const TensorView& y) {
-  check_tensor(op, "partials[0]", partials[0], DType::kF32, {-1, -1});
-  const int64_t M = partials[0].size(0), N = partials[0].size(1);
-  for (size_t i = 0; i < partials.size(); ++i) {
-    const std::string name = "partials[" + std::to_string(i) + "]";
-    check_tensor(op, name.c_str(), partials[i], DType::kF32, {M, N});
-    check_inner_contiguous(op, name.c_str(), partials[i]);
-  }
-  check_bias(op, bias, N);
-  check_tensor_dtypes(op, "y", y, {DType::kBF16, DType::kF32}, {M, N});
-  check_inner_contiguous(op, "y", y);
-  for (size_t i = 0; i < partials.size(); ++i) {
-    const bool same = partials[i].data == y.data && y.dtype == DType::kF32 &&
-                      (M <= 1 || partials[i].stride[0] == y.stride[0]);
-    LS_CHECK(same || !overlaps(y, partials[i]), op, "argument 'y' overlaps partials[", i,
-             "] (only an exact alias of an f32 partial is allowed)");
-  }
-  LS_CHECK(!(bias && overlaps(y, *bias)), op, "argument 'y' must not overlap bias");
-}
-
-}  // namespace check_detail
-
-namespace {
-
 constexpr const char* kOp = "gemm_bf16_nt";
 
 float load_f32(const TensorView& t, int64_t i) {
@@ -166,7 +46,7 @@ const bf16* row_ptr(const TensorView& t, int64_t r) {
   return static_cast<const bf16*>(t.data) + r * t.stride[0];
 }
 
-using namespace check_detail;
+using namespace contract;
 using gemm_detail::Problem;
 using gemm_detail::tree_sum;
 
@@ -233,10 +113,10 @@ std::vector<float> bias_f32(const TensorView* bias) {
 
 void gemm_impl(const TensorView& x, const TensorView& w, const TensorView* bias,
                const GemmConfig& cfg, const TensorView& y, bool scalar) {
-  check_segments(kOp, cfg);
-  check_xw(kOp, x, w);
+  check_segments(kOp, Device::kCPU, cfg);
+  check_xw(kOp, Device::kCPU, x, w);
   int64_t M = x.size(0), N = w.size(0), K = x.size(1);
-  check_bias(kOp, bias, N);
+  check_bias(kOp, Device::kCPU, bias, N);
   check_tensor_dtypes(kOp, "y", y, {DType::kBF16, DType::kF32}, {M, N});
   check_inner_contiguous(kOp, "y", y);
   LS_CHECK(!overlaps(y, x) && !overlaps(y, w) && !(bias && overlaps(y, *bias)), kOp,
@@ -263,8 +143,8 @@ void gemm_bf16_nt_scalar(const TensorView& x, const TensorView& w, const TensorV
 void gemm_bf16_nt_partial(const TensorView& x_shard, const TensorView& w_shard, int64_t k_total,
                           int tp_size, int tp_rank, const GemmConfig& cfg,
                           const TensorView& y_partial) {
-  check_gemm_partial("gemm_bf16_nt_partial", x_shard, w_shard, k_total, tp_size, tp_rank, cfg,
-                     y_partial);
+  check_gemm_partial("gemm_bf16_nt_partial", Device::kCPU, x_shard, w_shard, k_total, tp_size,
+                     tp_rank, cfg, y_partial);
   int64_t M = x_shard.size(0), N = w_shard.size(0);
   GemmKLayout l = gemm_k_layout(cfg, k_total);
   Problem p{x_shard, w_shard, M, N, x_shard.size(1), cfg.segments / tp_size, l.segment_len};
@@ -278,7 +158,7 @@ void gemm_tree_combine(const std::vector<TensorView>& partials, const TensorView
   int t = int(partials.size());
   LS_CHECK(t >= 1 && t <= 8 && (t & (t - 1)) == 0, op,
            "the number of partials must be 1, 2, 4 or 8, got ", t);
-  check_gemm_combine(op, partials, bias, y);
+  check_gemm_combine(op, Device::kCPU, partials, bias, y);
   const int64_t M = partials[0].size(0), N = partials[0].size(1);
   std::vector<float> b = bias_f32(bias);
   const RowWriter out{y, bias ? b.data() : nullptr};

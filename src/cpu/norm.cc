@@ -9,83 +9,13 @@
 #include <cstdio>
 #include <vector>
 
+#include "contract/checks.h"
 #include "core/thread_pool.h"
-#include "cpu/checks.h"
 #include "cpu/elementwise_common.h"
 
 namespace lockstep {
 
-void RmsNormConfig::validate() const {
-  LS_CHECK(std::isfinite(eps) && eps >= 0.0f, "RmsNormConfig", "eps must be finite and >= 0, got ",
-           eps);
-}
-
-std::string RmsNormConfig::to_string() const {
-  char buf[128];
-  std::snprintf(buf, sizeof buf, "rmsnorm: eps=%a (%.9g) lanes=%d group=%d", double(eps),
-                double(eps), kRmsNormLanes, kRmsNormGroup);
-  return buf;
-}
-
 namespace cpu {
-namespace check_detail {
-namespace {
-
-// x is [T, H] or [T, heads, D]; every other row tensor must have exactly x's shape.
-void check_rows_like(const char* op, const char* arg, const TensorView& t, const TensorView& x) {
-  if (x.ndim == 2) {
-    check_tensor(op, arg, t, DType::kBF16, {x.shape[0], x.shape[1]});
-  } else {
-    check_tensor(op, arg, t, DType::kBF16, {x.shape[0], x.shape[1], x.shape[2]});
-  }
-  check_inner_contiguous(op, arg, t);
-}
-
-void check_x(const char* op, const TensorView& x) {
-  LS_CHECK(x.ndim == 2 || x.ndim == 3, op,
-           "argument 'x' expected shape [T, H] or [T, heads, D], got ", x.shape_string());
-  LS_CHECK(x.dtype == DType::kBF16, op, "argument 'x' expected dtype bf16, got ",
-           dtype_name(x.dtype));
-  LS_CHECK(x.device == Device::kCPU, op, "argument 'x' expected device cpu, got ",
-           device_name(x.device));
-  LS_CHECK(x.shape[x.ndim - 1] >= 1, op, "argument 'x' expected a last dimension >= 1, got ",
-           x.shape_string());
-  check_rows_like(op, "x", x, x);
-}
-
-void check_weight(const char* op, const TensorView& w, int64_t H) {
-  check_tensor(op, "weight", w, DType::kBF16, {H});
-  check_inner_contiguous(op, "weight", w);
-}
-
-}  // namespace
-
-int64_t check_rmsnorm(const char* op, const TensorView& x, const TensorView& weight,
-                      const RmsNormConfig& cfg, const TensorView& y) {
-  cfg.validate();
-  check_x(op, x);
-  const int64_t H = x.shape[x.ndim - 1];  // hidden (or head_dim for q/k norm)
-  check_weight(op, weight, H);
-  check_rows_like(op, "y", y, x);
-  return H;
-}
-
-int64_t check_rmsnorm_residual(const char* op, const TensorView& x, const TensorView& residual,
-                               const TensorView& weight, const RmsNormConfig& cfg,
-                               const TensorView& residual_out, const TensorView& y) {
-  cfg.validate();
-  check_x(op, x);
-  const int64_t H = x.shape[x.ndim - 1];
-  check_rows_like(op, "residual", residual, x);
-  check_weight(op, weight, H);
-  check_rows_like(op, "residual_out", residual_out, x);
-  check_rows_like(op, "y", y, x);
-  LS_CHECK(residual_out.data != y.data || x.numel() == 0, op,
-           "outputs 'residual_out' and 'y' must not be the same memory");
-  return H;
-}
-
-}  // namespace check_detail
 
 namespace {
 
@@ -132,7 +62,7 @@ int64_t row_grain(int64_t H) { return std::max<int64_t>(1, 16384 / H); }
 
 void rmsnorm(const TensorView& x, const TensorView& weight, const RmsNormConfig& cfg,
              const TensorView& y) {
-  const int64_t H = check_detail::check_rmsnorm("rmsnorm", x, weight, cfg, y);
+  const int64_t H = contract::check_rmsnorm("rmsnorm", Device::kCPU, x, weight, cfg, y);
   const int64_t rows = x.numel() / H;
   if (rows == 0) return;
 
@@ -154,8 +84,8 @@ void rmsnorm(const TensorView& x, const TensorView& weight, const RmsNormConfig&
 void rmsnorm_residual(const TensorView& x, const TensorView& residual, const TensorView& weight,
                       const RmsNormConfig& cfg, const TensorView& residual_out,
                       const TensorView& y) {
-  const int64_t H = check_detail::check_rmsnorm_residual("rmsnorm_residual", x, residual, weight,
-                                                         cfg, residual_out, y);
+  const int64_t H = contract::check_rmsnorm_residual("rmsnorm_residual", Device::kCPU, x, residual,
+                                                     weight, cfg, residual_out, y);
   const int64_t rows = x.numel() / H;
   if (rows == 0) return;
 

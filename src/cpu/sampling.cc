@@ -9,10 +9,10 @@
 #include <cstdio>
 #include <limits>
 
+#include "contract/checks.h"
 #include "core/math.h"
 #include "core/philox.h"
 #include "core/thread_pool.h"
-#include "cpu/checks.h"
 #include "cpu/logprob_internal.h"
 #include "lockstep/ops/logprob.h"
 
@@ -20,9 +20,8 @@ namespace lockstep {
 
 namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-constexpr int64_t kMaxVocab = int64_t(1) << 21;  // keeps Σ q (q <= 2^32) exact in a double
-constexpr int64_t kRowBlock = 8;                 // rows per GEMM call (any value: same bits)
-constexpr int64_t kFirstSort = 1024;             // top-p: sorted prefix tried before sorting more
+constexpr int64_t kRowBlock = 8;      // rows per GEMM call (any value: same bits)
+constexpr int64_t kFirstSort = 1024;  // top-p: sorted prefix tried before sorting more
 
 // Canonical order of a row: larger y first, then lower index. A strict total order on ids whose
 // y is not NaN (a row with NaN never gets here: its lse is NaN).
@@ -128,42 +127,12 @@ int64_t gumbel_argmax(const float* y, int64_t V, bool all, const std::vector<int
 
 }  // namespace
 
-void SamplingParams::validate() const {
-  LS_CHECK(std::isfinite(temperature) && temperature >= 0.0f, "SamplingParams",
-           "temperature must be finite and >= 0 (0: greedy), got ", temperature);
-  LS_CHECK(top_k >= 0, "SamplingParams", "top_k must be >= 0 (0: off), got ", top_k);
-  LS_CHECK(top_p > 0.0f && top_p <= 1.0f, "SamplingParams",
-           "top_p must be in (0, 1] (1: off), got ", top_p);
-  LS_CHECK(min_p >= 0.0f && min_p <= 1.0f, "SamplingParams",
-           "min_p must be in [0, 1] (0: off), got ", min_p);
-}
-
-std::string SamplingParams::to_string() const {
-  char buf[256];
-  std::snprintf(buf, sizeof buf,
-                "sampling: seed=%llu temperature=%a (%.9g) top_k=%lld top_p=%a (%.9g) min_p=%a "
-                "(%.9g)",
-                (unsigned long long)seed, double(temperature), double(temperature),
-                (long long)top_k, double(top_p), double(top_p), double(min_p), double(min_p));
-  return buf;
-}
-
-uint32_t sampling_noise_word(uint64_t seed, uint64_t request_id, uint32_t position, int64_t v) {
-  Philox4 ctr{{uint32_t(v >> 2), position, uint32_t(request_id), uint32_t(request_id >> 32)}};
-  return philox4x32_10(ctr, uint32_t(seed), uint32_t(seed >> 32)).v[v & 3];
-}
-
-float sampling_gumbel(uint64_t seed, uint64_t request_id, uint32_t position, int64_t v) {
-  float u = philox_uniform(sampling_noise_word(seed, request_id, position, v));
-  return -ls_logf(-ls_logf(u));
-}
-
 std::vector<int64_t> sampling_candidates(const float* y, int64_t V, float lse,
                                          const SamplingParams& params) {
   params.validate();
   LS_CHECK(params.temperature > 0.0f, "sampling_candidates",
            "filters apply to temperature > 0 rows, got temperature 0 (greedy)");
-  LS_CHECK(V >= 1 && V < kMaxVocab, "sampling_candidates", "V must be in [1, 2^21), got ", V);
+  LS_CHECK(V >= 1 && V < kSampleMaxVocab, "sampling_candidates", "V must be in [1, 2^21), got ", V);
   LS_CHECK(std::isfinite(lse), "sampling_candidates", "lse must be finite, got ", lse);
   std::vector<int64_t> order, kept;
   if (!filter_row(y, V, lse, params, &order, &kept)) {
@@ -178,49 +147,13 @@ namespace cpu {
 using logprob_detail::f32_at;
 using logprob_detail::read_index;
 
-namespace check_detail {
-
-void check_sample(const char* op, const TensorView& h, const TensorView& w,
-                  std::span<const SamplingParams> params, const TensorView& request_ids,
-                  const TensorView& positions, const ContractConfig& cfg,
-                  const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
-                  const TensorView& entropy) {
-  cfg.validate();
-  check_h_w(op, h, w, cfg);
-  const int64_t T = h.size(0), V = w.size(0);
-  LS_CHECK(V >= 1 && V < kMaxVocab, op,
-           "argument 'w': vocab size (dim 0) must be in [1, 2^21), got ", V);
-  LS_CHECK(int64_t(params.size()) == T, op, "argument 'params': expected ", T,
-           " entries (one per row of h), got ", params.size());
-  for (int64_t t = 0; t < T; ++t) {
-    try {
-      params[size_t(t)].validate();
-    } catch (const Error& e) {
-      throw Error(detail::concat(op, ": argument 'params[", t, "]': ", e.what()));
-    }
-  }
-  check_tensor(op, "request_ids", request_ids, DType::kI64, {T});
-  check_tensor_dtypes(op, "positions", positions, {DType::kI32, DType::kI64}, {T});
-  for (int64_t t = 0; t < T; ++t) {
-    int64_t pos = read_index(positions, t);
-    LS_CHECK(pos >= 0 && pos <= int64_t(UINT32_MAX), op, "argument 'positions': positions[", t,
-             "] = ", pos, " is outside [0, 2^32)");
-  }
-  check_tensor_dtypes(op, "token_ids", token_ids, {DType::kI32, DType::kI64}, {T});
-  check_tensor(op, "logp", logp, DType::kF32, {T});
-  check_tensor(op, "lse", lse, DType::kF32, {T});
-  check_tensor(op, "entropy", entropy, DType::kF32, {T});
-}
-
-}  // namespace check_detail
-
 void sample(const TensorView& h, const TensorView& w, std::span<const SamplingParams> params,
             const TensorView& request_ids, const TensorView& positions, const ContractConfig& cfg,
             const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
             const TensorView& entropy) {
   const char* op = "sample";
-  check_detail::check_sample(op, h, w, params, request_ids, positions, cfg, token_ids, logp, lse,
-                             entropy);
+  contract::check_sample(op, Device::kCPU, h, w, params, request_ids, positions, cfg, token_ids,
+                         logp, lse, entropy);
   const int64_t T = h.size(0), V = w.size(0);
   if (T == 0) return;
   const LogprobVocabLayout lay = logprob_vocab_layout(cfg, V);

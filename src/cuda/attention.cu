@@ -1,8 +1,8 @@
 // Launchers of the CUDA attention kernels (attention.cuh): the same argument checks as the CPU ops
-// (reused from cpu/checks.h on host copies of the metadata), the work items of each mode (row tiles
-// of one KV source x chunk ranges), the launch, and the split-KV / cascade / chunk-state plumbing.
-// Every mode computes each (row, head) in the canonical order, so no choice made here (kernel,
-// rows per CTA, splits, item order) can change bits.
+// (the contract's, src/contract/checks.h, with host copies of the metadata), the work items of each
+// mode (row tiles of one KV source x chunk ranges), the launch, and the split-KV / cascade /
+// chunk-state plumbing. Every mode computes each (row, head) in the canonical order, so no choice
+// made here (kernel, rows per CTA, splits, item order) can change bits.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/checks.h"
+#include "contract/checks.h"
 #include "cuda/attention.cuh"
 #include "lockstep/cuda/attention.h"
 #include "lockstep/error.h"
@@ -21,7 +21,7 @@ namespace lockstep::cuda {
 namespace {
 
 using namespace attn_detail;
-namespace ck = ::lockstep::cpu::check_detail;
+namespace ck = ::lockstep::contract;
 
 void cuda_check(const char* op, cudaError_t e, const char* what) {
   LS_CHECK(e == cudaSuccess, op, what, " failed: ", cudaGetErrorString(e));
@@ -32,11 +32,6 @@ void check_on_device(const char* op, const char* arg, const TensorView& t) {
            t.describe());
 }
 bool given(const TensorView& t) { return t.ndim != 0 || t.data != nullptr; }
-
-TensorView as_cpu(TensorView t) {
-  t.device = Device::kCPU;
-  return t;
-}
 
 // Number of elements spanned by a view with non-negative strides (0 when empty).
 int64_t span_elems(const TensorView& t) {
@@ -405,34 +400,25 @@ struct PagedArgs {
   ck::Paged p;
 };
 
-void check_paged_devices(const char* op, const TensorView& q, const PagedKv& kv) {
-  check_on_device(op, "q", q);
-  check_on_device(op, "kv.k_cache", kv.k_cache);
-  check_on_device(op, "kv.v_cache", kv.v_cache);
-}
-
 PagedArgs paged_args(const char* op, const TensorView& q, const TensorView& q_seq,
                      const TensorView& q_pos, const PagedKv& kv, const SharedPrefix* prefix,
                      const AttentionConfig& cfg, int64_t c_lo, int64_t c_hi, cudaStream_t s) {
-  check_paged_devices(op, q, kv);
   PagedArgs a;
   a.q_seq = host_meta(op, "q_seq", q_seq, s);
   a.q_pos = host_meta(op, "q_pos", q_pos, s);
   a.seq_lens = host_meta(op, "kv.seq_lens", kv.seq_lens, s);
   // Block tables on the device are neither copied back nor checked (their contents are trusted;
-  // the kernels treat an entry outside the table or the cache as a zero key). Host tables are
-  // checked exactly like the CPU op does.
-  const bool dev_tables = kv.block_table.device == Device::kCUDA ||
-                          (prefix != nullptr && prefix->block_table.device == Device::kCUDA);
-  PagedKv hkv{as_cpu(kv.k_cache), as_cpu(kv.v_cache), as_cpu(kv.block_table), a.seq_lens.host};
+  // the kernels treat an entry outside the table or the cache as a zero key): the contract check
+  // says so. Host tables are checked exactly like the CPU op does.
+  PagedKv hkv{kv.k_cache, kv.v_cache, kv.block_table, a.seq_lens.host};
   SharedPrefix hpx;
   if (prefix != nullptr) {
     a.px_len = host_meta(op, "prefix.shared_len", prefix->shared_len, s);
     a.px_group = host_meta(op, "prefix.seq_group", prefix->seq_group, s);
-    hpx = SharedPrefix{as_cpu(prefix->block_table), a.px_len.host, a.px_group.host};
+    hpx = SharedPrefix{prefix->block_table, a.px_len.host, a.px_group.host};
   }
-  a.p = ck::check_paged(op, as_cpu(q), a.q_seq.host, a.q_pos.host, hkv, prefix ? &hpx : nullptr,
-                        cfg, dev_tables ? 0 : c_lo, dev_tables ? 0 : c_hi);
+  a.p = ck::check_paged(op, Device::kCUDA, q, a.q_seq.host, a.q_pos.host, hkv,
+                        prefix ? &hpx : nullptr, cfg, c_lo, c_hi);
   return a;
 }
 
@@ -484,7 +470,7 @@ void paged_run(const char* op, const TensorView& q, const TensorView& q_seq,
   PagedArgs a = paged_args(op, q, q_seq, q_pos, kv, nullptr, cfg, 0, ck::kAllChunks, s);
   check_on_device(op, "out", out);
   if (given(lse)) check_on_device(op, "lse", lse);
-  ck::check_attn_outputs(op, a.p.qs, as_cpu(out), as_cpu(lse));
+  ck::check_attn_outputs(op, Device::kCUDA, a.p.qs, out, lse);
   const ck::Paged& p = a.p;
   const int64_t N = p.qs.N, Hq = p.qs.Hq, D = p.qs.D, G = Hq / p.Hkv, K = cfg.kv_chunk;
   if (N == 0) return;
@@ -574,8 +560,8 @@ void attention_prefill_varlen(const TensorView& q, const TensorView& k, const Te
   check_on_device(op, "out", out);
   if (given(lse)) check_on_device(op, "lse", lse);
   const Meta cu = host_meta(op, "cu_seqlens", cu_seqlens, s);
-  const ck::QShape qs = ck::check_prefill_varlen(op, as_cpu(q), as_cpu(k), as_cpu(v), cu.host, cfg,
-                                                 as_cpu(out), as_cpu(lse));
+  const ck::QShape qs =
+      ck::check_prefill_varlen(op, Device::kCUDA, q, k, v, cu.host, cfg, out, lse);
   const int64_t T = qs.N, Hkv = k.shape[1], G = qs.Hq / Hkv, B = cu_seqlens.shape[0] - 1;
   const int64_t K = cfg.kv_chunk;
   if (T == 0) return;
@@ -648,7 +634,7 @@ void attention_paged_cascade(const TensorView& q, const TensorView& q_seq, const
   PagedArgs a = paged_args(op, q, q_seq, q_pos, kv, &prefix, cfg, 0, ck::kAllChunks, s);
   check_on_device(op, "out", out);
   if (given(lse)) check_on_device(op, "lse", lse);
-  ck::check_attn_outputs(op, a.p.qs, as_cpu(out), as_cpu(lse));
+  ck::check_attn_outputs(op, Device::kCUDA, a.p.qs, out, lse);
   const ck::Paged& p = a.p;
   const int64_t N = p.qs.N, Hq = p.qs.Hq, D = p.qs.D, G = Hq / p.Hkv, K = cfg.kv_chunk;
   if (N == 0) return;
@@ -809,7 +795,7 @@ void attention_merge_chunk_states(const AttentionChunkStates& states, const Tens
            "], got ", D);
   check_on_device(op, "out", out);
   if (given(lse)) check_on_device(op, "lse", lse);
-  ck::check_attn_outputs(op, ck::QShape{N, Hq, D}, as_cpu(out), as_cpu(lse));
+  ck::check_attn_outputs(op, Device::kCUDA, ck::QShape{N, Hq, D}, out, lse);
   std::vector<int32_t> pv(static_cast<size_t>(N));
   for (int64_t r = 0; r < N; ++r) {
     const int64_t ps = rd(pos.host, r);

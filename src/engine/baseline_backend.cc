@@ -18,10 +18,10 @@
 #include <sstream>
 #include <vector>
 
+#include "contract/checks.h"
 #include "core/math.h"
 #include "core/philox.h"
 #include "core/thread_pool.h"
-#include "cpu/checks.h"
 
 namespace lockstep::engine {
 
@@ -57,7 +57,7 @@ namespace {
 
 // The argument checks are the cpu ops' own (same messages); only what the baseline does
 // differently (BLAS int range, gemm_combine's rank count, rope's table) is checked here.
-using namespace cpu::check_detail;
+using namespace contract;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -270,8 +270,8 @@ class BaselineBackend final : public OpsBackend {
   void gemm(const TensorView& x, const TensorView& w, const GemmConfig& cfg,
             const TensorView& y) const override {
     const char* op = "baseline gemm";
-    check_segments(op, cfg);
-    check_xw(op, x, w);
+    check_segments(op, Device::kCPU, cfg);
+    check_xw(op, Device::kCPU, x, w);
     const int64_t M = x.size(0), N = w.size(0), K = x.size(1);
     check_tensor_dtypes(op, "y", y, {DType::kBF16, DType::kF32}, {M, N});
     check_inner_contiguous(op, "y", y);
@@ -285,7 +285,8 @@ class BaselineBackend final : public OpsBackend {
                     int tp_size, int tp_rank, const GemmConfig& cfg,
                     const TensorView& y_partial) const override {
     const char* op = "baseline gemm_partial";
-    check_gemm_partial(op, x_shard, w_shard, k_total, tp_size, tp_rank, cfg, y_partial);
+    check_gemm_partial(op, Device::kCPU, x_shard, w_shard, k_total, tp_size, tp_rank, cfg,
+                       y_partial);
     const int64_t M = x_shard.size(0), N = w_shard.size(0);
     check_blas_dims(op, M, N, x_shard.size(1));
     if (M == 0 || N == 0) return;
@@ -297,7 +298,7 @@ class BaselineBackend final : public OpsBackend {
     const char* op = "baseline gemm_combine";
     // NOTE: any number of ranks (the cpu op's tree takes 1, 2, 4 or 8), and no bias.
     LS_CHECK(!partials.empty(), op, "argument 'partials' must hold at least one view");
-    check_gemm_combine(op, partials, nullptr, y);
+    check_gemm_combine(op, Device::kCPU, partials, nullptr, y);
     const int64_t M = partials[0].size(0), N = partials[0].size(1);
     if (M == 0 || N == 0) return;
     parallel_for(M, 16, [&](int64_t m0, int64_t m1) {
@@ -320,7 +321,7 @@ class BaselineBackend final : public OpsBackend {
 
   void rmsnorm(const TensorView& x, const TensorView& weight, const RmsNormConfig& cfg,
                const TensorView& y) const override {
-    const int64_t H = check_rmsnorm("baseline rmsnorm", x, weight, cfg, y);
+    const int64_t H = check_rmsnorm("baseline rmsnorm", Device::kCPU, x, weight, cfg, y);
     const int64_t rows = x.numel() / H;
     if (rows == 0) return;
     const std::vector<float> r = inv_rms(x.shape[0], rows, H, cfg.eps,
@@ -332,8 +333,8 @@ class BaselineBackend final : public OpsBackend {
   void rmsnorm_residual(const TensorView& x, const TensorView& residual, const TensorView& weight,
                         const RmsNormConfig& cfg, const TensorView& residual_out,
                         const TensorView& y) const override {
-    const int64_t H = check_rmsnorm_residual("baseline rmsnorm_residual", x, residual, weight, cfg,
-                                             residual_out, y);
+    const int64_t H = check_rmsnorm_residual("baseline rmsnorm_residual", Device::kCPU, x, residual,
+                                             weight, cfg, residual_out, y);
     const int64_t rows = x.numel() / H;
     if (rows == 0) return;
     // s = bf16(x + residual), the new residual stream (buffered: outputs may alias inputs).
@@ -361,7 +362,7 @@ class BaselineBackend final : public OpsBackend {
     table.config.validate();
     const int64_t D = table.config.head_dim, half = D / 2, P = table.config.max_positions;
     // NOTE: table.cos / table.sin are not read (cos/sin come from libm), so not checked.
-    check_rope_args(op, x, positions, D, P, y);
+    check_rope_args(op, Device::kCPU, x, positions, D, P, y);
     const int64_t T = x.shape[0], heads = x.shape[1];
     if (T == 0 || heads == 0) return;
     // HF's inv_freq in fp32: 1 / theta^(2i / D) with a float base and exponent.
@@ -395,7 +396,7 @@ class BaselineBackend final : public OpsBackend {
 
   void silu_mul(const TensorView& gate, const TensorView& up,
                 const TensorView& out) const override {
-    check_silu_mul("baseline silu_mul", gate, up, out);
+    check_silu_mul("baseline silu_mul", Device::kCPU, gate, up, out);
     const int64_t T = gate.shape[0], I = gate.shape[1];
     if (T == 0) return;
     parallel_for(T, std::max<int64_t>(1, 16384 / I), [&](int64_t a, int64_t b) {
@@ -418,7 +419,7 @@ class BaselineBackend final : public OpsBackend {
     const char* op = "baseline embedding";
     check_tensor(op, "table", table, DType::kBF16, {-1, -1});
     const int64_t V = table.shape[0];
-    const int64_t T = check_gather(op, ids, table, V, V, out);
+    const int64_t T = check_gather(op, Device::kCPU, ids, table, V, V, out);
     const int64_t H = table.shape[1];
     parallel_for(T, std::max<int64_t>(1, 16384 / H), [&](int64_t a, int64_t b) {
       for (int64_t t = a; t < b; ++t)
@@ -435,7 +436,7 @@ class BaselineBackend final : public OpsBackend {
     LS_CHECK(vocab >= 1 && shard.begin >= 0 && shard.begin <= shard.end && shard.end <= vocab, op,
              "argument 'shard' ", shard.to_string(), " is not inside the vocabulary [0, ", vocab,
              ")");
-    const int64_t T = check_gather(op, ids, table, shard.size(), vocab, out);
+    const int64_t T = check_gather(op, Device::kCPU, ids, table, shard.size(), vocab, out);
     const int64_t H = table.shape[1];
     parallel_for(T, std::max<int64_t>(1, 16384 / H), [&](int64_t a, int64_t b) {
       for (int64_t t = a; t < b; ++t) {
@@ -452,7 +453,7 @@ class BaselineBackend final : public OpsBackend {
 
   void embedding_combine(const std::vector<TensorView>& partials,
                          const TensorView& out) const override {
-    check_embedding_combine("baseline embedding_combine", partials, out);
+    check_embedding_combine("baseline embedding_combine", Device::kCPU, partials, out);
     const int64_t T = out.shape[0], H = out.shape[1];
     if (T == 0) return;
     parallel_for(T, std::max<int64_t>(1, 16384 / H), [&](int64_t a, int64_t b) {
@@ -475,8 +476,8 @@ class BaselineBackend final : public OpsBackend {
   void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                                 const TensorView& cu_seqlens, const AttentionConfig& cfg,
                                 const TensorView& out, const TensorView& lse) const override {
-    const QShape qs = check_prefill_varlen("baseline attention_prefill_varlen", q, k, v, cu_seqlens,
-                                           cfg, out, lse);
+    const QShape qs = check_prefill_varlen("baseline attention_prefill_varlen", Device::kCPU, q, k,
+                                           v, cu_seqlens, cfg, out, lse);
     const int64_t T = qs.N, D = qs.D, Hq = qs.Hq, Hkv = k.shape[1], B = cu_seqlens.shape[0] - 1;
     if (T == 0) return;
     std::vector<int64_t> start(static_cast<size_t>(T));  // first token of each token's sequence
@@ -552,7 +553,7 @@ class BaselineBackend final : public OpsBackend {
                       const TensorView& logp, const TensorView& lse,
                       const TensorView& entropy) const override {
     const char* op = "baseline linear_logprob";
-    check_linear_logprob(op, h, w, targets, params, cfg, logp, lse, entropy);
+    check_linear_logprob(op, Device::kCPU, h, w, targets, params, cfg, logp, lse, entropy);
     const int64_t H = h.size(1), V = w.size(0);
     check_blas_dims(op, c_.logits_token_block, V, H);
     const float temperature = params.temperature;
@@ -578,8 +579,8 @@ class BaselineBackend final : public OpsBackend {
                               const ContractConfig& cfg, const LogprobShard& shard,
                               const TensorView& state) const override {
     const char* op = "baseline linear_logprob_partial";
-    const ShardRows sr =
-        check_linear_logprob_partial(op, h, w_shard, targets, params, cfg, shard, state);
+    const ShardRows sr = check_linear_logprob_partial(op, Device::kCPU, h, w_shard, targets, params,
+                                                      cfg, shard, state);
     const int64_t T = h.size(0), H = h.size(1), v0 = sr.v0, v1 = sr.v1;
     check_blas_dims(op, c_.logits_token_block, v1 - v0, H);
     if (T == 0) return;
@@ -628,8 +629,8 @@ class BaselineBackend final : public OpsBackend {
                               int64_t vocab_size, const TensorView& logp, const TensorView& lse,
                               const TensorView& entropy) const override {
     const LogprobVocabLayout lay =
-        check_linear_logprob_combine("baseline linear_logprob_combine", states, targets, params,
-                                     cfg, vocab_size, logp, lse, entropy);
+        check_linear_logprob_combine("baseline linear_logprob_combine", Device::kCPU, states,
+                                     targets, params, cfg, vocab_size, logp, lse, entropy);
     const int64_t R = states.size(0), T = states.size(1);
     const int64_t rank_len = lay.segment_len * (cfg.vocab_segments / R);
     auto at = [&](int64_t r, int64_t t) {
@@ -661,7 +662,8 @@ class BaselineBackend final : public OpsBackend {
               const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
               const TensorView& entropy) const override {
     const char* op = "baseline sample";
-    check_sample(op, h, w, params, request_ids, positions, cfg, token_ids, logp, lse, entropy);
+    check_sample(op, Device::kCPU, h, w, params, request_ids, positions, cfg, token_ids, logp, lse,
+                 entropy);
     const int64_t T = h.size(0), H = h.size(1), V = w.size(0);
     check_blas_dims(op, c_.logits_token_block, V, H);
     if (T == 0) return;
@@ -784,8 +786,8 @@ class BaselineBackend final : public OpsBackend {
   void paged(const char* op, const TensorView& q, const TensorView& q_seq, const TensorView& q_pos,
              const PagedKv& kv, const SharedPrefix* prefix, const AttentionConfig& cfg,
              int forced_splits, const TensorView& out, const TensorView& lse) const {
-    const Paged p = check_paged(op, q, q_seq, q_pos, kv, prefix, cfg, 0, kAllChunks);
-    check_attn_outputs(op, p.qs, out, lse);
+    const Paged p = check_paged(op, Device::kCPU, q, q_seq, q_pos, kv, prefix, cfg, 0, kAllChunks);
+    check_attn_outputs(op, Device::kCPU, p.qs, out, lse);
     const int64_t N = p.qs.N, Hq = p.qs.Hq, D = p.qs.D, G = Hq / p.Hkv;
     if (N == 0) return;
     const int64_t block = p.num_seqs > c_.kv_block_switch ? c_.kv_block_large : c_.kv_block_small;

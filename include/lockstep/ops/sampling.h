@@ -1,8 +1,5 @@
-// Sampling: per token, Gumbel-max over y = z / temperature (z = h·Wᵀ by the GEMM contract) with
-// Philox4x32-10 noise keyed by the seed and counted by (request id, position, vocab index), after
-// top-k → top-p → min-p filters; ties go to the lowest vocab index. Returns the sampled id and the
-// LogP op's logp / lse / entropy of the untruncated tempered distribution, bit-equal to
-// linear_logprob(targets = sampled ids). Normative text: docs/contract.md §S.
+// sampling: the CPU reference op (the executable spec of the contract). Its types, layouts and
+// formulas, and the normative description, are in lockstep/contract/sampling.h.
 #pragma once
 
 #include <cstdint>
@@ -10,32 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "lockstep/contract.h"
+#include "lockstep/contract/sampling.h"
 #include "lockstep/tensor.h"
 
 namespace lockstep {
-
-// Per-request settings (one per token row in the op; rows of one request share them).
-struct SamplingParams {
-  uint64_t seed = 0;         // Philox key
-  float temperature = 1.0f;  // 0: greedy (argmax z); otherwise finite and > 0
-  int64_t top_k = 0;         // 0: off; otherwise keep the k best entries (k >= V: off)
-  float top_p = 1.0f;        // in (0, 1]; 1: off
-  float min_p = 0.0f;        // in [0, 1]; 0: off
-
-  void validate() const;          // throws lockstep::Error
-  std::string to_string() const;  // "sampling: seed=7 temperature=0x1.6p-1 (0.6875) top_k=0 ..."
-  // The temperature of the recorded logp / lse / entropy: `temperature`, or 1 for greedy. The
-  // training side recomputes them with linear_logprob at this temperature.
-  float logprob_temperature() const { return temperature == 0.0f ? 1.0f : temperature; }
-};
-
-// The noise (normative). One Philox4x32-10 call serves 4 consecutive vocab entries:
-//   key = (seed & 0xffffffff, seed >> 32)
-//   ctr = (v >> 2, position, request_id & 0xffffffff, request_id >> 32)
-//   word = out[v & 3];  u = philox_uniform(word) in (0, 1);  g = -log(-log(u)) (project's log).
-uint32_t sampling_noise_word(uint64_t seed, uint64_t request_id, uint32_t position, int64_t v);
-float sampling_gumbel(uint64_t seed, uint64_t request_id, uint32_t position, int64_t v);
 
 // The candidate set of one row after the filters (top-k, then top-p, then min-p), as vocab ids in
 // ascending order. y [V]: tempered logits of the row (temperature > 0); lse: their logsumexp as

@@ -8,19 +8,19 @@
 // of the invariant CUDA backend, and the source of the mismatches `lockstep audit --baseline`
 // shows on the GPU.
 //
-// Argument checks: the cpu ops' own (src/cpu/checks.h, same messages) on the views re-labelled as
-// host views (never dereferenced there). Metadata (ids, positions, cu_seqlens, q_seq, q_pos, block
-// tables, seq_lens, prefix tables, slot mappings, targets, request ids) may be host views — every
-// value is checked as the cpu op checks it, then uploaded — or device views, whose dtype and shape
-// are checked (through a placeholder with valid values) and whose contents are trusted: the
-// kernels clamp or skip what would read out of bounds.
+// Argument checks: the contract's (src/contract/checks.h, same messages as the cpu ops) on the
+// views re-labelled as host views (never dereferenced there). Metadata (ids, positions, cu_seqlens,
+// q_seq, q_pos, block tables, seq_lens, prefix tables, slot mappings, targets, request ids) may be
+// host views — every value is checked as the cpu op checks it, then uploaded — or device views,
+// whose dtype and shape are checked (through a placeholder with valid values) and whose contents
+// are trusted: the kernels clamp or skip what would read out of bounds.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
 
-#include "cpu/checks.h"
+#include "contract/checks.h"
 #include "cuda/baseline.h"
 #include "engine/cuda/backends.h"
 #include "engine/cuda/device_backend.h"
@@ -31,7 +31,7 @@ namespace lockstep::engine {
 
 namespace {
 
-using namespace cpu::check_detail;
+using namespace contract;
 namespace base = cuda::baseline;
 
 // Token rows per logits GEMM in LogP (fp32 [rows, V] scratch) and in sampling (plus sort buffers).
@@ -178,8 +178,8 @@ class CudaBaselineBackend final : public CudaDeviceBackend {
             const TensorView& y_) const override {
     const char* op = "baseline gemm";
     const TensorView x = dev(op, "x", x_), w = dev(op, "w", w_), y = dev(op, "y", y_);
-    check_segments(op, cfg);
-    check_xw(op, x, w);
+    check_segments(op, Device::kCPU, cfg);
+    check_xw(op, Device::kCPU, x, w);
     const int64_t M = x.size(0), N = w.size(0), K = x.size(1);
     check_tensor_dtypes(op, "y", y, {DType::kBF16, DType::kF32}, {M, N});
     check_inner_contiguous(op, "y", y);
@@ -194,7 +194,7 @@ class CudaBaselineBackend final : public CudaDeviceBackend {
     const char* op = "baseline gemm_partial";
     const TensorView x = dev(op, "x_shard", x_), w = dev(op, "w_shard", w_),
                      y = dev(op, "y_partial", y_);
-    check_gemm_partial(op, x, w, k_total, tp_size, tp_rank, cfg, y);
+    check_gemm_partial(op, Device::kCPU, x, w, k_total, tp_size, tp_rank, cfg, y);
     const int64_t M = x.size(0), N = w.size(0), K = x.size(1);
     if (M == 0 || N == 0) return;
     base::gemm(ctx_, x.data, lead(op, "x_shard", x), w.data, lead(op, "w_shard", w), y.data,
@@ -211,7 +211,7 @@ class CudaBaselineBackend final : public CudaDeviceBackend {
     for (size_t i = 0; i < partials_.size(); ++i)
       partials.push_back(dev(op, "partials", partials_[i]));
     const TensorView y = dev(op, "y", y_);
-    check_gemm_combine(op, partials, nullptr, y);
+    check_gemm_combine(op, Device::kCPU, partials, nullptr, y);
     const int64_t M = partials[0].size(0), N = partials[0].size(1);
     if (M == 0 || N == 0) return;
     std::vector<const float*> p;
@@ -230,7 +230,7 @@ class CudaBaselineBackend final : public CudaDeviceBackend {
                const TensorView& y_) const override {
     const char* op = "baseline rmsnorm";
     const TensorView x = dev(op, "x", x_), w = dev(op, "weight", w_), y = dev(op, "y", y_);
-    const int64_t H = check_rmsnorm(op, x, w, cfg, y);
+    const int64_t H = check_rmsnorm(op, Device::kCPU, x, w, cfg, y);
     const int64_t rows = x.numel() / H;
     base::rmsnorm(rows_of(x), w.data, rows_of(y), rows, H, cfg.eps, stream_);
   }
@@ -241,7 +241,7 @@ class CudaBaselineBackend final : public CudaDeviceBackend {
     const char* op = "baseline rmsnorm_residual";
     const TensorView x = dev(op, "x", x_), r = dev(op, "residual", r_), w = dev(op, "weight", w_),
                      ro = dev(op, "residual_out", ro_), y = dev(op, "y", y_);
-    const int64_t H = check_rmsnorm_residual(op, x, r, w, cfg, ro, y);
+    const int64_t H = check_rmsnorm_residual(op, Device::kCPU, x, r, w, cfg, ro, y);
     const int64_t rows = x.numel() / H;
     base::rmsnorm_residual(rows_of(x), rows_of(r), w.data, rows_of(ro), rows_of(y), rows, H,
                            cfg.eps, stream_);
@@ -255,7 +255,7 @@ class CudaBaselineBackend final : public CudaDeviceBackend {
     table.config.validate();
     const int64_t D = table.config.head_dim, P = table.config.max_positions;
     const Meta pm = meta(op, "positions", positions, 0);
-    check_rope_args(op, x, pm.check, D, P, y);
+    check_rope_args(op, Device::kCPU, x, pm.check, D, P, y);
     const int64_t T = x.shape[0], heads = x.shape[1];
     if (T == 0 || heads == 0) return;
     Uploads up(stream_);
@@ -266,7 +266,7 @@ class CudaBaselineBackend final : public CudaDeviceBackend {
   void silu_mul(const TensorView& g_, const TensorView& u_, const TensorView& o_) const override {
     const char* op = "baseline silu_mul";
     const TensorView g = dev(op, "gate", g_), u = dev(op, "up", u_), o = dev(op, "out", o_);
-    check_silu_mul(op, g, u, o);
+    check_silu_mul(op, Device::kCPU, g, u, o);
     base::silu_mul(g.data, g.stride[0], u.data, u.stride[0], o.data, o.stride[0], g.shape[0],
                    g.shape[1], stream_);
   }
@@ -280,7 +280,7 @@ class CudaBaselineBackend final : public CudaDeviceBackend {
     check_tensor(op, "table", table, DType::kBF16, {-1, -1});
     const int64_t V = table.shape[0];
     const Meta im = meta(op, "ids", ids, 0);
-    const int64_t T = check_gather(op, im.check, table, V, V, out);
+    const int64_t T = check_gather(op, Device::kCPU, im.check, table, V, V, out);
     Uploads up(stream_);
     if (T == 0) return;
     base::embedding(up.index(ids), table.data, table.stride[0], 0, V, out.data, out.stride[0], T,
@@ -297,7 +297,7 @@ class CudaBaselineBackend final : public CudaDeviceBackend {
              "argument 'shard' ", shard.to_string(), " is not inside the vocabulary [0, ", vocab,
              ")");
     const Meta im = meta(op, "ids", ids, 0);
-    const int64_t T = check_gather(op, im.check, table, shard.size(), vocab, out);
+    const int64_t T = check_gather(op, Device::kCPU, im.check, table, shard.size(), vocab, out);
     if (T == 0) return;
     Uploads up(stream_);
     base::embedding(up.index(ids), table.data, table.stride[0], shard.begin, shard.size(), out.data,
@@ -312,7 +312,7 @@ class CudaBaselineBackend final : public CudaDeviceBackend {
     std::vector<TensorView> partials;
     for (const TensorView& p : partials_) partials.push_back(dev(op, "partials", p));
     const TensorView out = dev(op, "out", out_);
-    check_embedding_combine(op, partials, out);
+    check_embedding_combine(op, Device::kCPU, partials, out);
     std::vector<const void*> p;
     std::vector<int64_t> ld;
     for (const TensorView& t : partials) {
@@ -341,7 +341,7 @@ class CudaBaselineBackend final : public CudaDeviceBackend {
       cm.check.data = p;
       cm.check.stride[0] = 1;
     }
-    const QShape qs = check_prefill_varlen(op, q, k, v, cm.check, cfg, out, lse);
+    const QShape qs = check_prefill_varlen(op, Device::kCPU, q, k, v, cm.check, cfg, out, lse);
     if (qs.N == 0) return;
     Uploads up(stream_);
     const Uploads::I32 cu = up.i32(cu_seqlens);
@@ -472,7 +472,7 @@ class CudaBaselineBackend final : public CudaDeviceBackend {
     const TensorView h = dev(op, "h", h_), w = dev(op, "w", w_), logp = dev(op, "logp", logp_),
                      lse = dev(op, "lse", lse_), ent = dev(op, "entropy", ent_);
     const Meta tm = meta(op, "targets", targets, params.ignore_index);
-    check_linear_logprob(op, h, w, tm.check, params, cfg, logp, lse, ent);
+    check_linear_logprob(op, Device::kCPU, h, w, tm.check, params, cfg, logp, lse, ent);
     const int64_t T = h.size(0), V = w.size(0);
     if (T == 0) return;
     Uploads up(stream_);
@@ -511,7 +511,7 @@ class CudaBaselineBackend final : public CudaDeviceBackend {
                      state = dev(op, "state", state_);
     const Meta tm = meta(op, "targets", targets, params.ignore_index);
     const ShardRows sr =
-        check_linear_logprob_partial(op, h, w, tm.check, params, cfg, shard, state);
+        check_linear_logprob_partial(op, Device::kCPU, h, w, tm.check, params, cfg, shard, state);
     const int64_t T = h.size(0), Vs = sr.v1 - sr.v0;
     if (T == 0) return;
     Uploads up(stream_);
@@ -547,8 +547,8 @@ class CudaBaselineBackend final : public CudaDeviceBackend {
     const TensorView states = dev(op, "states", states_), logp = dev(op, "logp", logp_),
                      lse = dev(op, "lse", lse_), ent = dev(op, "entropy", ent_);
     const Meta tm = meta(op, "targets", targets, params.ignore_index);
-    const LogprobVocabLayout lay =
-        check_linear_logprob_combine(op, states, tm.check, params, cfg, vocab_size, logp, lse, ent);
+    const LogprobVocabLayout lay = check_linear_logprob_combine(
+        op, Device::kCPU, states, tm.check, params, cfg, vocab_size, logp, lse, ent);
     const int64_t R = states.size(0), T = states.size(1);
     if (T == 0) return;
     Uploads up(stream_);
@@ -584,7 +584,7 @@ class CudaBaselineBackend final : public CudaDeviceBackend {
                      ent = dev(op, "entropy", ent_);
     const Meta rm = meta(op, "request_ids", request_ids, 0);
     const Meta pm = meta(op, "positions", positions, 0);
-    check_sample(op, h, w, params, rm.check, pm.check, cfg, ids, logp, lse, ent);
+    check_sample(op, Device::kCPU, h, w, params, rm.check, pm.check, cfg, ids, logp, lse, ent);
     const int64_t T = h.size(0), V = w.size(0);
     if (T == 0) return;
     Uploads up(stream_);
@@ -676,9 +676,9 @@ class CudaBaselineBackend final : public CudaDeviceBackend {
       prefix.shared_len = psl.check;
       prefix.seq_group = psg.check;
     }
-    const Paged p =
-        check_paged(op, q, qs.check, qp.check, kv, prefix_ ? &prefix : nullptr, cfg, 0, kAllChunks);
-    check_attn_outputs(op, p.qs, out, lse);
+    const Paged p = check_paged(op, Device::kCPU, q, qs.check, qp.check, kv,
+                                prefix_ ? &prefix : nullptr, cfg, 0, kAllChunks);
+    check_attn_outputs(op, Device::kCPU, p.qs, out, lse);
     if (p.qs.N == 0) return;
     Uploads up(stream_);
     base::PagedArgs a{};

@@ -1,7 +1,12 @@
-// Argument checks shared by the CPU ops and the engine's baseline backend, which takes the same
-// arguments and must reject them with the same messages. Each check is defined next to its op
-// (gemm.cc, norm.cc, attention.cc, ...) and throws lockstep::Error naming `op`. Where the
-// baseline accepts something the op does not, the call sites keep that check themselves.
+// The argument checks of every op, one definition for every backend (CPU reference, CUDA, the
+// baseline): `dev` is the device the op runs on, and every data tensor must live there. Each check
+// is defined in the op's contract file (src/contract/gemm.cc, norm.cc, attention.cc, ...) and
+// throws lockstep::Error naming `op`.
+// NOTE: a check that reads a view's CONTENTS (ids, positions, targets, paged metadata) reads them
+// on the host: such a view is either a host view (checked element by element) or, where the op
+// says so, a view on `dev` whose contents the kernel guards (ids, positions, targets, block
+// tables). Paged metadata a CUDA op needs on the host (q_seq, q_pos, seq_lens, prefix lengths and
+// groups, cu_seqlens) must be passed as host views: the engine's step metadata holds them.
 #pragma once
 
 #include <cstdint>
@@ -10,72 +15,82 @@
 #include <vector>
 
 #include "lockstep/contract.h"
-#include "lockstep/ops/attention.h"
-#include "lockstep/ops/gemm.h"
-#include "lockstep/ops/logprob.h"
-#include "lockstep/ops/norm.h"
-#include "lockstep/ops/sampling.h"
 #include "lockstep/tensor.h"
 
-// NOTE: not `cpu::detail`: that would hide lockstep::detail (concat, RowAddr) inside lockstep::cpu.
-namespace lockstep::cpu::check_detail {
+namespace lockstep::contract {
+
+// The i-th element of a 1-d i32 or i64 host view.
+int64_t index_at(const TensorView& t, int64_t i);
+
+// The device a view whose contents may be read must have: the host (contents checked), or `dev`
+// (contents guarded by the kernel).
+inline Device host_or(Device dev, const TensorView& t) {
+  return t.device == Device::kCPU ? Device::kCPU : dev;
+}
+
+// A view whose contents the check reads: must be a host view.
+void check_host_view(const char* op, const char* arg, const TensorView& t);
 
 // --- gemm.cc -----------------------------------------------------------------------------------
 
 // Whether the memory spans of two views intersect (empty views never do).
 bool overlaps(const TensorView& a, const TensorView& b);
 
+// bias [n] bf16 or f32 (any stride), or null.
+void check_bias(const char* op, Device dev, const TensorView* bias, int64_t n);
+
 // cfg.segments is 1, 2, 4 or 8.
-void check_segments(const char* op, const GemmConfig& cfg);
+void check_segments(const char* op, Device dev, const GemmConfig& cfg);
 
 // x [M, K] and w [N, K]: bf16, last dim contiguous, the same K.
-void check_xw(const char* op, const TensorView& x, const TensorView& w);
+void check_xw(const char* op, Device dev, const TensorView& x, const TensorView& w);
 
 // Everything gemm_bf16_nt_partial checks: cfg.segments, k_total, tp_size / tp_rank, x_shard and
 // w_shard holding rank tp_rank's K columns, y_partial [M, N] f32 not overlapping the inputs.
-void check_gemm_partial(const char* op, const TensorView& x_shard, const TensorView& w_shard,
-                        int64_t k_total, int tp_size, int tp_rank, const GemmConfig& cfg,
-                        const TensorView& y_partial);
+void check_gemm_partial(const char* op, Device dev, const TensorView& x_shard,
+                        const TensorView& w_shard, int64_t k_total, int tp_size, int tp_rank,
+                        const GemmConfig& cfg, const TensorView& y_partial);
 
 // partials[i] [M, N] f32, bias [N] (may be null), y [M, N] bf16/f32 overlapping no partial except
 // as an exact alias of an f32 one, nor the bias. The number of partials (at least one) is the
 // caller's to check.
-void check_gemm_combine(const char* op, const std::vector<TensorView>& partials,
+void check_gemm_combine(const char* op, Device dev, const std::vector<TensorView>& partials,
                         const TensorView* bias, const TensorView& y);
 
 // --- norm.cc -----------------------------------------------------------------------------------
 
 // Everything rmsnorm checks (cfg too): x [T, H] or [T, heads, D] bf16 on the CPU, weight [H],
 // y x's shape, all last dim contiguous. Returns H (x's last dimension).
-int64_t check_rmsnorm(const char* op, const TensorView& x, const TensorView& weight,
+int64_t check_rmsnorm(const char* op, Device dev, const TensorView& x, const TensorView& weight,
                       const RmsNormConfig& cfg, const TensorView& y);
 
 // Everything rmsnorm_residual checks: as check_rmsnorm, plus residual and residual_out of x's
 // shape, and residual_out and y not the same memory. Returns H.
-int64_t check_rmsnorm_residual(const char* op, const TensorView& x, const TensorView& residual,
-                               const TensorView& weight, const RmsNormConfig& cfg,
-                               const TensorView& residual_out, const TensorView& y);
+int64_t check_rmsnorm_residual(const char* op, Device dev, const TensorView& x,
+                               const TensorView& residual, const TensorView& weight,
+                               const RmsNormConfig& cfg, const TensorView& residual_out,
+                               const TensorView& y);
 
 // --- activation.cc -----------------------------------------------------------------------------
 
 // gate, up, out: [T, I] bf16 with I >= 1, last dim contiguous.
-void check_silu_mul(const char* op, const TensorView& gate, const TensorView& up,
+void check_silu_mul(const char* op, Device dev, const TensorView& gate, const TensorView& up,
                     const TensorView& out);
 
 // --- rope.cc -----------------------------------------------------------------------------------
 
 // x, y [T, heads, D] bf16 (last dim contiguous), positions [T] i32/i64 each in [0, P).
-void check_rope_args(const char* op, const TensorView& x, const TensorView& positions, int64_t D,
-                     int64_t P, const TensorView& y);
+void check_rope_args(const char* op, Device dev, const TensorView& x, const TensorView& positions,
+                     int64_t D, int64_t P, const TensorView& y);
 
 // --- embedding.cc ------------------------------------------------------------------------------
 
 // Checks ids, table and out of a gather; returns T. table_rows is the table's first extent.
-int64_t check_gather(const char* op, const TensorView& ids, const TensorView& table,
+int64_t check_gather(const char* op, Device dev, const TensorView& ids, const TensorView& table,
                      int64_t table_rows, int64_t vocab, const TensorView& out);
 
 // partials (at least one) and out: [T, H] bf16 with H >= 1, last dim contiguous.
-void check_embedding_combine(const char* op, const std::vector<TensorView>& partials,
+void check_embedding_combine(const char* op, Device dev, const std::vector<TensorView>& partials,
                              const TensorView& out);
 
 // --- attention.cc ------------------------------------------------------------------------------
@@ -84,12 +99,15 @@ struct QShape {
   int64_t N, Hq, D;
 };
 
+// A KV cache [NP, P, Hkv, D] bf16 on `dev`, last dim contiguous.
+void check_cache(const char* op, Device dev, const char* arg, const TensorView& c, int64_t D);
+
 // out [N, Hq, D] bf16 (last dim contiguous); lse [N, Hq] f32 when given (an empty view is none).
-void check_attn_outputs(const char* op, const QShape& s, const TensorView& out,
+void check_attn_outputs(const char* op, Device dev, const QShape& s, const TensorView& out,
                         const TensorView& lse);
 
 // Everything attention_prefill_varlen checks (cfg too); returns q's shape.
-QShape check_prefill_varlen(const char* op, const TensorView& q, const TensorView& k,
+QShape check_prefill_varlen(const char* op, Device dev, const TensorView& q, const TensorView& k,
                             const TensorView& v, const TensorView& cu_seqlens,
                             const AttentionConfig& cfg, const TensorView& out,
                             const TensorView& lse);
@@ -107,17 +125,18 @@ struct Paged {
 // Checks cfg, q / q_seq / q_pos / kv (and the prefix tables when given) and every page index
 // that the computation of kv chunks [c_lo, c_hi) will read (kAllChunks: every key of each row).
 constexpr int64_t kAllChunks = std::numeric_limits<int64_t>::max();
-Paged check_paged(const char* op, const TensorView& q, const TensorView& q_seq,
+Paged check_paged(const char* op, Device dev, const TensorView& q, const TensorView& q_seq,
                   const TensorView& q_pos, const PagedKv& kv, const SharedPrefix* prefix,
                   const AttentionConfig& cfg, int64_t c_lo, int64_t c_hi);
 
 // --- logprob.cc --------------------------------------------------------------------------------
 
 // h [T, H] with H >= 1 and w [V, H]: bf16, last dim contiguous (V is the caller's to check).
-void check_h_w(const char* op, const TensorView& h, const TensorView& w, const ContractConfig& cfg);
+void check_h_w(const char* op, Device dev, const TensorView& h, const TensorView& w,
+               const ContractConfig& cfg);
 
 // Everything linear_logprob checks (cfg and params too).
-void check_linear_logprob(const char* op, const TensorView& h, const TensorView& w,
+void check_linear_logprob(const char* op, Device dev, const TensorView& h, const TensorView& w,
                           const TensorView& targets, const LogprobParams& params,
                           const ContractConfig& cfg, const TensorView& logp, const TensorView& lse,
                           const TensorView& entropy);
@@ -129,14 +148,14 @@ struct ShardRows {
 };
 
 // Everything linear_logprob_partial checks (cfg and params too).
-ShardRows check_linear_logprob_partial(const char* op, const TensorView& h,
+ShardRows check_linear_logprob_partial(const char* op, Device dev, const TensorView& h,
                                        const TensorView& w_shard, const TensorView& targets,
                                        const LogprobParams& params, const ContractConfig& cfg,
                                        const LogprobShard& shard, const TensorView& state);
 
 // Everything linear_logprob_combine checks (cfg and params too); returns the vocab layout.
-LogprobVocabLayout check_linear_logprob_combine(const char* op, const TensorView& states,
-                                                const TensorView& targets,
+LogprobVocabLayout check_linear_logprob_combine(const char* op, Device dev,
+                                                const TensorView& states, const TensorView& targets,
                                                 const LogprobParams& params,
                                                 const ContractConfig& cfg, int64_t vocab_size,
                                                 const TensorView& logp, const TensorView& lse,
@@ -146,10 +165,10 @@ LogprobVocabLayout check_linear_logprob_combine(const char* op, const TensorView
 
 // Everything sample checks (cfg too): h, w (V in [1, 2^21)), one valid params entry per row,
 // request_ids, positions in [0, 2^32), and the [T] outputs.
-void check_sample(const char* op, const TensorView& h, const TensorView& w,
+void check_sample(const char* op, Device dev, const TensorView& h, const TensorView& w,
                   std::span<const SamplingParams> params, const TensorView& request_ids,
                   const TensorView& positions, const ContractConfig& cfg,
                   const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
                   const TensorView& entropy);
 
-}  // namespace lockstep::cpu::check_detail
+}  // namespace lockstep::contract

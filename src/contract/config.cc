@@ -1,8 +1,7 @@
 // ContractConfig validation and printing.
-#include "lockstep/contract.h"
-
 #include <sstream>
 
+#include "lockstep/contract.h"
 #include "lockstep/error.h"
 
 namespace lockstep {
