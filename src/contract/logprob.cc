@@ -20,8 +20,6 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // at -inf and NaN > x is false; NaN entries poison s instead).
 inline float max2(float a, float b) { return b > a ? b : a; }
 
-bool pow2_upto8(int64_t n) { return n == 1 || n == 2 || n == 4 || n == 8; }
-
 }  // namespace
 
 void LogprobParams::validate() const {

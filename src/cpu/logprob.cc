@@ -24,8 +24,6 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // The contract's max rule: the later operand wins only if strictly greater (never NaN: m starts
 // at -inf and NaN > x is false; NaN entries poison s instead).
 inline float max2(float a, float b) { return b > a ? b : a; }
-
-bool pow2_upto8(int64_t n) { return n == 1 || n == 2 || n == 4 || n == 8; }
 }  // namespace
 
 namespace cpu {
