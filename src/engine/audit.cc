@@ -18,8 +18,8 @@
 #include "lockstep/error.h"
 
 // The baseline backend is another engineer's file; the audit uses it once it is in the tree.
-#if __has_include("engine/baseline_backend.h")
-#include "engine/baseline_backend.h"
+#if __has_include("baseline/cpu/backend.h")
+#include "baseline/cpu/backend.h"
 #define LOCKSTEP_HAVE_BASELINE 1
 #endif
 

@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/baseline.h"
+#include "baseline/cuda/kernels.h"
 #include "engine/backend.h"
 #include "engine/cuda/backends.h"
 #include "lockstep/cuda/gemm.h"

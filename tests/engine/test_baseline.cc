@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
-#include "engine/baseline_backend.h"
+#include "baseline/cpu/backend.h"
 #include "engine/default_model.h"
 #include "engine/model.h"
 #include "engine/rollout_test_util.h"

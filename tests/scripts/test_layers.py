@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The library's layers depend only downwards (CMakeLists.txt names them):
 
-  core <- contract <- cpu <- engine;  contract <- cuda;  engine + cuda <- engine/cuda
+  core <- contract <- cpu <- engine (+ baseline/cpu);  contract <- cuda, baseline/cuda kernels;
+  engine + cuda + baseline/cuda <- engine/cuda
 
 Checked two ways: (1) every #include "..." of a source file names a header of its own layer or of a
 layer below it (public headers include only public headers); (2) when a build directory is given
@@ -23,8 +24,12 @@ ALLOWED = {
     "src/contract": ("lockstep/", "core/", "contract/"),
     "src/cpu": ("lockstep/", "core/", "contract/", "cpu/"),
     "src/cuda": ("lockstep/", "core/", "contract/", "cuda/"),
-    "src/engine": ("lockstep/", "core/", "contract/", "cpu/", "engine/"),
+    # the audit compares the invariant backend with the baseline one
+    "src/engine": ("lockstep/", "core/", "contract/", "cpu/", "engine/", "baseline/cpu/"),
     "src/engine/cuda": ("lockstep/", "core/", "contract/", "cpu/", "engine/", "cuda/"),
+    "src/baseline": ("lockstep/", "core/", "contract/", "engine/"),
+    "src/baseline/cpu": ("lockstep/", "core/", "contract/", "engine/", "baseline/"),
+    "src/baseline/cuda": ("lockstep/", "core/", "contract/", "engine/", "baseline/"),
 }
 
 

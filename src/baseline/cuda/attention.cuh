@@ -15,7 +15,7 @@
 
 #include <cstdint>
 
-#include "cuda/baseline_common.cuh"
+#include "baseline/cuda/common.cuh"
 
 namespace lockstep::cuda::baseline::kernels {
 

@@ -10,9 +10,9 @@
 
 #include <cstdint>
 
+#include "baseline/cuda/common.cuh"
 #include "core/math.h"
 #include "core/philox.h"
-#include "cuda/baseline_common.cuh"
 
 namespace lockstep::cuda::baseline::kernels {
 

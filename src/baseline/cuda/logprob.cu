@@ -4,7 +4,7 @@
 #include <cub/device/device_segmented_radix_sort.cuh>
 #include <vector>
 
-#include "cuda/baseline_logprob.cuh"
+#include "baseline/cuda/logprob.cuh"
 
 namespace lockstep::cuda::baseline {
 

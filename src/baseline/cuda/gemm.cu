@@ -6,7 +6,7 @@
 
 #include <climits>
 
-#include "cuda/baseline_common.cuh"
+#include "baseline/cuda/common.cuh"
 
 namespace lockstep::cuda::baseline {
 

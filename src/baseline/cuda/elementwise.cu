@@ -1,6 +1,6 @@
 // Launchers of the baseline elementwise kernels (baseline_elementwise.cuh); arguments were checked
 // by the backend (src/engine/cuda/baseline_backend.cc).
-#include "cuda/baseline_elementwise.cuh"
+#include "baseline/cuda/elementwise.cuh"
 
 namespace lockstep::cuda::baseline {
 

@@ -3,7 +3,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include "cuda/baseline_common.cuh"
+#include "baseline/cuda/common.cuh"
 
 namespace lockstep::cuda::baseline {
 

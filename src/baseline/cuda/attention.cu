@@ -2,7 +2,7 @@
 // prefill kernel, the flash-decoding split heuristic, split-state scratch and the merge.
 #include <algorithm>
 
-#include "cuda/baseline_attention.cuh"
+#include "baseline/cuda/attention.cuh"
 
 namespace lockstep::cuda::baseline {
 

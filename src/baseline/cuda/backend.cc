@@ -20,8 +20,9 @@
 #include <limits>
 #include <vector>
 
+#include "baseline/cuda/kernels.h"
+#include "baseline/paged_attention.h"
 #include "contract/checks.h"
-#include "cuda/baseline.h"
 #include "engine/cuda/backends.h"
 #include "engine/cuda/device_backend.h"
 #include "lockstep/cuda/runtime.h"
@@ -168,7 +169,7 @@ int64_t lead(const char* op, const char* arg, const TensorView& t) {
 
 float* f32p(const TensorView& t) { return static_cast<float*>(t.data); }
 
-class CudaBaselineBackend final : public CudaDeviceBackend {
+class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBackend> {
  public:
   std::string name() const override { return "baseline"; }
 
@@ -372,30 +373,6 @@ class CudaBaselineBackend final : public CudaDeviceBackend {
       a.l_s1 = lse.stride[1];
     }
     base::attention_prefill(a, stream_);
-  }
-
-  void attention_paged(const TensorView& q, const TensorView& q_seq, const TensorView& q_pos,
-                       const PagedKv& kv, const AttentionConfig& cfg, const TensorView& out,
-                       const TensorView& lse) const override {
-    paged("baseline attention_paged", q, q_seq, q_pos, kv, nullptr, cfg, 0, out, lse);
-  }
-
-  void attention_paged_split_kv(const TensorView& q, const TensorView& q_seq,
-                                const TensorView& q_pos, const PagedKv& kv,
-                                const AttentionConfig& cfg, int num_splits, const TensorView& out,
-                                const TensorView& lse) const override {
-    const char* op = "baseline attention_paged_split_kv";
-    LS_CHECK(num_splits >= 1, op, "num_splits must be >= 1, got ", num_splits);
-    paged(op, q, q_seq, q_pos, kv, nullptr, cfg, num_splits, out, lse);
-  }
-
-  // Without a cascade kernel: the paged kernel reads positions below shared_len through the
-  // group's prefix table.
-  void attention_paged_cascade(const TensorView& q, const TensorView& q_seq,
-                               const TensorView& q_pos, const PagedKv& kv,
-                               const SharedPrefix& prefix, const AttentionConfig& cfg,
-                               const TensorView& out, const TensorView& lse) const override {
-    paged("baseline attention_paged_cascade", q, q_seq, q_pos, kv, &prefix, cfg, 0, out, lse);
   }
 
   // A KV-cache write is a copy: every stack does the same thing.
@@ -649,7 +626,7 @@ class CudaBaselineBackend final : public CudaDeviceBackend {
  private:
   void paged(const char* op, const TensorView& q_, const TensorView& q_seq, const TensorView& q_pos,
              const PagedKv& kv_, const SharedPrefix* prefix_, const AttentionConfig& cfg,
-             int forced_splits, const TensorView& out_, const TensorView& lse_) const {
+             int forced_splits, const TensorView& out_, const TensorView& lse_) const override {
     const TensorView q = dev(op, "q", q_), out = dev(op, "out", out_), lse = dev(op, "lse", lse_);
     PagedKv kv;
     kv.k_cache = dev(op, "kv.k_cache", kv_.k_cache);

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "cuda/baseline.h"
+#include "baseline/cuda/kernels.h"
 #include "lockstep/dtype.h"
 #include "lockstep/error.h"
 

@@ -6,7 +6,7 @@
 // NOTE: libm std::exp/std::log/std::cos/std::sin are used here on purpose (the project's own
 // primitives are for the invariant ops): the baseline stands for what stacks run today.
 // What each op mirrors: docs/baseline.md.
-#include "engine/baseline_backend.h"
+#include "baseline/cpu/backend.h"
 
 #include <cblas.h>
 
@@ -18,6 +18,7 @@
 #include <sstream>
 #include <vector>
 
+#include "baseline/paged_attention.h"
 #include "contract/checks.h"
 #include "core/math.h"
 #include "core/philox.h"
@@ -259,7 +260,7 @@ int64_t gumbel_argmax(const float* y, int64_t V, const std::vector<int64_t>* kep
 
 // ---------------------------------------------------------------------------------------------
 
-class BaselineBackend final : public OpsBackend {
+class BaselineBackend final : public BaselinePagedAttention<OpsBackend> {
  public:
   explicit BaselineBackend(const BaselineConfig& c) : c_(c) { c_.validate(); }
 
@@ -515,30 +516,6 @@ class BaselineBackend final : public OpsBackend {
     });
   }
 
-  void attention_paged(const TensorView& q, const TensorView& q_seq, const TensorView& q_pos,
-                       const PagedKv& kv, const AttentionConfig& cfg, const TensorView& out,
-                       const TensorView& lse) const override {
-    paged("baseline attention_paged", q, q_seq, q_pos, kv, nullptr, cfg, 0, out, lse);
-  }
-
-  void attention_paged_split_kv(const TensorView& q, const TensorView& q_seq,
-                                const TensorView& q_pos, const PagedKv& kv,
-                                const AttentionConfig& cfg, int num_splits, const TensorView& out,
-                                const TensorView& lse) const override {
-    const char* op = "baseline attention_paged_split_kv";
-    LS_CHECK(num_splits >= 1, op, "num_splits must be >= 1, got ", num_splits);
-    paged(op, q, q_seq, q_pos, kv, nullptr, cfg, num_splits, out, lse);
-  }
-
-  // Without cascade kernels: the ordinary paged path reading the shared pages through the
-  // prefix table.
-  void attention_paged_cascade(const TensorView& q, const TensorView& q_seq,
-                               const TensorView& q_pos, const PagedKv& kv,
-                               const SharedPrefix& prefix, const AttentionConfig& cfg,
-                               const TensorView& out, const TensorView& lse) const override {
-    paged("baseline attention_paged_cascade", q, q_seq, q_pos, kv, &prefix, cfg, 0, out, lse);
-  }
-
   // A KV-cache write is a copy: every stack does the same thing.
   void kv_cache_write(const TensorView& k, const TensorView& v, const TensorView& slot_mapping,
                       const TensorView& k_cache, const TensorView& v_cache) const override {
@@ -785,7 +762,7 @@ class BaselineBackend final : public OpsBackend {
   // (m, l, acc) merge in order. splits and the block size depend on the batch.
   void paged(const char* op, const TensorView& q, const TensorView& q_seq, const TensorView& q_pos,
              const PagedKv& kv, const SharedPrefix* prefix, const AttentionConfig& cfg,
-             int forced_splits, const TensorView& out, const TensorView& lse) const {
+             int forced_splits, const TensorView& out, const TensorView& lse) const override {
     const Paged p = check_paged(op, Device::kCPU, q, q_seq, q_pos, kv, prefix, cfg, 0, kAllChunks);
     check_attn_outputs(op, Device::kCPU, p.qs, out, lse);
     const int64_t N = p.qs.N, Hq = p.qs.Hq, D = p.qs.D, G = Hq / p.Hkv;
