@@ -2,11 +2,12 @@
 // baseline): `dev` is the device the op runs on, and every data tensor must live there. Each check
 // is defined in the op's contract file (src/contract/gemm.cc, norm.cc, attention.cc, ...) and
 // throws lockstep::Error naming `op`.
-// NOTE: a check that reads a view's CONTENTS (ids, positions, targets, paged metadata) reads them
-// on the host: such a view is either a host view (checked element by element) or, where the op
-// says so, a view on `dev` whose contents the kernel guards (ids, positions, targets, block
-// tables). Paged metadata a CUDA op needs on the host (q_seq, q_pos, seq_lens, prefix lengths and
-// groups, cu_seqlens) must be passed as host views: the engine's step metadata holds them.
+// NOTE: contents. Index views (ids, positions, targets) live on `dev` like the data; on the host
+// their values are checked here, on a GPU the kernel guards them (an out-of-range id gives a
+// canonical-NaN row, ...). Paged metadata that the attention ops plan with (q_seq, q_pos,
+// seq_lens, prefix lengths and groups, cu_seqlens) is always a host view, checked here; block
+// tables are host views (checked page by page) or views on `dev` (trusted: the kernels read an
+// entry outside the table or the cache as a zero key).
 #pragma once
 
 #include <cstdint>
@@ -22,8 +23,8 @@ namespace lockstep::contract {
 // The i-th element of a 1-d i32 or i64 host view.
 int64_t index_at(const TensorView& t, int64_t i);
 
-// The device a view whose contents may be read must have: the host (contents checked), or `dev`
-// (contents guarded by the kernel).
+// The device a block table (or sampling's Philox counters) must have: the host (contents
+// checked), or `dev` (trusted).
 inline Device host_or(Device dev, const TensorView& t) {
   return t.device == Device::kCPU ? Device::kCPU : dev;
 }

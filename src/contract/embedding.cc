@@ -29,7 +29,7 @@ namespace lockstep::contract {
 
 int64_t check_gather(const char* op, Device dev, const TensorView& ids, const TensorView& table,
                      int64_t table_rows, int64_t vocab, const TensorView& out) {
-  check_tensor_dtypes(op, "ids", ids, {DType::kI32, DType::kI64}, {-1}, host_or(dev, ids));
+  check_tensor_dtypes(op, "ids", ids, {DType::kI32, DType::kI64}, {-1}, dev);
   const int64_t T = ids.shape[0];
   check_tensor(op, "table", table, DType::kBF16, {table_rows, -1}, dev);
   check_inner_contiguous(op, "table", table);
@@ -39,7 +39,7 @@ int64_t check_gather(const char* op, Device dev, const TensorView& ids, const Te
   check_inner_contiguous(op, "out", out);
   // Host ids are all checked before anything is written; device ids: an id outside the vocab
   // gives a canonical-NaN row (the kernel's guard).
-  if (ids.device != Device::kCPU) return T;
+  if (dev != Device::kCPU) return T;
   for (int64_t t = 0; t < T; ++t) {
     const int64_t id = index_at(ids, t);
     LS_CHECK(id >= 0 && id < vocab, op, "argument 'ids' element ", t, " = ", id,

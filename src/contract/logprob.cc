@@ -131,9 +131,8 @@ void check_h(const char* op, Device dev, const TensorView& h, const ContractConf
 
 void check_targets(const char* op, Device dev, const TensorView& targets, int64_t T, int64_t V,
                    int64_t ignore_index) {
-  check_tensor_dtypes(op, "targets", targets, {DType::kI32, DType::kI64}, {T},
-                      host_or(dev, targets));
-  if (targets.device != Device::kCPU) return;  // device targets: the kernel guards them
+  check_tensor_dtypes(op, "targets", targets, {DType::kI32, DType::kI64}, {T}, dev);
+  if (dev != Device::kCPU) return;  // device targets: the kernel guards them
   for (int64_t t = 0; t < T; ++t) {
     int64_t g = index_at(targets, t);
     LS_CHECK(g == ignore_index || (g >= 0 && g < V), op, "argument 'targets': targets[", t,

@@ -88,13 +88,12 @@ void check_rope_args(const char* op, Device dev, const TensorView& x, const Tens
   check_tensor(op, "x", x, DType::kBF16, {-1, -1, D}, dev);
   check_inner_contiguous(op, "x", x);
   const int64_t T = x.shape[0], heads = x.shape[1];
-  check_tensor_dtypes(op, "positions", positions, {DType::kI32, DType::kI64}, {T},
-                      host_or(dev, positions));
+  check_tensor_dtypes(op, "positions", positions, {DType::kI32, DType::kI64}, {T}, dev);
   check_tensor(op, "y", y, DType::kBF16, {T, heads, D}, dev);
   check_inner_contiguous(op, "y", y);
   // Every host position is checked before anything is written (device positions: the kernel
   // guards them).
-  if (positions.device != Device::kCPU) return;
+  if (dev != Device::kCPU) return;
   for (int64_t t = 0; t < T; ++t) {
     const int64_t p = index_at(positions, t);
     LS_CHECK(p >= 0 && p < P, op, "argument 'positions' element ", t, " = ", p,

@@ -64,7 +64,8 @@ void check_sample(const char* op, Device dev, const TensorView& h, const TensorV
       throw Error(detail::concat(op, ": argument 'params[", t, "]': ", e.what()));
     }
   }
-  check_tensor(op, "request_ids", request_ids, DType::kI64, {T}, dev);
+  // The Philox counters may be host views (checked here) or views on `dev` (used as they are).
+  check_tensor(op, "request_ids", request_ids, DType::kI64, {T}, host_or(dev, request_ids));
   check_tensor_dtypes(op, "positions", positions, {DType::kI32, DType::kI64}, {T},
                       host_or(dev, positions));
   for (int64_t t = 0; positions.device == Device::kCPU && t < T; ++t) {

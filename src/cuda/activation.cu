@@ -1,8 +1,9 @@
 // Launcher of cuda::silu_mul (kernel: activation.cuh): argument checks before the launch (the
-// CPU op's rules, docs/contract.md §E.3, on device views), asynchronous launch, launch errors
+// contract's checks, docs/contract.md §E.3, on device views), asynchronous launch, launch errors
 // throw.
 #include <cuda_runtime.h>
 
+#include "contract/checks.h"
 #include "cuda/activation.cuh"
 #include "lockstep/cuda/elementwise.h"
 
@@ -10,12 +11,8 @@ namespace lockstep::cuda {
 
 void silu_mul(const TensorView& gate, const TensorView& up, const TensorView& out, void* stream) {
   const char* op = "cuda::silu_mul";
-  using detail::check_device_view;
-  check_device_view(op, "gate", gate, DType::kBF16, {-1, -1});
+  contract::check_silu_mul(op, Device::kCUDA, gate, up, out);
   const int64_t T = gate.shape[0], I = gate.shape[1];
-  LS_CHECK(I >= 1, op, "argument 'gate' expected a last dimension >= 1, got ", gate.shape_string());
-  check_device_view(op, "up", up, DType::kBF16, {T, I});
-  check_device_view(op, "out", out, DType::kBF16, {T, I});
   if (T == 0) return;
   detail::SiluMulParams p{};
   p.gate = static_cast<const uint16_t*>(gate.data);

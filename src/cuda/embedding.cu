@@ -1,10 +1,11 @@
 // Launchers of cuda::embedding / embedding_vocab_parallel / embedding_combine (kernels:
-// embedding.cuh). Arguments are checked before the launch (the CPU ops' rules, docs/contract.md
+// embedding.cuh). Arguments are checked before the launch (the contract's checks, docs/contract.md
 // §E.4, on device views; device ids are not read here); launches are asynchronous, errors throw.
 #include <cuda_runtime.h>
 
 #include <string>
 
+#include "contract/checks.h"
 #include "cuda/embedding.cuh"
 #include "lockstep/cuda/elementwise.h"
 
@@ -12,18 +13,6 @@ namespace lockstep::cuda {
 namespace {
 
 using detail::check_device_view;
-
-// ids [T] i32/i64 (any stride), table [table_rows, H] (H >= 1), out [T, H]; returns T.
-int64_t check_gather(const char* op, const TensorView& ids, const TensorView& table,
-                     int64_t table_rows, const TensorView& out) {
-  check_tensor_dtypes(op, "ids", ids, {DType::kI32, DType::kI64}, {-1}, Device::kCUDA);
-  const int64_t T = ids.shape[0];
-  check_device_view(op, "table", table, DType::kBF16, {table_rows, -1});
-  const int64_t H = table.shape[1];
-  LS_CHECK(H >= 1, op, "argument 'table' expected a hidden size >= 1, got ", table.shape_string());
-  check_device_view(op, "out", out, DType::kBF16, {T, H});
-  return T;
-}
 
 void launch_gather(const char* op, const TensorView& ids, const TensorView& table, int64_t v0,
                    int64_t v1, int64_t vocab, const TensorView& out, void* stream) {
@@ -52,7 +41,7 @@ void embedding(const TensorView& ids, const TensorView& table, const TensorView&
   const char* op = "cuda::embedding";
   check_device_view(op, "table", table, DType::kBF16, {-1, -1});
   const int64_t V = table.shape[0];
-  check_gather(op, ids, table, V, out);
+  contract::check_gather(op, Device::kCUDA, ids, table, V, V, out);
   launch_gather(op, ids, table, 0, V, V, out, stream);
 }
 
@@ -63,24 +52,20 @@ void embedding_vocab_parallel(const TensorView& ids, const TensorView& table,
   LS_CHECK(vocab >= 1 && shard.begin >= 0 && shard.begin <= shard.end && shard.end <= vocab, op,
            "argument 'shard' ", shard.to_string(), " is not inside the vocabulary [0, ", vocab,
            ")");
-  check_gather(op, ids, table, shard.size(), out);
+  contract::check_gather(op, Device::kCUDA, ids, table, shard.size(), vocab, out);
   launch_gather(op, ids, table, shard.begin, shard.end, vocab, out, stream);
 }
 
 void embedding_combine(const std::vector<TensorView>& partials, const TensorView& out,
                        void* stream) {
   const char* op = "cuda::embedding_combine";
-  LS_CHECK(!partials.empty(), op, "argument 'partials' must hold at least one view");
+  contract::check_embedding_combine(op, Device::kCUDA, partials, out);
   LS_CHECK(partials.size() <= size_t(detail::kMaxCombinePartials), op,
            "argument 'partials': at most ", detail::kMaxCombinePartials, " views, got ",
            partials.size());
-  check_device_view(op, "out", out, DType::kBF16, {-1, -1});
   const int64_t T = out.shape[0], H = out.shape[1];
-  LS_CHECK(H >= 1, op, "argument 'out' expected a hidden size >= 1, got ", out.shape_string());
   detail::EmbedCombineParams p{};
   for (size_t r = 0; r < partials.size(); ++r) {
-    const std::string name = lockstep::detail::concat("partials[", r, "]");
-    check_device_view(op, name.c_str(), partials[r], DType::kBF16, {T, H});
     p.part[r] = static_cast<const uint16_t*>(partials[r].data);
     p.ld[r] = partials[r].stride[0];
   }

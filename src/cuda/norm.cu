@@ -3,37 +3,12 @@
 // launch is asynchronous on the caller's stream and a launch error throws.
 #include <cuda_runtime.h>
 
+#include "contract/checks.h"
 #include "cuda/norm.cuh"
 #include "lockstep/cuda/elementwise.h"
 
 namespace lockstep::cuda {
 namespace {
-
-using detail::check_device_view;
-
-// Every row tensor has exactly x's shape ([T, H] or [T, heads, D]).
-void check_rows_like(const char* op, const char* arg, const TensorView& t, const TensorView& x) {
-  if (x.ndim == 2) {
-    check_device_view(op, arg, t, DType::kBF16, {x.shape[0], x.shape[1]});
-  } else {
-    check_device_view(op, arg, t, DType::kBF16, {x.shape[0], x.shape[1], x.shape[2]});
-  }
-}
-
-int64_t check_x_weight(const char* op, const TensorView& x, const TensorView& weight) {
-  LS_CHECK(x.ndim == 2 || x.ndim == 3, op,
-           "argument 'x' expected shape [T, H] or [T, heads, D], got ", x.shape_string());
-  LS_CHECK(x.dtype == DType::kBF16, op, "argument 'x' expected dtype bf16, got ",
-           dtype_name(x.dtype));
-  LS_CHECK(x.device == Device::kCUDA, op, "argument 'x' expected device cuda, got ",
-           device_name(x.device));
-  LS_CHECK(x.shape[x.ndim - 1] >= 1, op, "argument 'x' expected a last dimension >= 1, got ",
-           x.shape_string());
-  check_rows_like(op, "x", x, x);
-  const int64_t H = x.shape[x.ndim - 1];
-  check_device_view(op, "weight", weight, DType::kBF16, {H});
-  return H;
-}
 
 void launch(const detail::RmsNormParams& p, void* stream, const char* op) {
   if (p.rows == 0) return;
@@ -49,9 +24,7 @@ void launch(const detail::RmsNormParams& p, void* stream, const char* op) {
 void rmsnorm(const TensorView& x, const TensorView& weight, const RmsNormConfig& cfg,
              const TensorView& y, void* stream) {
   const char* op = "cuda::rmsnorm";
-  cfg.validate();
-  const int64_t H = check_x_weight(op, x, weight);
-  check_rows_like(op, "y", y, x);
+  const int64_t H = contract::check_rmsnorm(op, Device::kCUDA, x, weight, cfg, y);
   detail::RmsNormParams p{};
   p.x = static_cast<const uint16_t*>(x.data);
   p.w = static_cast<const uint16_t*>(weight.data);
@@ -70,13 +43,8 @@ void rmsnorm_residual(const TensorView& x, const TensorView& residual, const Ten
                       const RmsNormConfig& cfg, const TensorView& residual_out, const TensorView& y,
                       void* stream) {
   const char* op = "cuda::rmsnorm_residual";
-  cfg.validate();
-  const int64_t H = check_x_weight(op, x, weight);
-  check_rows_like(op, "residual", residual, x);
-  check_rows_like(op, "residual_out", residual_out, x);
-  check_rows_like(op, "y", y, x);
-  LS_CHECK(residual_out.data != y.data || x.numel() == 0, op,
-           "outputs 'residual_out' and 'y' must not be the same memory");
+  const int64_t H = contract::check_rmsnorm_residual(op, Device::kCUDA, x, residual, weight, cfg,
+                                                     residual_out, y);
   detail::RmsNormParams p{};
   p.x = static_cast<const uint16_t*>(x.data);
   p.res = static_cast<const uint16_t*>(residual.data);

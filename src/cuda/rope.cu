@@ -3,6 +3,7 @@
 // launches on the caller's stream, throws on a launch error.
 #include <cuda_runtime.h>
 
+#include "contract/checks.h"
 #include "cuda/rope.cuh"
 #include "lockstep/cuda/elementwise.h"
 
@@ -21,8 +22,7 @@ void rope(const TensorView& x, const TensorView& positions, const TensorView& co
   const int64_t P = cos.shape[0];
   LS_CHECK(P >= 1, op, "argument 'cos': expected at least one table row, got ", cos.shape_string());
   check_device_view(op, "sin", sin, DType::kF32, {P, half});
-  check_tensor_dtypes(op, "positions", positions, {DType::kI32, DType::kI64}, {T}, Device::kCUDA);
-  check_device_view(op, "y", y, DType::kBF16, {T, heads, D});
+  contract::check_rope_args(op, Device::kCUDA, x, positions, D, P, y);
   const int64_t rows = T * heads;
   if (rows == 0) return;
   detail::RopeParams p{};

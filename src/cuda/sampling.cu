@@ -14,6 +14,7 @@
 #include <cub/device/device_segmented_radix_sort.cuh>
 #include <vector>
 
+#include "contract/checks.h"
 #include "cuda/logprob_internal.h"
 #include "cuda/sampling.cuh"
 #include "lockstep/cuda/gemm.h"
@@ -23,45 +24,8 @@
 namespace lockstep::cuda {
 namespace {
 
-constexpr int64_t kMaxVocab = int64_t(1) << detail::kVocabBits;  // keeps Σ q exact in a double
-
-void check_sample_args(const char* op, const TensorView& h, const TensorView& w,
-                       std::span<const SamplingParams> params, const TensorView& request_ids,
-                       const TensorView& positions, const ContractConfig& cfg,
-                       const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
-                       const TensorView& entropy) {
-  using detail::check_device_view;
-  cfg.validate();
-  check_device_view(op, "h", h, DType::kBF16, {-1, -1});
-  LS_CHECK(h.size(1) >= 1, op, "argument 'h': hidden size (dim 1) must be >= 1, got ", h.size(1));
-  check_device_view(op, "w", w, DType::kBF16, {-1, h.size(1)});
-  const int64_t T = h.size(0), V = w.size(0);
-  LS_CHECK(V >= 1 && V < kMaxVocab, op,
-           "argument 'w': vocab size (dim 0) must be in [1, 2^21), got ", V);
-  LS_CHECK(int64_t(params.size()) == T, op, "argument 'params': expected ", T,
-           " entries (one per row of h), got ", params.size());
-  for (int64_t t = 0; t < T; ++t) {
-    try {
-      params[size_t(t)].validate();
-    } catch (const Error& e) {
-      throw Error(lockstep::detail::concat(op, ": argument 'params[", t, "]': ", e.what()));
-    }
-  }
-  check_tensor(op, "request_ids", request_ids, DType::kI64, {T}, request_ids.device);
-  check_tensor_dtypes(op, "positions", positions, {DType::kI32, DType::kI64}, {T},
-                      positions.device);
-  if (positions.device == Device::kCPU) {
-    for (int64_t t = 0; t < T; ++t) {
-      const int64_t pos = detail::host_index(positions, t);
-      LS_CHECK(pos >= 0 && pos <= int64_t(UINT32_MAX), op, "argument 'positions': positions[", t,
-               "] = ", pos, " is outside [0, 2^32)");
-    }
-  }
-  check_tensor_dtypes(op, "token_ids", token_ids, {DType::kI32, DType::kI64}, {T}, Device::kCUDA);
-  check_tensor(op, "logp", logp, DType::kF32, {T}, Device::kCUDA);
-  check_tensor(op, "lse", lse, DType::kF32, {T}, Device::kCUDA);
-  check_tensor(op, "entropy", entropy, DType::kF32, {T}, Device::kCUDA);
-}
+static_assert(kSampleMaxVocab == int64_t(1) << detail::kVocabBits,
+              "the kernels pack vocab ids in kVocabBits");
 
 void check_cuda(const char* op, cudaError_t e, const char* what) {
   LS_CHECK(e == cudaSuccess, op, what, " failed: ", cudaGetErrorString(e));
@@ -74,7 +38,8 @@ void sample(const TensorView& h, const TensorView& w, std::span<const SamplingPa
             const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
             const TensorView& entropy, void* stream) {
   const char* op = "cuda::sample";
-  check_sample_args(op, h, w, params, request_ids, positions, cfg, token_ids, logp, lse, entropy);
+  contract::check_sample(op, Device::kCUDA, h, w, params, request_ids, positions, cfg, token_ids,
+                         logp, lse, entropy);
   const int64_t T = h.size(0), V = w.size(0);
   if (T == 0) return;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
