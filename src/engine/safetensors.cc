@@ -797,8 +797,8 @@ void Checkpoint::check_finite(const std::string& name) const {
     const uint16_t* p = reinterpret_cast<const uint16_t*>(raw);
     bad = first_flagged(p, n, [](uint16_t h) { return (h & 0x7c00u) == 0x7c00u; });
     if (bad >= 0)
-      value = fmt_float(f16_to_f32(p[bad])) +
-              detail::concat(" (F16 bits 0x", std::hex, p[bad], ")");
+      value =
+          fmt_float(f16_to_f32(p[bad])) + detail::concat(" (F16 bits 0x", std::hex, p[bad], ")");
   } else if (t.dtype == "F32") {
     // |x| >= 0x7f7f8000 (the midpoint between the largest bf16 and Inf) is Inf or NaN already,
     // or rounds to Inf when the load converts it to bf16.
@@ -836,14 +836,14 @@ LoadReport Checkpoint::check_qwen3(const Qwen3Config& cfg, const LoadOptions& op
     if (l + 1 > ckpt_layers) ckpt_layers = l + 1, example = n;
   }
   if (ckpt_layers > L)
-    throw Error(detail::concat(
-        where, "the config has num_hidden_layers = ", L, ", but the checkpoint has ", ckpt_layers,
-        " layers (model.layers.0 .. model.layers.", ckpt_layers - 1, ", e.g. '", shown(example),
-        "'): config.json and the weights disagree"));
+    throw Error(
+        detail::concat(where, "the config has num_hidden_layers = ", L, ", but the checkpoint has ",
+                       ckpt_layers, " layers (model.layers.0 .. model.layers.", ckpt_layers - 1,
+                       ", e.g. '", shown(example), "'): config.json and the weights disagree"));
 
   std::vector<std::string> missing, other_dtype;
   std::set<std::string> used;
-  const std::string want_dtype = cfg.torch_dtype == "bfloat16" ? "BF16"
+  const std::string want_dtype = cfg.torch_dtype == "bfloat16"  ? "BF16"
                                  : cfg.torch_dtype == "float32" ? "F32"
                                  : cfg.torch_dtype == "float16" ? "F16"
                                                                 : "";
@@ -866,9 +866,9 @@ LoadReport Checkpoint::check_qwen3(const Qwen3Config& cfg, const LoadOptions& op
     os << where;
     const int64_t first_missing_layer = layer_of(missing[0]);
     if (ckpt_layers > 0 && ckpt_layers < L && first_missing_layer >= ckpt_layers) {
-      os << "the config has num_hidden_layers = " << L << ", but the checkpoint has "
-         << ckpt_layers << " layers (model.layers.0 .. model.layers." << ckpt_layers - 1
-         << "): it has no tensor " << missing[0];
+      os << "the config has num_hidden_layers = " << L << ", but the checkpoint has " << ckpt_layers
+         << " layers (model.layers.0 .. model.layers." << ckpt_layers - 1 << "): it has no tensor "
+         << missing[0];
     } else {
       os << "missing tensor " << missing[0];
     }
@@ -887,13 +887,13 @@ LoadReport Checkpoint::check_qwen3(const Qwen3Config& cfg, const LoadOptions& op
     if (opt.warn) opt.warn(msg);
   };
   if (!report.unused.empty()) {
-    std::string msg = detail::concat(where, report.unused.size(), " tensor",
-                                     report.unused.size() == 1 ? "" : "s",
-                                     " the config does not use (ignored): ",
-                                     name_list(report.unused));
+    std::string msg =
+        detail::concat(where, report.unused.size(), " tensor", report.unused.size() == 1 ? "" : "s",
+                       " the config does not use (ignored): ", name_list(report.unused));
     if (cfg.tie_word_embeddings && index_.count("lm_head.weight"))
-      msg += "; tie_word_embeddings is true, so the head is model.embed_tokens.weight, not "
-             "lm_head.weight";
+      msg +=
+          "; tie_word_embeddings is true, so the head is model.embed_tokens.weight, not "
+          "lm_head.weight";
     warn(msg);
   }
   if (!other_dtype.empty()) {
