@@ -548,6 +548,7 @@ Checkpoint Checkpoint::open(const std::string& dir) {
 
   const fs::path single = d / "model.safetensors", index = d / "model.safetensors.index.json";
   if (present(single)) {
+    c.index_ignored_ = present(index);
     c.files_.push_back(SafetensorsFile::open(single.string()));
     for (const TensorInfo& t : c.files_[0].tensors()) c.index_[t.name] = Entry{0, &t};
     return c;
@@ -903,6 +904,12 @@ LoadReport Checkpoint::check_qwen3(const Qwen3Config& cfg, const LoadOptions& op
                         want_dtype, "), e.g. '", ex, "' is ", index_.at(ex).info->dtype,
                         "; every weight is converted to bf16 at load"));
   }
+  if (index_ignored_)
+    warn(where +
+         "model.safetensors and model.safetensors.index.json both exist: model.safetensors is "
+         "loaded and the index (and its shards) ignored, as transformers does");
+  if (opt.verify_checksums)
+    for (const SafetensorsFile& f : files_) f.verify_checksum();
   if (opt.check_finite)
     for (const WeightSpec& w : specs) check_finite(w.name);
   return report;

@@ -87,6 +87,9 @@ struct LoadOptions {
   // Scan every weight the config uses for NaN/Inf (and f32 values that overflow bf16): one pass
   // over the data, parallel, vectorized. Done once per tensor per Checkpoint (and its copies).
   bool check_finite = true;
+  // Recompute the sha256 of every file that records one (kDataSha256Key; lockstep's writer adds
+  // it) and refuse a mismatch. A full hash of the data (~0.5 GB/s): off by default.
+  bool verify_checksums = false;
   // Receives each warning as one line (no trailing newline); nullptr: warnings are only returned
   // in the LoadReport. The library never prints by itself.
   std::function<void(const std::string&)> warn;
@@ -138,8 +141,9 @@ class Checkpoint {
   //     in bf16 (the tensor, the first bad index and its value named);
   //   - with opt.strict: any warning.
   // Warnings (to opt.warn and the report): tensors the config does not use (e.g. lm_head.weight
-  // in a tied checkpoint, rotary_emb.inv_freq), and weights stored in a float dtype other than
-  // the config's torch_dtype.
+  // in a tied checkpoint, rotary_emb.inv_freq), weights stored in a float dtype other than the
+  // config's torch_dtype, and a model.safetensors.index.json ignored because model.safetensors
+  // exists too. With opt.verify_checksums, a checksum mismatch is an error.
   LoadReport check_qwen3(const Qwen3Config& cfg, const LoadOptions& opt = {}) const;
   // check_qwen3(config(), no finite scan, not strict): the names of unused tensors, sorted.
   std::vector<std::string> check_qwen3_weights() const;
@@ -160,6 +164,7 @@ class Checkpoint {
   Qwen3Config config_;
   std::vector<SafetensorsFile> files_;
   std::map<std::string, Entry> index_;
+  bool index_ignored_ = false;  // model.safetensors.index.json exists but model.safetensors won
   // Names of the tensors already scanned for non-finite values, shared by copies.
   struct FiniteCache;
   std::shared_ptr<FiniteCache> finite_;

@@ -918,6 +918,16 @@ TEST(Checkpoint, UnusedTensorsWarnOrFailWhenStrict) {
   opt.strict = true;
   expect_error_containing([&] { Checkpoint::load(dir.path.string(), opt); },
                           {"does not use", "'model.rotary_emb.inv_freq'", "strict"});
+  // A shard index next to model.safetensors is ignored: said so.
+  write_text(dir / "model.safetensors.index.json", "{}");
+  opt.strict = false;
+  seen.clear();
+  Checkpoint::load(dir.path.string(), opt, &report);
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_NE(seen[1].find("model.safetensors and model.safetensors.index.json both exist"),
+            std::string::npos)
+      << seen[1];
+  opt.strict = true;
   // A clean checkpoint passes strict with no warning.
   TempDir clean;
   write_checkpoint(clean, cfg, named(w));
@@ -1014,6 +1024,19 @@ TEST(Checkpoint, NonFiniteWeightsAreRefusedAtLoad) {
     LoadOptions off;
     off.check_finite = false;
     EXPECT_NO_THROW(Checkpoint::load(dir.path.string(), off));
+  }
+  {  // A flipped byte in a file that records its sha256: verify_checksums names the file.
+    TempDir dir;
+    write_checkpoint(dir, cfg, named(w));
+    std::fstream f(dir / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);
+    f.put('\x11');
+    f.close();
+    EXPECT_NO_THROW(Checkpoint::load(dir.path.string()));
+    LoadOptions verify;
+    verify.verify_checksums = true;
+    expect_error_containing([&] { Checkpoint::load(dir.path.string(), verify); },
+                            {dir / "model.safetensors", "data checksum mismatch"});
   }
   // F32: Inf, and a finite value that overflows bf16 (> the midpoint of bf16 max and Inf); the
   // largest value that rounds to bf16 max is accepted.
