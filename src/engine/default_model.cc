@@ -174,7 +174,8 @@ namespace {
 bool create_model_dir(const std::string& dir, const ModelFileBytes& files,
                       const std::string& what) {
   static std::atomic<uint64_t> counter{0};
-  const fs::path target = fs::path(dir).lexically_normal();
+  fs::path target = fs::path(dir).lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();  // "models/default/"
   const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
   std::error_code ec;
   fs::create_directories(parent, ec);

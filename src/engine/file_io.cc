@@ -111,6 +111,9 @@ void fsync_directory(const std::string& dir, const std::string& what) {
   FileHandle dfd(::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dfd.get() < 0) {
     const int err = errno;
+    // A directory one may write but not read (mode -wx): the rename is done, only its
+    // durability cannot be forced from here.
+    if (err == EACCES || err == EPERM) return;
     throw Error(what + ": cannot open directory " + dir + " to sync it: " + errno_text(err));
   }
   if (::fsync(dfd.get()) != 0 && errno != EINVAL && errno != ENOTSUP) {

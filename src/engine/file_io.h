@@ -67,7 +67,8 @@ std::string read_small_file(const std::string& path, uint64_t cap, const std::st
 void write_file_atomic(const std::string& path, const void* data, size_t size);
 
 // fsync of a directory, so that renames into it are durable. Filesystems that cannot sync a
-// directory (EINVAL, ENOTSUP) are accepted; any other failure is an Error.
+// directory (EINVAL, ENOTSUP) and directories that cannot be opened for reading (EACCES, EPERM)
+// are accepted; any other failure is an Error.
 void fsync_directory(const std::string& dir, const std::string& what);
 
 }  // namespace lockstep::engine

@@ -243,6 +243,11 @@ TEST(DefaultModel, CreationIsAllOrNothing) {
   EXPECT_EQ(ensure_default_model(d), d);
   EXPECT_EQ(entries(d), (std::vector<std::string>{"config.json", "model.safetensors"}));
   EXPECT_TRUE(Checkpoint::load(d).check_qwen3_weights().empty());
+  // A trailing slash names the same directory.
+  const std::string slash = (dir.path / "slash").string() + "/";
+  EXPECT_EQ(ensure_default_model(slash), slash);
+  EXPECT_EQ(entries(dir.path / "slash"),
+            (std::vector<std::string>{"config.json", "model.safetensors"}));
   // write_model_files into a fresh directory is all-or-nothing too.
   const std::string w = (dir.path / "written").string();
   write_model_files(w, default_model_files());

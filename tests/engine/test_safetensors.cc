@@ -1053,6 +1053,37 @@ TEST(Checkpoint, NonFiniteWeightsAreRefusedAtLoad) {
     expect_error_containing([&] { Checkpoint::load(dir.path.string()); },
                             {"tensor model.norm.weight", "index 7 [7]", needle});
   }
+  // F16 (no lockstep dtype: the norm goes into a hand-built second shard).
+  for (const uint16_t bits : {uint16_t(0x3c00), uint16_t(0x7c00), uint16_t(0xfe00)}) {
+    TempDir dir;
+    std::vector<NamedTensor> rest;
+    std::string index = "{\"weight_map\": {\"model.norm.weight\": \"b.safetensors\"";
+    for (const NamedTensor& t : named(w))
+      if (t.name != "model.norm.weight") {
+        rest.push_back(t);
+        index += ", \"" + t.name + "\": \"a.safetensors\"";
+      }
+    write_text(dir / "config.json", cfg.to_json());
+    write_safetensors(dir / "a.safetensors", rest);
+    write_text(dir / "model.safetensors.index.json", index + "}}");
+    const std::string h =
+        R"({"model.norm.weight":{"dtype":"F16","shape":[32],"data_offsets":[0,64]}})";
+    std::vector<uint8_t> bytes = st_bytes(h, 64);
+    for (int i = 0; i < 32; ++i) {
+      const uint16_t v = i == 9 ? bits : uint16_t(0x3c00);
+      std::memcpy(bytes.data() + 8 + h.size() + 2 * i, &v, 2);
+    }
+    std::ofstream(dir / "b.safetensors", std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), long(bytes.size()));
+    if (bits == 0x3c00) {
+      EXPECT_NO_THROW(Checkpoint::load(dir.path.string()));
+    } else {
+      expect_error_containing(
+          [&] { Checkpoint::load(dir.path.string()); },
+          {"tensor model.norm.weight in " + (dir / "b.safetensors"), "index 9 [9]",
+           bits == 0x7c00 ? "+Inf (F16 bits 0x7c00)" : "NaN (F16 bits 0xfe00)"});
+    }
+  }
   Tensor edge(DType::kF32, {32});
   for (int i = 0; i < 32; ++i) edge.ptr<float>()[i] = 1.0f;
   const uint32_t below = 0x7f7f7fffu;  // rounds down to bf16 max
