@@ -5,11 +5,11 @@
 
 #include <charconv>
 #include <cmath>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "engine/file_io.h"
 #include "engine/text.h"
 #include "lockstep/error.h"
 
@@ -23,6 +23,7 @@ constexpr int64_t kMaxDim = int64_t(1) << 24;        // V, H, I, D, heads
 constexpr int64_t kMaxLayers = 1024;                 // L
 constexpr int64_t kMaxPositions = int64_t(1) << 30;  // max_position_embeddings
 constexpr int kMaxJsonDepth = 64;
+constexpr uint64_t kMaxConfigBytes = uint64_t(16) << 20;  // real config.json files are a few KB
 
 // Shortest decimal that reads back to the same double.
 std::string fmt_double(double v) {
@@ -379,12 +380,7 @@ Qwen3Config parse_qwen3_config(const std::string& json_text, const std::string& 
 }
 
 Qwen3Config load_qwen3_config(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  LS_CHECK(in.good(), "config", "cannot open ", path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  LS_CHECK(!in.bad(), "config", "error reading ", path);
-  return parse_qwen3_config(ss.str(), path);
+  return parse_qwen3_config(read_small_file(path, kMaxConfigBytes, "config " + path), path);
 }
 
 std::vector<WeightSpec> qwen3_weight_specs(const Qwen3Config& c) {

@@ -45,7 +45,8 @@ struct Qwen3Config {
 
 // Parses config.json text. `source` names the file in error messages. Validates.
 Qwen3Config parse_qwen3_config(const std::string& json_text, const std::string& source);
-// Reads and parses a config.json file.
+// Reads and parses a config.json file (at most 16 MiB; opened with open_regular_file, so a FIFO,
+// a device or a directory is refused before reading, and a symlink loop is named).
 Qwen3Config load_qwen3_config(const std::string& path);
 
 // One weight tensor of the architecture: its Hugging Face name and shape (torch Linear layout,

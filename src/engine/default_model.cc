@@ -3,14 +3,21 @@
 // std::*_distribution (their algorithms differ between standard libraries), no libm.
 #include "engine/default_model.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <optional>
 
 #include "core/philox.h"
 #include "core/thread_pool.h"
+#include "engine/file_io.h"
 #include "engine/safetensors.h"
 #include "lockstep/error.h"
 
@@ -159,11 +166,57 @@ ModelFileBytes serialize_qwen3_model(const Qwen3Config& cfg, const Weights& weig
   return files;
 }
 
-void write_model_files(const std::string& dir, const ModelFileBytes& files) {
+namespace {
+
+// Writes both files into a fresh sibling directory and renames it to `dir`, so `dir` either does
+// not exist or holds the complete model (an interrupted or failed write leaves no `dir`). Returns
+// false, having removed its own temporary directory, if another writer created `dir` first.
+bool create_model_dir(const std::string& dir, const ModelFileBytes& files,
+                      const std::string& what) {
+  static std::atomic<uint64_t> counter{0};
+  fs::path target = fs::path(dir).lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();  // "models/default/"
+  const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
   std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw Error("write model " + dir + ": cannot create the directory: " + ec.message());
-  // Weights first: a directory with config.json is complete.
+  fs::create_directories(parent, ec);
+  if (ec)
+    throw Error(what + ": cannot create the parent directory " + parent.string() + ": " +
+                ec.message());
+  const std::string tmp = detail::concat(target.string(), ".tmp.", ::getpid(), ".", counter++);
+  if (::mkdir(tmp.c_str(), 0755) != 0) {
+    const int err = errno;
+    throw Error(what + ": cannot create " + tmp + ": " + std::strerror(err));
+  }
+  try {
+    write_file_atomic((fs::path(tmp) / "model.safetensors").string(), files.safetensors.data(),
+                      files.safetensors.size());
+    write_file_atomic((fs::path(tmp) / "config.json").string(), files.config_json.data(),
+                      files.config_json.size());
+    if (::rename(tmp.c_str(), target.c_str()) != 0) {
+      const int err = errno;
+      if (err != EEXIST && err != ENOTEMPTY)
+        throw Error(what + ": cannot rename " + tmp + " to " + target.string() + ": " +
+                    std::strerror(err));
+      fs::remove_all(tmp, ec);
+      return false;
+    }
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  fsync_directory(parent.string(), what);
+  return true;
+}
+
+}  // namespace
+
+void write_model_files(const std::string& dir, const ModelFileBytes& files) {
+  const std::string what = "write model " + dir;
+  if (!stat_path(dir, what)) {
+    if (create_model_dir(dir, files, what)) return;
+  }
+  require_directory(dir, what);
+  // Into an existing directory: weights first, so a directory with config.json is complete.
   write_file_atomic((fs::path(dir) / "model.safetensors").string(), files.safetensors.data(),
                     files.safetensors.size());
   write_file_atomic((fs::path(dir) / "config.json").string(), files.config_json.data(),
@@ -179,10 +232,10 @@ ModelFileBytes default_model_files() {
 
 std::string ensure_default_model(const std::string& dir) {
   const std::string what = "default model " + dir;
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw Error(what + ": cannot create the directory: " + ec.message());
   ModelFileBytes files = default_model_files();
+  // Absent: created complete in one rename (a concurrent creator may win; then it is verified).
+  if (!stat_path(dir, what) && create_model_dir(dir, files, what)) return dir;
+  require_directory(dir, what);
   struct File {
     const char* name;
     const void* data;
@@ -193,25 +246,42 @@ std::string ensure_default_model(const std::string& dir) {
                        {"config.json", files.config_json.data(), files.config_json.size()}};
   for (const File& f : list) {
     const std::string path = (fs::path(dir) / f.name).string();
-    if (!fs::exists(path, ec)) {
+    std::optional<struct stat> st = stat_path(path, what);
+    if (!st) {
       write_file_atomic(path, f.data, f.size);
       continue;
     }
-    const auto size = fs::file_size(path, ec);
-    if (ec) throw Error(what + ": cannot read " + path + ": " + ec.message());
+    if (!S_ISREG(st->st_mode))
+      throw Error(what + ": " + path + " is " + file_kind(st->st_mode) +
+                  ", not a regular file; delete " + dir + " to regenerate it");
+    const uint64_t size = uint64_t(st->st_size);
     if (size != f.size)
       throw Error(detail::concat(what, ": ", f.name, " is ", size, " bytes, the built-in default ",
                                  "model's is ", f.size, "; delete ", dir, " to regenerate it"));
-    std::string have(f.size, '\0');
-    std::ifstream in(path, std::ios::binary);
-    in.read(have.data(), std::streamsize(f.size));
-    if (!in || size_t(in.gcount()) != f.size) throw Error(what + ": cannot read " + path);
+    const std::string have = read_small_file(path, f.size, what);
     if (std::memcmp(have.data(), f.data, f.size) != 0)
       throw Error(what + ": " + f.name + " differs from the built-in default model (sha256 " +
                   sha256_hex(have.data(), have.size()) + ", expected " +
                   sha256_hex(f.data, f.size) + "); delete " + dir + " to regenerate it");
   }
   return dir;
+}
+
+std::string default_model_cache_dir() {
+  // XDG base directory spec: a relative XDG_CACHE_HOME is invalid and ignored.
+  std::string base;
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  if (xdg && xdg[0] == '/') {
+    base = xdg;
+  } else if (home && home[0] == '/') {
+    base = std::string(home) + "/.cache";
+  } else {
+    throw Error(
+        "default model: neither XDG_CACHE_HOME nor HOME is an absolute path, so there is no "
+        "cache directory for the built-in model; give a model directory explicitly");
+  }
+  return base + "/lockstep/default-v" + kDefaultModelVersion;
 }
 
 }  // namespace lockstep::engine

@@ -56,15 +56,25 @@ struct ModelFileBytes {
 // metadata (what transformers expects) plus `metadata`.
 ModelFileBytes serialize_qwen3_model(const Qwen3Config& cfg, const Weights& weights,
                                      const std::map<std::string, std::string>& metadata = {});
-// Writes config.json and model.safetensors into `dir` (created if needed), each atomically.
+// Writes config.json and model.safetensors into `dir`. If `dir` does not exist, both files are
+// written into a temporary sibling directory that is then renamed to `dir`: `dir` never exists
+// half-written. Into an existing directory, each file is replaced atomically, weights first. Every
+// write error is an Error.
 void write_model_files(const std::string& dir, const ModelFileBytes& files);
 
 // The default model's files, generated in memory (about 10 ms).
 ModelFileBytes default_model_files();
 
-// Makes `dir` hold the default model: each of config.json / model.safetensors is written if
-// absent and compared byte for byte with the generated one if present; a difference is an Error
-// (never silently overwritten) telling the user to delete the directory. Returns `dir`.
+// Makes `dir` hold the default model. An absent `dir` is created complete (temporary sibling
+// directory, then one rename; safe against a concurrent creator and against interruption). In an
+// existing `dir`, each of config.json / model.safetensors is written if absent and compared byte
+// for byte with the generated one if present; a difference is an Error (never silently
+// overwritten) telling the user to delete the directory. Returns `dir`.
 std::string ensure_default_model(const std::string& dir);
+
+// Where the built-in model is kept when no model directory is given:
+// $XDG_CACHE_HOME/lockstep/default-v<kDefaultModelVersion> (XDG_CACHE_HOME absolute), else
+// $HOME/.cache/lockstep/default-v<kDefaultModelVersion>; Error if neither is an absolute path.
+std::string default_model_cache_dir();
 
 }  // namespace lockstep::engine

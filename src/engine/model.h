@@ -79,9 +79,11 @@ using TraceFn = std::function<void(const std::string& op, int layer, const Tenso
 class Model {
  public:
   // Takes weights from a checkpoint (bf16 kept as is, zero-copy on a CPU backend, one upload to a
-  // device backend; f32/f16 rounded to bf16 RNE once at load), validates every tensor's
-  // name/shape against `cfg` (clear errors), and shards them for options.tp. A CPU-backend model
-  // keeps the checkpoint's mapping alive.
+  // device backend; f32/f16 rounded to bf16 RNE once at load), checks it against `cfg` with
+  // ckpt.check_qwen3(cfg) (layer count, names, shapes, dtypes, NaN/Inf: clear errors; warnings
+  // are not reported here: use Checkpoint::load with a LoadOptions::warn sink, or strict, first),
+  // and shards the weights for options.tp. A CPU-backend model keeps the checkpoint's mapping
+  // alive.
   Model(const Qwen3Config& cfg, const Checkpoint& ckpt, const ModelOptions& opt,
         std::shared_ptr<OpsBackend> ops);
   // Same from named weights (HF names, e.g. from random_qwen3_weights): bf16 or f32 views of the

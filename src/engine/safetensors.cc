@@ -11,15 +11,17 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/thread_pool.h"
 #include "engine/text.h"
 #include "lockstep/error.h"
 
@@ -197,27 +199,6 @@ TensorInfo parse_entry(const std::string& file, const std::string& name, const j
   t.data_begin = *b;
   t.data_end = *e;
   return t;
-}
-
-// RAII for a POSIX file descriptor.
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
-std::string read_small_file(const std::string& path, uint64_t cap, const std::string& what) {
-  std::error_code ec;
-  auto size = fs::file_size(path, ec);
-  if (ec) throw Error(what + ": cannot read " + path + ": " + ec.message());
-  if (size > cap)
-    throw Error(detail::concat(what, ": ", path, " is ", size, " bytes (cap ", cap, ")"));
-  std::ifstream in(path, std::ios::binary);
-  std::string s(size_t(size), '\0');
-  in.read(s.data(), std::streamsize(size));
-  if (!in || uint64_t(in.gcount()) != size) throw Error(what + ": error reading " + path);
-  return s;
 }
 
 // SHA-256 (FIPS 180-4).
@@ -470,15 +451,9 @@ void SafetensorsFile::Impl::parse() {
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
   auto im = std::make_shared<Impl>();
   im->path = path;
-  Fd fd;
-  fd.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd.fd < 0) fail(path, std::string("cannot open: ") + std::strerror(errno));
-  struct stat st;
-  if (::fstat(fd.fd, &st) != 0) fail(path, std::string("cannot stat: ") + std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
-  im->size = uint64_t(st.st_size);
+  FileHandle fd = open_regular_file(path, "safetensors " + path, &im->size);
   if (im->size >= 8) {
-    void* m = ::mmap(nullptr, size_t(im->size), PROT_READ, MAP_PRIVATE, fd.fd, 0);
+    void* m = ::mmap(nullptr, size_t(im->size), PROT_READ, MAP_PRIVATE, fd.get(), 0);
     if (m == MAP_FAILED) fail(path, std::string("cannot map: ") + std::strerror(errno));
     im->map = m;
     im->map_size = size_t(im->size);
@@ -560,21 +535,25 @@ bool SafetensorsFile::verify_checksum() const {
 
 Checkpoint Checkpoint::open(const std::string& dir) {
   const std::string what = "checkpoint " + dir;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) throw Error(what + ": not a directory");
+  require_directory(dir, what);
   Checkpoint c;
   c.dir_ = dir;
+  c.finite_ = std::make_shared<FiniteCache>();
   fs::path d(dir);
-  if (!fs::exists(d / "config.json", ec)) throw Error(what + ": config.json not found");
+  // Present (whatever its type: the open below refuses non-regular files), absent, or an error
+  // such as a symlink loop.
+  auto present = [&](const fs::path& p) { return stat_path(p.string(), what).has_value(); };
+  if (!present(d / "config.json")) throw Error(what + ": config.json not found");
   c.config_ = load_qwen3_config((d / "config.json").string());
 
   const fs::path single = d / "model.safetensors", index = d / "model.safetensors.index.json";
-  if (fs::exists(single, ec)) {
+  if (present(single)) {
+    c.index_ignored_ = present(index);
     c.files_.push_back(SafetensorsFile::open(single.string()));
     for (const TensorInfo& t : c.files_[0].tensors()) c.index_[t.name] = Entry{0, &t};
     return c;
   }
-  if (!fs::exists(index, ec))
+  if (!present(index))
     throw Error(what + ": neither model.safetensors nor model.safetensors.index.json found");
 
   const std::string iwhat = what + ": model.safetensors.index.json";
@@ -603,7 +582,7 @@ Checkpoint Checkpoint::open(const std::string& dir) {
   }
   for (auto& [f, id] : shard_ids) {
     fs::path p = d / f;
-    if (!fs::exists(p, ec)) {
+    if (!present(p)) {
       std::string example;
       for (const auto& [t, s] : weight_map)
         if (s == f) {
@@ -662,9 +641,9 @@ void Checkpoint::check_shape(const std::string& name, const TensorInfo& info,
   bool ok = info.shape.size() == shape.size();
   for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || shape[i] == info.shape[i];
   if (!ok)
-    throw Error("checkpoint " + dir_ + ": tensor " + shown(name) + ": shape mismatch: expected " +
-                shape_str(shape) + " (from config.json), got " + info.shape_string() + " in " +
-                files_[entry(name).file].path());
+    throw Error("checkpoint " + dir_ + ": tensor " + shown(name) + " has shape " +
+                info.shape_string() + ", the config expects " + shape_str(shape) +
+                " (shape mismatch; the tensor is in " + files_[entry(name).file].path() + ")");
 }
 
 TensorView Checkpoint::get(const std::string& name, DType dtype,
@@ -714,10 +693,162 @@ Tensor Checkpoint::get_converted(const std::string& name, DType dtype,
   return out;
 }
 
-std::vector<std::string> Checkpoint::check_qwen3_weights() const {
-  std::vector<std::string> missing;
+struct Checkpoint::FiniteCache {
+  std::mutex mu;
+  std::set<std::string> done;  // tensors found finite
+};
+
+Checkpoint Checkpoint::load(const std::string& dir, const LoadOptions& opt, LoadReport* report) {
+  Checkpoint c = open(dir);
+  LoadReport r = c.check_qwen3(c.config(), opt);
+  if (report) *report = std::move(r);
+  return c;
+}
+
+namespace {
+
+// The layer index i of a tensor named "model.layers.{i}.<rest>", or -1.
+int64_t layer_of(const std::string& name) {
+  static const std::string prefix = "model.layers.";
+  if (name.compare(0, prefix.size(), prefix) != 0) return -1;
+  int64_t i = 0;
+  size_t p = prefix.size();
+  for (; p < name.size() && p < prefix.size() + 9 && name[p] >= '0' && name[p] <= '9'; ++p)
+    i = i * 10 + (name[p] - '0');
+  if (p == prefix.size() || p >= name.size() || name[p] != '.') return -1;
+  return i;
+}
+
+// Up to 8 quoted names, then "(and N more)".
+std::string name_list(const std::vector<std::string>& names) {
+  std::string s;
+  for (size_t i = 0; i < names.size() && i < 8; ++i) s += (i ? ", '" : "'") + shown(names[i]) + "'";
+  if (names.size() > 8) s += detail::concat(" (and ", names.size() - 8, " more)");
+  return s;
+}
+
+// Index of the first element `bad` flags in p[0, n), or -1. The first pass only asks which 64K
+// chunks hold a flagged element (a branch-free OR over the chunk, which the compiler vectorizes,
+// chunks in parallel); the exact index is searched in the first such chunk.
+template <typename T, typename Bad>
+int64_t first_flagged(const T* p, int64_t n, Bad bad) {
+  constexpr int64_t kChunk = int64_t(1) << 16;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::atomic<int64_t> first{chunks};
+  parallel_for(chunks, 4, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1 && c < first.load(std::memory_order_relaxed); ++c) {
+      const T* q = p + c * kChunk;
+      const int64_t len = std::min(kChunk, n - c * kChunk);
+      unsigned any = 0;
+      for (int64_t i = 0; i < len; ++i) any |= unsigned(bad(q[i]));
+      if (any) {
+        int64_t cur = first.load();
+        while (c < cur && !first.compare_exchange_weak(cur, c)) {
+        }
+        return;
+      }
+    }
+  });
+  const int64_t c = first.load();
+  if (c == chunks) return -1;
+  for (int64_t i = c * kChunk; i < n; ++i)
+    if (bad(p[i])) return i;
+  return -1;
+}
+
+std::string fmt_float(float v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  std::ostringstream os;
+  os.precision(9);
+  os << v;
+  return os.str();
+}
+
+// "[3, 17]": the multi-index of flat element i of `shape`.
+std::string multi_index(int64_t i, const std::vector<int64_t>& shape) {
+  std::vector<int64_t> idx(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    idx[d] = shape[d] ? i % shape[d] : 0;
+    i = shape[d] ? i / shape[d] : 0;
+  }
+  return shape_str(idx);
+}
+
+}  // namespace
+
+void Checkpoint::check_finite(const std::string& name) const {
+  {
+    std::lock_guard<std::mutex> lock(finite_->mu);
+    if (finite_->done.count(name)) return;
+  }
+  const Entry& e = entry(name);
+  const TensorInfo& t = *e.info;
+  const uint8_t* raw = files_[e.file].raw(t);
+  const int64_t n = t.numel();
+  int64_t bad = -1;
+  std::string value;
+  if (t.dtype == "BF16") {
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(raw);
+    bad = first_flagged(p, n, [](uint16_t h) { return (h & 0x7f80u) == 0x7f80u; });
+    if (bad >= 0)
+      value = fmt_float(bf16_to_f32(bf16{p[bad]})) +
+              detail::concat(" (BF16 bits 0x", std::hex, p[bad], ")");
+  } else if (t.dtype == "F16") {
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(raw);
+    bad = first_flagged(p, n, [](uint16_t h) { return (h & 0x7c00u) == 0x7c00u; });
+    if (bad >= 0)
+      value =
+          fmt_float(f16_to_f32(p[bad])) + detail::concat(" (F16 bits 0x", std::hex, p[bad], ")");
+  } else if (t.dtype == "F32") {
+    // |x| >= 0x7f7f8000 (the midpoint between the largest bf16 and Inf) is Inf or NaN already,
+    // or rounds to Inf when the load converts it to bf16.
+    const uint32_t* p = reinterpret_cast<const uint32_t*>(raw);
+    bad = first_flagged(p, n, [](uint32_t x) { return (x & 0x7fffffffu) >= 0x7f7f8000u; });
+    if (bad >= 0) {
+      float v;
+      std::memcpy(&v, &p[bad], 4);
+      value = fmt_float(v) + detail::concat(" (F32 bits 0x", std::hex, p[bad], ")");
+      if (std::isfinite(v)) value += ", which overflows to Inf when rounded to bf16";
+    }
+  } else {
+    throw Error("checkpoint " + dir_ + ": tensor " + shown(name) + ": dtype " + t.dtype +
+                " is not a float weight type (BF16, F32 or F16)");
+  }
+  if (bad >= 0)
+    throw Error(detail::concat("checkpoint ", dir_, ": tensor ", shown(name), " in ",
+                               files_[e.file].path(), ": non-finite weight at index ", bad, " ",
+                               multi_index(bad, t.shape), " of ", t.shape_string(), ": ", value,
+                               " (the first one; a model with such a weight computes NaN)"));
+  std::lock_guard<std::mutex> lock(finite_->mu);
+  finite_->done.insert(name);
+}
+
+LoadReport Checkpoint::check_qwen3(const Qwen3Config& cfg, const LoadOptions& opt) const {
+  const std::string where = "checkpoint " + dir_ + ": ";
+  const std::vector<WeightSpec> specs = qwen3_weight_specs(cfg);
+  const int64_t L = cfg.num_hidden_layers;
+
+  // Layer count first: a config with fewer layers would otherwise run the first L layers only.
+  int64_t ckpt_layers = 0;  // 1 + the largest layer index of any tensor
+  std::string example;      // a tensor of that layer
+  for (const auto& [n, e] : index_) {
+    const int64_t l = layer_of(n);
+    if (l + 1 > ckpt_layers) ckpt_layers = l + 1, example = n;
+  }
+  if (ckpt_layers > L)
+    throw Error(
+        detail::concat(where, "the config has num_hidden_layers = ", L, ", but the checkpoint has ",
+                       ckpt_layers, " layers (model.layers.0 .. model.layers.", ckpt_layers - 1,
+                       ", e.g. '", shown(example), "'): config.json and the weights disagree"));
+
+  std::vector<std::string> missing, other_dtype;
   std::set<std::string> used;
-  for (const WeightSpec& w : qwen3_weight_specs(config_)) {
+  const std::string want_dtype = cfg.torch_dtype == "bfloat16"  ? "BF16"
+                                 : cfg.torch_dtype == "float32" ? "F32"
+                                 : cfg.torch_dtype == "float16" ? "F16"
+                                                                : "";
+  for (const WeightSpec& w : specs) {
     auto it = index_.find(w.name);
     if (it == index_.end()) {
       missing.push_back(w.name);
@@ -726,22 +857,68 @@ std::vector<std::string> Checkpoint::check_qwen3_weights() const {
     used.insert(w.name);
     const TensorInfo& t = *it->second.info;
     if (t.dtype != "BF16" && t.dtype != "F32" && t.dtype != "F16")
-      throw Error("checkpoint " + dir_ + ": tensor " + w.name + ": dtype " + t.dtype + " in " +
+      throw Error(where + "tensor " + w.name + ": dtype " + t.dtype + " in " +
                   files_[it->second.file].path() + "; weights must be BF16, F32 or F16");
     check_shape(w.name, t, w.shape);
+    if (!want_dtype.empty() && t.dtype != want_dtype) other_dtype.push_back(w.name);
   }
   if (!missing.empty()) {
     std::ostringstream os;
-    os << "checkpoint " << dir_ << ": missing tensor " << missing[0];
+    os << where;
+    const int64_t first_missing_layer = layer_of(missing[0]);
+    if (ckpt_layers > 0 && ckpt_layers < L && first_missing_layer >= ckpt_layers) {
+      os << "the config has num_hidden_layers = " << L << ", but the checkpoint has " << ckpt_layers
+         << " layers (model.layers.0 .. model.layers." << ckpt_layers - 1 << "): it has no tensor "
+         << missing[0];
+    } else {
+      os << "missing tensor " << missing[0];
+    }
     if (missing.size() > 1) os << " (and " << missing.size() - 1 << " more)";
     os << "; the checkpoint has " << index_.size() << " tensors";
     if (!index_.empty()) os << ", e.g. '" << shown(index_.begin()->first) << "'";
     throw Error(os.str());
   }
-  std::vector<std::string> unused;
+
+  LoadReport report;
   for (const auto& [n, e] : index_)
-    if (!used.count(n)) unused.push_back(n);
-  return unused;
+    if (!used.count(n)) report.unused.push_back(n);
+  auto warn = [&](const std::string& msg) {
+    if (opt.strict) throw Error(msg + " (strict load: warnings are errors)");
+    report.warnings.push_back(msg);
+    if (opt.warn) opt.warn(msg);
+  };
+  if (!report.unused.empty()) {
+    std::string msg =
+        detail::concat(where, report.unused.size(), " tensor", report.unused.size() == 1 ? "" : "s",
+                       " the config does not use (ignored): ", name_list(report.unused));
+    if (cfg.tie_word_embeddings && index_.count("lm_head.weight"))
+      msg +=
+          "; tie_word_embeddings is true, so the head is model.embed_tokens.weight, not "
+          "lm_head.weight";
+    warn(msg);
+  }
+  if (!other_dtype.empty()) {
+    const std::string& ex = other_dtype[0];
+    warn(detail::concat(where, other_dtype.size(), " weight", other_dtype.size() == 1 ? "" : "s",
+                        " not stored as the config's torch_dtype ", cfg.torch_dtype, " (",
+                        want_dtype, "), e.g. '", ex, "' is ", index_.at(ex).info->dtype,
+                        "; every weight is converted to bf16 at load"));
+  }
+  if (index_ignored_)
+    warn(where +
+         "model.safetensors and model.safetensors.index.json both exist: model.safetensors is "
+         "loaded and the index (and its shards) ignored, as transformers does");
+  if (opt.verify_checksums)
+    for (const SafetensorsFile& f : files_) f.verify_checksum();
+  if (opt.check_finite)
+    for (const WeightSpec& w : specs) check_finite(w.name);
+  return report;
+}
+
+std::vector<std::string> Checkpoint::check_qwen3_weights() const {
+  LoadOptions opt;
+  opt.check_finite = false;
+  return check_qwen3(config_, opt).unused;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -831,43 +1008,6 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
                        const std::map<std::string, std::string>& metadata) {
   std::vector<uint8_t> bytes = serialize_safetensors(tensors, metadata);
   write_file_atomic(path, bytes.data(), bytes.size());
-}
-
-void write_file_atomic(const std::string& path, const void* data, size_t size) {
-  static std::atomic<uint64_t> counter{0};
-  const std::string tmp = detail::concat(path, ".tmp.", ::getpid(), ".", counter++);
-  auto sys_fail = [&](const std::string& what) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    throw Error("write " + path + ": " + what + ": " + std::strerror(err));
-  };
-  {
-    Fd fd;
-    fd.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd.fd < 0) {
-      int err = errno;
-      throw Error("write " + path + ": cannot create " + tmp + ": " + std::strerror(err));
-    }
-    const uint8_t* p = static_cast<const uint8_t*>(data);
-    size_t left = size;
-    while (left > 0) {
-      ssize_t w = ::write(fd.fd, p, left);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) sys_fail("write failed");
-      p += w;
-      left -= size_t(w);
-    }
-    if (::fsync(fd.fd) != 0) sys_fail("fsync failed");
-    int cfd = fd.fd;
-    fd.fd = -1;
-    if (::close(cfd) != 0) sys_fail("close failed");
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) sys_fail("rename failed");
-  // Make the rename itself durable (best effort: some filesystems refuse directory fsync).
-  std::string parent = fs::path(path).parent_path().string();
-  Fd dfd;
-  dfd.fd = ::open(parent.empty() ? "." : parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd.fd >= 0) ::fsync(dfd.fd);
 }
 
 }  // namespace lockstep::engine

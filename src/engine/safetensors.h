@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "engine/config.h"
+#include "engine/file_io.h"
 #include "lockstep/tensor.h"
 
 namespace lockstep::engine {
@@ -78,11 +80,39 @@ class SafetensorsFile {
   std::shared_ptr<const Impl> impl_;
 };
 
+// How a checkpoint is checked against a config (Checkpoint::load, Checkpoint::check_qwen3).
+struct LoadOptions {
+  // Every warning is an Error (the CLI's --strict).
+  bool strict = false;
+  // Scan every weight the config uses for NaN/Inf (and f32 values that overflow bf16): one pass
+  // over the data, parallel, vectorized. Done once per tensor per Checkpoint (and its copies).
+  bool check_finite = true;
+  // Recompute the sha256 of every file that records one (kDataSha256Key; lockstep's writer adds
+  // it) and refuse a mismatch. A full hash of the data (~0.5 GB/s): off by default.
+  bool verify_checksums = false;
+  // Receives each warning as one line (no trailing newline); nullptr: warnings are only returned
+  // in the LoadReport. The library never prints by itself.
+  std::function<void(const std::string&)> warn;
+};
+
+// What a check found that is not an error.
+struct LoadReport {
+  std::vector<std::string> unused;    // checkpoint tensors the config does not use, sorted
+  std::vector<std::string> warnings;  // every warning, as given to LoadOptions::warn
+};
+
 // A model directory: config.json plus model.safetensors, or model.safetensors.index.json and the
 // shards its weight_map names (model.safetensors wins if both exist, as in transformers).
 class Checkpoint {
  public:
+  // Opens the directory's files and parses config.json; checks only the files themselves (any
+  // tensor set is accepted: see check_qwen3 / load for the model checks). Every file is opened
+  // with open_regular_file (FIFOs, devices and directories refused before reading).
   static Checkpoint open(const std::string& dir);
+  // open() + check_qwen3(config(), opt): what a model load should use. `report` (optional)
+  // receives what the check found.
+  static Checkpoint load(const std::string& dir, const LoadOptions& opt = {},
+                         LoadReport* report = nullptr);
 
   const Qwen3Config& config() const { return config_; }
   const std::string& dir() const { return dir_; }
@@ -102,9 +132,20 @@ class Checkpoint {
   Tensor get_converted(const std::string& name, DType dtype,
                        const std::vector<int64_t>& shape) const;
 
-  // Checks every tensor of qwen3_weight_specs(config()) up front: present, with the expected shape
-  // and a float dtype (BF16, F32 or F16). Returns the names of checkpoint tensors the architecture
-  // does not use (e.g. lm_head.weight in a tied checkpoint), sorted.
+  // Checks the checkpoint against `cfg` before any weight is used. Errors (lockstep::Error):
+  //   - the layer count: tensors model.layers.{i}.* with i >= num_hidden_layers, or a config with
+  //     more layers than the checkpoint holds (both counts named);
+  //   - every tensor of qwen3_weight_specs(cfg): present, the expected shape, a float dtype (BF16,
+  //     F32 or F16);
+  //   - with opt.check_finite: a NaN or Inf in a used weight, or an F32 value that rounds to Inf
+  //     in bf16 (the tensor, the first bad index and its value named);
+  //   - with opt.strict: any warning.
+  // Warnings (to opt.warn and the report): tensors the config does not use (e.g. lm_head.weight
+  // in a tied checkpoint, rotary_emb.inv_freq), weights stored in a float dtype other than the
+  // config's torch_dtype, and a model.safetensors.index.json ignored because model.safetensors
+  // exists too. With opt.verify_checksums, a checksum mismatch is an error.
+  LoadReport check_qwen3(const Qwen3Config& cfg, const LoadOptions& opt = {}) const;
+  // check_qwen3(config(), no finite scan, not strict): the names of unused tensors, sorted.
   std::vector<std::string> check_qwen3_weights() const;
 
  private:
@@ -117,10 +158,16 @@ class Checkpoint {
   void check_shape(const std::string& name, const TensorInfo& info,
                    const std::vector<int64_t>& shape) const;
 
+  void check_finite(const std::string& name) const;
+
   std::string dir_;
   Qwen3Config config_;
   std::vector<SafetensorsFile> files_;
   std::map<std::string, Entry> index_;
+  bool index_ignored_ = false;  // model.safetensors.index.json exists but model.safetensors won
+  // Names of the tensors already scanned for non-finite values, shared by copies.
+  struct FiniteCache;
+  std::shared_ptr<FiniteCache> finite_;
 };
 
 // Writer. Tensors (CPU views of any dtype with a safetensors name; any strides) are written
@@ -133,13 +180,9 @@ struct NamedTensor {
 };
 std::vector<uint8_t> serialize_safetensors(const std::vector<NamedTensor>& tensors,
                                            const std::map<std::string, std::string>& metadata = {});
-// serialize_safetensors + write_file_atomic.
+// serialize_safetensors + write_file_atomic (engine/file_io.h).
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
-
-// Writes a temporary file next to `path`, fsyncs it and renames it over `path`: readers see the
-// old file or the new one, never a partial one.
-void write_file_atomic(const std::string& path, const void* data, size_t size);
 
 // SHA-256 of a byte string, as 64 lowercase hex digits.
 std::string sha256_hex(const void* data, size_t size);

@@ -199,6 +199,26 @@ TEST(Qwen3Config, FileLoad) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("cannot open " + path), std::string::npos) << e.what();
   }
+  // Size is capped before reading (a config.json is a few KB); a directory is refused.
+  {
+    std::ofstream out(path);
+    out << std::string((16 << 20) + 1, ' ');
+  }
+  try {
+    load_qwen3_config(path);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is 16777217 bytes (cap 16777216)"), std::string::npos)
+        << e.what();
+  }
+  std::remove(path.c_str());
+  try {
+    load_qwen3_config(::testing::TempDir());
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is a directory, not a regular file"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Qwen3Config, MalformedJson) {

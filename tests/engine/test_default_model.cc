@@ -2,15 +2,21 @@
 // ensure_default_model creates, verifies and refuses to overwrite; the weights have the intended
 // statistics; and a plain fp64 Qwen3 forward (an oracle written here from the HF modeling code)
 // shows activations stay O(1) and next-token distributions are neither flat nor one-hot.
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 
 #include "core/philox.h"
 #include "engine/default_model.h"
@@ -186,6 +192,131 @@ TEST(DefaultModel, SerializeChecksWeights) {
   Weights wu = random_qwen3_weights(untied, 1);
   EXPECT_EQ(wu.back().first, "lm_head.weight");
   EXPECT_NO_THROW(serialize_qwen3_model(untied, wu));
+}
+
+// Runs `fn` with the file-size limit set to `bytes` (SIGXFSZ ignored: write() fails with EFBIG),
+// a write error that root cannot bypass.
+template <typename Fn>
+void with_file_size_limit(rlim_t bytes, Fn&& fn) {
+  struct rlimit old;
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit lim = old;
+  lim.rlim_cur = bytes;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &lim), 0);
+  auto restore = [&] {
+    ::setrlimit(RLIMIT_FSIZE, &old);
+    std::signal(SIGXFSZ, old_handler);
+  };
+  try {
+    fn();
+  } catch (...) {
+    restore();
+    throw;
+  }
+  restore();
+}
+
+std::vector<std::string> entries(const fs::path& p) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(p)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// A failed creation (here: the weights cannot be written) leaves no model directory that could
+// look complete, and no temporary directory.
+TEST(DefaultModel, CreationIsAllOrNothing) {
+  TempDir dir;
+  const std::string d = (dir.path / "cache" / "default").string();
+  with_file_size_limit(4096, [&] {
+    try {
+      ensure_default_model(d);
+      ADD_FAILURE() << "expected an error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("File too large"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(write_model_files(d, default_model_files()), Error);
+  });
+  EXPECT_FALSE(fs::exists(d));
+  EXPECT_TRUE(entries(dir.path / "cache").empty());
+  EXPECT_EQ(ensure_default_model(d), d);
+  EXPECT_EQ(entries(d), (std::vector<std::string>{"config.json", "model.safetensors"}));
+  EXPECT_TRUE(Checkpoint::load(d).check_qwen3_weights().empty());
+  // A trailing slash names the same directory.
+  const std::string slash = (dir.path / "slash").string() + "/";
+  EXPECT_EQ(ensure_default_model(slash), slash);
+  EXPECT_EQ(entries(dir.path / "slash"),
+            (std::vector<std::string>{"config.json", "model.safetensors"}));
+  // write_model_files into a fresh directory is all-or-nothing too.
+  const std::string w = (dir.path / "written").string();
+  write_model_files(w, default_model_files());
+  EXPECT_EQ(entries(w), (std::vector<std::string>{"config.json", "model.safetensors"}));
+}
+
+// Several creators at once: every one succeeds and sees the complete model; one directory, no
+// temporaries.
+TEST(DefaultModel, ConcurrentCreation) {
+  TempDir dir;
+  const std::string d = (dir.path / "default").string();
+  std::vector<std::thread> threads;
+  std::atomic<int> errors{0};
+  for (int i = 0; i < 4; ++i)
+    threads.emplace_back([&] {
+      try {
+        ensure_default_model(d);
+        Checkpoint::load(d);
+      } catch (const Error& e) {
+        ++errors;
+        ADD_FAILURE() << e.what();
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(entries(dir.path), std::vector<std::string>{"default"});
+  EXPECT_NO_THROW(ensure_default_model(d));
+}
+
+TEST(DefaultModel, RefusesANonDirectory) {
+  TempDir dir;
+  fs::create_directories(dir.path);
+  ASSERT_EQ(::mkfifo((dir / "fifo").c_str(), 0644), 0);
+  try {
+    ensure_default_model(dir / "fifo");
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is a FIFO, not a directory"), std::string::npos)
+        << e.what();
+  }
+  // A FIFO in place of one of its files is refused, not read (which would block).
+  fs::create_directories(dir / "m");
+  ASSERT_EQ(::mkfifo((dir / "m/config.json").c_str(), 0644), 0);
+  try {
+    ensure_default_model(dir / "m");
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("config.json is a FIFO, not a regular file"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(DefaultModel, CacheDirectory) {
+  const char* xdg0 = std::getenv("XDG_CACHE_HOME");
+  const char* home0 = std::getenv("HOME");
+  const std::string xdg = xdg0 ? xdg0 : "", home = home0 ? home0 : "";
+  const std::string v = std::string("/lockstep/default-v") + kDefaultModelVersion;
+  ::setenv("XDG_CACHE_HOME", "/x/cache", 1);
+  ::setenv("HOME", "/h", 1);
+  EXPECT_EQ(default_model_cache_dir(), "/x/cache" + v);
+  ::setenv("XDG_CACHE_HOME", "relative", 1);  // invalid per the XDG spec: ignored
+  EXPECT_EQ(default_model_cache_dir(), "/h/.cache" + v);
+  ::unsetenv("XDG_CACHE_HOME");
+  EXPECT_EQ(default_model_cache_dir(), "/h/.cache" + v);
+  ::unsetenv("HOME");
+  EXPECT_THROW(default_model_cache_dir(), Error);
+  if (xdg0) ::setenv("XDG_CACHE_HOME", xdg.c_str(), 1);
+  if (home0) ::setenv("HOME", home.c_str(), 1);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,14 +1,20 @@
 // Safetensors: writer/reader round trips (bf16/f32/ints, empty and 0-d tensors, strided input),
 // one hand-built file per malformed case with the error it must give, a randomized mutation test
 // (only lockstep::Error, never a crash), checkpoints (single, sharded) and their errors, sha256.
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
 
+#include "engine/backend.h"
 #include "engine/default_model.h"
+#include "engine/model.h"
 #include "engine/safetensors.h"
 #include "lockstep/error.h"
 #include "util/test_util.h"
@@ -610,14 +616,14 @@ TEST(Checkpoint, GetNamesTheProblem) {
         ck.get("model.layers.1.mlp.up_proj.weight", DType::kBF16, {48, 64});
       },
       {where +
-       "tensor model.layers.1.mlp.up_proj.weight: shape mismatch: expected [48, 64] "
-       "(from config.json), got [48, 32] in " +
-       (dir / "model.safetensors")});
+       "tensor model.layers.1.mlp.up_proj.weight has shape [48, 32], the config expects "
+       "[48, 64] (shape mismatch; the tensor is in " +
+       (dir / "model.safetensors") + ")"});
   expect_error_containing(
       [&] {
         ck.get("model.norm.weight", DType::kBF16, {32, 1});
       },
-      {"shape mismatch: expected [32, 1]", "got [32]"});
+      {"has shape [32], the config expects [32, 1]"});
   expect_error_containing(
       [&] { ck.get("model.norm.weight", DType::kF32, {32}); },
       {"tensor model.norm.weight: dtype BF16", "expected F32", "(get_converted converts)"});
@@ -706,8 +712,8 @@ TEST(Checkpoint, CheckQwen3WeightsReportsProblems) {
     wider.intermediate_size = 64;
     write_text(dir / "config.json", wider.to_json());
     expect_error_containing([&] { Checkpoint::open(dir.path.string()).check_qwen3_weights(); },
-                            {"tensor model.layers.0.mlp.gate_proj.weight: shape mismatch: "
-                             "expected [64, 32] (from config.json), got [48, 32]"});
+                            {"tensor model.layers.0.mlp.gate_proj.weight has shape [48, 32], "
+                             "the config expects [64, 32]"});
   }
   {  // integer weights
     TempDir dir;
@@ -829,7 +835,8 @@ TEST(Checkpoint, ShardErrors) {
 
 TEST(Checkpoint, DirectoryErrors) {
   TempDir dir;
-  expect_error_containing([&] { Checkpoint::open(dir / "absent"); }, {"absent: not a directory"});
+  expect_error_containing([&] { Checkpoint::open(dir / "absent"); },
+                          {"absent does not exist (not a directory)"});
   expect_error_containing([&] { Checkpoint::open(dir.path.string()); }, {"config.json not found"});
   Qwen3Config cfg = tiny_config(true);
   write_text(dir / "config.json", cfg.to_json());
@@ -841,6 +848,381 @@ TEST(Checkpoint, DirectoryErrors) {
   write_text(dir / "config.json", "{\"model_type\": \"llama\"}");
   expect_error_containing([&] { Checkpoint::open(dir.path.string()); },
                           {"config " + (dir / "config.json"), "llama"});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loading refuses what is silently wrong (issue 10 item 7)
+
+TEST(Checkpoint, LayerCountMismatchNamesBothCounts) {
+  Qwen3Config cfg = tiny_config(true);  // 3 layers
+  Weights w = random_qwen3_weights(cfg, 17);
+  TempDir dir;
+  write_checkpoint(dir, cfg, named(w));
+  EXPECT_NO_THROW(Checkpoint::load(dir.path.string()));
+  // Fewer layers in config.json than in the weights: today's silent "run the first 2 layers".
+  Qwen3Config fewer = cfg;
+  fewer.num_hidden_layers = 2;
+  write_text(dir / "config.json", fewer.to_json());
+  for (bool finite : {true, false}) {
+    LoadOptions opt;
+    opt.check_finite = finite;
+    expect_error_containing([&] { Checkpoint::load(dir.path.string(), opt); },
+                            {"checkpoint " + dir.path.string(), "num_hidden_layers = 2",
+                             "the checkpoint has 3 layers", "model.layers.2."});
+  }
+  expect_error_containing([&] { Checkpoint::open(dir.path.string()).check_qwen3_weights(); },
+                          {"num_hidden_layers = 2", "has 3 layers"});
+  // More layers in config.json than in the weights.
+  Qwen3Config more = cfg;
+  more.num_hidden_layers = 5;
+  write_text(dir / "config.json", more.to_json());
+  expect_error_containing([&] { Checkpoint::load(dir.path.string()); },
+                          {"num_hidden_layers = 5", "the checkpoint has 3 layers",
+                           "has no tensor model.layers.3.input_layernorm.weight", "(and 21 more)"});
+  // One tensor of a middle layer missing: named, as a missing tensor (the layer count agrees).
+  write_text(dir / "config.json", cfg.to_json());
+  std::vector<NamedTensor> nt;
+  for (const NamedTensor& t : named(w))
+    if (t.name != "model.layers.1.self_attn.k_norm.weight") nt.push_back(t);
+  write_safetensors(dir / "model.safetensors", nt, {{"format", "pt"}});
+  expect_error_containing([&] { Checkpoint::load(dir.path.string()); },
+                          {"missing tensor model.layers.1.self_attn.k_norm.weight"});
+}
+
+TEST(Checkpoint, UnusedTensorsWarnOrFailWhenStrict) {
+  Qwen3Config cfg = tiny_config(true);
+  Weights w = random_qwen3_weights(cfg, 18);
+  TempDir dir;
+  Tensor extra(DType::kF32, {4});
+  std::memset(extra.data(), 0, 16);
+  std::vector<NamedTensor> nt = named(w);
+  nt.push_back({"model.rotary_emb.inv_freq", extra.view()});
+  nt.push_back({"lm_head.weight", w[0].second.view()});  // tied: not used
+  write_checkpoint(dir, cfg, nt);
+
+  std::vector<std::string> seen;
+  LoadOptions opt;
+  opt.warn = [&](const std::string& m) { seen.push_back(m); };
+  LoadReport report;
+  Checkpoint ck = Checkpoint::load(dir.path.string(), opt, &report);
+  EXPECT_EQ(report.unused,
+            (std::vector<std::string>{"lm_head.weight", "model.rotary_emb.inv_freq"}));
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(report.warnings, seen);
+  for (const char* needle : {"2 tensors the config does not use (ignored)", "'lm_head.weight'",
+                             "'model.rotary_emb.inv_freq'", "tie_word_embeddings is true"})
+    EXPECT_NE(seen[0].find(needle), std::string::npos) << needle << " not in: " << seen[0];
+  // No sink: the warning is still in the report (the library prints nothing).
+  EXPECT_EQ(ck.check_qwen3(ck.config()).warnings, seen);
+  // strict: the same finding is an error.
+  opt.strict = true;
+  expect_error_containing([&] { Checkpoint::load(dir.path.string(), opt); },
+                          {"does not use", "'model.rotary_emb.inv_freq'", "strict"});
+  // A shard index next to model.safetensors is ignored: said so.
+  write_text(dir / "model.safetensors.index.json", "{}");
+  opt.strict = false;
+  seen.clear();
+  Checkpoint::load(dir.path.string(), opt, &report);
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_NE(seen[1].find("model.safetensors and model.safetensors.index.json both exist"),
+            std::string::npos)
+      << seen[1];
+  opt.strict = true;
+  // A clean checkpoint passes strict with no warning.
+  TempDir clean;
+  write_checkpoint(clean, cfg, named(w));
+  seen.clear();
+  EXPECT_TRUE(Checkpoint::load(clean.path.string(), opt, &report).check_qwen3_weights().empty());
+  EXPECT_TRUE(seen.empty());
+  EXPECT_TRUE(report.warnings.empty() && report.unused.empty());
+}
+
+TEST(Checkpoint, DtypeOtherThanConfigIsAWarning) {
+  Qwen3Config cfg = tiny_config(true);  // torch_dtype bfloat16
+  Weights w = random_qwen3_weights(cfg, 19);
+  Tensor norm32(DType::kF32, {32});
+  for (int i = 0; i < 32; ++i) norm32.ptr<float>()[i] = 1.0f;
+  std::vector<NamedTensor> nt = named(w);
+  for (NamedTensor& t : nt)
+    if (t.name == "model.norm.weight") t.tensor = norm32.view();
+  TempDir dir;
+  write_checkpoint(dir, cfg, nt);
+  LoadReport report;
+  Checkpoint::load(dir.path.string(), {}, &report);
+  ASSERT_EQ(report.warnings.size(), 1u);
+  for (const char* needle : {"1 weight not stored as the config's torch_dtype bfloat16 (BF16)",
+                             "'model.norm.weight' is F32", "converted to bf16"})
+    EXPECT_NE(report.warnings[0].find(needle), std::string::npos) << report.warnings[0];
+  LoadOptions strict;
+  strict.strict = true;
+  expect_error_containing([&] { Checkpoint::load(dir.path.string(), strict); },
+                          {"model.norm.weight' is F32", "strict"});
+  // torch_dtype float32 with bf16 weights: every weight but the norm differs.
+  Qwen3Config f32cfg = cfg;
+  f32cfg.torch_dtype = "float32";
+  write_text(dir / "config.json", f32cfg.to_json());
+  Checkpoint::load(dir.path.string(), {}, &report);
+  ASSERT_EQ(report.warnings.size(), 1u);
+  EXPECT_NE(report.warnings[0].find("weights not stored as the config's torch_dtype float32"),
+            std::string::npos)
+      << report.warnings[0];
+}
+
+// A checkpoint of `cfg` whose tensor `name` is replaced by `t`.
+void write_with(const TempDir& dir, const Qwen3Config& cfg, const Weights& w,
+                const std::string& name, const TensorView& t) {
+  std::vector<NamedTensor> nt = named(w);
+  for (NamedTensor& x : nt)
+    if (x.name == name) x.tensor = t;
+  write_checkpoint(dir, cfg, nt);
+}
+
+TEST(Checkpoint, NonFiniteWeightsAreRefusedAtLoad) {
+  Qwen3Config cfg = tiny_config(false);
+  cfg.vocab_size = 4096;  // embed [4096, 32]: 2 chunks of the scan
+  Weights w = random_qwen3_weights(cfg, 20);
+  const std::string up = "model.layers.1.mlp.up_proj.weight";  // [48, 32]
+  auto at = [&](const std::string& name) -> Tensor {
+    for (auto& [n, t] : w)
+      if (n == name) return t;
+    throw Error("no " + name);
+  };
+  struct Case {
+    std::string name;
+    int64_t index;
+    uint16_t bits;
+    std::vector<std::string> needles;
+  };
+  const Case cases[] = {
+      {up, 0, 0x7fc0, {"index 0 [0, 0] of [48, 32]", "NaN (BF16 bits 0x7fc0)"}},
+      {up, 48 * 32 - 1, 0xff80, {"index 1535 [47, 31]", "-Inf (BF16 bits 0xff80)"}},
+      {up, 33, 0x7f81, {"index 33 [1, 1]", "NaN (BF16 bits 0x7f81)"}},  // a signalling NaN
+      {"model.embed_tokens.weight", 100000, 0x7f80, {"index 100000 [3125, 0]", "+Inf"}},
+      {"model.norm.weight", 5, 0xffff, {"index 5 [5]", "NaN"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name + " " + std::to_string(c.index));
+    const Tensor src = at(c.name);
+    Tensor bad(DType::kBF16, src.shape());
+    std::memcpy(bad.data(), src.data(), size_t(src.numel()) * 2);
+    bad.ptr<uint16_t>()[c.index] = c.bits;
+    if (c.name == "model.embed_tokens.weight") bad.ptr<uint16_t>()[120000] = 0x7fc0;  // later one
+    TempDir dir;
+    write_with(dir, cfg, w, c.name, bad.view());
+    std::vector<std::string> needles = c.needles;
+    needles.push_back("checkpoint " + dir.path.string() + ": tensor " + c.name + " in " +
+                      (dir / "model.safetensors") + ": non-finite weight at ");
+    expect_error_containing([&] { Checkpoint::load(dir.path.string()); },
+                            {needles.begin()[0], needles.back()});
+    for (const std::string& n : needles)
+      expect_error_containing([&] { Checkpoint::load(dir.path.string()); }, {n});
+    // The model refuses it too (no silent NaN log-probs), and the scan can be turned off.
+    ModelOptions mo;
+    expect_error_containing(
+        [&] { Model m(cfg, Checkpoint::open(dir.path.string()), mo, make_invariant_backend()); },
+        {"non-finite weight", c.name});
+    LoadOptions off;
+    off.check_finite = false;
+    EXPECT_NO_THROW(Checkpoint::load(dir.path.string(), off));
+  }
+  {  // A flipped byte in a file that records its sha256: verify_checksums names the file.
+    TempDir dir;
+    write_checkpoint(dir, cfg, named(w));
+    std::fstream f(dir / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);
+    f.put('\x11');
+    f.close();
+    EXPECT_NO_THROW(Checkpoint::load(dir.path.string()));
+    LoadOptions verify;
+    verify.verify_checksums = true;
+    expect_error_containing([&] { Checkpoint::load(dir.path.string(), verify); },
+                            {dir / "model.safetensors", "data checksum mismatch"});
+  }
+  // F32: Inf, and a finite value that overflows bf16 (> the midpoint of bf16 max and Inf); the
+  // largest value that rounds to bf16 max is accepted.
+  const std::pair<uint32_t, std::string> f32_cases[] = {
+      {0x7f800000u, "+Inf (F32 bits 0x7f800000)"},
+      {0xff7f8000u, "overflows to Inf when rounded to bf16"},
+      {0x7f7fffffu, "overflows to Inf"}};
+  for (const auto& [bits, needle] : f32_cases) {
+    Tensor norm32(DType::kF32, {32});
+    for (int i = 0; i < 32; ++i) norm32.ptr<float>()[i] = 1.0f;
+    std::memcpy(norm32.ptr<float>() + 7, &bits, 4);
+    TempDir dir;
+    write_with(dir, cfg, w, "model.norm.weight", norm32.view());
+    expect_error_containing([&] { Checkpoint::load(dir.path.string()); },
+                            {"tensor model.norm.weight", "index 7 [7]", needle});
+  }
+  // F16 (no lockstep dtype: the norm goes into a hand-built second shard).
+  for (const uint16_t bits : {uint16_t(0x3c00), uint16_t(0x7c00), uint16_t(0xfe00)}) {
+    TempDir dir;
+    std::vector<NamedTensor> rest;
+    std::string index = "{\"weight_map\": {\"model.norm.weight\": \"b.safetensors\"";
+    for (const NamedTensor& t : named(w))
+      if (t.name != "model.norm.weight") {
+        rest.push_back(t);
+        index += ", \"" + t.name + "\": \"a.safetensors\"";
+      }
+    write_text(dir / "config.json", cfg.to_json());
+    write_safetensors(dir / "a.safetensors", rest);
+    write_text(dir / "model.safetensors.index.json", index + "}}");
+    const std::string h =
+        R"({"model.norm.weight":{"dtype":"F16","shape":[32],"data_offsets":[0,64]}})";
+    std::vector<uint8_t> bytes = st_bytes(h, 64);
+    for (int i = 0; i < 32; ++i) {
+      const uint16_t v = i == 9 ? bits : uint16_t(0x3c00);
+      std::memcpy(bytes.data() + 8 + h.size() + 2 * i, &v, 2);
+    }
+    std::ofstream(dir / "b.safetensors", std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), long(bytes.size()));
+    if (bits == 0x3c00) {
+      EXPECT_NO_THROW(Checkpoint::load(dir.path.string()));
+    } else {
+      expect_error_containing(
+          [&] { Checkpoint::load(dir.path.string()); },
+          {"tensor model.norm.weight in " + (dir / "b.safetensors"), "index 9 [9]",
+           bits == 0x7c00 ? "+Inf (F16 bits 0x7c00)" : "NaN (F16 bits 0xfe00)"});
+    }
+  }
+  Tensor edge(DType::kF32, {32});
+  for (int i = 0; i < 32; ++i) edge.ptr<float>()[i] = 1.0f;
+  const uint32_t below = 0x7f7f7fffu;  // rounds down to bf16 max
+  std::memcpy(edge.ptr<float>() + 3, &below, 4);
+  TempDir dir;
+  write_with(dir, cfg, w, "model.norm.weight", edge.view());
+  EXPECT_NO_THROW(Checkpoint::load(dir.path.string()));
+}
+
+// Files that are not regular files are refused before anything reads them: a FIFO would block
+// (these tests would hang), a device would read forever.
+TEST(Checkpoint, NonRegularFilesAreRefusedBeforeReading) {
+  Qwen3Config cfg = tiny_config(true);
+  Weights w = random_qwen3_weights(cfg, 21);
+  auto fresh = [&](const TempDir& dir) {
+    fs::remove_all(dir.path);
+    fs::create_directories(dir.path);
+    write_checkpoint(dir, cfg, named(w));
+  };
+  TempDir dir;
+  const std::string ck = dir.path.string();
+  for (const std::string file : {"config.json", "model.safetensors"}) {
+    SCOPED_TRACE(file);
+    fresh(dir);
+    fs::remove(dir / file);
+    ASSERT_EQ(::mkfifo((dir / file).c_str(), 0644), 0);
+    expect_error_containing([&] { Checkpoint::open(ck); },
+                            {dir / file + " is a FIFO, not a regular file"});
+    fs::remove(dir / file);
+    fs::create_directory(dir / file);
+    expect_error_containing([&] { Checkpoint::open(ck); },
+                            {dir / file + " is a directory, not a regular file"});
+    fs::remove(dir / file);
+    fs::create_symlink("/dev/zero", dir / file);
+    expect_error_containing([&] { Checkpoint::open(ck); },
+                            {dir / file + " is a character device, not a regular file"});
+    fs::remove(dir / file);
+    fs::create_symlink(dir / (file + ".b"), dir / (file + ".a"));
+    fs::create_symlink(dir / (file + ".a"), dir / file);
+    fs::create_symlink(dir / file, dir / (file + ".b"));
+    expect_error_containing([&] { Checkpoint::open(ck); }, {dir / file + ": symlink loop"});
+  }
+  // The shard index and a shard.
+  fresh(dir);
+  fs::remove(dir / "model.safetensors");
+  write_text(dir / "model.safetensors.index.json",
+             "{\"weight_map\": {\"model.norm.weight\": \"shard.safetensors\"}}");
+  ASSERT_EQ(::mkfifo((dir / "shard.safetensors").c_str(), 0644), 0);
+  expect_error_containing([&] { Checkpoint::open(ck); },
+                          {dir / "shard.safetensors" + " is a FIFO, not a regular file"});
+  fs::remove(dir / "model.safetensors.index.json");
+  ASSERT_EQ(::mkfifo((dir / "model.safetensors.index.json").c_str(), 0644), 0);
+  expect_error_containing([&] { Checkpoint::open(ck); },
+                          {"model.safetensors.index.json is a FIFO, not a regular file"});
+  // The directory itself: a symlink loop is named as such, a file is "not a directory", other
+  // errno values by strerror.
+  fs::create_symlink(dir / "loop2", dir / "loop1");
+  fs::create_symlink(dir / "loop1", dir / "loop2");
+  expect_error_containing([&] { Checkpoint::open(dir / "loop1"); },
+                          {"checkpoint " + (dir / "loop1"), "symlink loop"});
+  write_text(dir / "plain", "x");
+  expect_error_containing([&] { Checkpoint::open(dir / "plain"); },
+                          {"is a regular file, not a directory"});
+  expect_error_containing([&] { Checkpoint::open(dir / "plain/sub"); }, {"Not a directory"});
+  ASSERT_EQ(::mkfifo((dir / "fifo").c_str(), 0644), 0);
+  expect_error_containing([&] { SafetensorsFile::open(dir / "fifo"); },
+                          {"safetensors " + (dir / "fifo"), "is a FIFO, not a regular file"});
+  expect_error_containing([&] { load_qwen3_config(dir / "fifo"); },
+                          {"config " + (dir / "fifo"), "is a FIFO, not a regular file"});
+  expect_error_containing([&] { SafetensorsFile::open("/dev/null"); },
+                          {"/dev/null is a character device"});
+}
+
+// Runs `fn` with the file-size limit set to `bytes` (SIGXFSZ ignored, so write() fails with
+// EFBIG): a write error that even root cannot bypass.
+template <typename Fn>
+void with_file_size_limit(rlim_t bytes, Fn&& fn) {
+  struct rlimit old;
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit lim = old;
+  lim.rlim_cur = bytes;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &lim), 0);
+  try {
+    fn();
+  } catch (...) {
+    ::setrlimit(RLIMIT_FSIZE, &old);
+    std::signal(SIGXFSZ, old_handler);
+    throw;
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, old_handler);
+}
+
+std::vector<std::string> dir_entries(const fs::path& p) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(p)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+TEST(Safetensors, WriteErrorsAreReportedAndLeaveNoPartialFile) {
+  TempDir dir;
+  write_file_atomic(dir / "f", "old", 3);
+  const std::string big(100000, 'x');
+  with_file_size_limit(4096, [&] {
+    expect_error_containing([&] { write_file_atomic(dir / "f", big.data(), big.size()); },
+                            {"write " + (dir / "f"), "write failed", "File too large"});
+  });
+  EXPECT_EQ(dir_entries(dir.path), std::vector<std::string>{"f"});  // no temporary left
+  std::ifstream in(dir / "f");
+  std::string have((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(have, "old");
+  // Never renamed over something that is not a regular file.
+  ASSERT_EQ(::mkfifo((dir / "fifo").c_str(), 0644), 0);
+  expect_error_containing([&] { write_file_atomic(dir / "fifo", "x", 1); },
+                          {"it exists and is a FIFO, not a regular file"});
+  expect_error_containing([&] { write_file_atomic("/dev/full", "x", 1); },
+                          {"write /dev/full: it exists and is a character device"});
+  fs::create_directory(dir / "sub");
+  expect_error_containing([&] { write_file_atomic(dir / "sub", "x", 1); }, {"is a directory"});
+  // A symlink is replaced by the new file (its target is left alone).
+  write_file_atomic(dir / "target", "t", 1);
+  fs::create_symlink(dir / "target", dir / "link");
+  write_file_atomic(dir / "link", "new", 3);
+  EXPECT_FALSE(fs::is_symlink(dir / "link"));
+  EXPECT_EQ(fs::file_size(dir / "target"), 1u);
+}
+
+TEST(Safetensors, OpenErrorsNameErrno) {
+  TempDir dir;
+  expect_error_containing([&] { SafetensorsFile::open(dir / "absent"); },
+                          {"cannot open " + (dir / "absent") + ": No such file or directory"});
+  expect_error_containing([&] { read_small_file(dir / "absent", 10, "index"); },
+                          {"index: cannot open", "No such file"});
+  write_text(dir / "big", std::string(11, 'x'));
+  expect_error_containing([&] { read_small_file(dir / "big", 10, "index"); },
+                          {"index: " + (dir / "big") + " is 11 bytes (cap 10)"});
+  EXPECT_EQ(read_small_file(dir / "big", 11, "index"), std::string(11, 'x'));
 }
 
 }  // namespace
