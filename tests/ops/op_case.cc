@@ -368,4 +368,19 @@ Verdict compare_written(const Output& got, const Output& want) {
   return {};
 }
 
+Verdict padding_untouched(const Output& o, uint8_t poison) {
+  if (o.rows == 0) return {};
+  std::vector<bool> written(o.bytes.size(), false);
+  const int64_t es = dtype_size(o.dtype);
+  for (int64_t r = 0; r < o.rows; ++r) {
+    const size_t b0 = size_t((o.offset + r * o.ld) * es);
+    for (size_t b = b0; b < b0 + size_t(o.row_elems * es) && b < written.size(); ++b)
+      written[b] = true;
+  }
+  for (size_t b = 0; b < o.bytes.size(); ++b)
+    if (!written[b] && o.bytes[b] != poison)
+      return {false, o.name + ": byte " + std::to_string(b) + " outside the rows was written"};
+  return {};
+}
+
 }  // namespace lockstep::cases

@@ -193,6 +193,9 @@ Verdict compare_outputs(const Output& got, const Output& want);  // whole buffer
 // Only the elements the op writes (the rows of a per-token output; a whole other output), so two
 // runs with different poison bytes can be compared.
 Verdict compare_written(const Output& got, const Output& want);
+// Every byte of a per-token output's allocation outside its rows still holds `poison` (row gaps
+// and padding untouched); whole outputs (rows == 0) pass.
+Verdict padding_untouched(const Output& o, uint8_t poison = 0xA5);
 
 // ---- Cases ----------------------------------------------------------------------------------
 

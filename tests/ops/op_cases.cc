@@ -83,7 +83,9 @@ class RowCase : public OpCase {
       rows_.push_back(std::move(t));
     }
   }
-  Outputs run(Ops& ops, Mem& mem) const override { return compute(ops, mem, rows_, T_); }
+  Outputs run(Ops& ops, Mem& mem) const override {
+    return compute(ops, mem, rows_, T_, strided_);
+  }
   std::vector<Relation> relations() const override;
 
  protected:
@@ -91,8 +93,10 @@ class RowCase : public OpCase {
   std::vector<RowInput> inputs_;
   std::vector<Tensor> rows_;
   virtual void build_shared(std::mt19937_64& g) = 0;
-  virtual Outputs compute(Ops& ops, Mem& mem, const std::vector<Tensor>& rows,
-                          int64_t T) const = 0;
+  bool strided_ = false;  // the case's layout: strided / fused views (false: plain contiguous)
+  // The op on T rows; `strided` picks the case's layout or the plain contiguous one.
+  virtual Outputs compute(Ops& ops, Mem& mem, const std::vector<Tensor>& rows, int64_t T,
+                          bool strided) const = 0;
 
   static void fill_row(const RowInput& in, const Tensor& t, int64_t r, std::mt19937_64& g) {
     char* p = static_cast<char*>(t.data()) + r * in.elems * dtype_size(in.dt);
@@ -148,7 +152,7 @@ std::vector<Relation> RowCase::relations() const {
                              static_cast<const char*>(rows_[i].data()) + src * rb, size_t(rb));
                rows.push_back(std::move(t));
              }
-             const Outputs got = compute(ops, mem, rows, B);
+             const Outputs got = compute(ops, mem, rows, B, strided_);
              for (size_t o = 0; o < got.size(); ++o) {
                if (base[o].rows == 0) continue;
                for (auto [src, dst] : batch)
@@ -164,12 +168,24 @@ std::vector<Relation> RowCase::relations() const {
                    const int saved = num_threads();
                    for (int n : {1, 3}) {
                      set_num_threads(n);
-                     const Outputs got = compute(ops, mem, rows_, T_);
+                     const Outputs got = compute(ops, mem, rows_, T_, strided_);
                      for (size_t o = 0; o < got.size(); ++o)
                        check(got[o].name + " threads=" + S(n), compare_outputs(got[o], base[o]));
                    }
                    set_num_threads(saved);
                  }});
+  if (strided_)
+    rel.push_back({"strided layout == contiguous", [this](Ops& ops, Mem& mem, const Outputs& base,
+                                                         const Check& check) {
+                     const Outputs got = compute(ops, mem, rows_, T_, false);
+                     for (size_t o = 0; o < got.size(); ++o) {
+                       if (base[o].rows == 0) continue;
+                       for (int64_t t = 0; t < T_; ++t)
+                         check(got[o].name + " row " + S(t),
+                               compare_bits(got[o].row(t), base[o].row(t), base[o].row_elems,
+                                            base[o].dtype));
+                     }
+                   }});
   return rel;
 }
 
@@ -191,6 +207,7 @@ class GemmCase : public RowCase {
  public:
   explicit GemmCase(GemmShape s, int tp = 1) : s_(s), tp_(tp) {
     T_ = s.M;
+    strided_ = s.strided;
     RowInput x;
     x.elems = s.K;
     x.kind = s.kind;
@@ -207,12 +224,19 @@ class GemmCase : public RowCase {
   bool quick() const override { return s_.M * s_.N * s_.K <= (1 << 22); }
   std::vector<Relation> relations() const override {
     std::vector<Relation> rel = RowCase::relations();
-    if (tp_ > 1)
-      rel.push_back({"TP=" + S(tp_) + " == TP=1", [this](Ops& ops, Mem& mem, const Outputs& base,
-                                                          const Check& check) {
-                       const Outputs one = full(ops, mem, rows_, T_);
-                       check("y", compare_bits(base.back().bytes.data(), one[0].bytes.data(),
-                                               one[0].numel(), s_.out));
+    // Row-parallel TP: every degree t <= S (partials per rank + tree combine) == TP = 1.
+    for (int t = 1; t <= s_.S; t *= 2)
+      rel.push_back({"TP=" + S(t) + " partials + combine == gemm_bf16_nt",
+                     [this, t](Ops& ops, Mem& mem, const Outputs& base, const Check& check) {
+                       const Outputs one = full(ops, mem, rows_, T_, strided_);
+                       const Outputs tp = tensor_parallel(ops, mem, rows_, T_, strided_, t);
+                       // base: {y} for the public entry, {partials.., y[, y in place]} for TP.
+                       const Output& y = tp_ == 1 ? base[0] : one[0];
+                       for (const Output& o : tp)
+                         if (o.name == "y" || o.name == "y in place")
+                           for (int64_t m = 0; m < T_; ++m)
+                             check(o.name + " TP=" + S(t) + " row " + S(m),
+                                   compare_bits(o.row(m), y.row(m), s_.N, s_.out));
                      }});
     return rel;
   }
@@ -232,40 +256,51 @@ class GemmCase : public RowCase {
       fill_f32(b_.ptr<float>(), s_.N, s_.kind, g);
     }
   }
-  int64_t pad() const { return s_.strided ? 7 : 0; }
-  Outputs full(Ops& ops, Mem& mem, const std::vector<Tensor>& rows, int64_t T) const {
-    const TensorView x = mem.in(padded(rows[0], pad())), w = mem.in(padded(w_, pad()));
+  Outputs full(Ops& ops, Mem& mem, const std::vector<Tensor>& rows, int64_t T,
+               bool strided) const {
+    const int64_t pad = strided ? 7 : 0;
+    const TensorView x = mem.in(padded(rows[0], pad)), w = mem.in(padded(w_, pad));
     TensorView bias;
     if (s_.bias != Bias::kNone) bias = mem.in(host_arg(b_));
-    const TensorView y = mem.out(s_.out, {T, s_.N}, s_.strided ? 5 : 0);
+    const TensorView y = mem.out(s_.out, {T, s_.N}, strided ? 5 : 0);
     ops.gemm(x, w, s_.bias != Bias::kNone ? &bias : nullptr, GemmConfig{s_.S}, y);
     return {mem.read("y", y)};
   }
-  Outputs compute(Ops& ops, Mem& mem, const std::vector<Tensor>& rows,
-                  int64_t T) const override {
-    if (tp_ == 1) return full(ops, mem, rows, T);
-    // Row-parallel TP: rank r takes the K columns of its segments (column views of x and w).
+  Outputs compute(Ops& ops, Mem& mem, const std::vector<Tensor>& rows, int64_t T,
+                  bool strided) const override {
+    if (tp_ == 1) return full(ops, mem, rows, T, strided);
+    return tensor_parallel(ops, mem, rows, T, strided, tp_);
+  }
+  // Row-parallel TP: rank r takes the K columns of its segments (column views of x and w).
+  Outputs tensor_parallel(Ops& ops, Mem& mem, const std::vector<Tensor>& rows, int64_t T,
+                          bool strided, int tp) const {
     const GemmConfig cfg{s_.S};
-    const HostArg xa = padded(rows[0], pad()), wa = padded(w_, pad());
+    const int64_t pad = strided ? 7 : 0;
+    const HostArg xa = padded(rows[0], pad), wa = padded(w_, pad);
     Outputs outs;
     std::vector<TensorView> partials;
-    for (int r = 0; r < tp_; ++r) {
-      const GemmKRange kr = gemm_tp_k_range(cfg, s_.K, tp_, r);
+    for (int r = 0; r < tp; ++r) {
+      const GemmKRange kr = gemm_tp_k_range(cfg, s_.K, tp, r);
       HostArg xs = xa, ws = wa;
       xs.view.data = xa.view.ptr<bf16>() + kr.begin;
       xs.view.shape[1] = kr.end - kr.begin;
       ws.view.data = wa.view.ptr<bf16>() + kr.begin;
       ws.view.shape[1] = kr.end - kr.begin;
       const TensorView yp = mem.out(DType::kF32, {T, s_.N});
-      ops.gemm_partial(mem.in(xs), mem.in(ws), s_.K, tp_, r, cfg, yp);
+      ops.gemm_partial(mem.in(xs), mem.in(ws), s_.K, tp, r, cfg, yp);
       outs.push_back(mem.read("partial" + S(r), yp));
       partials.push_back(yp);
     }
     TensorView bias;
     if (s_.bias != Bias::kNone) bias = mem.in(host_arg(b_));
-    const TensorView y = mem.out(s_.out, {T, s_.N}, s_.strided ? 5 : 0);
+    const TensorView y = mem.out(s_.out, {T, s_.N}, strided ? 5 : 0);
     ops.gemm_combine(partials, s_.bias != Bias::kNone ? &bias : nullptr, y);
     outs.push_back(mem.read("y", y));
+    if (s_.out == DType::kF32) {  // an f32 combine may run in place, into the last partial
+      ops.gemm_combine(partials, s_.bias != Bias::kNone ? &bias : nullptr, partials.back());
+      Output o = mem.read("y in place", partials.back());
+      outs.push_back(o);
+    }
     return outs;
   }
 };
@@ -275,8 +310,9 @@ class GemmCase : public RowCase {
 class RmsNormCase : public RowCase {
  public:
   RmsNormCase(int64_t T, int64_t H, bool residual, bool strided, DataKind kind, float scale = 1.0f)
-      : H_(H), residual_(residual), strided_(strided), kind_(kind), scale_(scale) {
+      : H_(H), residual_(residual), kind_(kind), scale_(scale) {
     T_ = T;
+    strided_ = strided;
     RowInput x;
     x.elems = H;
     x.kind = kind;
@@ -294,7 +330,7 @@ class RmsNormCase : public RowCase {
 
  private:
   int64_t H_;
-  bool residual_, strided_;
+  bool residual_;
   DataKind kind_;
   float scale_;
   Tensor w_;
@@ -302,18 +338,18 @@ class RmsNormCase : public RowCase {
     w_ = Tensor(DType::kBF16, {H_});
     fill_bf16(w_.ptr<bf16>(), H_, DataKind::kNormal, g);
   }
-  Outputs compute(Ops& ops, Mem& mem, const std::vector<Tensor>& rows,
-                  int64_t T) const override {
-    const int64_t pad = strided_ ? 9 : 0;
+  Outputs compute(Ops& ops, Mem& mem, const std::vector<Tensor>& rows, int64_t T,
+                  bool strided) const override {
+    const int64_t pad = strided ? 9 : 0;
     const RmsNormConfig cfg{1e-6f};
     const TensorView x = mem.in(padded(rows[0], pad)), w = mem.in(host_arg(w_));
-    const TensorView y = mem.out(DType::kBF16, {T, H_}, strided_ ? 3 : 0);
+    const TensorView y = mem.out(DType::kBF16, {T, H_}, strided ? 3 : 0);
     if (!residual_) {
       ops.rmsnorm(x, w, cfg, y);
       return {mem.read("y", y)};
     }
     const TensorView res = mem.in(padded(rows[1], pad));
-    const TensorView res_out = mem.out(DType::kBF16, {T, H_}, strided_ ? 5 : 0);
+    const TensorView res_out = mem.out(DType::kBF16, {T, H_}, strided ? 5 : 0);
     ops.rmsnorm_residual(x, res, w, cfg, res_out, y);
     return {mem.read("y", y), mem.read("residual_out", res_out)};
   }
@@ -325,8 +361,9 @@ class RopeCase : public RowCase {
  public:
   // qkv: x is the q part of a fused [T, (heads + 2·4)·D] buffer (outer strides), y likewise.
   RopeCase(int64_t T, int64_t heads, int64_t D, DType pos_dt, bool qkv, DataKind kind)
-      : heads_(heads), D_(D), pos_dt_(pos_dt), qkv_(qkv), kind_(kind) {
+      : heads_(heads), D_(D), pos_dt_(pos_dt), kind_(kind) {
     T_ = T;
+    strided_ = qkv;
     RowInput x;
     x.elems = heads * D;
     x.kind = kind;
@@ -338,14 +375,13 @@ class RopeCase : public RowCase {
   std::string op() const override { return "rope"; }
   std::string name() const override {
     return "rope/T" + S(T_) + "_heads" + S(heads_) + "_D" + S(D_) + "_pos-" + dtype_name(pos_dt_) +
-           (qkv_ ? "/inside-qkv/" : "/contiguous/") + data_kind_name(kind_);
+           (strided_ ? "/inside-qkv/" : "/contiguous/") + data_kind_name(kind_);
   }
 
  private:
   static constexpr int64_t kMaxPos = 4099;
   int64_t heads_, D_;
   DType pos_dt_;
-  bool qkv_;
   DataKind kind_;
   RopeTable table_;
   void build_shared(std::mt19937_64&) override {
@@ -355,9 +391,9 @@ class RopeCase : public RowCase {
     c.max_positions = kMaxPos;
     table_ = RopeTable::build(c);
   }
-  Outputs compute(Ops& ops, Mem& mem, const std::vector<Tensor>& rows,
-                  int64_t T) const override {
-    const int64_t extra = qkv_ ? 8 * D_ : 0;  // the k and v heads beside q
+  Outputs compute(Ops& ops, Mem& mem, const std::vector<Tensor>& rows, int64_t T,
+                  bool strided) const override {
+    const int64_t extra = strided ? 8 * D_ : 0;  // the k and v heads beside q
     const TensorView x = heads_view(mem.in(padded(rows[0], extra)), heads_, D_);
     const TensorView pos = mem.in(vector_arg(rows[1], 1));
     const TensorView y = heads_view(mem.out(DType::kBF16, {T, heads_ * D_}, extra), heads_, D_);
@@ -373,8 +409,9 @@ class RopeCase : public RowCase {
 class SiluCase : public RowCase {
  public:
   // fused: gate and up are the two halves of one [T, 2I] gate_up buffer.
-  SiluCase(int64_t T, int64_t I, bool fused, DataKind kind) : I_(I), fused_(fused), kind_(kind) {
+  SiluCase(int64_t T, int64_t I, bool fused, DataKind kind) : I_(I), kind_(kind) {
     T_ = T;
+    strided_ = fused;
     RowInput g;
     g.elems = 2 * I;  // [gate | up]
     g.kind = kind;
@@ -383,19 +420,18 @@ class SiluCase : public RowCase {
   }
   std::string op() const override { return "silu_mul"; }
   std::string name() const override {
-    return "silu_mul/T" + S(T_) + "_I" + S(I_) + (fused_ ? "/fused-gate-up/" : "/separate/") +
+    return "silu_mul/T" + S(T_) + "_I" + S(I_) + (strided_ ? "/fused-gate-up/" : "/separate/") +
            data_kind_name(kind_);
   }
 
  private:
   int64_t I_;
-  bool fused_;
   DataKind kind_;
   void build_shared(std::mt19937_64&) override {}
-  Outputs compute(Ops& ops, Mem& mem, const std::vector<Tensor>& rows,
-                  int64_t T) const override {
+  Outputs compute(Ops& ops, Mem& mem, const std::vector<Tensor>& rows, int64_t T,
+                  bool strided) const override {
     TensorView gate, up;
-    if (fused_) {
+    if (strided) {
       HostArg gu = padded(rows[0], 0);
       HostArg u = gu;
       gu.view.shape[1] = I_;
@@ -411,9 +447,9 @@ class SiluCase : public RowCase {
                     size_t(I_) * 2);
       }
       gate = mem.in(padded(g, 0));
-      up = mem.in(padded(u, 3));
+      up = mem.in(padded(u, 0));
     }
-    const TensorView out = mem.out(DType::kBF16, {T, I_}, fused_ ? 0 : 1);
+    const TensorView out = mem.out(DType::kBF16, {T, I_}, strided ? 1 : 0);
     ops.silu_mul(gate, up, out);
     return {mem.read("out", out)};
   }
@@ -424,8 +460,9 @@ class SiluCase : public RowCase {
 class EmbeddingCase : public RowCase {
  public:
   EmbeddingCase(int64_t T, int64_t V, int64_t H, DType ids_dt, bool strided, int world)
-      : V_(V), H_(H), ids_dt_(ids_dt), strided_(strided), world_(world) {
+      : V_(V), H_(H), ids_dt_(ids_dt), world_(world) {
     T_ = T;
+    strided_ = strided;
     RowInput ids;
     ids.dt = ids_dt;
     ids.index_hi = V;
@@ -439,27 +476,42 @@ class EmbeddingCase : public RowCase {
   }
   std::vector<Relation> relations() const override {
     std::vector<Relation> rel = RowCase::relations();
-    if (world_ > 1)
-      rel.push_back({"TP=" + S(world_) + " == TP=1", [this](Ops& ops, Mem& mem,
-                                                             const Outputs& base,
-                                                             const Check& check) {
-                       const TensorView ids = mem.in(vector_arg(rows_[0], 1));
-                       const TensorView table = mem.in(padded(table_, 0));
-                       const TensorView out = mem.out(DType::kBF16, {T_, H_});
-                       ops.embedding(ids, table, out);
-                       const Output one = mem.read("out", out);
-                       const Output& combined = base.back();
-                       for (int64_t t = 0; t < T_; ++t)
-                         check("out row " + S(t), compare_bits(combined.row(t), one.row(t), H_,
-                                                               DType::kBF16));
-                     }});
+    // Vocab-parallel: TP = 1, 2, 3, 4, 8 (ranks in order and reversed, combine also in place)
+    // == the plain embedding; a partial holds -0.0 (0x8000) for ids outside its shard.
+    for (int world : {1, 2, 3, 4, 8})
+      for (bool reversed : {false, true})
+        rel.push_back(
+            {"TP=" + S(world) + (reversed ? " reversed" : "") + " == embedding",
+             [this, world, reversed](Ops& ops, Mem& mem, const Outputs&, const Check& check) {
+               const Outputs one = tensor_parallel(ops, mem, rows_, T_, false, 1, false);
+               const Outputs tp = tensor_parallel(ops, mem, rows_, T_, false, world, reversed);
+               for (const Output& o : tp) {
+                 if (o.name == "out" || o.name == "out in place") {
+                   for (int64_t t = 0; t < T_; ++t)
+                     check(o.name + " row " + S(t),
+                           compare_bits(o.row(t), one[0].row(t), H_, DType::kBF16));
+                   continue;
+                 }
+                 const int r = std::stoi(o.name.substr(7));  // "partialR"
+                 if (reversed || world == 1) continue;
+                 const VocabShard sh = vocab_shard(V_, r, world);
+                 for (int64_t t = 0; t < T_; ++t) {
+                   const int64_t id = rows_[0].dtype() == DType::kI32
+                                          ? rows_[0].ptr<int32_t>()[t]
+                                          : rows_[0].ptr<int64_t>()[t];
+                   if (id >= sh.begin && id < sh.end) continue;
+                   const std::vector<bf16> zeros(size_t(H_), bf16{0x8000});
+                   check(o.name + " row " + S(t) + " is -0.0",
+                         compare_bits(o.row(t), zeros.data(), H_, DType::kBF16));
+                 }
+               }
+             }});
     return rel;
   }
 
  private:
   int64_t V_, H_;
   DType ids_dt_;
-  bool strided_;
   int world_;
   Tensor table_;
   void build_shared(std::mt19937_64& g) override {
@@ -468,20 +520,26 @@ class EmbeddingCase : public RowCase {
     std::uniform_int_distribution<uint32_t> u(0, 0xffff);
     for (int64_t i = 0; i < table_.numel(); ++i) table_.ptr<bf16>()[i] = bf16{uint16_t(u(g))};
   }
-  Outputs compute(Ops& ops, Mem& mem, const std::vector<Tensor>& rows,
-                  int64_t T) const override {
-    const int64_t pad = strided_ ? 5 : 0;
+  Outputs compute(Ops& ops, Mem& mem, const std::vector<Tensor>& rows, int64_t T,
+                  bool strided) const override {
+    return tensor_parallel(ops, mem, rows, T, strided, world_, false);
+  }
+  // world == 1: the plain op. Otherwise the partials of every rank (in rank order or reversed)
+  // and their combine, then the combine again in place into partials[0].
+  Outputs tensor_parallel(Ops& ops, Mem& mem, const std::vector<Tensor>& rows, int64_t T,
+                          bool strided, int world, bool reversed) const {
+    const int64_t pad = strided ? 5 : 0;
     const HostArg table = padded(table_, pad);
-    const TensorView ids = mem.in(vector_arg(rows[0], strided_ ? 3 : 1));
-    if (world_ == 1) {
+    const TensorView ids = mem.in(vector_arg(rows[0], strided ? 3 : 1));
+    if (world == 1) {
       const TensorView out = mem.out(DType::kBF16, {T, H_}, pad);
       ops.embedding(ids, mem.in(table), out);
       return {mem.read("out", out)};
     }
     Outputs outs;
     std::vector<TensorView> partials;
-    for (int r = 0; r < world_; ++r) {
-      const VocabShard sh = vocab_shard(V_, r, world_);
+    for (int r = 0; r < world; ++r) {
+      const VocabShard sh = vocab_shard(V_, r, world);
       HostArg part = table;
       part.view.data = table.view.ptr<bf16>() + sh.begin * (H_ + pad);
       part.view.shape[0] = sh.size();
@@ -490,19 +548,23 @@ class EmbeddingCase : public RowCase {
       outs.push_back(mem.read("partial" + S(r), p));
       partials.push_back(p);
     }
+    if (reversed) std::reverse(partials.begin(), partials.end());
     const TensorView out = mem.out(DType::kBF16, {T, H_});
     ops.embedding_combine(partials, out);
     outs.push_back(mem.read("out", out));
+    ops.embedding_combine(partials, partials[0]);
+    outs.push_back(mem.read("out in place", partials[0]));
     return outs;
   }
 };
 
 // ---- Linear log-prob and sampling ----------------------------------------------------------------
 
-ContractConfig logprob_contract(int vocab_tile, int vocab_segments) {
+ContractConfig logprob_contract(int vocab_tile, int vocab_segments, int gemm_segments = 1) {
   ContractConfig c;
   c.vocab_tile = vocab_tile;
   c.vocab_segments = vocab_segments;
+  c.gemm_segments = gemm_segments;
   return c;
 }
 
@@ -511,8 +573,9 @@ class LogprobCase : public RowCase {
   // world > 1: vocab-parallel (partial per rank + combine); world must divide vocab_segments.
   LogprobCase(int64_t T, int64_t H, int64_t V, ContractConfig cfg, float temperature, DType tgt_dt,
               bool strided, DataKind kind, int world)
-      : H_(H), V_(V), cfg_(cfg), strided_(strided), kind_(kind), world_(world), tgt_dt_(tgt_dt) {
+      : H_(H), V_(V), cfg_(cfg), kind_(kind), world_(world), tgt_dt_(tgt_dt) {
     T_ = T;
+    strided_ = strided;
     params_.temperature = temperature;
     params_.ignore_index = -100;
     RowInput h;
@@ -530,7 +593,7 @@ class LogprobCase : public RowCase {
     std::ostringstream os;
     os << (world_ > 1 ? "linear_logprob_tp" + S(world_) : std::string("linear_logprob")) << "/T"
        << T_ << "_H" << H_ << "_V" << V_ << "_tile" << cfg_.vocab_tile << "_seg"
-       << cfg_.vocab_segments << "_temp" << params_.temperature << "_targets-"
+       << cfg_.vocab_segments << "_gemmseg" << cfg_.gemm_segments << "_temp" << params_.temperature << "_targets-"
        << dtype_name(tgt_dt_) << (strided_ ? "/strided/" : "/contiguous/")
        << data_kind_name(kind_);
     return os.str();
@@ -538,14 +601,16 @@ class LogprobCase : public RowCase {
   bool quick() const override { return T_ * V_ * H_ <= (1 << 24); }
   std::vector<Relation> relations() const override {
     std::vector<Relation> rel = RowCase::relations();
-    if (world_ > 1)
-      rel.push_back({"TP=" + S(world_) + " == TP=1",
-                     [this](Ops& ops, Mem& mem, const Outputs& base, const Check& check) {
-                       const Outputs one = single(ops, mem, rows_, T_);
+    // Vocab-parallel: every degree R <= vocab_segments (partials + combine) == the op.
+    for (int R = 1; R <= cfg_.vocab_segments; R *= 2)
+      rel.push_back({"TP=" + S(R) + " partials + combine == linear_logprob",
+                     [this, R](Ops& ops, Mem& mem, const Outputs&, const Check& check) {
+                       const Outputs one = single(ops, mem, rows_, T_, strided_);
+                       const Outputs tp = vocab_parallel(ops, mem, rows_, T_, strided_, R);
                        for (size_t i = 0; i < one.size(); ++i) {
-                         const Output& got = base[base.size() - one.size() + i];
+                         const Output& got = tp[tp.size() - one.size() + i];
                          for (int64_t t = 0; t < T_; ++t)
-                           check(got.name + " row " + S(t),
+                           check(got.name + " R=" + S(R) + " row " + S(t),
                                  compare_bits(got.row(t), one[i].row(t), 1, DType::kF32));
                        }
                      }});
@@ -555,7 +620,6 @@ class LogprobCase : public RowCase {
  private:
   int64_t H_, V_;
   ContractConfig cfg_;
-  bool strided_;
   DataKind kind_;
   int world_;
   DType tgt_dt_;
@@ -566,11 +630,12 @@ class LogprobCase : public RowCase {
     fill_bf16(w_.ptr<bf16>(), w_.numel(), kind_ == DataKind::kSpecials ? DataKind::kNormal : kind_,
               g, 0.5f);
   }
-  int64_t pad() const { return strided_ ? 3 : 0; }
-  Outputs single(Ops& ops, Mem& mem, const std::vector<Tensor>& rows, int64_t T) const {
-    const TensorView h = mem.in(padded(rows[0], pad())), w = mem.in(padded(w_, pad()));
-    const TensorView tg = mem.in(vector_arg(rows[1], strided_ ? 2 : 1));
-    const int64_t step = strided_ ? 2 : 1;
+  Outputs single(Ops& ops, Mem& mem, const std::vector<Tensor>& rows, int64_t T,
+                 bool strided) const {
+    const int64_t pad = strided ? 3 : 0;
+    const TensorView h = mem.in(padded(rows[0], pad)), w = mem.in(padded(w_, pad));
+    const TensorView tg = mem.in(vector_arg(rows[1], strided ? 2 : 1));
+    const int64_t step = strided ? 2 : 1;
     const TensorView logp = mem.out(DType::kF32, {T, step}), lse = mem.out(DType::kF32, {T, step}),
                      ent = mem.out(DType::kF32, {T, step});
     auto col = [&](TensorView v) {
@@ -582,16 +647,21 @@ class LogprobCase : public RowCase {
     return {mem.read("logp", col(logp)), mem.read("lse", col(lse)),
             mem.read("entropy", col(ent))};
   }
-  Outputs compute(Ops& ops, Mem& mem, const std::vector<Tensor>& rows,
-                  int64_t T) const override {
-    if (world_ == 1) return single(ops, mem, rows, T);
+  Outputs compute(Ops& ops, Mem& mem, const std::vector<Tensor>& rows, int64_t T,
+                  bool strided) const override {
+    if (world_ == 1) return single(ops, mem, rows, T, strided);
+    return vocab_parallel(ops, mem, rows, T, strided, world_);
+  }
+  Outputs vocab_parallel(Ops& ops, Mem& mem, const std::vector<Tensor>& rows, int64_t T,
+                         bool strided, int world) const {
+    const int64_t pad = strided ? 3 : 0;
     const LogprobVocabLayout lay = logprob_vocab_layout(cfg_, V_);
-    const int per = cfg_.vocab_segments / world_;
-    const TensorView h = mem.in(padded(rows[0], pad()));
+    const int per = cfg_.vocab_segments / world;
+    const TensorView h = mem.in(padded(rows[0], pad));
     const TensorView tg = mem.in(vector_arg(rows[1], 1));
-    const HostArg wa = padded(w_, pad());
-    const TensorView states = mem.out(DType::kF32, {world_, T, 4});
-    for (int r = 0; r < world_; ++r) {
+    const HostArg wa = padded(w_, pad);
+    const TensorView states = mem.out(DType::kF32, {world, T, 4});
+    for (int r = 0; r < world; ++r) {
       LogprobShard sh;
       sh.vocab_size = V_;
       sh.seg_begin = r * per;
@@ -599,7 +669,7 @@ class LogprobCase : public RowCase {
       const int64_t v0 = std::min(V_, sh.seg_begin * lay.segment_len);
       const int64_t v1 = std::min(V_, (sh.seg_begin + per) * lay.segment_len);
       HostArg ws = wa;
-      ws.view.data = wa.view.ptr<bf16>() + v0 * (H_ + pad());
+      ws.view.data = wa.view.ptr<bf16>() + v0 * (H_ + pad);
       ws.view.shape[0] = v1 - v0;
       TensorView st = TensorView::contiguous(states.ptr<float>() + r * T * 4, DType::kF32, {T, 4},
                                              states.device);
@@ -651,8 +721,8 @@ class SampleCase : public RowCase {
       for (int64_t v = 1; v < V_; v += 2)
         std::memcpy(w_.ptr<bf16>() + v * H_, w_.ptr<bf16>() + (v - 1) * H_, size_t(H_) * 2);
   }
-  Outputs compute(Ops& ops, Mem& mem, const std::vector<Tensor>& rows,
-                  int64_t T) const override {
+  Outputs compute(Ops& ops, Mem& mem, const std::vector<Tensor>& rows, int64_t T,
+                  bool strided) const override {
     const TensorView h = mem.in(padded(rows[0], 0)), w = mem.in(padded(w_, 0));
     // request ids and positions stay host views (every backend checks them on the host).
     const HostArg reqa = vector_arg(rows[1], 1), posa = vector_arg(rows[2], 1);
