@@ -160,8 +160,8 @@ inline bool bitwise(const std::string& what, const void* gpu, const void* cpu, s
   std::memcpy(&x, a + first * es, es);
   std::memcpy(&y, b + first * es, es);
   report(false, what);
-  std::printf("  mismatch: %zu of %zu differ; first at %zu: gpu 0x%llx cpu 0x%llx\n", bad, n,
-              first, (unsigned long long)x, (unsigned long long)y);
+  std::printf("  mismatch: %zu of %zu differ; first at %zu: gpu 0x%llx cpu 0x%llx\n", bad, n, first,
+              (unsigned long long)x, (unsigned long long)y);
   return false;
 }
 

@@ -58,7 +58,7 @@ float draw(DataKind kind, std::mt19937_64& g, float scale) {
       if (r < 5) return NAN;
       if (r < 7) return 0.0f;
       if (r < 9) return -0.0f;
-      if (r < 11) return f32_from_bits(uint32_t(1 + pick(g)) << 16);                  // bf16 subnormal
+      if (r < 11) return f32_from_bits(uint32_t(1 + pick(g)) << 16);  // bf16 subnormal
       if (r < 13) return f32_from_bits(0x80000000u | (uint32_t(1 + pick(g)) << 16));  // -subnormal
       return normal();
     }
@@ -182,8 +182,8 @@ class CpuMem final : public Mem {
 class CpuOps : public Ops {
  public:
   std::string name() const override { return "cpu"; }
-  void gemm(const TensorView& x, const TensorView& w, const TensorView* bias,
-            const GemmConfig& cfg, const TensorView& y) override {
+  void gemm(const TensorView& x, const TensorView& w, const TensorView* bias, const GemmConfig& cfg,
+            const TensorView& y) override {
     cpu::gemm_bf16_nt(x, w, bias, cfg, y);
   }
   void gemm_partial(const TensorView& x, const TensorView& w, int64_t k_total, int tp, int rank,
@@ -276,9 +276,9 @@ class CpuOps : public Ops {
     cpu::linear_logprob_combine(states, targets, p, cfg, vocab, logp, lse, entropy);
   }
   void sample(const TensorView& h, const TensorView& w, std::span<const SamplingParams> params,
-              const TensorView& request_ids, const TensorView& positions,
-              const ContractConfig& cfg, const TensorView& token_ids, const TensorView& logp,
-              const TensorView& lse, const TensorView& entropy) override {
+              const TensorView& request_ids, const TensorView& positions, const ContractConfig& cfg,
+              const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
+              const TensorView& entropy) override {
     cpu::sample(h, w, params, request_ids, positions, cfg, token_ids, logp, lse, entropy);
   }
 };
@@ -287,8 +287,8 @@ class CpuOps : public Ops {
 class CpuScalarOps final : public CpuOps {
  public:
   std::string name() const override { return "cpu-scalar-spec"; }
-  void gemm(const TensorView& x, const TensorView& w, const TensorView* bias,
-            const GemmConfig& cfg, const TensorView& y) override {
+  void gemm(const TensorView& x, const TensorView& w, const TensorView* bias, const GemmConfig& cfg,
+            const TensorView& y) override {
     cpu::gemm_bf16_nt_scalar(x, w, bias, cfg, y);
   }
 };

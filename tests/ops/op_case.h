@@ -57,10 +57,10 @@ HostArg host_rows(DType dt, int64_t rows, int64_t cols, int64_t ld, int64_t col0
 struct Output {
   std::string name;
   DType dtype = DType::kF32;
-  int64_t rows = 0;      // dim 0 of the view (tokens, rows)
-  int64_t row_elems = 0; // elements of one row the op writes
-  int64_t ld = 0;        // elements between rows in `bytes`
-  int64_t offset = 0;    // elements before row 0 in `bytes`
+  int64_t rows = 0;       // dim 0 of the view (tokens, rows)
+  int64_t row_elems = 0;  // elements of one row the op writes
+  int64_t ld = 0;         // elements between rows in `bytes`
+  int64_t offset = 0;     // elements before row 0 in `bytes`
   std::vector<uint8_t> bytes;
   int64_t numel() const { return int64_t(bytes.size()) / dtype_size(dtype); }
   // Bytes of row r (row_elems elements).
@@ -165,8 +165,8 @@ class Ops {
                                       const TensorView& state) = 0;
   virtual void linear_logprob_combine(const TensorView& states, const TensorView& targets,
                                       const LogprobParams& p, const ContractConfig& cfg,
-                                      int64_t vocab, const TensorView& logp,
-                                      const TensorView& lse, const TensorView& entropy) = 0;
+                                      int64_t vocab, const TensorView& logp, const TensorView& lse,
+                                      const TensorView& entropy) = 0;
   virtual void sample(const TensorView& h, const TensorView& w,
                       std::span<const SamplingParams> params, const TensorView& request_ids,
                       const TensorView& positions, const ContractConfig& cfg,

@@ -1,8 +1,8 @@
 // The op-case table: every case of every op (GEMM incl. TP partial + combine, RMSNorm (+residual),
-// RoPE, SiLU-and-mul, embedding (+ vocab-parallel combine), attention in every mode, kv_cache_write,
-// linear log-prob (+ partial / combine), sampling), with the invariance relations of each.
-// Sizes are the odd ones (1, 3, 17, 111, 989) next to real model widths; layouts are contiguous
-// or strided (rows wider than the view, q/k inside a fused qkv buffer, column shards).
+// RoPE, SiLU-and-mul, embedding (+ vocab-parallel combine), attention in every mode,
+// kv_cache_write, linear log-prob (+ partial / combine), sampling), with the invariance relations
+// of each. Sizes are the odd ones (1, 3, 17, 111, 989) next to real model widths; layouts are
+// contiguous or strided (rows wider than the view, q/k inside a fused qkv buffer, column shards).
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -83,9 +83,7 @@ class RowCase : public OpCase {
       rows_.push_back(std::move(t));
     }
   }
-  Outputs run(Ops& ops, Mem& mem) const override {
-    return compute(ops, mem, rows_, T_, strided_);
-  }
+  Outputs run(Ops& ops, Mem& mem) const override { return compute(ops, mem, rows_, T_, strided_); }
   std::vector<Relation> relations() const override;
 
  protected:
@@ -126,8 +124,8 @@ std::vector<Relation> RowCase::relations() const {
   picks.erase(std::unique(picks.begin(), picks.end()), picks.end());
   for (int64_t B : {int64_t(1), int64_t(3), int64_t(17), int64_t(256)}) {
     rel.push_back(
-        {"rows in a batch of " + S(B), [this, B, picks](Ops& ops, Mem& mem, const Outputs& base,
-                                                         const Check& check) {
+        {"rows in a batch of " + S(B),
+         [this, B, picks](Ops& ops, Mem& mem, const Outputs& base, const Check& check) {
            std::mt19937_64 g(0x5eed0000u + uint64_t(B));
            // B == 1: each picked row alone; otherwise one batch holding the picked rows at
            // positions B-1, B/2, 0 (reversed order) among fresh rows.
@@ -163,8 +161,8 @@ std::vector<Relation> RowCase::relations() const {
            }
          }});
   }
-  rel.push_back({"thread counts 1 and 3", [this](Ops& ops, Mem& mem, const Outputs& base,
-                                                 const Check& check) {
+  rel.push_back({"thread counts 1 and 3",
+                 [this](Ops& ops, Mem& mem, const Outputs& base, const Check& check) {
                    const int saved = num_threads();
                    for (int n : {1, 3}) {
                      set_num_threads(n);
@@ -175,24 +173,26 @@ std::vector<Relation> RowCase::relations() const {
                    set_num_threads(saved);
                  }});
   if (strided_)
-    rel.push_back({"strided layout == contiguous", [this](Ops& ops, Mem& mem, const Outputs& base,
-                                                         const Check& check) {
-                     const Outputs got = compute(ops, mem, rows_, T_, false);
-                     for (size_t o = 0; o < got.size(); ++o) {
-                       if (base[o].rows == 0) continue;
-                       for (int64_t t = 0; t < T_; ++t)
-                         check(got[o].name + " row " + S(t),
-                               compare_bits(got[o].row(t), base[o].row(t), base[o].row_elems,
-                                            base[o].dtype));
-                     }
-                   }});
+    rel.push_back(
+        {"strided layout == contiguous",
+         [this](Ops& ops, Mem& mem, const Outputs& base, const Check& check) {
+           const Outputs got = compute(ops, mem, rows_, T_, false);
+           for (size_t o = 0; o < got.size(); ++o) {
+             if (base[o].rows == 0) continue;
+             for (int64_t t = 0; t < T_; ++t)
+               check(got[o].name + " row " + S(t),
+                     compare_bits(got[o].row(t), base[o].row(t), base[o].row_elems, base[o].dtype));
+           }
+         }});
   return rel;
 }
 
 // ---- GEMM --------------------------------------------------------------------------------------
 
 enum class Bias { kNone, kBF16, kF32 };
-const char* bias_name(Bias b) { return b == Bias::kNone ? "none" : b == Bias::kBF16 ? "bf16" : "f32"; }
+const char* bias_name(Bias b) {
+  return b == Bias::kNone ? "none" : b == Bias::kBF16 ? "bf16" : "f32";
+}
 
 struct GemmShape {
   int64_t M, N, K;
@@ -256,8 +256,7 @@ class GemmCase : public RowCase {
       fill_f32(b_.ptr<float>(), s_.N, s_.kind, g);
     }
   }
-  Outputs full(Ops& ops, Mem& mem, const std::vector<Tensor>& rows, int64_t T,
-               bool strided) const {
+  Outputs full(Ops& ops, Mem& mem, const std::vector<Tensor>& rows, int64_t T, bool strided) const {
     const int64_t pad = strided ? 7 : 0;
     const TensorView x = mem.in(padded(rows[0], pad)), w = mem.in(padded(w_, pad));
     TensorView bias;
@@ -443,8 +442,7 @@ class SiluCase : public RowCase {
       Tensor g(DType::kBF16, {T, I_}), u(DType::kBF16, {T, I_});
       for (int64_t t = 0; t < T; ++t) {
         std::memcpy(g.ptr<bf16>() + t * I_, rows[0].ptr<bf16>() + t * 2 * I_, size_t(I_) * 2);
-        std::memcpy(u.ptr<bf16>() + t * I_, rows[0].ptr<bf16>() + t * 2 * I_ + I_,
-                    size_t(I_) * 2);
+        std::memcpy(u.ptr<bf16>() + t * I_, rows[0].ptr<bf16>() + t * 2 * I_ + I_, size_t(I_) * 2);
       }
       gate = mem.in(padded(g, 0));
       up = mem.in(padded(u, 0));
@@ -496,9 +494,8 @@ class EmbeddingCase : public RowCase {
                  if (reversed || world == 1) continue;
                  const VocabShard sh = vocab_shard(V_, r, world);
                  for (int64_t t = 0; t < T_; ++t) {
-                   const int64_t id = rows_[0].dtype() == DType::kI32
-                                          ? rows_[0].ptr<int32_t>()[t]
-                                          : rows_[0].ptr<int64_t>()[t];
+                   const int64_t id = rows_[0].dtype() == DType::kI32 ? rows_[0].ptr<int32_t>()[t]
+                                                                      : rows_[0].ptr<int64_t>()[t];
                    if (id >= sh.begin && id < sh.end) continue;
                    const std::vector<bf16> zeros(size_t(H_), bf16{0x8000});
                    check(o.name + " row " + S(t) + " is -0.0",
@@ -558,7 +555,8 @@ class EmbeddingCase : public RowCase {
   }
 };
 
-// ---- Linear log-prob and sampling ----------------------------------------------------------------
+// ---- Linear log-prob and sampling
+// ----------------------------------------------------------------
 
 ContractConfig logprob_contract(int vocab_tile, int vocab_segments, int gemm_segments = 1) {
   ContractConfig c;
@@ -593,8 +591,8 @@ class LogprobCase : public RowCase {
     std::ostringstream os;
     os << (world_ > 1 ? "linear_logprob_tp" + S(world_) : std::string("linear_logprob")) << "/T"
        << T_ << "_H" << H_ << "_V" << V_ << "_tile" << cfg_.vocab_tile << "_seg"
-       << cfg_.vocab_segments << "_gemmseg" << cfg_.gemm_segments << "_temp" << params_.temperature << "_targets-"
-       << dtype_name(tgt_dt_) << (strided_ ? "/strided/" : "/contiguous/")
+       << cfg_.vocab_segments << "_gemmseg" << cfg_.gemm_segments << "_temp" << params_.temperature
+       << "_targets-" << dtype_name(tgt_dt_) << (strided_ ? "/strided/" : "/contiguous/")
        << data_kind_name(kind_);
     return os.str();
   }
@@ -644,8 +642,7 @@ class LogprobCase : public RowCase {
       return v;
     };
     ops.linear_logprob(h, w, tg, params_, cfg_, col(logp), col(lse), col(ent));
-    return {mem.read("logp", col(logp)), mem.read("lse", col(lse)),
-            mem.read("entropy", col(ent))};
+    return {mem.read("logp", col(logp)), mem.read("lse", col(lse)), mem.read("entropy", col(ent))};
   }
   Outputs compute(Ops& ops, Mem& mem, const std::vector<Tensor>& rows, int64_t T,
                   bool strided) const override {
@@ -729,14 +726,14 @@ class SampleCase : public RowCase {
     const std::vector<SamplingParams> params(size_t(T), p_);
     const TensorView ids = mem.out(DType::kI64, {T}), logp = mem.out(DType::kF32, {T}),
                      lse = mem.out(DType::kF32, {T}), ent = mem.out(DType::kF32, {T});
-    ops.sample(h, w, params, mem.host(reqa), mem.host(posa), ContractConfig{}, ids, logp, lse,
-               ent);
+    ops.sample(h, w, params, mem.host(reqa), mem.host(posa), ContractConfig{}, ids, logp, lse, ent);
     return {mem.read("token_ids", ids), mem.read("logp", logp), mem.read("lse", lse),
             mem.read("entropy", ent)};
   }
 };
 
-// ---- Attention -----------------------------------------------------------------------------------
+// ---- Attention
+// -----------------------------------------------------------------------------------
 
 struct AttnDims {
   int64_t Hq, Hkv, D;
@@ -776,8 +773,14 @@ class AttentionCase : public OpCase {
   AttentionCase(AttnMode mode, AttnDims d, int kv_chunk, double scale, std::vector<int64_t> lens,
                 int64_t page, int splits = 1, int64_t group = 1, int64_t prefix = 0,
                 DataKind kind = DataKind::kNormal)
-      : mode_(mode), d_(d), lens_(std::move(lens)), page_(page), splits_(splits), group_(group),
-        prefix_(prefix), kind_(kind) {
+      : mode_(mode),
+        d_(d),
+        lens_(std::move(lens)),
+        page_(page),
+        splits_(splits),
+        group_(group),
+        prefix_(prefix),
+        kind_(kind) {
     cfg_.kv_chunk = kv_chunk;
     cfg_.softmax_scale = scale;
   }
@@ -824,14 +827,15 @@ class AttentionCase : public OpCase {
     rng_seed_ = seed;
   }
 
-  Outputs run(Ops& ops, Mem& mem) const override { return run_mode(ops, mem, mode_, page_, splits_); }
+  Outputs run(Ops& ops, Mem& mem) const override {
+    return run_mode(ops, mem, mode_, page_, splits_);
+  }
 
   std::vector<Relation> relations() const override {
     std::vector<Relation> rel;
     if (mode_ == AttnMode::kKvWrite) {
-      rel.push_back({"slots written in reverse token order", [this](Ops& ops, Mem& mem,
-                                                                    const Outputs& base,
-                                                                    const Check& check) {
+      rel.push_back({"slots written in reverse token order",
+                     [this](Ops& ops, Mem& mem, const Outputs& base, const Check& check) {
                        const Outputs got = kv_write(ops, mem, page_, true);
                        for (size_t i = 0; i < got.size(); ++i)
                          check(got[i].name, compare_outputs(got[i], base[i]));
@@ -840,8 +844,8 @@ class AttentionCase : public OpCase {
     }
     // Every mode's rows equal the packed prefill's rows of the same (sequence, position).
     if (mode_ != AttnMode::kPrefill)
-      rel.push_back({"rows == packed prefill", [this](Ops& ops, Mem& mem, const Outputs& base,
-                                                      const Check& check) {
+      rel.push_back({"rows == packed prefill",
+                     [this](Ops& ops, Mem& mem, const Outputs& base, const Check& check) {
                        const Outputs pre = run_mode(ops, mem, AttnMode::kPrefill, page_, 1);
                        const std::vector<int64_t> tok = query_tokens(mode_);
                        for (size_t o = 0; o < 2; ++o) {
@@ -853,23 +857,22 @@ class AttentionCase : public OpCase {
                        }
                      }});
     if (mode_ == AttnMode::kPrefill)
-      rel.push_back({"each sequence alone == packed", [this](Ops& ops, Mem& mem,
-                                                              const Outputs& base,
-                                                              const Check& check) {
+      rel.push_back({"each sequence alone == packed",
+                     [this](Ops& ops, Mem& mem, const Outputs& base, const Check& check) {
                        for (size_t b = 0; b < lens_.size(); ++b) {
                          const int64_t t0 = cu_[b], n = lens_[b];
                          const Outputs one = prefill_rows(ops, mem, t0, n);
                          for (size_t o = 0; o < 2; ++o)
                            check(one[o].name + " sequence " + S(int64_t(b)),
-                                 compare_bits(one[o].row(0), base[o].row(t0),
-                                              n * one[o].row_elems, one[o].dtype));
+                                 compare_bits(one[o].row(0), base[o].row(t0), n * one[o].row_elems,
+                                              one[o].dtype));
                        }
                      }});
     if (mode_ == AttnMode::kDecode || mode_ == AttnMode::kChunked)
       for (int64_t P : {int64_t(1), int64_t(16), int64_t(37)})
         if (P != page_)
-          rel.push_back({"page size " + S(P), [this, P](Ops& ops, Mem& mem, const Outputs& base,
-                                                         const Check& check) {
+          rel.push_back({"page size " + S(P),
+                         [this, P](Ops& ops, Mem& mem, const Outputs& base, const Check& check) {
                            const Outputs got = run_mode(ops, mem, mode_, P, 1);
                            for (size_t o = 0; o < got.size(); ++o)
                              check(got[o].name, compare_outputs(got[o], base[o]));
@@ -877,14 +880,14 @@ class AttentionCase : public OpCase {
     if (mode_ == AttnMode::kSplitKv)
       for (int n : {1, 2, 3, 7})
         if (n != splits_)
-          rel.push_back({"splits " + S(n), [this, n](Ops& ops, Mem& mem, const Outputs& base,
-                                                      const Check& check) {
+          rel.push_back({"splits " + S(n),
+                         [this, n](Ops& ops, Mem& mem, const Outputs& base, const Check& check) {
                            const Outputs got = run_mode(ops, mem, mode_, page_, n);
                            for (size_t o = 0; o < got.size(); ++o)
                              check(got[o].name, compare_outputs(got[o], base[o]));
                          }});
-    rel.push_back({"thread counts 1 and 3", [this](Ops& ops, Mem& mem, const Outputs& base,
-                                                   const Check& check) {
+    rel.push_back({"thread counts 1 and 3",
+                   [this](Ops& ops, Mem& mem, const Outputs& base, const Check& check) {
                      const int saved = num_threads();
                      for (int n : {1, 3}) {
                        set_num_threads(n);
@@ -937,8 +940,8 @@ class AttentionCase : public OpCase {
     const TensorView out = mem.out(DType::kBF16, {n, d_.Hq, d_.D});
     const TensorView lse = mem.out(DType::kF32, {n, d_.Hq});
     ops.attention_prefill_varlen(mem.in(slice(q_, d_.Hq)), mem.in(slice(k_, d_.Hkv)),
-                                 mem.in(slice(v_, d_.Hkv)), mem.host(host_arg(i32s({0, int32_t(n)}))),
-                                 cfg_, out, lse);
+                                 mem.in(slice(v_, d_.Hkv)),
+                                 mem.host(host_arg(i32s({0, int32_t(n)}))), cfg_, out, lse);
     return {mem.read("out", out), mem.read("lse", lse)};
   }
 
@@ -961,7 +964,8 @@ class AttentionCase : public OpCase {
     std::mt19937_64 g(rng_seed_ ^ uint64_t(P));
     std::shuffle(order.begin(), order.end(), g);
     const int64_t row = d_.Hkv * d_.D;
-    Tensor kc(DType::kBF16, {c.pages, P, d_.Hkv, d_.D}), vc(DType::kBF16, {c.pages, P, d_.Hkv, d_.D});
+    Tensor kc(DType::kBF16, {c.pages, P, d_.Hkv, d_.D}),
+        vc(DType::kBF16, {c.pages, P, d_.Hkv, d_.D});
     for (Tensor* t : {&kc, &vc})
       for (int64_t i = 0; i < t->numel(); ++i) t->ptr<bf16>()[i] = bf16{0x7fc1};
     Tensor table(DType::kI32, {B, c.max_pages});
@@ -1013,7 +1017,8 @@ class AttentionCase : public OpCase {
     Tensor sm(DType::kI64, {n});
     std::memcpy(sm.data(), slots.data(), size_t(n) * 8);
     // The caches start as garbage (a fixed pattern), the written slots must hold k/v exactly.
-    Tensor kc(DType::kBF16, {c.pages, P, d_.Hkv, d_.D}), vc(DType::kBF16, {c.pages, P, d_.Hkv, d_.D});
+    Tensor kc(DType::kBF16, {c.pages, P, d_.Hkv, d_.D}),
+        vc(DType::kBF16, {c.pages, P, d_.Hkv, d_.D});
     std::memset(kc.data(), 0x3c, size_t(kc.nbytes()));
     std::memset(vc.data(), 0xc3, size_t(vc.nbytes()));
     const TensorView kcv = mem.in(host_arg(kc)), vcv = mem.in(host_arg(vc));
@@ -1026,9 +1031,8 @@ class AttentionCase : public OpCase {
     if (m == AttnMode::kPrefill) {
       const TensorView out = mem.out(DType::kBF16, {T_, d_.Hq, d_.D});
       const TensorView lse = mem.out(DType::kF32, {T_, d_.Hq});
-      ops.attention_prefill_varlen(mem.in(host_arg(q_)), mem.in(host_arg(k_)),
-                                   mem.in(host_arg(v_)), mem.host(host_arg(i32s(cu_))), cfg_, out,
-                                   lse);
+      ops.attention_prefill_varlen(mem.in(host_arg(q_)), mem.in(host_arg(k_)), mem.in(host_arg(v_)),
+                                   mem.host(host_arg(i32s(cu_))), cfg_, out, lse);
       return {mem.read("out", out), mem.read("lse", lse)};
     }
     const Cache c = cache(P);
@@ -1045,8 +1049,8 @@ class AttentionCase : public OpCase {
     for (int64_t r = 0; r < N; ++r) {
       std::memcpy(q.ptr<bf16>() + r * qrow, q_.ptr<bf16>() + tok[size_t(r)] * qrow,
                   size_t(qrow) * 2);
-      const int64_t b = std::upper_bound(cu_.begin(), cu_.end(), int32_t(tok[size_t(r)])) -
-                        cu_.begin() - 1;
+      const int64_t b =
+          std::upper_bound(cu_.begin(), cu_.end(), int32_t(tok[size_t(r)])) - cu_.begin() - 1;
       qs.push_back(int32_t(b));
       qp.push_back(int32_t(tok[size_t(r)] - cu_[size_t(b)]));
     }
@@ -1132,7 +1136,22 @@ std::vector<std::unique_ptr<OpCase>> op_cases() {
     add<GemmCase>(t, GemmShape{17, 40, 300, 2, Bias::kNone, f32, false, k});
     add<GemmCase>(t, GemmShape{3, 33, 111, 1, Bias::kBF16, bf, true, k});
   }
-  // GEMM row-parallel TP: partial per rank + tree combine.
+  // Shapes of the row / thread / rerun / stride checks (were tests in test_gemm.cc).
+  for (int S : {1, 4})
+    for (int64_t K : {64, 333})
+      add<GemmCase>(t, GemmShape{17, 111, K, S, Bias::kNone, bf, false, DK::kNormal});
+  add<GemmCase>(t, GemmShape{17, 33, 100, 2, Bias::kNone, bf, true, DK::kNormal});
+  for (int64_t M : {1, 67})
+    add<GemmCase>(t, GemmShape{M, 1029, 300, 4, Bias::kNone, f32, false, DK::kNormal});
+  add<GemmCase>(t, GemmShape{40, 70, 200, 8, Bias::kF32, bf, false, DK::kNormal});
+  // Every TP degree t <= S (a relation of every GEMM case): the decode (M = 1) and packed (13)
+  // kernels, K with padding-only ranks (37), both outputs.
+  for (int S : {1, 2, 4, 8})
+    for (int64_t K : {128, 200, 1000, 37})
+      for (int64_t M : {1, 13})
+        for (DType out : {bf, f32})
+          add<GemmCase>(t, GemmShape{M, 45, K, S, Bias::kBF16, out, false, DK::kNormal});
+  // GEMM row-parallel TP entry points (partial per rank + tree combine) as cases of their own.
   for (int tp : {2, 4, 8})
     add<GemmCase>(t, GemmShape{17, 111, 989, 8, Bias::kF32, bf, false, DK::kNormal}, tp);
   add<GemmCase>(t, GemmShape{3, 64, 100, 4, Bias::kNone, f32, true, DK::kNormal}, 2);
@@ -1147,6 +1166,11 @@ std::vector<std::unique_ptr<OpCase>> op_cases() {
     add<RmsNormCase>(t, 17, 136, false, false, k);
     add<RmsNormCase>(t, 17, 136, true, true, k);
   }
+  for (int64_t H : {64, 136, 1000}) {
+    add<RmsNormCase>(t, 17, H, false, false, DK::kNormal);
+    add<RmsNormCase>(t, 17, H, true, false, DK::kNormal);
+  }
+  add<RmsNormCase>(t, 300, 1000, true, false, DK::kNormal);
   add<RmsNormCase>(t, 5, 64, false, true, DK::kNormal, 1e-20f);
   add<RmsNormCase>(t, 5, 64, true, false, DK::kNormal, 1e19f);
 
@@ -1155,30 +1179,48 @@ std::vector<std::unique_ptr<OpCase>> op_cases() {
   add<RopeCase>(t, 17, 3, 2, DType::kI32, true, DK::kNormal);
   add<RopeCase>(t, 17, 5, 6, DType::kI32, false, DK::kNormal);
   add<RopeCase>(t, 3, 16, 64, DType::kI64, true, DK::kNormal);
+  add<RopeCase>(t, 17, 4, 128, DType::kI64, false, DK::kNormal);
+  add<RopeCase>(t, 257, 8, 128, DType::kI64, false, DK::kNormal);
   add<RopeCase>(t, 17, 4, 128, DType::kI32, true, DK::kSpecials);
   add<RopeCase>(t, 17, 4, 128, DType::kI64, false, DK::kLarge);
 
   // SiLU-and-mul: fused gate_up halves and separate strided views, odd widths, specials.
   for (int64_t I : {1, 3, 17, 111, 989, 3072}) add<SiluCase>(t, 17, I, I % 2 == 1, DK::kNormal);
-  for (DK k : {DK::kLarge, DK::kSmall, DK::kSpecials}) add<SiluCase>(t, 17, 136, k != DK::kSmall, k);
+  add<SiluCase>(t, 17, 136, true, DK::kNormal);
+  add<SiluCase>(t, 300, 1000, true, DK::kNormal);
+  for (DK k : {DK::kLarge, DK::kSmall, DK::kSpecials})
+    add<SiluCase>(t, 17, 136, k != DK::kSmall, k);
 
   // Embedding (+ vocab-parallel partials and combine, TP = 2, 3, 4, 8).
   add<EmbeddingCase>(t, 111, 1000, 136, DType::kI32, true, 1);
   add<EmbeddingCase>(t, 17, 989, 17, DType::kI64, false, 1);
   add<EmbeddingCase>(t, 1, 3, 1, DType::kI64, false, 1);
+  add<EmbeddingCase>(t, 500, 1000, 64, DType::kI64, false, 1);
+  for (int64_t H : {3, 64, 136}) add<EmbeddingCase>(t, 257, 1000, H, DType::kI64, false, 1);
   for (int w : {2, 3, 4, 8}) add<EmbeddingCase>(t, 37, 1000, 136, DType::kI64, w % 2 == 1, w);
 
   // Linear log-prob (+ vocab-parallel partial / combine).
-  add<LogprobCase>(t, 17, 64, 989, logprob_contract(256, 1), 1.0f, DType::kI64, false,
-                   DK::kNormal, 1);
-  add<LogprobCase>(t, 3, 136, 1000, logprob_contract(128, 4), 0.7f, DType::kI32, true,
-                   DK::kNormal, 1);
+  add<LogprobCase>(t, 17, 64, 989, logprob_contract(256, 1), 1.0f, DType::kI64, false, DK::kNormal,
+                   1);
+  add<LogprobCase>(t, 3, 136, 1000, logprob_contract(128, 4), 0.7f, DType::kI32, true, DK::kNormal,
+                   1);
   add<LogprobCase>(t, 111, 32, 3001, logprob_contract(256, 8), 1.3f, DType::kI64, false,
                    DK::kNormal, 1);
-  add<LogprobCase>(t, 17, 64, 500, logprob_contract(64, 2), 1.0f, DType::kI64, true,
-                   DK::kSpecials, 1);
+  add<LogprobCase>(t, 17, 64, 500, logprob_contract(64, 2), 1.0f, DType::kI64, true, DK::kSpecials,
+                   1);
   add<LogprobCase>(t, 17, 64, 500, logprob_contract(64, 2), 0.5f, DType::kI32, false, DK::kLarge,
                    1);
+  // Shapes of the token / TP / thread / rerun checks (were tests in test_logprob.cc).
+  for (ContractConfig c : {logprob_contract(64, 1), logprob_contract(32, 2, 2)})
+    add<LogprobCase>(t, 17, 40, 300, c, 0.8f, DType::kI64, false, DK::kNormal, 1);
+  for (int S : {1, 2, 4, 8})
+    add<LogprobCase>(t, 13, 32, 700, logprob_contract(64, S), 1.3f, DType::kI64, false, DK::kNormal,
+                     1);
+  for (int64_t T : {1, 40})
+    add<LogprobCase>(t, T, 32, 777, logprob_contract(32, 2, 2), 0.9f, DType::kI64, false,
+                     DK::kNormal, 1);
+  add<LogprobCase>(t, 33, 48, 513, logprob_contract(128, 4, 2), 0.6f, DType::kI64, false,
+                   DK::kNormal, 1);
   for (int w : {2, 4, 8})
     add<LogprobCase>(t, 17, 64, 3001, logprob_contract(128, 8), 0.9f, DType::kI64, false,
                      DK::kNormal, w);
@@ -1218,10 +1260,10 @@ std::vector<std::unique_ptr<OpCase>> op_cases() {
   add<AttentionCase>(t, AttnMode::kDecode, d64, 1024, 0.0, std::vector<int64_t>{1100, 17}, 64);
   add<AttentionCase>(t, AttnMode::kPrefill, d64, 64, 0.0, lens, 16, 1, 1, 0, DK::kSpecials);
   add<AttentionCase>(t, AttnMode::kDecode, d64, 64, 0.0, lens, 1, 1, 1, 0, DK::kLarge);
-  for (int splits : {2, 3, 7}) add<AttentionCase>(t, AttnMode::kSplitKv, d64, 64, 0.0,
-                                                 std::vector<int64_t>{300, 17, 129, 1}, 16, splits);
-  add<AttentionCase>(t, AttnMode::kSplitKv, d64, 256, 0.0, std::vector<int64_t>{1100, 700}, 64,
-                     3);
+  for (int splits : {2, 3, 7})
+    add<AttentionCase>(t, AttnMode::kSplitKv, d64, 64, 0.0, std::vector<int64_t>{300, 17, 129, 1},
+                       16, splits);
+  add<AttentionCase>(t, AttnMode::kSplitKv, d64, 256, 0.0, std::vector<int64_t>{1100, 700}, 64, 3);
   // Cascade: groups of 3 sharing 130 (not a multiple of kv_chunk) and 128 (a multiple) tokens.
   add<AttentionCase>(t, AttnMode::kCascade, d64, 64, 0.0,
                      std::vector<int64_t>{200, 131, 300, 150, 129, 140}, 16, 1, 3, 130);
