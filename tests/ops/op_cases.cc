@@ -70,7 +70,7 @@ struct RowInput {
 
 // A case whose every output row t depends only on input row t (and shared inputs): relations are
 // "row alone / inside batches of 1, 3, 17, 256 at other positions with other rows' contents
-// changed" and "thread count".
+// changed", "thread counts 1 and 3" and, for a strided case, "strided layout == contiguous".
 class RowCase : public OpCase {
  public:
   void build(uint64_t seed) override {
@@ -245,6 +245,9 @@ class GemmCase : public RowCase {
   GemmShape s_;
   int tp_;
   Tensor w_, b_;
+  // Row padding of x and w in the strided layout: 8 keeps 16-byte row strides where K allows (the
+  // TMA paths on the GPU), 7 never does (the fallback paths).
+  int64_t xw_pad(bool strided) const { return strided ? (s_.K % 8 == 0 ? 8 : 7) : 0; }
   void build_shared(std::mt19937_64& g) override {
     w_ = Tensor(DType::kBF16, {s_.N, s_.K});
     fill_bf16(w_.ptr<bf16>(), w_.numel(), s_.kind, g, 0.1f);
@@ -257,7 +260,7 @@ class GemmCase : public RowCase {
     }
   }
   Outputs full(Ops& ops, Mem& mem, const std::vector<Tensor>& rows, int64_t T, bool strided) const {
-    const int64_t pad = strided ? 7 : 0;
+    const int64_t pad = xw_pad(strided);
     const TensorView x = mem.in(padded(rows[0], pad)), w = mem.in(padded(w_, pad));
     TensorView bias;
     if (s_.bias != Bias::kNone) bias = mem.in(host_arg(b_));
@@ -274,7 +277,7 @@ class GemmCase : public RowCase {
   Outputs tensor_parallel(Ops& ops, Mem& mem, const std::vector<Tensor>& rows, int64_t T,
                           bool strided, int tp) const {
     const GemmConfig cfg{s_.S};
-    const int64_t pad = strided ? 7 : 0;
+    const int64_t pad = xw_pad(strided);
     const HostArg xa = padded(rows[0], pad), wa = padded(w_, pad);
     Outputs outs;
     std::vector<TensorView> partials;
@@ -587,6 +590,19 @@ class LogprobCase : public RowCase {
     inputs_ = {h, t};
   }
   std::string op() const override { return world_ > 1 ? "linear_logprob_tp" : "linear_logprob"; }
+  // The vocab's edges as targets: row 0 -> V-1 (the last real entry before the padding), row 1 ->
+  // 0; the other rows random, one in ten ignored.
+  void build(uint64_t seed) override {
+    RowCase::build(seed);
+    const Tensor& tg = rows_[1];
+    for (int64_t r = 0; r < std::min<int64_t>(T_, 2); ++r) {
+      const int64_t v = r == 0 ? V_ - 1 : 0;
+      if (tg.dtype() == DType::kI32)
+        tg.ptr<int32_t>()[r] = int32_t(v);
+      else
+        tg.ptr<int64_t>()[r] = v;
+    }
+  }
   std::string name() const override {
     std::ostringstream os;
     os << (world_ > 1 ? "linear_logprob_tp" + S(world_) : std::string("linear_logprob")) << "/T"
@@ -1132,6 +1148,7 @@ std::vector<std::unique_ptr<OpCase>> op_cases() {
   add<GemmCase>(t, GemmShape{111, 17, 3, 2, Bias::kBF16, f32, true, DK::kNormal});
   add<GemmCase>(t, GemmShape{64, 256, 512, 1, Bias::kNone, bf, false, DK::kNormal});
   add<GemmCase>(t, GemmShape{130, 136, 1000, 4, Bias::kF32, bf, true, DK::kNormal});
+  add<GemmCase>(t, GemmShape{17, 64, 512, 2, Bias::kBF16, f32, true, DK::kNormal});
   for (DK k : {DK::kLarge, DK::kSmall, DK::kSpecials}) {
     add<GemmCase>(t, GemmShape{17, 40, 300, 2, Bias::kNone, f32, false, k});
     add<GemmCase>(t, GemmShape{3, 33, 111, 1, Bias::kBF16, bf, true, k});
