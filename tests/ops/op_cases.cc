@@ -894,7 +894,7 @@ class AttentionCase : public OpCase {
                              check(got[o].name, compare_outputs(got[o], base[o]));
                          }});
     if (mode_ == AttnMode::kSplitKv)
-      for (int n : {1, 2, 3, 7})
+      for (int n : {1, 2, 3, 5, 7, 10, 100})
         if (n != splits_)
           rel.push_back({"splits " + S(n),
                          [this, n](Ops& ops, Mem& mem, const Outputs& base, const Check& check) {
@@ -1271,6 +1271,12 @@ std::vector<std::unique_ptr<OpCase>> op_cases() {
     add<AttentionCase>(t, m, d128, 128, 0.0, lens, 37);
   }
   add<AttentionCase>(t, AttnMode::kPrefill, d32, 64, 0.3, lens, 16);
+  // GQA ratio 4 (the shapes of the former CPU test ThreadCountDeterminismAndPoison): threads,
+  // rerun, poison, decode rows == prefill; one long row alone (its chunks split over threads).
+  const AttnDims d82{8, 2, 64};
+  add<AttentionCase>(t, AttnMode::kPrefill, d82, 64, 0.0, std::vector<int64_t>{333, 17, 3}, 64);
+  add<AttentionCase>(t, AttnMode::kDecode, d82, 64, 0.0, std::vector<int64_t>{333, 17, 3}, 64);
+  add<AttentionCase>(t, AttnMode::kDecode, d82, 64, 0.0, std::vector<int64_t>{333}, 64);
   add<AttentionCase>(t, AttnMode::kPrefill, AttnDims{2, 1, 512}, 64, 0.0,
                      std::vector<int64_t>{1, 17, 65}, 16);
   add<AttentionCase>(t, AttnMode::kPrefill, AttnDims{12, 4, 80}, 64, 0.0, lens, 16);
