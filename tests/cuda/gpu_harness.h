@@ -28,6 +28,7 @@ namespace lockstep::gpu_test {
 inline int g_pass = 0, g_fail = 0;
 inline bool g_quick = false;
 inline uint64_t g_seed = 0;
+inline std::string g_filter;  // --filter S: programs that support it run only what S names
 inline std::mt19937_64 g_rng;
 inline std::string g_section = "main";  // the per-section counts are printed by finish()
 inline std::map<std::string, std::pair<int, int>> g_sections;
@@ -45,9 +46,9 @@ inline void report(bool ok, const std::string& what) {
   }
 }
 
-// Parses --quick, --seed N and a bare number (the seed), checks for a CUDA device (exit 2 with a
-// message if there is none), seeds g_rng, prints "<program>: seed S (quick)". Returns false on an
-// unknown argument (after printing usage); main then returns 2.
+// Parses --quick, --seed N, a bare number (the seed) and --filter S, checks for a CUDA device (exit
+// 2 with a message if there is none), seeds g_rng, prints "<program>: seed S (quick)". Returns
+// false on an unknown argument (after printing usage); main then returns 2.
 inline bool start(const char* program, int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   g_seed = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
@@ -57,10 +58,12 @@ inline bool start(const char* program, int argc, char** argv) {
       g_quick = true;
     } else if (a == "--seed" && i + 1 < argc) {
       g_seed = std::strtoull(argv[++i], nullptr, 10);
+    } else if (a == "--filter" && i + 1 < argc) {
+      g_filter = argv[++i];
     } else if (!a.empty() && a.find_first_not_of("0123456789") == std::string::npos) {
       g_seed = std::strtoull(a.c_str(), nullptr, 10);
     } else {
-      std::printf("usage: %s [--quick] [--seed N | N]\n", program);
+      std::printf("usage: %s [--quick] [--seed N | N] [--filter SUBSTRING]\n", program);
       return false;
     }
   }
@@ -72,7 +75,8 @@ inline bool start(const char* program, int argc, char** argv) {
     std::exit(2);
   }
   g_rng.seed(g_seed);
-  std::printf("%s: seed %llu%s\n", program, (unsigned long long)g_seed, g_quick ? " (quick)" : "");
+  std::printf("%s: seed %llu%s%s%s\n", program, (unsigned long long)g_seed,
+              g_quick ? " (quick)" : "", g_filter.empty() ? "" : " filter ", g_filter.c_str());
   return true;
 }
 

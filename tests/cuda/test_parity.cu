@@ -7,8 +7,9 @@
 // (test_parity/elementwise_checks.cu, test_parity/attention_checks.cu: argument errors, device
 // metadata and ids, negative control, every bf16 gate, cross-mode GPU invariance, ...).
 // No CUDA device: exits 2 with a message. --quick: the quick cases and small scenario sizes
-// (compute-sanitizer). --seed N (or N): replay. Ends with "N passed, M failed (test_parity)" and
-// the counts per op; exits 1 on any failure.
+// (compute-sanitizer). --seed N (or N): replay. --filter S: only the table cases whose name holds S
+// and the scenario sections whose name does ("scenario attention"). Ends with "N passed, M failed
+// (test_parity)" and the counts per op; exits 1 on any failure.
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -198,7 +199,8 @@ void run_table() {
   int skipped = 0;
   for (size_t i = 0; i < table.size(); ++i) {
     OpCase& c = *table[i];
-    if (gpu_test::g_quick && !c.quick()) {
+    if ((gpu_test::g_quick && !c.quick()) ||
+        c.name().find(gpu_test::g_filter) == std::string::npos) {
       ++skipped;
       continue;
     }
@@ -231,7 +233,7 @@ void run_table() {
       }
     });
   }
-  std::printf("table: %zu cases, %d skipped (--quick)\n", table.size(), skipped);
+  std::printf("table: %zu cases, %d skipped (--quick / --filter)\n", table.size(), skipped);
 }
 
 }  // namespace
@@ -242,8 +244,10 @@ int main(int argc, char** argv) {
   if (!gt::start("test_parity", argc, argv)) return 2;
   const auto t0 = std::chrono::steady_clock::now();
   lockstep::cases::run_table();
-  gt::section("scenario elementwise", [] { run_elementwise_checks(); });
-  gt::section("scenario attention", [] { run_attention_checks(); });
+  // --filter names table cases ("gemm/M17", "attention_paged") or a scenario section ("scenario").
+  for (auto [name, fn] : {std::pair{"scenario elementwise", &run_elementwise_checks},
+                          std::pair{"scenario attention", &run_attention_checks}})
+    if (std::string(name).find(gt::g_filter) != std::string::npos) gt::section(name, fn);
   std::printf("test_parity: %.1f s\n",
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return gt::finish("test_parity");
