@@ -1,7 +1,9 @@
 // CPU attention (docs/contract.md §A): an independent from-the-text implementation of the
 // canonical order (bitwise); invariance of packed prefill, paged decode, chunked prefill, split-KV
-// and cascade across batches, page sizes, chunk sizes, split counts and thread counts (bitwise);
-// accuracy vs an fp64 oracle; determinism; poison; NaN garbage in the cache; bad inputs.
+// and cascade across batches, page sizes, chunk sizes and split counts (bitwise); accuracy vs an
+// fp64 oracle; NaN garbage in the cache; bad inputs. Thread counts, determinism and poison (and
+// every mode == packed prefill again): the op-case table's attention cases (tests/ops,
+// tests/cpu/test_op_cases.cc).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -733,40 +735,6 @@ TEST(Attention, CascadeEqualsNonShared) {
                                r1.out.view(), r1.lse.view());
   set_num_threads(saved);
   EXPECT_TRUE(rows_equal(ref, 0, r1, 0, N, d));
-}
-
-// Bits do not depend on the thread count (the paged op also splits KV on its own when few
-// tasks), and reruns are identical; every output element is written (two poison patterns).
-TEST(Attention, ThreadCountDeterminismAndPoison) {
-  auto g = test::rng(8);
-  const Dims d{8, 2, 64};
-  const AttentionConfig cfg = cfg_chunk(64);
-  std::vector<Seq> seqs;
-  std::vector<int64_t> caps = {333, 17, 3};
-  for (int64_t len : caps) seqs.push_back(make_seq(d, len, g));
-  Cache c = make_cache(d, caps, 64, g);
-  std::vector<QRow> decode;
-  for (int64_t i = 0; i < 3; ++i) {
-    write_tokens(c, i, seqs[size_t(i)], 0, caps[size_t(i)]);
-    decode.push_back({i, &seqs[size_t(i)], caps[size_t(i)] - 1});
-  }
-  const int saved = num_threads();
-  std::vector<Result> pre, dec, one;
-  for (int threads : {1, 3, 2, 3}) {
-    set_num_threads(threads);
-    const int poison = threads == 3 ? 0x5A : 0xA5;
-    pre.push_back(prefill({&seqs[0], &seqs[1], &seqs[2]}, d, cfg, poison));
-    dec.push_back(paged(c, decode, d, cfg, 0, poison));
-    one.push_back(paged(c, {decode[0]}, d, cfg, 0, poison));  // 2 tasks: split at 2-3 threads
-  }
-  set_num_threads(saved);
-  for (size_t i = 1; i < pre.size(); ++i) {
-    EXPECT_TRUE(rows_equal(pre[0], 0, pre[i], 0, 353, d)) << "prefill run " << i;
-    EXPECT_TRUE(rows_equal(dec[0], 0, dec[i], 0, 3, d)) << "decode run " << i;
-    EXPECT_TRUE(rows_equal(one[0], 0, one[i], 0, 1, d)) << "single decode run " << i;
-  }
-  EXPECT_TRUE(rows_equal(pre[0], 332, dec[0], 0, 1, d));
-  EXPECT_TRUE(rows_equal(pre[0], 332, one[0], 0, 1, d));
 }
 
 // Strided views: q/k/v inside one fused qkv buffer, out/lse inside wider buffers, and a combined

@@ -1,6 +1,7 @@
 // Embedding: gather of every bf16 bit pattern (NaN -> canonical), i32/i64/strided ids, strided
-// table and out, token invariance, vocab-parallel TP = 1 vs 2/3/4/8 bitwise (incl. -0, subnormals,
-// inf, NaN), -0 in non-owned rows, threads, determinism, errors naming index and value.
+// table and out, vocab shards, errors naming index and value. Token invariance, vocab-parallel
+// TP = 1 vs 2/3/4/8 (-0 in non-owned rows, reversed ranks, in place), threads and determinism:
+// the op-case table's embedding cases (tests/ops, tests/cpu/test_op_cases.cc).
 #include <algorithm>
 #include <vector>
 
@@ -92,36 +93,6 @@ TEST(Embedding, StridedIdsTableAndOut) {
   }
 }
 
-TEST(Embedding, TokenAloneEqualsTokenInAnyBatchAndThreadsDontMatter) {
-  const int64_t V = 1000, H = 64;
-  Tensor table = random_bits_table(V, H, 9);
-  Tensor one_id = ids_i64({123});
-  Tensor y1 = test::poisoned(DType::kBF16, {1, H});
-  cpu::embedding(one_id.view(), table.view(), y1.view());
-  for (int64_t B : test::kBatchSizes) {
-    for (int64_t at : {int64_t(0), B / 2, B - 1}) {
-      std::vector<int64_t> ids = random_ids(B, V, 10 + uint64_t(B * 5 + at));
-      ids[size_t(at)] = 123;
-      Tensor idt = ids_i64(ids);
-      Tensor y = test::poisoned(DType::kBF16, {B, H});
-      cpu::embedding(idt.view(), table.view(), y.view());
-      ASSERT_BITWISE_EQ(y.ptr<bf16>() + at * H, y1.data(), H, DType::kBF16) << B << " " << at;
-    }
-  }
-  const int64_t T = 500;
-  Tensor idt = ids_i64(random_ids(T, V, 11));
-  std::vector<Tensor> ys;
-  for (int threads : {1, 3, 2, 2}) {
-    set_num_threads(threads);
-    ys.push_back(test::poisoned(DType::kBF16, {T, H}));
-    cpu::embedding(idt.view(), table.view(), ys.back().view());
-  }
-  set_num_threads(2);
-  for (size_t i = 1; i < ys.size(); ++i) {
-    EXPECT_BITWISE_EQ(ys[i].data(), ys[0].data(), T * H, DType::kBF16) << "run " << i;
-  }
-}
-
 TEST(VocabShard, SplitsCoverTheVocabulary) {
   for (int64_t V : {1, 7, 1000, 151936}) {
     for (int world : {1, 2, 3, 4, 8}) {
@@ -137,43 +108,6 @@ TEST(VocabShard, SplitsCoverTheVocabulary) {
   }
   EXPECT_EQ(vocab_shard(1000, 1, 4).to_string(), "vocab rows [250, 500)");
   test::expect_error([] { vocab_shard(10, 4, 4); }, {"vocab_shard", "rank 4 of world 4"});
-}
-
-// TP = 1 (plain gather) == TP = t (shard partials combined), bit for bit, for tables holding every
-// class of bf16 value; non-owned rows are exactly -0.0.
-TEST(Embedding, VocabParallelEqualsSingleRankBitwise) {
-  for (int64_t H : {3, 64, 136}) {
-    const int64_t V = 1000, T = 257;
-    Tensor table = random_bits_table(V, H, 20 + uint64_t(H));
-    Tensor idt = ids_i64(random_ids(T, V, 21 + uint64_t(H)));
-    Tensor ref = test::poisoned(DType::kBF16, {T, H});
-    cpu::embedding(idt.view(), table.view(), ref.view());
-    for (int world : {1, 2, 3, 4, 8}) {
-      std::vector<Tensor> parts;
-      std::vector<TensorView> views;
-      for (int r = 0; r < world; ++r) {
-        const VocabShard s = vocab_shard(V, r, world);
-        TensorView shard = table.view().rows(s.begin, s.end);
-        parts.push_back(test::poisoned(DType::kBF16, {T, H}));
-        cpu::embedding_vocab_parallel(idt.view(), shard, s, V, parts.back().view());
-        views.push_back(parts.back().view());
-        for (int64_t t = 0; t < T; ++t) {
-          const int64_t id = idt.ptr<int64_t>()[t];
-          if (id >= s.begin && id < s.end) continue;
-          for (int64_t k = 0; k < H; ++k)
-            ASSERT_EQ(parts.back().ptr<bf16>()[t * H + k].bits, 0x8000);
-        }
-      }
-      Tensor out = test::poisoned(DType::kBF16, {T, H});
-      cpu::embedding_combine(views, out.view());
-      ASSERT_BITWISE_EQ(out.data(), ref.data(), T * H, DType::kBF16)
-          << "H=" << H << " TP=" << world;
-      // The order of ranks in the combine cannot matter either, and in place into partials[0].
-      std::reverse(views.begin(), views.end());
-      cpu::embedding_combine(views, views[0]);
-      ASSERT_BITWISE_EQ(views[0].data, ref.data(), T * H, DType::kBF16) << "reversed TP=" << world;
-    }
-  }
 }
 
 TEST(Embedding, BadInputsThrowNamingIndexAndValue) {

@@ -1,6 +1,7 @@
 // GEMM nt: bitwise against a plain re-implementation of the contract (scalar MMA model, explicit
-// trees), fast path vs scalar path on extreme/special inputs, invariance (row alone vs in batches,
-// strides, threads, TP degree, determinism), accuracy vs an fp64 oracle, and bad inputs.
+// trees), fast path vs scalar path on extreme/special inputs, accuracy vs an fp64 oracle, and bad
+// inputs. Invariance (row alone vs in batches, strides, threads, every TP degree, determinism)
+// is checked on the op-case table's GEMM cases (tests/ops, tests/cpu/test_op_cases.cc).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -363,124 +364,6 @@ TEST(Gemm, FastPathHandlesSumsBeyondInt32) {
 }
 
 // ---- Invariance -----------------------------------------------------------------------------
-
-TEST(Gemm, RowAloneEqualsRowInsideBatches) {
-  auto g = test::rng(5);
-  for (int S : {1, 4})
-    for (int64_t K : {64, 333}) {
-      int64_t N = 111;
-      Tensor w = test::random_bf16({N, K}, g, 0.1f);
-      Tensor row = test::random_bf16({1, K}, g);
-      Tensor alone = test::poisoned(DType::kBF16, {1, N});
-      cpu::gemm_bf16_nt(row.view(), w.view(), seg(S), alone.view());
-      for (int64_t M : {1, 3, 17, 256}) {
-        for (int64_t pos : {int64_t(0), M / 2, M - 1}) {
-          Tensor x = test::random_bf16({M, K}, g);  // fresh neighbours every time
-          std::memcpy(x.ptr<bf16>() + pos * K, row.data(), size_t(K) * 2);
-          Tensor y = test::poisoned(DType::kBF16, {M, N});
-          cpu::gemm_bf16_nt(x.view(), w.view(), seg(S), y.view());
-          ASSERT_TRUE(bitwise_equal(y.ptr<bf16>() + pos * N, alone.data(), N, DType::kBF16))
-              << "S=" << S << " K=" << K << " M=" << M << " pos=" << pos;
-        }
-      }
-    }
-}
-
-TEST(Gemm, StridedRowsGiveTheSameBits) {
-  auto g = test::rng(6);
-  int64_t M = 17, N = 33, K = 100, xs = 131, ws = 120, ys = 40;
-  Tensor x = test::random_bf16({M, K}, g), w = test::random_bf16({N, K}, g);
-  Tensor xb = test::random_bf16({M, xs}, g), wb = test::random_bf16({N, ws}, g);
-  for (int64_t m = 0; m < M; ++m)
-    std::memcpy(xb.ptr<bf16>() + m * xs, x.ptr<bf16>() + m * K, size_t(K) * 2);
-  for (int64_t n = 0; n < N; ++n)
-    std::memcpy(wb.ptr<bf16>() + n * ws, w.ptr<bf16>() + n * K, size_t(K) * 2);
-  TensorView xv = xb.view(), wv = wb.view();
-  xv.shape[1] = K;
-  wv.shape[1] = K;
-  Tensor y = test::poisoned(DType::kBF16, {M, N});
-  Tensor yb = test::poisoned(DType::kBF16, {M, ys});
-  TensorView yv = yb.view();
-  yv.shape[1] = N;
-  cpu::gemm_bf16_nt(x.view(), w.view(), seg(2), y.view());
-  cpu::gemm_bf16_nt(xv, wv, seg(2), yv);
-  for (int64_t m = 0; m < M; ++m) {
-    ASSERT_TRUE(bitwise_equal(yb.ptr<bf16>() + m * ys, y.ptr<bf16>() + m * N, N, DType::kBF16));
-    // The gap between strided rows is untouched.
-    for (int64_t n = N; n < ys; ++n) ASSERT_EQ(yb.ptr<bf16>()[m * ys + n].bits, 0xA5A5);
-  }
-}
-
-TEST(Gemm, ThreadCountDoesNotChangeBits) {
-  auto g = test::rng(7);
-  const int saved = num_threads();
-  for (int64_t M : {1, 67}) {
-    const int64_t N = 1029, K = 300;
-    Tensor x = test::random_bf16({M, K}, g), w = test::random_bf16({N, K}, g);
-    set_num_threads(1);
-    Tensor y1 = test::poisoned(DType::kF32, {M, N});
-    cpu::gemm_bf16_nt(x.view(), w.view(), seg(4), y1.view());
-    set_num_threads(3);
-    Tensor y3 = test::poisoned(DType::kF32, {M, N});
-    cpu::gemm_bf16_nt(x.view(), w.view(), seg(4), y3.view());
-    set_num_threads(saved);
-    EXPECT_TRUE(bitwise_equal(y1.data(), y3.data(), y1.numel(), DType::kF32)) << "M=" << M;
-  }
-}
-
-TEST(Gemm, RerunGivesTheSameBits) {
-  auto g = test::rng(8);
-  int64_t M = 40, N = 70, K = 200;
-  Tensor x = test::random_bf16({M, K}, g), w = test::random_bf16({N, K}, g);
-  Tensor b = test::random_f32({N}, g);
-  TensorView bv = b.view();
-  Tensor y1 = test::poisoned(DType::kBF16, {M, N}), y2 = test::poisoned(DType::kBF16, {M, N});
-  cpu::gemm_bf16_nt(x.view(), w.view(), &bv, seg(8), y1.view());
-  cpu::gemm_bf16_nt(x.view(), w.view(), &bv, seg(8), y2.view());
-  EXPECT_TRUE(bitwise_equal(y1.data(), y2.data(), y1.numel(), DType::kBF16));
-}
-
-// Row-parallel TP simulated in-process: t ranks each compute their subtree on a column slice of
-// x and w (strided views into the full tensors), the partials finish the tree: same bits as TP=1.
-TEST(Gemm, TensorParallelPartialsGiveTheSameBitsAsTp1) {
-  auto g = test::rng(9);
-  for (int S : {1, 2, 4, 8})
-    for (int64_t K : {128, 200, 1000, 37})
-      for (int64_t M : {1, 13}) {  // the decode (M <= 4) and the packed kernel
-        const int64_t N = 45;
-        Tensor x = test::random_bf16({M, K}, g), w = test::random_bf16({N, K}, g);
-        Tensor b = test::random_bf16({N}, g);
-        TensorView bv = b.view();
-        for (DType out : {DType::kBF16, DType::kF32}) {
-          Tensor y1 = test::poisoned(out, {M, N});
-          cpu::gemm_bf16_nt(x.view(), w.view(), &bv, seg(S), y1.view());
-          for (int t = 1; t <= S; t *= 2) {
-            std::vector<Tensor> parts;
-            std::vector<TensorView> views;
-            for (int r = 0; r < t; ++r) {
-              GemmKRange kr = gemm_tp_k_range(seg(S), K, t, r);
-              TensorView xs = x.view(), ws = w.view();
-              xs.data = x.ptr<bf16>() + kr.begin;
-              ws.data = w.ptr<bf16>() + kr.begin;
-              xs.shape[1] = ws.shape[1] = kr.end - kr.begin;
-              parts.push_back(test::poisoned(DType::kF32, {M, N}));
-              cpu::gemm_bf16_nt_partial(xs, ws, K, t, r, seg(S), parts.back().view());
-              views.push_back(parts.back().view());
-            }
-            Tensor yt = test::poisoned(out, {M, N});
-            cpu::gemm_tree_combine(views, &bv, yt.view());
-            ASSERT_TRUE(bitwise_equal(yt.data(), y1.data(), yt.numel(), out))
-                << "S=" << S << " K=" << K << " M=" << M << " t=" << t
-                << " out=" << dtype_name(out);
-            if (out == DType::kF32) {  // in place, into the last rank's buffer
-              cpu::gemm_tree_combine(views, &bv, views.back());
-              ASSERT_TRUE(bitwise_equal(parts.back().data(), y1.data(), yt.numel(), out))
-                  << "in place: S=" << S << " K=" << K << " t=" << t;
-            }
-          }
-        }
-      }
-}
 
 TEST(Gemm, TpRangesTileThePaddedK) {
   // K=200, S=4: padded 256, segments of 64; t=2 -> [0,128), [128,200).

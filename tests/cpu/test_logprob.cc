@@ -1,6 +1,7 @@
-// LogP op (linear_logprob): bitwise invariance (token alone vs in batches, strides, padding),
-// vocab-parallel subtrees (vocab_segments 1/2/4/8, every TP degree), thread-count independence,
-// determinism, accuracy vs an fp64 oracle, the -inf-safe merge, and bad inputs.
+// LogP op (linear_logprob): strides, padding == -inf logits, accuracy vs an fp64 oracle, the
+// -inf-safe merge, and bad inputs. Token invariance (alone vs in batches), vocab-parallel subtrees
+// (vocab_segments 1/2/4/8, every TP degree), thread counts and determinism: the op-case table's
+// log-prob cases (tests/ops, tests/cpu/test_op_cases.cc).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -162,27 +163,6 @@ TEST(LogprobAccuracy, PeakedAndFlatDistributions) {
   EXPECT_NEAR(peaked.logp[1], 0.25 - 80.0, 1e-5);
 }
 
-TEST(LogprobInvariance, TokenAloneVsInsideBatches) {
-  auto g = test::rng(2);
-  const int64_t H = 40, V = 300;  // H not a multiple of 16, V not a multiple of the tile
-  for (ContractConfig cfg : {config(64, 1), config(32, 2, 2)}) {
-    Tensor w = test::random_bf16({V, H}, g);
-    Tensor x = test::random_bf16({1, H}, g, 2.0f);
-    const int64_t target = 123;
-    Outputs alone = run(x, w, {target}, LogprobParams{0.8f}, cfg);
-    for (int64_t T : {1, 3, 17, 256}) {
-      for (int64_t pos : {int64_t(0), T / 2, T - 1}) {
-        Tensor h = test::random_bf16({T, H}, g, 2.0f);  // fresh neighbours each time
-        std::copy(x.ptr<bf16>(), x.ptr<bf16>() + H, h.ptr<bf16>() + pos * H);
-        auto targets = random_targets(T, V, g);
-        targets[size_t(pos)] = target;
-        Outputs o = run(h, w, targets, LogprobParams{0.8f}, cfg);
-        EXPECT_TRUE(outputs_equal(row(o, pos), alone)) << "T=" << T << " pos=" << pos;
-      }
-    }
-  }
-}
-
 TEST(LogprobInvariance, StridedViewsAndI32Targets) {
   auto g = test::rng(3);
   const int64_t T = 19, H = 32, V = 200;
@@ -251,75 +231,6 @@ TEST(LogprobInvariance, PaddingEqualsMinusInfLogits) {
                               run(h, wp, targets, LogprobParams{}, cfg)))
         << cfg.to_string();
   }
-}
-
-TEST(LogprobTensorParallel, EveryDegreeGivesTheSameBits) {
-  // For vocab_segments S = 1, 2, 4, 8: ranks R = 1 .. S each compute their subtree
-  // (linear_logprob_partial) and linear_logprob_combine finishes the tree: same bits as the op.
-  auto g = test::rng(5);
-  const int64_t T = 13, H = 32, V = 700;  // S = 8, tile 64: segments 6, 7 are all padding
-  Tensor h = test::random_bf16({T, H}, g), w = test::random_bf16({V, H}, g, 0.7f);
-  auto targets = random_targets(T, V, g);
-  targets[0] = V - 1;
-  targets[1] = 0;
-  targets[2] = -1;  // ignored
-  Tensor tg = make_targets(targets);
-  for (int S : {1, 2, 4, 8}) {
-    const ContractConfig cfg = config(64, S);
-    const LogprobParams p{1.3f};
-    Outputs full = run(h.view(), w.view(), tg.view(), p, cfg);
-    const LogprobVocabLayout lay = logprob_vocab_layout(cfg, V);
-    for (int R = 1; R <= S; R *= 2) {
-      Tensor states = test::poisoned(DType::kF32, {R, T, 4});
-      for (int r = 0; r < R; ++r) {
-        LogprobShard shard{V, r * (S / R), S / R};
-        int64_t v0 = std::min<int64_t>(V, shard.seg_begin * lay.segment_len);
-        int64_t v1 = std::min<int64_t>(V, (shard.seg_begin + shard.seg_count) * lay.segment_len);
-        TensorView st =
-            TensorView::contiguous(states.ptr<float>() + r * T * 4, DType::kF32, {T, 4});
-        cpu::linear_logprob_partial(h.view(), w.view().rows(v0, v1), tg.view(), p, cfg, shard, st);
-      }
-      Tensor lp = test::poisoned(DType::kF32, {T}), ls = test::poisoned(DType::kF32, {T}),
-             en = test::poisoned(DType::kF32, {T});
-      cpu::linear_logprob_combine(states.view(), tg.view(), p, cfg, V, lp.view(), ls.view(),
-                                  en.view());
-      Outputs o{{lp.ptr<float>(), lp.ptr<float>() + T},
-                {ls.ptr<float>(), ls.ptr<float>() + T},
-                {en.ptr<float>(), en.ptr<float>() + T}};
-      EXPECT_TRUE(outputs_equal(o, full)) << "S=" << S << " R=" << R;
-    }
-  }
-}
-
-TEST(LogprobThreads, ThreadCountDoesNotChangeBits) {
-  auto g = test::rng(6);
-  const int64_t H = 32, V = 777;
-  const int saved = num_threads();
-  for (int64_t T : {1, 40}) {  // 1: tiles split over threads; 40: token blocks split
-    Tensor h = test::random_bf16({T, H}, g), w = test::random_bf16({V, H}, g);
-    auto targets = random_targets(T, V, g);
-    const ContractConfig cfg = config(32, 2, 2);
-    set_num_threads(1);
-    Outputs one = run(h, w, targets, LogprobParams{0.9f}, cfg);
-    set_num_threads(3);
-    Outputs three = run(h, w, targets, LogprobParams{0.9f}, cfg);
-    set_num_threads(2);
-    Outputs two = run(h, w, targets, LogprobParams{0.9f}, cfg);
-    EXPECT_TRUE(outputs_equal(one, three)) << "T=" << T;
-    EXPECT_TRUE(outputs_equal(one, two)) << "T=" << T;
-  }
-  set_num_threads(saved);
-}
-
-TEST(LogprobDeterminism, RerunGivesSameBits) {
-  auto g = test::rng(7);
-  const int64_t T = 33, H = 48, V = 513;
-  Tensor h = test::random_bf16({T, H}, g), w = test::random_bf16({V, H}, g);
-  auto targets = random_targets(T, V, g);
-  const ContractConfig cfg = config(128, 4, 2);
-  Outputs a = run(h, w, targets, LogprobParams{0.6f}, cfg);
-  for (int i = 0; i < 3; ++i)
-    EXPECT_TRUE(outputs_equal(run(h, w, targets, LogprobParams{0.6f}, cfg), a));
 }
 
 TEST(LogprobTargets, IgnoreIndexWritesZeroAndKeepsLseEntropy) {

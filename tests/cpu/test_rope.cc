@@ -1,6 +1,7 @@
 // RoPE: the table (host double -> fp32, hash, printing), the rotation re-implemented from the
-// stated formula, token invariance (alone vs packed varlen batches vs decode), strided q/k views
-// inside a qkv buffer, i32 vs i64 positions, threads, determinism, fp64 accuracy, specials, errors.
+// stated formula, strided q/k views inside a qkv buffer, i32 vs i64 positions, fp64 accuracy,
+// specials, errors. Token invariance, threads and determinism: the op-case table's RoPE cases
+// (tests/ops, tests/cpu/test_op_cases.cc).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -120,39 +121,6 @@ TEST(Rope, MatchesTheStatedFormula) {
   }
 }
 
-// A token's bits depend only on its own row and position: alone (decode) == inside packed varlen
-// batches of 1/3/17/256 tokens with other sequences' tokens around it.
-TEST(Rope, TokenAloneEqualsTokenInAnyBatch) {
-  const int64_t D = 128, heads = 4;
-  const RopeTable table = RopeTable::build(small_config(D, 4096));
-  auto g = test::rng(3);
-  Tensor one = test::random_bf16({1, heads, D}, g);
-  const int64_t p0 = 1234;
-  Tensor pone = positions_i64({p0});
-  Tensor y1 = test::poisoned(DType::kBF16, {1, heads, D});
-  cpu::rope(one.view(), pone.view(), table, y1.view());
-  for (int64_t B : test::kBatchSizes) {
-    for (int64_t at : {int64_t(0), B / 2, B - 1}) {
-      auto gb = test::rng(100 + uint64_t(B * 7 + at));
-      Tensor x = test::random_bf16({B, heads, D}, gb);
-      // Packed varlen: sequences of random lengths, positions restart at 0 for each.
-      std::vector<int64_t> pos(static_cast<size_t>(B));
-      std::uniform_int_distribution<int64_t> len(1, 9);
-      for (int64_t t = 0, k = 0; t < B; ++t, ++k) {
-        if (k >= len(gb)) k = 0;
-        pos[size_t(t)] = k;
-      }
-      pos[size_t(at)] = p0;
-      std::memcpy(x.ptr<bf16>() + at * heads * D, one.data(), size_t(one.nbytes()));
-      Tensor p = positions_i64(pos);
-      Tensor y = test::poisoned(DType::kBF16, {B, heads, D});
-      cpu::rope(x.view(), p.view(), table, y.view());
-      ASSERT_BITWISE_EQ(y.ptr<bf16>() + at * heads * D, y1.data(), heads * D, DType::kBF16)
-          << "B=" << B << " at=" << at;
-    }
-  }
-}
-
 // q and k as strided views inside a fused qkv buffer, in place, with i32 positions: same bits as
 // contiguous copies with i64 positions; v is untouched.
 TEST(Rope, StridedInPlaceAndI32PositionsEqualContiguous) {
@@ -205,26 +173,6 @@ TEST(Rope, StridedInPlaceAndI32PositionsEqualContiguous) {
   Tensor yq2 = test::poisoned(DType::kBF16, {T, Hq, D});
   cpu::rope(cq.view(), ps, table, yq2.view());
   EXPECT_BITWISE_EQ(yq2.data(), yq.data(), T * Hq * D, DType::kBF16);
-}
-
-TEST(Rope, ThreadCountAndRerunGiveSameBits) {
-  const int64_t T = 257, heads = 8, D = 128;
-  const RopeTable table = RopeTable::build(small_config(D, 4096));
-  auto g = test::rng(5);
-  Tensor x = test::random_bf16({T, heads, D}, g);
-  std::vector<int64_t> pos(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = (t * 37) % 4096;
-  Tensor p = positions_i64(pos);
-  std::vector<Tensor> ys;
-  for (int threads : {1, 3, 2, 2}) {
-    set_num_threads(threads);
-    ys.push_back(test::poisoned(DType::kBF16, {T, heads, D}));
-    cpu::rope(x.view(), p.view(), table, ys.back().view());
-  }
-  set_num_threads(2);
-  for (size_t i = 1; i < ys.size(); ++i) {
-    EXPECT_BITWISE_EQ(ys[i].data(), ys[0].data(), T * heads * D, DType::kBF16) << "run " << i;
-  }
 }
 
 // fp64 oracle with exact cos/sin: one bf16 rounding (half an ulp of the result) plus the fp32

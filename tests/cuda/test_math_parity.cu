@@ -1,25 +1,21 @@
 // GPU parity and throughput for src/core/math.h: every one of the 2^32 inputs of each function
 // on the GPU (nvcc -fmad=false) vs the host build (g++ -ffp-contract=off), bitwise; then the
-// known-answer hashes of tests/cpu/test_math.cc computed on the GPU; then a throughput loop.
+// known-answer hashes of tests/cpu/test_math.cc computed on the GPU, checked against that test's
+// constants; then a throughput loop (printed, not checked). Pass/fail counting, the CUDA-device
+// check and --quick come from cuda/gpu_harness.h. Not an op-case table program: it runs its own
+// kernels over all 2^32 bit patterns.
 #include <cuda_runtime.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/math.h"
+#include "cuda/gpu_harness.h"
 
 void cpu_eval(int fn, uint32_t start, uint64_t n, float* out);
-
-#define CK(x)                                                                        \
-  do {                                                                               \
-    cudaError_t e = (x);                                                             \
-    if (e != cudaSuccess) {                                                          \
-      printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); \
-      return 1;                                                                      \
-    }                                                                                \
-  } while (0)
 
 __device__ float eval(int fn, float x) {
   switch (fn) {
@@ -91,8 +87,9 @@ static double tput(float* d_out, int blocks, int threads, int iters) {
 // --quick (for compute-sanitizer): the first 2^20 inputs of each function only, no hashes or
 // throughput.
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  unsigned long long total_mismatches = 0;
+  namespace gt = lockstep::gpu_test;
+  if (!gt::start("test_math_parity", argc, argv)) return 2;
+  const bool quick = gt::g_quick;
   const uint64_t chunk = quick ? (1ull << 20) : (1ull << 28);
   const uint64_t range = quick ? chunk : (1ull << 32);
   float* d_out;
@@ -124,17 +121,20 @@ int main(int argc, char** argv) {
         }
       }
     }
-    total_mismatches += mismatches;
     printf("%-9s %s inputs: %llu GPU/CPU mismatches (first at 0x%08x)  [gpu %.1fs cpu %.1fs]\n",
            kNames[fn], quick ? "first 2^20" : "all 2^32", (unsigned long long)mismatches, first,
            t_gpu, t_cpu);
+    gt::report(mismatches == 0, std::string(kNames[fn]) + " GPU == CPU on " +
+                                    (quick ? "the first 2^20 inputs" : "all 2^32 inputs"));
   }
   if (quick) {
     CK(cudaFree(d_out));
-    printf("%d passed, %d failed\n", total_mismatches == 0 ? 4 : 0, total_mismatches == 0 ? 0 : 4);
-    return total_mismatches == 0 ? 0 : 1;
+    return gt::finish("test_math_parity");
   }
-  // Known-answer hashes (same definition as tests/cpu/test_math.cc), from GPU results.
+  // Known-answer hashes (same definition and constants as tests/cpu/test_math.cc
+  // MathDeterminism.KnownAnswerHashes), from GPU results.
+  const uint64_t kKnown[4] = {0xb960360cdc14150full, 0xef78e5ab32f60be8ull, 0x8f78bd01fa00dfadull,
+                              0x7265d326f1d6d11aull};
   for (int fn = 0; fn < 4; ++fn) {
     uint64_t h = 0xcbf29ce484222325ull;
     for (uint64_t start = 0; start < (1ull << 32); start += chunk) {
@@ -147,6 +147,7 @@ int main(int argc, char** argv) {
       }
     }
     printf("%-9s known-answer hash (GPU) 0x%016llx\n", kNames[fn], (unsigned long long)h);
+    gt::report(h == kKnown[fn], std::string(kNames[fn]) + " known-answer hash");
   }
   int sms;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
@@ -157,6 +158,6 @@ int main(int argc, char** argv) {
   tput<3>(d_out, blocks, threads, iters);
   tput<4>(d_out, blocks, threads, iters);
   tput<5>(d_out, blocks, threads, iters);
-  printf("%d passed, %d failed\n", total_mismatches == 0 ? 4 : 0, total_mismatches == 0 ? 0 : 4);
-  return total_mismatches == 0 ? 0 : 1;
+  CK(cudaFree(d_out));
+  return gt::finish("test_math_parity");
 }

@@ -1,4 +1,5 @@
-// GPU smoke test: device bf16 rounding equals the host's, bit for bit, on random fp32 inputs.
+// GPU smoke test: device bf16 rounding equals the host's, bit for bit, on random fp32 inputs
+// (every pattern class: random bits). Harness: cuda/gpu_harness.h (device check, counts).
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -6,23 +7,16 @@
 #include <random>
 #include <vector>
 
+#include "cuda/gpu_harness.h"
 #include "lockstep/dtype.h"
 
 namespace lockstep::cuda {
 void bf16_round(const float* in, bf16* out, int n, cudaStream_t stream);
 }
 
-#define CK(x)                                                                        \
-  do {                                                                               \
-    cudaError_t e = (x);                                                             \
-    if (e != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); \
-      return 2;                                                                      \
-    }                                                                                \
-  } while (0)
-
-int main() {
+int main(int argc, char** argv) {
   using namespace lockstep;
+  if (!gpu_test::start("test_smoke", argc, argv)) return 2;
   const int n = 1 << 20;
   std::mt19937 g(12345);
   std::vector<float> in(n);
@@ -45,7 +39,9 @@ int main() {
     if (out[i].bits != f32_to_bf16(in[i]).bits && bad++ < 5)
       std::printf("mismatch at %d: in 0x%08x gpu 0x%04x cpu 0x%04x\n", i, f32_bits(in[i]),
                   out[i].bits, f32_to_bf16(in[i]).bits);
+  CK(cudaFree(din));
+  CK(cudaFree(dout));
   std::printf("test_smoke: %d mismatches of %d\n", bad, n);
-  std::printf("%d passed, %d failed\n", bad == 0, bad != 0);
-  return bad == 0 ? 0 : 1;
+  gpu_test::report(bad == 0, "bf16 rounding: device == host on 2^20 random fp32 patterns");
+  return gpu_test::finish("test_smoke");
 }

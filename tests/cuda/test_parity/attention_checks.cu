@@ -6,8 +6,8 @@
 // prefixes, shared_len multiple / non-multiple of kv_chunk), chunk states + merge, NaN/inf in q/k/v
 // (A.6), kv_cache_write (-1 slots, i32/i64, device slots), strided / unaligned views, device
 // metadata, GPU invariance across modes (the same row in every mode, memcmp), bad arguments.
-// Fresh seed each run (printed; `test_attention_parity SEED` repeats one); `--quick` = small
-// sizes. Prints "N passed, M failed" and exits non-zero on any failure.
+// One section of the GPU parity program test_parity (tests/cuda/test_parity.cu: seed, --quick and
+// the pass/fail counts come from cuda/gpu_harness.h), beside the op-case table's cases.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -22,7 +22,8 @@
 #include <string>
 #include <vector>
 
-#include "cuda/cuda_ck.h"  // CK
+#include "cuda/cuda_ck.h"      // CK
+#include "cuda/gpu_harness.h"  // report, g_rng, g_quick
 #include "lockstep/cuda/attention.h"
 #include "lockstep/dtype.h"
 #include "lockstep/ops/attention.h"
@@ -40,19 +41,9 @@ namespace gpu = lockstep::cuda;
 
 namespace {
 
-int g_pass = 0, g_fail = 0;
-std::mt19937_64 g_rng;
-bool g_quick = false;
-
-void report(bool ok, const std::string& what) {
-  if (ok) {
-    ++g_pass;
-    std::printf("ok   %s\n", what.c_str());
-  } else {
-    ++g_fail;
-    std::printf("FAIL %s\n", what.c_str());
-  }
-}
+using lockstep::gpu_test::g_quick;
+using lockstep::gpu_test::g_rng;
+using lockstep::gpu_test::report;
 
 // ---- buffers -------------------------------------------------------------------------------
 
@@ -993,18 +984,9 @@ void guard(const std::string& name, F f) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  uint64_t seed = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") == 0)
-      g_quick = true;
-    else
-      seed = std::strtoull(argv[i], nullptr, 10);
-  }
-  g_rng.seed(seed);
-  std::printf("test_attention_parity seed %llu%s\n", (unsigned long long)seed,
-              g_quick ? " (quick)" : "");
+// The scenario checks of test_parity's attention section (argument checks, device metadata,
+// special values, strided views, GPU invariance across modes, kv_cache_write).
+void run_attention_checks() {
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<Config> cfgs;
   const std::vector<int64_t> lens_full = {1, 3, 17, 63, 64, 65, 130, 1100};
@@ -1040,7 +1022,6 @@ int main(int argc, char** argv) {
   guard("strided unaligned", [] { run_strided({8, 4, 128}, 128, true); });
   guard("kv_cache_write", [] { run_kv_write({8, 4, 64}); });
   guard("errors", [] { run_errors(); });
-  std::printf("test_attention_parity: %d passed, %d failed (%.1f s)\n", g_pass, g_fail,
+  std::printf("attention checks: %.1f s\n",
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  return g_fail == 0 ? 0 : 1;
 }

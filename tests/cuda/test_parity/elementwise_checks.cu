@@ -14,8 +14,8 @@
 //   - invariance on the GPU: a row alone == the same row inside the batch;
 //   - negative control: a sequential (non-lane) RMSNorm sum must differ from the GPU somewhere;
 //   - argument errors (host views, shapes, dtypes, strides, aliasing, config) before any launch.
-// Fresh seed each run (printed; pass one as argv[1] to repeat). --quick: small sizes (sanitizer).
-// Prints "N passed, M failed" and exits non-zero on any failure.
+// One section of the GPU parity program test_parity (tests/cuda/test_parity.cu: seed, --quick and
+// the pass/fail counts come from cuda/gpu_harness.h), beside the op-case table's cases.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -654,18 +654,9 @@ void test_embedding() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  uint64_t seed = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") == 0) {
-      g_quick = true;
-    } else {
-      seed = std::strtoull(argv[i], nullptr, 10);
-    }
-  }
-  std::printf("test_elementwise_parity: seed %llu%s\n", (unsigned long long)seed,
-              g_quick ? " (quick)" : "");
-  g_rng.seed(seed);
+// The scenario checks of test_parity's elementwise section (every bf16 gate, magnitudes, views,
+// in place, negative control, out-of-range device ids / positions, argument checks).
+void run_elementwise_checks() {
   const std::vector<int64_t> hs =
       g_quick ? std::vector<int64_t>{1, 3, 17, 136}
               : std::vector<int64_t>{1, 3, 17, 64, 111, 128, 136, 1000, 4096, 5120};
@@ -682,6 +673,4 @@ int main(int argc, char** argv) {
   test_silu();
   test_silu_odd();
   test_embedding();
-  std::printf("test_elementwise_parity: %d passed, %d failed\n", g_pass, g_fail);
-  return g_fail == 0 ? 0 : 1;
 }
