@@ -17,8 +17,6 @@ namespace lockstep::tools {
 
 namespace {
 
-constexpr const char* kDefaultModelDir = "models/default";
-
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -57,17 +55,16 @@ std::string device_description(const std::string& device) {
   return device;
 }
 
-ModelSource::ModelSource(const std::string& model_dir, const std::string& shape,
-                         uint64_t weight_seed, const LogFn& log)
-    : log_(log) {
-  if (!model_dir.empty() || shape == "default") {
-    std::string dir = model_dir;
+ModelSource::ModelSource(const ModelFlags& m, const LogFn& log) : log_(log) {
+  const std::string& shape = m.shape;
+  if (!m.dir.empty() || shape == "default") {
+    std::string dir = m.dir;
     if (dir.empty()) {
-      dir = kDefaultModelDir;
+      dir = default_model_dir(m.cache_dir.empty() ? default_model_cache_dir() : m.cache_dir);
       if (!std::filesystem::exists(std::filesystem::path(dir) / "model.safetensors"))
-        log_("creating the built-in default model in ./" + dir);
+        log_("creating the built-in default model in " + dir);
       engine::ensure_default_model(dir);
-      desc_ = "built-in default model (./" + dir + ", shape default)";
+      desc_ = "built-in default model (" + dir + ", shape default)";
     } else {
       desc_ = dir;
     }
@@ -77,7 +74,7 @@ ModelSource::ModelSource(const std::string& model_dir, const std::string& shape,
     return;
   }
   cfg_ = engine::qwen3_shape_config(shape);
-  const uint64_t seed = weight_seed == 0 ? engine::kDefaultModelSeed : weight_seed;
+  const uint64_t seed = m.weight_seed == 0 ? engine::kDefaultModelSeed : m.weight_seed;
   const int64_t n = engine::qwen3_num_parameters(cfg_);
   char buf[256];
   std::snprintf(buf, sizeof(buf),

@@ -17,6 +17,7 @@
 #include "engine/default_model.h"
 #include "engine/model.h"
 #include "engine/safetensors.h"
+#include "tools/cli.h"
 
 namespace lockstep::tools {
 
@@ -30,10 +31,10 @@ std::string device_description(const std::string& device);
 
 class ModelSource {
  public:
-  // model_dir non-empty: that checkpoint; else shape "default": ./models/default (created on first
-  // use); else random weights of the shape (seed 0 = kDefaultModelSeed), generated in memory.
-  ModelSource(const std::string& model_dir, const std::string& shape, uint64_t weight_seed,
-              const LogFn& log);
+  // m.dir non-empty: that checkpoint; else shape "default": the built-in model in the model cache
+  // (m.cache_dir, else default_model_cache_dir(); created on first use); else random weights of
+  // the shape (seed 0 = kDefaultModelSeed), generated in memory.
+  ModelSource(const ModelFlags& m, const LogFn& log);
   const engine::Qwen3Config& config() const { return cfg_; }
   const std::string& description() const { return desc_; }
   // Builds (and caches) the model of (tp, backend device) with `contract`, uploading weights once
