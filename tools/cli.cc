@@ -102,39 +102,40 @@ CLI::Option* add_on_off(CLI::App& app, const std::string& name, bool& target,
   return app
       .add_option_function<std::string>(
           name, [&target](const std::string& v) { target = v == "on"; }, description)
-      ->check(CLI::IsMember({"on", "off"}))
+      ->check(CLI::IsMember({"on", "off"}).description(""))
       ->type_name("on|off")
       ->default_str(target ? "on" : "off");
 }
 
 void add_contract_options(CLI::App& app, ContractConfig& c) {
   const std::string g = "contract (both sides; every setting that can change bits)";
-  CLI::Option* both = app.add_option_function<int>(
-                             "--segments", [&c](int s) { c.gemm_segments = c.vocab_segments = s; },
-                             "GEMM K and vocab segments: 1, 2, 4 or 8 (>= every TP degree)")
-                          ->check(int_one_of({1, 2, 4, 8}))
-                          ->type_name("N")
-                          ->default_str(std::to_string(c.gemm_segments))
-                          ->group(g);
-  app.add_option("--gemm-segments", c.gemm_segments, "GEMM K segments only (1, 2, 4, 8)")
-      ->check(int_one_of({1, 2, 4, 8}))
+  // NOTE: CLI11 runs option callbacks in the order they are defined, so --gemm-segments and
+  // --vocab-segments override --segments whatever their order on the command line.
+  app.add_option_function<int>(
+         "--segments", [&c](int s) { c.gemm_segments = c.vocab_segments = s; },
+         "GEMM K and vocab segments: 1, 2, 4 or 8 (>= every TP degree)")
+      ->transform(int_one_of({1, 2, 4, 8}))
       ->type_name("N")
-      ->excludes(both)
+      ->default_str(std::to_string(c.gemm_segments))
+      ->group(g);
+  app.add_option("--gemm-segments", c.gemm_segments, "GEMM K segments only (overrides --segments)")
+      ->transform(int_one_of({1, 2, 4, 8}))
+      ->type_name("N")
       ->capture_default_str()
       ->group(g);
-  app.add_option("--vocab-segments", c.vocab_segments, "log-prob vocab segments only (1, 2, 4, 8)")
-      ->check(int_one_of({1, 2, 4, 8}))
+  app.add_option("--vocab-segments", c.vocab_segments,
+                 "log-prob vocab segments only (overrides --segments)")
+      ->transform(int_one_of({1, 2, 4, 8}))
       ->type_name("N")
-      ->excludes(both)
       ->capture_default_str()
       ->group(g);
   app.add_option("--kv-chunk", c.kv_chunk, "attention KV chunk (keys; a multiple of 64)")
-      ->check(int_in(64, int64_t(1) << 24))
+      ->transform(int_in(64, int64_t(1) << 24))
       ->type_name("N")
       ->capture_default_str()
       ->group(g);
   app.add_option("--vocab-tile", c.vocab_tile, "log-prob vocab tile (a multiple of 8)")
-      ->check(int_in(8, int64_t(1) << 24))
+      ->transform(int_in(8, int64_t(1) << 24))
       ->type_name("N")
       ->capture_default_str()
       ->group(g);
@@ -142,7 +143,7 @@ void add_contract_options(CLI::App& app, ContractConfig& c) {
 
 void add_threads_option(CLI::App& app, int& threads) {
   app.add_option("--threads", threads, "CPU threads, 1..1024 (bits never depend on it) [all cores]")
-      ->check(int_in(1, 1024))
+      ->transform(int_in(1, 1024))
       ->type_name("N")
       ->group("run");
 }
@@ -156,13 +157,13 @@ void add_model_options(CLI::App& app, ModelFlags& m) {
   app.add_option("--model-shape", m.shape,
                  "default (the built-in model) or random bf16 weights of a shape, generated in "
                  "memory (excludes --model)")
-      ->check(CLI::IsMember({"default", "qwen3-0.6b", "qwen3-8b"}))
-      ->type_name("S")
+      ->check(CLI::IsMember({"default", "qwen3-0.6b", "qwen3-8b"}).description(""))
+      ->type_name("default|qwen3-0.6b|qwen3-8b")
       ->capture_default_str()
       ->group(g);
   app.add_option("--weight-seed", m.weight_seed,
                  "seed of the random weights (0 = the built-in model's)")
-      ->check(uint64_any())
+      ->transform(uint64_any())
       ->type_name("S")
       ->capture_default_str()
       ->group(g);
@@ -224,6 +225,11 @@ int run_cli(CLI::App& app, const std::vector<Command>& commands, int argc, char*
         return kExitUsage;
       }
       const std::string first = argv[1];
+      if (first != "-h" && first != "--help" && !first.empty() && first[0] == '-') {
+        std::fprintf(stderr, "%s: error: unknown flag '%s' before the command (see %s --help)\n",
+                     app.get_name().c_str(), first.c_str(), app.get_name().c_str());
+        return kExitUsage;
+      }
       if (first.empty() || first[0] != '-') {
         bool known = false;
         for (const Command& c : commands) known = known || c.app->get_name() == first;

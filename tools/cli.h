@@ -61,7 +61,9 @@ std::string default_model_cache_dir();
 // generator never meets the files of an old one).
 std::string default_model_dir(const std::string& cache_dir);
 
-// Strict validators (decimal digits only, no trailing characters, no overflow, in range).
+// Strict validators (decimal digits only, no trailing characters, no overflow, in range). They
+// rewrite the text to its canonical form, so add them with Option::transform (check() copies the
+// text: CLI11's own conversion would then read "010" as octal).
 CLI::Validator int_in(int64_t lo, int64_t hi);
 CLI::Validator int_one_of(std::initializer_list<int64_t> values);
 CLI::Validator uint64_any();  // any decimal 0 .. 2^64-1

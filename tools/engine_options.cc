@@ -15,7 +15,7 @@ template <class T>
 CLI::Option* add_int(CLI::App& app, const std::string& name, T& target, int64_t lo, int64_t hi,
                      const std::string& description, const std::string& group) {
   return app.add_option(name, target, description)
-      ->check(int_in(lo, hi))
+      ->transform(int_in(lo, hi))
       ->type_name("N")
       ->capture_default_str()
       ->group(group);
@@ -24,7 +24,7 @@ CLI::Option* add_int(CLI::App& app, const std::string& name, T& target, int64_t 
 CLI::Option* add_seed(CLI::App& app, const std::string& name, uint64_t& target,
                       const std::string& description, const std::string& group) {
   return app.add_option(name, target, description)
-      ->check(uint64_any())
+      ->transform(uint64_any())
       ->type_name("S")
       ->capture_default_str()
       ->group(group);
@@ -34,7 +34,7 @@ CLI::Option* add_device(CLI::App& app, const std::string& name,
                         std::function<void(const std::string&)> set, const std::string& description,
                         const std::string& group) {
   return app.add_option_function<std::string>(name, std::move(set), description)
-      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->check(CLI::IsMember({"cpu", "cuda"}).description(""))
       ->type_name("cpu|cuda")
       ->group(group);
 }
@@ -70,7 +70,7 @@ void add_engine_options(CLI::App& app, EngineCommandLine& o) {
          "--prompt-len",
          [&c](const std::string& v) { parse_prompt_len(v, c.prompt_len_min, c.prompt_len_max); },
          "prompt lengths (or one number)")
-      ->check(CLI::Validator(
+      ->transform(CLI::Validator(
           [](std::string& v) -> std::string {
             int64_t lo = 0, hi = 0;
             if (parse_prompt_len(v, lo, hi)) return {};
@@ -87,7 +87,7 @@ void add_engine_options(CLI::App& app, EngineCommandLine& o) {
          "--sampling", [&c](const std::string& v) { c.mixed_sampling = v == "mixed"; },
          "per-group settings from a fixed table (mixed), or --temperature/--top-k/--top-p/"
          "--min-p for every request (uniform; those flags imply it)")
-      ->check(CLI::IsMember({"mixed", "uniform"}))
+      ->check(CLI::IsMember({"mixed", "uniform"}).description(""))
       ->type_name("mixed|uniform")
       ->default_str("mixed")
       ->group(w);
@@ -99,19 +99,19 @@ void add_engine_options(CLI::App& app, EngineCommandLine& o) {
   };
   app.add_option_function<float>("--temperature", uniform(c.sampling.temperature),
                                  "uniform sampling temperature (finite, >= 0; 0 = greedy)")
-      ->check(float_in(0, 1e6))
+      ->transform(float_in(0, 1e6))
       ->type_name("T")
       ->group(w);
   app.add_option_function<int64_t>("--top-k", uniform(c.sampling.top_k), "uniform top-k (0 = off)")
-      ->check(int_in(0, kBig))
+      ->transform(int_in(0, kBig))
       ->type_name("K")
       ->group(w);
   app.add_option_function<float>("--top-p", uniform(c.sampling.top_p), "uniform top-p")
-      ->check(float_in(0, 1, true))
+      ->transform(float_in(0, 1, true))
       ->type_name("P")
       ->group(w);
   app.add_option_function<float>("--min-p", uniform(c.sampling.min_p), "uniform min-p")
-      ->check(float_in(0, 1))
+      ->transform(float_in(0, 1))
       ->type_name("M")
       ->group(w);
   app.add_flag_callback(
@@ -120,7 +120,7 @@ void add_engine_options(CLI::App& app, EngineCommandLine& o) {
 
   const std::string r = "rollout side";
   app.add_option("--rollout-tp", c.rollout_tp, "tensor-parallel degree (1, 2, 4, 8)")
-      ->check(int_one_of({1, 2, 4, 8}))
+      ->transform(int_one_of({1, 2, 4, 8}))
       ->type_name("N")
       ->capture_default_str()
       ->group(r);
@@ -143,7 +143,7 @@ void add_engine_options(CLI::App& app, EngineCommandLine& o) {
            o.cascade_set = true;
          },
          "prefix-shared (cascade) attention (needs sharing; follows --prefix-sharing unless set)")
-      ->check(CLI::IsMember({"on", "off"}))
+      ->check(CLI::IsMember({"on", "off"}).description(""))
       ->type_name("on|off")
       ->default_str(c.rollout.step.cascade ? "on" : "off")
       ->group(r);
@@ -154,7 +154,7 @@ void add_engine_options(CLI::App& app, EngineCommandLine& o) {
 
   const std::string t = "training side";
   app.add_option("--train-tp", c.train_tp, "tensor-parallel degree (1, 2, 4, 8)")
-      ->check(int_one_of({1, 2, 4, 8}))
+      ->transform(int_one_of({1, 2, 4, 8}))
       ->type_name("N")
       ->capture_default_str()
       ->group(t);
@@ -178,13 +178,11 @@ void add_engine_options(CLI::App& app, EngineCommandLine& o) {
       "where the training forward runs [--device]", d);
 
   const std::string run = "run";
-  CLI::Option* baseline =
-      app.add_flag("--baseline", o.baseline_only,
-                   "run the pipeline with the baseline (ordinary, non-invariant) kernels only")
-          ->group(run);
+  app.add_flag("--baseline", o.baseline_only,
+               "run the pipeline with the baseline (ordinary, non-invariant) kernels only")
+      ->group(run);
   app.add_flag("--no-baseline", o.no_baseline,
                "do not add the baseline column to the default report")
-      ->excludes(baseline)
       ->group(run);
   app.add_flag("--localize", c.localize,
                "replay the first mismatching token on both sides and name the first op whose "
@@ -197,6 +195,8 @@ void add_engine_options(CLI::App& app, EngineCommandLine& o) {
 
 void resolve_engine_options(EngineCommandLine& o) {
   engine::AuditConfig& c = o.cfg;
+  if (o.baseline_only && o.no_baseline)
+    throw Error("--baseline and --no-baseline exclude each other");
   if (!o.model.dir.empty() && o.model.shape != "default")
     throw Error("--model and --model-shape exclude each other");
   // Without sharing there is no shared prefix to cascade over: cascade follows unless set.

@@ -30,25 +30,27 @@ const char* const kScoreFooter =
 
 void add_score_options(CLI::App& app, ScoreCommandLine& o) {
   o.contract = default_contract();
-  app.add_option("--model", o.model_dir, "Qwen3 checkpoint directory (config.json + safetensors)")
-      ->required()
+  // NOTE: --model and --tokens are checked in run_score, not marked required(): CLI11 reports a
+  // missing required option before an unknown one, and a mistyped flag must be named.
+  app.add_option("--model", o.model_dir,
+                 "Qwen3 checkpoint directory (config.json + safetensors) (required)")
       ->type_name("DIR")
       ->group("input and output");
   app.add_option("--tokens", o.tokens_path,
-                 "one sequence per line, token ids separated by spaces (>= 2 tokens each)")
-      ->required()
+                 "one sequence per line, token ids separated by spaces (>= 2 tokens each) "
+                 "(required)")
       ->type_name("FILE")
       ->group("input and output");
   app.add_option("--out", o.out_path, "where the scores go [stdout]")
       ->type_name("FILE")
       ->group("input and output");
   app.add_option("--tp", o.tp, "tensor-parallel degree of the training forward")
-      ->check(int_one_of({1, 2, 4, 8}))
+      ->transform(int_one_of({1, 2, 4, 8}))
       ->type_name("N")
       ->capture_default_str()
       ->group("run");
   app.add_option("--temperature", o.temperature, "log-prob temperature (finite, > 0)")
-      ->check(float_in(0, 1e6, true))
+      ->transform(float_in(0, 1e6, true))
       ->type_name("T")
       ->capture_default_str()
       ->group("run");
@@ -57,6 +59,8 @@ void add_score_options(CLI::App& app, ScoreCommandLine& o) {
 }
 
 int run_score(const ScoreCommandLine& o) {
+  if (o.model_dir.empty() || o.tokens_path.empty())
+    throw Error("--model DIR and --tokens FILE are required (see --help)");
   if (o.threads > 0) set_num_threads(o.threads);
   o.contract.validate();
   const std::string& tokens_path = o.tokens_path;
