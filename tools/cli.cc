@@ -219,7 +219,8 @@ int run_cli(CLI::App& app, const std::vector<Command>& commands, int argc, char*
   try {
     if (has_subcommands) {
       // `lockstep` alone: the usage, and a failure (a script that forgot the command must not
-      // pass). An unknown first word is named as a command, not as a stray argument.
+      // pass). A flag before the command, or an unknown first word, is named as such (CLI11
+      // would first complain that a subcommand is required).
       if (argc < 2) {
         std::fprintf(stderr, "%s", app.help().c_str());
         return kExitUsage;
@@ -248,10 +249,10 @@ int run_cli(CLI::App& app, const std::vector<Command>& commands, int argc, char*
       app.parse(argc, argv);
     } catch (const CLI::CallForHelp&) {
       std::fputs(app.help().c_str(), stdout);
-      return kExitOk;
+      return std::fflush(stdout) == 0 && !std::ferror(stdout) ? kExitOk : kExitUsage;
     } catch (const CLI::CallForAllHelp&) {
       std::fputs(app.help("", CLI::AppFormatMode::All).c_str(), stdout);
-      return kExitOk;
+      return std::fflush(stdout) == 0 && !std::ferror(stdout) ? kExitOk : kExitUsage;
     } catch (const CLI::ParseError& e) {
       return report_parse_error(app, e);
     }
