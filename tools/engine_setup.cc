@@ -55,6 +55,12 @@ std::string device_description(const std::string& device) {
   return device;
 }
 
+engine::Qwen3Config model_config_of(const ModelFlags& m) {
+  if (!m.dir.empty())
+    return engine::load_qwen3_config((std::filesystem::path(m.dir) / "config.json").string());
+  return engine::qwen3_shape_config(m.shape);
+}
+
 ModelSource::ModelSource(const ModelFlags& m, const LogFn& log) : log_(log) {
   const std::string& shape = m.shape;
   if (!m.dir.empty() || shape == "default") {

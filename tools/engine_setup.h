@@ -29,6 +29,11 @@ std::shared_ptr<engine::OpsBackend> make_device_backend(const std::string& devic
 // "cpu (16 threads)", "cuda: NVIDIA H200 (sm_90, 139 GiB), driver ...".
 std::string device_description(const std::string& device);
 
+// The model's configuration alone, without reading or generating weights (for commands that only
+// plan, e.g. `lockstep plan`): m.dir's config.json, else the named shape's (qwen3_shape_config;
+// "default" is the built-in model's).
+engine::Qwen3Config model_config_of(const ModelFlags& m);
+
 class ModelSource {
  public:
   // m.dir non-empty: that checkpoint; else shape "default": the built-in model in the model cache

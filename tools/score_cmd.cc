@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -64,20 +65,10 @@ int run_score(const ScoreCommandLine& o) {
   if (o.threads > 0) set_num_threads(o.threads);
   o.contract.validate();
   const std::string& tokens_path = o.tokens_path;
-  // The output first: an unwritable --out fails before the forward pass.
-  std::FILE* out = stdout;
-  if (!o.out_path.empty()) {
-    out = std::fopen(o.out_path.c_str(), "w");
-    LS_CHECK(out != nullptr, "--out", "cannot open '", o.out_path,
-             "' for writing: ", std::strerror(errno));
-  }
-  struct Closer {
-    std::FILE* f;
-    ~Closer() {
-      if (f != nullptr && f != stdout) std::fclose(f);
-    }
-  } closer{out};
-
+  // A FIFO or a device would block or never end: only a regular file (or a link to one).
+  std::error_code ec;
+  LS_CHECK(std::filesystem::is_regular_file(tokens_path, ec), "--tokens", "'", tokens_path,
+           "' is not a readable regular file", ec ? " (" + ec.message() + ")" : std::string());
   std::ifstream in(tokens_path);
   LS_CHECK(in.good(), "--tokens", "cannot read '", tokens_path, "'");
   std::vector<engine::TrainSequence> seqs;
@@ -106,6 +97,20 @@ int run_score(const ScoreCommandLine& o) {
     seqs.push_back(std::move(s));
   }
   LS_CHECK(!seqs.empty(), "--tokens", "no sequences in '", tokens_path, "'");
+
+  // The output before the model: an unwritable --out fails before the forward pass.
+  std::FILE* out = stdout;
+  if (!o.out_path.empty()) {
+    out = std::fopen(o.out_path.c_str(), "w");
+    LS_CHECK(out != nullptr, "--out", "cannot open '", o.out_path,
+             "' for writing: ", std::strerror(errno));
+  }
+  struct Closer {
+    std::FILE* f;
+    ~Closer() {
+      if (f != nullptr && f != stdout) std::fclose(f);
+    }
+  } closer{out};
 
   const engine::Checkpoint ckpt = engine::Checkpoint::open(o.model_dir);
   engine::ModelOptions mo;

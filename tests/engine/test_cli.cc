@@ -306,6 +306,8 @@ TEST(CliBinary, ScoreBadValuesExit2NamingTheFlag) {
   EXPECT_RUN(lockstep(score_args("--bogus 1")), 2, "--bogus");
   EXPECT_RUN(run(LOCKSTEP_SCORE_CLI, "--tp abc"), 2, "--tp");
   EXPECT_RUN(lockstep("score --model /nonexistent/m --tokens /nonexistent/t"), 2, "--tokens");
+  EXPECT_RUN(lockstep("score --model /nonexistent/m --tokens /dev/zero"), 2,
+             "not a readable regular file");
 }
 
 TEST(CliBinary, ScoreRunsAndReportsWriteErrors) {
