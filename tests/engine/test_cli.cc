@@ -17,6 +17,7 @@
 #include "engine/default_model.h"
 #include "lockstep/error.h"
 #include "tools/engine_options.h"
+#include "tools/engine_setup.h"
 
 namespace lockstep::tools {
 namespace {
@@ -259,6 +260,27 @@ const ScoreInputs& score_inputs() {
 std::string score_args(const std::string& extra) {
   return "score --model '" + score_inputs().model + "' --tokens '" + score_inputs().tokens + "' " +
          extra;
+}
+
+// The config alone, for commands that only plan: a checkpoint's config.json or a named shape's.
+TEST(CliModelFlags, ConfigWithoutWeights) {
+  ModelFlags m;
+  m.shape = "qwen3-8b";
+  EXPECT_EQ(model_config_of(m).hidden_size, 4096);
+  m.shape = "default";
+  EXPECT_EQ(model_config_of(m).hidden_size, engine::default_model_config().hidden_size);
+  m.dir = score_inputs().model;
+  EXPECT_EQ(model_config_of(m).to_string(), engine::default_model_config().to_string());
+  m.dir = "/nonexistent/model";
+  EXPECT_THROW(model_config_of(m), Error);
+}
+
+TEST(CliBinary, BenchEngineRuns) {
+  EXPECT_RUN(lockstep("bench-engine --prompts 1 --group 2 --max-new-tokens 2 --threads 1 --quiet "
+                      "--json --model '" +
+                      score_inputs().model + "'"),
+             0, "\"same_schedule\":true");
+  EXPECT_RUN(lockstep("bench-engine --prompts 0"), 2, "--prompts");
 }
 
 TEST(CliBinary, TopLevel) {
