@@ -7,7 +7,8 @@
 //   Command add_plan_command(CLI::App& top);
 // which calls top.add_subcommand("plan", "one line"), binds its options to state it owns (a
 // std::shared_ptr captured by the returned run function), reusing add_contract_options /
-// add_model_options / add_threads_option below, and returns {sub, run}; then add one line to
+// add_model_options / add_threads_option below (tools/engine_setup.h: model_config_of gives the
+// model's config without its weights), and returns {sub, run}; then add one line to
 // tools/lockstep_main.cc. The run function returns an ExitCode and may throw lockstep::Error for
 // bad input (reported as exit 2 by run_cli).
 #pragma once
@@ -67,8 +68,9 @@ std::string default_model_dir(const std::string& cache_dir);
 CLI::Validator int_in(int64_t lo, int64_t hi);
 CLI::Validator int_one_of(std::initializer_list<int64_t> values);
 CLI::Validator uint64_any();  // any decimal 0 .. 2^64-1
-// A finite fp32 value in [lo, hi] (lo excluded when lo_open), read by strtof as the library's
-// own parsers do; the text is rewritten to 9 digits so CLI11's conversion gives the same float.
+// A finite fp32 value in [lo, hi] (lo excluded when lo_open), read by strtof as the hand-written
+// parsers before CLI11 did; the text is rewritten to 9 digits so that CLI11's own conversion
+// (strtold, then a cast) gives exactly that float.
 CLI::Validator float_in(float lo, float hi, bool lo_open = false);
 // on | off into a bool.
 CLI::Option* add_on_off(CLI::App& app, const std::string& name, bool& target,
@@ -84,8 +86,8 @@ struct Command {
   std::function<int()> run;
 };
 
-// Parses argv with `app` and runs the parsed command: `run` for an app without subcommands, else
-// the Command whose app was parsed. --help prints the help on stdout (exit 0). No command, an
+// Parses argv with `app` and runs the parsed command: the Command whose app was parsed, or, for an
+// app without subcommands (lockstep-score), commands = {{&app, run}}. --help prints the help on stdout (exit 0). No command, an
 // unknown command, a parse error, and every exception of the run (lockstep::Error, bad_alloc,
 // std::exception, anything else) print one message on stderr and give kExitUsage; no exception
 // leaves this function.
