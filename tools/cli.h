@@ -87,10 +87,10 @@ struct Command {
 };
 
 // Parses argv with `app` and runs the parsed command: the Command whose app was parsed, or, for an
-// app without subcommands (lockstep-score), commands = {{&app, run}}. --help prints the help on stdout (exit 0). No command, an
-// unknown command, a parse error, and every exception of the run (lockstep::Error, bad_alloc,
-// std::exception, anything else) print one message on stderr and give kExitUsage; no exception
-// leaves this function.
+// app without subcommands (lockstep-score), commands = {{&app, run}}. --help prints the help on
+// stdout (exit 0). No command, an unknown command, a parse error, and every exception of the run
+// (lockstep::Error, bad_alloc, std::exception, anything else) print one message on stderr and
+// give kExitUsage; no exception leaves this function.
 int run_cli(CLI::App& app, const std::vector<Command>& commands, int argc, char** argv);
 
 }  // namespace lockstep::tools
