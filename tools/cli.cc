@@ -32,6 +32,16 @@ std::string range_text(int64_t lo, int64_t hi) {
   return "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
 }
 
+// For --help: 1024 and up as powers of two where they are one ("2^30").
+std::string short_int(int64_t v) {
+  if (v >= 1024 && (v & (v - 1)) == 0) {
+    int k = 0;
+    while ((int64_t(1) << k) != v) ++k;
+    return "2^" + std::to_string(k);
+  }
+  return std::to_string(v);
+}
+
 }  // namespace
 
 ContractConfig default_contract() { return engine::audit_default_contract(); }
@@ -45,12 +55,15 @@ CLI::Validator int_in(int64_t lo, int64_t hi) {
         s = std::to_string(v);  // canonical: CLI11's own conversion reads "010" as octal
         return {};
       },
-      "");
+      short_int(lo) + ".." + short_int(hi));
 }
 
 CLI::Validator int_one_of(std::initializer_list<int64_t> values) {
-  std::string list;
-  for (int64_t v : values) list += (list.empty() ? "" : ", ") + std::to_string(v);
+  std::string list, bars;
+  for (int64_t v : values) {
+    list += (list.empty() ? "" : ", ") + std::to_string(v);
+    bars += (bars.empty() ? "" : "|") + std::to_string(v);
+  }
   std::vector<int64_t> vals(values);
   return CLI::Validator(
       [vals, list](std::string& s) -> std::string {
@@ -63,7 +76,7 @@ CLI::Validator int_one_of(std::initializer_list<int64_t> values) {
             }
         return "expects one of " + list + ", got '" + s + "'";
       },
-      "");
+      bars);
 }
 
 CLI::Validator uint64_any() {
@@ -113,7 +126,7 @@ void add_contract_options(CLI::App& app, ContractConfig& c) {
   // --vocab-segments override --segments whatever their order on the command line.
   app.add_option_function<int>(
          "--segments", [&c](int s) { c.gemm_segments = c.vocab_segments = s; },
-         "GEMM K and vocab segments: 1, 2, 4 or 8 (>= every TP degree)")
+         "GEMM K and vocab segments (>= every TP degree)")
       ->transform(int_one_of({1, 2, 4, 8}))
       ->type_name("N")
       ->default_str(std::to_string(c.gemm_segments))
@@ -142,7 +155,7 @@ void add_contract_options(CLI::App& app, ContractConfig& c) {
 }
 
 void add_threads_option(CLI::App& app, int& threads) {
-  app.add_option("--threads", threads, "CPU threads, 1..1024 (bits never depend on it) [all cores]")
+  app.add_option("--threads", threads, "CPU threads (bits never depend on it) [all cores]")
       ->transform(int_in(1, 1024))
       ->type_name("N")
       ->group("run");

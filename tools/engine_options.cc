@@ -106,11 +106,11 @@ void add_engine_options(CLI::App& app, EngineCommandLine& o) {
       ->transform(int_in(0, kBig))
       ->type_name("K")
       ->group(w);
-  app.add_option_function<float>("--top-p", uniform(c.sampling.top_p), "uniform top-p")
+  app.add_option_function<float>("--top-p", uniform(c.sampling.top_p), "uniform top-p, in (0, 1]")
       ->transform(float_in(0, 1, true))
       ->type_name("P")
       ->group(w);
-  app.add_option_function<float>("--min-p", uniform(c.sampling.min_p), "uniform min-p")
+  app.add_option_function<float>("--min-p", uniform(c.sampling.min_p), "uniform min-p, in [0, 1]")
       ->transform(float_in(0, 1))
       ->type_name("M")
       ->group(w);
@@ -119,7 +119,7 @@ void add_engine_options(CLI::App& app, EngineCommandLine& o) {
       ->group(w);
 
   const std::string r = "rollout side";
-  app.add_option("--rollout-tp", c.rollout_tp, "tensor-parallel degree (1, 2, 4, 8)")
+  app.add_option("--rollout-tp", c.rollout_tp, "tensor-parallel degree")
       ->transform(int_one_of({1, 2, 4, 8}))
       ->type_name("N")
       ->capture_default_str()
@@ -153,7 +153,7 @@ void add_engine_options(CLI::App& app, EngineCommandLine& o) {
           "engine steps between groups' arrivals", r);
 
   const std::string t = "training side";
-  app.add_option("--train-tp", c.train_tp, "tensor-parallel degree (1, 2, 4, 8)")
+  app.add_option("--train-tp", c.train_tp, "tensor-parallel degree")
       ->transform(int_one_of({1, 2, 4, 8}))
       ->type_name("N")
       ->capture_default_str()

@@ -305,8 +305,8 @@ TEST(CliBinary, OneDefaultContract) {
   EXPECT_RUN(lockstep("contract"), 0, line);
   EXPECT_RUN(lockstep("contract --segments 8"), 0, "gemm_segments=8");
   EXPECT_RUN(lockstep("contract --vocab-tile 100"), 2, "vocab_tile");
-  EXPECT_RUN(lockstep("audit --help"), 0, "--segments N=4");
-  EXPECT_RUN(lockstep("score --help"), 0, "--kv-chunk N=64");
+  EXPECT_RUN(lockstep("audit --help"), 0, "--segments N:1|2|4|8=4");
+  EXPECT_RUN(lockstep("score --help"), 0, "--kv-chunk N:64..2^24=64");
 }
 
 TEST(CliBinary, ScoreBadValuesExit2NamingTheFlag) {
