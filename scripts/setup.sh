@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-pkgs=(cmake make g++ python3 libgtest-dev libbenchmark-dev libopenblas-dev nlohmann-json3-dev clang-format)
+pkgs=(cmake make g++ python3 libgtest-dev libbenchmark-dev libopenblas-dev nlohmann-json3-dev libcli11-dev clang-format)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

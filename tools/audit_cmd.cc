@@ -1,4 +1,4 @@
-// `lockstep audit` command line: flags (parsed by engine::parse_audit_args), the devices and
+// `lockstep audit` command line: flags (tools/engine_options.h), the devices and
 // backends (tools/engine_setup.h), the model (a Hugging Face style Qwen3 directory, the built-in
 // default model, or random weights of a named shape), the audit (src/engine/audit.h), and its
 // report.
@@ -14,84 +14,84 @@
 #include "engine/audit.h"
 #include "engine/backend.h"
 #include "lockstep/error.h"
+#include "tools/engine_options.h"
 #include "tools/engine_setup.h"
 
 namespace lockstep::tools {
 
-int run_audit_command(int argc, char** argv) {
-  engine::AuditCommandLine o;
-  try {
-    o = engine::parse_audit_args(std::vector<std::string>(argv + 1, argv + argc));
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    std::fprintf(stderr, "lockstep %s\n",
-                 (msg.rfind("audit: ", 0) == 0 ? msg : "audit: " + msg).c_str());
-    return 2;
+namespace {
+
+int run_audit(EngineCommandLine& o) {
+  resolve_engine_options(o);
+  if (o.threads > 0) set_num_threads(o.threads);
+  auto log = [&](const std::string& s) {
+    if (!o.quiet) std::fprintf(stderr, "%s\n", s.c_str());
+  };
+
+  // Backends first: a missing device fails before any model work.
+  struct Pair {
+    std::shared_ptr<engine::OpsBackend> rollout, train;
+  };
+  std::vector<Pair> pairs;
+  auto pair_of = [&](bool baseline) {
+    Pair p;
+    p.rollout = make_device_backend(o.rollout_device, baseline);
+    p.train = o.train_device == o.rollout_device ? p.rollout
+                                                 : make_device_backend(o.train_device, baseline);
+    return p;
+  };
+  const Pair baseline = pair_of(true);
+  const bool have_baseline = baseline.rollout && baseline.train;
+  if (o.baseline_only) {
+    if (!have_baseline)
+      throw Error(
+          "--baseline: the baseline backend (ordinary non-invariant kernels) is not built in this "
+          "version; no result");
+    pairs.push_back(baseline);
+  } else {
+    pairs.push_back(pair_of(false));
+    if (have_baseline && !o.no_baseline) pairs.push_back(baseline);
   }
-  if (o.help) {
-    std::fputs(engine::audit_usage(), stdout);
-    return 0;
-  }
-  try {
-    if (o.threads > 0) set_num_threads(o.threads);
-    auto log = [&](const std::string& s) {
-      if (!o.quiet) std::fprintf(stderr, "%s\n", s.c_str());
-    };
 
-    // Backends first: a missing device fails before any model work.
-    struct Pair {
-      std::shared_ptr<engine::OpsBackend> rollout, train;
-    };
-    std::vector<Pair> pairs;
-    auto pair_of = [&](bool baseline) {
-      Pair p;
-      p.rollout = make_device_backend(o.rollout_device, baseline);
-      p.train = o.train_device == o.rollout_device ? p.rollout
-                                                   : make_device_backend(o.train_device, baseline);
-      return p;
-    };
-    const Pair baseline = pair_of(true);
-    const bool have_baseline = baseline.rollout && baseline.train;
-    if (o.baseline_only) {
-      if (!have_baseline) {
-        std::fprintf(stderr,
-                     "lockstep audit: --baseline: the baseline backend (ordinary non-invariant "
-                     "kernels) is not built in this version; no result\n");
-        return 2;
-      }
-      pairs.push_back(baseline);
-    } else {
-      pairs.push_back(pair_of(false));
-      if (have_baseline && !o.no_baseline) pairs.push_back(baseline);
-    }
+  ModelSource source(o.model, log);
+  engine::AuditConfig& cfg = o.cfg;
+  if (cfg.rollout.kv.num_pages == 0) cfg.rollout.kv.num_pages = engine::audit_auto_kv_pages(cfg);
+  const engine::ModelFactory factory = source.factory(cfg.contract);
 
-    ModelSource source(o.model_dir, o.model_shape, o.weight_seed, log);
-    engine::AuditConfig& cfg = o.cfg;
-    if (cfg.rollout.kv.num_pages == 0) cfg.rollout.kv.num_pages = engine::audit_auto_kv_pages(cfg);
-    const engine::ModelFactory factory = source.factory(cfg.contract);
+  engine::AuditReport report;
+  report.model = source.description();
+  report.devices = "rollout " + device_description(o.rollout_device) + "; training " +
+                   device_description(o.train_device);
+  report.contract = cfg.contract.to_string();
+  report.config = cfg;
+  engine::AuditHooks hooks;
+  hooks.log = log;
+  log("lockstep audit: " + cfg.workload_string());
+  log("lockstep audit: " + report.devices);
+  for (const Pair& p : pairs)
+    report.sides.push_back(engine::run_audit_side(cfg, factory, p.rollout, p.train, hooks));
 
-    engine::AuditReport report;
-    report.model = source.description();
-    report.devices = "rollout " + device_description(o.rollout_device) + "; training " +
-                     device_description(o.train_device);
-    report.contract = cfg.contract.to_string();
-    report.config = cfg;
-    engine::AuditHooks hooks;
-    hooks.log = log;
-    log("lockstep audit: " + cfg.workload_string());
-    log("lockstep audit: " + report.devices);
-    for (const Pair& p : pairs)
-      report.sides.push_back(engine::run_audit_side(cfg, factory, p.rollout, p.train, hooks));
+  if (o.json)
+    std::printf("%s\n", engine::audit_report_json(report).c_str());
+  else
+    std::fputs(engine::format_audit_report(report).c_str(), stdout);
+  flush_stdout();
+  return report.passed() ? kExitOk : kExitCheckFailed;
+}
 
-    if (o.json)
-      std::printf("%s\n", engine::audit_report_json(report).c_str());
-    else
-      std::fputs(engine::format_audit_report(report).c_str(), stdout);
-    return report.passed() ? 0 : 1;
-  } catch (const Error& e) {
-    std::fprintf(stderr, "lockstep audit: error: %s\n", e.what());
-    return 2;
-  }
+}  // namespace
+
+Command add_audit_command(CLI::App& top) {
+  auto o = std::make_shared<EngineCommandLine>();
+  CLI::App* sub = top.add_subcommand(
+      "audit", "the main job: rollout vs training log-probs, compared bit for bit");
+  sub->footer(
+      "Generates completions like an RL rollout engine, recomputes their log-probs like a "
+      "training engine,\nand compares every generated token's fp32 log-prob (and entropy) bit for "
+      "bit.\nExit status: 0 all log-probs agree, 1 some differ, 2 bad usage, bad input or an "
+      "error.");
+  add_engine_options(*sub, *o);
+  return {sub, [o] { return run_audit(*o); }};
 }
 
 }  // namespace lockstep::tools

@@ -1,10 +1,13 @@
 // `lockstep bench-engine`: rollout tokens/s and training-forward tokens/s of the invariant and the
-// baseline backends on one device, same requests and same schedule, in one run.
+// baseline backends on one device, same requests and same schedule, in one run. Takes the flags of
+// `lockstep audit` (tools/engine_options.h).
 #pragma once
+
+#include "tools/cli.h"
 
 namespace lockstep::tools {
 
-// argv[0] is "bench-engine". Exit status 0, or 2 on bad usage / error.
-int run_bench_engine_command(int argc, char** argv);
+// Exit status of its run: 0, or 2 on bad usage / error.
+Command add_bench_engine_command(CLI::App& top);
 
 }  // namespace lockstep::tools

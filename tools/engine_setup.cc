@@ -17,8 +17,6 @@ namespace lockstep::tools {
 
 namespace {
 
-constexpr const char* kDefaultModelDir = "models/default";
-
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -33,7 +31,7 @@ std::string gib(int64_t bytes) {
 
 std::shared_ptr<engine::OpsBackend> make_device_backend(const std::string& device, bool baseline) {
   if (device == "cpu") {
-    if (baseline) return engine::baseline_backend_or_null();
+    if (baseline) return engine::shared_baseline_backend();
     return std::shared_ptr<engine::OpsBackend>(engine::make_invariant_backend());
   }
   LS_CHECK(device == "cuda", "device", "unknown device '", device, "' (expected cpu or cuda)");
@@ -57,27 +55,34 @@ std::string device_description(const std::string& device) {
   return device;
 }
 
-ModelSource::ModelSource(const std::string& model_dir, const std::string& shape,
-                         uint64_t weight_seed, const LogFn& log)
-    : log_(log) {
-  if (!model_dir.empty() || shape == "default") {
-    std::string dir = model_dir;
+engine::Qwen3Config model_config_of(const ModelFlags& m) {
+  if (!m.dir.empty())
+    return engine::load_qwen3_config((std::filesystem::path(m.dir) / "config.json").string());
+  return engine::qwen3_shape_config(m.shape);
+}
+
+ModelSource::ModelSource(const ModelFlags& m, const LogFn& log) : log_(log) {
+  const std::string& shape = m.shape;
+  if (!m.dir.empty() || shape == "default") {
+    std::string dir = m.dir;
     if (dir.empty()) {
-      dir = kDefaultModelDir;
+      dir =
+          engine::default_model_dir(m.cache_dir.empty() ? engine::model_cache_root() : m.cache_dir);
       if (!std::filesystem::exists(std::filesystem::path(dir) / "model.safetensors"))
-        log_("creating the built-in default model in ./" + dir);
+        log_("creating the built-in default model in " + dir);
       engine::ensure_default_model(dir);
-      desc_ = "built-in default model (./" + dir + ", shape default)";
+      desc_ = "built-in default model (" + dir + ", shape default)";
     } else {
       desc_ = dir;
     }
-    ckpt_ = std::make_unique<engine::Checkpoint>(engine::Checkpoint::open(dir));
+    ckpt_ = std::make_unique<engine::Checkpoint>(
+        engine::Checkpoint::load(dir, checkpoint_load_options(m.strict)));
     cfg_ = ckpt_->config();
     desc_ += ": " + cfg_.to_string();
     return;
   }
   cfg_ = engine::qwen3_shape_config(shape);
-  const uint64_t seed = weight_seed == 0 ? engine::kDefaultModelSeed : weight_seed;
+  const uint64_t seed = m.weight_seed == 0 ? engine::kDefaultModelSeed : m.weight_seed;
   const int64_t n = engine::qwen3_num_parameters(cfg_);
   char buf[256];
   std::snprintf(buf, sizeof(buf),

@@ -17,6 +17,7 @@
 #include "engine/default_model.h"
 #include "engine/model.h"
 #include "engine/safetensors.h"
+#include "tools/cli.h"
 
 namespace lockstep::tools {
 
@@ -28,12 +29,17 @@ std::shared_ptr<engine::OpsBackend> make_device_backend(const std::string& devic
 // "cpu (16 threads)", "cuda: NVIDIA H200 (sm_90, 139 GiB), driver ...".
 std::string device_description(const std::string& device);
 
+// The model's configuration alone, without reading or generating weights (for commands that only
+// plan, e.g. `lockstep plan`): m.dir's config.json, else the named shape's (qwen3_shape_config;
+// "default" is the built-in model's).
+engine::Qwen3Config model_config_of(const ModelFlags& m);
+
 class ModelSource {
  public:
-  // model_dir non-empty: that checkpoint; else shape "default": ./models/default (created on first
-  // use); else random weights of the shape (seed 0 = kDefaultModelSeed), generated in memory.
-  ModelSource(const std::string& model_dir, const std::string& shape, uint64_t weight_seed,
-              const LogFn& log);
+  // m.dir non-empty: that checkpoint; else shape "default": the built-in model in the model cache
+  // (m.cache_dir, else default_model_cache_dir(); created on first use); else random weights of
+  // the shape (seed 0 = kDefaultModelSeed), generated in memory.
+  ModelSource(const ModelFlags& m, const LogFn& log);
   const engine::Qwen3Config& config() const { return cfg_; }
   const std::string& description() const { return desc_; }
   // Builds (and caches) the model of (tp, backend device) with `contract`, uploading weights once

@@ -1,46 +1,57 @@
 // The `lockstep` command line. The main job is `lockstep audit`: rollout vs training log-probs of
 // a model, compared bit for bit. `lockstep selfcheck` runs the contract's invariances on every CPU
-// op in seconds; `lockstep contract` prints the default settings.
+// op in seconds; `lockstep contract` prints the contract every subcommand starts from. Each
+// subcommand is one add_*_command (tools/cli.h says how to add one); exit codes: tools/cli.h.
 #include <cstdio>
-#include <cstring>
-#include <string>
+#include <memory>
+#include <vector>
 
-#include "lockstep/contract.h"
-#include "lockstep/error.h"
 #include "tools/audit_cmd.h"
 #include "tools/bench_engine_cmd.h"
+#include "tools/cli.h"
 #include "tools/score_cmd.h"
 #include "tools/selfcheck.h"
 
+namespace lockstep::tools {
+namespace {
+
+Command add_contract_command(CLI::App& top) {
+  auto c = std::make_shared<ContractConfig>(default_contract());
+  CLI::App* sub = top.add_subcommand(
+      "contract", "prints the default contract (with the contract flags applied)");
+  sub->footer("Every subcommand starts from this contract; its contract flags override it.");
+  add_contract_options(*sub, *c);
+  return {sub, [c] {
+            c->validate();
+            std::printf("%s\n", c->to_string().c_str());
+            flush_stdout();
+            return int(kExitOk);
+          }};
+}
+
+int lockstep_main(int argc, char** argv) {
+  CLI::App app{
+      "lockstep: LLM RL rollout and training log-probs, bit for bit.\n"
+      "Exit status of every command: 0 ok, 1 a check failed (log-probs or invariances differ), "
+      "2 bad usage, bad input or an error.",
+      "lockstep"};
+  app.require_subcommand(1);
+  const std::vector<Command> commands = {
+      add_audit_command(app),     add_bench_engine_command(app), add_score_command(app),
+      add_selfcheck_command(app), add_contract_command(app),
+  };
+  return run_cli(app, commands, argc, argv);
+}
+
+}  // namespace
+}  // namespace lockstep::tools
+
 int main(int argc, char** argv) {
   try {
-    std::string cmd = argc > 1 ? argv[1] : "help";
-    if (cmd == "audit") return lockstep::tools::run_audit_command(argc - 1, argv + 1);
-    if (cmd == "bench-engine") return lockstep::tools::run_bench_engine_command(argc - 1, argv + 1);
-    if (cmd == "score") return lockstep::tools::run_score_command(argc - 1, argv + 1);
-    if (cmd == "contract") {
-      lockstep::ContractConfig cfg;
-      cfg.validate();
-      std::printf("%s\n", cfg.to_string().c_str());
-      return 0;
-    }
-    if (cmd == "selfcheck") {
-      bool json = argc > 2 && std::strcmp(argv[2], "--json") == 0;
-      return lockstep::tools::run_selfcheck(json);
-    }
-    std::printf(
-        "usage: lockstep <command>\n"
-        "  audit [flags]       the main job: rollout vs training log-probs, bit for bit\n"
-        "                      (lockstep audit --help for the flags)\n"
-        "  bench-engine [flags]  rollout and training-forward tokens/s, invariant vs baseline\n"
-        "                      backends (takes the audit flags, e.g. --device cuda)\n"
-        "  score [flags]       per-token log-probs of token sequences (training forward)\n"
-        "                      (lockstep score --help for the flags)\n"
-        "  selfcheck [--json]  run the contract's invariance checks on every CPU op\n"
-        "  contract            print the default contract settings\n");
-    return cmd == "help" || cmd == "--help" ? 0 : 2;
-  } catch (const lockstep::Error& e) {
-    std::fprintf(stderr, "lockstep: error: %s\n", e.what());
-    return 1;
+    return lockstep::tools::lockstep_main(argc, argv);
+  } catch (...) {
+    // Only building the parser can throw here (run_cli catches everything else).
+    std::fprintf(stderr, "lockstep: error: could not set up the command line\n");
+    return lockstep::tools::kExitUsage;
   }
 }

@@ -267,21 +267,22 @@ std::string ensure_default_model(const std::string& dir) {
   return dir;
 }
 
-std::string default_model_cache_dir() {
+std::string model_cache_root() {
   // XDG base directory spec: a relative XDG_CACHE_HOME is invalid and ignored.
-  std::string base;
   const char* xdg = std::getenv("XDG_CACHE_HOME");
   const char* home = std::getenv("HOME");
-  if (xdg && xdg[0] == '/') {
-    base = xdg;
-  } else if (home && home[0] == '/') {
-    base = std::string(home) + "/.cache";
-  } else {
-    throw Error(
-        "default model: neither XDG_CACHE_HOME nor HOME is an absolute path, so there is no "
-        "cache directory for the built-in model; give a model directory explicitly");
-  }
-  return base + "/lockstep/default-v" + kDefaultModelVersion;
+  if (xdg && xdg[0] == '/') return std::string(xdg) + "/lockstep";
+  if (home && home[0] == '/') return std::string(home) + "/.cache/lockstep";
+  throw Error(
+      "default model: neither XDG_CACHE_HOME nor HOME is an absolute path, so there is no cache "
+      "directory for the built-in model; give one (lockstep --model-cache DIR) or a model "
+      "directory");
 }
+
+std::string default_model_dir(const std::string& cache_root) {
+  return cache_root + "/default-v" + kDefaultModelVersion;
+}
+
+std::string default_model_cache_dir() { return default_model_dir(model_cache_root()); }
 
 }  // namespace lockstep::engine

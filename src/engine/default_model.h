@@ -72,9 +72,14 @@ ModelFileBytes default_model_files();
 // overwritten) telling the user to delete the directory. Returns `dir`.
 std::string ensure_default_model(const std::string& dir);
 
-// Where the built-in model is kept when no model directory is given:
-// $XDG_CACHE_HOME/lockstep/default-v<kDefaultModelVersion> (XDG_CACHE_HOME absolute), else
-// $HOME/.cache/lockstep/default-v<kDefaultModelVersion>; Error if neither is an absolute path.
+// The cache directory of the built-in model when none is given (`lockstep --model-cache DIR`):
+// $XDG_CACHE_HOME/lockstep (XDG_CACHE_HOME absolute), else $HOME/.cache/lockstep; Error if
+// neither is an absolute path.
+std::string model_cache_root();
+// The built-in model's directory under a cache directory: <cache_root>/default-v<version>
+// (versioned, so a new generator never meets the files of an old one).
+std::string default_model_dir(const std::string& cache_root);
+// default_model_dir(model_cache_root()).
 std::string default_model_cache_dir();
 
 }  // namespace lockstep::engine

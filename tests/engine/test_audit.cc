@@ -1,7 +1,7 @@
 // `lockstep audit` on a tiny random-weight model: zero mismatches on many random rollout/training
 // configuration pairs (TP pairs, page sizes, budgets, batch limits, sharing, preemption), identical
 // reruns, a perturbed backend is caught and localized to the right op, the reports carry what they
-// must, and bad flags are clear errors.
+// must. The command line's flags are tested in test_cli.cc.
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -372,109 +372,8 @@ TEST(Audit, WorkloadIsFixedBySeed) {
   EXPECT_EQ(mixed_sampling_params(1, 9).top_k, 40);
 }
 
-std::string parse_error(std::vector<std::string> args) {
-  return error_of([&] { parse_audit_args(args); });
-}
-
-TEST(AuditArgs, DefaultsAndFlags) {
-  const AuditCommandLine d = parse_audit_args({});
-  EXPECT_EQ(d.cfg.prompts, 64);
-  EXPECT_EQ(d.cfg.group_size, 8);
-  EXPECT_EQ(d.cfg.max_new_tokens, 96);
-  EXPECT_EQ(d.cfg.rollout_tp, 2);
-  EXPECT_EQ(d.cfg.train_tp, 1);
-  EXPECT_TRUE(d.model_dir.empty());
-  EXPECT_FALSE(d.json);
-  const AuditCommandLine o = parse_audit_args({"--model",
-                                               "/m",
-                                               "--prompts=5",
-                                               "--group",
-                                               "2",
-                                               "--prompt-len",
-                                               "4:9",
-                                               "--max-new-tokens",
-                                               "7",
-                                               "--rollout-tp",
-                                               "4",
-                                               "--train-tp=2",
-                                               "--page-size",
-                                               "3",
-                                               "--kv-pages",
-                                               "50",
-                                               "--chunk-budget",
-                                               "11",
-                                               "--max-batch",
-                                               "6",
-                                               "--kv-splits",
-                                               "3",
-                                               "--prefix-sharing",
-                                               "off",
-                                               "--micro-batch-tokens",
-                                               "99",
-                                               "--packing-seed",
-                                               "0",
-                                               "--arrival-seed",
-                                               "5",
-                                               "--arrival-stagger",
-                                               "0",
-                                               "--temperature",
-                                               "0.5",
-                                               "--json",
-                                               "--localize",
-                                               "--quiet",
-                                               "--threads",
-                                               "1",
-                                               "--no-eos"});
-  EXPECT_EQ(o.model_dir, "/m");
-  EXPECT_EQ(o.cfg.prompts, 5);
-  EXPECT_EQ(o.cfg.group_size, 2);
-  EXPECT_EQ(o.cfg.prompt_len_min, 4);
-  EXPECT_EQ(o.cfg.prompt_len_max, 9);
-  EXPECT_EQ(o.cfg.rollout_tp, 4);
-  EXPECT_EQ(o.cfg.train_tp, 2);
-  EXPECT_EQ(o.cfg.rollout.kv.page_size, 3);
-  EXPECT_EQ(o.cfg.rollout.kv.num_pages, 50);
-  EXPECT_EQ(o.cfg.rollout.scheduler.max_batched_tokens, 11);
-  EXPECT_EQ(o.cfg.rollout.scheduler.max_running, 6);
-  EXPECT_EQ(o.cfg.rollout.step.kv_splits, 3);
-  EXPECT_FALSE(o.cfg.rollout.scheduler.prefix_sharing);
-  EXPECT_FALSE(o.cfg.rollout.step.cascade);  // follows sharing
-  EXPECT_EQ(o.cfg.packing.micro_batch_tokens, 99);
-  EXPECT_FALSE(o.cfg.mixed_sampling);
-  EXPECT_EQ(o.cfg.sampling.temperature, 0.5f);
-  EXPECT_FALSE(o.cfg.stop_on_eos);
-  EXPECT_TRUE(o.json && o.cfg.localize && o.quiet);
-  EXPECT_EQ(o.threads, 1);
-  EXPECT_TRUE(parse_audit_args({"--help"}).help);
-  EXPECT_NE(std::string(audit_usage()).find("--chunk-budget"), std::string::npos);
-}
-
-TEST(AuditArgs, DevicesAndModelShapes) {
-  const AuditCommandLine d = parse_audit_args({});
-  EXPECT_EQ(d.rollout_device, "cpu");
-  EXPECT_EQ(d.train_device, "cpu");
-  EXPECT_EQ(d.model_shape, "default");
-  const AuditCommandLine a = parse_audit_args({"--device", "cuda", "--model-shape=qwen3-8b"});
-  EXPECT_EQ(a.rollout_device, "cuda");
-  EXPECT_EQ(a.train_device, "cuda");
-  EXPECT_EQ(a.model_shape, "qwen3-8b");
-  const AuditCommandLine x =
-      parse_audit_args({"--rollout-device", "cuda", "--train-device=cpu", "--model-shape",
-                        "qwen3-0.6b", "--weight-seed", "12"});
-  EXPECT_EQ(x.rollout_device, "cuda");
-  EXPECT_EQ(x.train_device, "cpu");
-  EXPECT_EQ(x.weight_seed, 12u);
-  EXPECT_NE(parse_error({"--device", "tpu"}).find("--device expects cpu or cuda"),
-            std::string::npos);
-  EXPECT_NE(parse_error({"--model-shape", "qwen3-1t"}).find("--model-shape expects"),
-            std::string::npos);
-  EXPECT_NE(parse_error({"--model", "/m", "--model-shape", "qwen3-8b"})
-                .find("--model and --model-shape exclude each other"),
-            std::string::npos);
-  const std::string usage = audit_usage();
-  for (const char* f : {"--device", "--rollout-device", "--train-device", "--model-shape"})
-    EXPECT_NE(usage.find(f), std::string::npos) << f;
-  // The named shapes are the Hugging Face Qwen3 dimensions.
+// The named shapes are the Hugging Face Qwen3 dimensions.
+TEST(Audit, NamedModelShapes) {
   const Qwen3Config q06 = qwen3_shape_config("qwen3-0.6b");
   EXPECT_EQ(q06.hidden_size, 1024);
   EXPECT_EQ(q06.num_hidden_layers, 28);
@@ -488,34 +387,11 @@ TEST(AuditArgs, DevicesAndModelShapes) {
   EXPECT_NE(error_of([] { qwen3_shape_config("x"); }).find("not one of"), std::string::npos);
 }
 
-TEST(AuditArgs, BadFlagsAreClearErrors) {
-  EXPECT_NE(parse_error({"--bogus"}).find("unknown flag '--bogus'"), std::string::npos);
-  EXPECT_NE(parse_error({"--prompts"}).find("--prompts needs a value"), std::string::npos);
-  EXPECT_NE(parse_error({"--prompts", "x"}).find("--prompts expects an integer"),
-            std::string::npos);
-  EXPECT_NE(parse_error({"--prompts", "0"}).find("--prompts"), std::string::npos);
-  EXPECT_NE(parse_error({"--page-size", "-3"}).find("--page-size"), std::string::npos);
-  EXPECT_NE(parse_error({"--prompt-len", "9:4"}).find("MIN <= MAX"), std::string::npos);
-  EXPECT_NE(parse_error({"--rollout-tp", "3"}).find("--rollout-tp must be 1, 2, 4 or 8"),
-            std::string::npos);
-  EXPECT_NE(parse_error({"--train-tp", "8"}).find("raise --segments"), std::string::npos);
-  EXPECT_NE(parse_error({"--prefix-sharing", "maybe"}).find("on or off"), std::string::npos);
-  EXPECT_NE(parse_error({"--prefix-sharing", "off", "--cascade", "on"})
-                .find("--cascade on needs --prefix-sharing on"),
-            std::string::npos);
-  EXPECT_NE(parse_error({"--json=1"}).find("--json takes no value"), std::string::npos);
-  EXPECT_NE(parse_error({"--temperature", "-1"}).find("temperature"), std::string::npos);
-  EXPECT_NE(parse_error({"--top-p", "nan"}).find("--top-p"), std::string::npos);
-  EXPECT_NE(parse_error({"--kv-chunk", "100"}).find("kv_chunk"), std::string::npos);
-  EXPECT_NE(parse_error({"--baseline", "--no-baseline"}).find("exclude"), std::string::npos);
-  EXPECT_NE(parse_error({"--seed", "-5"}).find("--seed"), std::string::npos);
-}
-
-// The baseline backend (ordinary kernels, another engineer's) must show the mismatches the audit
-// exists to catch: rollout TP 2 with batched decode vs training TP 1 packed.
+// The baseline backend (ordinary kernels) must show the mismatches the audit exists to catch:
+// rollout TP 2 with batched decode vs training TP 1 packed.
 TEST(Audit, BaselineMismatches) {
-  auto b = baseline_backend_or_null();
-  if (!b) GTEST_SKIP() << "baseline backend not built into this library yet";
+  auto b = shared_baseline_backend();
+  ASSERT_NE(b, nullptr);
   EXPECT_EQ(b->name(), "baseline");
   AuditConfig c = small_config();
   c.localize = true;

@@ -1,0 +1,290 @@
+// The audit's workload (requests from fixed seeds) and one side's run: rollout, training forward,
+// comparison, localization. See audit_workload.h.
+#include "engine/audit_workload.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <sstream>
+
+#include "baseline/cpu/backend.h"
+#include "core/philox.h"
+#include "lockstep/error.h"
+
+namespace lockstep::engine {
+
+namespace {
+
+constexpr const char* kOp = "audit";
+
+// Portable generator (Philox): the workload is the same on every machine.
+struct Gen {
+  uint64_t key;
+  uint32_t stream;
+  uint64_t n = 0;
+  uint32_t next() {
+    const Philox4 r = philox4x32_10(Philox4{{uint32_t(n), uint32_t(n >> 32), stream, 0x61756474u}},
+                                    uint32_t(key), uint32_t(key >> 32));
+    ++n;
+    return r.v[0];
+  }
+  uint64_t below(uint64_t m) { return ((uint64_t(next()) << 32) | next()) % m; }
+};
+
+std::vector<int64_t> permutation(int64_t n, uint64_t seed) {
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) order[size_t(i)] = i;
+  if (seed == 0) return order;
+  Gen g{seed, 1};
+  for (int64_t i = n; i > 1; --i)
+    std::swap(order[size_t(i - 1)], order[size_t(g.below(uint64_t(i)))]);
+  return order;
+}
+
+}  // namespace
+
+AuditConfig::AuditConfig() {
+  rollout.kv.page_size = 16;
+  rollout.kv.num_pages = 0;  // auto
+  rollout.scheduler.max_running = 128;
+  rollout.scheduler.max_batched_tokens = 256;
+  rollout.scheduler.prefix_sharing = true;
+  rollout.step.kv_splits = 2;
+  rollout.step.cascade = true;
+  arrival_seed = 3;
+  packing.micro_batch_tokens = 1024;
+  packing.seed = 7;
+}
+
+void AuditConfig::validate() const {
+  LS_CHECK(prompts >= 1, kOp, "--prompts must be >= 1, got ", prompts);
+  LS_CHECK(group_size >= 1, kOp, "--group must be >= 1, got ", group_size);
+  LS_CHECK(prompts * group_size <= (int64_t(1) << 24), kOp,
+           "prompts x group = ", prompts * group_size, " requests is too many (max 2^24)");
+  LS_CHECK(prompt_len_min >= 1 && prompt_len_min <= prompt_len_max, kOp,
+           "prompt lengths must satisfy 1 <= min <= max, got ", prompt_len_min, ":",
+           prompt_len_max);
+  LS_CHECK(max_new_tokens >= 1, kOp, "--max-new-tokens must be >= 1, got ", max_new_tokens);
+  LS_CHECK(arrival_stagger >= 0, kOp, "--arrival-stagger must be >= 0, got ", arrival_stagger);
+  if (!mixed_sampling) sampling.validate();
+  contract.validate();
+  for (auto [name, tp] :
+       {std::pair{"--rollout-tp", rollout_tp}, std::pair{"--train-tp", train_tp}}) {
+    LS_CHECK(tp == 1 || tp == 2 || tp == 4 || tp == 8, kOp, name, " must be 1, 2, 4 or 8, got ",
+             tp);
+    LS_CHECK(contract.gemm_segments % tp == 0 && contract.vocab_segments % tp == 0, kOp, name, "=",
+             tp, " needs gemm_segments and vocab_segments divisible by it (contract has ",
+             contract.gemm_segments, " and ", contract.vocab_segments, "); raise --segments");
+  }
+  RolloutConfig r = rollout;
+  if (r.kv.num_pages == 0) r.kv.num_pages = 1;
+  r.validate();
+  packing.validate();
+}
+
+std::string AuditConfig::rollout_string() const {
+  std::ostringstream os;
+  os << "tp=" << rollout_tp << "; " << rollout.to_string() << "; arrival: seed=" << arrival_seed
+     << " stagger=" << arrival_stagger;
+  return os.str();
+}
+
+std::string AuditConfig::training_string() const {
+  std::ostringstream os;
+  os << "tp=" << train_tp << "; " << packing.to_string();
+  return os.str();
+}
+
+std::string AuditConfig::workload_string() const {
+  std::ostringstream os;
+  os << prompts << " prompts x G=" << group_size << " samples = " << prompts * group_size
+     << " sequences; prompts of " << prompt_len_min << ".." << prompt_len_max
+     << " random token ids (seed " << seed << "; no tokenizer); <= " << max_new_tokens
+     << " new tokens" << (stop_on_eos ? ", stop on EOS" : "") << "; sampling "
+     << (mixed_sampling ? "mixed (per-group settings)" : sampling.to_string());
+  return os.str();
+}
+
+SamplingParams mixed_sampling_params(int64_t group, uint64_t seed) {
+  SamplingParams p;
+  p.seed = seed;
+  switch (group % 6) {
+    case 0:
+      p.temperature = 1.0f;
+      break;
+    case 1:
+      p.temperature = 0.7f, p.top_k = 40;
+      break;
+    case 2:
+      p.temperature = 1.0f, p.top_p = 0.9f;
+      break;
+    case 3:
+      p.temperature = 0.9f, p.min_p = 0.05f;
+      break;
+    case 4:
+      p.temperature = 1.2f, p.top_k = 200, p.top_p = 0.95f, p.min_p = 0.01f;
+      break;
+    case 5:
+      p.temperature = 0.0f;
+      break;  // greedy
+  }
+  return p;
+}
+
+std::vector<RolloutRequest> make_audit_requests(const AuditConfig& cfg, const Qwen3Config& mc) {
+  cfg.validate();
+  const int64_t G = cfg.group_size, n = cfg.prompts * G;
+  Gen g{cfg.seed, 0};
+  std::vector<RolloutRequest> out;
+  out.reserve(size_t(n));
+  for (int64_t k = 0; k < cfg.prompts; ++k) {
+    std::vector<int32_t> prompt(
+        size_t(cfg.prompt_len_min +
+               int64_t(g.below(uint64_t(cfg.prompt_len_max - cfg.prompt_len_min + 1)))));
+    for (auto& t : prompt) t = int32_t(g.below(uint64_t(mc.vocab_size)));
+    SamplingParams sp = cfg.mixed_sampling ? mixed_sampling_params(k, cfg.seed) : cfg.sampling;
+    sp.seed = cfg.seed;
+    for (int64_t s = 0; s < G; ++s) {
+      RolloutRequest r;
+      r.id = k * G + s;
+      r.prompt = prompt;
+      r.sampling = sp;
+      r.max_new_tokens = cfg.max_new_tokens;
+      r.stop_on_eos = cfg.stop_on_eos;
+      r.group = k;
+      out.push_back(std::move(r));
+    }
+  }
+  // Arrivals: groups (or, without prefix sharing, single requests) in a permuted order, one
+  // group's worth every `arrival_stagger` steps.
+  if (cfg.rollout.scheduler.prefix_sharing) {
+    const auto order = permutation(cfg.prompts, cfg.arrival_seed);
+    for (int64_t rank = 0; rank < cfg.prompts; ++rank)
+      for (int64_t s = 0; s < G; ++s)
+        out[size_t(order[size_t(rank)] * G + s)].arrival_step = rank * cfg.arrival_stagger;
+  } else {
+    const auto order = permutation(n, cfg.arrival_seed);
+    for (int64_t rank = 0; rank < n; ++rank)
+      out[size_t(order[size_t(rank)])].arrival_step = rank / G * cfg.arrival_stagger;
+  }
+  return out;
+}
+
+int64_t audit_auto_kv_pages(const AuditConfig& cfg) {
+  const int64_t one = cfg.rollout.kv.pages_for(cfg.prompt_len_max + cfg.max_new_tokens);
+  const int64_t all =
+      one * std::min(cfg.rollout.scheduler.max_running, cfg.prompts * cfg.group_size);
+  return std::max(one, (all + 1) / 2);
+}
+
+std::shared_ptr<OpsBackend> shared_baseline_backend() {
+  return std::shared_ptr<OpsBackend>(make_baseline_backend());
+}
+
+std::string audit_side_label(const OpsBackend& rollout, const OpsBackend& train) {
+  const std::string rd = device_name(rollout.device()), td = device_name(train.device());
+  if (&rollout == &train || (rollout.name() == train.name() && rd == td))
+    return rd == "cpu" ? rollout.name() : rollout.name() + "@" + rd;
+  if (rollout.name() == train.name()) return rollout.name() + "@" + rd + "/" + td;
+  return rollout.name() + "@" + rd + "/" + train.name() + "@" + td;
+}
+
+AuditSide run_audit_side(const AuditConfig& cfg, const ModelFactory& make_model,
+                         std::shared_ptr<OpsBackend> backend, const AuditHooks& hooks) {
+  return run_audit_side(cfg, make_model, backend, backend, hooks);
+}
+
+AuditSide run_audit_side(const AuditConfig& cfg, const ModelFactory& make_model,
+                         std::shared_ptr<OpsBackend> rollout_backend,
+                         std::shared_ptr<OpsBackend> train_backend, const AuditHooks& hooks) {
+  cfg.validate();
+  LS_CHECK(rollout_backend != nullptr && train_backend != nullptr, kOp, "backend is null");
+  auto log = [&](const std::string& s) {
+    if (hooks.log) hooks.log(s);
+  };
+  AuditSide side;
+  side.backend = audit_side_label(*rollout_backend, *train_backend);
+  side.rollout_backend = rollout_backend->name();
+  side.train_backend = train_backend->name();
+  side.rollout_device = device_name(rollout_backend->device());
+  side.train_device = device_name(train_backend->device());
+  std::unique_ptr<Model> rollout_model = make_model(cfg.rollout_tp, rollout_backend);
+  std::unique_ptr<Model> train_model = make_model(cfg.train_tp, train_backend);
+  const Qwen3Config& mc = rollout_model->config();
+  const std::vector<RolloutRequest> requests = make_audit_requests(cfg, mc);
+
+  RolloutConfig rcfg = cfg.rollout;
+  if (rcfg.kv.num_pages == 0) rcfg.kv.num_pages = audit_auto_kv_pages(cfg);
+
+  // Rollout.
+  RolloutHooks rh;
+  rh.progress_every_s = hooks.progress_every_s;
+  const auto t_start = std::chrono::steady_clock::now();
+  rh.progress = [&](const RolloutProgress& p) {
+    char buf[160];
+    std::snprintf(
+        buf, sizeof(buf),
+        "[%s] rollout: step %" PRId64 ", %" PRId64 "/%" PRId64 " sequences done, %" PRId64
+        " tokens generated, %.1f s",
+        side.backend.c_str(), p.step, p.finished, p.total, p.generated,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
+    log(buf);
+  };
+  RolloutResult rr = run_rollout(*rollout_model, requests, rcfg, rh);
+  side.rollout_seconds = rr.seconds;
+  side.generated_tokens = rr.generated_tokens;
+  side.rollout_stats = rr.stats;
+  side.cascade_rows = rr.cascade_rows;
+
+  // Training forward over the same sequences.
+  std::vector<TrainSequence> train_seqs;
+  for (const Completion& c : rr.completions) {
+    TrainSequence s;
+    s.id = c.id;
+    s.prompt = c.prompt;
+    s.completion = c.tokens;
+    s.temperature = c.sampling.logprob_temperature();
+    train_seqs.push_back(std::move(s));
+  }
+  TrainHooks th;
+  auto last = std::chrono::steady_clock::now();
+  th.progress = [&](int64_t done, int64_t total) {
+    const auto now = std::chrono::steady_clock::now();
+    if (done < total && std::chrono::duration<double>(now - last).count() < hooks.progress_every_s)
+      return;
+    last = now;
+    log("[" + side.backend + "] training: " + std::to_string(done) + "/" + std::to_string(total) +
+        " sequences");
+  };
+  TrainResult tr = run_training_forward(*train_model, train_seqs, cfg.packing, th);
+  side.train_seconds = tr.seconds;
+  side.train_tokens = tr.tokens_forwarded;
+  side.micro_batches = tr.micro_batches;
+
+  // Bitwise comparison (memcmp of the fp32 patterns).
+  const LogprobComparison cmp = compare_logprobs(rr, tr);
+  side.sequences = cmp.sequences;
+  side.tokens_compared = cmp.tokens_compared;
+  side.mismatches = cmp.mismatches;
+  side.entropy_mismatches = cmp.entropy_mismatches;
+  side.max_abs_diff = cmp.max_abs_diff;
+  side.first = cmp.first;
+  if (cfg.localize && side.first) {
+    log("[" + side.backend + "] localizing: replaying request " +
+        std::to_string(side.first->request) + " token " + std::to_string(side.first->index) +
+        " on both sides with activation traces");
+    side.localization =
+        localize_divergence(*rollout_model, *train_model, requests, rcfg, train_seqs, cfg.packing,
+                            *side.first, cmp.first_sequence);
+  } else if (cfg.localize) {
+    Localization l;
+    l.summary = "nothing to localize: no mismatch";
+    side.localization = l;
+  }
+  return side;
+}
+
+// ----- reports -----
+
+}  // namespace lockstep::engine

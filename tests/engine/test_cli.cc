@@ -1,0 +1,447 @@
+// The command line: the engine commands' flags parse into the right settings (tools/
+// engine_options.h), and the built `lockstep` and `lockstep-score` binaries give the documented
+// exit codes (0 ok, 1 a check failed, 2 bad usage or input) with a message naming what was wrong,
+// for every bad-input case of the command line; the built-in model goes to the model cache, never
+// into the current directory.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/default_model.h"
+#include "engine/safetensors.h"
+#include "lockstep/error.h"
+#include "tools/engine_options.h"
+#include "tools/engine_setup.h"
+
+namespace lockstep::tools {
+namespace {
+
+namespace fs = std::filesystem;
+
+// ----- the flags, parsed in-process -----
+
+std::string parse_error(const std::vector<std::string>& args) {
+  try {
+    parse_engine_args(args);
+  } catch (const CLI::ParseError& e) {
+    return e.what();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+TEST(CliEngineFlags, DefaultsAndFlags) {
+  const EngineCommandLine d = parse_engine_args({});
+  EXPECT_EQ(d.cfg.prompts, 64);
+  EXPECT_EQ(d.cfg.group_size, 8);
+  EXPECT_EQ(d.cfg.max_new_tokens, 96);
+  EXPECT_EQ(d.cfg.rollout_tp, 2);
+  EXPECT_EQ(d.cfg.train_tp, 1);
+  EXPECT_TRUE(d.model.dir.empty());
+  EXPECT_TRUE(d.model.cache_dir.empty());
+  EXPECT_FALSE(d.json);
+  EXPECT_TRUE(d.cfg.mixed_sampling);
+  EXPECT_TRUE(d.cfg.rollout.step.cascade);
+  const EngineCommandLine o = parse_engine_args({"--model",
+                                                 "/m",
+                                                 "--prompts=5",
+                                                 "--group",
+                                                 "2",
+                                                 "--prompt-len",
+                                                 "4:9",
+                                                 "--max-new-tokens",
+                                                 "7",
+                                                 "--rollout-tp",
+                                                 "4",
+                                                 "--train-tp=2",
+                                                 "--page-size",
+                                                 "3",
+                                                 "--kv-pages",
+                                                 "50",
+                                                 "--chunk-budget",
+                                                 "11",
+                                                 "--max-batch",
+                                                 "6",
+                                                 "--kv-splits",
+                                                 "3",
+                                                 "--prefix-sharing",
+                                                 "off",
+                                                 "--micro-batch-tokens",
+                                                 "99",
+                                                 "--packing-seed",
+                                                 "0",
+                                                 "--arrival-seed",
+                                                 "5",
+                                                 "--arrival-stagger",
+                                                 "0",
+                                                 "--temperature",
+                                                 "0.5",
+                                                 "--json",
+                                                 "--localize",
+                                                 "--quiet",
+                                                 "--threads",
+                                                 "1",
+                                                 "--no-eos",
+                                                 "--model-cache",
+                                                 "/c"});
+  EXPECT_EQ(o.model.dir, "/m");
+  EXPECT_EQ(o.model.cache_dir, "/c");
+  EXPECT_EQ(o.cfg.prompts, 5);
+  EXPECT_EQ(o.cfg.group_size, 2);
+  EXPECT_EQ(o.cfg.prompt_len_min, 4);
+  EXPECT_EQ(o.cfg.prompt_len_max, 9);
+  EXPECT_EQ(o.cfg.max_new_tokens, 7);
+  EXPECT_EQ(o.cfg.rollout_tp, 4);
+  EXPECT_EQ(o.cfg.train_tp, 2);
+  EXPECT_EQ(o.cfg.rollout.kv.page_size, 3);
+  EXPECT_EQ(o.cfg.rollout.kv.num_pages, 50);
+  EXPECT_EQ(o.cfg.rollout.scheduler.max_batched_tokens, 11);
+  EXPECT_EQ(o.cfg.rollout.scheduler.max_running, 6);
+  EXPECT_EQ(o.cfg.rollout.step.kv_splits, 3);
+  EXPECT_FALSE(o.cfg.rollout.scheduler.prefix_sharing);
+  EXPECT_FALSE(o.cfg.rollout.step.cascade);  // follows sharing
+  EXPECT_EQ(o.cfg.packing.micro_batch_tokens, 99);
+  EXPECT_EQ(o.cfg.packing.seed, 0u);
+  EXPECT_EQ(o.cfg.arrival_seed, 5u);
+  EXPECT_EQ(o.cfg.arrival_stagger, 0);
+  EXPECT_FALSE(o.cfg.mixed_sampling);  // --temperature implies uniform
+  EXPECT_EQ(o.cfg.sampling.temperature, 0.5f);
+  EXPECT_FALSE(o.cfg.stop_on_eos);
+  EXPECT_TRUE(o.json && o.cfg.localize && o.quiet);
+  EXPECT_EQ(o.threads, 1);
+  // One number for --prompt-len; "010" is ten, not octal.
+  const EngineCommandLine p = parse_engine_args({"--prompt-len", "12", "--prompts", "010"});
+  EXPECT_EQ(p.cfg.prompt_len_min, 12);
+  EXPECT_EQ(p.cfg.prompt_len_max, 12);
+  EXPECT_EQ(p.cfg.prompts, 10);
+  // The float is the one strtof reads, as before the CLI11 parser.
+  EXPECT_EQ(parse_engine_args({"--temperature", "0.7"}).cfg.sampling.temperature, 0.7f);
+}
+
+TEST(CliEngineFlags, ContractStartsFromTheOneDefault) {
+  const ContractConfig d = default_contract();
+  EXPECT_EQ(d.to_string(), engine::AuditConfig().contract.to_string());
+  EXPECT_EQ(parse_engine_args({}).cfg.contract.to_string(), d.to_string());
+  const EngineCommandLine s = parse_engine_args({"--segments", "8", "--kv-chunk", "128"});
+  EXPECT_EQ(s.cfg.contract.gemm_segments, 8);
+  EXPECT_EQ(s.cfg.contract.vocab_segments, 8);
+  EXPECT_EQ(s.cfg.contract.kv_chunk, 128);
+  const EngineCommandLine g =
+      parse_engine_args({"--gemm-segments", "8", "--vocab-segments", "2", "--rollout-tp", "2"});
+  EXPECT_EQ(g.cfg.contract.gemm_segments, 8);
+  EXPECT_EQ(g.cfg.contract.vocab_segments, 2);
+  // The specific flag wins over --segments whatever the order.
+  const EngineCommandLine h = parse_engine_args({"--gemm-segments", "2", "--segments", "8"});
+  EXPECT_EQ(h.cfg.contract.gemm_segments, 2);
+  EXPECT_EQ(h.cfg.contract.vocab_segments, 8);
+}
+
+TEST(CliEngineFlags, Devices) {
+  const EngineCommandLine d = parse_engine_args({});
+  EXPECT_EQ(d.rollout_device, "cpu");
+  EXPECT_EQ(d.train_device, "cpu");
+  EXPECT_EQ(d.model.shape, "default");
+  const EngineCommandLine a = parse_engine_args({"--device", "cuda", "--model-shape=qwen3-8b"});
+  EXPECT_EQ(a.rollout_device, "cuda");
+  EXPECT_EQ(a.train_device, "cuda");
+  EXPECT_EQ(a.model.shape, "qwen3-8b");
+  const EngineCommandLine x =
+      parse_engine_args({"--rollout-device", "cuda", "--train-device=cpu", "--model-shape",
+                         "qwen3-0.6b", "--weight-seed", "12"});
+  EXPECT_EQ(x.rollout_device, "cuda");
+  EXPECT_EQ(x.train_device, "cpu");
+  EXPECT_EQ(x.model.weight_seed, 12u);
+  // The specific device flag wins over --device whatever the order.
+  const EngineCommandLine y = parse_engine_args({"--train-device", "cpu", "--device", "cuda"});
+  EXPECT_EQ(y.rollout_device, "cuda");
+  EXPECT_EQ(y.train_device, "cpu");
+}
+
+TEST(CliEngineFlags, BadFlagsAreClearErrors) {
+  auto has = [](const std::vector<std::string>& args, const std::string& what) {
+    const std::string e = parse_error(args);
+    EXPECT_NE(e.find(what), std::string::npos) << "args[0] " << args[0] << ": " << e;
+  };
+  has({"--bogus"}, "--bogus");
+  has({"--prompts"}, "--prompts");
+  has({"--prompts", "x"}, "expects an integer in [1, 1048576], got 'x'");
+  has({"--prompts", "0"}, "--prompts");
+  has({"--prompts", "99999999999999999999999"}, "--prompts");
+  has({"--page-size", "-3"}, "--page-size");
+  has({"--prompt-len", "9:4"}, "MIN <= MAX");
+  has({"--rollout-tp", "3"}, "expects one of 1, 2, 4, 8, got '3'");
+  has({"--train-tp", "8"}, "raise --segments");
+  has({"--prefix-sharing", "maybe"}, "--prefix-sharing");
+  has({"--prefix-sharing", "off", "--cascade", "on"}, "--cascade on needs --prefix-sharing on");
+  has({"--temperature", "-1"}, "--temperature");
+  has({"--temperature", "1.5x"}, "got '1.5x'");
+  has({"--temperature", "inf"}, "finite");
+  has({"--top-p", "nan"}, "--top-p");
+  has({"--kv-chunk", "100"}, "kv_chunk");
+  has({"--baseline", "--no-baseline"}, "exclude each other");
+  has({"--seed", "-5"}, "--seed");
+  has({"--seed", "18446744073709551616"}, "--seed");
+  has({"--threads", "100000"}, "--threads");
+  has({"--device", "tpu"}, "--device");
+  has({"--model-shape", "qwen3-1t"}, "--model-shape");
+  has({"--model", "/m", "--model-shape", "qwen3-8b"},
+      "--model and --model-shape exclude each other");
+}
+
+// ----- the built binaries -----
+
+struct Result {
+  int rc = -1;
+  std::string out;  // stdout and stderr together
+};
+
+// Runs `binary args` through the shell (args are shell words), in `cwd` when given.
+Result run(const std::string& binary, const std::string& args, const std::string& env = "",
+           const std::string& cwd = "") {
+  // stderr joins the pipe first, so a redirection of stdout in `args` leaves it there.
+  std::string cmd = (cwd.empty() ? "" : "cd '" + cwd + "' && ") + env + (env.empty() ? "" : " ") +
+                    "'" + binary + "' 2>&1 " + args;
+  Result r;
+  std::FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  const int st = pclose(p);
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+  return r;
+}
+
+Result lockstep(const std::string& args, const std::string& env = "", const std::string& cwd = "") {
+  return run(LOCKSTEP_CLI, args, env, cwd);
+}
+
+#define EXPECT_RUN(result, code, text)                                                            \
+  do {                                                                                            \
+    const Result r_ = (result);                                                                   \
+    EXPECT_EQ(r_.rc, code) << r_.out;                                                             \
+    EXPECT_NE(r_.out.find(text), std::string::npos) << "wanted '" << text << "' in:\n" << r_.out; \
+  } while (0)
+
+// A scratch directory, removed at the end of the test.
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const std::string& name) {
+    path =
+        fs::temp_directory_path() / ("lockstep_test_cli_" + name + "_" + std::to_string(getpid()));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string str() const { return path.string(); }
+};
+
+// The built-in model's files and a tokens file, made once for the score tests.
+struct ScoreInputs {
+  TempDir dir{"score"};
+  std::string model, tokens;
+  ScoreInputs() {
+    model = engine::ensure_default_model((dir.path / "model").string());
+    tokens = (dir.path / "tokens.txt").string();
+    std::ofstream(tokens) << "1 5 9 13\n2 7 7\n";
+  }
+};
+const ScoreInputs& score_inputs() {
+  static ScoreInputs s;
+  return s;
+}
+std::string score_args(const std::string& extra) {
+  return "score --model '" + score_inputs().model + "' --tokens '" + score_inputs().tokens + "' " +
+         extra;
+}
+
+// The config alone, for commands that only plan: a checkpoint's config.json or a named shape's.
+TEST(CliModelFlags, ConfigWithoutWeights) {
+  ModelFlags m;
+  m.shape = "qwen3-8b";
+  EXPECT_EQ(model_config_of(m).hidden_size, 4096);
+  m.shape = "default";
+  EXPECT_EQ(model_config_of(m).hidden_size, engine::default_model_config().hidden_size);
+  m.dir = score_inputs().model;
+  EXPECT_EQ(model_config_of(m).to_string(), engine::default_model_config().to_string());
+  m.dir = "/nonexistent/model";
+  EXPECT_THROW(model_config_of(m), Error);
+}
+
+TEST(CliBinary, BenchEngineRuns) {
+  EXPECT_RUN(lockstep("bench-engine --prompts 1 --group 2 --max-new-tokens 2 --threads 1 --quiet "
+                      "--json --model '" +
+                      score_inputs().model + "'"),
+             0, "\"same_schedule\":true");
+  EXPECT_RUN(lockstep("bench-engine --prompts 0"), 2, "--prompts");
+}
+
+TEST(CliBinary, TopLevel) {
+  EXPECT_RUN(lockstep(""), 2, "Usage: lockstep");
+  EXPECT_RUN(lockstep("frobnicate"), 2, "unknown command 'frobnicate'");
+  EXPECT_RUN(lockstep("--frobnicate"), 2, "--frobnicate");
+  EXPECT_RUN(lockstep("--help"), 0, "Usage: lockstep");
+  EXPECT_RUN(lockstep("--help"), 0, "Exit status of every command");
+}
+
+TEST(CliBinary, EverySubcommandHasHelpAndRejectsUnknownFlags) {
+  for (const char* cmd : {"audit", "bench-engine", "score", "selfcheck", "contract"}) {
+    EXPECT_RUN(lockstep(std::string(cmd) + " --help"), 0, std::string("Usage: lockstep ") + cmd);
+    EXPECT_RUN(lockstep(std::string(cmd) + " --frob"), 2, "--frob");
+  }
+  EXPECT_RUN(lockstep("selfcheck extra"), 2, "extra");
+  EXPECT_RUN(run(LOCKSTEP_SCORE_CLI, "--help"), 0, "Usage: lockstep-score");
+}
+
+TEST(CliBinary, OneDefaultContract) {
+  const std::string line = default_contract().to_string();
+  EXPECT_RUN(lockstep("contract"), 0, line);
+  EXPECT_RUN(lockstep("contract --segments 8"), 0, "gemm_segments=8");
+  EXPECT_RUN(lockstep("contract --vocab-tile 100"), 2, "vocab_tile");
+  EXPECT_RUN(lockstep("audit --help"), 0, "--segments N:1|2|4|8=4");
+  EXPECT_RUN(lockstep("score --help"), 0, "--kv-chunk N:64..2^24=64");
+}
+
+TEST(CliBinary, ScoreBadValuesExit2NamingTheFlag) {
+  EXPECT_RUN(lockstep("score"), 2, "--model");
+  EXPECT_RUN(lockstep("score --tokens x"), 2, "--model DIR and --tokens FILE are required");
+  EXPECT_RUN(lockstep(score_args("--tp abc")), 2, "--tp");
+  EXPECT_RUN(lockstep(score_args("--tp 3")), 2, "--tp");
+  EXPECT_RUN(lockstep(score_args("--threads abc")), 2, "--threads");
+  EXPECT_RUN(lockstep(score_args("--threads 99999999999999999999")), 2, "--threads");
+  EXPECT_RUN(lockstep(score_args("--threads 100000")), 2, "--threads");
+  EXPECT_RUN(lockstep(score_args("--threads 0")), 2, "--threads");
+  EXPECT_RUN(lockstep(score_args("--temperature 1.5x")), 2, "got '1.5x'");
+  EXPECT_RUN(lockstep(score_args("--temperature nan")), 2, "--temperature");
+  EXPECT_RUN(lockstep(score_args("--temperature 0")), 2, "--temperature");
+  EXPECT_RUN(lockstep(score_args("--temperature 1e40")), 2, "--temperature");
+  EXPECT_RUN(lockstep(score_args("--gemm-segments x")), 2, "--gemm-segments");
+  EXPECT_RUN(lockstep(score_args("--vocab-segments x")), 2, "--vocab-segments");
+  EXPECT_RUN(lockstep(score_args("--vocab-segments 99999999999")), 2, "--vocab-segments");
+  EXPECT_RUN(lockstep(score_args("--bogus 1")), 2, "--bogus");
+  EXPECT_RUN(run(LOCKSTEP_SCORE_CLI, "--tp abc"), 2, "--tp");
+  EXPECT_RUN(lockstep("score --model /nonexistent/m --tokens /nonexistent/t"), 2, "--tokens");
+  EXPECT_RUN(lockstep("score --model /nonexistent/m --tokens /dev/zero"), 2,
+             "not a readable regular file");
+}
+
+TEST(CliBinary, ScoreRunsAndReportsWriteErrors) {
+  const TempDir out("score_out");
+  const std::string path = (out.path / "scores.txt").string();
+  EXPECT_RUN(lockstep(score_args("--threads 1 --out '" + path + "'")), 0, "tokens in");
+  std::ifstream in(path);
+  std::string first;
+  std::getline(in, first);
+  EXPECT_EQ(first.rfind("1 ", 0), 0u) << first;
+  // The standalone binary computes the same bytes.
+  const std::string path2 = (out.path / "scores2.txt").string();
+  const std::string args = "--model '" + score_inputs().model + "' --tokens '" +
+                           score_inputs().tokens + "' --threads 1 --out '" + path2 + "'";
+  EXPECT_RUN(run(LOCKSTEP_SCORE_CLI, args), 0, "tokens in");
+  std::ifstream a(path), b(path2);
+  const std::string sa((std::istreambuf_iterator<char>(a)), {}),
+      sb((std::istreambuf_iterator<char>(b)), {});
+  EXPECT_FALSE(sa.empty());
+  EXPECT_EQ(sa, sb);
+  if (fs::exists("/dev/full")) {
+    EXPECT_RUN(lockstep(score_args("--threads 1 --out /dev/full")), 2, "--out");
+    EXPECT_RUN(lockstep(score_args("--threads 1 > /dev/full")), 2, "standard output");
+  }
+  EXPECT_RUN(lockstep(score_args("--out /nonexistent/dir/x")), 2, "--out");
+}
+
+// Loading refuses what is silently wrong, through the command line: exit 2 and the message names
+// the problem; tensors the config does not use are a warning, an error with --strict.
+TEST(CliBinary, ScoreRefusesBadCheckpoints) {
+  const TempDir root("bad_ckpt");
+  const std::string good = score_inputs().model, tokens = score_inputs().tokens;
+  std::ifstream cin((fs::path(good) / "config.json").string());
+  const std::string config((std::istreambuf_iterator<char>(cin)), {});
+  const engine::Qwen3Config cfg =
+      engine::load_qwen3_config((fs::path(good) / "config.json").string());
+  // A checkpoint dir with config.json `cfg_text` and the built-in weights, edited by `edit`.
+  auto make = [&](const std::string& name, const std::string& cfg_text,
+                  const std::function<void(engine::Weights&)>& edit) {
+    const fs::path d = root.path / name;
+    fs::create_directories(d);
+    std::ofstream(d / "config.json") << cfg_text;
+    engine::Weights w = engine::random_qwen3_weights(cfg, engine::kDefaultModelSeed);
+    edit(w);
+    std::vector<engine::NamedTensor> nt;
+    for (auto& [n, t] : w) nt.push_back({n, t.view()});
+    engine::write_safetensors((d / "model.safetensors").string(), nt);
+    return d.string();
+  };
+  auto score = [&](const std::string& dir, const std::string& extra = "") {
+    return lockstep("score --threads 1 --model '" + dir + "' --tokens '" + tokens + "' " + extra +
+                    " > /dev/null");
+  };
+  Tensor junk(DType::kBF16, {4});
+  std::memset(junk.data(), 0, size_t(junk.nbytes()));
+  const std::string extra = make("extra", config, [&](engine::Weights& w) {
+    w.push_back({"junk.weight", junk});
+  });
+  EXPECT_RUN(score(extra), 0, "warning");
+  EXPECT_RUN(score(extra), 0, "junk.weight");
+  EXPECT_RUN(score(extra, "--strict"), 2, "junk.weight");
+  const std::string nan = make("nan", config, [](engine::Weights& w) {
+    for (auto& [n, t] : w)
+      if (n == "model.norm.weight") t.ptr<uint16_t>()[3] = 0x7fc0;
+  });
+  EXPECT_RUN(score(nan), 2, "model.norm.weight");
+  EXPECT_RUN(score(nan), 2, "NaN");
+  std::string fewer = config;
+  const size_t at = fewer.find("\"num_hidden_layers\": ");
+  ASSERT_NE(at, std::string::npos) << config;
+  fewer.replace(at, std::string("\"num_hidden_layers\": 4").size(), "\"num_hidden_layers\": 2");
+  const std::string layers = make("layers", fewer, [](engine::Weights&) {});
+  EXPECT_RUN(score(layers), 2, "num_hidden_layers = 2");
+  const fs::path fifo = root.path / "fifo";
+  fs::create_directories(fifo);
+  fs::copy_file(fs::path(good) / "model.safetensors", fifo / "model.safetensors");
+  ASSERT_EQ(mkfifo((fifo / "config.json").c_str(), 0600), 0);
+  EXPECT_RUN(score(fifo.string()), 2, "FIFO");
+  const fs::path loop = root.path / "loop";
+  fs::create_directories(loop);
+  fs::create_symlink(loop / "config.json", loop / "config.json");
+  EXPECT_RUN(score(loop.string()), 2, "symlink loop");
+}
+
+TEST(CliBinary, SelfcheckPassesWithTheDefaultContract) {
+  EXPECT_RUN(lockstep("selfcheck --json"), 0, default_contract().to_string());
+  EXPECT_RUN(lockstep("selfcheck --json --segments 2 --kv-chunk 128"), 0, "\"mismatches\": 0");
+}
+
+// The built-in model goes to --model-cache, else $XDG_CACHE_HOME/lockstep, else
+// ~/.cache/lockstep; never into the current directory.
+TEST(CliBinary, BuiltInModelGoesToTheCache) {
+  const TempDir cwd("cwd"), cache("cache"), xdg("xdg"), home("home");
+  const std::string tiny = "audit --prompts 1 --group 2 --max-new-tokens 2 --threads 1 --quiet ";
+  EXPECT_RUN(lockstep(tiny + "--json --model-cache '" + cache.str() + "'", "", cwd.str()), 0,
+             "\"passed\":true");
+  EXPECT_TRUE(fs::exists(cache.path / (std::string("default-v") + engine::kDefaultModelVersion) /
+                         "model.safetensors"));
+  EXPECT_RUN(lockstep(tiny, "XDG_CACHE_HOME='" + xdg.str() + "'", cwd.str()), 0, "PASS");
+  EXPECT_TRUE(fs::exists(xdg.path / "lockstep"));
+  EXPECT_RUN(lockstep(tiny, "XDG_CACHE_HOME= HOME='" + home.str() + "'", cwd.str()), 0, "PASS");
+  EXPECT_TRUE(fs::exists(home.path / ".cache" / "lockstep"));
+  EXPECT_TRUE(fs::is_empty(cwd.path));
+  EXPECT_RUN(lockstep(tiny, "env -u XDG_CACHE_HOME -u HOME", cwd.str()), 2, "--model-cache");
+  EXPECT_RUN(lockstep(tiny + "--model-cache '" + cache.str() + "' > /dev/full"), 2,
+             "standard output");
+  EXPECT_RUN(lockstep(tiny + "--temperature 1.5x"), 2, "got '1.5x'");
+}
+
+}  // namespace
+}  // namespace lockstep::tools
