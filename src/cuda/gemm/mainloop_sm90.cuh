@@ -277,8 +277,8 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       // Epilogue, 32 columns at a time through this warp's staging rows (fragment: acc[4i + 2h + c]
       // is row 16·warp + lane/4 + 8h, column 8i + 2(lane%4) + c of the warpgroup's tile), then
       // row-contiguous stores. NOTE: only the register-to-shared copy is unrolled, the stores are
-      // a rolled loop: a first version with the whole epilogue unrolled (210 KB of SASS for
-      // 128x256) cost ~35 us per tile on the H200 (docs/cuda-gemm.md).
+      // a rolled loop: the whole epilogue unrolled cost a large fixed time per tile
+      // (instruction fetch; measured: docs/cuda-gemm.md "Things learned").
       float* stg = epi + (cw * 4 + warp) * 16 * kSm90EpiLd;
       const int64_t wrow0 = j.m0 + row_off + warp * 16;  // first row of this warp
 #pragma unroll
