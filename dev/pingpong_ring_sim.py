@@ -1,4 +1,4 @@
-# Model check of the ping-pong GEMM kernel's ring protocol (src/cuda/gemm_sm90.cuh, PP = true):
+# Model check of the ping-pong GEMM kernel's ring protocol (src/cuda/gemm/mainloop_sm90.cuh, PP = true):
 # one producer filling NS mbarrier stages with every job's k-tiles in job order, two consumer
 # warpgroups taking the CTA's jobs in turn, stepping their ring position over the other's jobs and
 # ordered by named barriers. Random interleavings; mbarrier parity waits modelled exactly

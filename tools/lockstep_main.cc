@@ -1,7 +1,8 @@
 // The `lockstep` command line. The main job is `lockstep audit`: rollout vs training log-probs of
 // a model, compared bit for bit. `lockstep selfcheck` runs the contract's invariances on every CPU
 // op in seconds; `lockstep contract` prints the contract every subcommand starts from. Each
-// subcommand is one add_*_command (tools/cli.h says how to add one); exit codes: tools/cli.h.
+// subcommand is one add_*_command (tools/cli.h says how to add one); `lockstep plan` prints the
+// kernels a forward runs; exit codes: tools/cli.h.
 #include <cstdio>
 #include <memory>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "tools/audit_cmd.h"
 #include "tools/bench_engine_cmd.h"
 #include "tools/cli.h"
+#include "tools/plan_cmd.h"
 #include "tools/score_cmd.h"
 #include "tools/selfcheck.h"
 
@@ -38,7 +40,7 @@ int lockstep_main(int argc, char** argv) {
   app.require_subcommand(1);
   const std::vector<Command> commands = {
       add_audit_command(app),     add_bench_engine_command(app), add_score_command(app),
-      add_selfcheck_command(app), add_contract_command(app),
+      add_selfcheck_command(app), add_contract_command(app),     add_plan_command(app),
   };
   return run_cli(app, commands, argc, argv);
 }

@@ -2,8 +2,8 @@
 // linear_logprob_partial (one vocab-parallel rank's subtree state) and linear_logprob_combine.
 // Work per call: token blocks; per block the tile states by one of two producers (same bits):
 //   fused (vocab_tile 256, gemm_segments 1, T > 64, TMA-compatible h / w): the Hopper GEMM kernel
-//     with the log-prob epilogue (gemm_sm90.cuh) computes each (row, tile) state from its
-//     accumulators; no logits exist at all;
+//     (gemm/mainloop_sm90.cuh) with the log-prob epilogue (logprob_epilogue.cuh) computes each
+//     (row, tile) state from its accumulators; no logits exist at all;
 //   unfused (everything else): per vocab chunk, the logits z = h_block · w_chunkᵀ by the GEMM
 //     contract (cuda::gemm_bf16_nt, fp32 out) into a bounded scratch, then the tile-state kernel;
 // then the fold/tree/finish kernel. Scratch is O(token_block · (chunk + tiles)) whatever T is; no
@@ -17,8 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "cuda/gemm_bf16_nt.cuh"  // the fused GEMM + tile-state entry point
+#include "cuda/gemm/internal.h"       // gemm_operands_tma_ok
+#include "cuda/gemm/sm90_launch.cuh"  // the Hopper kernel with the fused epilogue below
 #include "cuda/logprob.cuh"
+#include "cuda/logprob_epilogue.cuh"  // the fused log-prob epilogue
 #include "cuda/logprob_internal.h"
 #include "lockstep/cuda/gemm.h"
 #include "lockstep/cuda/logprob.h"
@@ -93,13 +95,6 @@ bool logprob_fused_by_settings(const ContractConfig& cfg, int64_t T) {
   return cfg.vocab_tile == kLogprobFusedTile && cfg.gemm_segments == 1 && T > kLogprobFusedMinRows;
 }
 
-namespace {
-LogprobProducer g_force_producer = LogprobProducer::kAuto;
-LogprobProducer g_last_producer = LogprobProducer::kAuto;
-}  // namespace
-
-void logprob_force_producer_for_tests(LogprobProducer p) { g_force_producer = p; }
-LogprobProducer logprob_last_producer_for_tests() { return g_last_producer; }
 const char* logprob_producer_name(LogprobProducer p) {
   switch (p) {
     case LogprobProducer::kAuto:
@@ -198,30 +193,54 @@ void check_outputs(const char* op, const TensorView& logp, const TensorView& lse
   check_tensor(op, "entropy", entropy, DType::kF32, {T}, Device::kCUDA);
 }
 
+// The fused producer: the Hopper GEMM kernel (128x256 tiles, one segment of length seg_len = K
+// rounded up to 16) with the log-prob epilogue (logprob_epilogue.cuh). Requires
+// gemm_operands_tma_ok; M, N >= 1.
+void gemm_bf16_nt_logprob_fused(const uint16_t* x, int64_t M, int64_t ldx, const uint16_t* w,
+                                int64_t N, int64_t ldw, int64_t K, int64_t seg_len,
+                                const detail::GemmLogprobEpilogue& e, cudaStream_t stream) {
+  constexpr const char* op = "cuda::linear_logprob (fused GEMM)";
+  LS_CHECK(detail::gemm_operands_tma_ok(x, M, ldx, w, N, ldw, K), op,
+           "internal: operands not TMA-compatible");
+  LS_CHECK(seg_len >= K && seg_len % 16 == 0 && seg_len - K < 16, op,
+           "internal: seg_len = ", seg_len, " is not K = ", K, " rounded up to 16");
+  static_assert(detail::kLogprobFusedTile == 256, "the fused tile is the 128x256 one");
+  detail::Sm90LpParams p{};
+  p.M = M;
+  p.N = N;
+  p.seg_len = seg_len;
+  p.nseg = 1;
+  p.ws_mode = 0;
+  p.lp = e;
+  const CUtensorMap tx = detail::sm90_tensor_map(op, x, M, K, ldx, 128);
+  const CUtensorMap tw = detail::sm90_tensor_map(op, w, N, K, ldw, 256);
+  detail::launch_sm90_tile<128, 256, 4, 0, detail::LogprobEpilogue>(op, tx, tw, p, stream);
+}
+
 // One vocab part (all of it, or one rank's aligned subtree of segments): local entries
 // [0, valid) are rows of w_local and global ids v_begin + e; tiles_per_segment · seg_count tiles.
 // Token blocks: tile states by the chosen producer (fused: one GEMM launch with the tile-state
 // epilogue over the tiles holding real entries, the tile-state kernel for all-padding tiles;
 // unfused: logits chunk by chunk (GEMM) -> tile-state kernel) -> fold (mode of `out`).
-void run_states(const char* op, const TensorView& h, const TensorView& w_local, int64_t valid,
-                int64_t v_begin, const LogprobVocabLayout& lay, int seg_count,
-                const detail::IndexRef& targets, const LogprobParams& params,
-                const ContractConfig& cfg, detail::FoldParams out, detail::Scratch& scratch,
-                cudaStream_t stream) {
+// Returns the producer that ran.
+detail::LogprobProducer run_states(const char* op, const TensorView& h, const TensorView& w_local,
+                                   int64_t valid, int64_t v_begin, const LogprobVocabLayout& lay,
+                                   int seg_count, const detail::IndexRef& targets,
+                                   const LogprobParams& params, const ContractConfig& cfg,
+                                   detail::FoldParams out, detail::Scratch& scratch,
+                                   detail::LogprobProducer force, cudaStream_t stream) {
   using detail::LogprobProducer;
   const int64_t T = h.size(0), H = h.size(1);
   const int64_t L = lay.tile;
   const int64_t n_tiles = lay.tiles_per_segment * seg_count;
   // The producer: settings, sizes and alignment only (a forced choice still needs the settings).
-  const LogprobProducer force = detail::g_force_producer;
   const bool fused =
       force != LogprobProducer::kUnfused &&
       detail::logprob_fused_by_settings(
           cfg, force == LogprobProducer::kFused ? detail::kLogprobFusedMinRows + 1 : T) &&
       valid >= 1 &&
-      detail::gemm_logprob_fused_ok(h.data, T, h.stride[0], w_local.data, valid, w_local.stride[0],
-                                    H);
-  detail::g_last_producer = fused ? LogprobProducer::kFused : LogprobProducer::kUnfused;
+      detail::gemm_operands_tma_ok(h.data, T, h.stride[0], w_local.data, valid, w_local.stride[0],
+                                   H);
   const detail::LogprobPlan pl =
       fused ? detail::logprob_fused_plan(n_tiles, L) : detail::logprob_plan(n_tiles, L);
   const int64_t rows_max = std::min(T, pl.token_block);
@@ -249,10 +268,10 @@ void run_states(const char* op, const TensorView& h, const TensorView& w_local, 
       e.row0 = r0;
       e.target_base = v_begin;
       e.ignore_index = params.ignore_index;
-      detail::gemm_bf16_nt_logprob_fused(static_cast<const uint16_t*>(h_blk.data), rows,
-                                         h.stride[0], static_cast<const uint16_t*>(w_local.data),
-                                         valid, w_local.stride[0], H,
-                                         gemm_k_layout(gcfg, H).segment_len, e, stream);
+      gemm_bf16_nt_logprob_fused(static_cast<const uint16_t*>(h_blk.data), rows, h.stride[0],
+                                 static_cast<const uint16_t*>(w_local.data), valid,
+                                 w_local.stride[0], H, gemm_k_layout(gcfg, H).segment_len, e,
+                                 stream);
       if (data_tiles < n_tiles) {  // all-padding tiles: empty states; nothing is read
         detail::TileStateParams tp{};
         tp.z = states;
@@ -313,13 +332,18 @@ void run_states(const char* op, const TensorView& h, const TensorView& w_local, 
                              detail::kFoldThreads, 0, stream>>>(out);
     detail::check_launch(op);
   }
+  return fused ? LogprobProducer::kFused : LogprobProducer::kUnfused;
 }
 
 }  // namespace
 
-void linear_logprob(const TensorView& h, const TensorView& w, const TensorView& targets,
-                    const LogprobParams& params, const ContractConfig& cfg, const TensorView& logp,
-                    const TensorView& lse, const TensorView& entropy, void* stream) {
+namespace detail {
+
+LogprobProducer linear_logprob_with_producer(const TensorView& h, const TensorView& w,
+                                             const TensorView& targets, const LogprobParams& params,
+                                             const ContractConfig& cfg, const TensorView& logp,
+                                             const TensorView& lse, const TensorView& entropy,
+                                             LogprobProducer producer, void* stream) {
   const char* op = "cuda::linear_logprob";
   cfg.validate();
   params.validate();
@@ -328,7 +352,7 @@ void linear_logprob(const TensorView& h, const TensorView& w, const TensorView& 
   LS_CHECK(V >= 1, op, "argument 'w': vocab size (dim 0) must be >= 1, got ", V);
   check_targets(op, targets, T, V, params.ignore_index);
   check_outputs(op, logp, lse, entropy, T);
-  if (T == 0) return;
+  if (T == 0) return LogprobProducer::kUnfused;  // nothing runs
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const LogprobVocabLayout lay = logprob_vocab_layout(cfg, V);
   detail::Scratch scratch(op, s);
@@ -341,13 +365,13 @@ void linear_logprob(const TensorView& h, const TensorView& w, const TensorView& 
   out.logp_s = logp.stride[0];
   out.lse_s = lse.stride[0];
   out.entropy_s = entropy.stride[0];
-  run_states(op, h, w, V, 0, lay, lay.segments, tg, params, cfg, out, scratch, s);
+  return run_states(op, h, w, V, 0, lay, lay.segments, tg, params, cfg, out, scratch, producer, s);
 }
 
-void linear_logprob_partial(const TensorView& h, const TensorView& w_shard,
-                            const TensorView& targets, const LogprobParams& params,
-                            const ContractConfig& cfg, const LogprobShard& shard,
-                            const TensorView& state, void* stream) {
+LogprobProducer linear_logprob_partial_with_producer(
+    const TensorView& h, const TensorView& w_shard, const TensorView& targets,
+    const LogprobParams& params, const ContractConfig& cfg, const LogprobShard& shard,
+    const TensorView& state, LogprobProducer producer, void* stream) {
   const char* op = "cuda::linear_logprob_partial";
   cfg.validate();
   params.validate();
@@ -368,7 +392,7 @@ void linear_logprob_partial(const TensorView& h, const TensorView& w_shard,
   check_device_view(op, "w_shard", w_shard, DType::kBF16, {v1 - v0, H});
   check_targets(op, targets, T, shard.vocab_size, params.ignore_index);
   check_device_view(op, "state", state, DType::kF32, {T, 4});
-  if (T == 0) return;
+  if (T == 0) return LogprobProducer::kUnfused;  // nothing runs
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   detail::Scratch scratch(op, s);
   const detail::IndexRef tg = detail::stage_index(targets, scratch, s);
@@ -377,8 +401,25 @@ void linear_logprob_partial(const TensorView& h, const TensorView& w_shard,
   out.state = state.ptr<float>();
   out.state_ld = state.stride[0];
   // An all-padding rank (v0 == v1 == V) has no rows: every tile is empty.
-  run_states(op, h, w_shard, v1 - v0, v_begin, lay, shard.seg_count, tg, params, cfg, out, scratch,
-             s);
+  return run_states(op, h, w_shard, v1 - v0, v_begin, lay, shard.seg_count, tg, params, cfg, out,
+                    scratch, producer, s);
+}
+
+}  // namespace detail
+
+void linear_logprob(const TensorView& h, const TensorView& w, const TensorView& targets,
+                    const LogprobParams& params, const ContractConfig& cfg, const TensorView& logp,
+                    const TensorView& lse, const TensorView& entropy, void* stream) {
+  (void)detail::linear_logprob_with_producer(h, w, targets, params, cfg, logp, lse, entropy,
+                                             detail::LogprobProducer::kAuto, stream);
+}
+
+void linear_logprob_partial(const TensorView& h, const TensorView& w_shard,
+                            const TensorView& targets, const LogprobParams& params,
+                            const ContractConfig& cfg, const LogprobShard& shard,
+                            const TensorView& state, void* stream) {
+  (void)detail::linear_logprob_partial_with_producer(h, w_shard, targets, params, cfg, shard, state,
+                                                     detail::LogprobProducer::kAuto, stream);
 }
 
 void linear_logprob_combine(const TensorView& states, const TensorView& targets,

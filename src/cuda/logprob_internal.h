@@ -55,8 +55,8 @@ LogprobPlan logprob_plan(int64_t n_tiles, int64_t L);
 // The logits -> tile-states producer of linear_logprob / _partial.
 //   kUnfused: GEMM (cuda::gemm_bf16_nt, fp32) into the bounded logits scratch, then the tile-state
 //             kernel (logprob.cuh), chunk by chunk;
-//   kFused:   the Hopper GEMM kernel with the log-prob epilogue (gemm_sm90.cuh,
-//             sm90_logprob_epilogue): tile states straight from the accumulators, no logits.
+//   kFused:   the Hopper GEMM kernel (src/cuda/gemm/mainloop_sm90.cuh) with the log-prob epilogue
+//             (logprob_epilogue.cuh): tile states straight from the accumulators, no logits.
 // Both write the same bits (tested). The launcher picks kFused iff vocab_tile == 256,
 // gemm_segments == 1, T > kLogprobFusedMinRows, and h and w are TMA-compatible (16-byte aligned
 // bases, row strides a multiple of 8 elements): sizes, settings and alignment only.
@@ -66,12 +66,20 @@ constexpr int64_t kLogprobFusedMinRows = 64;  // the GEMM's small-M kernel takes
 bool logprob_fused_by_settings(const ContractConfig& cfg, int64_t T);
 // The fused plan: one GEMM launch per token block over the whole local vocab, no logits scratch.
 LogprobPlan logprob_fused_plan(int64_t n_tiles, int64_t L);
-// Test hook (process-wide, not thread-safe): kFused runs the fused producer wherever it can (the
-// settings and alignment still decide; T does not), kUnfused never; kAuto restores the choice.
-// logprob_last_producer_for_tests() says what the last linear_logprob / _partial call ran.
-void logprob_force_producer_for_tests(LogprobProducer p);
-LogprobProducer logprob_last_producer_for_tests();
 const char* logprob_producer_name(LogprobProducer p);
+
+// cuda::linear_logprob / _partial with the producer as an option: kAuto is the launcher's choice
+// (what the public functions run); kFused runs the fused producer wherever it can (the settings
+// and alignment still decide; T does not), kUnfused never. Returns the producer that ran.
+LogprobProducer linear_logprob_with_producer(const TensorView& h, const TensorView& w,
+                                             const TensorView& targets, const LogprobParams& params,
+                                             const ContractConfig& cfg, const TensorView& logp,
+                                             const TensorView& lse, const TensorView& entropy,
+                                             LogprobProducer producer, void* stream = nullptr);
+LogprobProducer linear_logprob_partial_with_producer(
+    const TensorView& h, const TensorView& w_shard, const TensorView& targets,
+    const LogprobParams& params, const ContractConfig& cfg, const LogprobShard& shard,
+    const TensorView& state, LogprobProducer producer, void* stream = nullptr);
 
 // Sampling's plan: a row block holds whole padded vocab rows (the filters need the full row).
 struct SamplePlan {

@@ -1,8 +1,6 @@
 // mma.sync-era building blocks shared by the CUDA kernels (the mma.sync GEMM, the small-M tiles,
 // attention): one m16n8k16 k-block, cp.async group steps, and the contract's bf16 rounding with
-// the canonical NaN. One copy (these were repeated in gemm_bf16_nt.cuh, gemm_small_m.cuh and
-// attention.cuh, gemm_sm90.cuh; moved here unchanged, 2026-11-30, SASS of every kernel
-// md5-identical).
+// the canonical NaN. One copy for the GEMM kernels (src/cuda/gemm/) and attention.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,6 +1,6 @@
-// PTX helpers shared by the Hopper kernels (gemm_sm90.cuh, gemm_small_m_ws.cuh): shared-memory
-// addresses, mbarriers, the global timer and the 2-D TMA load. Arithmetic-free: they move data and
-// order it, the kernels decide the chains.
+// PTX helpers shared by the Hopper kernels (gemm/mainloop_sm90.cuh, the small-M TMA ones):
+// shared-memory addresses, mbarriers, the global timer and the 2-D TMA load. Arithmetic-free: they
+// move data and order it, the kernels decide the chains.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only)

@@ -1,8 +1,8 @@
-// wgmma building blocks shared by the Hopper GEMM kernels (gemm_sm90.cuh: the large-M tiles;
-// gemm_small_m_wg.cuh: the small-M wgmma tiles): the 128B-swizzle K-major shared-memory
-// descriptor, wgmma.m64nNk16 bf16 -> f32 for N = 32 ... 256 (A and B from shared memory), the
-// fence / commit / wait steps, an accumulator pin, and the G.4 tree node. Moved out of
-// gemm_sm90.cuh unchanged (2026-11-30), so that both kernel files use one copy.
+// wgmma building blocks shared by the Hopper GEMM kernels (gemm/mainloop_sm90.cuh: the large-M
+// tiles; gemm/mainloop_small_m_wgmma.cuh: the small-M wgmma tiles): the 128B-swizzle K-major
+// shared-memory descriptor, wgmma.m64nNk16 bf16 -> f32 for N = 32 ... 256 (A and B from shared
+// memory), the fence / commit / wait steps and an accumulator pin (the segment fold:
+// gemm/fold.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -42,7 +42,7 @@ __device__ __forceinline__ void fence_acc(float (&d)[R]) {
 }
 
 // d = A·B + (scale_d ? d : +0) over one k-block of 16 (the contract's mma_kblock_bf16 per output).
-// N = 32, 48: the small-M wgmma tiles (gemm_small_m_wg.cuh); N = 64, 128, 256: the large-M tiles.
+// N = 32, 48: the small-M wgmma tiles; N = 64, 128, 256: the large-M tiles.
 __device__ __forceinline__ void wgmma_m64n32k16(float (&d)[16], uint64_t desc_a, uint64_t desc_b,
                                                 int scale_d) {
   asm volatile(
@@ -166,18 +166,6 @@ __device__ __forceinline__ void wgmma_k16(float (&d)[WN / 2], uint64_t da, uint6
     static_assert(WN == 256, "wgmma N");
     wgmma_m64n256k16(d, da, db, sd);
   }
-}
-
-// acc = left + acc, elementwise (fp32 RNE): one node of the G.4 tree, left = the earlier subtree.
-template <int R>
-__device__ __forceinline__ void tree_add(float (&acc)[R], const float (&left)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) acc[i] = __fadd_rn(left[i], acc[i]);
-}
-template <int R>
-__device__ __forceinline__ void copy_acc(float (&dst)[R], const float (&src)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) dst[i] = src[i];
 }
 
 }  // namespace lockstep::cuda::detail

@@ -1,6 +1,6 @@
-// TMA tensor maps of bf16 row-major matrices, shared by the GEMM launchers (gemm_bf16_nt.cu: the
-// wgmma tiles; gemm_small_m.cu: the small-M TMA tiles). Host code; the encoder is fetched from the
-// driver at run time (no link dependency on libcuda).
+// TMA tensor maps of bf16 row-major matrices, shared by the GEMM launchers (gemm/sm90_launch.cuh:
+// the wgmma tiles; gemm/small_m_launch.cuh: the small-M TMA tiles). Host code; the encoder is
+// fetched from the driver at run time (no link dependency on libcuda).
 #pragma once
 
 #include <cuda.h>

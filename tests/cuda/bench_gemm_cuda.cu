@@ -20,8 +20,9 @@
 #include <ctime>
 #include <vector>
 
-#include "cuda/cuda_ck.h"         // CK
-#include "cuda/gemm_bf16_nt.cuh"  // detail::GemmPath, the forced-path hook (S > 2 table)
+#include "cuda/cuda_ck.h"        // CK
+#include "cuda/gemm/internal.h"  // gemm_bf16_nt_with_plan, gemm_problem (forced-plan table)
+#include "cuda/gemm/plan.h"      // GemmPlan, gemm_legal_plans
 #include "lockstep/cuda/gemm.h"
 
 using lockstep::Device;
@@ -123,8 +124,8 @@ int main(int argc, char** argv) {
     }
     return median(ms);
   };
-  using lockstep::cuda::detail::GemmPath;
-  GemmPath force = GemmPath::kAuto;
+  using lockstep::cuda::GemmPlan;
+  const GemmPlan* force = nullptr;  // nullptr: the launcher's own plan
   auto row = [&](const Shape& s, int64_t M, int S) {
     TensorView xg = TensorView::contiguous(dx, DType::kBF16, {M, s.K}, Device::kCUDA);
     TensorView wg = TensorView::contiguous(dw, DType::kBF16, {s.N, s.K}, Device::kCUDA);
@@ -132,11 +133,13 @@ int main(int argc, char** argv) {
     bool ok = true;
     auto ours = [&] {
       try {
-        lockstep::cuda::detail::gemm_force_path_for_tests(force);
-        lockstep::cuda::gemm_bf16_nt(xg, wg, nullptr, GemmConfig{S}, yg);
-        lockstep::cuda::detail::gemm_force_path_for_tests(GemmPath::kAuto);
+        if (force) {
+          lockstep::cuda::detail::gemm_bf16_nt_with_plan(xg, wg, nullptr, GemmConfig{S}, yg,
+                                                         *force);
+        } else {
+          lockstep::cuda::gemm_bf16_nt(xg, wg, nullptr, GemmConfig{S}, yg);
+        }
       } catch (const std::exception& e) {
-        lockstep::cuda::detail::gemm_force_path_for_tests(GemmPath::kAuto);
         if (ok) std::printf("lockstep error: %s\n", e.what());
         ok = false;
       }
@@ -175,28 +178,35 @@ int main(int argc, char** argv) {
     for (int S : {1, 4, 8}) {
       for (int64_t M : {int64_t(1024), int64_t(4096), int64_t(16384)}) {
         if ((quick && M != 4096) || (S > 1 && M > 4096)) continue;
-        for (GemmPath p : {GemmPath::kAuto, GemmPath::kWgmma128x256, GemmPath::kWgmma64x256PingPong,
-                           GemmPath::kWgmma64x128Tree, GemmPath::kWgmma128x128Pairs}) {
-          // S = 1: the one-segment kernels only (the tree / pair paths are S > 1 forms)
-          if (S == 1 && (p == GemmPath::kWgmma64x128Tree || p == GemmPath::kWgmma128x128Pairs))
-            continue;
-          force = p;
-          GemmPath label = p;
-          if (p == GemmPath::kAuto) {  // which kernel the launcher chooses (one untimed call)
-            lockstep::cuda::gemm_bf16_nt(
-                TensorView::contiguous(dx, DType::kBF16, {M, s.K}, Device::kCUDA),
-                TensorView::contiguous(dw, DType::kBF16, {s.N, s.K}, Device::kCUDA), nullptr,
-                GemmConfig{S}, TensorView::contiguous(dy, DType::kBF16, {M, s.N}, Device::kCUDA));
-            label = lockstep::cuda::detail::gemm_last_path_for_tests();
+        const TensorView xq = TensorView::contiguous(dx, DType::kBF16, {M, s.K}, Device::kCUDA);
+        const TensorView wq = TensorView::contiguous(dw, DType::kBF16, {s.N, s.K}, Device::kCUDA);
+        const lockstep::cuda::GemmProblem q =
+            lockstep::cuda::detail::gemm_problem(xq, wq, GemmConfig{S});
+        // auto, then the 128x256 tile, the ping-pong tile, the 64x128 register tree, the pairs.
+        std::vector<GemmPlan> plans;
+        for (int kind = 0; kind < 4; ++kind) {
+          for (const GemmPlan& pl : lockstep::cuda::gemm_legal_plans(q)) {
+            if (pl.mainloop != lockstep::cuda::GemmMainloop::kWgmma) continue;
+            const bool take =
+                kind == 0   ? pl.tile.bm == 128 && pl.tile.bn == 256
+                : kind == 1 ? pl.ping_pong
+                : kind == 2
+                    ? S > 1 && pl.fold == lockstep::cuda::GemmFold::kRegisters && pl.tile.bm == 64
+                    : pl.fold == lockstep::cuda::GemmFold::kPairs;
+            if (take) plans.push_back(pl);
           }
-          std::printf("| %s%s ", p == GemmPath::kAuto ? "auto: " : "",
-                      lockstep::cuda::detail::gemm_path_name(label));
+        }
+        const GemmPlan chosen = lockstep::cuda::plan_gemm(q);
+        for (int i = -1; i < int(plans.size()); ++i) {
+          force = i < 0 ? nullptr : &plans[size_t(i)];
+          std::printf("| %s%s ", i < 0 ? "auto: " : "",
+                      (i < 0 ? chosen : plans[size_t(i)]).to_string().c_str());
           row(s, M, S);
         }
       }
     }
   }
-  force = GemmPath::kAuto;
+  force = nullptr;
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   cublasDestroy(h);

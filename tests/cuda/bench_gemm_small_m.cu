@@ -1,8 +1,8 @@
 // Benchmark of the small-M (decode) GEMM vs cuBLAS on the Qwen3-8B layer shapes, side by side in
 // one run: y[M,N] = x[M,K] w[N,K]^T, bf16 in, bf16 out, S = 1, M in {1, 8, 16, 32, 64}.
-//   default:   detail::small_m_default_variant's tile (what gemm_bf16_nt_small_m runs today)
-//   candidate: detail::small_m_candidate_variant's tile (TMA ring: kind 1, or kind 2 wgmma), and
-//              whether its y is bitwise equal to the default's on the benchmark data
+//   default:   the cp.async-ring tile plan_gemm picks for operands TMA cannot read
+//   candidate: the tile plan_gemm picks for these (TMA-compatible) operands (TMA ring, or wgmma),
+//              and whether its y is bitwise equal to the default's on the benchmark data
 //   public:    lockstep::cuda::gemm_bf16_nt (host checks + dispatch included)
 //   cuBLAS:    cublasGemmEx(OP_T, OP_N, N, M, K, w, x), bf16 -> bf16, CUBLAS_COMPUTE_32F
 // Timing: one cudaEvent pair around each call, median of --reps (default 60) after 5 warm-ups.
@@ -11,7 +11,8 @@
 // peers alike. "cold": each call uses the next of several copies of w (>= 240 MB in all, L2 is
 // 50-60 MB), so w comes from HBM as in a real decode step; "hot": the same w every call (o_proj
 // fits in L2). GB/s counts the bytes of w (N·K·2) only. Also: a device-to-device copy (HBM
-// reference) and, with --sweep, every compiled small-M tile per shape (cold), to tune the tables.
+// reference) and, with --sweep, every shipped small-M tile per shape (cold), to tune the tables
+// (built as dev_bench_gemm_small_m with -DLOCKSTEP_DEV_GEMM=ON, also dev/gemm's sweep-only tiles).
 // Rows are printed as they are measured (a fault in one variant leaves the earlier ones); the
 // summary tables follow. --no-ws: leave the kind 1 variants out (candidate column empty).
 #include <cublas_v2.h>
@@ -24,8 +25,12 @@
 #include <string>
 #include <vector>
 
-#include "cuda/cuda_ck.h"  // CK
-#include "cuda/gemm_small_m.cuh"
+#include "cuda/cuda_ck.h"        // CK
+#include "cuda/gemm/internal.h"  // gemm_bf16_nt_with_plan, gemm_problem
+#include "cuda/gemm/plan.h"
+#ifdef LOCKSTEP_DEV_GEMM_SWEEP
+#include "dev/gemm/sweep_tiles.h"  // the sweep-only tiles
+#endif
 #include "lockstep/cuda/gemm.h"
 #include "lockstep/ops/gemm.h"
 
@@ -92,6 +97,47 @@ struct Timer {
     return median(t);
   }
 };
+
+// The tiles the sweep can run: the shipped small-M tiles (plan.h), then (dev build) dev/gemm's.
+struct SweepTile {
+  std::string name;
+  int kind;                       // 0 cp.async ring, 1 TMA ring, 2 wgmma
+  lockstep::cuda::GemmPlan plan;  // shipped tiles
+  int dev = -1;                   // dev/gemm tile index
+};
+std::vector<SweepTile> sweep_tiles() {
+  using lockstep::cuda::GemmMainloop;
+  std::vector<SweepTile> v;
+  const GemmMainloop kinds[3] = {GemmMainloop::kSmallMRing, GemmMainloop::kSmallMTma,
+                                 GemmMainloop::kSmallMWgmma};
+  for (int k = 0; k < 3; ++k) {
+    for (const auto& t : lockstep::cuda::gemm_small_m_tiles(kinds[k])) {
+      SweepTile st;
+      st.plan.mainloop = kinds[k];
+      st.plan.tile = t;
+      st.kind = k;
+      st.name = std::string(lockstep::cuda::gemm_mainloop_name(kinds[k])) + " " + t.to_string();
+      v.push_back(st);
+    }
+  }
+#ifdef LOCKSTEP_DEV_GEMM_SWEEP
+  for (int i = 0; i < lockstep::dev::small_m_sweep_tile_count(); ++i) {
+    SweepTile st;
+    st.name = "[dev] " + lockstep::dev::small_m_sweep_tile_name(i);
+    st.kind = lockstep::dev::small_m_sweep_tile_uses_tma(i) ? 1 : 0;
+    st.dev = i;
+    v.push_back(st);
+  }
+#endif
+  return v;
+}
+
+int tile_index(const std::vector<SweepTile>& tiles, const lockstep::cuda::GemmPlan& p) {
+  for (size_t i = 0; i < tiles.size(); ++i)
+    if (tiles[i].dev < 0 && tiles[i].plan.mainloop == p.mainloop && tiles[i].plan.tile == p.tile)
+      return int(i);
+  return -1;
+}
 
 }  // namespace
 
@@ -160,7 +206,7 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   std::string sweep_csv = "shape,M,variant,tile,us_cold,GBps\n";
   std::vector<std::string> sweep_best;
-  const int sms = prop.multiProcessorCount;
+  const std::vector<SweepTile> tiles = sweep_tiles();
   std::printf("\nper row (cold us): default | candidate | public | cuBLAS\n");
 
   for (const Shape& s : shapes) {
@@ -187,9 +233,19 @@ int main(int argc, char** argv) {
       };
       bool ok = true;
       auto ours = [&](int i, int variant, const TensorView& y) {
-        ok = detail::gemm_bf16_nt_small_m_variant(xg, wv(i), nullptr, GemmConfig{1}, y, stream,
-                                                  variant) &&
-             ok;
+        const SweepTile& t = tiles[size_t(variant)];
+#ifdef LOCKSTEP_DEV_GEMM_SWEEP
+        if (t.dev >= 0) {
+          ok = lockstep::dev::run_small_m_sweep_tile(t.dev, xg, wv(i), y, stream) && ok;
+          return;
+        }
+#endif
+        const TensorView w = wv(i);
+        if (!lockstep::cuda::gemm_plan_legal(detail::gemm_problem(xg, w, GemmConfig{1}), t.plan)) {
+          ok = false;
+          return;
+        }
+        detail::gemm_bf16_nt_with_plan(xg, w, nullptr, GemmConfig{1}, y, t.plan, stream);
       };
       auto pub = [&](int i) {
         lockstep::cuda::gemm_bf16_nt(xg, wv(i), nullptr, GemmConfig{1}, yg, stream);
@@ -203,8 +259,10 @@ int main(int argc, char** argv) {
         if (st != CUBLAS_STATUS_SUCCESS) cub_ok = false;
       };
       Row r{s.name, M, double(wbytes)};
-      r.vdef = detail::small_m_default_variant(M, s.N, s.K, 1, sms);
-      r.vcand = kind1 ? detail::small_m_candidate_variant(M, s.N, s.K, 1, sms) : -1;
+      lockstep::cuda::GemmProblem q = detail::gemm_problem(xg, wv(0), GemmConfig{1});
+      r.vcand = kind1 ? tile_index(tiles, lockstep::cuda::plan_gemm(q)) : -1;
+      q.tma_ok = false;
+      r.vdef = tile_index(tiles, lockstep::cuda::plan_gemm(q));
       r.cold_def = timer.us([&](int i) { ours(i, r.vdef, yg); });
       r.cold_cand = r.hot_cand = -1;
       r.same = -1;
@@ -230,7 +288,7 @@ int main(int argc, char** argv) {
       if (!ok || !cub_ok)
         std::printf("WARNING %s M=%lld: ours ok=%d cublas ok=%d\n", s.name, (long long)M, int(ok),
                     int(cub_ok));
-      std::printf("%s M=%lld: v%d %.1f | v%d %.1f%s | %.1f | %.1f\n", s.name, (long long)M, r.vdef,
+      std::printf("%s M=%lld: #%d %.1f | #%d %.1f%s | %.1f | %.1f\n", s.name, (long long)M, r.vdef,
                   r.cold_def, r.vcand, r.cold_cand,
                   r.same < 0   ? ""
                   : r.same > 0 ? " (bits == default)"
@@ -242,15 +300,15 @@ int main(int argc, char** argv) {
       if (sweep) {
         float best = 1e30f;
         int bestv = -1;
-        for (int v = 0; v < detail::small_m_variant_count(); ++v) {
-          if (!kind1 && detail::small_m_variant(v).kind >= 1) continue;
+        for (int v = 0; v < int(tiles.size()); ++v) {
+          if (!kind1 && tiles[size_t(v)].kind >= 1) continue;
           ok = true;
           const float t = timer.us([&](int i) { ours(i, v, yg); });
           char line[240];
           // A declined launch (e.g. a cluster the GPU cannot place) timed nothing: marked, never
           // the best.
           std::snprintf(line, sizeof line, "%s,%lld,%d,%s,%.2f,%.0f%s\n", s.name, (long long)M, v,
-                        detail::small_m_variant(v).to_string().c_str(), t, wbytes / (t * 1e3),
+                        tiles[size_t(v)].name.c_str(), t, wbytes / (t * 1e3),
                         ok ? "" : ",declined");
           sweep_csv += line;
           if (ok && t < best) {
@@ -260,10 +318,10 @@ int main(int argc, char** argv) {
         }
         char line[320];
         std::snprintf(line, sizeof line,
-                      "%s M=%lld: best v%d %.1f us (%s) | default v%d %.1f | candidate v%d %.1f | "
+                      "%s M=%lld: best #%d %.1f us (%s) | default #%d %.1f | candidate #%d %.1f | "
                       "cuBLAS %.1f",
                       s.name, (long long)M, bestv, best,
-                      detail::small_m_variant(bestv).to_string().c_str(), r.vdef, r.cold_def,
+                      bestv >= 0 ? tiles[size_t(bestv)].name.c_str() : "-", r.vdef, r.cold_def,
                       r.vcand, r.cold_cand, r.cold_cub);
         std::printf("%s\n", line);
         std::fflush(stdout);
@@ -301,7 +359,7 @@ int main(int argc, char** argv) {
     const double gk = r.cold_cand > 0 ? r.wbytes / (r.cold_cand * 1e3) : 0.0;
     (void)gd;
     std::printf(
-        "| %s | %lld | v%d | %.1f | %.2f | v%d | %.1f | %.2f | %s | %.0f (%.0f) | %.1f | %.1f | "
+        "| %s | %lld | #%d | %.1f | %.2f | #%d | %.1f | %.2f | %s | %.0f (%.0f) | %.1f | %.1f | "
         "%.0f |\n",
         r.shape.c_str(), (long long)r.M, r.vdef, r.cold_def, r.cold_cub / r.cold_def, r.vcand,
         r.cold_cand, r.cold_cand > 0 ? r.cold_cub / r.cold_cand : 0.0,
@@ -319,10 +377,10 @@ int main(int argc, char** argv) {
                 (long long)r.M, r.hot_def, r.hot_cand, r.hot_cub, r.hot_cub / r.hot_def,
                 r.hot_cand > 0 ? r.hot_cub / r.hot_cand : 0.0);
   std::printf("\ntiles:\n");
-  for (int v = 0; v < detail::small_m_variant_count(); ++v) {
+  for (int v = 0; v < int(tiles.size()); ++v) {
     bool used = false;
     for (const Row& r : rows) used = used || r.vdef == v || r.vcand == v;
-    if (used) std::printf("  v%d: %s\n", v, detail::small_m_variant(v).to_string().c_str());
+    if (used) std::printf("  #%d: %s\n", v, tiles[size_t(v)].name.c_str());
   }
   cublasDestroy(h);
   CK(cudaStreamDestroy(stream));

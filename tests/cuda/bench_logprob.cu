@@ -142,14 +142,17 @@ int main(int argc, char** argv) {
   uint64_t zero = 0;
   CK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
   CK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &zero));
-  auto op = [&] { cuda::linear_logprob(vh, vw, vt, prm, cfg, lp, ls, en); };
+  using cuda::detail::LogprobProducer;
+  LogprobProducer force = LogprobProducer::kAuto, ran = LogprobProducer::kAuto;
+  auto op = [&] {
+    ran = cuda::detail::linear_logprob_with_producer(vh, vw, vt, prm, cfg, lp, ls, en, force);
+  };
   const double cold = time_ms(1, op);
   const double ms = time_ms(reps, op);
   uint64_t used_high = 0, reserved_high = 0;
   CK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &used_high));
   CK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &reserved_high));
-  const char* auto_ran =
-      cuda::detail::logprob_producer_name(cuda::detail::logprob_last_producer_for_tests());
+  const char* auto_ran = cuda::detail::logprob_producer_name(ran);
   size_t free1 = 0;
   CK(cudaMemGetInfo(&free1, &total));
   // Each producer forced (same bits; checked below on the outputs).
@@ -161,7 +164,7 @@ int main(int argc, char** argv) {
   const cuda::detail::LogprobProducer prods[2] = {cuda::detail::LogprobProducer::kFused,
                                                   cuda::detail::LogprobProducer::kUnfused};
   for (int i = 0; i < 2; ++i) {
-    cuda::detail::logprob_force_producer_for_tests(prods[i]);
+    force = prods[i];
     CK(cudaMemset(out, 0xA5, size_t(3 * T) * 4));
     op();  // warm (scratch of this producer's size)
     CK(cudaDeviceSynchronize());
@@ -171,13 +174,11 @@ int main(int argc, char** argv) {
     std::vector<float> hp(size_t(3 * T));
     CK(cudaMemcpy(hp.data(), out, hp.size() * 4, cudaMemcpyDeviceToHost));
     prod_same[i] = std::memcmp(hp.data(), ho_auto.data(), hp.size() * 4) == 0;
-    std::printf(
-        "forced producer %s (ran: %s): %.2f ms, outputs %s the auto call's\n",
-        i == 0 ? "fused" : "unfused",
-        cuda::detail::logprob_producer_name(cuda::detail::logprob_last_producer_for_tests()),
-        prod_ms[i], prod_same[i] ? "bitwise equal to" : "DIFFER FROM");
+    std::printf("forced producer %s (ran: %s): %.2f ms, outputs %s the auto call's\n",
+                i == 0 ? "fused" : "unfused", cuda::detail::logprob_producer_name(ran), prod_ms[i],
+                prod_same[i] ? "bitwise equal to" : "DIFFER FROM");
   }
-  cuda::detail::logprob_force_producer_for_tests(cuda::detail::LogprobProducer::kAuto);
+  force = LogprobProducer::kAuto;
   // A glance at the results (finite, plausible).
   std::vector<float> ho(size_t(3 * T));
   CK(cudaMemcpy(ho.data(), out, ho.size() * 4, cudaMemcpyDeviceToHost));

@@ -1,9 +1,11 @@
 // GPU parity of the tensor-core GEMM (lockstep::cuda::gemm_bf16_nt, gemm_bf16_nt_partial,
-// gemm_tree_combine; src/cuda/gemm_bf16_nt.cu) with the CPU GEMM (lockstep::cpu::*), bit for bit
+// gemm_tree_combine; src/cuda/gemm/) with the CPU GEMM (lockstep::cpu::*), bit for bit
 // (docs/contract.md §G, docs/cuda-gemm.md). Every case is computed once on the CPU and then on the
-// GPU by EVERY kernel path (the launcher's own choice, and each kernel forced through the test
-// hook: mma.sync 32x64 / 128x128, wgmma+TMA 128x256 / 128x128 / 64x128 with a per-segment fp32
-// workspace, 128x128 / 64x128 with the in-CTA register tree), in three layouts
+// GPU by EVERY plan the launcher can run for it (plan_gemm's own choice through the public
+// function, and each of gemm_legal_plans through detail::gemm_bf16_nt_with_plan: mma.sync 32x64 /
+// 128x128, wgmma+TMA 128x256 / 128x128 / 64x128 / 64x256 ping-pong with per-segment fp32 planes,
+// 128x128 / 64x128 with the in-CTA register tree, the segment-pair path, every compiled small-M
+// tile for M <= 64), in three layouts
 // (contiguous; padded rows with 16-byte strides, which TMA takes; odd strides and an unaligned
 // base, which it cannot, so the mma.sync kernel must run). Covered: odd M, N, K (K not a multiple
 // of 16·S), S = 1, 2, 4, 8, bf16 / f32 output, no / bf16 / f32 bias, special values, poisoned
@@ -25,8 +27,9 @@
 #include <string>
 #include <vector>
 
-#include "cuda/cuda_ck.h"         // CK
-#include "cuda/gemm_bf16_nt.cuh"  // detail::GemmPath, the test hook
+#include "cuda/cuda_ck.h"        // CK
+#include "cuda/gemm/internal.h"  // gemm_bf16_nt_with_plan, gemm_problem
+#include "cuda/gemm/plan.h"      // GemmPlan, gemm_legal_plans
 #include "lockstep/cuda/gemm.h"
 #include "lockstep/dtype.h"
 #include "lockstep/ops/gemm.h"
@@ -35,7 +38,7 @@ using lockstep::Device;
 using lockstep::DType;
 using lockstep::GemmConfig;
 using lockstep::TensorView;
-using lockstep::cuda::detail::GemmPath;
+using lockstep::cuda::GemmPlan;
 
 namespace {
 
@@ -134,10 +137,10 @@ struct Layout {
   int64_t padx, padw, pady, offx;
 };
 
-// Runs problem p on the GPU with layout L and forced path `path`; compares every cell of y with
-// the CPU result and checks the poisoned padding. `expect` (if not kAuto) is the path that must
-// have run. Returns the path that ran.
-GemmPath run_gpu(const Problem& p, const Layout& L, GemmPath path, GemmPath expect) {
+// Runs problem p on the GPU with layout L, through the public function (plan == nullptr: the
+// planner's choice) or with `plan`; compares every cell of y with the CPU result and checks the
+// poisoned padding. Returns the plan that ran.
+GemmPlan run_gpu(const Problem& p, const Layout& L, const GemmPlan* plan) {
   const int64_t ldx = p.K + L.padx, ldw = p.K + L.padw, ldy = p.N + L.pady;
   const size_t ysz = lockstep::dtype_size(p.ydt);
   std::vector<uint16_t> hx(size_t(std::max<int64_t>(p.M * ldx + L.offx, 1)), 0x7fc0);
@@ -161,15 +164,20 @@ GemmPath run_gpu(const Problem& p, const Layout& L, GemmPath path, GemmPath expe
   if (p.bias)
     bg = TensorView::contiguous(db.p, p.bias == 1 ? DType::kBF16 : DType::kF32, {p.N},
                                 Device::kCUDA);
-  lockstep::cuda::detail::gemm_force_path_for_tests(path);
   std::string err;
+  const GemmPlan ran = plan ? *plan
+                            : lockstep::cuda::plan_gemm(
+                                  lockstep::cuda::detail::gemm_problem(xg, wg, GemmConfig{p.S}));
   try {
-    lockstep::cuda::gemm_bf16_nt(xg, wg, p.bias ? &bg : nullptr, GemmConfig{p.S}, yg);
+    if (plan) {
+      lockstep::cuda::detail::gemm_bf16_nt_with_plan(xg, wg, p.bias ? &bg : nullptr,
+                                                     GemmConfig{p.S}, yg, *plan);
+    } else {
+      lockstep::cuda::gemm_bf16_nt(xg, wg, p.bias ? &bg : nullptr, GemmConfig{p.S}, yg);
+    }
   } catch (const std::exception& e) {
     err = e.what();
   }
-  lockstep::cuda::detail::gemm_force_path_for_tests(GemmPath::kAuto);
-  const GemmPath ran = lockstep::cuda::detail::gemm_last_path_for_tests();
   CK(cudaDeviceSynchronize());
   std::vector<uint8_t> hy(ybytes);
   CK(cudaMemcpy(hy.data(), dy.p, ybytes, cudaMemcpyDeviceToHost));
@@ -189,11 +197,10 @@ GemmPath run_gpu(const Problem& p, const Layout& L, GemmPath path, GemmPath expe
     }
   }
   char buf[512];
-  std::snprintf(
-      buf, sizeof buf, "M=%lld N=%lld K=%lld S=%d y=%s bias=%s%s layout=%s forced=%s ran=%s",
-      (long long)p.M, (long long)p.N, (long long)p.K, p.S, lockstep::dtype_name(p.ydt),
-      bias_name(p.bias), p.specials ? " specials" : "", L.name,
-      lockstep::cuda::detail::gemm_path_name(path), lockstep::cuda::detail::gemm_path_name(ran));
+  std::snprintf(buf, sizeof buf, "M=%lld N=%lld K=%lld S=%d y=%s bias=%s%s layout=%s %s=%s",
+                (long long)p.M, (long long)p.N, (long long)p.K, p.S, lockstep::dtype_name(p.ydt),
+                bias_name(p.bias), p.specials ? " specials" : "", L.name, plan ? "plan" : "auto",
+                ran.to_string().c_str());
   std::string what = buf;
   if (!err.empty()) what += ": exception " + err;
   if (bad) {
@@ -206,13 +213,8 @@ GemmPath run_gpu(const Problem& p, const Layout& L, GemmPath path, GemmPath expe
     what += buf;
   }
   if (poison_bad) what += ": padding of y overwritten";
-  const bool path_ok = expect == GemmPath::kAuto || ran == expect;
-  if (!path_ok) {
-    what += ": expected path ";
-    what += lockstep::cuda::detail::gemm_path_name(expect);
-  }
-  ++g_path_runs[lockstep::cuda::detail::gemm_path_name(ran)];
-  report(err.empty() && bad == 0 && poison_bad == 0 && path_ok, what);
+  ++g_path_runs[lockstep::cuda::gemm_mainloop_name(ran.mainloop)];
+  report(err.empty() && bad == 0 && poison_bad == 0, what);
   return ran;
 }
 
@@ -223,41 +225,30 @@ bool tma_able(const Problem& p, const Layout& L) {
   return p.K >= 1 && ok(p.M, p.K + L.padx, L.offx) && ok(p.N, p.K + L.padw, 0);
 }
 
-// Every path on the contiguous and TMA-friendly layouts, the automatic choice on a layout TMA
-// cannot take (which must then run the mma.sync kernel).
+// The planner's choice and every legal plan on each layout (on the one TMA cannot take, the
+// legal plans are the mma.sync and small-M cp.async-ring ones: the planner must pick one of them).
 void run_all_paths(Problem& p) {
   make_problem(p);
   const int64_t r8 = (p.K + 7) / 8 * 8 - p.K;
   const Layout layouts[] = {{"contiguous", 0, 0, 0, 0},
                             {"padded16B", r8 + 8, r8 + 16, 5, 8},
                             {"odd-strides", 3 + (p.K % 8 == 5), 1, 2, 1}};
-  const GemmPath paths[] = {GemmPath::kAuto,
-                            GemmPath::kMma32x64,
-                            GemmPath::kMma128x128,
-                            GemmPath::kWgmma128x256,
-                            GemmPath::kWgmma128x128,
-                            GemmPath::kWgmma64x128,
-                            GemmPath::kWgmma128x128Tree,
-                            GemmPath::kWgmma64x128Tree,
-                            GemmPath::kWgmma128x128Pairs,
-                            GemmPath::kWgmma64x256PingPong};
   for (int li = 0; li < 3; ++li) {
     const Layout& L = layouts[li];
     const bool tma = tma_able(p, L);
-    for (GemmPath path : paths) {
-      if (li == 2 && path != GemmPath::kAuto && path != GemmPath::kWgmma128x256) continue;
-      GemmPath expect = path;
-      const bool wg = path == GemmPath::kWgmma128x256 || path == GemmPath::kWgmma128x128 ||
-                      path == GemmPath::kWgmma64x128 || path == GemmPath::kWgmma128x128Tree ||
-                      path == GemmPath::kWgmma64x128Tree || path == GemmPath::kWgmma128x128Pairs ||
-                      path == GemmPath::kWgmma64x256PingPong;
-      if (path == GemmPath::kWgmma128x128Tree && p.S > 2) expect = GemmPath::kWgmma64x128Tree;
-      if (path == GemmPath::kWgmma128x128Pairs && p.S <= 2) expect = GemmPath::kWgmma128x128Tree;
-      if (wg && !tma) expect = GemmPath::kMma128x128;
-      if (path == GemmPath::kAuto) expect = GemmPath::kAuto;
-      if (path == GemmPath::kAuto && !tma && p.M > 64) expect = GemmPath::kMma128x128;
-      run_gpu(p, L, path, expect);
-    }
+    const GemmPlan chosen = run_gpu(p, L, nullptr);
+    // The problem the launcher plans (operand alignment included) for this layout.
+    lockstep::cuda::GemmProblem q;
+    q.M = p.M;
+    q.N = p.N;
+    q.K = p.K;
+    q.segments = p.S;
+    q.segment_len = lockstep::gemm_k_layout(GemmConfig{p.S}, p.K).segment_len;
+    q.tma_ok = tma;
+    const bool wgmma = chosen.mainloop == lockstep::cuda::GemmMainloop::kWgmma;
+    report(!(wgmma && !tma) && lockstep::cuda::gemm_plan_legal(q, chosen),
+           std::string("auto plan legal for layout ") + L.name + ": " + chosen.to_string());
+    for (const GemmPlan& plan : lockstep::cuda::gemm_legal_plans(q)) run_gpu(p, L, &plan);
   }
 }
 
@@ -280,7 +271,8 @@ void run_invariance(int S, DType ydt) {
     TensorView xg = TensorView::contiguous(dx.p, DType::kBF16, {Mc, K}, Device::kCUDA);
     TensorView yg = TensorView::contiguous(dy.p, ydt, {Mc, N}, Device::kCUDA);
     lockstep::cuda::gemm_bf16_nt(xg, wg, nullptr, cfg, yg);
-    const GemmPath big_path = lockstep::cuda::detail::gemm_last_path_for_tests();
+    const GemmPlan big_path =
+        lockstep::cuda::plan_gemm(lockstep::cuda::detail::gemm_problem(xg, wg, cfg));
     CK(cudaMemcpy(big.data(), dy.p, big.size(), cudaMemcpyDeviceToHost));
     int bad = 0;
     for (int64_t m : {int64_t(0), int64_t(37), Mc - 1, Mc / 2 + 5}) {
@@ -291,19 +283,21 @@ void run_invariance(int S, DType ydt) {
       CK(cudaMemcpy(one.data(), d1.p, one.size(), cudaMemcpyDeviceToHost));
       if (std::memcmp(one.data(), &big[size_t(m * N) * ysz], one.size()) != 0) ++bad;
     }
-    char buf[200];
-    std::snprintf(
-        buf, sizeof buf, "invariance M=1 (%s) vs M=%lld (%s) S=%d y=%s (%d rows differ)",
-        lockstep::cuda::detail::gemm_path_name(lockstep::cuda::detail::gemm_last_path_for_tests()),
-        (long long)Mc, lockstep::cuda::detail::gemm_path_name(big_path), S,
-        lockstep::dtype_name(ydt), bad);
+    const TensorView x1 = TensorView::contiguous(dx.p, DType::kBF16, {1, K}, Device::kCUDA);
+    const GemmPlan one_path =
+        lockstep::cuda::plan_gemm(lockstep::cuda::detail::gemm_problem(x1, wg, cfg));
+    char buf[600];
+    std::snprintf(buf, sizeof buf, "invariance M=1 (%s) vs M=%lld (%s) S=%d y=%s (%d rows differ)",
+                  one_path.to_string().c_str(), (long long)Mc, big_path.to_string().c_str(), S,
+                  lockstep::dtype_name(ydt), bad);
     report(bad == 0, buf);
   }
 }
 
 // TP: GPU partials == CPU partials (f32 bits), GPU combine of the GPU partials == the CPU's full
 // GEMM, and the in-place f32 combine.
-void run_partials(int64_t M, int64_t N, int64_t K, int S, GemmPath force = GemmPath::kAuto) {
+// pairs: each rank with 4 or 8 segments runs the segment-pair plan (the others their own choice).
+void run_partials(int64_t M, int64_t N, int64_t K, int S, bool pairs = false) {
   std::vector<uint16_t> hx(size_t(M * K)), hw(size_t(N * K)), hb(static_cast<size_t>(N));
   fill(hx, false);
   fill(hw, false);
@@ -342,13 +336,25 @@ void run_partials(int64_t M, int64_t N, int64_t K, int S, GemmPath force = GemmP
           view2(static_cast<uint16_t*>(dx.p) + kr.begin, DType::kBF16, M, Kr, K, Device::kCUDA);
       TensorView wg =
           view2(static_cast<uint16_t*>(dw.p) + kr.begin, DType::kBF16, N, Kr, K, Device::kCUDA);
-      lockstep::cuda::detail::gemm_force_path_for_tests(force);
-      lockstep::cuda::gemm_bf16_nt_partial(xg, wg, K, t, r, cfg, yp);
-      lockstep::cuda::detail::gemm_force_path_for_tests(GemmPath::kAuto);
-      const GemmPath ran = lockstep::cuda::detail::gemm_last_path_for_tests();
-      // A forced pair path must run wherever a rank has 4 or 8 segments.
-      if (force == GemmPath::kWgmma128x128Pairs && S / t >= 4 && ran != force) ++bad_partial;
-      paths += std::string(r ? "," : "") + lockstep::cuda::detail::gemm_path_name(ran);
+      const lockstep::cuda::GemmProblem q =
+          lockstep::cuda::detail::gemm_partial_problem(xg, wg, K, t, cfg);
+      GemmPlan ran = lockstep::cuda::plan_gemm(q);
+      bool forced = false;
+      if (pairs && S / t >= 4) {
+        for (const GemmPlan& pl : lockstep::cuda::gemm_legal_plans(q)) {
+          if (pl.fold == lockstep::cuda::GemmFold::kPairs) {
+            ran = pl;
+            forced = true;
+          }
+        }
+        if (!forced) ++bad_partial;  // the pair plan must be legal wherever a rank has 4 or 8
+      }
+      if (forced) {
+        lockstep::cuda::detail::gemm_bf16_nt_partial_with_plan(xg, wg, K, t, r, cfg, yp, ran);
+      } else {
+        lockstep::cuda::gemm_bf16_nt_partial(xg, wg, K, t, r, cfg, yp);
+      }
+      paths += std::string(r ? ", " : "") + ran.to_string();
       std::vector<float> gpu_part(size_t(M * N));
       CK(cudaMemcpy(gpu_part.data(), yp.data, gpu_part.size() * 4, cudaMemcpyDeviceToHost));
       if (std::memcmp(gpu_part.data(), cpu_part.data(), gpu_part.size() * 4) != 0) ++bad_partial;
@@ -367,7 +373,7 @@ void run_partials(int64_t M, int64_t N, int64_t K, int S, GemmPath force = GemmP
     lockstep::cpu::gemm_bf16_nt(xc, wc, nullptr, cfg,
                                 TensorView::contiguous(ref32.data(), DType::kF32, {M, N}));
     const bool inpl_ok = std::memcmp(inpl.data(), ref32.data(), inpl.size() * 4) == 0;
-    char buf[400];
+    char buf[1200];
     std::snprintf(
         buf, sizeof buf,
         "partials M=%lld N=%lld K=%lld S=%d t=%d (%s): %d partials differ from the CPU's, "
@@ -406,7 +412,8 @@ void run_qwen(const char* name, int64_t N, int64_t K, int64_t M, int S, DType yd
   TensorView yg = TensorView::contiguous(dy.p, ydt, {M, N}, Device::kCUDA);
   TensorView bg = TensorView::contiguous(db.p, DType::kBF16, {N}, Device::kCUDA);
   lockstep::cuda::gemm_bf16_nt(xg, wg, bias ? &bg : nullptr, GemmConfig{S}, yg);
-  const GemmPath ran = lockstep::cuda::detail::gemm_last_path_for_tests();
+  const GemmPlan ran =
+      lockstep::cuda::plan_gemm(lockstep::cuda::detail::gemm_problem(xg, wg, GemmConfig{S}));
   CK(cudaDeviceSynchronize());
   std::vector<int64_t> rows;
   if (M <= 64) {
@@ -438,20 +445,20 @@ void run_qwen(const char* name, int64_t N, int64_t K, int64_t M, int S, DType yd
       if (first < 0) first = i;
       ++bad;
     }
-  char buf[300];
+  char buf[700];
   std::snprintf(buf, sizeof buf,
                 "qwen3-8b %s M=%lld N=%lld K=%lld S=%d y=%s bias=%s (%s): %lld rows checked, %lld "
                 "mismatches%s",
                 name, (long long)M, (long long)N, (long long)K, S, lockstep::dtype_name(ydt),
-                bias ? "bf16" : "none", lockstep::cuda::detail::gemm_path_name(ran), (long long)R,
-                (long long)bad, bad ? "" : "");
+                bias ? "bf16" : "none", ran.to_string().c_str(), (long long)R, (long long)bad,
+                bad ? "" : "");
   std::string what = buf;
   if (bad) {
     std::snprintf(buf, sizeof buf, ", first at row %lld n=%lld", (long long)rows[size_t(first / N)],
                   (long long)(first % N));
     what += buf;
   }
-  ++g_path_runs[lockstep::cuda::detail::gemm_path_name(ran)];
+  ++g_path_runs[lockstep::cuda::gemm_mainloop_name(ran.mainloop)];
   report(bad == 0, what);
 }
 
@@ -576,7 +583,7 @@ int main(int argc, char** argv) {
     run_partials(g_quick ? 70 : 300, g_quick ? 90 : 520, 1000, 8);
     run_partials(g_quick ? 70 : 257, g_quick ? 90 : 300, 333, 8);
     // The segment-pair path on TP partials (S / t = 8, 4 segments per rank; fewer: the tree).
-    run_partials(g_quick ? 70 : 300, g_quick ? 90 : 520, 1000, 8, GemmPath::kWgmma128x128Pairs);
+    run_partials(g_quick ? 70 : 300, g_quick ? 90 : 520, 1000, 8, /*pairs=*/true);
     if (!g_quick) run_partials(130, 260, 4104, 4);
     if (!g_quick) {
       struct Q {

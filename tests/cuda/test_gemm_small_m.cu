@@ -1,17 +1,17 @@
-// GPU parity of the small-M GEMM path (src/cuda/gemm_small_m.{cu,cuh}, gemm_small_m_ws.cuh:
+// GPU parity of the small-M GEMM kernels (src/cuda/gemm/mainloop_small_m_*.cuh, launch_small_m.cu:
 // M <= 64, decode) with the CPU GEMM (lockstep::cpu::gemm_bf16_nt), bit for bit (docs/contract.md
-// §G, §M). Every case runs the public lockstep::cuda::gemm_bf16_nt, detail::gemm_bf16_nt_small_m
-// directly (which must return true: the small-M kernel really ran) AND every compiled tile variant
-// (quick mode: a rotating eighth of them per case), each compared with memcmp against the CPU,
-// the poisoned padding of y included. A kind 1 (warp-specialized TMA) variant declines operands
-// TMA cannot read: the test knows which cases those are, counts and prints each skip, and fails
-// if such a variant declines a case it should take. Covered: M in {1,2,3,7,8,16,17,33,64}, odd N
-// and K (K not a multiple of 16), S = 1, 2, 4, 8, bias none / bf16 / f32, bf16 and f32 y,
-// contiguous, padded (TMA-compatible) and unaligned rows, an unaligned x base, NaN / inf /
-// subnormal inputs, segments of one k-block, K below one TMA box, several waves of CTAs, the
-// Qwen3-8B layer shapes at M = 1, 8, 64, row invariance (a row alone == the same row inside
-// M = 17 / 33 / 64; also through the TMA candidate tiles), and that the public call reaches the
-// small-M kernel (launch counter). First of all (section 0, CPU only), the kind 1 index math is
+// §G, §M). Every case runs the public lockstep::cuda::gemm_bf16_nt (whose plan must be a small-M
+// one) AND every compiled small-M tile through detail::gemm_bf16_nt_with_plan (quick mode: a
+// rotating eighth of them per case), each compared with memcmp against the CPU, the poisoned
+// padding of y included. A TMA tile (kind 1: warp-specialized TMA ring; kind 2: wgmma) is not a
+// legal plan for operands TMA cannot read: the test knows which cases those are, counts and
+// prints each skip, and fails if such a tile is refused for a case it should take. Covered: M in
+// {1,2,3,7,8,16,17,33,64}, odd N and K (K not a multiple of 16), S = 1, 2, 4, 8, bias none / bf16 /
+// f32, bf16 and f32 y, contiguous, padded (TMA-compatible) and unaligned rows, an unaligned x base,
+// NaN / inf / subnormal inputs, segments of one k-block, K below one TMA box, several waves of
+// CTAs, the Qwen3-8B layer shapes at M = 1, 8, 64, row invariance (a row alone == the same row
+// inside M = 17 / 33 / 64; also through the TMA candidate tiles), and that the public call reaches
+// the small-M kernel (its plan). First of all (section 0, CPU only), the kind 1 index math is
 // emulated on the host for every kind 1 configuration (TMA swizzle, ldmatrix, mma fragments,
 // tile sequence, tree, epilogue) and compared with the CPU GEMM: if a kind 1 variant then fails
 // on the GPU while its emulation passed, look at synchronization / PTX, not at the layout.
@@ -33,9 +33,10 @@
 
 #include "core/mma_model.h"
 #include "core/thread_pool.h"
-#include "cuda/cuda_ck.h"  // CK
-#include "cuda/gemm_small_m.cuh"
-#include "cuda/gemm_small_m_ws_layout.cuh"
+#include "cuda/cuda_ck.h"                    // CK
+#include "cuda/gemm/internal.h"              // gemm_bf16_nt_with_plan, gemm_problem
+#include "cuda/gemm/plan.h"                  // plan_gemm, gemm_small_m_tiles
+#include "cuda/gemm/small_m_tma_layout.cuh"  // the kind 1 geometry (host emulation)
 #include "lockstep/cuda/gemm.h"
 #include "lockstep/dtype.h"
 #include "lockstep/ops/gemm.h"
@@ -57,6 +58,75 @@ bool g_kind1 = true;  // --no-ws: leave the TMA variants (kind 1 and the wgmma k
 // cannot take, e.g. kind 1 on operands TMA cannot read) / cases seen (quick mode rotates).
 int64_t g_variant_checks = 0, g_variant_skips = 0, g_case_counter = 0;
 std::vector<int64_t> g_checks_per_variant;
+
+// ---- The compiled small-M tiles (plan.h), indexed for this test's every-tile sweep: kind 0 =
+// cp.async ring, 1 = warp-specialized TMA ring, 2 = wgmma.
+using lockstep::cuda::GemmMainloop;
+using lockstep::cuda::GemmPlan;
+struct SmallMTile {
+  GemmMainloop mainloop;
+  lockstep::cuda::GemmTile tile;
+  int kind;
+  std::string to_string() const {
+    return std::string(lockstep::cuda::gemm_mainloop_name(mainloop)) + " " + tile.to_string();
+  }
+};
+const std::vector<SmallMTile>& small_m_tiles() {
+  static const std::vector<SmallMTile> v = [] {
+    std::vector<SmallMTile> t;
+    const GemmMainloop kinds[3] = {GemmMainloop::kSmallMRing, GemmMainloop::kSmallMTma,
+                                   GemmMainloop::kSmallMWgmma};
+    for (int k = 0; k < 3; ++k)
+      for (const auto& tile : lockstep::cuda::gemm_small_m_tiles(kinds[k]))
+        t.push_back({kinds[k], tile, k});
+    return t;
+  }();
+  return v;
+}
+int small_m_variant_count() { return int(small_m_tiles().size()); }
+const SmallMTile& small_m_variant(int v) { return small_m_tiles()[size_t(v)]; }
+
+// The plan that runs tile v with S segments (every small-M kernel folds in registers).
+GemmPlan tile_plan(int v, int S) {
+  GemmPlan p;
+  p.mainloop = small_m_variant(v).mainloop;
+  p.tile = small_m_variant(v).tile;
+  p.fold = S > 1 ? lockstep::cuda::GemmFold::kRegisters : lockstep::cuda::GemmFold::kNone;
+  p.tree_levels = S > 1 ? 3 : 0;
+  return p;
+}
+bool is_small_m(const GemmPlan& p) {
+  return p.mainloop == GemmMainloop::kSmallMRing || p.mainloop == GemmMainloop::kSmallMTma ||
+         p.mainloop == GemmMainloop::kSmallMWgmma;
+}
+
+// Tile v on these operands; false (nothing launched) if it is not a legal plan for them.
+bool run_tile(const TensorView& x, const TensorView& w, const TensorView* b, const GemmConfig& cfg,
+              const TensorView& y, int v) {
+  const GemmPlan plan = tile_plan(v, cfg.segments);
+  if (!lockstep::cuda::gemm_plan_legal(detail::gemm_problem(x, w, cfg), plan)) return false;
+  detail::gemm_bf16_nt_with_plan(x, w, b, cfg, y, plan);
+  return true;
+}
+// The public call; false (after running it) if its plan is not a small-M one.
+bool run_public_small_m(const TensorView& x, const TensorView& w, const TensorView* b,
+                        const GemmConfig& cfg, const TensorView& y) {
+  lockstep::cuda::gemm_bf16_nt(x, w, b, cfg, y);
+  return is_small_m(lockstep::cuda::plan_gemm(detail::gemm_problem(x, w, cfg)));
+}
+// The tile plan_gemm picks for TMA-compatible operands of these sizes.
+int candidate_tile(int64_t M, int64_t N, int64_t K, int S) {
+  lockstep::cuda::GemmProblem q;
+  q.M = M;
+  q.N = N;
+  q.K = K;
+  q.segments = S;
+  q.segment_len = lockstep::gemm_k_layout(GemmConfig{S}, K).segment_len;
+  const GemmPlan p = lockstep::cuda::plan_gemm(q);
+  for (int v = 0; v < small_m_variant_count(); ++v)
+    if (small_m_variant(v).mainloop == p.mainloop && small_m_variant(v).tile == p.tile) return v;
+  return -1;
+}
 
 void report(bool ok, const std::string& what) {
   if (ok) {
@@ -145,15 +215,15 @@ struct Case {
 
 std::string describe(const Case& c) {
   char buf[256];
-  std::snprintf(
-      buf, sizeof buf, "M=%lld N=%lld K=%lld S=%d y=%s bias=%s pads=%lld/%lld/%lld offx=%lld%s%s",
-      (long long)c.M, (long long)c.N, (long long)c.K, c.S, lockstep::dtype_name(c.ydt),
-      c.bias == 0   ? "none"
-      : c.bias == 1 ? "bf16"
-                    : "f32",
-      (long long)c.padx, (long long)c.padw, (long long)c.pady, (long long)c.offx,
-      c.specials ? " specials" : "",
-      c.variant >= 0 ? (" " + detail::small_m_variant(c.variant).to_string()).c_str() : "");
+  std::snprintf(buf, sizeof buf,
+                "M=%lld N=%lld K=%lld S=%d y=%s bias=%s pads=%lld/%lld/%lld offx=%lld%s%s",
+                (long long)c.M, (long long)c.N, (long long)c.K, c.S, lockstep::dtype_name(c.ydt),
+                c.bias == 0   ? "none"
+                : c.bias == 1 ? "bf16"
+                              : "f32",
+                (long long)c.padx, (long long)c.padw, (long long)c.pady, (long long)c.offx,
+                c.specials ? " specials" : "",
+                c.variant >= 0 ? (" " + small_m_variant(c.variant).to_string()).c_str() : "");
   return buf;
 }
 
@@ -245,13 +315,12 @@ void run_case(const Case& c) {
   const bool tma_ok = (c.offx * 2) % 16 == 0 && (c.M <= 1 || ldx % 8 == 0) &&
                       (c.N <= 1 || ldw % 8 == 0) && c.K >= 1;
   auto run_variant = [&](int v, const char* label) {
-    const detail::SmallMTile t = detail::small_m_variant(v);
+    const SmallMTile& t = small_m_variant(v);
     // Kind 2 (wgmma) also needs S <= 8 (its tree lives in registers).
     const bool applicable = t.kind == 0 || (tma_ok && (t.kind == 1 || c.S <= 8));
     const bool ran = check(
-        std::string(label) + " v" + std::to_string(v) + " (" + t.to_string() + ")",
-        [&] { return detail::gemm_bf16_nt_small_m_variant(xg, wg, bp, cfg, yg, nullptr, v); },
-        !applicable);
+        std::string(label) + " #" + std::to_string(v) + " (" + t.to_string() + ")",
+        [&] { return run_tile(xg, wg, bp, cfg, yg, v); }, !applicable);
     if (ran) {
       ++g_variant_checks;
       ++g_checks_per_variant[size_t(v)];
@@ -259,26 +328,22 @@ void run_case(const Case& c) {
     return ran;
   };
   if (c.variant >= 0) {
-    if (detail::small_m_variant(c.variant).kind >= 1 && !g_kind1) return;
+    if (small_m_variant(c.variant).kind >= 1 && !g_kind1) return;
     if (!run_variant(c.variant, "variant")) {
       ++g_variant_skips;
-      std::printf("skip variant v%d (not applicable: operands not TMA-compatible) %s\n", c.variant,
+      std::printf("skip tile #%d (not applicable: operands not TMA-compatible) %s\n", c.variant,
                   describe(c).c_str());
     }
     return;
   }
-  check("detail", [&] { return detail::gemm_bf16_nt_small_m(xg, wg, bp, cfg, yg, nullptr); });
-  check("public", [&] {
-    lockstep::cuda::gemm_bf16_nt(xg, wg, bp, cfg, yg);
-    return true;
-  });
+  check("public", [&] { return run_public_small_m(xg, wg, bp, cfg, yg); });
   // Every compiled variant on this case (quick mode: a rotating eighth of them), kind 0 first.
   const int64_t idx = g_case_counter++;
   int skipped = 0;
   for (int kind = 0; kind < 3; ++kind) {
     if (kind >= 1 && !g_kind1) break;
-    for (int v = 0; v < detail::small_m_variant_count(); ++v) {
-      if (detail::small_m_variant(v).kind != kind) continue;
+    for (int v = 0; v < small_m_variant_count(); ++v) {
+      if (small_m_variant(v).kind != kind) continue;
       if (g_quick && (v + idx) % 8 != 0) continue;
       if (!run_variant(v, "every-variant")) ++skipped;
     }
@@ -304,18 +369,11 @@ void run_invariance(int S, DType ydt) {
   GemmConfig cfg{S};
   TensorView wg = TensorView::contiguous(dw.p, DType::kBF16, {N, K}, Device::kCUDA);
   for (int64_t Mc : {int64_t(17), int64_t(33), Mb}) {
-    for (int pub = 0; pub < (g_kind1 ? 3 : 2); ++pub) {
-      // pub: 0 the detail call, 1 the public one, 2 the TMA candidate tile of each M.
+    for (int pub = 1; pub < (g_kind1 ? 3 : 2); ++pub) {
+      // pub: 1 the public call (its plan must be small-M), 2 the TMA candidate tile of each M.
       auto gemm = [&](const TensorView& x, const TensorView& y) {
-        if (pub == 1) {
-          lockstep::cuda::gemm_bf16_nt(x, wg, nullptr, cfg, y);
-          return true;
-        }
-        if (pub == 2) {
-          const int v = detail::small_m_candidate_variant(x.shape[0], N, K, S, 0);
-          return detail::gemm_bf16_nt_small_m_variant(x, wg, nullptr, cfg, y, nullptr, v);
-        }
-        return detail::gemm_bf16_nt_small_m(x, wg, nullptr, cfg, y, nullptr);
+        if (pub == 2) return run_tile(x, wg, nullptr, cfg, y, candidate_tile(x.shape[0], N, K, S));
+        return run_public_small_m(x, wg, nullptr, cfg, y);
       };
       std::vector<uint8_t> big(Mc * N * ysz), one(N * ysz);
       TensorView xg = TensorView::contiguous(dx.p, DType::kBF16, {Mc, K}, Device::kCUDA);
@@ -353,10 +411,9 @@ void run_dispatch() {
   auto count_for = [&](int64_t M) {
     TensorView xg = TensorView::contiguous(dx.p, DType::kBF16, {M, K}, Device::kCUDA);
     TensorView yg = TensorView::contiguous(dy.p, DType::kF32, {M, N}, Device::kCUDA);
-    const int64_t before = detail::small_m_launch_count();
-    lockstep::cuda::gemm_bf16_nt(xg, wg, nullptr, GemmConfig{1}, yg);
+    const bool small = run_public_small_m(xg, wg, nullptr, GemmConfig{1}, yg);
     CK(cudaDeviceSynchronize());
-    return detail::small_m_launch_count() - before;
+    return int64_t(small ? 1 : 0);
   };
   const int64_t c1 = count_for(1), c64 = count_for(64), c65 = count_for(65);
   char buf[160];
@@ -654,14 +711,17 @@ int main(int argc, char** argv) {
       seed = std::strtoull(argv[i], nullptr, 10);
   }
   g_quick = quick;
-  g_checks_per_variant.assign(size_t(detail::small_m_variant_count()), 0);
+  g_checks_per_variant.assign(size_t(small_m_variant_count()), 0);
   std::printf("test_gemm_small_m: seed %llu%s%s\n", (unsigned long long)seed,
               quick ? " (--quick)" : "", g_kind1 ? "" : " (--no-ws: kind 1 variants left out)");
   g_rng.seed(seed);
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s, %d SMs; %d small-M variants\n", prop.name, prop.multiProcessorCount,
-              detail::small_m_variant_count());
+  std::printf("device: %s, %d SMs; %d small-M tiles; compiled == planned: %s\n", prop.name,
+              prop.multiProcessorCount, small_m_variant_count(),
+              detail::small_m_kernels_missing() == 0 ? "yes" : "NO");
+  report(detail::small_m_kernels_missing() == 0,
+         "the compiled small-M kernels are exactly the planner's tiles");
   const auto t0 = std::chrono::steady_clock::now();
 
   try {
@@ -695,7 +755,7 @@ int main(int argc, char** argv) {
     run_case(Case{5, 7, 0, 4, DType::kF32, 0});   // K = 0: y = +0
 
     // 2. Every compiled tile variant (the benchmark's sweep uses them all).
-    for (int v = 0; v < detail::small_m_variant_count(); ++v) {
+    for (int v = 0; v < small_m_variant_count(); ++v) {
       const int64_t vm[] = {1, 7, 13, 40, 64};
       for (int i = 0; i < 5; ++i) {
         Case c{vm[i],
@@ -754,8 +814,8 @@ int main(int argc, char** argv) {
     // 7. Coverage of the every-variant sweep: each variant must have run (and matched) cases.
     int64_t min_checks = -1;
     int min_v = -1;
-    for (int v = 0; v < detail::small_m_variant_count(); ++v) {
-      if (detail::small_m_variant(v).kind >= 1 && !g_kind1) continue;
+    for (int v = 0; v < small_m_variant_count(); ++v) {
+      if (small_m_variant(v).kind >= 1 && !g_kind1) continue;
       if (min_checks < 0 || g_checks_per_variant[size_t(v)] < min_checks) {
         min_checks = g_checks_per_variant[size_t(v)];
         min_v = v;
@@ -764,7 +824,7 @@ int main(int argc, char** argv) {
     char buf[200];
     std::snprintf(buf, sizeof buf,
                   "every-variant sweep: %lld checks run, %lld skipped (not applicable); fewest "
-                  "checks: v%d with %lld",
+                  "checks: #%d with %lld",
                   (long long)g_variant_checks, (long long)g_variant_skips, min_v,
                   (long long)min_checks);
     std::printf("%s\n", buf);

@@ -38,7 +38,7 @@
 #include <vector>
 
 #include "core/math.h"
-#include "cuda/logprob_internal.h"  // the producer hook (fused / unfused)
+#include "cuda/logprob_internal.h"  // linear_logprob_with_producer (fused / unfused)
 #include "cuda/parity_fixture.h"    // report, DevPool, view, bitwise, expect_error
 #include "lockstep/contract.h"
 #include "lockstep/cuda/gemm.h"
@@ -380,14 +380,11 @@ void test_logprob_tp(const Case& c) {
 
 using cuda::detail::LogprobProducer;
 
-// Runs `fn` with the producer forced to `p`; checks that `p` actually ran (want_ran) or that the
-// launcher fell back to the unfused one.
+// Runs `fn` (an internal entry called with the producer option `p`; it returns the producer that
+// ran); checks that `p` actually ran (want_ran) or that the launcher fell back to the unfused one.
 void with_producer(LogprobProducer p, LogprobProducer want_ran, const std::string& tag,
-                   const std::function<void()>& fn) {
-  cuda::detail::logprob_force_producer_for_tests(p);
-  fn();
-  cuda::detail::logprob_force_producer_for_tests(LogprobProducer::kAuto);
-  const LogprobProducer ran = cuda::detail::logprob_last_producer_for_tests();
+                   const std::function<LogprobProducer(LogprobProducer)>& fn) {
+  const LogprobProducer ran = fn(p);
   report(ran == want_ran, tag + ": producer ran = " + cuda::detail::logprob_producer_name(ran));
   if (ran != want_ran) std::printf("  wanted %s\n", cuda::detail::logprob_producer_name(want_ran));
 }
@@ -455,11 +452,12 @@ void test_producers_case(const ProdCase& c, bool nan_w_row) {
                              tag + " tau=" + std::to_string(tau) +
                              (host_t ? " host i64 targets" : " device i32 targets");
       CK(cudaMemset(dout, 0xA5, size_t(6 * T) * 4));
-      with_producer(
-          p, p == LogprobProducer::kFused ? fused_ran : LogprobProducer::kUnfused, t2, [&] {
-            cuda::linear_logprob(vh, vw, tv, LogprobParams{tau}, cfg, outv(o, 0, Device::kCUDA),
-                                 outv(o, 1, Device::kCUDA), outv(o, 2, Device::kCUDA));
-          });
+      with_producer(p, p == LogprobProducer::kFused ? fused_ran : LogprobProducer::kUnfused, t2,
+                    [&](LogprobProducer q) {
+                      return cuda::detail::linear_logprob_with_producer(
+                          vh, vw, tv, LogprobParams{tau}, cfg, outv(o, 0, Device::kCUDA),
+                          outv(o, 1, Device::kCUDA), outv(o, 2, Device::kCUDA), q);
+                    });
       bitwise(t2 + " == cpu (logp, lse, entropy, gaps)", download(dout, size_t(6 * T) * 4).data(),
               r, size_t(6 * T), 4);
     }
@@ -494,10 +492,10 @@ void test_producers_case(const ProdCase& c, bool nan_w_row) {
         const LogprobProducer want =
             (p == LogprobProducer::kFused && v1 > v0) ? fused_ran : LogprobProducer::kUnfused;
         CK(cudaMemset(ds, 0xA5, size_t(T) * 16));
-        with_producer(p, want, t2, [&] {
-          cuda::linear_logprob_partial(vh, vw.rows(v0, v1),
-                                       rk % 2 ? tg.view() : view(dtg32, DType::kI32, {T}, {2}), prm,
-                                       cfg, shard, view(ds, DType::kF32, {T, 4}));
+        with_producer(p, want, t2, [&](LogprobProducer q) {
+          return cuda::detail::linear_logprob_partial_with_producer(
+              vh, vw.rows(v0, v1), rk % 2 ? tg.view() : view(dtg32, DType::kI32, {T}, {2}), prm,
+              cfg, shard, view(ds, DType::kF32, {T, 4}), q);
         });
         bitwise(t2 + " == cpu partial state", download(ds, size_t(T) * 16).data(), hsr,
                 size_t(T * 4), 4);
@@ -545,13 +543,13 @@ void test_producers() {
     void* dout = pb.d.alloc(65 * 12);
     float* o = static_cast<float*>(dout);
     for (int64_t T : {int64_t(65), int64_t(64)}) {
-      cuda::linear_logprob(pb.dev_h().rows(0, T), pb.dev_w(), tg.view().rows(0, T), {}, cfg,
-                           view(o, DType::kF32, {T}), view(o + 65, DType::kF32, {T}),
-                           view(o + 130, DType::kF32, {T}));
+      const LogprobProducer ran = cuda::detail::linear_logprob_with_producer(
+          pb.dev_h().rows(0, T), pb.dev_w(), tg.view().rows(0, T), {}, cfg,
+          view(o, DType::kF32, {T}), view(o + 65, DType::kF32, {T}),
+          view(o + 130, DType::kF32, {T}), LogprobProducer::kAuto);
       const LogprobProducer want = T > 64 ? LogprobProducer::kFused : LogprobProducer::kUnfused;
-      report(cuda::detail::logprob_last_producer_for_tests() == want,
-             "auto producer at T=" + std::to_string(T) + " is " +
-                 cuda::detail::logprob_producer_name(want));
+      report(ran == want, "auto producer at T=" + std::to_string(T) + " is " +
+                              cuda::detail::logprob_producer_name(want));
     }
   }
 }

@@ -7,8 +7,8 @@
 Checked two ways: (1) every #include "..." of a source file names a header of its own layer or of a
 layer below it (public headers include only public headers); (2) when a build directory is given
 and holds the static libraries, every lockstep symbol liblockstep_cuda.a needs is defined in
-liblockstep_cuda.a, liblockstep_contract.a or liblockstep_core.a (so the CUDA backend really links
-contract + core only)."""
+liblockstep_cuda.a, liblockstep_gemm_plan.a (its host-only planner), liblockstep_contract.a or
+liblockstep_core.a (so the CUDA backend really links contract + core only)."""
 import pathlib
 import re
 import subprocess
@@ -78,12 +78,12 @@ def check_cuda_links(build):
         print(f"[layers] {cuda} not built (CUDA off): link check not run")
         return []
     have = set()
-    for name in ("lockstep_cuda", "lockstep_contract", "lockstep_core"):
+    for name in ("lockstep_cuda", "lockstep_gemm_plan", "lockstep_contract", "lockstep_core"):
         have |= symbols(build / f"lib{name}.a", defined=True)
     need = {s for s in symbols(cuda, defined=False) if s.startswith("lockstep::")}
     missing = sorted(need - have)
     print(f"[layers] liblockstep_cuda.a needs {len(need)} lockstep symbols, "
-          f"{len(need) - len(missing)} defined in cuda + contract + core")
+          f"{len(need) - len(missing)} defined in cuda + gemm plan + contract + core")
     return [f"liblockstep_cuda.a needs {s} from outside contract + core" for s in missing]
 
 

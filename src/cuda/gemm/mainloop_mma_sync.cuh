@@ -12,7 +12,10 @@
 
 #include <cstdint>
 
-#include "cuda/mma_sync.cuh"  // mma_16816, cp.async group steps, round_bf16_canonical
+#include "cuda/gemm/epilogue.cuh"  // load_bias, store_output
+#include "cuda/gemm/fold.cuh"      // fold_segment (§G.4)
+#include "cuda/gemm/params.cuh"    // GemmParams
+#include "cuda/mma_sync.cuh"       // mma_16816, cp.async group steps
 
 namespace lockstep::cuda::detail {
 
@@ -20,81 +23,6 @@ constexpr int kGemmThreads = 256;      // 8 warps
 constexpr int kGemmBK = 64;            // k per tile (four k-blocks of 16)
 constexpr int kGemmLds = 72;           // shared row stride in bf16 (144 B: ldmatrix conflict-free)
 constexpr int kGemmCpr = kGemmBK / 8;  // 16-byte chunks per row of a tile
-
-// Which kernel ran (tests force each one through the hook below; the library itself chooses from
-// sizes, strides and alignment only: src/cuda/gemm_bf16_nt.cu).
-enum class GemmPath : int {
-  kAuto = 0,      // the launcher's choice
-  kSmallM,        // gemm_small_m.cu (M <= 64, when it takes the case)
-  kMma32x64,      // this file, 32x64 tiles
-  kMma128x128,    // this file, 128x128 tiles
-  kWgmma128x256,  // gemm_sm90.cuh; several segments: fp32 workspace + tree kernel
-  kWgmma128x128,
-  kWgmma64x128,
-  kWgmma128x128Tree,  // gemm_sm90.cuh, segments looped in the CTA, register tree (S <= 2)
-  kWgmma64x128Tree,   // same, S <= 8
-  // S = 4 or 8: the 128x128 in-CTA tree over each pair of segments (S/2 launches, each writing
-  // one fp32 plane), then the tree kernel over the S/2 planes (G.4's upper levels), bias, rounding
-  kWgmma128x128Pairs,
-  // 64x256 tiles, the two consumer warpgroups on alternate tiles (one's epilogue overlaps the
-  // other's k-loop); several segments: fp32 workspace + tree kernel. Forced only (not measured yet)
-  kWgmma64x256PingPong,
-};
-// Test hook (process-wide, not thread-safe): run `p` for every following call where the operands
-// allow it (a wgmma path needs TMA-compatible operands, else the 128x128 mma.sync kernel runs);
-// kAuto restores the normal choice. gemm_last_path_for_tests() says what the last call ran.
-void gemm_force_path_for_tests(GemmPath p);
-GemmPath gemm_last_path_for_tests();
-const char* gemm_path_name(GemmPath p);
-
-// ---- Internal entry point: the Hopper kernel with the fused log-prob epilogue (used by
-// src/cuda/logprob.cu; docs/cuda-gemm.md "Fused log-prob epilogue"). Instead of storing the fp32
-// logits z[m, n] = x[m, :]·w[n, :] (one segment, the §G.3 chain), each 128x256 tile writes the
-// docs/contract.md §L.5 tile state (m, s, w) of y = z / tau for each of its rows, one vocab tile
-// of 256 = the tile's columns: states[(m · n_tiles + tile0 + n0 / 256) · 3 + {0, 1, 2}] (raw
-// fp32, NaN payload unspecified, as the unfused tile-state kernel writes them); columns n >= N
-// are padding (y = −inf). y_target[m] = y[m, col] for col = targets[row0 + m] − target_base when
-// that target is not ignore_index and col ∈ [0, N) (else y_target[m] is left as it is).
-struct GemmLogprobEpilogue {  // trivial (no member initializers): a kernel parameter's member
-  float tau;
-  float* states;  // [M, n_tiles] of (m, s, w)
-  int64_t n_tiles;
-  int64_t tile0;    // vocab tile of column 0 (a multiple of 256 columns per tile)
-  float* y_target;  // [M]
-  const void* targets;
-  int64_t targets_stride;
-  int targets_i64;
-  int64_t row0;         // targets index of row 0
-  int64_t target_base;  // global vocab id of column 0
-  int64_t ignore_index;
-};
-constexpr int kLogprobFusedTile = 256;  // the vocab tile the fused epilogue computes
-
-// The fused kernel takes x [M, K] (rows ldx apart) and w [N, K] (rows ldw apart) iff they are
-// TMA-compatible (16-byte aligned bases, row strides a multiple of 8 covering K, K >= 1, sizes
-// below 2^31): a function of pointers' alignment, strides and sizes only.
-bool gemm_logprob_fused_ok(const void* x, int64_t M, int64_t ldx, const void* w, int64_t N,
-                           int64_t ldw, int64_t K);
-// One segment of length seg_len (K rounded up to 16: gemm_segments == 1). Requires
-// gemm_logprob_fused_ok; M, N >= 1. Asynchronous on `stream`; throws lockstep::Error on a failed
-// launch.
-void gemm_bf16_nt_logprob_fused(const uint16_t* x, int64_t M, int64_t ldx, const uint16_t* w,
-                                int64_t N, int64_t ldw, int64_t K, int64_t seg_len,
-                                const GemmLogprobEpilogue& e, cudaStream_t stream);
-
-struct GemmParams {
-  const uint16_t* x;
-  const uint16_t* w;
-  const void* bias;  // nullptr, bf16 or f32
-  void* y;
-  int64_t M, N, K;
-  int64_t ldx, ldw, ldy, bias_stride;  // elements
-  int64_t seg_len;                     // Ls (multiple of 16)
-  int segments;                        // S
-  int bias_f32;                        // 1: bias is f32, 0: bf16
-  int y_f32;                           // 1: y is f32, 0: bf16
-  int x_vec, w_vec;                    // 16-byte loads allowed (base and row stride aligned)
-};
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const uint16_t* p) {
   uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -173,8 +101,7 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_bf16_nt_kernel(const GemmPa
     for (int j = 0; j < NT; ++j)
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.0f;
-  // Pending left subtrees of the segment tree (levels 0..2; S <= 8), per thread.
-  float stack[3][MT][NT][4];
+  float stack[3][MT][NT][4];  // pending left subtrees (fold.cuh; S <= 8)
 
   // Issues the loads of k-tile t into stage t % NS (cp.async, or plain stores at the edges).
   auto load_tile = [&](int64_t t) {
@@ -248,29 +175,7 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_bf16_nt_kernel(const GemmPa
     }
 
     // Segment finished: fold it into the tree (G.4), restart the chain from +0.
-    if (kin + kGemmBK >= p.seg_len && p.segments > 1) {
-      int lvl = 0;
-      for (; (s >> lvl) & 1; ++lvl) {
-#pragma unroll
-        for (int i = 0; i < MT; ++i)
-#pragma unroll
-          for (int jn = 0; jn < NT; ++jn)
-#pragma unroll
-            for (int c = 0; c < 4; ++c)
-              acc[i][jn][c] = __fadd_rn(stack[lvl][i][jn][c], acc[i][jn][c]);
-      }
-      if (s + 1 < p.segments) {
-#pragma unroll
-        for (int i = 0; i < MT; ++i)
-#pragma unroll
-          for (int jn = 0; jn < NT; ++jn)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-              stack[lvl][i][jn][c] = acc[i][jn][c];
-              acc[i][jn][c] = 0.0f;
-            }
-      }
-    }
+    if (kin + kGemmBK >= p.seg_len && p.segments > 1) fold_segment<true>(acc, stack, s, p.segments);
   }
   cp_async_wait<0>();  // no copy may outlive the CTA (only empty groups remain here)
 
@@ -286,19 +191,8 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_bf16_nt_kernel(const GemmPa
         const int64_t n = n0 + wn * (BN / 4) + jn * 8 + tq * 2 + (c & 1);
         if (m < p.M && n < p.N) {
           float v = acc[i][jn][c];
-          if (p.bias) {
-            const float b =
-                p.bias_f32
-                    ? static_cast<const float*>(p.bias)[n * p.bias_stride]
-                    : __uint_as_float(
-                          uint32_t(static_cast<const uint16_t*>(p.bias)[n * p.bias_stride]) << 16);
-            v = __fadd_rn(v, b);
-          }
-          if (p.y_f32) {
-            static_cast<uint32_t*>(p.y)[m * p.ldy + n] = canonical_f32_bits(v);
-          } else {
-            static_cast<uint16_t*>(p.y)[m * p.ldy + n] = round_bf16_canonical(v);
-          }
+          if (p.bias) v = __fadd_rn(v, load_bias(p.bias, p.bias_stride, p.bias_f32, n));
+          store_output(p.y, p.ldy, p.y_f32, m, n, v);
         }
       }
     }

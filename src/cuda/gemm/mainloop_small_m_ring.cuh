@@ -1,19 +1,22 @@
 // Small-M (decode, M <= 64) path of lockstep::cuda::gemm_bf16_nt: same contract, same bits
 // (docs/contract.md §G, §M). At these M the GEMM is bound by streaming w once, and with S = 1 the
-// only parallelism is over N (and M). Two kernel families, one variant table (gemm_small_m.cu):
-//   - kind 0 (this file): the CTA tile is BN = 16..192 rows of w by all of M (bm = 8/16/32/64),
+// only parallelism is over N (and M). Three main loops (tiles: plan.cc, launch_small_m.cu):
+//   - the cp.async ring (this file): the CTA tile is BN = 16..192 rows of w by all of M (bm =
+//   8/16/32/64),
 //     BN chosen so that the busiest SM streams the fewest w rows (one wave of ~128 CTAs on the
 //     Qwen3-8B shapes), and each CTA keeps NS k-tiles of w and x in flight (cp.async ring filled
 //     by the same warps that compute). Reduction order: every output's segment is ONE
 //     mma.sync.m16n8k16 chain from +0 over the segment's k-blocks of 16 in ascending order (x = A
 //     operand rows, w = B operand columns); a CTA walks the S segments in order and folds them
 //     with the G.4 tree, then bias once, one rounding.
-//   - kind 1 (gemm_small_m_ws.cuh): warp-specialized, one producer warp streams w and x with TMA
+//   - the TMA ring (mainloop_small_m_tma.cuh): warp-specialized, one producer warp streams w and x
+//   with TMA
 //     into a deep mbarrier ring, consumer warps run the chains with the operand roles swapped
 //     (A = w, B = x: the MMA model is symmetric); TMA-compatible operands only.
-//   - kind 2 (gemm_small_m_wg.cuh): the same ring feeding one consumer warpgroup's wgmma chains
+//   - wgmma (mainloop_small_m_wgmma.cuh): the same ring feeding one consumer warpgroup's wgmma
+//   chains
 //     (x = the 64-row A operand, w = B); the M > 32 candidates for BN 32/48/64.
-// The tile choice depends on (M, N) and the SM count only and never changes bits.
+// The tile choice (plan.cc) depends on the sizes only and never changes bits.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,84 +25,18 @@
 #include <string>
 #include <type_traits>
 
-#include "cuda/mma_sync.cuh"  // mma_16816, cp.async group steps, round_bf16_canonical
-#include "lockstep/ops/gemm.h"
-#include "lockstep/tensor.h"
+#include "cuda/gemm/epilogue.cuh"  // load_bias, store_output
+#include "cuda/gemm/fold.cuh"      // fold_segment (§G.4)
+#include "cuda/gemm/params.cuh"    // GemmParams
+#include "cuda/mma_sync.cuh"       // mma_16816, cp.async group steps
 
 namespace lockstep::cuda::detail {
-
-// ---- Launcher-level API (gemm_small_m.cu).
-
-// Tile of one small-M kernel instantiation (printable; chosen from M, N, K, S only).
-struct SmallMTile {
-  int bm = 0;       // rows of x per CTA (8, 16, 32, 64); M > bm uses several CTA rows
-  int bn = 0;       // rows of w (outputs n) per CTA
-  int wm = 0;       // (consumer) warps along M
-  int wn = 0;       // (consumer) warps along N
-  int bk = 0;       // k per pipeline stage
-  int stages = 0;   // pipeline depth
-  int kind = 0;     // 0: cp.async ring, all warps load and compute (handles every layout);
-                    // 1: warp-specialized TMA + mbarrier ring (TMA-compatible operands only);
-                    // 2: TMA + wgmma, one consumer warpgroup (TMA-compatible operands, S <= 8)
-  int mb = 0;       // kind 1: m8 tiles of x per consumer warp
-  int na = 0;       // kind 1: n16 tiles of w per consumer warp
-  int cluster = 1;  // kind 1: CTAs per thread-block cluster (along N) sharing x by TMA multicast
-  // kind 0: "small-m bm=8 bn=16 warps=1x1 bk=256 stages=6";
-  // kind 1: "small-m-ws bm=8 bn=32 warps=1x2+1 chains=1x1 bk=256 stages=9[ cluster=2]";
-  // kind 2: "small-m-wgmma bm=64 bn=32 warpgroups=1+1 bk=128 stages=8"
-  std::string to_string() const;
-};
-
-// Arguments already checked by the launcher (gemm_bf16_nt). Returns false when this path does not
-// handle the case (the caller then uses the general kernel: same bits). Handles every M in
-// [1, 64], any N, K, strides, alignment, S, bias and output dtype.
-bool gemm_bf16_nt_small_m(const TensorView& x, const TensorView& w, const TensorView* bias,
-                          const GemmConfig& cfg, const TensorView& y, cudaStream_t stream);
-
-// The tile gemm_bf16_nt_small_m uses for these sizes on a GPU with sm_count multiprocessors
-// (index into the variant table; sm_count <= 0 means 132).
-int small_m_default_variant(int64_t M, int64_t N, int64_t K, int segments, int sm_count);
-
-// The TMA tile (kind 1; kind 2 for M > 32 and BN 32/48/64) proposed for these sizes (index
-// into the variant table; sm_count <= 0 means 132). gemm_bf16_nt_small_m uses it only for
-// M <= kSmallMCandidateUpToM (a constant in gemm_small_m.cu, 64 since 2026-11-29), and then falls
-// back to the default tile for operands TMA cannot read.
-int small_m_candidate_variant(int64_t M, int64_t N, int64_t K, int segments, int sm_count);
-
-// The variant gemm_bf16_nt_small_m tries first for these sizes (the default or, with the switch
-// on, the candidate).
-int small_m_dispatch_variant(int64_t M, int64_t N, int64_t K, int segments, int sm_count);
-
-// Tuning hooks for tests and benchmarks: the table of compiled tile variants, and a call that runs
-// one of them (same bits for every variant; false if the variant cannot take the case: M > 64,
-// and for kind 1 operands TMA cannot read — a base not 16-byte aligned, a row stride (of a view
-// with more than one row) not a multiple of 8 elements, K = 0).
-int small_m_variant_count();
-SmallMTile small_m_variant(int v);
-bool gemm_bf16_nt_small_m_variant(const TensorView& x, const TensorView& w, const TensorView* bias,
-                                  const GemmConfig& cfg, const TensorView& y, cudaStream_t stream,
-                                  int variant);
-
-// Number of launches this process made through the small-M path (to prove dispatch in tests).
-int64_t small_m_launch_count();
 
 // ---- The kernel.
 
 namespace small_m {
 
-struct Params {
-  const uint16_t* x;  // [M, K] bf16, row stride ldx
-  const uint16_t* w;  // [N, K] bf16, row stride ldw
-  const void* bias;   // nullptr, bf16 or f32 [N] with stride bias_stride
-  void* y;            // [M, N] bf16 or f32, row stride ldy
-  int64_t M, N, K;
-  int64_t ldx, ldw, ldy, bias_stride;  // elements
-  int64_t seg_len;                     // Ls (multiple of 16)
-  int segments;                        // S
-  int bias_f32;                        // 1: bias is f32, 0: bf16
-  int y_f32;                           // 1: y is f32, 0: bf16
-  int x_vec, w_vec;                    // 16-byte loads allowed (base and row stride aligned)
-};
+using Params = GemmParams;
 
 constexpr int kPad = 8;  // bf16 per smem row beyond BK: row pitch = 16 mod 128 bytes, so the
                          // 8 rows of one ldmatrix phase hit 8 distinct 16-byte bank groups
@@ -235,7 +172,7 @@ __global__ void __launch_bounds__(32 * WM * WN) gemm_small_m_kernel(const Params
     for (int j = 0; j < NT; ++j)
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.0f;
-  float stack[3][MT][NT][4];  // pending left subtrees of the G.4 tree (S <= 8)
+  float stack[3][MT][NT][4];  // pending left subtrees (fold.cuh; S <= 8)
 
 #pragma unroll
   for (int st = 0; st < NS - 1; ++st) {
@@ -327,29 +264,7 @@ __global__ void __launch_bounds__(32 * WM * WN) gemm_small_m_kernel(const Params
     c_stage = c_stage + 1 == NS ? 0 : c_stage + 1;
     if (c_kin >= seg_len) {
       // Segment finished: fold it into the tree (G.4: left operand = earlier subtree), restart.
-      if (p.segments > 1) {
-        int lvl = 0;
-        for (; (c_seg >> lvl) & 1; ++lvl) {
-#pragma unroll
-          for (int i = 0; i < MT; ++i)
-#pragma unroll
-            for (int j = 0; j < NT; ++j)
-#pragma unroll
-              for (int c = 0; c < 4; ++c)
-                acc[i][j][c] = __fadd_rn(stack[lvl][i][j][c], acc[i][j][c]);
-        }
-        if (c_seg + 1 < p.segments) {
-#pragma unroll
-          for (int i = 0; i < MT; ++i)
-#pragma unroll
-            for (int j = 0; j < NT; ++j)
-#pragma unroll
-              for (int c = 0; c < 4; ++c) {
-                stack[lvl][i][j][c] = acc[i][j][c];
-                acc[i][j][c] = 0.0f;
-              }
-        }
-      }
+      if (p.segments > 1) fold_segment<true>(acc, stack, c_seg, p.segments);
       c_kin = 0;
       ++c_seg;
     }
@@ -370,19 +285,8 @@ __global__ void __launch_bounds__(32 * WM * WN) gemm_small_m_kernel(const Params
         const int64_t n = n0 + wn * (BN / WN) + j * 8 + tq * 2 + (c & 1);
         if (m < p.M && n < p.N) {
           float v = acc[i][j][c];
-          if (p.bias) {
-            const float b =
-                p.bias_f32
-                    ? static_cast<const float*>(p.bias)[n * p.bias_stride]
-                    : __uint_as_float(
-                          uint32_t(static_cast<const uint16_t*>(p.bias)[n * p.bias_stride]) << 16);
-            v = __fadd_rn(v, b);
-          }
-          if (p.y_f32) {
-            static_cast<uint32_t*>(p.y)[m * p.ldy + n] = canonical_f32_bits(v);
-          } else {
-            static_cast<uint16_t*>(p.y)[m * p.ldy + n] = round_bf16_canonical(v);
-          }
+          if (p.bias) v = __fadd_rn(v, load_bias(p.bias, p.bias_stride, p.bias_f32, n));
+          store_output(p.y, p.ldy, p.y_f32, m, n, v);
         }
       }
     }

@@ -1,17 +1,15 @@
-// wgmma small-M (decode) GEMM kernel, "kind 2" of the small-M variant table (gemm_small_m.cu):
+// wgmma small-M (decode) GEMM kernel (tiles: plan.cc, launch_small_m.cu):
 // one producer thread streams x and w with TMA (128B swizzle, zero fill) through an NS-stage
 // mbarrier ring; one consumer warpgroup runs wgmma.m64nBNk16 with x as the 64-row A operand (all
 // of M <= 64; rows >= M are TMA zero fill) and BN = 32..64 rows of w as the B operand, both read
 // by the tensor cores straight from shared memory (no ldmatrix, no register copies: half the
-// shared-memory reads of the kind 1 tiles at M = 64).
+// shared-memory reads of the TMA-ring tiles at M = 64).
 // Bits (docs/contract.md §G.3, §M.2): each output's segment is ONE wgmma chain on its accumulator
 // registers, the segment's first k-block with scale-d = 0 (= c = +0), then every k-block of 16 of
 // the segment in ascending k; k-blocks past the segment end are never issued, elements k >= K are
 // zero fill (exact no-ops). Segments fold with the G.4 tree in registers (S <= 8), then bias once,
 // one rounding, canonical NaN — the same bits as every other small-M tile.
-// NOTE: on the H200 (2026-11-30) these tiles pass test_gemm_small_m's every-variant parity sweep;
-// at M = 64 (w from HBM) BN = 32 with 256-k stages (v78) ran 5-8% faster than the kind 1 tile
-// v47, so small_m_candidate_variant picks v78/v79/v80 for M > 32 (kCandidateWgmma).
+// The planner takes these tiles for M > 32 and BN 32 / 48 / 64 (measured: docs/cuda-gemm.md).
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only)
@@ -19,10 +17,11 @@
 
 #include <cstdint>
 
-#include "cuda/gemm_small_m.cuh"     // (+ mma_sync.cuh: round_bf16_canonical)
-#include "cuda/gemm_small_m_ws.cuh"  // Params, mbar_wait (traps instead of hanging)
-#include "cuda/sm90_async.cuh"       // mbarriers, TMA loads
-#include "cuda/sm90_wgmma.cuh"       // wgmma_k16, sw128_desc, fences, fence_acc, tree_add
+#include "cuda/gemm/epilogue.cuh"              // load_bias, store_output
+#include "cuda/gemm/fold.cuh"                  // fold_segment (§G.4)
+#include "cuda/gemm/mainloop_small_m_tma.cuh"  // Params, mbar_wait (traps instead of hanging)
+#include "cuda/sm90_async.cuh"                 // mbarriers, TMA loads
+#include "cuda/sm90_wgmma.cuh"                 // wgmma_k16, sw128_desc, fences, fence_acc
 
 namespace lockstep::cuda::detail::small_m_wg {
 
@@ -59,11 +58,11 @@ struct Shape {
 
 // Grid (⌈N/BN⌉, ⌈M/64⌉); CTA (bx, by) computes y[by·64 .., bx·BN ..]. Threads 0-127: the
 // producer warpgroup (thread 0 issues every copy); threads 128-255: the consumer warpgroup.
-// NOTE: the shape of the code follows gemm_sm90.cuh where ptxas is sensitive: the roles split at a
-// warpgroup boundary with if/else (no early return), `setmaxnreg` in both roles, segments and
+// NOTE: the shape of the code follows mainloop_sm90.cuh where ptxas is sensitive: the roles split
+// at a warpgroup boundary with if/else (no early return), `setmaxnreg` in both roles, segments and
 // k-tiles as nested loops with the segment's final wait outside the k-tile loop, each wgmma branch
 // with its own fence and commit. Without the `setmaxnreg` pair ptxas serialized every wgmma
-// (C7518/C7520: a wait after each HGMMA) even in this shape (checked in the SASS, 2026-11-30); the
+// (C7518/C7520: a wait after each HGMMA) even in this shape (checked in the SASS); the
 // other choices were not tried one at a time.
 template <int BN, int KB64, int NS>
 __global__ void __launch_bounds__(256, 1)
@@ -128,8 +127,8 @@ __global__ void __launch_bounds__(256, 1)
     float acc[R];
 #pragma unroll
     for (int i = 0; i < R; ++i) acc[i] = 0.0f;
-    // Pending left subtrees of the G.4 tree (levels 0, 1, 2: S <= 8).
-    float st0[R], st1[R], st2[R];
+    // Pending left subtrees of the G.4 tree (fold.cuh; S <= 8).
+    float stack[3][R];
 
     int stage = 0;
     uint32_t phase = 0;
@@ -183,26 +182,8 @@ __global__ void __launch_bounds__(256, 1)
       fence_acc(acc);
       if (lane == 0) mbar_arrive(empty_bar(prev));
       if (p.segments > 1) {
-        // Fold the completed left subtrees (one per trailing 1 bit of sg: left = earlier), then
-        // park the result at its level unless it is the root; the next segment's chain starts
-        // with scale-d = 0, so acc needs no reset.
-        if (sg & 1) {
-          tree_add(acc, st0);
-          if (sg & 2) {
-            tree_add(acc, st1);
-            if (sg & 4) tree_add(acc, st2);
-          }
-        }
-        if (sg + 1 < p.segments) {
-          const int lvl = (sg & 1) == 0 ? 0 : (sg & 2) == 0 ? 1 : 2;
-          if (lvl == 0) {
-            copy_acc(st0, acc);
-          } else if (lvl == 1) {
-            copy_acc(st1, acc);
-          } else {
-            copy_acc(st2, acc);
-          }
-        }
+        // The next segment's chain starts with scale-d = 0, so acc needs no reset.
+        fold_segment<false>(acc, stack, sg, p.segments);
         fence_acc(acc);
       }
     }
@@ -216,23 +197,14 @@ __global__ void __launch_bounds__(256, 1)
         const int64_t n = n0 + 8 * i + 2 * (lane & 3) + c;
         if (n >= p.N) continue;
         float b = 0.0f;
-        if (p.bias) {
-          b = p.bias_f32
-                  ? static_cast<const float*>(p.bias)[n * p.bias_stride]
-                  : __uint_as_float(
-                        uint32_t(static_cast<const uint16_t*>(p.bias)[n * p.bias_stride]) << 16);
-        }
+        if (p.bias) b = load_bias(p.bias, p.bias_stride, p.bias_f32, n);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int64_t m = m0 + 16 * warp + (lane >> 2) + 8 * h;
           if (m >= p.M) continue;
           float v = acc[4 * i + 2 * h + c];
           if (p.bias) v = __fadd_rn(v, b);
-          if (p.y_f32) {
-            static_cast<uint32_t*>(p.y)[m * p.ldy + n] = canonical_f32_bits(v);
-          } else {
-            static_cast<uint16_t*>(p.y)[m * p.ldy + n] = round_bf16_canonical(v);
-          }
+          store_output(p.y, p.ldy, p.y_f32, m, n, v);
         }
       }
     }

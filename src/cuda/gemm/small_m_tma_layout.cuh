@@ -1,4 +1,4 @@
-// Index math of the warp-specialized small-M kernel (gemm_small_m_ws.cuh), kept free of CUDA
+// Index math of the warp-specialized small-M kernel (mainloop_small_m_tma.cuh), kept free of CUDA
 // types and instructions so that a host program can replay it (an emulation of TMA's 128B
 // swizzle, ldmatrix and mma.sync fragments) and compare the result with the CPU GEMM.
 #pragma once

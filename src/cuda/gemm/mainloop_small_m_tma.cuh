@@ -1,14 +1,14 @@
 // Warp-specialized small-M (decode) GEMM kernel: one producer warp streams w and x through an
 // NS-stage ring with TMA (cp.async.bulk.tensor, 128B swizzle, zero fill out of bounds, completion
 // on mbarriers), WM x WN consumer warps only read fragments (ldmatrix) and run mma.sync chains; no
-// __syncthreads in the main loop. Same contract, same bits as gemm_small_m.cuh (docs/contract.md
-// §G, §M): the roles of the operands are swapped, y^T = w · x^T: A = 16 rows of w (n), B = 8 rows
-// of x (m), so one m16n8k16 advances the chains of 16 outputs n x 8 rows m by one k-block. The MMA
-// model is symmetric in a <-> b (§M.1: the same 16 exact products, the same c), so each output's
-// segment is still ONE chain from +0 over its k-blocks of 16 in ascending order; segments are
-// folded with the G.4 tree in registers (left = earlier subtree), then bias once, one rounding,
-// canonical NaN. Rows >= M / >= N and columns >= K arrive as TMA zero fill (zero products are
-// exact no-ops, G.2). Needs TMA-compatible operands (16-byte aligned bases, row strides a
+// __syncthreads in the main loop. Same contract, same bits as mainloop_small_m_ring.cuh
+// (docs/contract.md §G, §M): the roles of the operands are swapped, y^T = w · x^T: A = 16 rows of w
+// (n), B = 8 rows of x (m), so one m16n8k16 advances the chains of 16 outputs n x 8 rows m by one
+// k-block. The MMA model is symmetric in a <-> b (§M.1: the same 16 exact products, the same c), so
+// each output's segment is still ONE chain from +0 over its k-blocks of 16 in ascending order;
+// segments are folded with the G.4 tree in registers (left = earlier subtree), then bias once, one
+// rounding, canonical NaN. Rows >= M / >= N and columns >= K arrive as TMA zero fill (zero products
+// are exact no-ops, G.2). Needs TMA-compatible operands (16-byte aligned bases, row strides a
 // multiple of 8 elements, K >= 1): the launcher declines the others.
 #pragma once
 
@@ -18,26 +18,19 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda/gemm_small_m.cuh"            // ldsm_x4, ldsm_x2 (+ mma_sync.cuh)
-#include "cuda/gemm_small_m_ws_layout.cuh"  // Shape: geometry, tile sequence, lane addresses
-#include "cuda/sm90_async.cuh"              // mbarriers, TMA loads (shared with gemm_sm90.cuh)
+#include "cuda/gemm/epilogue.cuh"               // load_bias, store_output
+#include "cuda/gemm/fold.cuh"                   // fold_segment (§G.4)
+#include "cuda/gemm/mainloop_small_m_ring.cuh"  // ldsm_x4, ldsm_x2 (+ mma_sync.cuh)
+#include "cuda/gemm/params.cuh"                 // TmaGemmParams
+#include "cuda/gemm/small_m_tma_layout.cuh"     // Shape: geometry, tile sequence, lane addresses
+#include "cuda/sm90_async.cuh"                  // mbarriers, TMA loads
 
 namespace lockstep::cuda::detail::small_m_ws {
 
 using small_m::ldsm_x2;
 using small_m::ldsm_x4;
 
-struct Params {
-  int64_t M, N;
-  int64_t seg_len;   // Ls (multiple of 16, >= 16)
-  int segments;      // S
-  const void* bias;  // nullptr, bf16 or f32 [N] with stride bias_stride
-  int64_t bias_stride;
-  int bias_f32;  // 1: bias is f32, 0: bf16
-  void* y;       // [M, N] bf16 or f32, row stride ldy
-  int64_t ldy;
-  int y_f32;  // 1: y is f32, 0: bf16
-};
+using Params = TmaGemmParams;
 
 // NOTE: a wait that has not completed after kWaitLimitNs traps (the launch fails with an error)
 // instead of hanging the process: in a sound pipeline every wait lasts microseconds.
@@ -87,7 +80,7 @@ __device__ __forceinline__ void cluster_wait() {
 
 // Grid (⌈N/BN⌉, ⌈M/BM⌉); CTA (bx, by) computes y[by·BM .., bx·BN ..]. Stage s of the ring sits
 // at base + s·kStage (layout, tile sequence and lane addresses: Shape in
-// gemm_small_m_ws_layout.cuh). Consumers read the fragments of the next k-block before the mma of
+// small_m_tma_layout.cuh). Consumers read the fragments of the next k-block before the mma of
 // the current one (across stage boundaries too), so the chains never wait for shared memory; a
 // stage is released (mbarrier arrive, one per consumer warp) as soon as its last fragments have
 // been read.
@@ -222,7 +215,7 @@ __global__ void __launch_bounds__(Shape<WM, MB, WN, NA, KB64, NS>::kThreads, 1)
     for (int j = 0; j < MB; ++j)
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.0f;
-  float stack[3][NA][MB][4];  // pending left subtrees of the G.4 tree (S <= 8; segment ends only)
+  float stack[3][NA][MB][4];  // pending left subtrees (fold.cuh; S <= 8)
 
   Frag cur, nxt;
 #pragma unroll
@@ -277,29 +270,7 @@ __global__ void __launch_bounds__(Shape<WM, MB, WN, NA, KB64, NS>::kThreads, 1)
     phase = nphase;
     if (++kt == nkt) {
       // Segment sg finished: fold it into the tree (G.4: left operand = earlier subtree).
-      if (p.segments > 1) {
-        int lvl = 0;
-        for (; (sg >> lvl) & 1; ++lvl) {
-#pragma unroll
-          for (int i = 0; i < NA; ++i)
-#pragma unroll
-            for (int j = 0; j < MB; ++j)
-#pragma unroll
-              for (int c = 0; c < 4; ++c)
-                acc[i][j][c] = __fadd_rn(stack[lvl][i][j][c], acc[i][j][c]);
-        }
-        if (sg + 1 < p.segments) {
-#pragma unroll
-          for (int i = 0; i < NA; ++i)
-#pragma unroll
-            for (int j = 0; j < MB; ++j)
-#pragma unroll
-              for (int c = 0; c < 4; ++c) {
-                stack[lvl][i][j][c] = acc[i][j][c];
-                acc[i][j][c] = 0.0f;
-              }
-        }
-      }
+      if (p.segments > 1) fold_segment<true>(acc, stack, sg, p.segments);
       kt = 0;
       ++sg;
     }
@@ -315,12 +286,7 @@ __global__ void __launch_bounds__(Shape<WM, MB, WN, NA, KB64, NS>::kThreads, 1)
       const int64_t n = n0 + Sh::out_n(lane, wn, i, h);
       if (n >= p.N) continue;
       float b = 0.0f;
-      if (p.bias) {
-        b = p.bias_f32
-                ? static_cast<const float*>(p.bias)[n * p.bias_stride]
-                : __uint_as_float(uint32_t(static_cast<const uint16_t*>(p.bias)[n * p.bias_stride])
-                                  << 16);
-      }
+      if (p.bias) b = load_bias(p.bias, p.bias_stride, p.bias_f32, n);
 #pragma unroll
       for (int j = 0; j < MB; ++j) {
 #pragma unroll
@@ -329,11 +295,7 @@ __global__ void __launch_bounds__(Shape<WM, MB, WN, NA, KB64, NS>::kThreads, 1)
           if (m >= p.M) continue;
           float v = acc[i][j][h * 2 + e];
           if (p.bias) v = __fadd_rn(v, b);
-          if (p.y_f32) {
-            static_cast<uint32_t*>(p.y)[m * p.ldy + n] = canonical_f32_bits(v);
-          } else {
-            static_cast<uint16_t*>(p.y)[m * p.ldy + n] = round_bf16_canonical(v);
-          }
+          store_output(p.y, p.ldy, p.y_f32, m, n, v);
         }
       }
     }

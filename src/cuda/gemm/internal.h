@@ -1,0 +1,46 @@
+// Internal entry points of the CUDA GEMM (src/cuda/gemm/), for the log-prob producer, tests and
+// benchmarks. Plain C++ (the stream is an opaque cudaStream_t passed as void*).
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/gemm/plan.h"
+#include "lockstep/ops/gemm.h"
+#include "lockstep/tensor.h"
+
+typedef struct CUstream_st* cudaStream_t;
+
+namespace lockstep::cuda::detail {
+
+struct GemmParams;
+
+// The problem cuda::gemm_bf16_nt / gemm_bf16_nt_partial plan for these arguments (sizes,
+// segments, TMA compatibility of the operands). Arguments are not checked here.
+GemmProblem gemm_problem(const TensorView& x, const TensorView& w, const GemmConfig& cfg);
+GemmProblem gemm_partial_problem(const TensorView& x_shard, const TensorView& w_shard,
+                                 int64_t k_total, int tp_size, const GemmConfig& cfg);
+
+// cuda::gemm_bf16_nt / gemm_bf16_nt_partial running `plan` instead of plan_gemm's: the same
+// argument checks, then lockstep::Error unless the plan is one of gemm_legal_plans(problem).
+// Same bits for every legal plan (what test_gemm_parity checks).
+void gemm_bf16_nt_with_plan(const TensorView& x, const TensorView& w, const TensorView* bias,
+                            const GemmConfig& cfg, const TensorView& y, const GemmPlan& plan,
+                            void* stream = nullptr);
+void gemm_bf16_nt_partial_with_plan(const TensorView& x_shard, const TensorView& w_shard,
+                                    int64_t k_total, int tp_size, int tp_rank,
+                                    const GemmConfig& cfg, const TensorView& y_partial,
+                                    const GemmPlan& plan, void* stream = nullptr);
+
+// x [M, K] (rows ldx apart) and w [N, K] (rows ldw apart) are TMA-compatible (16-byte aligned
+// bases, row strides a multiple of 8 covering K, K >= 1, sizes below 2^31): a function of the
+// pointers' alignment, strides and sizes only. The fused log-prob producer needs it.
+bool gemm_operands_tma_ok(const void* x, int64_t M, int64_t ldx, const void* w, int64_t N,
+                          int64_t ldw, int64_t K);
+
+// The small-M launch (launch_small_m.cu) of a plan whose main loop is a small-M kind; throws if
+// no kernel of that tile is compiled or its launch fails.
+void run_small_m(const GemmParams& p, const GemmPlan& plan, cudaStream_t stream);
+// 0 iff the compiled small-M kernels are exactly plan.cc's tiles (a test checks it).
+int small_m_kernels_missing();
+
+}  // namespace lockstep::cuda::detail

@@ -1,0 +1,519 @@
+// Launchers of the tensor-core GEMM: cuda::gemm_bf16_nt, gemm_bf16_nt_partial, gemm_tree_combine,
+// gemm_launch_plan, and the internal entries that run a given plan (internal.h). Every argument is
+// checked before a launch (lockstep::Error naming the op and the argument, as the cpu functions
+// do); the plan comes from plan_gemm (plan.h: sizes, segments and operand alignment only, never
+// the data or the device), and every plan computes each output with the same chain (§G.3) and
+// tree (§G.4), so the choice is a speed choice: the bits are the CPU's.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <sstream>
+#include <string>
+
+#include "cuda/gemm/internal.h"
+#include "cuda/gemm/mainloop_mma_sync.cuh"
+#include "cuda/gemm/sm90_launch.cuh"
+#include "cuda/gemm/tree_combine.cuh"
+#include "lockstep/cuda/gemm.h"
+#include "lockstep/error.h"
+
+namespace lockstep::cuda {
+
+namespace {
+
+using detail::GemmParams;
+
+constexpr const char* kOp = "cuda::gemm_bf16_nt";
+constexpr const char* kOpPartial = "cuda::gemm_bf16_nt_partial";
+constexpr const char* kOpCombine = "cuda::gemm_tree_combine";
+
+// Upper bound of the fp32 workspace of a multi-segment wgmma launch (rows are processed in chunks).
+constexpr int64_t kWorkspaceBytes = int64_t(1) << 30;
+
+// Byte range [lo, hi) touched by a view (empty views touch nothing).
+struct Span {
+  uintptr_t lo = 0, hi = 0;
+};
+Span span_of(const TensorView& t) {
+  Span s;
+  if (t.numel() == 0) return s;
+  int64_t last = 0;
+  for (int d = 0; d < t.ndim; ++d) last += (t.shape[d] - 1) * t.stride[d];
+  s.lo = reinterpret_cast<uintptr_t>(t.data);
+  s.hi = s.lo + uintptr_t((last + 1) * dtype_size(t.dtype));
+  return s;
+}
+bool overlap(const Span& a, const Span& b) {
+  return a.lo < a.hi && b.lo < b.hi && a.lo < b.hi && b.lo < a.hi;
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// One launch's operands: y = tree over nseg segments of length seg_len of the chains over
+// x[:, 0..K) · w[:, 0..K) (zero beyond K), + bias, rounded once (the kernels' GemmParams; bias
+// and y as given).
+GemmParams core_params(const TensorView& x, const TensorView& w, const TensorView* bias, int nseg,
+                       int64_t seg_len, const TensorView& y) {
+  GemmParams p{};
+  p.x = static_cast<const uint16_t*>(x.data);
+  p.w = static_cast<const uint16_t*>(w.data);
+  p.bias = bias ? bias->data : nullptr;
+  p.y = y.data;
+  p.M = x.shape[0];
+  p.N = w.shape[0];
+  p.K = x.shape[1];
+  p.ldx = x.stride[0];
+  p.ldw = w.stride[0];
+  p.ldy = y.stride[0];
+  p.bias_stride = bias ? bias->stride[0] : 0;
+  p.seg_len = seg_len;
+  p.segments = nseg;
+  p.bias_f32 = (bias && bias->dtype == DType::kF32) ? 1 : 0;
+  p.y_f32 = y.dtype == DType::kF32 ? 1 : 0;
+  p.x_vec = (aligned16(p.x) && (p.M <= 1 || p.ldx % 8 == 0)) ? 1 : 0;
+  p.w_vec = (aligned16(p.w) && (p.N <= 1 || p.ldw % 8 == 0)) ? 1 : 0;
+  return p;
+}
+
+// TMA needs 16-byte aligned bases and row strides (and a row stride that covers the row).
+bool tma_compatible(const void* x, int64_t M, int64_t ldx, const void* w, int64_t N, int64_t ldw,
+                    int64_t K) {
+  auto ok = [&](const void* p, int64_t rows, int64_t ld) {
+    return aligned16(p) && (rows <= 1 || (ld % 8 == 0 && ld >= K && ld < (int64_t(1) << 38)));
+  };
+  return K >= 1 && K < (int64_t(1) << 31) && M < (int64_t(1) << 31) && N < (int64_t(1) << 31) &&
+         ok(x, M, ldx) && ok(w, N, ldw);
+}
+bool tma_compatible(const GemmParams& c) {
+  return tma_compatible(c.x, c.M, c.ldx, c.w, c.N, c.ldw, c.K);
+}
+
+GemmProblem problem_of(const GemmParams& c, bool partial) {
+  GemmProblem q;
+  q.M = c.M;
+  q.N = c.N;
+  q.K = c.K;
+  q.segments = c.segments;
+  q.segment_len = c.seg_len;
+  q.layout = GemmLayout::kNT;
+  q.tma_ok = tma_compatible(c);
+  q.partial = partial;
+  return q;
+}
+
+// ---- mma.sync (mainloop_mma_sync.cuh).
+template <int BM, int BN, int NS>
+void launch_mma(const GemmParams& p, cudaStream_t stream) {
+  constexpr int kSmem = detail::gemm_smem_bytes<BM, BN, NS>();
+  // Once per process and instantiation (the current device's; one-GPU processes for now).
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      detail::gemm_bf16_nt_kernel<BM, BN, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  LS_CHECK(attr == cudaSuccess, kOp, "cudaFuncSetAttribute failed: ", cudaGetErrorString(attr));
+  LS_CHECK(p.M <= int64_t(65535) * BM, kOp, "x: M = ", p.M, " exceeds the grid limit");
+  dim3 grid(unsigned((p.N + BN - 1) / BN), unsigned((p.M + BM - 1) / BM));
+  detail::gemm_bf16_nt_kernel<BM, BN, NS><<<grid, detail::kGemmThreads, kSmem, stream>>>(p);
+}
+
+void run_mma(const GemmParams& p, const GemmPlan& plan, cudaStream_t s) {
+  if (plan.tile.bm == 32) {
+    launch_mma<32, 64, 8>(p, s);
+  } else {
+    launch_mma<128, 128, 4>(p, s);
+  }
+  detail::check_gemm_launch(kOp);
+}
+
+// ---- Hopper (mainloop_sm90.cuh): the instantiation of a wgmma plan.
+void launch_sm90(const GemmPlan& plan, const CUtensorMap& tx, const CUtensorMap& tw,
+                 const detail::Sm90Params& p, cudaStream_t s) {
+  using detail::launch_sm90_tile;
+  using detail::Sm90StoreEpilogue;
+  const GemmTile& t = plan.tile;
+  if (plan.ping_pong) {
+    launch_sm90_tile<64, 256, 5, 0, Sm90StoreEpilogue, true>(kOp, tx, tw, p, s);
+  } else if (plan.tree_levels == 1) {  // the register tree (S <= 2), or one segment pair
+    launch_sm90_tile<128, 128, 6, 1>(kOp, tx, tw, p, s);
+  } else if (plan.tree_levels == 3) {
+    launch_sm90_tile<64, 128, 8, 3>(kOp, tx, tw, p, s);
+  } else if (t.bm == 128 && t.bn == 128) {
+    launch_sm90_tile<128, 128, 6, 0>(kOp, tx, tw, p, s);
+  } else if (t.bm == 64) {
+    launch_sm90_tile<64, 128, 8, 0>(kOp, tx, tw, p, s);
+  } else {
+    launch_sm90_tile<128, 256, 4, 0>(kOp, tx, tw, p, s);
+  }
+}
+
+CUtensorMap tensor_map(const uint16_t* p, int64_t rows, int64_t K, int64_t ld, int box_rows) {
+  return detail::sm90_tensor_map(kOp, p, rows, K, ld, box_rows);
+}
+
+void launch_combine(const detail::CombineParams& p, cudaStream_t s) {
+  if (p.M == 0 || p.N == 0) return;
+  dim3 grid(unsigned((p.N + detail::kCombineThreads - 1) / detail::kCombineThreads),
+            unsigned(std::min<int64_t>(p.M, 65535)));
+  detail::gemm_tree_combine_kernel<<<grid, detail::kCombineThreads, 0, s>>>(p);
+  detail::check_gemm_launch(kOp);
+}
+
+// Row stride of the fp32 workspace planes: N rounded up to 4 (every plane starts 16-byte aligned,
+// and the stride is even: the pair stores of the kernels' epilogue never cross a row).
+int64_t ws_ld(const GemmParams& c) { return (c.N + 3) / 4 * 4; }
+
+// Runs fn(ws, m, rows) over chunks of `rows` rows of y (multiples of bm, the last one shorter)
+// with an fp32 workspace of planes planes of [rows, ws_ld], at most kWorkspaceBytes (at least one
+// bm-row chunk); fn launches the chunk's GEMM jobs and then the tree kernel, whose parameters
+// combine_params fills.
+template <typename Fn>
+void in_workspace_chunks(const GemmParams& c, int bm, int planes, cudaStream_t s, Fn&& fn) {
+  const int64_t row_bytes = int64_t(planes) * ws_ld(c) * 4;
+  int64_t chunk = std::max<int64_t>(bm, kWorkspaceBytes / row_bytes / bm * bm);
+  chunk = std::min(chunk, (c.M + bm - 1) / bm * bm);
+  float* ws = nullptr;
+  const cudaError_t e =
+      cudaMallocAsync(reinterpret_cast<void**>(&ws), size_t(chunk * row_bytes), s);
+  LS_CHECK(e == cudaSuccess, kOp, "cudaMallocAsync of the ", chunk * row_bytes,
+           "-byte workspace failed: ", cudaGetErrorString(e));
+  try {
+    for (int64_t m = 0; m < c.M; m += chunk) fn(ws, m, std::min(chunk, c.M - m));
+  } catch (...) {
+    cudaFreeAsync(ws, s);
+    throw;
+  }
+  const cudaError_t f = cudaFreeAsync(ws, s);
+  LS_CHECK(f == cudaSuccess, kOp, "cudaFreeAsync of the workspace failed: ", cudaGetErrorString(f));
+}
+
+// The tree kernel over n planes of `rows` rows starting at ws (ws_ld apart) into y rows [m, m +
+// rows): bias once, one rounding.
+detail::CombineParams combine_params(const GemmParams& c, float* ws, int n, int64_t m,
+                                     int64_t rows) {
+  const int64_t ld_ws = ws_ld(c);
+  detail::CombineParams q{};
+  q.n = n;
+  for (int i = 0; i < n; ++i) {
+    q.part[i] = ws + i * rows * ld_ws;
+    q.ld[i] = ld_ws;
+  }
+  q.M = rows;
+  q.N = c.N;
+  q.bias = c.bias;
+  q.bias_stride = c.bias_stride;
+  q.bias_f32 = c.bias_f32;
+  q.y = static_cast<char*>(c.y) + size_t(m * c.ldy) * (c.y_f32 ? 4 : 2);
+  q.ldy = c.ldy;
+  q.y_f32 = c.y_f32;
+  return q;
+}
+
+// S = 4 / 8 as S/2 pairs of segments: pair i covers the k range [2i·Ls, (2i + 2)·Ls) of the
+// padded K, i.e. the segments 2i and 2i + 1, whose G.4 subtree (s_2i + s_2i+1) the 128x128
+// register-tree kernel computes exactly as it does for S = 2 (views of x and w starting at column
+// 2i·Ls, TMA zero fill past K). Each pair's fp32 value goes to its own plane (final mode, f32
+// output, no bias: the stored bits are the fp32 values, a NaN made canonical — it stays a NaN
+// through the remaining adds and is stored canonical at the end anyway), then the tree kernel
+// folds the S/2 planes with G.4's upper levels ((p0 + p1) for S = 4, (p0 + p1) + (p2 + p3) for
+// S = 8), adds the bias once and rounds once. A pair entirely in K's padding (K <= 2i·Ls) is a
+// chain over zero fill, +0: its plane is written as zero bytes.
+void run_sm90_pairs(const GemmParams& c, const GemmPlan& plan, cudaStream_t s) {
+  const GemmTile& t = plan.tile;
+  const int npairs = c.segments / 2;
+  LS_CHECK((c.segments == 4 || c.segments == 8) && c.seg_len % 16 == 0, kOp,
+           "internal: ", c.segments, " segments of ", c.seg_len, " for the segment-pair path");
+  const int64_t ld_ws = ws_ld(c);
+  // Each pair's w view and its tensor map (the same for every row chunk); kq <= 0: no real k.
+  int64_t kq[4];
+  CUtensorMap tw[4];
+  for (int i = 0; i < npairs; ++i) {
+    const int64_t k0 = 2 * int64_t(i) * c.seg_len;
+    kq[i] = std::min(c.K - k0, 2 * c.seg_len);
+    if (kq[i] > 0) tw[i] = tensor_map(c.w + k0, c.N, kq[i], c.ldw, t.bn);
+  }
+  in_workspace_chunks(c, t.bm, npairs, s, [&](float* ws, int64_t m, int64_t rows) {
+    for (int i = 0; i < npairs; ++i) {
+      float* plane = ws + i * rows * ld_ws;
+      if (kq[i] <= 0) {
+        const cudaError_t z = cudaMemsetAsync(plane, 0, size_t(rows * ld_ws) * 4, s);
+        LS_CHECK(z == cudaSuccess, kOp, "cudaMemsetAsync failed: ", cudaGetErrorString(z));
+        continue;
+      }
+      detail::Sm90Params p{};
+      p.M = rows;
+      p.N = c.N;
+      p.seg_len = c.seg_len;
+      p.nseg = 2;
+      p.ws_mode = 0;
+      p.bias = nullptr;
+      p.y = plane;
+      p.ldy = ld_ws;
+      p.y_f32 = 1;
+      p.y_pair = 1;  // planes are 16-byte aligned, ld_ws is even
+      const int64_t k0 = 2 * int64_t(i) * c.seg_len;
+      const CUtensorMap tx = tensor_map(c.x + m * c.ldx + k0, rows, kq[i], c.ldx, t.bm);
+      launch_sm90(plan, tx, tw[i], p, s);
+    }
+    launch_combine(combine_params(c, ws, npairs, m, rows), s);
+  });
+}
+
+void run_sm90(const GemmParams& c, const GemmPlan& plan, cudaStream_t s) {
+  if (plan.fold == GemmFold::kPairs) {
+    run_sm90_pairs(c, plan, s);
+    return;
+  }
+  const GemmTile& t = plan.tile;
+  const CUtensorMap tw = tensor_map(c.w, c.N, c.K, c.ldw, t.bn);
+  detail::Sm90Params p{};
+  p.N = c.N;
+  p.seg_len = c.seg_len;
+  p.nseg = c.segments;
+  if (plan.fold != GemmFold::kPlanes) {
+    p.M = c.M;
+    p.ws_mode = 0;
+    p.bias = c.bias;
+    p.bias_stride = c.bias_stride;
+    p.bias_f32 = c.bias_f32;
+    p.y = c.y;
+    p.ldy = c.ldy;
+    p.y_f32 = c.y_f32;
+    const uintptr_t pair_bytes = c.y_f32 ? 8 : 4;
+    p.y_pair = (reinterpret_cast<uintptr_t>(c.y) % pair_bytes == 0 && (c.M <= 1 || c.ldy % 2 == 0))
+                   ? 1
+                   : 0;
+    const CUtensorMap tx = tensor_map(c.x, c.M, c.K, c.ldx, t.bm);
+    launch_sm90(plan, tx, tw, p, s);
+    return;
+  }
+  // Several segments: per-segment fp32 planes, then the tree (+ bias, one rounding) per row chunk.
+  in_workspace_chunks(c, t.bm, c.segments, s, [&](float* ws, int64_t m, int64_t rows) {
+    p.M = rows;
+    p.ws_mode = 1;
+    p.ws = ws;
+    p.ld_ws = ws_ld(c);
+    p.ws_plane = rows * p.ld_ws;
+    const CUtensorMap tx = tensor_map(c.x + m * c.ldx, rows, c.K, c.ldx, t.bm);
+    launch_sm90(plan, tx, tw, p, s);
+    launch_combine(combine_params(c, ws, c.segments, m, rows), s);
+  });
+}
+
+// Runs a legal plan (plan.h) for these operands.
+void run_plan(const GemmParams& c, const GemmPlan& plan, cudaStream_t s) {
+  switch (plan.mainloop) {
+    case GemmMainloop::kSmallMRing:
+    case GemmMainloop::kSmallMTma:
+    case GemmMainloop::kSmallMWgmma:
+      detail::run_small_m(c, plan, s);
+      break;
+    case GemmMainloop::kMmaSync:
+      run_mma(c, plan, s);
+      break;
+    case GemmMainloop::kWgmma:
+      run_sm90(c, plan, s);
+      break;
+  }
+}
+
+void check_legal(const char* op, const GemmProblem& q, const GemmPlan& plan) {
+  LS_CHECK(gemm_plan_legal(q, plan), op, "the plan '", plan.to_string(), "' cannot run M = ", q.M,
+           ", N = ", q.N, ", K = ", q.K, ", S = ", q.segments,
+           q.tma_ok ? "" : " (operands not TMA-compatible)", q.partial ? " (partial)" : "");
+}
+
+// ---- Argument checks (before any launch).
+void check_gemm_args(const TensorView& x, const TensorView& w, const TensorView* bias,
+                     const GemmConfig& cfg, const TensorView& y) {
+  cfg.validate();
+  check_tensor(kOp, "x", x, DType::kBF16, {-1, -1}, Device::kCUDA);
+  check_inner_contiguous(kOp, "x", x);
+  const int64_t M = x.shape[0], K = x.shape[1];
+  check_tensor(kOp, "w", w, DType::kBF16, {-1, K}, Device::kCUDA);
+  check_inner_contiguous(kOp, "w", w);
+  const int64_t N = w.shape[0];
+  if (bias)
+    check_tensor_dtypes(kOp, "bias", *bias, {DType::kBF16, DType::kF32}, {N}, Device::kCUDA);
+  check_tensor_dtypes(kOp, "y", y, {DType::kBF16, DType::kF32}, {M, N}, Device::kCUDA);
+  check_inner_contiguous(kOp, "y", y);
+  const Span sy = span_of(y);
+  LS_CHECK(!overlap(sy, span_of(x)), kOp, "y must not overlap x");
+  LS_CHECK(!overlap(sy, span_of(w)), kOp, "y must not overlap w");
+  if (bias) LS_CHECK(!overlap(sy, span_of(*bias)), kOp, "y must not overlap bias");
+}
+
+void check_partial_args(const TensorView& x_shard, const TensorView& w_shard, int64_t k_total,
+                        int tp_size, int tp_rank, const GemmConfig& cfg,
+                        const TensorView& y_partial) {
+  const char* op = kOpPartial;
+  LS_CHECK(cfg.segments == 1 || cfg.segments == 2 || cfg.segments == 4 || cfg.segments == 8, op,
+           "cfg.segments must be 1, 2, 4 or 8, got ", cfg.segments);
+  LS_CHECK(k_total >= 0, op, "k_total must be >= 0, got ", k_total);
+  LS_CHECK(tp_size >= 1 && (tp_size & (tp_size - 1)) == 0 && tp_size <= cfg.segments, op,
+           "tp_size must be a power of two <= segments (", cfg.segments, "), got ", tp_size);
+  LS_CHECK(tp_rank >= 0 && tp_rank < tp_size, op, "tp_rank must be in [0, ", tp_size, "), got ",
+           tp_rank);
+  check_tensor(op, "x_shard", x_shard, DType::kBF16, {-1, -1}, Device::kCUDA);
+  check_tensor(op, "w_shard", w_shard, DType::kBF16, {-1, -1}, Device::kCUDA);
+  check_inner_contiguous(op, "x_shard", x_shard);
+  check_inner_contiguous(op, "w_shard", w_shard);
+  LS_CHECK(x_shard.size(1) == w_shard.size(1), op,
+           "x_shard and w_shard must have the same K: x_shard is ", x_shard.shape_string(),
+           ", w_shard is ", w_shard.shape_string());
+  const GemmKRange r = gemm_tp_k_range(cfg, k_total, tp_size, tp_rank);
+  LS_CHECK(x_shard.size(1) == r.end - r.begin, op, "rank ", tp_rank, " of ", tp_size,
+           " owns K columns [", r.begin, ", ", r.end, ") of ", k_total, " (", r.end - r.begin,
+           " columns), but x_shard is ", x_shard.shape_string());
+  const int64_t M = x_shard.size(0), N = w_shard.size(0);
+  check_tensor(op, "y_partial", y_partial, DType::kF32, {M, N}, Device::kCUDA);
+  check_inner_contiguous(op, "y_partial", y_partial);
+  const Span sy = span_of(y_partial);
+  LS_CHECK(!overlap(sy, span_of(x_shard)) && !overlap(sy, span_of(w_shard)), op,
+           "argument 'y_partial' must not overlap x_shard or w_shard");
+}
+
+GemmParams gemm_params(const TensorView& x, const TensorView& w, const TensorView* bias,
+                       const GemmConfig& cfg, const TensorView& y) {
+  const GemmKLayout kl = gemm_k_layout(cfg, x.shape[1]);
+  return core_params(x, w, bias, kl.segments, kl.segment_len, y);
+}
+
+// A TP rank's launch: its S / tp segments of the global layout's length, no bias, f32 out.
+GemmParams partial_params(const TensorView& x_shard, const TensorView& w_shard, int64_t k_total,
+                          int tp_size, const GemmConfig& cfg, const TensorView& y_partial) {
+  const GemmKLayout kl = gemm_k_layout(cfg, k_total);
+  return core_params(x_shard, w_shard, nullptr, cfg.segments / tp_size, kl.segment_len, y_partial);
+}
+
+}  // namespace
+
+namespace detail {
+
+GemmProblem gemm_problem(const TensorView& x, const TensorView& w, const GemmConfig& cfg) {
+  const TensorView y =
+      TensorView::contiguous(nullptr, DType::kF32, {x.shape[0], w.shape[0]}, Device::kCUDA);
+  return problem_of(gemm_params(x, w, nullptr, cfg, y), /*partial=*/false);
+}
+
+GemmProblem gemm_partial_problem(const TensorView& x_shard, const TensorView& w_shard,
+                                 int64_t k_total, int tp_size, const GemmConfig& cfg) {
+  const TensorView y = TensorView::contiguous(nullptr, DType::kF32,
+                                              {x_shard.shape[0], w_shard.shape[0]}, Device::kCUDA);
+  return problem_of(partial_params(x_shard, w_shard, k_total, tp_size, cfg, y), /*partial=*/true);
+}
+
+void gemm_bf16_nt_with_plan(const TensorView& x, const TensorView& w, const TensorView* bias,
+                            const GemmConfig& cfg, const TensorView& y, const GemmPlan& plan,
+                            void* stream) {
+  check_gemm_args(x, w, bias, cfg, y);
+  if (x.shape[0] == 0 || w.shape[0] == 0) return;
+  const GemmParams c = gemm_params(x, w, bias, cfg, y);
+  check_legal(kOp, problem_of(c, false), plan);
+  run_plan(c, plan, static_cast<cudaStream_t>(stream));
+}
+
+void gemm_bf16_nt_partial_with_plan(const TensorView& x_shard, const TensorView& w_shard,
+                                    int64_t k_total, int tp_size, int tp_rank,
+                                    const GemmConfig& cfg, const TensorView& y_partial,
+                                    const GemmPlan& plan, void* stream) {
+  check_partial_args(x_shard, w_shard, k_total, tp_size, tp_rank, cfg, y_partial);
+  if (x_shard.size(0) == 0 || w_shard.size(0) == 0) return;
+  const GemmParams c = partial_params(x_shard, w_shard, k_total, tp_size, cfg, y_partial);
+  check_legal(kOpPartial, problem_of(c, true), plan);
+  run_plan(c, plan, static_cast<cudaStream_t>(stream));
+}
+
+bool gemm_operands_tma_ok(const void* x, int64_t M, int64_t ldx, const void* w, int64_t N,
+                          int64_t ldw, int64_t K) {
+  return M >= 1 && N >= 1 && tma_compatible(x, M, ldx, w, N, ldw, K);
+}
+
+}  // namespace detail
+
+void gemm_bf16_nt(const TensorView& x, const TensorView& w, const TensorView* bias,
+                  const GemmConfig& cfg, const TensorView& y, void* stream) {
+  check_gemm_args(x, w, bias, cfg, y);
+  if (x.shape[0] == 0 || w.shape[0] == 0) return;
+  const GemmParams c = gemm_params(x, w, bias, cfg, y);
+  run_plan(c, plan_gemm(problem_of(c, false)), static_cast<cudaStream_t>(stream));
+}
+
+void gemm_bf16_nt_partial(const TensorView& x_shard, const TensorView& w_shard, int64_t k_total,
+                          int tp_size, int tp_rank, const GemmConfig& cfg,
+                          const TensorView& y_partial, void* stream) {
+  check_partial_args(x_shard, w_shard, k_total, tp_size, tp_rank, cfg, y_partial);
+  if (x_shard.size(0) == 0 || w_shard.size(0) == 0) return;
+  const GemmParams c = partial_params(x_shard, w_shard, k_total, tp_size, cfg, y_partial);
+  run_plan(c, plan_gemm(problem_of(c, true)), static_cast<cudaStream_t>(stream));
+}
+
+void gemm_tree_combine(const std::vector<TensorView>& partials, const TensorView* bias,
+                       const TensorView& y, void* stream) {
+  const char* op = kOpCombine;
+  const int t = int(partials.size());
+  LS_CHECK(t >= 1 && t <= 8 && (t & (t - 1)) == 0, op,
+           "the number of partials must be 1, 2, 4 or 8, got ", t);
+  check_tensor(op, "partials[0]", partials[0], DType::kF32, {-1, -1}, Device::kCUDA);
+  const int64_t M = partials[0].size(0), N = partials[0].size(1);
+  for (int i = 0; i < t; ++i) {
+    const std::string name = "partials[" + std::to_string(i) + "]";
+    check_tensor(op, name.c_str(), partials[size_t(i)], DType::kF32, {M, N}, Device::kCUDA);
+    check_inner_contiguous(op, name.c_str(), partials[size_t(i)]);
+  }
+  if (bias) check_tensor_dtypes(op, "bias", *bias, {DType::kBF16, DType::kF32}, {N}, Device::kCUDA);
+  check_tensor_dtypes(op, "y", y, {DType::kBF16, DType::kF32}, {M, N}, Device::kCUDA);
+  check_inner_contiguous(op, "y", y);
+  const Span sy = span_of(y);
+  for (int i = 0; i < t; ++i) {
+    const TensorView& pi = partials[size_t(i)];
+    const bool same =
+        pi.data == y.data && y.dtype == DType::kF32 && (M <= 1 || pi.stride[0] == y.stride[0]);
+    LS_CHECK(same || !overlap(sy, span_of(pi)), op, "argument 'y' overlaps partials[", i,
+             "] (only an exact alias of an f32 partial is allowed)");
+  }
+  LS_CHECK(!(bias && overlap(sy, span_of(*bias))), op, "argument 'y' must not overlap bias");
+  if (M == 0 || N == 0) return;
+
+  detail::CombineParams q{};
+  q.n = t;
+  for (int i = 0; i < t; ++i) {
+    q.part[i] = static_cast<const float*>(partials[size_t(i)].data);
+    q.ld[i] = partials[size_t(i)].stride[0];
+  }
+  q.M = M;
+  q.N = N;
+  q.bias = bias ? bias->data : nullptr;
+  q.bias_stride = bias ? bias->stride[0] : 0;
+  q.bias_f32 = (bias && bias->dtype == DType::kF32) ? 1 : 0;
+  q.y = y.data;
+  q.ldy = y.stride[0];
+  q.y_f32 = y.dtype == DType::kF32 ? 1 : 0;
+  launch_combine(q, static_cast<cudaStream_t>(stream));
+}
+
+std::string gemm_launch_plan(int64_t M, int64_t N, int64_t K, const GemmConfig& cfg) {
+  const GemmKLayout kl = gemm_k_layout(cfg, K);
+  std::ostringstream os;
+  os << "cuda::gemm_bf16_nt M=" << M << " N=" << N << " K=" << K << " segments=" << kl.segments
+     << " (Kp=" << kl.padded << ", Ls=" << kl.segment_len << "): ";
+  if (M == 0 || N == 0) {
+    os << "nothing to launch";
+    return os.str();
+  }
+  GemmProblem q;
+  q.M = M;
+  q.N = N;
+  q.K = K;
+  q.segments = kl.segments;
+  q.segment_len = kl.segment_len;
+  q.tma_ok = K >= 1;
+  os << plan_gemm(q).to_string();
+  if (q.tma_ok) {
+    q.tma_ok = false;
+    os << "; operands with unaligned bases or row strides not a multiple of 8: "
+       << plan_gemm(q).to_string();
+  }
+  return os.str();
+}
+
+}  // namespace lockstep::cuda

@@ -1,0 +1,303 @@
+// Hopper kernel of lockstep::cuda::gemm_bf16_nt (design: docs/cuda-gemm.md). wgmma m64nNk16
+// (bf16 -> f32, A and B K-major in shared memory through 128B-swizzle descriptors) fed by TMA
+// (cp.async.bulk.tensor, 128B swizzle, zero fill out of bounds) through an NS-stage mbarrier
+// pipeline; warpgroup 0 produces (one thread issues the copies), warpgroups 1 and 2 consume.
+// Persistent: CTA b runs jobs b, b + grid, ...; a job is one BM x BN tile of one K segment, or
+// (LEVELS > 0) a whole tile with all its segments.
+// Bits (docs/contract.md §G.3, §M.2): each output's segment is ONE wgmma chain, first k-block with
+// scale-d = 0 (= c = +0), then every k-block of 16 of the segment in ascending k, in order on the
+// same accumulator registers; k-blocks past the segment end are never issued, elements k >= K are
+// TMA zero fill (exact no-ops). Segments are combined by the G.4 tree either in registers
+// (LEVELS > 0, fold.cuh) or, one job per segment, through workspace planes and the tree kernel
+// (tree_combine.cuh, G.10); then bias once (fp32 RNE), one rounding, canonical NaN (epilogue.cuh).
+#pragma once
+
+#include <cuda.h>  // CUtensorMap (the type only; the encoder is fetched from the driver at run time)
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/gemm/epilogue.cuh"  // staging, sm90_store_rows
+#include "cuda/gemm/fold.cuh"      // fold_segment (§G.4)
+#include "cuda/gemm/params.cuh"    // Sm90Params
+#include "cuda/sm90_async.cuh"     // mbarriers, TMA loads
+#include "cuda/sm90_wgmma.cuh"     // wgmma, descriptors, accumulator fences
+
+namespace lockstep::cuda::detail {
+
+constexpr int kSm90BK = 64;        // k per stage: one 128-byte (swizzle-width) row of bf16
+constexpr int kSm90Threads = 384;  // producer warpgroup + 2 consumer warpgroups
+constexpr int kSm90GroupM = 8;     // tile raster: 8 row tiles share a column sweep (L2 reuse)
+
+// Dynamic shared memory of one CTA: NS stages of A (BM rows) + B (BN rows) x 128 bytes, the
+// 2·NS mbarriers, the epilogue staging (epilogue.cuh), and slack to align the stages to 1024
+// bytes (the 128B swizzle atom).
+template <int BM, int BN, int NS>
+constexpr int sm90_smem_bytes() {
+  return NS * (BM + BN) * 128 + 2 * NS * 8 + kSm90EpiBytes + 1024;
+}
+
+// NOTE: a wait that has not completed after kSm90WaitLimitNs traps (the launch fails with an
+// error) instead of hanging the process: every wait here lasts microseconds when the pipeline is
+// sound, so this only turns a deadlock bug into an error.
+constexpr uint64_t kSm90WaitLimitNs = 10000000000ull;
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  if (mbar_try_wait(bar, parity)) return;
+  const uint64_t t0 = global_ns();
+  while (!mbar_try_wait(bar, parity)) {
+    if (global_ns() - t0 > kSm90WaitLimitNs) __trap();
+  }
+}
+
+// Named barriers 1..15 (0 is __syncthreads): sync waits until `threads` threads have arrived or
+// synced on it; arrive counts this thread without waiting.
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+struct Sm90Job {
+  int64_t m0, n0;
+  int s;
+};
+
+// Job -> (tile, segment). Tiles are rastered in groups of kSm90GroupM row tiles: consecutive jobs
+// sweep the columns of a few row tiles, so concurrent CTAs share x rows and w rows in L2.
+template <int BM, int BN>
+__device__ __forceinline__ Sm90Job sm90_job(int64_t job, int64_t num_m, int64_t num_n, int nseg) {
+  const int64_t tile = job / nseg;
+  const int s = int(job - tile * nseg);
+  const int64_t per_group = int64_t(kSm90GroupM) * num_n;
+  const int64_t g = tile / per_group;
+  const int64_t first = g * kSm90GroupM;
+  const int64_t gm = (num_m - first) < kSm90GroupM ? (num_m - first) : kSm90GroupM;
+  const int64_t r = tile - g * per_group;
+  return Sm90Job{(first + r % gm) * BM, (r / gm) * BN, s};
+}
+
+// The plain epilogue: the accumulators through this warp's staging rows to y (bias, one
+// rounding) or to the segment's fp32 plane (epilogue.cuh). A fused epilogue (the log-prob one,
+// src/cuda/logprob_epilogue.cuh) is a type with kFused = true, its Params (deriving from
+// Sm90Params) and apply(p, acc, staging, first row of the warp, n0, lane).
+struct Sm90StoreEpilogue {
+  using Params = Sm90Params;
+  static constexpr bool kFused = false;
+};
+
+// BM x BN tile per job; WGN = consumer warpgroups along N (1: they split the rows, 64 each;
+// 2: they split the columns, BM = 64); NS pipeline stages. LEVELS = 0: a job is one segment of a
+// tile (one segment: final values; several: workspace planes). LEVELS > 0: a job is a whole tile,
+// its segments (S <= 2^LEVELS) run one after the other, each folded into a register stack of
+// pending left subtrees (binary-counter order, exactly the G.4 tree), then the final epilogue.
+// Epi: the epilogue (Sm90StoreEpilogue: y or workspace planes; or a fused one, e.g. the log-prob
+// epilogue of src/cuda/logprob_epilogue.cuh); the main loop is the same code.
+// PP = true ("ping-pong", BM = 64, WGN = 1, LEVELS = 0, the store epilogue): the two consumer
+// warpgroups take the CTA's jobs in turn, each a whole 64 x BN tile (wgmma m64nBNk16), so that one
+// warpgroup's epilogue runs while the other's k-loop keeps the tensor cores busy. The producer is
+// unchanged (it fills the ring with every job's k-tiles in job order); a warpgroup steps its ring
+// position over the other's jobs, and starts a k-loop only after the other warpgroup has finished
+// the previous job's (named barriers 1 and 2): every ring slot before its first one has then been
+// waited on, so each mbarrier parity wait is on the right phase. The same chains in the same
+// order as every other tile: the bits do not change.
+template <int BM, int BN, int WGN, int NS, int LEVELS, typename Epi = Sm90StoreEpilogue,
+          bool PP = false>
+__global__ void __launch_bounds__(kSm90Threads, 1)
+    gemm_sm90_kernel(const __grid_constant__ CUtensorMap tm_x,
+                     const __grid_constant__ CUtensorMap tm_w, const typename Epi::Params p) {
+  constexpr int WGM = PP ? 1 : 2 / WGN;
+  constexpr int WN = BN / WGN;  // columns per consumer warpgroup (wgmma N)
+  constexpr int R = WN / 2;     // f32 accumulators per thread
+  constexpr int kABytes = BM * 128;
+  constexpr int kStageBytes = (BM + BN) * 128;
+  static_assert(BM == 64 * WGM && (WGN == 1 || WGN == 2), "tile shape");
+  static_assert(!PP || (BM == 64 && WGN == 1 && LEVELS == 0 && !Epi::kFused),
+                "ping-pong tile shape");
+  static_assert(!Epi::kFused || LEVELS == 0, "a fused epilogue takes one segment");
+  static_assert(kABytes % 1024 == 0 && kStageBytes % 1024 == 0, "stages 1024-aligned");
+
+  extern __shared__ uint8_t sm90_smem[];
+  const uint32_t raw = smem_u32(sm90_smem);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  const uint32_t bars = base + NS * kStageBytes;  // full[NS], then empty[NS]
+  auto full_bar = [&](int s) { return bars + 8u * uint32_t(s); };
+  auto empty_bar = [&](int s) { return bars + 8u * uint32_t(NS + s); };
+  float* const epi =
+      reinterpret_cast<float*>(sm90_smem + (base - raw) + NS * kStageBytes + 16 * NS);
+
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    for (int s = 0; s < NS; ++s) {
+      mbar_init(full_bar(s), 1);  // the producer's arrive.expect_tx (+ the copies' bytes)
+      // lane 0 of each consumer warp that reads the stage: all 8, or one warpgroup's 4 (PP)
+      mbar_init(empty_bar(s), PP ? 4 : 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_x)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_w)) : "memory");
+  }
+  __syncthreads();
+
+  const int64_t num_m = (p.M + BM - 1) / BM;
+  const int64_t num_n = (p.N + BN - 1) / BN;
+  const int job_segs = LEVELS > 0 ? 1 : p.nseg;  // segments told apart by the job index
+  const int64_t njobs = num_m * num_n * job_segs;
+  const int nkt = int((p.seg_len + kSm90BK - 1) / kSm90BK);  // k-tiles per segment
+
+  if (tid < 128) {
+    // Producer warpgroup: registers go to the consumers; one thread issues every copy.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (tid == 0) {
+      int stage = 0;
+      uint32_t phase = 0;
+      for (int64_t job = blockIdx.x; job < njobs; job += gridDim.x) {
+        const Sm90Job j = sm90_job<BM, BN>(job, num_m, num_n, job_segs);
+        const int s_end = LEVELS > 0 ? p.nseg : j.s + 1;
+        for (int sg = LEVELS > 0 ? 0 : j.s; sg < s_end; ++sg) {
+          const int64_t kseg = int64_t(sg) * p.seg_len;
+          for (int kt = 0; kt < nkt; ++kt) {
+            mbar_wait(empty_bar(stage), phase ^ 1u);  // consumers released this stage
+            mbar_arrive_expect_tx(full_bar(stage), uint32_t(kStageBytes));
+            const int32_t k = int32_t(kseg + int64_t(kt) * kSm90BK);
+            const uint32_t dst = base + uint32_t(stage) * kStageBytes;
+            tma_load_2d(dst, &tm_x, k, int32_t(j.m0), full_bar(stage));
+            tma_load_2d(dst + kABytes, &tm_w, k, int32_t(j.n0), full_bar(stage));
+            if (++stage == NS) {
+              stage = 0;
+              phase ^= 1u;
+            }
+          }
+        }
+      }
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    // consumer warpgroup 0 / 1 (PP: broadcast from lane 0 so that ptxas sees a warp-uniform value
+    // in the branches on it; otherwise it serializes the wgmmas, C7520)
+    const int cw = PP ? __shfl_sync(0xffffffffu, (tid - 128) >> 7, 0) : (tid - 128) >> 7;
+    const int wt = tid & 127;  // thread in the warpgroup
+    const int warp = wt >> 5, lane = wt & 31;
+    const int row_off = (WGN == 1 && !PP) ? cw * 64 : 0;
+    const int col_off = WGN == 2 ? cw * WN : 0;
+    float acc[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) acc[i] = 0.0f;
+    // Pending left subtrees of the tree (unused when LEVELS == 0).
+    float stack[LEVELS >= 1 ? LEVELS : 1][R];
+
+    int stage = 0;
+    uint32_t phase = 0;
+    int64_t local = 0;  // PP: this CTA's job count so far (even: warpgroup 0's, odd: 1's)
+    for (int64_t job = blockIdx.x; job < njobs; job += gridDim.x, ++local) {
+      if constexpr (PP) {
+        if (int(local & 1) != cw) {  // the other warpgroup's job: step over its nkt ring slots
+          const int s2 = stage + nkt % NS;
+          phase ^= uint32_t((nkt / NS) & 1);
+          stage = s2 >= NS ? s2 - NS : s2;
+          if (s2 >= NS) phase ^= 1u;
+          continue;
+        }
+        if (local > 0) named_bar_sync(1 + cw, 256);  // the other's previous k-loop is done
+      }
+      const Sm90Job j = sm90_job<BM, BN>(job, num_m, num_n, job_segs);
+      const int s_end = LEVELS > 0 ? p.nseg : j.s + 1;
+      for (int sg = LEVELS > 0 ? 0 : j.s; sg < s_end; ++sg) {
+        int prev = 0;
+        for (int kt = 0; kt < nkt; ++kt) {
+          mbar_wait(full_bar(stage), phase);
+          // k-blocks of this k-tile inside the segment (Ls is a multiple of 16, not of 64).
+          const int64_t left = (p.seg_len - int64_t(kt) * kSm90BK) / 16;
+          const int nkb = left >= 4 ? 4 : int(left);
+          const uint32_t a = base + uint32_t(stage) * kStageBytes + uint32_t(row_off) * 128u;
+          const uint32_t b =
+              base + uint32_t(stage) * kStageBytes + kABytes + uint32_t(col_off) * 128u;
+          // Every register a wgmma reads is written before wgmma.fence (else ptxas inserts a
+          // warpgroup.arrive before each wgmma).
+          uint64_t da[4], db[4];
+#pragma unroll
+          for (int kb = 0; kb < 4; ++kb) {
+            da[kb] = sw128_desc(a + 32u * kb);
+            db[kb] = sw128_desc(b + 32u * kb);
+            asm volatile("" : "+l"(da[kb]), "+l"(db[kb]));
+          }
+          int sd0 = kt > 0 ? 1 : 0, sd1 = 1;
+          asm volatile("" : "+r"(sd0), "+r"(sd1));
+          fence_acc(acc);
+          // The chain: scale-d = 0 only on the segment's first k-block; k-blocks in ascending k.
+          // NOTE: each branch has its own fence and commit: ptxas inserts a warpgroup.arrive before
+          // a wgmma that follows a branch inside the fenced region.
+          if (nkb == 4) {
+            wgmma_fence();
+            wgmma_k16<WN>(acc, da[0], db[0], sd0);
+            wgmma_k16<WN>(acc, da[1], db[1], sd1);
+            wgmma_k16<WN>(acc, da[2], db[2], sd1);
+            wgmma_k16<WN>(acc, da[3], db[3], sd1);
+            wgmma_commit();
+          } else {  // the segment's last k-tile when Ls is not a multiple of 64 (rare)
+            wgmma_fence();
+            wgmma_k16<WN>(acc, da[0], db[0], sd0);
+            if (nkb > 1) wgmma_k16<WN>(acc, da[1], db[1], sd1);
+            if (nkb > 2) wgmma_k16<WN>(acc, da[2], db[2], sd1);
+            wgmma_commit();
+          }
+          fence_acc(acc);
+          if (kt > 0) {
+            wgmma_wait<1>();  // the previous k-tile's wgmmas are done: release its stage
+            fence_acc(acc);
+            if (lane == 0) mbar_arrive(empty_bar(prev));
+          }
+          prev = stage;
+          if (++stage == NS) {
+            stage = 0;
+            phase ^= 1u;
+          }
+        }
+        wgmma_wait<0>();
+        fence_acc(acc);
+        if (lane == 0) mbar_arrive(empty_bar(prev));
+        if constexpr (LEVELS > 0) {
+          // acc = segment sg: into the tree (the next segment's chain starts with scale-d = 0,
+          // so acc needs no reset).
+          fold_segment<false>(acc, stack, sg, p.nseg);
+          fence_acc(acc);
+        }
+      }  // segments of this job
+      if constexpr (PP) {
+        // The next job (the other warpgroup's) may start its k-loop.
+        if (job + gridDim.x < njobs) named_bar_arrive(1 + (cw ^ 1), 256);
+      }
+
+      if constexpr (Epi::kFused) {
+        Epi::apply(p, acc, epi + (cw * 4 + warp) * 16 * kSm90EpiLd, j.m0 + row_off + warp * 16,
+                   j.n0, lane);
+        continue;
+      }
+      // Epilogue, 32 columns at a time through this warp's staging rows (fragment: acc[4i + 2h + c]
+      // is row 16·warp + lane/4 + 8h, column 8i + 2(lane%4) + c of the warpgroup's tile), then
+      // row-contiguous stores. NOTE: only the register-to-shared copy is unrolled, the stores are
+      // a rolled loop: the whole epilogue unrolled cost a large fixed time per tile
+      // (instruction fetch; measured: docs/cuda-gemm.md "Things learned").
+      float* stg = epi + (cw * 4 + warp) * 16 * kSm90EpiLd;
+      const int64_t wrow0 = j.m0 + row_off + warp * 16;  // first row of this warp
+#pragma unroll
+      for (int q = 0; q < WN / kSm90EpiCols; ++q) {
+#pragma unroll
+        for (int ii = 0; ii < kSm90EpiCols / 8; ++ii) {
+          const int i = q * (kSm90EpiCols / 8) + ii;
+          const int c = ii * 8 + (lane & 3) * 2;
+          *reinterpret_cast<float2*>(stg + (lane >> 2) * kSm90EpiLd + c) =
+              make_float2(acc[4 * i], acc[4 * i + 1]);
+          *reinterpret_cast<float2*>(stg + ((lane >> 2) + 8) * kSm90EpiLd + c) =
+              make_float2(acc[4 * i + 2], acc[4 * i + 3]);
+        }
+        __syncwarp();
+        sm90_store_rows(p, j.s, stg, wrow0, j.n0 + col_off + q * kSm90EpiCols, lane);
+        __syncwarp();
+      }
+    }
+  }
+}
+
+}  // namespace lockstep::cuda::detail

@@ -1,0 +1,87 @@
+// The CUDA GEMM planner: which kernel, tile and segment fold cuda::gemm_bf16_nt runs for a
+// problem. Host-only C++ (no CUDA types), compiled without nvcc and unit-tested on the CPU
+// (tests/cpu/test_gemm_plan.cc). A plan is a pure function of the problem (sizes, segments, operand
+// layout and TMA compatibility): no device query, no global state. It is a speed choice only:
+// every kernel computes each output with the same chains (§G.3) and the same tree (§G.4).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lockstep::cuda {
+
+// Operand layout of y = op(a) · op(b): "nt" is y[M, N] = x[M, K] · w[N, K]ᵀ (both K-major; the
+// forward). "nn" (dX = dY · W) and "tn" (dW = dYᵀ · X) are the backward's; not implemented yet.
+enum class GemmLayout { kNT, kNN, kTN };
+const char* gemm_layout_name(GemmLayout l);
+
+struct GemmProblem {
+  int64_t M = 0, N = 0, K = 0;  // K: the columns this launch reads (a TP shard's for partials)
+  int segments = 1;             // S of this launch (1, 2, 4 or 8)
+  int64_t segment_len = 0;      // Ls, a multiple of 16 (gemm_k_layout)
+  GemmLayout layout = GemmLayout::kNT;
+  // Operands readable by TMA: 16-byte aligned bases, row strides a multiple of 8 elements that
+  // cover K and stay below 2^38, K >= 1, M, N, K < 2^31 (a function of pointers and strides).
+  bool tma_ok = true;
+  // gemm_bf16_nt_partial (a TP rank's f32 partial): the small-M kernels do not take it.
+  bool partial = false;
+};
+
+// The main loop of a plan, one file per kind under src/cuda/gemm/.
+enum class GemmMainloop {
+  kSmallMRing,   // small M: cp.async ring, every warp loads and computes (any operand layout)
+  kSmallMTma,    // small M: warp-specialized TMA ring, mma.sync consumer warps
+  kSmallMWgmma,  // small M: TMA ring, one wgmma consumer warpgroup (64 rows of x)
+  kMmaSync,      // mma.sync m16n8k16, cp.async (operands TMA cannot read)
+  kWgmma,        // Hopper: TMA + wgmma, 1 producer + 2 consumer warpgroups, persistent
+};
+const char* gemm_mainloop_name(GemmMainloop k);
+
+// How the S segment values of an output are combined (§G.4).
+enum class GemmFold {
+  kNone,       // S = 1
+  kRegisters,  // in the CTA, a register stack of pending subtrees
+  kPlanes,     // one job per segment into fp32 planes, then the tree kernel (+ bias, rounding)
+  kPairs,      // S/2 launches of the S = 2 register tree into fp32 planes, then the tree kernel
+};
+const char* gemm_fold_name(GemmFold f);
+
+// A tile, named by its parameters: "64x128x64 s8" (bm x bn x bk, stages), plus the small-M
+// kernels' warp layout ("warps 2x6", TMA kinds "+1" producer, "chains 2x4" = n16 x m8 tiles per
+// consumer warp).
+struct GemmTile {
+  int bm = 0, bn = 0, bk = 0, stages = 0;
+  int wm = 0, wn = 0;  // small-M ring / TMA kinds: (consumer) warps along M and N
+  int mb = 0, na = 0;  // small-M TMA kind: m8 tiles of x, n16 tiles of w per consumer warp
+  int cluster = 1;     // CTAs per cluster along N sharing x (dev/gemm sweeps only)
+  std::string to_string() const;
+  bool operator==(const GemmTile&) const = default;
+};
+
+struct GemmPlan {
+  GemmMainloop mainloop = GemmMainloop::kWgmma;
+  GemmTile tile;
+  GemmFold fold = GemmFold::kNone;
+  int tree_levels = 0;     // kRegisters / kPairs: levels of the register stack (S <= 2^levels)
+  bool ping_pong = false;  // kWgmma: consumer warpgroups on alternate tiles (64 x BN each)
+  std::string to_string() const;
+  bool operator==(const GemmPlan&) const = default;
+};
+
+// The plan the launchers run. Throws lockstep::Error for a layout other than NT ("layout not
+// implemented") and for sizes or segments outside the contract.
+GemmPlan plan_gemm(const GemmProblem& p);
+
+// Every plan the launchers can run for this problem (plan_gemm's among them): what the parity
+// tests force, one by one, through the internal entry gemm_bf16_nt_with_plan. Same bits for each.
+std::vector<GemmPlan> gemm_legal_plans(const GemmProblem& p);
+
+// Whether `plan` is one of gemm_legal_plans(p).
+bool gemm_plan_legal(const GemmProblem& p, const GemmPlan& plan);
+
+// The small-M tiles compiled into the library (what plan_gemm can choose for M <= 64), per
+// mainloop kind.
+const std::vector<GemmTile>& gemm_small_m_tiles(GemmMainloop kind);
+
+}  // namespace lockstep::cuda

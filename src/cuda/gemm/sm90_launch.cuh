@@ -1,0 +1,65 @@
+// Host helpers that launch the Hopper kernel (mainloop_sm90.cuh): tensor maps, the persistent
+// grid, the once-per-instantiation shared-memory attribute. Used by the GEMM launcher (launch.cu)
+// and by the fused log-prob producer (src/cuda/logprob.cu), which brings its own epilogue.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda/gemm/mainloop_sm90.cuh"
+#include "cuda/tensor_map.h"
+#include "lockstep/error.h"
+
+namespace lockstep::cuda::detail {
+
+inline void check_gemm_launch(const char* op) {
+  const cudaError_t e = cudaGetLastError();
+  LS_CHECK(e == cudaSuccess, op, "launch failed: ", cudaGetErrorString(e));
+}
+
+// A bf16 [rows, K] tensor map with row stride ld and 64-k boxes of box_rows rows (tensor_map.h).
+static_assert(kSm90BK == 64, "tensor maps are encoded with 64-k boxes");
+inline CUtensorMap sm90_tensor_map(const char* op, const uint16_t* p, int64_t rows, int64_t K,
+                                   int64_t ld, int box_rows) {
+  LS_CHECK(tensor_map_encoder() != nullptr, op,
+           "cuTensorMapEncodeTiled is not available from the driver");
+  CUtensorMap map;
+  const CUresult r = encode_bf16_tensor_map(&map, p, rows, K, ld, box_rows);
+  LS_CHECK(r == CUDA_SUCCESS, op, "cuTensorMapEncodeTiled failed (", int(r), ") for [", rows, ", ",
+           K, "] with row stride ", ld);
+  return map;
+}
+
+// Multiprocessors of the current device: the persistent grid's size (which CTA runs a job
+// changes no bit; the planner's cost model assumes 132).
+inline int sm90_sm_count() {
+  int dev = 0, n = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0)
+    n = 132;
+  return n;
+}
+
+template <int BM, int BN, int NS, int LEVELS, typename Epi = Sm90StoreEpilogue, bool PP = false>
+void launch_sm90_tile(const char* op, const CUtensorMap& tx, const CUtensorMap& tw,
+                      const typename Epi::Params& p, cudaStream_t s) {
+  constexpr int WGN = (BM == 64 && !PP) ? 2 : 1;
+  constexpr int kSmem = sm90_smem_bytes<BM, BN, NS>();
+  // Once per process and instantiation (the current device's; one-GPU processes for now).
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(gemm_sm90_kernel<BM, BN, WGN, NS, LEVELS, Epi, PP>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  LS_CHECK(attr == cudaSuccess, op, "cudaFuncSetAttribute failed: ", cudaGetErrorString(attr));
+  LS_CHECK(LEVELS == 0 || p.nseg <= (1 << LEVELS), op, "internal: ", p.nseg,
+           " segments for an in-CTA tree of ", LEVELS, " levels");
+  const int64_t jobs = ((p.M + BM - 1) / BM) * ((p.N + BN - 1) / BN) * (LEVELS > 0 ? 1 : p.nseg);
+  // Persistent grid: one CTA per multiprocessor at most.
+  const unsigned grid = unsigned(std::min<int64_t>(jobs, sm90_sm_count()));
+  gemm_sm90_kernel<BM, BN, WGN, NS, LEVELS, Epi, PP><<<grid, kSm90Threads, kSmem, s>>>(tx, tw, p);
+  check_gemm_launch(op);
+}
+
+}  // namespace lockstep::cuda::detail

@@ -1,0 +1,475 @@
+// The CUDA GEMM planner (src/cuda/gemm/plan.h), on the CPU: the plans for the Qwen3-0.6B and 8B
+// layer shapes equal the choices of the dispatch it replaced (commit 90d8be4), except where the
+// ping-pong rule now applies; the planner is a pure function; the layouts of the backward are a
+// clear error; every legal plan is distinct and plan_gemm's choice is one of them.
+//
+// Where the expectations come from: the table kDispatch90d8be4 below was produced by a verbatim
+// host transcription of 90d8be4's dispatch — src/cuda/gemm_bf16_nt.cu choose_sm90 (kPlanSMs = 132)
+// for M > 64, src/cuda/gemm_small_m.cu small_m_candidate_variant (kSmallMCandidateUpToM = 64,
+// kCandidateClusters = false, kCandidateWgmma = true) for M <= 64 with sm_count 132 (the H200),
+// and small_m_default_variant for operands TMA cannot read — run on these shapes. Each entry names
+// the old GemmPath or variant index; kOldNames maps it to the tile that variant instantiated (its
+// macro arguments in 90d8be4's kVariants are quoted beside it).
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+#include <string>
+
+#include "cuda/gemm/plan.h"
+#include "lockstep/error.h"
+#include "lockstep/ops/gemm.h"
+
+namespace lockstep::cuda {
+namespace {
+
+using K = GemmMainloop;
+
+GemmTile tile(int bm, int bn, int bk, int stages, int wm = 0, int wn = 0, int mb = 0, int na = 0) {
+  return GemmTile{bm, bn, bk, stages, wm, wn, mb, na, 1};
+}
+// 90d8be4's LS_SMALL_M_WS(WM, MB, WN, NA, KB64, NS) and LS_SMALL_M_VARIANT(BM, BN, WM, WN, BK, NS).
+GemmTile ws(int wm, int mb, int wn, int na, int kb64, int ns) {
+  return tile(wm * mb * 8, wn * na * 16, 64 * kb64, ns, wm, wn, mb, na);
+}
+GemmTile ring(int bm, int bn, int wm, int wn, int bk, int ns) {
+  return tile(bm, bn, bk, ns, wm, wn);
+}
+
+struct Old {
+  K kind;
+  GemmTile tile;
+  GemmFold fold_s1;  // the fold at S = 1
+  GemmFold fold_sn;  // at S > 1
+  int levels;        // register-stack levels at S > 1 (or for kRegisters at any S)
+  bool ping_pong = false;
+};
+
+const std::map<std::string, Old>& old_names() {
+  static const std::map<std::string, Old> m = {
+      // small-M kind 1 (TMA ring) and kind 2 (wgmma) candidates; every small-M kernel folds in
+      // registers with three levels.
+      {"v28", {K::kSmallMTma, ws(1, 1, 1, 1, 4, 12), GemmFold::kNone, GemmFold::kRegisters, 3}},
+      {"v29", {K::kSmallMTma, ws(1, 1, 2, 1, 4, 9), GemmFold::kNone, GemmFold::kRegisters, 3}},
+      {"v30", {K::kSmallMTma, ws(1, 1, 3, 1, 4, 7), GemmFold::kNone, GemmFold::kRegisters, 3}},
+      {"v33", {K::kSmallMTma, ws(1, 1, 4, 3, 1, 8), GemmFold::kNone, GemmFold::kRegisters, 3}},
+      {"v34", {K::kSmallMTma, ws(1, 2, 1, 1, 4, 10), GemmFold::kNone, GemmFold::kRegisters, 3}},
+      {"v35", {K::kSmallMTma, ws(1, 2, 2, 1, 4, 8), GemmFold::kNone, GemmFold::kRegisters, 3}},
+      {"v36", {K::kSmallMTma, ws(1, 2, 3, 1, 4, 6), GemmFold::kNone, GemmFold::kRegisters, 3}},
+      {"v39", {K::kSmallMTma, ws(1, 2, 4, 3, 1, 8), GemmFold::kNone, GemmFold::kRegisters, 3}},
+      {"v46", {K::kSmallMTma, ws(2, 4, 1, 1, 2, 10), GemmFold::kNone, GemmFold::kRegisters, 3}},
+      {"v51", {K::kSmallMTma, ws(2, 4, 6, 2, 1, 6), GemmFold::kNone, GemmFold::kRegisters, 3}},
+      // LS_SMALL_M_WG(BN, KB64, NS): 64 x BN, 64·KB64 k per stage
+      {"v78", {K::kSmallMWgmma, tile(64, 32, 256, 4), GemmFold::kNone, GemmFold::kRegisters, 3}},
+      {"v79", {K::kSmallMWgmma, tile(64, 48, 128, 7), GemmFold::kNone, GemmFold::kRegisters, 3}},
+      // small-M kind 0 (cp.async ring) default tiles
+      {"v0", {K::kSmallMRing, ring(8, 16, 1, 2, 256, 6), GemmFold::kNone, GemmFold::kRegisters, 3}},
+      {"v1", {K::kSmallMRing, ring(8, 32, 1, 4, 256, 6), GemmFold::kNone, GemmFold::kRegisters, 3}},
+      {"v2", {K::kSmallMRing, ring(8, 48, 1, 6, 256, 6), GemmFold::kNone, GemmFold::kRegisters, 3}},
+      {"v4",
+       {K::kSmallMRing, ring(8, 192, 1, 12, 64, 7), GemmFold::kNone, GemmFold::kRegisters, 3}},
+      {"v5",
+       {K::kSmallMRing, ring(16, 16, 1, 2, 256, 6), GemmFold::kNone, GemmFold::kRegisters, 3}},
+      {"v6",
+       {K::kSmallMRing, ring(16, 32, 1, 4, 256, 6), GemmFold::kNone, GemmFold::kRegisters, 3}},
+      {"v7",
+       {K::kSmallMRing, ring(16, 48, 1, 6, 256, 5), GemmFold::kNone, GemmFold::kRegisters, 3}},
+      {"v9",
+       {K::kSmallMRing, ring(16, 192, 1, 12, 64, 7), GemmFold::kNone, GemmFold::kRegisters, 3}},
+      {"v15",
+       {K::kSmallMRing, ring(64, 16, 4, 1, 128, 6), GemmFold::kNone, GemmFold::kRegisters, 3}},
+      {"v19",
+       {K::kSmallMRing, ring(64, 192, 2, 6, 64, 5), GemmFold::kNone, GemmFold::kRegisters, 3}},
+      {"v20",
+       {K::kSmallMRing, ring(64, 32, 4, 2, 128, 7), GemmFold::kNone, GemmFold::kRegisters, 3}},
+      {"v22",
+       {K::kSmallMRing, ring(64, 48, 4, 3, 128, 6), GemmFold::kNone, GemmFold::kRegisters, 3}},
+      // 90d8be4's kSm90Tiles {path, bm, bn, stages, levels}; levels 0 with S > 1: workspace planes
+      {"kWgmma128x256", {K::kWgmma, tile(128, 256, 64, 4), GemmFold::kNone, GemmFold::kPlanes, 0}},
+      {"kWgmma128x128", {K::kWgmma, tile(128, 128, 64, 6), GemmFold::kNone, GemmFold::kPlanes, 0}},
+      {"kWgmma64x128", {K::kWgmma, tile(64, 128, 64, 8), GemmFold::kNone, GemmFold::kPlanes, 0}},
+      {"kWgmma128x128Tree",
+       {K::kWgmma, tile(128, 128, 64, 6), GemmFold::kRegisters, GemmFold::kRegisters, 1}},
+      {"kWgmma64x128Tree",
+       {K::kWgmma, tile(64, 128, 64, 8), GemmFold::kRegisters, GemmFold::kRegisters, 3}},
+      {"kWgmma128x128Pairs",
+       {K::kWgmma, tile(128, 128, 64, 6), GemmFold::kPairs, GemmFold::kPairs, 1}},
+      {"kWgmma64x256PingPong",
+       {K::kWgmma, tile(64, 256, 64, 5), GemmFold::kNone, GemmFold::kPlanes, 0, true}},
+      // mma.sync kernels: a three-level register stack
+      {"kMma32x64", {K::kMmaSync, tile(32, 64, 64, 8), GemmFold::kNone, GemmFold::kRegisters, 3}},
+      {"kMma128x128",
+       {K::kMmaSync, tile(128, 128, 64, 4), GemmFold::kNone, GemmFold::kRegisters, 3}},
+  };
+  return m;
+}
+
+GemmPlan expected(const std::string& old_name, int S) {
+  const auto it = old_names().find(old_name);
+  EXPECT_NE(it, old_names().end()) << old_name;
+  const Old& o = it->second;
+  GemmPlan p;
+  p.mainloop = o.kind;
+  p.tile = o.tile;
+  p.fold = S == 1 ? o.fold_s1 : o.fold_sn;
+  p.tree_levels = (p.fold == GemmFold::kRegisters || p.fold == GemmFold::kPairs) ? o.levels : 0;
+  p.ping_pong = o.ping_pong;
+  return p;
+}
+
+struct Row {
+  const char* shape;
+  int64_t N, K, M;
+  const char* by_s[4];  // S = 1, 2, 4, 8
+};
+
+// Qwen3-0.6B (H = 1024, 16 q / 8 kv heads of 128, I = 3072, V = 151936) and Qwen3-8B (H = 4096,
+// 32 / 8 heads of 128, I = 12288): qkv [(Hq + 2 Hkv) D, H], o_proj [H, Hq D], gate_up [2 I, H],
+// down [H, I], lm_head [V, H]. Operands TMA-compatible (contiguous weights and activations).
+const Row kDispatch90d8be4[] = {
+    // Qwen3-0.6B
+    {"qkv", 4096, 1024, 1, {"v29", "v29", "v29", "v29"}},
+    {"qkv", 4096, 1024, 16, {"v35", "v35", "v35", "v35"}},
+    {"qkv", 4096, 1024, 64, {"v78", "v78", "v78", "v78"}},
+    {"qkv",
+     4096,
+     1024,
+     1024,
+     {"kWgmma128x256", "kWgmma128x128Tree", "kWgmma64x128Tree", "kWgmma64x128Tree"}},
+    {"qkv",
+     4096,
+     1024,
+     4096,
+     {"kWgmma128x256", "kWgmma128x128Tree", "kWgmma64x128Tree", "kWgmma64x128Tree"}},
+    {"qkv",
+     4096,
+     1024,
+     16384,
+     {"kWgmma128x256", "kWgmma128x128Tree", "kWgmma64x128Tree", "kWgmma64x128Tree"}},
+    {"o_proj", 1024, 2048, 1, {"v28", "v28", "v28", "v28"}},
+    {"o_proj", 1024, 2048, 16, {"v34", "v34", "v34", "v34"}},
+    {"o_proj", 1024, 2048, 64, {"v46", "v46", "v46", "v46"}},
+    {"o_proj",
+     1024,
+     2048,
+     1024,
+     {"kWgmma64x128", "kWgmma128x128", "kWgmma128x256", "kWgmma128x256"}},
+    {"o_proj",
+     1024,
+     2048,
+     4096,
+     {"kWgmma128x256", "kWgmma128x128Tree", "kWgmma64x128Tree", "kWgmma64x128Tree"}},
+    {"o_proj",
+     1024,
+     2048,
+     16384,
+     {"kWgmma128x256", "kWgmma128x128Tree", "kWgmma64x128Tree", "kWgmma64x128Tree"}},
+    {"gate_up", 6144, 1024, 1, {"v30", "v30", "v30", "v30"}},
+    {"gate_up", 6144, 1024, 16, {"v36", "v36", "v36", "v36"}},
+    {"gate_up", 6144, 1024, 64, {"v79", "v79", "v79", "v79"}},
+    {"gate_up",
+     6144,
+     1024,
+     1024,
+     {"kWgmma128x128", "kWgmma128x128Tree", "kWgmma64x128Tree", "kWgmma64x128Tree"}},
+    {"gate_up",
+     6144,
+     1024,
+     4096,
+     {"kWgmma128x256", "kWgmma128x128Tree", "kWgmma64x128Tree", "kWgmma64x128Tree"}},
+    {"gate_up",
+     6144,
+     1024,
+     16384,
+     {"kWgmma128x256", "kWgmma128x128Tree", "kWgmma64x128Tree", "kWgmma64x128Tree"}},
+    {"down", 1024, 3072, 1, {"v28", "v28", "v28", "v28"}},
+    {"down", 1024, 3072, 16, {"v34", "v34", "v34", "v34"}},
+    {"down", 1024, 3072, 64, {"v46", "v46", "v46", "v46"}},
+    {"down", 1024, 3072, 1024, {"kWgmma64x128", "kWgmma128x128", "kWgmma128x256", "kWgmma128x256"}},
+    {"down",
+     1024,
+     3072,
+     4096,
+     {"kWgmma128x256", "kWgmma128x128Tree", "kWgmma64x128Tree", "kWgmma64x128Tree"}},
+    {"down",
+     1024,
+     3072,
+     16384,
+     {"kWgmma128x256", "kWgmma128x128Tree", "kWgmma64x128Tree", "kWgmma64x128Tree"}},
+    {"lm_head", 151936, 1024, 1, {"v33", "v33", "v33", "v33"}},
+    {"lm_head", 151936, 1024, 16, {"v39", "v39", "v39", "v39"}},
+    {"lm_head", 151936, 1024, 64, {"v51", "v51", "v51", "v51"}},
+    {"lm_head",
+     151936,
+     1024,
+     1024,
+     {"kWgmma128x256", "kWgmma128x128Tree", "kWgmma64x128Tree", "kWgmma64x128Tree"}},
+    {"lm_head",
+     151936,
+     1024,
+     4096,
+     {"kWgmma128x256", "kWgmma128x128Tree", "kWgmma64x128Tree", "kWgmma64x128Tree"}},
+    {"lm_head",
+     151936,
+     1024,
+     16384,
+     {"kWgmma128x256", "kWgmma128x128Tree", "kWgmma64x128Tree", "kWgmma64x128Tree"}},
+    // Qwen3-8B
+    {"qkv", 6144, 4096, 1, {"v30", "v30", "v30", "v30"}},
+    {"qkv", 6144, 4096, 16, {"v36", "v36", "v36", "v36"}},
+    {"qkv", 6144, 4096, 64, {"v79", "v79", "v79", "v79"}},
+    {"qkv",
+     6144,
+     4096,
+     1024,
+     {"kWgmma128x128", "kWgmma128x128Tree", "kWgmma64x128Tree", "kWgmma64x128Tree"}},
+    {"qkv",
+     6144,
+     4096,
+     4096,
+     {"kWgmma128x256", "kWgmma128x128Tree", "kWgmma64x128Tree", "kWgmma64x128Tree"}},
+    {"qkv",
+     6144,
+     4096,
+     16384,
+     {"kWgmma128x256", "kWgmma128x128Tree", "kWgmma64x128Tree", "kWgmma64x128Tree"}},
+    {"o_proj", 4096, 4096, 1, {"v29", "v29", "v29", "v29"}},
+    {"o_proj", 4096, 4096, 16, {"v35", "v35", "v35", "v35"}},
+    {"o_proj", 4096, 4096, 64, {"v78", "v78", "v78", "v78"}},
+    {"o_proj",
+     4096,
+     4096,
+     1024,
+     {"kWgmma128x256", "kWgmma128x128Tree", "kWgmma64x128Tree", "kWgmma64x128Tree"}},
+    {"o_proj",
+     4096,
+     4096,
+     4096,
+     {"kWgmma128x256", "kWgmma128x128Tree", "kWgmma64x128Tree", "kWgmma64x128Tree"}},
+    {"o_proj",
+     4096,
+     4096,
+     16384,
+     {"kWgmma128x256", "kWgmma128x128Tree", "kWgmma64x128Tree", "kWgmma64x128Tree"}},
+    {"gate_up", 24576, 4096, 1, {"v33", "v33", "v33", "v33"}},
+    {"gate_up", 24576, 4096, 16, {"v39", "v39", "v39", "v39"}},
+    {"gate_up", 24576, 4096, 64, {"v51", "v51", "v51", "v51"}},
+    {"gate_up",
+     24576,
+     4096,
+     1024,
+     {"kWgmma128x256", "kWgmma128x128Tree", "kWgmma64x128Tree", "kWgmma64x128Tree"}},
+    {"gate_up",
+     24576,
+     4096,
+     4096,
+     {"kWgmma128x256", "kWgmma128x128Tree", "kWgmma64x128Tree", "kWgmma64x128Tree"}},
+    {"gate_up",
+     24576,
+     4096,
+     16384,
+     {"kWgmma128x256", "kWgmma128x128Tree", "kWgmma64x128Tree", "kWgmma64x128Tree"}},
+    {"down", 4096, 12288, 1, {"v29", "v29", "v29", "v29"}},
+    {"down", 4096, 12288, 16, {"v35", "v35", "v35", "v35"}},
+    {"down", 4096, 12288, 64, {"v78", "v78", "v78", "v78"}},
+    {"down",
+     4096,
+     12288,
+     1024,
+     {"kWgmma128x256", "kWgmma128x128Tree", "kWgmma128x128Pairs", "kWgmma64x128Tree"}},
+    {"down",
+     4096,
+     12288,
+     4096,
+     {"kWgmma128x256", "kWgmma128x128Tree", "kWgmma128x128Pairs", "kWgmma64x128Tree"}},
+    {"down",
+     4096,
+     12288,
+     16384,
+     {"kWgmma128x256", "kWgmma128x128Tree", "kWgmma128x128Pairs", "kWgmma64x128Tree"}},
+    {"lm_head", 151936, 4096, 1, {"v33", "v33", "v33", "v33"}},
+    {"lm_head", 151936, 4096, 16, {"v39", "v39", "v39", "v39"}},
+    {"lm_head", 151936, 4096, 64, {"v51", "v51", "v51", "v51"}},
+    {"lm_head",
+     151936,
+     4096,
+     1024,
+     {"kWgmma128x256", "kWgmma128x128Tree", "kWgmma64x128Tree", "kWgmma64x128Tree"}},
+    {"lm_head",
+     151936,
+     4096,
+     4096,
+     {"kWgmma128x256", "kWgmma128x128Tree", "kWgmma64x128Tree", "kWgmma64x128Tree"}},
+    {"lm_head",
+     151936,
+     4096,
+     16384,
+     {"kWgmma128x256", "kWgmma128x128Tree", "kWgmma64x128Tree", "kWgmma64x128Tree"}},
+};
+
+constexpr int kSegments[4] = {1, 2, 4, 8};
+
+GemmProblem problem(int64_t M, int64_t N, int64_t K, int S) {
+  GemmProblem p;
+  p.M = M;
+  p.N = N;
+  p.K = K;
+  p.segments = S;
+  p.segment_len = gemm_k_layout(GemmConfig{S}, K).segment_len;
+  return p;
+}
+
+// The one deliberate change from 90d8be4: the ping-pong rule (docs/cuda-gemm.md "Ping-pong"):
+// one segment, M >= 4096, N > K.
+bool ping_pong_rule(int64_t M, int64_t N, int64_t K, int S) { return S == 1 && M >= 4096 && N > K; }
+
+TEST(GemmPlan, QwenShapesMatchTheDispatchItReplaced) {
+  int ping_pong_rows = 0;
+  for (const Row& r : kDispatch90d8be4) {
+    for (int si = 0; si < 4; ++si) {
+      const int S = kSegments[si];
+      const GemmProblem p = problem(r.M, r.N, r.K, S);
+      const GemmPlan got = plan_gemm(p);
+      const bool pp = ping_pong_rule(r.M, r.N, r.K, S);
+      ping_pong_rows += pp ? 1 : 0;
+      const GemmPlan want = expected(pp ? "kWgmma64x256PingPong" : r.by_s[si], S);
+      EXPECT_EQ(got, want) << r.shape << " N=" << r.N << " K=" << r.K << " M=" << r.M << " S=" << S
+                           << ": got " << got.to_string() << ", want " << want.to_string()
+                           << (pp ? " (ping-pong rule)" : "");
+      EXPECT_TRUE(gemm_plan_legal(p, got)) << got.to_string();
+    }
+  }
+  // qkv, gate_up, lm_head of both models at M = 4096 and 16384 (N > K); never o_proj / down.
+  EXPECT_EQ(ping_pong_rows, 12);
+}
+
+// Operands TMA cannot read: the cp.async ring tiles for M <= 64 (90d8be4's small_m_default_variant,
+// sm_count 132), the 128x128 mma.sync kernel above.
+TEST(GemmPlan, NonTmaOperands) {
+  struct R {
+    int64_t N, M;
+    const char* old;
+  };
+  const R rows[] = {{1024, 1, "v0"},
+                    {1024, 16, "v5"},
+                    {1024, 64, "v15"},
+                    {4096, 1, "v1"},
+                    {4096, 16, "v6"},
+                    {4096, 64, "v20"},
+                    {6144, 1, "v2"},
+                    {6144, 16, "v7"},
+                    {6144, 64, "v22"},
+                    {24576, 1, "v4"},
+                    {24576, 16, "v9"},
+                    {24576, 64, "v19"},
+                    {151936, 1, "v4"},
+                    {151936, 16, "v9"},
+                    {151936, 64, "v19"},
+                    {4096, 1024, "kMma128x128"},
+                    {4096, 16384, "kMma128x128"}};
+  for (const R& r : rows) {
+    for (int S : kSegments) {
+      GemmProblem p = problem(r.M, r.N, 4096, S);
+      p.tma_ok = false;
+      EXPECT_EQ(plan_gemm(p), expected(r.old, S)) << "N=" << r.N << " M=" << r.M << " S=" << S;
+    }
+  }
+}
+
+// gemm_bf16_nt_partial never takes the small-M kernels (90d8be4: small_m_candidate = false):
+// M <= 64 goes to choose_sm90 (TMA) or the 128x128 mma.sync kernel.
+TEST(GemmPlan, PartialsSkipSmallM) {
+  GemmProblem p = problem(16, 4096, 2048, 2);
+  p.partial = true;
+  EXPECT_EQ(plan_gemm(p), expected("kWgmma64x128", 2));  // 4 jobs of 64x128: cheapest
+  p.tma_ok = false;
+  EXPECT_EQ(plan_gemm(p), expected("kMma128x128", 2));
+  // Full GEMM, M <= 64, a K the small-M kernels do not count (>= 2^30): mma.sync 32x64.
+  GemmProblem big = problem(8, 64, int64_t(1) << 30, 1);
+  EXPECT_EQ(plan_gemm(big), expected("kMma32x64", 1));
+}
+
+TEST(GemmPlan, PureFunction) {
+  // Same inputs, same plan, whatever was planned in between (no global state).
+  for (const Row& r : kDispatch90d8be4) {
+    for (int S : kSegments) {
+      const GemmProblem p = problem(r.M, r.N, r.K, S);
+      const GemmPlan a = plan_gemm(p);
+      (void)plan_gemm(problem(1, 151936, 4096, 8));
+      (void)gemm_legal_plans(problem(16384, 24576, 4096, 1));
+      const GemmPlan b = plan_gemm(p);
+      EXPECT_EQ(a, b);
+      EXPECT_EQ(a.to_string(), b.to_string());
+    }
+  }
+}
+
+TEST(GemmPlan, BackwardLayoutsNotImplemented) {
+  for (GemmLayout l : {GemmLayout::kNN, GemmLayout::kTN}) {
+    GemmProblem p = problem(64, 4096, 4096, 1);
+    p.layout = l;
+    try {
+      (void)plan_gemm(p);
+      ADD_FAILURE() << "no error for layout " << gemm_layout_name(l);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("not implemented"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(gemm_layout_name(l)), std::string::npos) << e.what();
+    }
+    EXPECT_THROW((void)gemm_legal_plans(p), Error);
+  }
+}
+
+TEST(GemmPlan, BadProblemsThrow) {
+  GemmProblem p = problem(64, 64, 64, 1);
+  p.segments = 3;
+  EXPECT_THROW((void)plan_gemm(p), Error);
+  p = problem(64, 64, 64, 2);
+  p.segment_len = 40;
+  EXPECT_THROW((void)plan_gemm(p), Error);
+  p = problem(-1, 64, 64, 1);
+  EXPECT_THROW((void)plan_gemm(p), Error);
+}
+
+TEST(GemmPlan, LegalPlansAreDistinctAndContainTheChoice) {
+  for (int64_t M : {int64_t(1), int64_t(64), int64_t(65), int64_t(4096)}) {
+    for (int S : kSegments) {
+      for (bool tma : {true, false}) {
+        GemmProblem p = problem(M, 6144, 4096, S);
+        p.tma_ok = tma;
+        const std::vector<GemmPlan> v = gemm_legal_plans(p);
+        std::set<std::string> names;
+        for (const GemmPlan& q : v) names.insert(q.to_string());
+        EXPECT_EQ(names.size(), v.size()) << "M=" << M << " S=" << S;
+        EXPECT_TRUE(gemm_plan_legal(p, plan_gemm(p))) << plan_gemm(p).to_string();
+        // The ping-pong and segment-pair plans are offered wherever their kernels run.
+        bool has_pp = false, has_pairs = false;
+        for (const GemmPlan& q : v) {
+          has_pp |= q.ping_pong;
+          has_pairs |= q.fold == GemmFold::kPairs;
+          if (!tma) {
+            EXPECT_TRUE(q.mainloop == K::kMmaSync || q.mainloop == K::kSmallMRing);
+          }
+        }
+        EXPECT_EQ(has_pp, tma);
+        EXPECT_EQ(has_pairs, tma && S >= 4);
+      }
+    }
+  }
+  // 20 ring + 21 TMA-ring + 3 wgmma small-M tiles are compiled: the 44 dispatch can choose.
+  EXPECT_EQ(gemm_small_m_tiles(K::kSmallMRing).size(), 20u);
+  EXPECT_EQ(gemm_small_m_tiles(K::kSmallMTma).size(), 21u);
+  EXPECT_EQ(gemm_small_m_tiles(K::kSmallMWgmma).size(), 3u);
+}
+
+TEST(GemmPlan, Printable) {
+  EXPECT_EQ(GemmTile({64, 128, 64, 4}).to_string(), "64x128x64 s4");
+  EXPECT_EQ(plan_gemm(problem(16384, 6144, 4096, 1)).to_string(),
+            "wgmma + TMA, tile 64x256x64 s5, 2 consumer warpgroups on alternate tiles "
+            "(ping-pong), one segment");
+  EXPECT_EQ(plan_gemm(problem(1, 4096, 4096, 4)).to_string(),
+            "small-M warp-specialized TMA ring (mma.sync), tile 8x32x256 s9 warps 1x2 chains 1x1 "
+            "(+1 producer warp), segments folded in registers (3 levels)");
+}
+
+}  // namespace
+}  // namespace lockstep::cuda
