@@ -87,13 +87,13 @@ int run_plan(const PlanFlags& f) {
   for (const LayerGemm& g : gemms) print_gemm(g, f);
 
   const AttentionConfig acfg = AttentionConfig::from_contract(c);
-  std::printf("\nattention: %s, head_dim %lld, %lld query / %lld kv heads per rank\n",
+  std::printf("\n%s, head_dim %lld, %lld query / %lld kv heads per rank\n",
               acfg.to_string().c_str(), (long long)cfg.head_dim,
               (long long)(cfg.num_attention_heads / f.tp),
               (long long)std::max<int64_t>(1, cfg.num_key_value_heads / f.tp));
   const LogprobVocabLayout lay = logprob_vocab_layout(c, cfg.vocab_size);
   std::printf(
-      "log-prob: V=%lld padded to %lld: %d segments of %lld tiles of %lld (tiles fold left "
+      "logprob: V=%lld padded to %lld: %d segments of %lld tiles of %lld (tiles fold left "
       "to right in a segment, segments in a tree)\n",
       (long long)lay.vocab_size, (long long)lay.padded, lay.segments,
       (long long)lay.tiles_per_segment, (long long)lay.tile);

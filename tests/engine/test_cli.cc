@@ -296,7 +296,7 @@ TEST(CliBinary, TopLevel) {
 }
 
 TEST(CliBinary, EverySubcommandHasHelpAndRejectsUnknownFlags) {
-  for (const char* cmd : {"audit", "bench-engine", "score", "selfcheck", "contract"}) {
+  for (const char* cmd : {"audit", "bench-engine", "score", "selfcheck", "contract", "plan"}) {
     EXPECT_RUN(lockstep(std::string(cmd) + " --help"), 0, std::string("Usage: lockstep ") + cmd);
     EXPECT_RUN(lockstep(std::string(cmd) + " --frob"), 2, "--frob");
   }
@@ -416,6 +416,17 @@ TEST(CliBinary, ScoreRefusesBadCheckpoints) {
   fs::create_directories(loop);
   fs::create_symlink(loop / "config.json", loop / "config.json");
   EXPECT_RUN(score(loop.string()), 2, "symlink loop");
+}
+
+TEST(CliBinary, PlanPrintsTheKernelPlan) {
+  EXPECT_RUN(lockstep("plan --model-shape qwen3-8b"), 0, "down     N=4096 K=12288 S=4");
+  EXPECT_RUN(lockstep("plan --model-shape qwen3-8b --segments 1 --rows 1 4096"), 0, "M=4096");
+  EXPECT_RUN(lockstep("plan --model-shape qwen3-8b --tp 4"), 0, "a rank's fp32 partial");
+  EXPECT_RUN(lockstep("plan --model-shape qwen3-8b --tp 3"), 2, "--tp");
+  EXPECT_RUN(lockstep("plan --model-shape qwen3-8b --segments 2 --tp 4"), 2, "multiple");
+  EXPECT_RUN(lockstep("plan --model-shape qwen3-8b --rows 0"), 2, "--rows");
+  EXPECT_RUN(lockstep("plan --model /x --model-shape qwen3-8b"), 2, "exclude");
+  EXPECT_RUN(lockstep("plan --model /nonexistent"), 2, "/nonexistent");
 }
 
 TEST(CliBinary, SelfcheckPassesWithTheDefaultContract) {
