@@ -132,10 +132,10 @@ if has bench; then
   # --sweep: every compiled small-M tile on every shape too (sweep.csv; ~10 s): new tiles are
   # measured by the same call that checks their bits.
   bench bench_gemm_small_m build-gpu/bench_gemm_small_m --sweep --out "$L"
-  bench bench_attention bash -c "PYTHONUNBUFFERED=1 python3 bench/attention_sdpa.py --out '$L/sdpa.csv' &&
+  bench bench_attention bash -c "PYTHONUNBUFFERED=1 python3 bench/cuda/attention_sdpa.py --out '$L/sdpa.csv' &&
     build-gpu/bench_attention --sdpa '$L/sdpa.csv'"
   bench bench_logprob bash -c "build-gpu/bench_logprob --json '$L/lp.json' &&
-    PYTHONUNBUFFERED=1 python3 bench/logprob_torch.py --ours '$L/lp.json'"
+    PYTHONUNBUFFERED=1 python3 bench/cuda/logprob_torch.py --ours '$L/lp.json'"
 fi
 
 if has sanitize; then

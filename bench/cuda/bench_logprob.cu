@@ -6,8 +6,8 @@
 // first rows. Time: median of --reps calls (cudaEvent pair around each call). Memory: the
 // stream-ordered pool's high-water mark of used bytes (cudaMemPoolAttrUsedMemHigh, reset before
 // the timed calls) = the op's scratch, and cudaMemGetInfo before / after. Writes a JSON summary
-// (--json PATH) that bench/logprob_torch.py prints next to PyTorch's numbers:
-//   ./build-gpu-lp/bench_logprob --json /tmp/lp.json && python3 bench/logprob_torch.py \
+// (--json PATH) that bench/cuda/logprob_torch.py prints next to PyTorch's numbers:
+//   ./build-gpu-lp/bench_logprob --json /tmp/lp.json && python3 bench/cuda/logprob_torch.py \
 //       --ours /tmp/lp.json
 // NOTE: the default pool's release threshold is raised so freed scratch stays reserved between
 // calls (as PyTorch's caching allocator keeps its blocks); the first, cold call is timed apart.

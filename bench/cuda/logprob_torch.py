@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""PyTorch peer of tests/cuda/bench_logprob.cu: linear log-prob at T x H x V (default 8192 x 4096 x
+"""PyTorch peer of bench/cuda/bench_logprob.cu: linear log-prob at T x H x V (default 8192 x 4096 x
 151936, bf16) the usual way, `logits = h @ W.T; logp = logits.float().log_softmax(-1).gather(-1, t)`,
 and a variant that also returns lse and entropy. Time: median of --reps calls (CUDA events); memory:
 torch.cuda.max_memory_allocated() beyond what was allocated before the call (inputs excluded).
 With --ours FILE (bench_logprob's --json output) it prints both in one table:
-    ./build-gpu-lp/bench_logprob --json /tmp/lp.json && python3 bench/logprob_torch.py --ours /tmp/lp.json
+    ./build-gpu-lp/bench_logprob --json /tmp/lp.json && python3 bench/cuda/logprob_torch.py --ours /tmp/lp.json
 """
 import argparse
 import json

@@ -4,9 +4,9 @@
 // 32 / 128, context 1k / 4k / 16k, page size 16) in us, GB/s of K/V read and % of the 4.8 TB/s
 // HBM peak. Each time is the mean of the calls after warm-up, measured with CUDA events around
 // back-to-back calls (host planning included; metadata: host cu_seqlens / q_seq / q_pos /
-// seq_lens, device block table). With `--sdpa FILE` (written by bench/attention_sdpa.py on the
+// seq_lens, device block table). With `--sdpa FILE` (written by bench/cuda/attention_sdpa.py on the
 // same shapes) it prints the ratio to PyTorch SDPA (flash backend).
-//   python3 bench/attention_sdpa.py --out /tmp/sdpa.csv && ./bench_attention --sdpa /tmp/sdpa.csv
+//   python3 bench/cuda/attention_sdpa.py --out /tmp/sdpa.csv && ./bench_attention --sdpa /tmp/sdpa.csv
 #include <cuda_runtime.h>
 
 #include <algorithm>

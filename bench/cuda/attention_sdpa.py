@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch peer of tests/cuda/bench_attention.cu: torch.nn.functional.scaled_dot_product_attention
+"""PyTorch peer of bench/cuda/bench_attention.cu: torch.nn.functional.scaled_dot_product_attention
 (bf16, flash backend) on the same Qwen3-8B attention shapes (Hq = 32, Hkv = 8, D = 128):
 causal prefill at seq 1024 / 4096 / 8192 with batch = 16384 / seq, and decode (one query per
 sequence, not causal) at batch 1 / 32 / 128 x context 1k / 4k / 16k over contiguous K/V. GQA via
@@ -7,7 +7,7 @@ enable_gqa=True when the flash backend accepts it, else K/V expanded to Hq heads
 the same; the expanded decode reads 4x the bytes, so its time is reported but not comparable).
 Time: mean of --reps calls between CUDA events after warm-up. Writes KEY,ms lines to --out, which
 bench_attention reads with --sdpa:
-    python3 bench/attention_sdpa.py --out /tmp/sdpa.csv && ./bench_attention --sdpa /tmp/sdpa.csv
+    python3 bench/cuda/attention_sdpa.py --out /tmp/sdpa.csv && ./bench_attention --sdpa /tmp/sdpa.csv
 """
 import argparse
 
