@@ -4,6 +4,8 @@
 
 #include <cstring>
 
+#include "engine/device.h"
+
 #include "lockstep/ops/activation.h"
 
 namespace lockstep::engine {
@@ -40,6 +42,38 @@ void OpsBackend::copy(const TensorView& dst, const TensorView& src) const {
     std::memcpy(static_cast<char*>(dst.data) + dof * dtype_size(dst.dtype),
                 static_cast<const char*>(src.data) + so * dtype_size(src.dtype), bytes);
   }
+}
+
+void OpsBackend::attention_paged(const TensorView& q, const TensorView& q_seq,
+                                 const TensorView& q_pos, const PagedKv& kv,
+                                 const AttentionConfig& cfg, const TensorView& out,
+                                 const TensorView& lse) const {
+  DeviceStage stage(*this);
+  const PagedMeta meta =
+      paged_meta_for_views(stage, "attention_paged", q_seq, q_pos, kv, nullptr, cfg);
+  attention_paged(q, meta, kv.k_cache, kv.v_cache, cfg, out, lse);
+}
+
+void OpsBackend::attention_paged_split_kv(const TensorView& q, const TensorView& q_seq,
+                                          const TensorView& q_pos, const PagedKv& kv,
+                                          const AttentionConfig& cfg, int num_splits,
+                                          const TensorView& out, const TensorView& lse) const {
+  LS_CHECK(num_splits >= 1, "attention_paged_split_kv", "num_splits must be >= 1, got ",
+           num_splits);
+  DeviceStage stage(*this);
+  const PagedMeta meta =
+      paged_meta_for_views(stage, "attention_paged_split_kv", q_seq, q_pos, kv, nullptr, cfg);
+  attention_paged_split_kv(q, meta, kv.k_cache, kv.v_cache, cfg, num_splits, out, lse);
+}
+
+void OpsBackend::attention_paged_cascade(const TensorView& q, const TensorView& q_seq,
+                                         const TensorView& q_pos, const PagedKv& kv,
+                                         const SharedPrefix& prefix, const AttentionConfig& cfg,
+                                         const TensorView& out, const TensorView& lse) const {
+  DeviceStage stage(*this);
+  const PagedMeta meta =
+      paged_meta_for_views(stage, "attention_paged_cascade", q_seq, q_pos, kv, &prefix, cfg);
+  attention_paged_cascade(q, meta, kv.k_cache, kv.v_cache, cfg, out, lse);
 }
 
 namespace {
@@ -98,22 +132,22 @@ class InvariantBackend final : public OpsBackend {
                                 const TensorView& out, const TensorView& lse) const override {
     cpu::attention_prefill_varlen(q, k, v, cu_seqlens, cfg, out, lse);
   }
-  void attention_paged(const TensorView& q, const TensorView& q_seq, const TensorView& q_pos,
-                       const PagedKv& kv, const AttentionConfig& cfg, const TensorView& out,
+  void attention_paged(const TensorView& q, const PagedMeta& meta, const TensorView& k_cache,
+                       const TensorView& v_cache, const AttentionConfig& cfg, const TensorView& out,
                        const TensorView& lse) const override {
-    cpu::attention_paged(q, q_seq, q_pos, kv, cfg, out, lse);
+    cpu::attention_paged(q, meta, k_cache, v_cache, cfg, out, lse);
   }
-  void attention_paged_split_kv(const TensorView& q, const TensorView& q_seq,
-                                const TensorView& q_pos, const PagedKv& kv,
+  void attention_paged_split_kv(const TensorView& q, const PagedMeta& meta,
+                                const TensorView& k_cache, const TensorView& v_cache,
                                 const AttentionConfig& cfg, int num_splits, const TensorView& out,
                                 const TensorView& lse) const override {
-    cpu::attention_paged_split_kv(q, q_seq, q_pos, kv, cfg, num_splits, out, lse);
+    cpu::attention_paged_split_kv(q, meta, k_cache, v_cache, cfg, num_splits, out, lse);
   }
-  void attention_paged_cascade(const TensorView& q, const TensorView& q_seq,
-                               const TensorView& q_pos, const PagedKv& kv,
-                               const SharedPrefix& prefix, const AttentionConfig& cfg,
-                               const TensorView& out, const TensorView& lse) const override {
-    cpu::attention_paged_cascade(q, q_seq, q_pos, kv, prefix, cfg, out, lse);
+  void attention_paged_cascade(const TensorView& q, const PagedMeta& meta,
+                               const TensorView& k_cache, const TensorView& v_cache,
+                               const AttentionConfig& cfg, const TensorView& out,
+                               const TensorView& lse) const override {
+    cpu::attention_paged_cascade(q, meta, k_cache, v_cache, cfg, out, lse);
   }
   void kv_cache_write(const TensorView& k, const TensorView& v, const TensorView& slot_mapping,
                       const TensorView& k_cache, const TensorView& v_cache) const override {

@@ -98,17 +98,19 @@ std::vector<TensorView> host_of(const std::vector<TensorView>& vs, const char* o
 }
 
 struct Counters {
-  std::atomic<int64_t> uploads{0}, downloads{0}, device_copies{0}, syncs{0}, ops{0}, host_meta{0};
-  void reset() { uploads = downloads = device_copies = syncs = ops = host_meta = 0; }
+  std::atomic<int64_t> uploads{0}, downloads{0}, device_copies{0}, syncs{0}, ops{0}, host_meta{0},
+      paged_calls{0}, meta_changes{0};
+  void reset() {
+    uploads = downloads = device_copies = syncs = ops = host_meta = paged_calls = meta_changes = 0;
+  }
 };
 
 class FakeDeviceBackend final : public OpsBackend {
  public:
   FakeDeviceBackend() : b_(make_invariant_backend()) {}
   mutable Counters n;
-  // Like the CUDA invariant backend: attention plans from host metadata (the engine then passes
-  // host views of cu_seqlens, q_seq, q_pos, seq_lens, shared_len, seq_group; device ones are an
-  // error here).
+  // Like the CUDA invariant backend: the packed prefill plans from host cu_seqlens (the engine
+  // then passes its host view; a device one is an error here).
   bool host_plans = false;
   bool plans_attention_on_host() const override { return host_plans; }
 
@@ -156,12 +158,39 @@ class FakeDeviceBackend final : public OpsBackend {
     ++n.host_meta;
     return v;
   }
-  PagedKv meta_kv(const PagedKv& kv, const char* op) const {
-    return PagedKv{host_of(kv.k_cache, op, "k_cache"), host_of(kv.v_cache, op, "v_cache"),
-                   host_of(kv.block_table, op, "block_table"),
-                   meta_of(kv.seq_lens, op, "seq_lens")};
+  // The step's paged meta as the CPU op reads it: its device copies must be device views holding
+  // the validated host tables' values (what a kernel reads); the CPU op then runs on those
+  // copies. Counts how often the meta object changes between paged calls (once per step).
+  PagedMeta paged_meta(const PagedMeta& m, const AttentionConfig& cfg, const char* op) const {
+    if (m.device() != Device::kCUDA)
+      throw Error(std::string("fake device: ") + op + ": the meta's copies are not on the device");
+    ++n.paged_calls;
+    if (&m != last_meta_ || m.host().q_seq.data != last_q_seq_) ++n.meta_changes;
+    last_meta_ = &m;
+    last_q_seq_ = m.host().q_seq.data;
+    const PagedTables& h = m.host();
+    PagedTables d = m.device_copies();
+    for (auto [hv, dv, arg] :
+         {std::tuple{&h.q_seq, &d.q_seq, "q_seq"}, std::tuple{&h.q_pos, &d.q_pos, "q_pos"},
+          std::tuple{&h.block_table, &d.block_table, "block_table"},
+          std::tuple{&h.seq_lens, &d.seq_lens, "seq_lens"},
+          std::tuple{&h.prefix_block_table, &d.prefix_block_table, "prefix_block_table"},
+          std::tuple{&h.shared_len, &d.shared_len, "shared_len"},
+          std::tuple{&h.seq_group, &d.seq_group, "seq_group"}}) {
+      if (hv->ndim == 0 && hv->data == nullptr) continue;
+      *dv = host_of(*dv, op, arg);
+      const int64_t cols = hv->ndim == 2 ? hv->shape[1] : 1, rows = hv->shape[0];
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) {
+          const int64_t ho = r * hv->stride[0] + (hv->ndim == 2 ? c * hv->stride[1] : 0);
+          const int64_t dof = r * dv->stride[0] + (dv->ndim == 2 ? c * dv->stride[1] : 0);
+          if (hv->ptr<const int32_t>()[ho] != dv->ptr<const int32_t>()[dof])
+            throw Error(std::string("fake device: ") + op + ": device copy of '" + arg +
+                        "' differs from the validated host table");
+        }
+    }
+    return PagedMeta::validate(op, d, m.NP(), m.P(), cfg);
   }
-
   void gemm(const TensorView& x, const TensorView& w, const GemmConfig& cfg,
             const TensorView& y) const override {
     FAKE_OP_BEGIN("gemm");
@@ -215,26 +244,24 @@ class FakeDeviceBackend final : public OpsBackend {
     FAKE_OP_BEGIN("attention_prefill_varlen");
     b_->attention_prefill_varlen(H(q), H(k), H(v), M(cu), c, H(o), H(l));
   }
-  void attention_paged(const TensorView& q, const TensorView& qs, const TensorView& qp,
-                       const PagedKv& kv, const AttentionConfig& c, const TensorView& o,
+  void attention_paged(const TensorView& q, const PagedMeta& m, const TensorView& kc,
+                       const TensorView& vc, const AttentionConfig& c, const TensorView& o,
                        const TensorView& l) const override {
     FAKE_OP_BEGIN("attention_paged");
-    b_->attention_paged(H(q), M(qs), M(qp), meta_kv(kv, op_name), c, H(o), H(l));
+    b_->attention_paged(H(q), paged_meta(m, c, op_name), H(kc), H(vc), c, H(o), H(l));
   }
-  void attention_paged_split_kv(const TensorView& q, const TensorView& qs, const TensorView& qp,
-                                const PagedKv& kv, const AttentionConfig& c, int splits,
+  void attention_paged_split_kv(const TensorView& q, const PagedMeta& m, const TensorView& kc,
+                                const TensorView& vc, const AttentionConfig& c, int splits,
                                 const TensorView& o, const TensorView& l) const override {
     FAKE_OP_BEGIN("attention_paged_split_kv");
-    b_->attention_paged_split_kv(H(q), M(qs), M(qp), meta_kv(kv, op_name), c, splits, H(o), H(l));
+    b_->attention_paged_split_kv(H(q), paged_meta(m, c, op_name), H(kc), H(vc), c, splits, H(o),
+                                 H(l));
   }
-  void attention_paged_cascade(const TensorView& q, const TensorView& qs, const TensorView& qp,
-                               const PagedKv& kv, const SharedPrefix& p, const AttentionConfig& c,
-                               const TensorView& o, const TensorView& l) const override {
+  void attention_paged_cascade(const TensorView& q, const PagedMeta& m, const TensorView& kc,
+                               const TensorView& vc, const AttentionConfig& c, const TensorView& o,
+                               const TensorView& l) const override {
     FAKE_OP_BEGIN("attention_paged_cascade");
-    const SharedPrefix hp{host_of(p.block_table, op_name, "prefix.block_table"),
-                          meta_of(p.shared_len, op_name, "prefix.shared_len"),
-                          meta_of(p.seq_group, op_name, "prefix.seq_group")};
-    b_->attention_paged_cascade(H(q), M(qs), M(qp), meta_kv(kv, op_name), hp, c, H(o), H(l));
+    b_->attention_paged_cascade(H(q), paged_meta(m, c, op_name), H(kc), H(vc), c, H(o), H(l));
   }
   void kv_cache_write(const TensorView& k, const TensorView& v, const TensorView& s,
                       const TensorView& kc, const TensorView& vc) const override {
@@ -272,6 +299,8 @@ class FakeDeviceBackend final : public OpsBackend {
 
  private:
   std::unique_ptr<OpsBackend> b_;
+  mutable const PagedMeta* last_meta_ = nullptr;
+  mutable const void* last_q_seq_ = nullptr;
 };
 
 std::shared_ptr<FakeDeviceBackend> fake() { return std::make_shared<FakeDeviceBackend>(); }
@@ -397,8 +426,11 @@ TEST(Device, RolloutAndTrainingEqualCpuBitForBit) {
     const RolloutResult got = run_rollout(*dev_model, reqs, rc);
     EXPECT_TRUE(test_util::same_completions(want.completions, got.completions))
         << "tp=" << tp << " cascade=" << cascade << " host_plans=" << host_plans;
-    // A host-planning backend gets host metadata in every attention call (a device view throws).
-    EXPECT_EQ(b->n.host_meta.load() > 0, host_plans);
+    // Every paged call gets the step's one meta (device copies checked against the host tables):
+    // it changes at most once per step, and is shared by every layer and rank of the step.
+    EXPECT_LE(b->n.meta_changes.load(), want.stats.steps);
+    EXPECT_GE(b->n.paged_calls.load(),
+              b->n.meta_changes.load() * tm.config().num_hidden_layers * tp);
     EXPECT_GT(want.stats.preemptions + want.stats.forks, 0);
     // One wait per step (the sampled values come back), a bounded number of uploads per step.
     EXPECT_LE(b->n.syncs.load(), want.stats.steps + 2);
@@ -409,6 +441,8 @@ TEST(Device, RolloutAndTrainingEqualCpuBitForBit) {
     const TrainResult tw = run_training_forward(*ref_model, train_seqs(want), pc);
     const TrainResult tg = run_training_forward(*dev_model, train_seqs(want), pc);
     ASSERT_EQ(tw.sequences.size(), tg.sequences.size());
+    // A host-planning backend gets host cu_seqlens in every packed prefill (a device view throws).
+    EXPECT_EQ(b->n.host_meta.load() > 0, host_plans);
     for (size_t i = 0; i < tw.sequences.size(); ++i) {
       EXPECT_TRUE(test::bitwise_equal(tw.sequences[i].logp, tg.sequences[i].logp));
       EXPECT_TRUE(test::bitwise_equal(tw.sequences[i].entropy, tg.sequences[i].entropy));

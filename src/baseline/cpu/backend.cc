@@ -186,21 +186,22 @@ struct KvRow {
   }
 };
 
-KvRow kv_row(const PagedKv& kv, const Paged& p, int64_t s, const SharedPrefix* prefix) {
+KvRow kv_row(const TensorView& k_cache, const TensorView& v_cache, const PagedTables& t,
+            const Paged& p, int64_t s, bool prefix) {
   KvRow r;
-  r.k = kv.k_cache.ptr<const bf16>();
-  r.v = kv.v_cache.ptr<const bf16>();
-  r.k_s0 = kv.k_cache.stride[0];
-  r.k_s1 = kv.k_cache.stride[1];
-  r.k_sh = kv.k_cache.stride[2];
-  r.v_s0 = kv.v_cache.stride[0];
-  r.v_s1 = kv.v_cache.stride[1];
-  r.v_sh = kv.v_cache.stride[2];
+  r.k = k_cache.ptr<const bf16>();
+  r.v = v_cache.ptr<const bf16>();
+  r.k_s0 = k_cache.stride[0];
+  r.k_s1 = k_cache.stride[1];
+  r.k_sh = k_cache.stride[2];
+  r.v_s0 = v_cache.stride[0];
+  r.v_s1 = v_cache.stride[1];
+  r.v_sh = v_cache.stride[2];
   r.P = p.P;
-  r.own = kv.block_table.ptr<const int32_t>() + s * kv.block_table.stride[0];
+  r.own = t.block_table.ptr<const int32_t>() + s * t.block_table.stride[0];
   const int64_t g = p.group[size_t(s)];
-  if (prefix != nullptr && g >= 0) {
-    r.shared = prefix->block_table.ptr<const int32_t>() + g * prefix->block_table.stride[0];
+  if (prefix && g >= 0) {
+    r.shared = t.prefix_block_table.ptr<const int32_t>() + g * t.prefix_block_table.stride[0];
     r.shared_len = p.shared_len[size_t(g)];
   }
   return r;
@@ -760,11 +761,11 @@ class BaselineBackend final : public BaselinePagedAttention<OpsBackend> {
   // its keys [0, ctx) into `splits` ranges [ctx·i/splits, ctx·(i+1)/splits); each range runs an
   // online softmax over key blocks of kv_block keys (from the range's first key); the ranges'
   // (m, l, acc) merge in order. splits and the block size depend on the batch.
-  void paged(const char* op, const TensorView& q, const TensorView& q_seq, const TensorView& q_pos,
-             const PagedKv& kv, const SharedPrefix* prefix, const AttentionConfig& cfg,
-             int forced_splits, const TensorView& out, const TensorView& lse) const override {
-    const Paged p = check_paged(op, Device::kCPU, q, q_seq, q_pos, kv, prefix, cfg, 0, kAllChunks);
-    check_attn_outputs(op, Device::kCPU, p.qs, out, lse);
+  void paged(const char* op, const TensorView& q, const PagedMeta& meta, const TensorView& k_cache,
+             const TensorView& v_cache, bool cascade, const AttentionConfig& cfg, int forced_splits,
+             const TensorView& out, const TensorView& lse) const override {
+    const Paged p =
+        check_paged_call(op, Device::kCPU, q, meta, k_cache, v_cache, cfg, cascade, out, lse);
     const int64_t N = p.qs.N, Hq = p.qs.Hq, D = p.qs.D, G = Hq / p.Hkv;
     if (N == 0) return;
     const int64_t block = p.num_seqs > c_.kv_block_switch ? c_.kv_block_large : c_.kv_block_small;
@@ -773,7 +774,8 @@ class BaselineBackend final : public BaselinePagedAttention<OpsBackend> {
     const float scale = float(cfg.resolved_scale(D));
     std::vector<KvRow> rows;
     rows.reserve(size_t(N));
-    for (int64_t r = 0; r < N; ++r) rows.push_back(kv_row(kv, p, p.seq[size_t(r)], prefix));
+    for (int64_t r = 0; r < N; ++r)
+      rows.push_back(kv_row(k_cache, v_cache, meta.device_copies(), p, p.seq[size_t(r)], cascade));
     parallel_for(N * Hq, 1, [&](int64_t a, int64_t b) {
       std::vector<float> sc(static_cast<size_t>(block)), acc(static_cast<size_t>(D)),
           all_acc(static_cast<size_t>(D));
