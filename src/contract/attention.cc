@@ -90,8 +90,9 @@ PagedMeta PagedMeta::validate(const char* op, const PagedTables& t, int64_t NP, 
   using contract::check_host_view;
   using contract::host_or;
   cfg.validate();
-  LS_CHECK(P >= 1 && NP >= 0, op, "cache geometry must have page size P >= 1 and NP >= 0 pages, got NP = ",
-           NP, ", P = ", P);
+  LS_CHECK(P >= 1 && NP >= 0, op,
+           "cache geometry must have page size P >= 1 and NP >= 0 pages, got NP = ", NP,
+           ", P = ", P);
   PagedMeta p;
   p.host_ = t;
   p.dev_ = t;
@@ -105,8 +106,8 @@ PagedMeta PagedMeta::validate(const char* op, const PagedTables& t, int64_t NP, 
   // Block tables: host tables are checked page by page; device tables only by shape (their
   // contents are trusted: the kernels read an entry outside the table or the cache as a zero key).
   const bool prefix = t.has_prefix();
-  const bool dev_tables = btab.device != Device::kCPU ||
-                          (prefix && t.prefix_block_table.device != Device::kCPU);
+  const bool dev_tables =
+      btab.device != Device::kCPU || (prefix && t.prefix_block_table.device != Device::kCPU);
   p.tables_checked_ = !dev_tables;
   check_tensor(op, "kv.block_table", btab, DType::kI32, {-1, -1}, btab.device);
   check_inner_contiguous(op, "kv.block_table", btab);
@@ -210,6 +211,38 @@ PagedMeta PagedMeta::validate(const char* op, const PagedTables& t, int64_t NP, 
   return p;
 }
 
+PackedSeqs PackedSeqs::validate(const char* op, const TensorView& cu_seqlens, int64_t T) {
+  using contract::read_i32;
+  LS_CHECK(cu_seqlens.ndim == 1 && cu_seqlens.shape[0] >= 1, op,
+           "argument 'cu_seqlens' expected shape [B+1] with B >= 0, got ",
+           cu_seqlens.shape_string());
+  contract::check_host_view(op, "cu_seqlens", cu_seqlens);
+  check_tensor(op, "cu_seqlens", cu_seqlens, DType::kI32, {-1});
+  const int64_t B = cu_seqlens.shape[0] - 1;
+  LS_CHECK(read_i32(cu_seqlens, 0) == 0, op, "cu_seqlens[0] must be 0, got ",
+           read_i32(cu_seqlens, 0));
+  for (int64_t b = 0; b < B; ++b) {
+    LS_CHECK(read_i32(cu_seqlens, b + 1) >= read_i32(cu_seqlens, b), op,
+             "cu_seqlens must be non-decreasing: cu_seqlens[", b + 1,
+             "] = ", read_i32(cu_seqlens, b + 1), " < cu_seqlens[", b,
+             "] = ", read_i32(cu_seqlens, b));
+  }
+  LS_CHECK(read_i32(cu_seqlens, B) == T, op, "cu_seqlens[B] must equal T = ", T, ", got ",
+           read_i32(cu_seqlens, B));
+  PackedSeqs p;
+  p.host_ = p.dev_ = cu_seqlens;
+  p.cu_.resize(size_t(B + 1));
+  for (int64_t b = 0; b <= B; ++b) p.cu_[size_t(b)] = read_i32(cu_seqlens, b);
+  return p;
+}
+
+PackedSeqs PackedSeqs::with_device_copy(Device dev, const TensorView& copy) && {
+  check_tensor("PackedSeqs::with_device_copy", "cu_seqlens", copy, DType::kI32, {B() + 1}, dev);
+  dev_ = copy;
+  device_ = dev;
+  return std::move(*this);
+}
+
 PagedMeta PagedMeta::with_device_copies(Device dev, const PagedTables& c) && {
   const char* op = "PagedMeta::with_device_copies";
   auto same = [&](const char* arg, const TensorView& h, const TensorView& d) {
@@ -274,8 +307,8 @@ Paged check_paged_call(const char* op, Device dev, const TensorView& q, const Pa
   check_tensor(op, "kv.v_cache", v_cache, DType::kBF16,
                {k_cache.shape[0], k_cache.shape[1], k_cache.shape[2], qs.D}, dev);
   check_heads(op, dev, qs.Hq, k_cache.shape[2]);
-  LS_CHECK(m.all_chunks(), op, "the step's metadata was validated for kv chunks [",
-           m.chunk_begin(), ", ", m.chunk_end(), ") only, this op reads every chunk");
+  LS_CHECK(m.all_chunks(), op, "the step's metadata was validated for kv chunks [", m.chunk_begin(),
+           ", ", m.chunk_end(), ") only, this op reads every chunk");
   const PagedTables& d = m.device_copies();
   check_tensor(op, "kv.block_table", d.block_table, DType::kI32, {m.S(), m.MP()},
                host_or(dev, d.block_table));
@@ -328,10 +361,11 @@ PagedMeta check_paged(const char* op, Device dev, const TensorView& q, const Ten
   return PagedMeta::validate(op, t, kv.k_cache.shape[0], kv.k_cache.shape[1], cfg, c_lo, c_hi);
 }
 
-QShape check_prefill_varlen(const char* op, Device dev, const TensorView& q, const TensorView& k,
-                            const TensorView& v, const TensorView& cu_seqlens,
-                            const AttentionConfig& cfg, const TensorView& out,
-                            const TensorView& lse) {
+namespace {
+
+// q, k, v of a packed prefill (cfg too); returns q's shape.
+QShape check_qkv(const char* op, Device dev, const TensorView& q, const TensorView& k,
+                 const TensorView& v, const AttentionConfig& cfg) {
   cfg.validate();
   const QShape qs = check_q(op, dev, q);
   const int64_t T = qs.N, D = qs.D;
@@ -342,24 +376,28 @@ QShape check_prefill_varlen(const char* op, Device dev, const TensorView& q, con
   check_heads(op, dev, qs.Hq, Hkv);
   check_tensor(op, "v", v, DType::kBF16, {T, Hkv, D}, dev);
   check_inner_contiguous(op, "v", v);
-  LS_CHECK(cu_seqlens.ndim == 1 && cu_seqlens.shape[0] >= 1, op,
-           "argument 'cu_seqlens' expected shape [B+1] with B >= 0, got ",
-           cu_seqlens.shape_string());
-  check_host_view(op, "cu_seqlens", cu_seqlens);
-  check_tensor(op, "cu_seqlens", cu_seqlens, DType::kI32, {-1});
-  const int64_t B = cu_seqlens.shape[0] - 1;
-  LS_CHECK(read_i32(cu_seqlens, 0) == 0, op, "cu_seqlens[0] must be 0, got ",
-           read_i32(cu_seqlens, 0));
-  for (int64_t b = 0; b < B; ++b) {
-    LS_CHECK(read_i32(cu_seqlens, b + 1) >= read_i32(cu_seqlens, b), op,
-             "cu_seqlens must be non-decreasing: cu_seqlens[", b + 1,
-             "] = ", read_i32(cu_seqlens, b + 1), " < cu_seqlens[", b,
-             "] = ", read_i32(cu_seqlens, b));
-  }
-  LS_CHECK(read_i32(cu_seqlens, B) == T, op, "cu_seqlens[B] must equal T = ", T, ", got ",
-           read_i32(cu_seqlens, B));
+  return qs;
+}
+
+}  // namespace
+
+QShape check_prefill_call(const char* op, Device dev, const TensorView& q, const TensorView& k,
+                          const TensorView& v, const PackedSeqs& seqs, const AttentionConfig& cfg,
+                          const TensorView& out, const TensorView& lse) {
+  const QShape qs = check_qkv(op, dev, q, k, v, cfg);
+  LS_CHECK(qs.N == seqs.T(), op, "argument 'q' has ", qs.N, " tokens, cu_seqlens packs ", seqs.T());
   check_attn_outputs(op, dev, qs, out, lse);
   return qs;
+}
+
+PackedSeqs check_prefill_varlen(const char* op, Device dev, const TensorView& q,
+                                const TensorView& k, const TensorView& v,
+                                const TensorView& cu_seqlens, const AttentionConfig& cfg,
+                                const TensorView& out, const TensorView& lse) {
+  const QShape qs = check_qkv(op, dev, q, k, v, cfg);
+  PackedSeqs seqs = PackedSeqs::validate(op, cu_seqlens, qs.N);
+  check_attn_outputs(op, dev, qs, out, lse);
+  return seqs;
 }
 
 }  // namespace lockstep::contract

@@ -109,18 +109,25 @@ void check_cache(const char* op, Device dev, const char* arg, const TensorView& 
 void check_attn_outputs(const char* op, Device dev, const QShape& s, const TensorView& out,
                         const TensorView& lse);
 
-// Everything attention_prefill_varlen checks (cfg too); returns q's shape.
-QShape check_prefill_varlen(const char* op, Device dev, const TensorView& q, const TensorView& k,
-                            const TensorView& v, const TensorView& cu_seqlens,
-                            const AttentionConfig& cfg, const TensorView& out,
-                            const TensorView& lse);
+// Everything attention_prefill_varlen checks (cfg too) on a validated PackedSeqs, in O(1): q
+// [T, Hq, D] with its T, k / v [T, Hkv, D], out, lse; returns q's shape.
+QShape check_prefill_call(const char* op, Device dev, const TensorView& q, const TensorView& k,
+                          const TensorView& v, const PackedSeqs& seqs, const AttentionConfig& cfg,
+                          const TensorView& out, const TensorView& lse);
+
+// The view-based attention_prefill_varlen's checks (cfg, q, k, v, then cu_seqlens, a host view:
+// PackedSeqs::validate, then out and lse). Returns the validated sequences.
+PackedSeqs check_prefill_varlen(const char* op, Device dev, const TensorView& q,
+                                const TensorView& k, const TensorView& v,
+                                const TensorView& cu_seqlens, const AttentionConfig& cfg,
+                                const TensorView& out, const TensorView& lse);
 
 // The paged problem of one call: q's shape, the caches' geometry and the meta's tables (spans
 // into a PagedMeta, which must outlive it).
 struct Paged {
   QShape qs;
   int64_t Hkv = 0, NP = 0, P = 0, S = 0, MP = 0;
-  std::span<const int64_t> pos, seq;  // per row
+  std::span<const int64_t> pos, seq;    // per row
   std::span<const int64_t> group;       // per sequence: prefix group or -1
   std::span<const int64_t> shared_len;  // per group
   int64_t num_seqs = 0;                 // distinct sequences among the rows

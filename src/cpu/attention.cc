@@ -142,8 +142,8 @@ std::vector<int64_t> iota_rows(int64_t N) {
 void paged_common(const char* op, const TensorView& q, const PagedMeta& meta,
                   const TensorView& k_cache, const TensorView& v_cache, const AttentionConfig& cfg,
                   int64_t num_splits, const TensorView& out, const TensorView& lse) {
-  const Paged p = check_paged_call(op, Device::kCPU, q, meta, k_cache, v_cache, cfg, false, out,
-                                   lse);
+  const Paged p =
+      check_paged_call(op, Device::kCPU, q, meta, k_cache, v_cache, cfg, false, out, lse);
   const PagedSrc kv{k_cache, v_cache, meta.device_copies()};
   const int64_t N = p.qs.N;
   if (N == 0) return;
@@ -181,9 +181,17 @@ void paged_common(const char* op, const TensorView& q, const PagedMeta& meta,
 void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                               const TensorView& cu_seqlens, const AttentionConfig& cfg,
                               const TensorView& out, const TensorView& lse) {
-  const QShape qs = check_prefill_varlen("attention_prefill_varlen", Device::kCPU, q, k, v,
-                                         cu_seqlens, cfg, out, lse);
-  const int64_t T = qs.N, Hkv = k.shape[1], B = cu_seqlens.shape[0] - 1;
+  const PackedSeqs seqs = check_prefill_varlen("attention_prefill_varlen", Device::kCPU, q, k, v,
+                                               cu_seqlens, cfg, out, lse);
+  attention_prefill_varlen(q, k, v, seqs, cfg, out, lse);
+}
+
+void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const PackedSeqs& seqs, const AttentionConfig& cfg,
+                              const TensorView& out, const TensorView& lse) {
+  const QShape qs =
+      check_prefill_call("attention_prefill_varlen", Device::kCPU, q, k, v, seqs, cfg, out, lse);
+  const int64_t T = qs.N, Hkv = k.shape[1], B = seqs.B();
   if (T == 0) return;
 
   Ctx cx;
@@ -195,7 +203,7 @@ void attention_prefill_varlen(const TensorView& q, const TensorView& k, const Te
   cx.order = order.data();
   std::vector<Tile> tiles;
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t t0 = read_i32(cu_seqlens, b), t1 = read_i32(cu_seqlens, b + 1);
+    const int64_t t0 = seqs.cu()[size_t(b)], t1 = seqs.cu()[size_t(b + 1)];
     for (int64_t t = t0; t < t1; ++t) pos[size_t(t)] = t - t0;
     KvSource src;
     src.k = k.ptr<const bf16>();
@@ -342,8 +350,8 @@ void attention_paged_chunk_states(const TensorView& q, const TensorView& q_seq,
   LS_CHECK(states.m.ndim == 3, op, "argument 'states.m' expected shape [N, Hq, C], got ",
            states.m.shape_string());
   const int64_t C = states.m.shape[2];
-  const PagedMeta meta =
-      check_paged(op, Device::kCPU, q, q_seq, q_pos, kv, nullptr, cfg, chunk_begin, chunk_begin + C);
+  const PagedMeta meta = check_paged(op, Device::kCPU, q, q_seq, q_pos, kv, nullptr, cfg,
+                                     chunk_begin, chunk_begin + C);
   const Paged p = paged_problem(q, kv.k_cache, meta);
   const PagedSrc src{kv.k_cache, kv.v_cache, meta.device_copies()};
   const int64_t N = p.qs.N;

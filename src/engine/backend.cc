@@ -5,7 +5,6 @@
 #include <cstring>
 
 #include "engine/device.h"
-
 #include "lockstep/ops/activation.h"
 
 namespace lockstep::engine {
@@ -42,6 +41,21 @@ void OpsBackend::copy(const TensorView& dst, const TensorView& src) const {
     std::memcpy(static_cast<char*>(dst.data) + dof * dtype_size(dst.dtype),
                 static_cast<const char*>(src.data) + so * dtype_size(src.dtype), bytes);
   }
+}
+
+void OpsBackend::attention_prefill_varlen(const TensorView& q, const TensorView& k,
+                                          const TensorView& v, const TensorView& cu_seqlens,
+                                          const AttentionConfig& cfg, const TensorView& out,
+                                          const TensorView& lse) const {
+  const char* op = "attention_prefill_varlen";
+  DeviceStage stage(*this);
+  check_tensor(op, "cu_seqlens", cu_seqlens, DType::kI32, {-1}, cu_seqlens.device);
+  const TensorView cu = stage.host_copy(cu_seqlens);
+  LS_CHECK(q.ndim == 3, op, "argument 'q' expected shape [T, Hq, D], got ", q.shape_string());
+  PackedSeqs seqs = PackedSeqs::validate(op, cu, q.shape[0]);
+  const TensorView cu_dev = stage.upload(op, {"cu_seqlens"}, {cu})[0];
+  attention_prefill_varlen(q, k, v, std::move(seqs).with_device_copy(device(), cu_dev), cfg, out,
+                           lse);
 }
 
 void OpsBackend::attention_paged(const TensorView& q, const TensorView& q_seq,
@@ -128,9 +142,9 @@ class InvariantBackend final : public OpsBackend {
   }
 
   void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
-                                const TensorView& cu_seqlens, const AttentionConfig& cfg,
+                                const PackedSeqs& seqs, const AttentionConfig& cfg,
                                 const TensorView& out, const TensorView& lse) const override {
-    cpu::attention_prefill_varlen(q, k, v, cu_seqlens, cfg, out, lse);
+    cpu::attention_prefill_varlen(q, k, v, seqs, cfg, out, lse);
   }
   void attention_paged(const TensorView& q, const PagedMeta& meta, const TensorView& k_cache,
                        const TensorView& v_cache, const AttentionConfig& cfg, const TensorView& out,

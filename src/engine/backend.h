@@ -43,12 +43,6 @@ class OpsBackend {
   virtual void copy(const TensorView& dst, const TensorView& src) const;
   // Waits for every issued op; throws on a pending device error. CPU: no-op.
   virtual void synchronize() const {}
-  // Whether this backend's packed prefill reads cu_seqlens on the host to plan its launch. If so
-  // the engine passes its validated host view (and a call never copies it back and waits for the
-  // device); else the device copy. The paged ops need no such switch: their PagedMeta carries
-  // both the host tables and the device copies.
-  virtual bool plans_attention_on_host() const { return false; }
-
   // --- GEMM (lockstep/ops/gemm.h) ---
   // y[M, N] = x[M, K] · w[N, K]ᵀ; y bf16 (rounded) or f32.
   virtual void gemm(const TensorView& x, const TensorView& w, const GemmConfig& cfg,
@@ -83,10 +77,16 @@ class OpsBackend {
                                  const TensorView& out) const = 0;
 
   // --- attention (attention.h); lse may be an empty TensorView{} ---
+  // Packed prefill over validated sequences (PackedSeqs: host cu_seqlens and its copy on
+  // device(), built once per forward_packed call, engine/device.h).
   virtual void attention_prefill_varlen(const TensorView& q, const TensorView& k,
-                                        const TensorView& v, const TensorView& cu_seqlens,
+                                        const TensorView& v, const PackedSeqs& seqs,
                                         const AttentionConfig& cfg, const TensorView& out,
                                         const TensorView& lse) const = 0;
+  // The same over a cu_seqlens view (host or device(): copied back), for tests and tools.
+  void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const TensorView& cu_seqlens, const AttentionConfig& cfg,
+                                const TensorView& out, const TensorView& lse) const;
   // Paged attention over one step's validated metadata (PagedMeta, lockstep/contract/attention.h:
   // host tables and their copies on device(), built once per step, engine/device.h) and one
   // layer's caches k_cache / v_cache [NP, P, Hkv, D] (a rank's kv heads). No call re-validates or

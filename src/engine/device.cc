@@ -105,6 +105,16 @@ PagedMeta paged_meta_for_views(DeviceStage& stage, const char* op, const TensorV
                                const SharedPrefix* prefix, const AttentionConfig& cfg) {
   LS_CHECK(kv.k_cache.ndim == 4, op, "argument 'kv.k_cache' expected shape [NP, P, Hkv, D], got ",
            kv.k_cache.shape_string());
+  // Dtype and rank before a device view is copied back (the copy reads its bytes).
+  for (auto [v, arg] : {std::pair{&q_seq, "q_seq"}, std::pair{&q_pos, "q_pos"},
+                        std::pair{&kv.seq_lens, "kv.seq_lens"}})
+    check_tensor(op, arg, *v, DType::kI32, {-1}, v->device);
+  if (prefix != nullptr) {
+    check_tensor(op, "prefix.shared_len", prefix->shared_len, DType::kI32, {-1},
+                 prefix->shared_len.device);
+    check_tensor(op, "prefix.seq_group", prefix->seq_group, DType::kI32, {-1},
+                 prefix->seq_group.device);
+  }
   PagedTables h;
   h.q_seq = stage.host_copy(q_seq);
   h.q_pos = stage.host_copy(q_pos);

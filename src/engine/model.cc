@@ -618,13 +618,13 @@ void Model::forward_packed(const TensorView& tokens, const TensorView& cu_seqlen
   const std::vector<TensorView> md =
       stage.upload(op, {"tokens", "cu_seqlens", "positions"}, {tokens, cu_seqlens, pos.view()});
   const TensorView hidden = stage.output(hidden_out);
-  const bool host_plan = m.ops->plans_attention_on_host();
+  const PackedSeqs seqs =
+      PackedSeqs::validate(op, cu_seqlens, T).with_device_copy(m.ops->device(), md[1]);
   m.run(
       md[0], md[2],
       [&](int, int, const TensorView& q, const TensorView& k, const TensorView& v,
           const TensorView& out) {
-        m.ops->attention_prefill_varlen(q, k, v, host_plan ? cu_seqlens : md[1], m.attn, out,
-                                        TensorView{});
+        m.ops->attention_prefill_varlen(q, k, v, seqs, m.attn, out, TensorView{});
       },
       hidden);
   stage.finish();
@@ -738,7 +738,11 @@ void Model::forward_step(const TensorView& tokens, const TensorView& seq, const 
     host.insert(host.end(), {prefix->block_table, prefix->shared_len, prefix->seq_group});
   }
   const std::vector<TensorView> md = stage.upload(op, names, host);
-  PagedTables copies{md[1], md[2], md[4], md[5]};
+  PagedTables copies;
+  copies.q_seq = md[1];
+  copies.q_pos = md[2];
+  copies.block_table = md[4];
+  copies.seq_lens = md[5];
   if (prefix) {
     copies.prefix_block_table = md[6];
     copies.shared_len = md[7];

@@ -201,7 +201,7 @@ class PerturbedBackend : public OpsBackend {
     b_->embedding_combine(p, o);
   }
   void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
-                                const TensorView& cu, const AttentionConfig& cfg,
+                                const PackedSeqs& cu, const AttentionConfig& cfg,
                                 const TensorView& out, const TensorView& lse) const override {
     b_->attention_prefill_varlen(q, k, v, cu, cfg, out, lse);
     if (t_ == Target::kPrefillAttention) flip_bf16(out);

@@ -98,10 +98,11 @@ std::vector<TensorView> host_of(const std::vector<TensorView>& vs, const char* o
 }
 
 struct Counters {
-  std::atomic<int64_t> uploads{0}, downloads{0}, device_copies{0}, syncs{0}, ops{0}, host_meta{0},
-      paged_calls{0}, meta_changes{0};
+  std::atomic<int64_t> uploads{0}, downloads{0}, device_copies{0}, syncs{0}, ops{0}, paged_calls{0},
+      meta_changes{0}, packed_calls{0};
   void reset() {
-    uploads = downloads = device_copies = syncs = ops = host_meta = paged_calls = meta_changes = 0;
+    uploads = downloads = device_copies = syncs = ops = paged_calls = meta_changes = packed_calls =
+        0;
   }
 };
 
@@ -109,11 +110,6 @@ class FakeDeviceBackend final : public OpsBackend {
  public:
   FakeDeviceBackend() : b_(make_invariant_backend()) {}
   mutable Counters n;
-  // Like the CUDA invariant backend: the packed prefill plans from host cu_seqlens (the engine
-  // then passes its host view; a device one is an error here).
-  bool host_plans = false;
-  bool plans_attention_on_host() const override { return host_plans; }
-
   std::string name() const override { return "invariant"; }
   Device device() const override { return Device::kCUDA; }
   Tensor empty(DType dtype, std::vector<int64_t> shape) const override {
@@ -148,15 +144,18 @@ class FakeDeviceBackend final : public OpsBackend {
   DeviceGuard guard;      \
   const char* op_name = op;
 #define H(v) host_of(v, op_name, #v)
-#define M(v) meta_of(v, op_name, #v)
-  // An attention metadata view: a device view, or with host_plans a host view (counted).
-  TensorView meta_of(const TensorView& v, const char* op, const char* arg) const {
-    if (!host_plans) return host_of(v, op, arg);
-    if (v.device != Device::kCPU)
-      throw Error(std::string("fake device: ") + op + ": metadata '" + arg +
-                  "' is not a host view although the backend plans on the host: " + v.describe());
-    ++n.host_meta;
-    return v;
+  // The packed sequences as the CPU op reads them: the device copy must be a device view holding
+  // the validated host values; the CPU op then runs on that copy.
+  PackedSeqs packed(const PackedSeqs& p, const char* op) const {
+    if (p.device() != Device::kCUDA)
+      throw Error(std::string("fake device: ") + op + ": cu_seqlens' copy is not on the device");
+    ++n.packed_calls;
+    const TensorView d = host_of(p.device_copy(), op, "cu_seqlens");
+    for (int64_t b = 0; b <= p.B(); ++b)
+      if (d.ptr<const int32_t>()[b * d.stride[0]] != p.cu()[size_t(b)])
+        throw Error(std::string("fake device: ") + op +
+                    ": device copy of cu_seqlens differs from the validated host view");
+    return PackedSeqs::validate(op, d, p.T());
   }
   // The step's paged meta as the CPU op reads it: its device copies must be device views holding
   // the validated host tables' values (what a kernel reads); the CPU op then runs on those
@@ -239,10 +238,10 @@ class FakeDeviceBackend final : public OpsBackend {
     b_->embedding_combine(H(p), H(o));
   }
   void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
-                                const TensorView& cu, const AttentionConfig& c, const TensorView& o,
+                                const PackedSeqs& p, const AttentionConfig& c, const TensorView& o,
                                 const TensorView& l) const override {
     FAKE_OP_BEGIN("attention_prefill_varlen");
-    b_->attention_prefill_varlen(H(q), H(k), H(v), M(cu), c, H(o), H(l));
+    b_->attention_prefill_varlen(H(q), H(k), H(v), packed(p, op_name), c, H(o), H(l));
   }
   void attention_paged(const TensorView& q, const PagedMeta& m, const TensorView& kc,
                        const TensorView& vc, const AttentionConfig& c, const TensorView& o,
@@ -293,7 +292,6 @@ class FakeDeviceBackend final : public OpsBackend {
     FAKE_OP_BEGIN("sample");
     b_->sample(H(h), H(w), p, H(r), H(pos), c, H(ids), H(lp), H(ls), H(en));
   }
-#undef M
 #undef H
 #undef FAKE_OP_BEGIN
 
@@ -413,19 +411,17 @@ TEST(Device, ForwardEqualsCpuBitForBitAndUploadsOncePerCall) {
 TEST(Device, RolloutAndTrainingEqualCpuBitForBit) {
   TinyModel tm(0xbeef);
   const auto reqs = requests(tm.config(), 5, 11);
-  for (auto [tp, cascade, splits, host_plans] :
-       {std::tuple{1, true, 2, false}, std::tuple{2, false, 1, false},
-        std::tuple{4, true, 3, false}, std::tuple{1, true, 2, true},
-        std::tuple{2, false, 3, true}}) {
+  for (auto [tp, cascade, splits] :
+       {std::tuple{1, true, 2}, std::tuple{2, false, 1}, std::tuple{4, true, 3},
+        std::tuple{1, false, 2}, std::tuple{2, false, 3}}) {
     const RolloutConfig rc = rollout_config(cascade, splits, 40);
     auto ref_model = tm.make(tp, cpu());
     const RolloutResult want = run_rollout(*ref_model, reqs, rc);
     auto b = fake();
-    b->host_plans = host_plans;
     auto dev_model = tm.make(tp, b);
     const RolloutResult got = run_rollout(*dev_model, reqs, rc);
     EXPECT_TRUE(test_util::same_completions(want.completions, got.completions))
-        << "tp=" << tp << " cascade=" << cascade << " host_plans=" << host_plans;
+        << "tp=" << tp << " cascade=" << cascade << " splits=" << splits;
     // Every paged call gets the step's one meta (device copies checked against the host tables):
     // it changes at most once per step, and is shared by every layer and rank of the step.
     EXPECT_LE(b->n.meta_changes.load(), want.stats.steps);
@@ -441,8 +437,8 @@ TEST(Device, RolloutAndTrainingEqualCpuBitForBit) {
     const TrainResult tw = run_training_forward(*ref_model, train_seqs(want), pc);
     const TrainResult tg = run_training_forward(*dev_model, train_seqs(want), pc);
     ASSERT_EQ(tw.sequences.size(), tg.sequences.size());
-    // A host-planning backend gets host cu_seqlens in every packed prefill (a device view throws).
-    EXPECT_EQ(b->n.host_meta.load() > 0, host_plans);
+    // Every packed prefill got validated sequences with their device copy.
+    EXPECT_GT(b->n.packed_calls.load(), 0);
     for (size_t i = 0; i < tw.sequences.size(); ++i) {
       EXPECT_TRUE(test::bitwise_equal(tw.sequences[i].logp, tg.sequences[i].logp));
       EXPECT_TRUE(test::bitwise_equal(tw.sequences[i].entropy, tg.sequences[i].entropy));

@@ -115,11 +115,11 @@ class PagedMeta {
   Device device() const { return device_; }
 
   int64_t N() const { return int64_t(seq_.size()); }  // query rows
-  int64_t S() const { return S_; }                     // sequences (block-table rows)
-  int64_t MP() const { return MP_; }                   // pages per block-table row
-  int64_t NP() const { return NP_; }                   // pages of the cache validated against
-  int64_t P() const { return P_; }                     // page size validated against
-  int64_t MPs() const { return MPs_; }                 // pages per prefix-table row (0: none)
+  int64_t S() const { return S_; }                    // sequences (block-table rows)
+  int64_t MP() const { return MP_; }                  // pages per block-table row
+  int64_t NP() const { return NP_; }                  // pages of the cache validated against
+  int64_t P() const { return P_; }                    // page size validated against
+  int64_t MPs() const { return MPs_; }                // pages per prefix-table row (0: none)
   bool has_prefix() const { return host_.has_prefix(); }
   // Whether block-table entries were checked (host tables) or are trusted (device tables).
   bool tables_checked() const { return tables_checked_; }
@@ -142,6 +142,32 @@ class PagedMeta {
   int64_t chunk_begin_ = 0, chunk_end_ = kAttnAllChunks;
   bool tables_checked_ = true;
   std::vector<int64_t> seq_, pos_, group_, shared_len_;
+};
+
+// The packed sequences of one training forward (attention_prefill_varlen): cu_seqlens [B+1] i32,
+// 0 = cu[0] <= cu[1] <= ... <= cu[B] = T, validated ONCE on the host by PackedSeqs::validate,
+// with its copy on the device the ops run on (device_copy: for a CPU backend the host view). An
+// op taking a PackedSeqs checks only q, k, v, out and lse against it (O(1)). Views are not owned.
+class PackedSeqs {
+ public:
+  // Checks the host view cu_seqlens for T packed tokens; throws lockstep::Error naming `op`.
+  static PackedSeqs validate(const char* op, const TensorView& cu_seqlens, int64_t T);
+  // This object with `copy` ([B+1] i32 on `dev`, any stride: the caller's upload of the validated
+  // host view) as the device copy.
+  PackedSeqs with_device_copy(Device dev, const TensorView& copy) &&;
+
+  const TensorView& host() const { return host_; }
+  const TensorView& device_copy() const { return dev_; }
+  Device device() const { return device_; }
+  int64_t T() const { return cu_.back(); }               // packed tokens
+  int64_t B() const { return int64_t(cu_.size()) - 1; }  // sequences
+  std::span<const int64_t> cu() const { return cu_; }    // [B+1] the validated boundaries
+
+ private:
+  PackedSeqs() = default;
+  TensorView host_, dev_;
+  Device device_ = Device::kCPU;
+  std::vector<int64_t> cu_;
 };
 
 // Partial results per canonical KV chunk (split-KV, context parallelism). For query row r,

@@ -24,6 +24,11 @@ namespace lockstep::cpu {
 void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                               const TensorView& cu_seqlens, const AttentionConfig& cfg,
                               const TensorView& out, const TensorView& lse);
+// The same over validated packed sequences (PackedSeqs, lockstep/contract/attention.h): only q,
+// k, v, out and lse are checked (O(1)).
+void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const PackedSeqs& seqs, const AttentionConfig& cfg,
+                              const TensorView& out, const TensorView& lse);
 
 // Paged attention, one op for decode and chunked prefill: query row r of sequence q_seq[r] at
 // position q_pos[r] attends to that sequence's cached keys at positions 0 .. q_pos[r] (its own key

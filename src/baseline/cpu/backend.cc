@@ -166,8 +166,6 @@ void write_attn_row(const float* o, int64_t D, const TensorView& out, int64_t r,
     lse.ptr<float>()[r * lse.stride[0] + h * lse.stride[1]] = lse_value;
 }
 
-int64_t read_i32(const TensorView& t, int64_t i) { return t.ptr<const int32_t>()[i * t.stride[0]]; }
-
 // Where key position j of one sequence lives: the group's prefix pages below shared_len, the
 // sequence's own pages from there on.
 struct KvRow {
@@ -187,7 +185,7 @@ struct KvRow {
 };
 
 KvRow kv_row(const TensorView& k_cache, const TensorView& v_cache, const PagedTables& t,
-            const Paged& p, int64_t s, bool prefix) {
+             const Paged& p, int64_t s, bool prefix) {
   KvRow r;
   r.k = k_cache.ptr<const bf16>();
   r.v = v_cache.ptr<const bf16>();
@@ -476,16 +474,16 @@ class BaselineBackend final : public BaselinePagedAttention<OpsBackend> {
   // Plain (math-backend) attention per (token, head): all scores of the row in fp32, max,
   // exp, sum, P = e / sum (kept fp32), then P·V in fp32, one rounding.
   void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
-                                const TensorView& cu_seqlens, const AttentionConfig& cfg,
+                                const PackedSeqs& seqs, const AttentionConfig& cfg,
                                 const TensorView& out, const TensorView& lse) const override {
-    const QShape qs = check_prefill_varlen("baseline attention_prefill_varlen", Device::kCPU, q, k,
-                                           v, cu_seqlens, cfg, out, lse);
-    const int64_t T = qs.N, D = qs.D, Hq = qs.Hq, Hkv = k.shape[1], B = cu_seqlens.shape[0] - 1;
+    const QShape qs = check_prefill_call("baseline attention_prefill_varlen", Device::kCPU, q, k, v,
+                                         seqs, cfg, out, lse);
+    const int64_t T = qs.N, D = qs.D, Hq = qs.Hq, Hkv = k.shape[1], B = seqs.B();
     if (T == 0) return;
+    const std::span<const int64_t> cu = seqs.cu();
     std::vector<int64_t> start(static_cast<size_t>(T));  // first token of each token's sequence
     for (int64_t b = 0; b < B; ++b)
-      for (int64_t t = read_i32(cu_seqlens, b); t < read_i32(cu_seqlens, b + 1); ++t)
-        start[size_t(t)] = read_i32(cu_seqlens, b);
+      for (int64_t t = cu[size_t(b)]; t < cu[size_t(b + 1)]; ++t) start[size_t(t)] = cu[size_t(b)];
     const int64_t G = Hq / Hkv;
     const float scale = float(cfg.resolved_scale(D));
     parallel_for(T * Hq, 1, [&](int64_t a, int64_t b) {

@@ -326,26 +326,15 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
 
   // --- attention ---
 
-  void attention_prefill_varlen(const TensorView& q_, const TensorView& k_, const TensorView& v_,
-                                const TensorView& cu_seqlens, const AttentionConfig& cfg,
-                                const TensorView& out_, const TensorView& lse_) const override {
+  void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const PackedSeqs& seqs, const AttentionConfig& cfg,
+                                const TensorView& out, const TensorView& lse) const override {
     const char* op = "baseline attention_prefill_varlen";
-    const TensorView q = dev(op, "q", q_), k = dev(op, "k", k_), v = dev(op, "v", v_),
-                     out = dev(op, "out", out_), lse = dev(op, "lse", lse_);
-    // Device cu_seqlens: the placeholder [0, T, T, ..., T] (one valid packing of T tokens).
-    Meta cm = meta(op, "cu_seqlens", cu_seqlens, 0);
-    if (cm.on_device && cu_seqlens.ndim == 1 && cu_seqlens.dtype == DType::kI32 && q.ndim == 3) {
-      const int64_t n = cu_seqlens.shape[0];
-      cm.fill.assign(size_t(std::max<int64_t>(n, 1)), 0);
-      int32_t* p = reinterpret_cast<int32_t*>(cm.fill.data());
-      for (int64_t i = 1; i < n; ++i) p[i] = int32_t(q.shape[0]);
-      cm.check.data = p;
-      cm.check.stride[0] = 1;
-    }
-    const QShape qs = check_prefill_varlen(op, Device::kCPU, q, k, v, cm.check, cfg, out, lse);
+    const QShape qs = check_prefill_call(op, Device::kCUDA, q, k, v, seqs, cfg, out, lse);
     if (qs.N == 0) return;
+    // The kernel reads the device copy (a host copy is uploaded for this call).
     Uploads up(stream_);
-    const Uploads::I32 cu = up.i32(cu_seqlens);
+    const Uploads::I32 cu = up.i32(seqs.device_copy());
     base::PrefillArgs a{};
     a.q = q.data;
     a.q_s0 = q.stride[0];
@@ -358,7 +347,7 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
     a.v_s1 = v.stride[1];
     a.cu_seqlens = cu.p;
     a.cu_s = cu.s_last;
-    a.B = cu_seqlens.shape[0] - 1;
+    a.B = seqs.B();
     a.T = qs.N;
     a.Hq = qs.Hq;
     a.Hkv = k.shape[1];
@@ -624,71 +613,46 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
   }
 
  private:
-  void paged(const char* op, const TensorView& q_, const TensorView& q_seq, const TensorView& q_pos,
-             const PagedKv& kv_, const SharedPrefix* prefix_, const AttentionConfig& cfg,
-             int forced_splits, const TensorView& out_, const TensorView& lse_) const override {
-    const TensorView q = dev(op, "q", q_), out = dev(op, "out", out_), lse = dev(op, "lse", lse_);
-    PagedKv kv;
-    kv.k_cache = dev(op, "kv.k_cache", kv_.k_cache);
-    kv.v_cache = dev(op, "kv.v_cache", kv_.v_cache);
-    // The tables are checked against each other: all by value (all on the host) or none.
-    bool any = q_seq.device != Device::kCPU || q_pos.device != Device::kCPU ||
-               kv_.block_table.device != Device::kCPU || kv_.seq_lens.device != Device::kCPU;
-    if (prefix_ != nullptr)
-      any = any || prefix_->block_table.device != Device::kCPU ||
-            prefix_->shared_len.device != Device::kCPU || prefix_->seq_group.device != Device::kCPU;
-    const Meta bt = meta(op, "kv.block_table", kv_.block_table, 0, any);
-    const Meta sl = meta(op, "kv.seq_lens", kv_.seq_lens, 1, any);
-    const Meta qs = meta(op, "q_seq", q_seq, 0, any);
-    const Meta qp = meta(op, "q_pos", q_pos, 0, any);
-    kv.block_table = bt.check;
-    kv.seq_lens = sl.check;
-    SharedPrefix prefix;
-    Meta pbt, psl, psg;
-    if (prefix_ != nullptr) {
-      pbt = meta(op, "prefix.block_table", prefix_->block_table, 0, any);
-      psl = meta(op, "prefix.shared_len", prefix_->shared_len, 0, any);
-      psg = meta(op, "prefix.seq_group", prefix_->seq_group, -1, any);
-      prefix.block_table = pbt.check;
-      prefix.shared_len = psl.check;
-      prefix.seq_group = psg.check;
-    }
-    const Paged p = check_paged(op, Device::kCPU, q, qs.check, qp.check, kv,
-                                prefix_ ? &prefix : nullptr, cfg, 0, kAllChunks);
-    check_attn_outputs(op, Device::kCPU, p.qs, out, lse);
+  void paged(const char* op, const TensorView& q, const PagedMeta& meta, const TensorView& k_cache,
+             const TensorView& v_cache, bool cascade, const AttentionConfig& cfg, int forced_splits,
+             const TensorView& out, const TensorView& lse) const override {
+    const Paged p =
+        check_paged_call(op, Device::kCUDA, q, meta, k_cache, v_cache, cfg, cascade, out, lse);
     if (p.qs.N == 0) return;
+    // The kernels read the meta's device copies (host copies are uploaded for this call).
+    const PagedTables& t = meta.device_copies();
     Uploads up(stream_);
     base::PagedArgs a{};
     a.q = q.data;
     a.q_s0 = q.stride[0];
     a.q_s1 = q.stride[1];
-    a.k_cache = kv.k_cache.data;
-    a.kc_s0 = kv.k_cache.stride[0];
-    a.kc_s1 = kv.k_cache.stride[1];
-    a.kc_s2 = kv.k_cache.stride[2];
-    a.v_cache = kv.v_cache.data;
-    a.vc_s0 = kv.v_cache.stride[0];
-    a.vc_s1 = kv.v_cache.stride[1];
-    a.vc_s2 = kv.v_cache.stride[2];
-    const Uploads::I32 table = up.i32(kv_.block_table);
+    a.k_cache = k_cache.data;
+    a.kc_s0 = k_cache.stride[0];
+    a.kc_s1 = k_cache.stride[1];
+    a.kc_s2 = k_cache.stride[2];
+    a.v_cache = v_cache.data;
+    a.vc_s0 = v_cache.stride[0];
+    a.vc_s1 = v_cache.stride[1];
+    a.vc_s2 = v_cache.stride[2];
+    const Uploads::I32 table = up.i32(t.block_table);
     a.block_table = table.p;
     a.bt_s0 = table.s0;
     a.S = p.S;
     a.MP = p.MP;
     a.NP = p.NP;
     a.P = p.P;
-    const Uploads::I32 seq = up.i32(q_seq), pos = up.i32(q_pos);
+    const Uploads::I32 seq = up.i32(t.q_seq), pos = up.i32(t.q_pos);
     a.q_seq = seq.p;
     a.qseq_s = seq.s_last;
     a.q_pos = pos.p;
     a.qpos_s = pos.s_last;
-    if (prefix_ != nullptr) {
-      const Uploads::I32 pt = up.i32(prefix_->block_table), sh = up.i32(prefix_->shared_len),
-                         sg = up.i32(prefix_->seq_group);
+    if (cascade) {
+      const Uploads::I32 pt = up.i32(t.prefix_block_table), sh = up.i32(t.shared_len),
+                         sg = up.i32(t.seq_group);
       a.prefix_table = pt.p;
       a.pt_s0 = pt.s0;
-      a.GR = prefix_->block_table.shape[0];
-      a.MPs = prefix_->block_table.shape[1];
+      a.GR = t.prefix_block_table.shape[0];
+      a.MPs = t.prefix_block_table.shape[1];
       a.shared_len = sh.p;
       a.sl_s = sh.s_last;
       a.seq_group = sg.p;
