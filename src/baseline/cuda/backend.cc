@@ -8,12 +8,15 @@
 // of the invariant CUDA backend, and the source of the mismatches `lockstep audit --baseline`
 // shows on the GPU.
 //
-// Argument checks: the contract's (src/contract/checks.h, same messages as the cpu ops) on the
-// views re-labelled as host views (never dereferenced there). Metadata (ids, positions, cu_seqlens,
-// q_seq, q_pos, block tables, seq_lens, prefix tables, slot mappings, targets, request ids) may be
-// host views — every value is checked as the cpu op checks it, then uploaded — or device views,
-// whose dtype and shape are checked (through a placeholder with valid values) and whose contents
-// are trusted: the kernels clamp or skip what would read out of bounds.
+// Argument checks: the contract's (src/contract/checks.h, same messages as the cpu ops) with
+// Device::kCUDA on the real device views for GEMM, RMSNorm, SiLU, the embedding combine and
+// attention (paged: the step's PagedMeta, packed prefill: PackedSeqs, whose host values were
+// validated once and whose device copies the kernels read). The ops that take an index view (ids,
+// positions, slot mappings, targets, request ids) accept it on the host — every value is checked
+// as the cpu op checks it, then uploaded — or on the device, whose dtype and shape are checked
+// (through a placeholder with valid values) and whose contents are trusted: the kernels clamp or
+// skip what would read out of bounds. Those checks see the data views re-labelled as host views
+// (never dereferenced there), as the contract's checks take one device for every tensor.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -175,14 +178,13 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
 
   // --- GEMM ---
 
-  void gemm(const TensorView& x_, const TensorView& w_, const GemmConfig& cfg,
-            const TensorView& y_) const override {
+  void gemm(const TensorView& x, const TensorView& w, const GemmConfig& cfg,
+            const TensorView& y) const override {
     const char* op = "baseline gemm";
-    const TensorView x = dev(op, "x", x_), w = dev(op, "w", w_), y = dev(op, "y", y_);
-    check_segments(op, Device::kCPU, cfg);
-    check_xw(op, Device::kCPU, x, w);
+    check_segments(op, Device::kCUDA, cfg);
+    check_xw(op, Device::kCUDA, x, w);
     const int64_t M = x.size(0), N = w.size(0), K = x.size(1);
-    check_tensor_dtypes(op, "y", y, {DType::kBF16, DType::kF32}, {M, N});
+    check_tensor_dtypes(op, "y", y, {DType::kBF16, DType::kF32}, {M, N}, Device::kCUDA);
     check_inner_contiguous(op, "y", y);
     LS_CHECK(!overlaps(y, x) && !overlaps(y, w), op, "argument 'y' must not overlap x or w");
     if (M == 0 || N == 0) return;
@@ -190,12 +192,10 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
                y.dtype == DType::kF32, M, N, K, stream_);
   }
 
-  void gemm_partial(const TensorView& x_, const TensorView& w_, int64_t k_total, int tp_size,
-                    int tp_rank, const GemmConfig& cfg, const TensorView& y_) const override {
+  void gemm_partial(const TensorView& x, const TensorView& w, int64_t k_total, int tp_size,
+                    int tp_rank, const GemmConfig& cfg, const TensorView& y) const override {
     const char* op = "baseline gemm_partial";
-    const TensorView x = dev(op, "x_shard", x_), w = dev(op, "w_shard", w_),
-                     y = dev(op, "y_partial", y_);
-    check_gemm_partial(op, Device::kCPU, x, w, k_total, tp_size, tp_rank, cfg, y);
+    check_gemm_partial(op, Device::kCUDA, x, w, k_total, tp_size, tp_rank, cfg, y);
     const int64_t M = x.size(0), N = w.size(0), K = x.size(1);
     if (M == 0 || N == 0) return;
     base::gemm(ctx_, x.data, lead(op, "x_shard", x), w.data, lead(op, "w_shard", w), y.data,
@@ -203,16 +203,12 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
   }
 
   // The usual all-reduce: ((p0 + p1) + p2) + ... in rank order, one rounding.
-  void gemm_combine(const std::vector<TensorView>& partials_, const TensorView& y_) const override {
+  void gemm_combine(const std::vector<TensorView>& partials, const TensorView& y) const override {
     const char* op = "baseline gemm_combine";
-    LS_CHECK(!partials_.empty() && partials_.size() <= size_t(base::kMaxParts), op,
+    LS_CHECK(!partials.empty() && partials.size() <= size_t(base::kMaxParts), op,
              "argument 'partials' must hold 1 to ", base::kMaxParts, " views, got ",
-             partials_.size());
-    std::vector<TensorView> partials;
-    for (size_t i = 0; i < partials_.size(); ++i)
-      partials.push_back(dev(op, "partials", partials_[i]));
-    const TensorView y = dev(op, "y", y_);
-    check_gemm_combine(op, Device::kCPU, partials, nullptr, y);
+             partials.size());
+    check_gemm_combine(op, Device::kCUDA, partials, nullptr, y);
     const int64_t M = partials[0].size(0), N = partials[0].size(1);
     if (M == 0 || N == 0) return;
     std::vector<const float*> p;
@@ -227,22 +223,19 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
 
   // --- elementwise ---
 
-  void rmsnorm(const TensorView& x_, const TensorView& w_, const RmsNormConfig& cfg,
-               const TensorView& y_) const override {
+  void rmsnorm(const TensorView& x, const TensorView& w, const RmsNormConfig& cfg,
+               const TensorView& y) const override {
     const char* op = "baseline rmsnorm";
-    const TensorView x = dev(op, "x", x_), w = dev(op, "weight", w_), y = dev(op, "y", y_);
-    const int64_t H = check_rmsnorm(op, Device::kCPU, x, w, cfg, y);
+    const int64_t H = check_rmsnorm(op, Device::kCUDA, x, w, cfg, y);
     const int64_t rows = x.numel() / H;
     base::rmsnorm(rows_of(x), w.data, rows_of(y), rows, H, cfg.eps, stream_);
   }
 
-  void rmsnorm_residual(const TensorView& x_, const TensorView& r_, const TensorView& w_,
-                        const RmsNormConfig& cfg, const TensorView& ro_,
-                        const TensorView& y_) const override {
+  void rmsnorm_residual(const TensorView& x, const TensorView& r, const TensorView& w,
+                        const RmsNormConfig& cfg, const TensorView& ro,
+                        const TensorView& y) const override {
     const char* op = "baseline rmsnorm_residual";
-    const TensorView x = dev(op, "x", x_), r = dev(op, "residual", r_), w = dev(op, "weight", w_),
-                     ro = dev(op, "residual_out", ro_), y = dev(op, "y", y_);
-    const int64_t H = check_rmsnorm_residual(op, Device::kCPU, x, r, w, cfg, ro, y);
+    const int64_t H = check_rmsnorm_residual(op, Device::kCUDA, x, r, w, cfg, ro, y);
     const int64_t rows = x.numel() / H;
     base::rmsnorm_residual(rows_of(x), rows_of(r), w.data, rows_of(ro), rows_of(y), rows, H,
                            cfg.eps, stream_);
@@ -264,10 +257,9 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
                stream_);
   }
 
-  void silu_mul(const TensorView& g_, const TensorView& u_, const TensorView& o_) const override {
+  void silu_mul(const TensorView& g, const TensorView& u, const TensorView& o) const override {
     const char* op = "baseline silu_mul";
-    const TensorView g = dev(op, "gate", g_), u = dev(op, "up", u_), o = dev(op, "out", o_);
-    check_silu_mul(op, Device::kCPU, g, u, o);
+    check_silu_mul(op, Device::kCUDA, g, u, o);
     base::silu_mul(g.data, g.stride[0], u.data, u.stride[0], o.data, o.stride[0], g.shape[0],
                    g.shape[1], stream_);
   }
@@ -305,15 +297,12 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
                     out.stride[0], T, table.shape[1], stream_);
   }
 
-  void embedding_combine(const std::vector<TensorView>& partials_,
-                         const TensorView& out_) const override {
+  void embedding_combine(const std::vector<TensorView>& partials,
+                         const TensorView& out) const override {
     const char* op = "baseline embedding_combine";
-    LS_CHECK(partials_.size() <= size_t(base::kMaxParts), op, "argument 'partials' must hold 1 to ",
-             base::kMaxParts, " views, got ", partials_.size());
-    std::vector<TensorView> partials;
-    for (const TensorView& p : partials_) partials.push_back(dev(op, "partials", p));
-    const TensorView out = dev(op, "out", out_);
-    check_embedding_combine(op, Device::kCPU, partials, out);
+    LS_CHECK(partials.size() <= size_t(base::kMaxParts), op, "argument 'partials' must hold 1 to ",
+             base::kMaxParts, " views, got ", partials.size());
+    check_embedding_combine(op, Device::kCUDA, partials, out);
     std::vector<const void*> p;
     std::vector<int64_t> ld;
     for (const TensorView& t : partials) {
