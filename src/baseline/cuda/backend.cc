@@ -9,14 +9,13 @@
 // shows on the GPU.
 //
 // Argument checks: the contract's (src/contract/checks.h, same messages as the cpu ops) with
-// Device::kCUDA on the real device views for GEMM, RMSNorm, SiLU, the embedding combine and
-// attention (paged: the step's PagedMeta, packed prefill: PackedSeqs, whose host values were
-// validated once and whose device copies the kernels read). The ops that take an index view (ids,
-// positions, slot mappings, targets, request ids) accept it on the host — every value is checked
-// as the cpu op checks it, then uploaded — or on the device, whose dtype and shape are checked
-// (through a placeholder with valid values) and whose contents are trusted: the kernels clamp or
-// skip what would read out of bounds. Those checks see the data views re-labelled as host views
-// (never dereferenced there), as the contract's checks take one device for every tensor.
+// Device::kCUDA on the real device views; attention takes the step's validated PagedMeta /
+// PackedSeqs and its kernels read their device copies. Index views (ids, positions, slot mappings,
+// targets, request ids) on the device are trusted there (dtype and shape checked): the kernels
+// clamp or skip what would read out of bounds. An index view may also be a host view (tests,
+// tools; the engine uploads its index views): every value is then checked as the cpu op checks it
+// and uploaded, by the contract's host check, which sees the data views re-labelled as host views
+// (never dereferenced there; IndexCheck), as those checks take one device for every tensor.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -55,38 +54,19 @@ TensorView dev(const char* op, const char* arg, const TensorView& v) {
   return h;
 }
 
-// A metadata view: host views are checked by value (the cpu check reads them) and uploaded;
-// device views are checked through `check`, a placeholder of the same dtype and shape filled with
-// a value every check accepts, and used in place.
-struct Meta {
-  TensorView check;           // what the cpu check sees
-  std::vector<int64_t> fill;  // placeholder storage (enough for one row of any dtype)
-  bool on_device = false;
-};
-
-// force: use the placeholder for a host view too (a call that mixes host and device metadata
-// whose values depend on each other, e.g. q_pos < seq_lens[q_seq]: host values are then trusted
-// like device ones).
-Meta meta(const char* op, const char* arg, const TensorView& v, int64_t value, bool force = false) {
-  Meta m;
-  m.check = v;
-  if (v.device == Device::kCPU && !force) return m;
-  m.on_device = true;
-  const int64_t inner = v.ndim == 0 ? 1 : std::max<int64_t>(1, v.shape[v.ndim - 1]);
-  m.fill.assign(size_t(inner), 0);
-  if (v.dtype == DType::kI32) {
-    int32_t* p = reinterpret_cast<int32_t*>(m.fill.data());
-    for (int64_t i = 0; i < inner; ++i) p[i] = int32_t(value);
-  } else {
-    for (int64_t i = 0; i < inner; ++i) m.fill[size_t(i)] = value;
+// How an op with an index view (ids, positions, slot mapping, targets) is checked: a device index
+// view by the contract's check with Device::kCUDA on the real views (its contents trusted: the
+// kernels guard them); a host one (tests, tools: the engine uploads its index views) by the
+// check that reads its values, which sees the data views re-labelled as host views (the
+// contract's checks take one device for every tensor).
+struct IndexCheck {
+  const char* op;
+  bool host;
+  Device device() const { return host ? Device::kCPU : Device::kCUDA; }
+  TensorView operator()(const char* arg, const TensorView& v) const {
+    return host ? dev(op, arg, v) : v;
   }
-  m.check.data = m.fill.data();
-  m.check.device = Device::kCPU;
-  for (int d = 0; d < v.ndim; ++d) m.check.stride[d] = d == v.ndim - 1 ? 1 : 0;
-  // Tables (2-D) are read row by row: their last dimension must be contiguous on the device too.
-  if (v.ndim >= 2) check_inner_contiguous(op, arg, v);
-  return m;
-}
+};
 
 // Device copies of host metadata, alive for one call (stream-ordered frees after the kernels).
 class Uploads {
@@ -245,11 +225,11 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
   void rope(const TensorView& x_, const TensorView& positions, const RopeTable& table,
             const TensorView& y_) const override {
     const char* op = "baseline rope";
-    const TensorView x = dev(op, "x", x_), y = dev(op, "y", y_);
+    const IndexCheck ck{op, positions.device == Device::kCPU};
+    const TensorView x = ck("x", x_), y = ck("y", y_);
     table.config.validate();
     const int64_t D = table.config.head_dim, P = table.config.max_positions;
-    const Meta pm = meta(op, "positions", positions, 0);
-    check_rope_args(op, Device::kCPU, x, pm.check, D, P, y);
+    check_rope_args(op, ck.device(), x, positions, D, P, y);
     const int64_t T = x.shape[0], heads = x.shape[1];
     if (T == 0 || heads == 0) return;
     Uploads up(stream_);
@@ -269,11 +249,11 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
   void embedding(const TensorView& ids, const TensorView& table_,
                  const TensorView& out_) const override {
     const char* op = "baseline embedding";
-    const TensorView table = dev(op, "table", table_), out = dev(op, "out", out_);
-    check_tensor(op, "table", table, DType::kBF16, {-1, -1});
+    const IndexCheck ck{op, ids.device == Device::kCPU};
+    const TensorView table = ck("table", table_), out = ck("out", out_);
+    check_tensor(op, "table", table, DType::kBF16, {-1, -1}, ck.device());
     const int64_t V = table.shape[0];
-    const Meta im = meta(op, "ids", ids, 0);
-    const int64_t T = check_gather(op, Device::kCPU, im.check, table, V, V, out);
+    const int64_t T = check_gather(op, ck.device(), ids, table, V, V, out);
     Uploads up(stream_);
     if (T == 0) return;
     base::embedding(up.index(ids), table.data, table.stride[0], 0, V, out.data, out.stride[0], T,
@@ -285,12 +265,12 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
                                 const VocabShard& shard, int64_t vocab,
                                 const TensorView& out_) const override {
     const char* op = "baseline embedding_vocab_parallel";
-    const TensorView table = dev(op, "table", table_), out = dev(op, "out", out_);
+    const IndexCheck ck{op, ids.device == Device::kCPU};
+    const TensorView table = ck("table", table_), out = ck("out", out_);
     LS_CHECK(vocab >= 1 && shard.begin >= 0 && shard.begin <= shard.end && shard.end <= vocab, op,
              "argument 'shard' ", shard.to_string(), " is not inside the vocabulary [0, ", vocab,
              ")");
-    const Meta im = meta(op, "ids", ids, 0);
-    const int64_t T = check_gather(op, Device::kCPU, im.check, table, shard.size(), vocab, out);
+    const int64_t T = check_gather(op, ck.device(), ids, table, shard.size(), vocab, out);
     if (T == 0) return;
     Uploads up(stream_);
     base::embedding(up.index(ids), table.data, table.stride[0], shard.begin, shard.size(), out.data,
@@ -357,24 +337,25 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
   void kv_cache_write(const TensorView& k_, const TensorView& v_, const TensorView& slot_mapping,
                       const TensorView& kc_, const TensorView& vc_) const override {
     const char* op = "baseline kv_cache_write";
-    const TensorView k = dev(op, "k", k_), v = dev(op, "v", v_), kc = dev(op, "k_cache", kc_),
-                     vc = dev(op, "v_cache", vc_);
+    const IndexCheck ck{op, slot_mapping.device == Device::kCPU};
+    const TensorView k = ck("k", k_), v = ck("v", v_), kc = ck("k_cache", kc_),
+                     vc = ck("v_cache", vc_);
+    const Device d = ck.device();
     LS_CHECK(k.ndim == 3, op, "argument 'k' expected shape [T, Hkv, D], got ", k.shape_string());
-    check_tensor(op, "k", k, DType::kBF16, {-1, -1, -1});
+    check_tensor(op, "k", k, DType::kBF16, {-1, -1, -1}, d);
     check_inner_contiguous(op, "k", k);
     const int64_t T = k.shape[0], Hkv = k.shape[1], D = k.shape[2];
-    check_tensor(op, "v", v, DType::kBF16, {T, Hkv, D});
+    check_tensor(op, "v", v, DType::kBF16, {T, Hkv, D}, d);
     check_inner_contiguous(op, "v", v);
-    const Meta sm = meta(op, "slot_mapping", slot_mapping, -1);
-    check_tensor_dtypes(op, "slot_mapping", sm.check, {DType::kI32, DType::kI64}, {T});
+    check_tensor_dtypes(op, "slot_mapping", slot_mapping, {DType::kI32, DType::kI64}, {T}, d);
     LS_CHECK(kc.ndim == 4, op, "argument 'k_cache' expected shape [NP, P, Hkv, D], got ",
              kc.shape_string());
-    check_tensor(op, "k_cache", kc, DType::kBF16, {-1, -1, Hkv, D});
+    check_tensor(op, "k_cache", kc, DType::kBF16, {-1, -1, Hkv, D}, d);
     check_inner_contiguous(op, "k_cache", kc);
-    check_tensor(op, "v_cache", vc, DType::kBF16, {kc.shape[0], kc.shape[1], Hkv, D});
+    check_tensor(op, "v_cache", vc, DType::kBF16, {kc.shape[0], kc.shape[1], Hkv, D}, d);
     check_inner_contiguous(op, "v_cache", vc);
     const int64_t NP = kc.shape[0], P = kc.shape[1], slots = NP * P;
-    if (!sm.on_device) {
+    if (ck.host) {
       std::vector<int64_t> used;
       for (int64_t t = 0; t < T; ++t) {
         const int64_t off = t * slot_mapping.stride[0];
@@ -424,10 +405,10 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
                       const TensorView& logp_, const TensorView& lse_,
                       const TensorView& ent_) const override {
     const char* op = "baseline linear_logprob";
-    const TensorView h = dev(op, "h", h_), w = dev(op, "w", w_), logp = dev(op, "logp", logp_),
-                     lse = dev(op, "lse", lse_), ent = dev(op, "entropy", ent_);
-    const Meta tm = meta(op, "targets", targets, params.ignore_index);
-    check_linear_logprob(op, Device::kCPU, h, w, tm.check, params, cfg, logp, lse, ent);
+    const IndexCheck ck{op, targets.device == Device::kCPU};
+    const TensorView h = ck("h", h_), w = ck("w", w_), logp = ck("logp", logp_),
+                     lse = ck("lse", lse_), ent = ck("entropy", ent_);
+    check_linear_logprob(op, ck.device(), h, w, targets, params, cfg, logp, lse, ent);
     const int64_t T = h.size(0), V = w.size(0);
     if (T == 0) return;
     Uploads up(stream_);
@@ -462,11 +443,10 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
                               const LogprobParams& params, const ContractConfig& cfg,
                               const LogprobShard& shard, const TensorView& state_) const override {
     const char* op = "baseline linear_logprob_partial";
-    const TensorView h = dev(op, "h", h_), w = dev(op, "w_shard", w_),
-                     state = dev(op, "state", state_);
-    const Meta tm = meta(op, "targets", targets, params.ignore_index);
+    const IndexCheck ck{op, targets.device == Device::kCPU};
+    const TensorView h = ck("h", h_), w = ck("w_shard", w_), state = ck("state", state_);
     const ShardRows sr =
-        check_linear_logprob_partial(op, Device::kCPU, h, w, tm.check, params, cfg, shard, state);
+        check_linear_logprob_partial(op, ck.device(), h, w, targets, params, cfg, shard, state);
     const int64_t T = h.size(0), Vs = sr.v1 - sr.v0;
     if (T == 0) return;
     Uploads up(stream_);
@@ -499,11 +479,11 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
                               int64_t vocab_size, const TensorView& logp_, const TensorView& lse_,
                               const TensorView& ent_) const override {
     const char* op = "baseline linear_logprob_combine";
-    const TensorView states = dev(op, "states", states_), logp = dev(op, "logp", logp_),
-                     lse = dev(op, "lse", lse_), ent = dev(op, "entropy", ent_);
-    const Meta tm = meta(op, "targets", targets, params.ignore_index);
+    const IndexCheck ck{op, targets.device == Device::kCPU};
+    const TensorView states = ck("states", states_), logp = ck("logp", logp_),
+                     lse = ck("lse", lse_), ent = ck("entropy", ent_);
     const LogprobVocabLayout lay = check_linear_logprob_combine(
-        op, Device::kCPU, states, tm.check, params, cfg, vocab_size, logp, lse, ent);
+        op, ck.device(), states, targets, params, cfg, vocab_size, logp, lse, ent);
     const int64_t R = states.size(0), T = states.size(1);
     if (T == 0) return;
     Uploads up(stream_);
@@ -534,12 +514,10 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
               const TensorView& ids_, const TensorView& logp_, const TensorView& lse_,
               const TensorView& ent_) const override {
     const char* op = "baseline sample";
-    const TensorView h = dev(op, "h", h_), w = dev(op, "w", w_), ids = dev(op, "token_ids", ids_),
-                     logp = dev(op, "logp", logp_), lse = dev(op, "lse", lse_),
-                     ent = dev(op, "entropy", ent_);
-    const Meta rm = meta(op, "request_ids", request_ids, 0);
-    const Meta pm = meta(op, "positions", positions, 0);
-    check_sample(op, Device::kCPU, h, w, params, rm.check, pm.check, cfg, ids, logp, lse, ent);
+    // Philox counters (request_ids, positions) may be host views (values checked) or device
+    // views (trusted): the contract's check takes either.
+    const TensorView &h = h_, &w = w_, &ids = ids_, &logp = logp_, &lse = lse_, &ent = ent_;
+    check_sample(op, Device::kCUDA, h, w, params, request_ids, positions, cfg, ids, logp, lse, ent);
     const int64_t T = h.size(0), V = w.size(0);
     if (T == 0) return;
     Uploads up(stream_);
