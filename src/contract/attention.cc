@@ -42,9 +42,10 @@ std::string AttentionConfig::to_string() const {
 }  // namespace lockstep
 
 namespace lockstep::contract {
-namespace {
 
 int32_t read_i32(const TensorView& t, int64_t i) { return t.ptr<const int32_t>()[i * t.stride[0]]; }
+
+namespace {
 
 QShape check_q(const char* op, Device dev, const TensorView& q) {
   LS_CHECK(q.ndim == 3, op, "argument 'q' expected shape [N, Hq, D], got ", q.shape_string());
@@ -80,100 +81,107 @@ void check_attn_outputs(const char* op, Device dev, const QShape& s, const Tenso
     check_tensor(op, "lse", lse, DType::kF32, {s.N, s.Hq}, dev);
 }
 
-Paged check_paged(const char* op, Device dev, const TensorView& q, const TensorView& q_seq,
-                  const TensorView& q_pos, const PagedKv& kv, const SharedPrefix* prefix,
-                  const AttentionConfig& cfg, int64_t c_lo, int64_t c_hi) {
+}  // namespace lockstep::contract
+
+namespace lockstep {
+
+PagedMeta PagedMeta::validate(const char* op, const PagedTables& t, int64_t NP, int64_t P,
+                              const AttentionConfig& cfg, int64_t c_lo, int64_t c_hi) {
+  using contract::check_host_view;
+  using contract::host_or;
   cfg.validate();
-  Paged p;
-  p.qs = check_q(op, dev, q);
-  const int64_t N = p.qs.N, D = p.qs.D;
-  check_cache(op, dev, "kv.k_cache", kv.k_cache, D);
-  check_cache(op, dev, "kv.v_cache", kv.v_cache, D);
-  check_tensor(op, "kv.v_cache", kv.v_cache, DType::kBF16,
-               {kv.k_cache.shape[0], kv.k_cache.shape[1], kv.k_cache.shape[2], D}, dev);
-  p.NP = kv.k_cache.shape[0];
-  p.P = kv.k_cache.shape[1];
-  p.Hkv = kv.k_cache.shape[2];
-  LS_CHECK(p.P >= 1, op, "argument 'kv.k_cache' page size must be >= 1, got ",
-           kv.k_cache.shape_string());
-  check_heads(op, dev, p.qs.Hq, p.Hkv);
-  LS_CHECK(kv.block_table.ndim == 2, op, "argument 'kv.block_table' expected shape [S, MP], got ",
-           kv.block_table.shape_string());
-  // Block tables: host tables are checked page by page; tables on `dev` only by shape (their
+  LS_CHECK(P >= 1 && NP >= 0, op,
+           "cache geometry must have page size P >= 1 and NP >= 0 pages, got NP = ", NP,
+           ", P = ", P);
+  PagedMeta p;
+  p.host_ = t;
+  p.dev_ = t;
+  p.NP_ = NP;
+  p.P_ = P;
+  p.chunk_begin_ = c_lo;
+  p.chunk_end_ = c_hi;
+  const TensorView& btab = t.block_table;
+  LS_CHECK(btab.ndim == 2, op, "argument 'kv.block_table' expected shape [S, MP], got ",
+           btab.shape_string());
+  // Block tables: host tables are checked page by page; device tables only by shape (their
   // contents are trusted: the kernels read an entry outside the table or the cache as a zero key).
-  const bool dev_tables = kv.block_table.device != Device::kCPU ||
-                          (prefix != nullptr && prefix->block_table.device != Device::kCPU);
-  check_tensor(op, "kv.block_table", kv.block_table, DType::kI32, {-1, -1},
-               host_or(dev, kv.block_table));
-  check_inner_contiguous(op, "kv.block_table", kv.block_table);
-  p.S = kv.block_table.shape[0];
-  p.MP = kv.block_table.shape[1];
-  check_host_view(op, "kv.seq_lens", kv.seq_lens);
-  check_host_view(op, "q_seq", q_seq);
-  check_host_view(op, "q_pos", q_pos);
-  check_tensor(op, "kv.seq_lens", kv.seq_lens, DType::kI32, {p.S});
-  check_tensor(op, "q_seq", q_seq, DType::kI32, {N});
-  check_tensor(op, "q_pos", q_pos, DType::kI32, {N});
+  const bool prefix = t.has_prefix();
+  const bool dev_tables =
+      btab.device != Device::kCPU || (prefix && t.prefix_block_table.device != Device::kCPU);
+  p.tables_checked_ = !dev_tables;
+  check_tensor(op, "kv.block_table", btab, DType::kI32, {-1, -1}, btab.device);
+  check_inner_contiguous(op, "kv.block_table", btab);
+  p.S_ = btab.shape[0];
+  p.MP_ = btab.shape[1];
+  check_host_view(op, "kv.seq_lens", t.seq_lens);
+  check_host_view(op, "q_seq", t.q_seq);
+  check_host_view(op, "q_pos", t.q_pos);
+  check_tensor(op, "kv.seq_lens", t.seq_lens, DType::kI32, {p.S_});
+  LS_CHECK(t.q_seq.ndim == 1, op, "argument 'q_seq' expected shape [N], got ",
+           t.q_seq.shape_string());
+  const int64_t N = t.q_seq.shape[0];
+  check_tensor(op, "q_seq", t.q_seq, DType::kI32, {N});
+  check_tensor(op, "q_pos", t.q_pos, DType::kI32, {N});
 
   // Prefix tables.
   const int32_t* ptab = nullptr;
-  int64_t GR = 0, MPs = 0, ptab_s0 = 0;
-  p.group.assign(size_t(p.S), -1);
-  if (prefix != nullptr) {
-    LS_CHECK(prefix->block_table.ndim == 2, op,
+  int64_t GR = 0, ptab_s0 = 0;
+  p.group_.assign(size_t(p.S_), -1);
+  if (prefix) {
+    LS_CHECK(t.prefix_block_table.ndim == 2, op,
              "argument 'prefix.block_table' expected shape [GR, MPs], got ",
-             prefix->block_table.shape_string());
-    check_tensor(op, "prefix.block_table", prefix->block_table, DType::kI32, {-1, -1},
-                 host_or(dev, prefix->block_table));
-    check_inner_contiguous(op, "prefix.block_table", prefix->block_table);
-    GR = prefix->block_table.shape[0];
-    MPs = prefix->block_table.shape[1];
-    ptab = prefix->block_table.ptr<const int32_t>();
-    ptab_s0 = prefix->block_table.stride[0];
-    check_host_view(op, "prefix.shared_len", prefix->shared_len);
-    check_host_view(op, "prefix.seq_group", prefix->seq_group);
-    check_tensor(op, "prefix.shared_len", prefix->shared_len, DType::kI32, {GR});
-    check_tensor(op, "prefix.seq_group", prefix->seq_group, DType::kI32, {p.S});
-    p.shared_len.resize(size_t(GR));
+             t.prefix_block_table.shape_string());
+    check_tensor(op, "prefix.block_table", t.prefix_block_table, DType::kI32, {-1, -1},
+                 t.prefix_block_table.device);
+    check_inner_contiguous(op, "prefix.block_table", t.prefix_block_table);
+    GR = t.prefix_block_table.shape[0];
+    p.MPs_ = t.prefix_block_table.shape[1];
+    ptab = t.prefix_block_table.ptr<const int32_t>();
+    ptab_s0 = t.prefix_block_table.stride[0];
+    check_host_view(op, "prefix.shared_len", t.shared_len);
+    check_host_view(op, "prefix.seq_group", t.seq_group);
+    check_tensor(op, "prefix.shared_len", t.shared_len, DType::kI32, {GR});
+    check_tensor(op, "prefix.seq_group", t.seq_group, DType::kI32, {p.S_});
+    p.shared_len_.resize(size_t(GR));
     for (int64_t g = 0; g < GR; ++g) {
-      const int64_t len = read_i32(prefix->shared_len, g);
-      LS_CHECK(len >= 0 && len <= MPs * p.P, op, "prefix.shared_len[", g, "] = ", len,
-               " outside [0, MPs * P = ", MPs * p.P, "] (prefix block table too short)");
-      p.shared_len[size_t(g)] = len;
+      const int64_t len = contract::read_i32(t.shared_len, g);
+      LS_CHECK(len >= 0 && len <= p.MPs_ * P, op, "prefix.shared_len[", g, "] = ", len,
+               " outside [0, MPs * P = ", p.MPs_ * P, "] (prefix block table too short)");
+      p.shared_len_[size_t(g)] = len;
     }
-    for (int64_t s = 0; s < p.S; ++s) {
-      const int64_t g = read_i32(prefix->seq_group, s);
+    for (int64_t s = 0; s < p.S_; ++s) {
+      const int64_t g = contract::read_i32(t.seq_group, s);
       LS_CHECK(g >= -1 && g < GR, op, "prefix.seq_group[", s, "] = ", g, " outside [-1, ", GR, ")");
-      p.group[size_t(s)] = g;
+      p.group_[size_t(s)] = g;
     }
   }
 
-  const int32_t* bt = kv.block_table.ptr<const int32_t>();
-  const int64_t bt_s0 = kv.block_table.stride[0];
-  p.pos.resize(size_t(N));
-  p.seq.resize(size_t(N));
+  const int32_t* bt = btab.ptr<const int32_t>();
+  const int64_t bt_s0 = btab.stride[0];
+  p.pos_.resize(size_t(N));
+  p.seq_.resize(size_t(N));
   // Furthest position read per sequence (-1: not referenced).
-  std::vector<int64_t> reach(size_t(p.S), -1);
+  std::vector<int64_t> reach(size_t(p.S_), -1);
   for (int64_t r = 0; r < N; ++r) {
-    const int64_t s = read_i32(q_seq, r);
-    LS_CHECK(s >= 0 && s < p.S, op, "q_seq[", r, "] = ", s, " outside [0, S = ", p.S, ")");
-    const int64_t len = read_i32(kv.seq_lens, s);
+    const int64_t s = contract::read_i32(t.q_seq, r);
+    LS_CHECK(s >= 0 && s < p.S_, op, "q_seq[", r, "] = ", s, " outside [0, S = ", p.S_, ")");
+    const int64_t len = contract::read_i32(t.seq_lens, s);
     LS_CHECK(len >= 1, op, "kv.seq_lens[", s, "] = ", len,
              ": context length must be >= 1 for a sequence with queries (row ", r, ")");
-    LS_CHECK(len <= p.MP * p.P, op, "kv.seq_lens[", s, "] = ", len,
-             " needs more pages than kv.block_table has (MP = ", p.MP, ", P = ", p.P, ")");
-    const int64_t pos = read_i32(q_pos, r);
+    LS_CHECK(len <= p.MP_ * P, op, "kv.seq_lens[", s, "] = ", len,
+             " needs more pages than kv.block_table has (MP = ", p.MP_, ", P = ", P, ")");
+    const int64_t pos = contract::read_i32(t.q_pos, r);
     LS_CHECK(pos >= 0 && pos < len, op, "q_pos[", r, "] = ", pos, " outside [0, seq_len = ", len,
              ") of sequence ", s);
-    const int64_t g = p.group[size_t(s)];
+    const int64_t g = p.group_[size_t(s)];
     if (g >= 0) {
-      LS_CHECK(len >= p.shared_len[size_t(g)], op, "kv.seq_lens[", s, "] = ", len,
-               " is shorter than the shared prefix of its group ", g, " (", p.shared_len[size_t(g)],
-               ")");
+      LS_CHECK(len >= p.shared_len_[size_t(g)], op, "kv.seq_lens[", s, "] = ", len,
+               " is shorter than the shared prefix of its group ", g, " (",
+               p.shared_len_[size_t(g)], ")");
     }
-    p.pos[size_t(r)] = pos;
-    p.seq[size_t(r)] = s;
-    if (reach[size_t(s)] < 0) ++p.num_seqs;
+    p.pos_[size_t(r)] = pos;
+    p.seq_[size_t(r)] = s;
+    if (reach[size_t(s)] < 0) ++p.num_seqs_;
     reach[size_t(s)] = std::max(reach[size_t(s)], pos);
   }
   // Page indices of every position that will be read: [c_lo * K, min(c_hi * K, reach + 1)).
@@ -181,21 +189,21 @@ Paged check_paged(const char* op, Device dev, const TensorView& q, const TensorV
   auto check_pages = [&](const int32_t* row, const char* what, int64_t which, int64_t j_lo,
                          int64_t j_hi) {
     if (j_hi <= j_lo) return;
-    for (int64_t i = j_lo / p.P; i <= (j_hi - 1) / p.P; ++i) {
+    for (int64_t i = j_lo / P; i <= (j_hi - 1) / P; ++i) {
       const int64_t page = row[i];
-      LS_CHECK(page >= 0 && page < p.NP, op, what, "[", which, "][", i, "] = ", page,
-               " is not a page of the cache (NP = ", p.NP, ")");
+      LS_CHECK(page >= 0 && page < NP, op, what, "[", which, "][", i, "] = ", page,
+               " is not a page of the cache (NP = ", NP, ")");
     }
   };
   if (dev_tables) return p;
   const int64_t j_lo = c_lo * K;
-  for (int64_t s = 0; s < p.S; ++s) {
+  for (int64_t s = 0; s < p.S_; ++s) {
     if (reach[size_t(s)] < 0) continue;
     const int64_t j_hi = c_hi >= std::numeric_limits<int64_t>::max() / K
                              ? reach[size_t(s)] + 1
                              : std::min(c_hi * K, reach[size_t(s)] + 1);
-    const int64_t g = p.group[size_t(s)];
-    const int64_t split = g >= 0 ? p.shared_len[size_t(g)] : 0;
+    const int64_t g = p.group_[size_t(s)];
+    const int64_t split = g >= 0 ? p.shared_len_[size_t(g)] : 0;
     check_pages(bt + s * bt_s0, "kv.block_table", s, std::max(j_lo, split), j_hi);
     if (g >= 0)
       check_pages(ptab + g * ptab_s0, "prefix.block_table", g, j_lo, std::min(j_hi, split));
@@ -203,24 +211,12 @@ Paged check_paged(const char* op, Device dev, const TensorView& q, const TensorV
   return p;
 }
 
-QShape check_prefill_varlen(const char* op, Device dev, const TensorView& q, const TensorView& k,
-                            const TensorView& v, const TensorView& cu_seqlens,
-                            const AttentionConfig& cfg, const TensorView& out,
-                            const TensorView& lse) {
-  cfg.validate();
-  const QShape qs = check_q(op, dev, q);
-  const int64_t T = qs.N, D = qs.D;
-  LS_CHECK(k.ndim == 3, op, "argument 'k' expected shape [T, Hkv, D], got ", k.shape_string());
-  check_tensor(op, "k", k, DType::kBF16, {T, -1, D}, dev);
-  check_inner_contiguous(op, "k", k);
-  const int64_t Hkv = k.shape[1];
-  check_heads(op, dev, qs.Hq, Hkv);
-  check_tensor(op, "v", v, DType::kBF16, {T, Hkv, D}, dev);
-  check_inner_contiguous(op, "v", v);
+PackedSeqs PackedSeqs::validate(const char* op, const TensorView& cu_seqlens, int64_t T) {
+  using contract::read_i32;
   LS_CHECK(cu_seqlens.ndim == 1 && cu_seqlens.shape[0] >= 1, op,
            "argument 'cu_seqlens' expected shape [B+1] with B >= 0, got ",
            cu_seqlens.shape_string());
-  check_host_view(op, "cu_seqlens", cu_seqlens);
+  contract::check_host_view(op, "cu_seqlens", cu_seqlens);
   check_tensor(op, "cu_seqlens", cu_seqlens, DType::kI32, {-1});
   const int64_t B = cu_seqlens.shape[0] - 1;
   LS_CHECK(read_i32(cu_seqlens, 0) == 0, op, "cu_seqlens[0] must be 0, got ",
@@ -233,8 +229,175 @@ QShape check_prefill_varlen(const char* op, Device dev, const TensorView& q, con
   }
   LS_CHECK(read_i32(cu_seqlens, B) == T, op, "cu_seqlens[B] must equal T = ", T, ", got ",
            read_i32(cu_seqlens, B));
+  PackedSeqs p;
+  p.host_ = p.dev_ = cu_seqlens;
+  p.cu_.resize(size_t(B + 1));
+  for (int64_t b = 0; b <= B; ++b) p.cu_[size_t(b)] = read_i32(cu_seqlens, b);
+  return p;
+}
+
+PackedSeqs PackedSeqs::with_device_copy(Device dev, const TensorView& copy) && {
+  check_tensor("PackedSeqs::with_device_copy", "cu_seqlens", copy, DType::kI32, {B() + 1}, dev);
+  dev_ = copy;
+  device_ = dev;
+  return std::move(*this);
+}
+
+PagedMeta PagedMeta::with_device_copies(Device dev, const PagedTables& c) && {
+  const char* op = "PagedMeta::with_device_copies";
+  auto same = [&](const char* arg, const TensorView& h, const TensorView& d) {
+    if (h.ndim == 0 && h.data == nullptr) {
+      LS_CHECK(d.ndim == 0 && d.data == nullptr, op, "argument '", arg,
+               "' has a copy but no validated host view");
+      return;
+    }
+    LS_CHECK(d.ndim == h.ndim, op, "argument '", arg, "' copy ", d.describe(),
+             " differs from the host view ", h.describe());
+    for (int i = 0; i < h.ndim; ++i)
+      LS_CHECK(d.shape[i] == h.shape[i], op, "argument '", arg, "' copy ", d.describe(),
+               " differs from the host view ", h.describe());
+    if (h.ndim == 1) check_tensor(op, arg, d, h.dtype, {-1}, dev);
+    if (h.ndim == 2) check_tensor(op, arg, d, h.dtype, {-1, -1}, dev);
+  };
+  same("q_seq", host_.q_seq, c.q_seq);
+  same("q_pos", host_.q_pos, c.q_pos);
+  same("block_table", host_.block_table, c.block_table);
+  check_inner_contiguous(op, "block_table", c.block_table);
+  same("seq_lens", host_.seq_lens, c.seq_lens);
+  same("prefix_block_table", host_.prefix_block_table, c.prefix_block_table);
+  if (host_.has_prefix()) check_inner_contiguous(op, "prefix_block_table", c.prefix_block_table);
+  same("shared_len", host_.shared_len, c.shared_len);
+  same("seq_group", host_.seq_group, c.seq_group);
+  dev_ = c;
+  device_ = dev;
+  return std::move(*this);
+}
+
+}  // namespace lockstep
+
+namespace lockstep::contract {
+
+Paged paged_problem(const TensorView& q, const TensorView& k_cache, const PagedMeta& m) {
+  Paged p;
+  p.qs = {q.shape[0], q.shape[1], q.shape[2]};
+  p.Hkv = k_cache.shape[2];
+  p.NP = m.NP();
+  p.P = m.P();
+  p.S = m.S();
+  p.MP = m.MP();
+  p.pos = m.pos();
+  p.seq = m.seq();
+  p.group = m.group();
+  p.shared_len = m.shared_len();
+  p.num_seqs = m.num_seqs();
+  return p;
+}
+
+Paged check_paged_call(const char* op, Device dev, const TensorView& q, const PagedMeta& m,
+                       const TensorView& k_cache, const TensorView& v_cache,
+                       const AttentionConfig& cfg, bool cascade, const TensorView& out,
+                       const TensorView& lse) {
+  cfg.validate();
+  const QShape qs = check_q(op, dev, q);
+  LS_CHECK(qs.N == m.N(), op, "argument 'q' has ", qs.N, " rows, the step's metadata ", m.N(),
+           " (q_seq / q_pos)");
+  check_cache(op, dev, "kv.k_cache", k_cache, qs.D);
+  check_tensor(op, "kv.k_cache", k_cache, DType::kBF16, {m.NP(), m.P(), -1, qs.D}, dev);
+  check_cache(op, dev, "kv.v_cache", v_cache, qs.D);
+  check_tensor(op, "kv.v_cache", v_cache, DType::kBF16,
+               {k_cache.shape[0], k_cache.shape[1], k_cache.shape[2], qs.D}, dev);
+  check_heads(op, dev, qs.Hq, k_cache.shape[2]);
+  LS_CHECK(m.all_chunks(), op, "the step's metadata was validated for kv chunks [", m.chunk_begin(),
+           ", ", m.chunk_end(), ") only, this op reads every chunk");
+  const PagedTables& d = m.device_copies();
+  check_tensor(op, "kv.block_table", d.block_table, DType::kI32, {m.S(), m.MP()},
+               host_or(dev, d.block_table));
+  LS_CHECK(m.has_prefix() == cascade, op,
+           cascade ? "the step's metadata has no prefix tables (cascade needs them)"
+                   : "the step's metadata has prefix tables: only the cascade op reads them");
+  if (cascade)
+    check_tensor(op, "prefix.block_table", d.prefix_block_table, DType::kI32, {-1, m.MPs()},
+                 host_or(dev, d.prefix_block_table));
+  check_attn_outputs(op, dev, qs, out, lse);
+  return paged_problem(q, k_cache, m);
+}
+
+PagedMeta check_paged(const char* op, Device dev, const TensorView& q, const TensorView& q_seq,
+                      const TensorView& q_pos, const PagedKv& kv, const SharedPrefix* prefix,
+                      const AttentionConfig& cfg, int64_t c_lo, int64_t c_hi) {
+  cfg.validate();
+  const QShape qs = check_q(op, dev, q);
+  const int64_t N = qs.N, D = qs.D;
+  check_cache(op, dev, "kv.k_cache", kv.k_cache, D);
+  check_cache(op, dev, "kv.v_cache", kv.v_cache, D);
+  check_tensor(op, "kv.v_cache", kv.v_cache, DType::kBF16,
+               {kv.k_cache.shape[0], kv.k_cache.shape[1], kv.k_cache.shape[2], D}, dev);
+  LS_CHECK(kv.k_cache.shape[1] >= 1, op, "argument 'kv.k_cache' page size must be >= 1, got ",
+           kv.k_cache.shape_string());
+  check_heads(op, dev, qs.Hq, kv.k_cache.shape[2]);
+  LS_CHECK(kv.block_table.ndim == 2, op, "argument 'kv.block_table' expected shape [S, MP], got ",
+           kv.block_table.shape_string());
+  check_tensor(op, "kv.block_table", kv.block_table, DType::kI32, {-1, -1},
+               host_or(dev, kv.block_table));
+  if (prefix != nullptr && prefix->block_table.ndim == 2)
+    check_tensor(op, "prefix.block_table", prefix->block_table, DType::kI32, {-1, -1},
+                 host_or(dev, prefix->block_table));
+  check_host_view(op, "q_seq", q_seq);
+  check_host_view(op, "q_pos", q_pos);
+  check_tensor(op, "q_seq", q_seq, DType::kI32, {N});
+  check_tensor(op, "q_pos", q_pos, DType::kI32, {N});
+  PagedTables t;
+  t.q_seq = q_seq;
+  t.q_pos = q_pos;
+  t.block_table = kv.block_table;
+  t.seq_lens = kv.seq_lens;
+  if (prefix != nullptr) {
+    t.prefix_block_table = prefix->block_table;
+    t.shared_len = prefix->shared_len;
+    t.seq_group = prefix->seq_group;
+    LS_CHECK(t.has_prefix(), op, "argument 'prefix.block_table' expected shape [GR, MPs], got ",
+             prefix->block_table.shape_string());
+  }
+  return PagedMeta::validate(op, t, kv.k_cache.shape[0], kv.k_cache.shape[1], cfg, c_lo, c_hi);
+}
+
+namespace {
+
+// q, k, v of a packed prefill (cfg too); returns q's shape.
+QShape check_qkv(const char* op, Device dev, const TensorView& q, const TensorView& k,
+                 const TensorView& v, const AttentionConfig& cfg) {
+  cfg.validate();
+  const QShape qs = check_q(op, dev, q);
+  const int64_t T = qs.N, D = qs.D;
+  LS_CHECK(k.ndim == 3, op, "argument 'k' expected shape [T, Hkv, D], got ", k.shape_string());
+  check_tensor(op, "k", k, DType::kBF16, {T, -1, D}, dev);
+  check_inner_contiguous(op, "k", k);
+  const int64_t Hkv = k.shape[1];
+  check_heads(op, dev, qs.Hq, Hkv);
+  check_tensor(op, "v", v, DType::kBF16, {T, Hkv, D}, dev);
+  check_inner_contiguous(op, "v", v);
+  return qs;
+}
+
+}  // namespace
+
+QShape check_prefill_call(const char* op, Device dev, const TensorView& q, const TensorView& k,
+                          const TensorView& v, const PackedSeqs& seqs, const AttentionConfig& cfg,
+                          const TensorView& out, const TensorView& lse) {
+  const QShape qs = check_qkv(op, dev, q, k, v, cfg);
+  LS_CHECK(qs.N == seqs.T(), op, "argument 'q' has ", qs.N, " tokens, cu_seqlens packs ", seqs.T());
   check_attn_outputs(op, dev, qs, out, lse);
   return qs;
+}
+
+PackedSeqs check_prefill_varlen(const char* op, Device dev, const TensorView& q,
+                                const TensorView& k, const TensorView& v,
+                                const TensorView& cu_seqlens, const AttentionConfig& cfg,
+                                const TensorView& out, const TensorView& lse) {
+  const QShape qs = check_qkv(op, dev, q, k, v, cfg);
+  PackedSeqs seqs = PackedSeqs::validate(op, cu_seqlens, qs.N);
+  check_attn_outputs(op, dev, qs, out, lse);
+  return seqs;
 }
 
 }  // namespace lockstep::contract

@@ -20,6 +20,8 @@
 
 namespace lockstep::contract {
 
+// The i-th element of a 1-d i32 host view.
+int32_t read_i32(const TensorView& t, int64_t i);
 // The i-th element of a 1-d i32 or i64 host view.
 int64_t index_at(const TensorView& t, int64_t i);
 
@@ -107,28 +109,49 @@ void check_cache(const char* op, Device dev, const char* arg, const TensorView& 
 void check_attn_outputs(const char* op, Device dev, const QShape& s, const TensorView& out,
                         const TensorView& lse);
 
-// Everything attention_prefill_varlen checks (cfg too); returns q's shape.
-QShape check_prefill_varlen(const char* op, Device dev, const TensorView& q, const TensorView& k,
-                            const TensorView& v, const TensorView& cu_seqlens,
-                            const AttentionConfig& cfg, const TensorView& out,
-                            const TensorView& lse);
+// Everything attention_prefill_varlen checks (cfg too) on a validated PackedSeqs, in O(1): q
+// [T, Hq, D] with its T, k / v [T, Hkv, D], out, lse; returns q's shape.
+QShape check_prefill_call(const char* op, Device dev, const TensorView& q, const TensorView& k,
+                          const TensorView& v, const PackedSeqs& seqs, const AttentionConfig& cfg,
+                          const TensorView& out, const TensorView& lse);
 
-// The validated paged problem: positions, and per referenced sequence its key source.
+// The view-based attention_prefill_varlen's checks (cfg, q, k, v, then cu_seqlens, a host view:
+// PackedSeqs::validate, then out and lse). Returns the validated sequences.
+PackedSeqs check_prefill_varlen(const char* op, Device dev, const TensorView& q,
+                                const TensorView& k, const TensorView& v,
+                                const TensorView& cu_seqlens, const AttentionConfig& cfg,
+                                const TensorView& out, const TensorView& lse);
+
+// The paged problem of one call: q's shape, the caches' geometry and the meta's tables (spans
+// into a PagedMeta, which must outlive it).
 struct Paged {
   QShape qs;
   int64_t Hkv = 0, NP = 0, P = 0, S = 0, MP = 0;
-  std::vector<int64_t> pos, seq;
-  std::vector<int64_t> group;       // per sequence: prefix group or -1 (prefix given only)
-  std::vector<int64_t> shared_len;  // per group
-  int64_t num_seqs = 0;             // distinct sequences among the rows
+  std::span<const int64_t> pos, seq;    // per row
+  std::span<const int64_t> group;       // per sequence: prefix group or -1
+  std::span<const int64_t> shared_len;  // per group
+  int64_t num_seqs = 0;                 // distinct sequences among the rows
 };
 
-// Checks cfg, q / q_seq / q_pos / kv (and the prefix tables when given) and every page index
-// that the computation of kv chunks [c_lo, c_hi) will read (kAllChunks: every key of each row).
-constexpr int64_t kAllChunks = std::numeric_limits<int64_t>::max();
-Paged check_paged(const char* op, Device dev, const TensorView& q, const TensorView& q_seq,
-                  const TensorView& q_pos, const PagedKv& kv, const SharedPrefix* prefix,
-                  const AttentionConfig& cfg, int64_t c_lo, int64_t c_hi);
+// Checks one call of a paged op against a meta validated for every chunk, in O(1): cfg, q
+// [N, Hq, D] with the meta's N, k_cache / v_cache [NP, P, Hkv, D] with the meta's NP and P,
+// Hq % Hkv, the meta's block tables usable on `dev` (device copies on `dev`; a GPU op also takes
+// host copies, which it uploads), a prefix in the meta iff `cascade`, out and lse.
+Paged check_paged_call(const char* op, Device dev, const TensorView& q, const PagedMeta& meta,
+                       const TensorView& k_cache, const TensorView& v_cache,
+                       const AttentionConfig& cfg, bool cascade, const TensorView& out,
+                       const TensorView& lse);
+
+// The view-based paged entry points' checks: cfg, q, the caches, then the metadata
+// (PagedMeta::validate for kv chunks [c_lo, c_hi), block tables on the host or on `dev`).
+// Returns the validated meta (its device copies are the given views).
+constexpr int64_t kAllChunks = kAttnAllChunks;
+PagedMeta check_paged(const char* op, Device dev, const TensorView& q, const TensorView& q_seq,
+                      const TensorView& q_pos, const PagedKv& kv, const SharedPrefix* prefix,
+                      const AttentionConfig& cfg, int64_t c_lo, int64_t c_hi);
+
+// The problem of q over the caches k_cache and a meta (no checks: after check_paged).
+Paged paged_problem(const TensorView& q, const TensorView& k_cache, const PagedMeta& meta);
 
 // --- logprob.cc --------------------------------------------------------------------------------
 

@@ -56,7 +56,14 @@ void set_queries(Ctx& cx, const QShape& s, const TensorView& q, int64_t Hkv,
   cx.q_s1 = q.stride[1];
 }
 
-KvSource paged_source(const PagedKv& kv, const Paged& p, int64_t s, const SharedPrefix* prefix) {
+// The paged caches of one call and the block tables of its meta (host views).
+struct PagedSrc {
+  const TensorView& k_cache;
+  const TensorView& v_cache;
+  const PagedTables& t;
+};
+
+KvSource paged_source(const PagedSrc& kv, const Paged& p, int64_t s, bool prefix) {
   KvSource src;
   src.k = kv.k_cache.ptr<const bf16>();
   src.v = kv.v_cache.ptr<const bf16>();
@@ -67,18 +74,19 @@ KvSource paged_source(const PagedKv& kv, const Paged& p, int64_t s, const Shared
   src.v_s1 = kv.v_cache.stride[1];
   src.v_sh = kv.v_cache.stride[2];
   src.page_size = p.P;
-  if (s >= 0) src.own = kv.block_table.ptr<const int32_t>() + s * kv.block_table.stride[0];
+  if (s >= 0) src.own = kv.t.block_table.ptr<const int32_t>() + s * kv.t.block_table.stride[0];
   const int64_t g = s >= 0 ? p.group[size_t(s)] : -1;
-  if (prefix != nullptr && g >= 0) {
-    src.shared = prefix->block_table.ptr<const int32_t>() + g * prefix->block_table.stride[0];
+  if (prefix && g >= 0) {
+    src.shared =
+        kv.t.prefix_block_table.ptr<const int32_t>() + g * kv.t.prefix_block_table.stride[0];
     src.shared_len = p.shared_len[size_t(g)];
   }
   return src;
 }
 
 // Tiles of consecutive rows of one sequence (at most kTileRows), over chunks [c_lo, c_hi).
-std::vector<Tile> paged_tiles(const Ctx& cx, const PagedKv& kv, const Paged& p,
-                              const SharedPrefix* prefix, int64_t c_lo, int64_t c_hi) {
+std::vector<Tile> paged_tiles(const Ctx& cx, const PagedSrc& kv, const Paged& p, bool prefix,
+                              int64_t c_lo, int64_t c_hi) {
   std::vector<Tile> tiles;
   const int64_t N = p.qs.N;
   for (int64_t r = 0; r < N;) {
@@ -131,11 +139,12 @@ std::vector<int64_t> iota_rows(int64_t N) {
   return o;
 }
 
-void paged_common(const char* op, const TensorView& q, const TensorView& q_seq,
-                  const TensorView& q_pos, const PagedKv& kv, const AttentionConfig& cfg,
+void paged_common(const char* op, const TensorView& q, const PagedMeta& meta,
+                  const TensorView& k_cache, const TensorView& v_cache, const AttentionConfig& cfg,
                   int64_t num_splits, const TensorView& out, const TensorView& lse) {
-  Paged p = check_paged(op, Device::kCPU, q, q_seq, q_pos, kv, nullptr, cfg, 0, kAllChunks);
-  check_attn_outputs(op, Device::kCPU, p.qs, out, lse);
+  const Paged p =
+      check_paged_call(op, Device::kCPU, q, meta, k_cache, v_cache, cfg, false, out, lse);
+  const PagedSrc kv{k_cache, v_cache, meta.device_copies()};
   const int64_t N = p.qs.N;
   if (N == 0) return;
   Ctx cx;
@@ -144,7 +153,7 @@ void paged_common(const char* op, const TensorView& q, const TensorView& q_seq,
   cx.pos = p.pos.data();
   const std::vector<int64_t> order = iota_rows(N);
   cx.order = order.data();
-  std::vector<Tile> tiles = paged_tiles(cx, kv, p, nullptr, 0, std::numeric_limits<int64_t>::max());
+  std::vector<Tile> tiles = paged_tiles(cx, kv, p, false, 0, std::numeric_limits<int64_t>::max());
   if (num_splits == 0) {
     // Automatic: split only when (tiles x kv heads) cannot keep the threads busy. Bits are the
     // same for every split count (tested), so this may look at the batch.
@@ -172,9 +181,17 @@ void paged_common(const char* op, const TensorView& q, const TensorView& q_seq,
 void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                               const TensorView& cu_seqlens, const AttentionConfig& cfg,
                               const TensorView& out, const TensorView& lse) {
-  const QShape qs = check_prefill_varlen("attention_prefill_varlen", Device::kCPU, q, k, v,
-                                         cu_seqlens, cfg, out, lse);
-  const int64_t T = qs.N, Hkv = k.shape[1], B = cu_seqlens.shape[0] - 1;
+  const PackedSeqs seqs = check_prefill_varlen("attention_prefill_varlen", Device::kCPU, q, k, v,
+                                               cu_seqlens, cfg, out, lse);
+  attention_prefill_varlen(q, k, v, seqs, cfg, out, lse);
+}
+
+void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const PackedSeqs& seqs, const AttentionConfig& cfg,
+                              const TensorView& out, const TensorView& lse) {
+  const QShape qs =
+      check_prefill_call("attention_prefill_varlen", Device::kCPU, q, k, v, seqs, cfg, out, lse);
+  const int64_t T = qs.N, Hkv = k.shape[1], B = seqs.B();
   if (T == 0) return;
 
   Ctx cx;
@@ -186,7 +203,7 @@ void attention_prefill_varlen(const TensorView& q, const TensorView& k, const Te
   cx.order = order.data();
   std::vector<Tile> tiles;
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t t0 = read_i32(cu_seqlens, b), t1 = read_i32(cu_seqlens, b + 1);
+    const int64_t t0 = seqs.cu()[size_t(b)], t1 = seqs.cu()[size_t(b + 1)];
     for (int64_t t = t0; t < t1; ++t) pos[size_t(t)] = t - t0;
     KvSource src;
     src.k = k.ptr<const bf16>();
@@ -209,10 +226,27 @@ void attention_prefill_varlen(const TensorView& q, const TensorView& k, const Te
   run_tiles(cx, tiles);
 }
 
+void attention_paged(const TensorView& q, const PagedMeta& meta, const TensorView& k_cache,
+                     const TensorView& v_cache, const AttentionConfig& cfg, const TensorView& out,
+                     const TensorView& lse) {
+  paged_common("attention_paged", q, meta, k_cache, v_cache, cfg, 0, out, lse);
+}
+
 void attention_paged(const TensorView& q, const TensorView& q_seq, const TensorView& q_pos,
                      const PagedKv& kv, const AttentionConfig& cfg, const TensorView& out,
                      const TensorView& lse) {
-  paged_common("attention_paged", q, q_seq, q_pos, kv, cfg, 0, out, lse);
+  const char* op = "attention_paged";
+  const PagedMeta meta =
+      check_paged(op, Device::kCPU, q, q_seq, q_pos, kv, nullptr, cfg, 0, kAllChunks);
+  paged_common(op, q, meta, kv.k_cache, kv.v_cache, cfg, 0, out, lse);
+}
+
+void attention_paged_split_kv(const TensorView& q, const PagedMeta& meta, const TensorView& k_cache,
+                              const TensorView& v_cache, const AttentionConfig& cfg, int num_splits,
+                              const TensorView& out, const TensorView& lse) {
+  const char* op = "attention_paged_split_kv";
+  LS_CHECK(num_splits >= 1, op, "num_splits must be >= 1, got ", num_splits);
+  paged_common(op, q, meta, k_cache, v_cache, cfg, num_splits, out, lse);
 }
 
 void attention_paged_split_kv(const TensorView& q, const TensorView& q_seq, const TensorView& q_pos,
@@ -220,7 +254,9 @@ void attention_paged_split_kv(const TensorView& q, const TensorView& q_seq, cons
                               const TensorView& out, const TensorView& lse) {
   const char* op = "attention_paged_split_kv";
   LS_CHECK(num_splits >= 1, op, "num_splits must be >= 1, got ", num_splits);
-  paged_common(op, q, q_seq, q_pos, kv, cfg, num_splits, out, lse);
+  const PagedMeta meta =
+      check_paged(op, Device::kCPU, q, q_seq, q_pos, kv, nullptr, cfg, 0, kAllChunks);
+  paged_common(op, q, meta, kv.k_cache, kv.v_cache, cfg, num_splits, out, lse);
 }
 
 void attention_paged_cascade(const TensorView& q, const TensorView& q_seq, const TensorView& q_pos,
@@ -228,8 +264,19 @@ void attention_paged_cascade(const TensorView& q, const TensorView& q_seq, const
                              const AttentionConfig& cfg, const TensorView& out,
                              const TensorView& lse) {
   const char* op = "attention_paged_cascade";
-  Paged p = check_paged(op, Device::kCPU, q, q_seq, q_pos, kv, &prefix, cfg, 0, kAllChunks);
-  check_attn_outputs(op, Device::kCPU, p.qs, out, lse);
+  const PagedMeta meta =
+      check_paged(op, Device::kCPU, q, q_seq, q_pos, kv, &prefix, cfg, 0, kAllChunks);
+  attention_paged_cascade(q, meta, kv.k_cache, kv.v_cache, cfg, out, lse);
+}
+
+void attention_paged_cascade(const TensorView& q, const PagedMeta& meta, const TensorView& k_cache,
+                             const TensorView& v_cache, const AttentionConfig& cfg,
+                             const TensorView& out, const TensorView& lse) {
+  const char* op = "attention_paged_cascade";
+  const Paged p =
+      check_paged_call(op, Device::kCPU, q, meta, k_cache, v_cache, cfg, true, out, lse);
+  const PagedSrc kv{k_cache, v_cache, meta.device_copies()};
+  const TensorView& prefix_table = meta.device_copies().prefix_block_table;
   const int64_t N = p.qs.N, K = cfg.kv_chunk;
   if (N == 0) return;
   Ctx cx;
@@ -262,8 +309,8 @@ void attention_paged_cascade(const TensorView& q, const TensorView& q_seq, const
         Tile t;
         t.rbeg = at + r0;
         t.rend = at + std::min(n, r0 + kTileRows);
-        t.src = paged_source(kv, p, -1, nullptr);
-        t.src.own = prefix.block_table.ptr<const int32_t>() + g * prefix.block_table.stride[0];
+        t.src = paged_source(kv, p, -1, false);
+        t.src.own = prefix_table.ptr<const int32_t>() + g * prefix_table.stride[0];
         t.c_lo = 0;
         t.c_hi = p.shared_len[size_t(g)] / K;
         tiles1.push_back(t);
@@ -285,8 +332,7 @@ void attention_paged_cascade(const TensorView& q, const TensorView& q_seq, const
   cx.finish = Finish::kFinalize;
   cx.prefix = prefix_ws.empty() ? nullptr : prefix_ws.data();
   cx.has_prefix = has_prefix.data();
-  std::vector<Tile> tiles2 =
-      paged_tiles(cx, kv, p, &prefix, 0, std::numeric_limits<int64_t>::max());
+  std::vector<Tile> tiles2 = paged_tiles(cx, kv, p, true, 0, std::numeric_limits<int64_t>::max());
   for (Tile& t : tiles2) {
     const int64_t g = p.group[size_t(p.seq[size_t(t.rbeg)])];
     t.c_lo = g >= 0 ? p.shared_len[size_t(g)] / K : 0;
@@ -304,8 +350,10 @@ void attention_paged_chunk_states(const TensorView& q, const TensorView& q_seq,
   LS_CHECK(states.m.ndim == 3, op, "argument 'states.m' expected shape [N, Hq, C], got ",
            states.m.shape_string());
   const int64_t C = states.m.shape[2];
-  Paged p = check_paged(op, Device::kCPU, q, q_seq, q_pos, kv, nullptr, cfg, chunk_begin,
-                        chunk_begin + C);
+  const PagedMeta meta = check_paged(op, Device::kCPU, q, q_seq, q_pos, kv, nullptr, cfg,
+                                     chunk_begin, chunk_begin + C);
+  const Paged p = paged_problem(q, kv.k_cache, meta);
+  const PagedSrc src{kv.k_cache, kv.v_cache, meta.device_copies()};
   const int64_t N = p.qs.N;
   check_tensor(op, "states.m", states.m, DType::kF32, {N, p.qs.Hq, C});
   check_tensor(op, "states.l", states.l, DType::kF32, {N, p.qs.Hq, C});
@@ -319,7 +367,7 @@ void attention_paged_chunk_states(const TensorView& q, const TensorView& q_seq,
   cx.order = order.data();
   cx.finish = Finish::kStoreChunks;
   cx.states = strided(states, chunk_begin);
-  std::vector<Tile> tiles = paged_tiles(cx, kv, p, nullptr, chunk_begin, chunk_begin + C);
+  std::vector<Tile> tiles = paged_tiles(cx, src, p, false, chunk_begin, chunk_begin + C);
   run_tiles(cx, tiles);
 }
 

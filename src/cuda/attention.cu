@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -326,17 +327,17 @@ void set_outputs(AttnParams& p, const TensorView& out, const TensorView& lse) {
   }
 }
 
-void set_cache(AttnParams& p, const PagedKv& kv) {
-  p.k = kv.k_cache.ptr<const uint16_t>();
-  p.v = kv.v_cache.ptr<const uint16_t>();
-  p.k_s0 = kv.k_cache.stride[0];
-  p.k_s1 = kv.k_cache.stride[1];
-  p.k_sh = kv.k_cache.stride[2];
-  p.v_s0 = kv.v_cache.stride[0];
-  p.v_s1 = kv.v_cache.stride[1];
-  p.v_sh = kv.v_cache.stride[2];
-  p.NP = kv.k_cache.shape[0];
-  p.P = int32_t(kv.k_cache.shape[1]);
+void set_cache(AttnParams& p, const TensorView& k_cache, const TensorView& v_cache) {
+  p.k = k_cache.ptr<const uint16_t>();
+  p.v = v_cache.ptr<const uint16_t>();
+  p.k_s0 = k_cache.stride[0];
+  p.k_s1 = k_cache.stride[1];
+  p.k_sh = k_cache.stride[2];
+  p.v_s0 = v_cache.stride[0];
+  p.v_s1 = v_cache.stride[1];
+  p.v_sh = v_cache.stride[2];
+  p.NP = k_cache.shape[0];
+  p.P = int32_t(k_cache.shape[1]);
   p.kv_vec = aligned16(p.k) && aligned16(p.v) && p.k_s0 % 8 == 0 && p.k_s1 % 8 == 0 &&
              p.k_sh % 8 == 0 && p.v_s0 % 8 == 0 && p.v_s1 % 8 == 0 && p.v_sh % 8 == 0;
 }
@@ -395,21 +396,23 @@ void launch_merge(const char* op, const AttentionChunkStates& st, const int32_t*
 // ------------------------------------------------------------------------------------------------
 // Paged plumbing shared by attention_paged / split-KV / chunk states / cascade.
 
-struct PagedArgs {
+// The view-based entry points' metadata: device views of q_seq, q_pos, seq_lens, shared_len and
+// seq_group copied back to the host, then everything checked and the meta built (block tables
+// on the device are neither copied back nor checked: their contents are trusted, the kernels
+// treat an entry outside the table or the cache as a zero key; host tables are checked exactly
+// like the CPU op does). The meta's views point into the copies held here.
+struct ViewMeta {
   Meta q_seq, q_pos, seq_lens, px_len, px_group;
-  ck::Paged p;
+  std::optional<PagedMeta> meta;
 };
 
-PagedArgs paged_args(const char* op, const TensorView& q, const TensorView& q_seq,
-                     const TensorView& q_pos, const PagedKv& kv, const SharedPrefix* prefix,
-                     const AttentionConfig& cfg, int64_t c_lo, int64_t c_hi, cudaStream_t s) {
-  PagedArgs a;
+ViewMeta view_meta(const char* op, const TensorView& q, const TensorView& q_seq,
+                   const TensorView& q_pos, const PagedKv& kv, const SharedPrefix* prefix,
+                   const AttentionConfig& cfg, int64_t c_lo, int64_t c_hi, cudaStream_t s) {
+  ViewMeta a;
   a.q_seq = host_meta(op, "q_seq", q_seq, s);
   a.q_pos = host_meta(op, "q_pos", q_pos, s);
   a.seq_lens = host_meta(op, "kv.seq_lens", kv.seq_lens, s);
-  // Block tables on the device are neither copied back nor checked (their contents are trusted;
-  // the kernels treat an entry outside the table or the cache as a zero key): the contract check
-  // says so. Host tables are checked exactly like the CPU op does.
   PagedKv hkv{kv.k_cache, kv.v_cache, kv.block_table, a.seq_lens.host};
   SharedPrefix hpx;
   if (prefix != nullptr) {
@@ -417,14 +420,14 @@ PagedArgs paged_args(const char* op, const TensorView& q, const TensorView& q_se
     a.px_group = host_meta(op, "prefix.seq_group", prefix->seq_group, s);
     hpx = SharedPrefix{prefix->block_table, a.px_len.host, a.px_group.host};
   }
-  a.p = ck::check_paged(op, Device::kCUDA, q, a.q_seq.host, a.q_pos.host, hkv,
-                        prefix ? &hpx : nullptr, cfg, c_lo, c_hi);
+  a.meta = ck::check_paged(op, Device::kCUDA, q, a.q_seq.host, a.q_pos.host, hkv,
+                           prefix ? &hpx : nullptr, cfg, c_lo, c_hi);
   return a;
 }
 
 // Tiles of consecutive rows of one sequence (at most R rows), identity row list.
-void paged_tiles(Plan& plan, const ck::Paged& p, int R, const SharedPrefix* prefix, int64_t MPs,
-                 int64_t K, bool cascade_lo) {
+void paged_tiles(Plan& plan, const ck::Paged& p, int R, bool prefix, int64_t MPs, int64_t K,
+                 bool cascade_lo) {
   const int64_t N = p.qs.N;
   const int32_t rb0 = int32_t(plan.row_ids.size());
   for (int64_t r = 0; r < N; ++r) {
@@ -442,7 +445,7 @@ void paged_tiles(Plan& plan, const ck::Paged& p, int R, const SharedPrefix* pref
     ip.rb = rb0 + int32_t(r);
     ip.nr = int32_t(e - r);
     const int64_t g = p.group[size_t(sq)];
-    if (prefix != nullptr && g >= 0) {
+    if (prefix && g >= 0) {
       ip.shared_row = g;
       ip.shared_pages = int32_t(MPs);
       ip.shared_len = int32_t(p.shared_len[size_t(g)]);
@@ -464,19 +467,19 @@ bool multi_row(const ck::Paged& p, int64_t G) {
   return runs > 0 && N >= 2 * ks_rows * runs;
 }
 
-void paged_run(const char* op, const TensorView& q, const TensorView& q_seq,
-               const TensorView& q_pos, const PagedKv& kv, const AttentionConfig& cfg,
+void paged_run(const char* op, const TensorView& q, const PagedMeta& meta,
+               const TensorView& k_cache, const TensorView& v_cache, const AttentionConfig& cfg,
                int64_t num_splits, const TensorView& out, const TensorView& lse, cudaStream_t s) {
-  PagedArgs a = paged_args(op, q, q_seq, q_pos, kv, nullptr, cfg, 0, ck::kAllChunks, s);
   check_on_device(op, "out", out);
   if (given(lse)) check_on_device(op, "lse", lse);
-  ck::check_attn_outputs(op, Device::kCUDA, a.p.qs, out, lse);
-  const ck::Paged& p = a.p;
+  const ck::Paged p =
+      ck::check_paged_call(op, Device::kCUDA, q, meta, k_cache, v_cache, cfg, false, out, lse);
+  const TensorView& table = meta.device_copies().block_table;
   const int64_t N = p.qs.N, Hq = p.qs.Hq, D = p.qs.D, G = Hq / p.Hkv, K = cfg.kv_chunk;
   if (N == 0) return;
   const Kern kern = pick(D, cs_ok(D, G) && multi_row(p, G));
   Plan plan;
-  paged_tiles(plan, p, rows_per_item(kern, G), nullptr, 0, K, false);
+  paged_tiles(plan, p, rows_per_item(kern, G), false, 0, K, false);
   const int64_t zb = (int64_t(plan.max_nr) * G + kern_cols(kern) - 1) / kern_cols(kern);
   int64_t cmax = 1;
   for (int64_t r = 0; r < N; ++r) cmax = std::max(cmax, p.pos[size_t(r)] / K + 1);
@@ -490,15 +493,15 @@ void paged_run(const char* op, const TensorView& q, const TensorView& q_seq,
       num_splits = std::min<int64_t>(cmax, (2 * num_sms() + ctas - 1) / ctas);
   }
   Scratch scr(s);
-  const int32_t* bt = device_table(op, kv.block_table, scr);
+  const int32_t* bt = device_table(op, table, scr);
   AttnParams prm;
   base_params(prm, q, G, cfg);
-  set_cache(prm, kv);
+  set_cache(prm, k_cache, v_cache);
   set_outputs(prm, out, lse);
   if (num_splits <= 1) {
     for (ItemPlan& ip : plan.items) ip.cost = item_cost(plan, ip, K);
     sort_items(plan);
-    const Uploaded u = upload_plan(op, plan, bt, kv.block_table.stride[0], nullptr, 0, scr);
+    const Uploaded u = upload_plan(op, plan, bt, table.stride[0], nullptr, 0, scr);
     prm.items = u.items;
     prm.row_ids = u.row_ids;
     prm.row_pos = u.row_pos;
@@ -534,7 +537,7 @@ void paged_run(const char* op, const TensorView& q, const TensorView& q_seq,
       TensorView::contiguous(ws_m, DType::kF32, {N, Hq, cmax}, Device::kCUDA),
       TensorView::contiguous(ws_l, DType::kF32, {N, Hq, cmax}, Device::kCUDA),
       TensorView::contiguous(ws_a, DType::kF32, {N, Hq, cmax, D}, Device::kCUDA)};
-  const Uploaded u = upload_plan(op, sp, bt, kv.block_table.stride[0], nullptr, 0, scr);
+  const Uploaded u = upload_plan(op, sp, bt, table.stride[0], nullptr, 0, scr);
   prm.items = u.items;
   prm.row_ids = u.row_ids;
   prm.row_pos = u.row_pos;
@@ -560,9 +563,23 @@ void attention_prefill_varlen(const TensorView& q, const TensorView& k, const Te
   check_on_device(op, "out", out);
   if (given(lse)) check_on_device(op, "lse", lse);
   const Meta cu = host_meta(op, "cu_seqlens", cu_seqlens, s);
-  const ck::QShape qs =
+  const PackedSeqs seqs =
       ck::check_prefill_varlen(op, Device::kCUDA, q, k, v, cu.host, cfg, out, lse);
-  const int64_t T = qs.N, Hkv = k.shape[1], G = qs.Hq / Hkv, B = cu_seqlens.shape[0] - 1;
+  attention_prefill_varlen(q, k, v, seqs, cfg, out, lse, stream);
+}
+
+void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const PackedSeqs& seqs, const AttentionConfig& cfg,
+                              const TensorView& out, const TensorView& lse, void* stream) {
+  const char* op = "cuda::attention_prefill_varlen";
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  check_on_device(op, "q", q);
+  check_on_device(op, "k", k);
+  check_on_device(op, "v", v);
+  check_on_device(op, "out", out);
+  if (given(lse)) check_on_device(op, "lse", lse);
+  const ck::QShape qs = ck::check_prefill_call(op, Device::kCUDA, q, k, v, seqs, cfg, out, lse);
+  const int64_t T = qs.N, Hkv = k.shape[1], G = qs.Hq / Hkv, B = seqs.B();
   const int64_t K = cfg.kv_chunk;
   if (T == 0) return;
   const Kern kern = pick(qs.D, cs_ok(qs.D, G));
@@ -571,7 +588,7 @@ void attention_prefill_varlen(const TensorView& q, const TensorView& k, const Te
   plan.row_ids.resize(size_t(T));
   plan.row_pos.resize(size_t(T));
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t t0 = rd(cu.host, b), t1 = rd(cu.host, b + 1);
+    const int64_t t0 = seqs.cu()[size_t(b)], t1 = seqs.cu()[size_t(b + 1)];
     for (int64_t t = t0; t < t1; ++t) {
       plan.row_ids[size_t(t)] = int32_t(t);
       plan.row_pos[size_t(t)] = int32_t(t - t0);
@@ -613,8 +630,10 @@ void attention_prefill_varlen(const TensorView& q, const TensorView& k, const Te
 void attention_paged(const TensorView& q, const TensorView& q_seq, const TensorView& q_pos,
                      const PagedKv& kv, const AttentionConfig& cfg, const TensorView& out,
                      const TensorView& lse, void* stream) {
-  paged_run("cuda::attention_paged", q, q_seq, q_pos, kv, cfg, 0, out, lse,
-            static_cast<cudaStream_t>(stream));
+  const char* op = "cuda::attention_paged";
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const ViewMeta a = view_meta(op, q, q_seq, q_pos, kv, nullptr, cfg, 0, ck::kAllChunks, s);
+  paged_run(op, q, *a.meta, kv.k_cache, kv.v_cache, cfg, 0, out, lse, s);
 }
 
 void attention_paged_split_kv(const TensorView& q, const TensorView& q_seq, const TensorView& q_pos,
@@ -622,28 +641,30 @@ void attention_paged_split_kv(const TensorView& q, const TensorView& q_seq, cons
                               const TensorView& out, const TensorView& lse, void* stream) {
   const char* op = "cuda::attention_paged_split_kv";
   LS_CHECK(num_splits >= 1, op, "num_splits must be >= 1, got ", num_splits);
-  paged_run(op, q, q_seq, q_pos, kv, cfg, num_splits, out, lse, static_cast<cudaStream_t>(stream));
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const ViewMeta a = view_meta(op, q, q_seq, q_pos, kv, nullptr, cfg, 0, ck::kAllChunks, s);
+  paged_run(op, q, *a.meta, kv.k_cache, kv.v_cache, cfg, num_splits, out, lse, s);
 }
 
-void attention_paged_cascade(const TensorView& q, const TensorView& q_seq, const TensorView& q_pos,
-                             const PagedKv& kv, const SharedPrefix& prefix,
-                             const AttentionConfig& cfg, const TensorView& out,
-                             const TensorView& lse, void* stream) {
-  const char* op = "cuda::attention_paged_cascade";
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  PagedArgs a = paged_args(op, q, q_seq, q_pos, kv, &prefix, cfg, 0, ck::kAllChunks, s);
+namespace {
+
+void paged_cascade(const char* op, const TensorView& q, const PagedMeta& meta,
+                   const TensorView& k_cache, const TensorView& v_cache, const AttentionConfig& cfg,
+                   const TensorView& out, const TensorView& lse, cudaStream_t s) {
   check_on_device(op, "out", out);
   if (given(lse)) check_on_device(op, "lse", lse);
-  ck::check_attn_outputs(op, Device::kCUDA, a.p.qs, out, lse);
-  const ck::Paged& p = a.p;
+  const ck::Paged p =
+      ck::check_paged_call(op, Device::kCUDA, q, meta, k_cache, v_cache, cfg, true, out, lse);
   const int64_t N = p.qs.N, Hq = p.qs.Hq, D = p.qs.D, G = Hq / p.Hkv, K = cfg.kv_chunk;
   if (N == 0) return;
   const int64_t GR = int64_t(p.shared_len.size());
-  const int64_t MPs = prefix.block_table.shape[1];
+  const int64_t MPs = meta.MPs();
+  const TensorView& table = meta.device_copies().block_table;
+  const TensorView& ptable = meta.device_copies().prefix_block_table;
   Scratch scr(s);
-  const int32_t* bt = device_table(op, kv.block_table, scr);
-  const int32_t* pbt = device_table(op, prefix.block_table, scr);
-  const int64_t pbt_s0 = prefix.block_table.stride[0];
+  const int32_t* bt = device_table(op, table, scr);
+  const int32_t* pbt = device_table(op, ptable, scr);
+  const int64_t pbt_s0 = ptable.stride[0];
 
   // Phase 1: per group, its rows over the chunks wholly below shared_len, from the shared pages;
   // the folded state per (row, head) goes to a workspace.
@@ -692,10 +713,10 @@ void attention_paged_cascade(const TensorView& q, const TensorView& q_seq, const
       for (ItemPlan& ip : p1.items) ip.cost = item_cost(p1, ip, K);
       sort_items(p1);
       prefix_ws = static_cast<float*>(scr.alloc(op, size_t(N * Hq * (D + 2)) * 4));
-      const Uploaded u = upload_plan(op, p1, bt, kv.block_table.stride[0], pbt, pbt_s0, scr);
+      const Uploaded u = upload_plan(op, p1, bt, table.stride[0], pbt, pbt_s0, scr);
       AttnParams prm;
       base_params(prm, q, G, cfg);
-      set_cache(prm, kv);
+      set_cache(prm, k_cache, v_cache);
       prm.items = u.items;
       prm.row_ids = u.row_ids;
       prm.row_pos = u.row_pos;
@@ -709,15 +730,14 @@ void attention_paged_cascade(const TensorView& q, const TensorView& q_seq, const
   // positions < shared_len from the shared pages and the rest from its own table.
   const Kern kern = pick(D, cs_ok(D, G) && multi_row(p, G));
   Plan p2;
-  paged_tiles(p2, p, rows_per_item(kern, G), &prefix, MPs, K, true);
+  paged_tiles(p2, p, rows_per_item(kern, G), true, MPs, K, true);
   for (ItemPlan& ip : p2.items) ip.cost = item_cost(p2, ip, K);
   sort_items(p2);
-  const Uploaded u =
-      upload_plan(op, p2, bt, kv.block_table.stride[0], pbt, pbt_s0, scr, &has_prefix);
+  const Uploaded u = upload_plan(op, p2, bt, table.stride[0], pbt, pbt_s0, scr, &has_prefix);
   if (prefix_ws != nullptr) has_prefix_dev = u.extra;
   AttnParams prm;
   base_params(prm, q, G, cfg);
-  set_cache(prm, kv);
+  set_cache(prm, k_cache, v_cache);
   set_outputs(prm, out, lse);
   prm.items = u.items;
   prm.row_ids = u.row_ids;
@@ -727,6 +747,41 @@ void attention_paged_cascade(const TensorView& q, const TensorView& q_seq, const
   prm.has_prefix = has_prefix_dev;
   const int64_t zb = (int64_t(p2.max_nr) * G + kern_cols(kern) - 1) / kern_cols(kern);
   launch(op, kern, prm, int64_t(p2.items.size()), p.Hkv, zb, s);
+}
+
+}  // namespace
+
+void attention_paged(const TensorView& q, const PagedMeta& meta, const TensorView& k_cache,
+                     const TensorView& v_cache, const AttentionConfig& cfg, const TensorView& out,
+                     const TensorView& lse, void* stream) {
+  paged_run("cuda::attention_paged", q, meta, k_cache, v_cache, cfg, 0, out, lse,
+            static_cast<cudaStream_t>(stream));
+}
+
+void attention_paged_split_kv(const TensorView& q, const PagedMeta& meta, const TensorView& k_cache,
+                              const TensorView& v_cache, const AttentionConfig& cfg, int num_splits,
+                              const TensorView& out, const TensorView& lse, void* stream) {
+  const char* op = "cuda::attention_paged_split_kv";
+  LS_CHECK(num_splits >= 1, op, "num_splits must be >= 1, got ", num_splits);
+  paged_run(op, q, meta, k_cache, v_cache, cfg, num_splits, out, lse,
+            static_cast<cudaStream_t>(stream));
+}
+
+void attention_paged_cascade(const TensorView& q, const PagedMeta& meta, const TensorView& k_cache,
+                             const TensorView& v_cache, const AttentionConfig& cfg,
+                             const TensorView& out, const TensorView& lse, void* stream) {
+  paged_cascade("cuda::attention_paged_cascade", q, meta, k_cache, v_cache, cfg, out, lse,
+                static_cast<cudaStream_t>(stream));
+}
+
+void attention_paged_cascade(const TensorView& q, const TensorView& q_seq, const TensorView& q_pos,
+                             const PagedKv& kv, const SharedPrefix& prefix,
+                             const AttentionConfig& cfg, const TensorView& out,
+                             const TensorView& lse, void* stream) {
+  const char* op = "cuda::attention_paged_cascade";
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const ViewMeta a = view_meta(op, q, q_seq, q_pos, kv, &prefix, cfg, 0, ck::kAllChunks, s);
+  paged_cascade(op, q, *a.meta, kv.k_cache, kv.v_cache, cfg, out, lse, s);
 }
 
 void attention_paged_chunk_states(const TensorView& q, const TensorView& q_seq,
@@ -742,8 +797,9 @@ void attention_paged_chunk_states(const TensorView& q, const TensorView& q_seq,
   check_on_device(op, "states.m", states.m);
   check_on_device(op, "states.l", states.l);
   check_on_device(op, "states.acc", states.acc);
-  PagedArgs a = paged_args(op, q, q_seq, q_pos, kv, nullptr, cfg, chunk_begin, chunk_begin + C, s);
-  const ck::Paged& p = a.p;
+  const ViewMeta a =
+      view_meta(op, q, q_seq, q_pos, kv, nullptr, cfg, chunk_begin, chunk_begin + C, s);
+  const ck::Paged p = ck::paged_problem(q, kv.k_cache, *a.meta);
   const int64_t N = p.qs.N, Hq = p.qs.Hq, D = p.qs.D, G = Hq / p.Hkv, K = cfg.kv_chunk;
   check_tensor(op, "states.m", states.m, DType::kF32, {N, Hq, C}, Device::kCUDA);
   check_tensor(op, "states.l", states.l, DType::kF32, {N, Hq, C}, Device::kCUDA);
@@ -753,7 +809,7 @@ void attention_paged_chunk_states(const TensorView& q, const TensorView& q_seq,
   LS_CHECK(chunk_begin + C < std::numeric_limits<int32_t>::max(), op, "chunk range too large");
   const Kern kern = pick(D, cs_ok(D, G) && multi_row(p, G));
   Plan plan;
-  paged_tiles(plan, p, rows_per_item(kern, G), nullptr, 0, K, false);
+  paged_tiles(plan, p, rows_per_item(kern, G), false, 0, K, false);
   for (ItemPlan& ip : plan.items) {
     ip.c_lo = int32_t(chunk_begin);
     ip.c_hi = int32_t(chunk_begin + C);
@@ -765,7 +821,7 @@ void attention_paged_chunk_states(const TensorView& q, const TensorView& q_seq,
   const Uploaded u = upload_plan(op, plan, bt, kv.block_table.stride[0], nullptr, 0, scr);
   AttnParams prm;
   base_params(prm, q, G, cfg);
-  set_cache(prm, kv);
+  set_cache(prm, kv.k_cache, kv.v_cache);
   prm.items = u.items;
   prm.row_ids = u.row_ids;
   prm.row_pos = u.row_pos;

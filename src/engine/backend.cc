@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "engine/device.h"
 #include "lockstep/ops/activation.h"
 
 namespace lockstep::engine {
@@ -40,6 +41,53 @@ void OpsBackend::copy(const TensorView& dst, const TensorView& src) const {
     std::memcpy(static_cast<char*>(dst.data) + dof * dtype_size(dst.dtype),
                 static_cast<const char*>(src.data) + so * dtype_size(src.dtype), bytes);
   }
+}
+
+void OpsBackend::attention_prefill_varlen(const TensorView& q, const TensorView& k,
+                                          const TensorView& v, const TensorView& cu_seqlens,
+                                          const AttentionConfig& cfg, const TensorView& out,
+                                          const TensorView& lse) const {
+  const char* op = "attention_prefill_varlen";
+  DeviceStage stage(*this);
+  check_tensor(op, "cu_seqlens", cu_seqlens, DType::kI32, {-1}, cu_seqlens.device);
+  const TensorView cu = stage.host_copy(cu_seqlens);
+  LS_CHECK(q.ndim == 3, op, "argument 'q' expected shape [T, Hq, D], got ", q.shape_string());
+  PackedSeqs seqs = PackedSeqs::validate(op, cu, q.shape[0]);
+  const TensorView cu_dev = stage.upload(op, {"cu_seqlens"}, {cu})[0];
+  attention_prefill_varlen(q, k, v, std::move(seqs).with_device_copy(device(), cu_dev), cfg, out,
+                           lse);
+}
+
+void OpsBackend::attention_paged(const TensorView& q, const TensorView& q_seq,
+                                 const TensorView& q_pos, const PagedKv& kv,
+                                 const AttentionConfig& cfg, const TensorView& out,
+                                 const TensorView& lse) const {
+  DeviceStage stage(*this);
+  const PagedMeta meta =
+      paged_meta_for_views(stage, "attention_paged", q_seq, q_pos, kv, nullptr, cfg);
+  attention_paged(q, meta, kv.k_cache, kv.v_cache, cfg, out, lse);
+}
+
+void OpsBackend::attention_paged_split_kv(const TensorView& q, const TensorView& q_seq,
+                                          const TensorView& q_pos, const PagedKv& kv,
+                                          const AttentionConfig& cfg, int num_splits,
+                                          const TensorView& out, const TensorView& lse) const {
+  LS_CHECK(num_splits >= 1, "attention_paged_split_kv", "num_splits must be >= 1, got ",
+           num_splits);
+  DeviceStage stage(*this);
+  const PagedMeta meta =
+      paged_meta_for_views(stage, "attention_paged_split_kv", q_seq, q_pos, kv, nullptr, cfg);
+  attention_paged_split_kv(q, meta, kv.k_cache, kv.v_cache, cfg, num_splits, out, lse);
+}
+
+void OpsBackend::attention_paged_cascade(const TensorView& q, const TensorView& q_seq,
+                                         const TensorView& q_pos, const PagedKv& kv,
+                                         const SharedPrefix& prefix, const AttentionConfig& cfg,
+                                         const TensorView& out, const TensorView& lse) const {
+  DeviceStage stage(*this);
+  const PagedMeta meta =
+      paged_meta_for_views(stage, "attention_paged_cascade", q_seq, q_pos, kv, &prefix, cfg);
+  attention_paged_cascade(q, meta, kv.k_cache, kv.v_cache, cfg, out, lse);
 }
 
 namespace {
@@ -94,26 +142,26 @@ class InvariantBackend final : public OpsBackend {
   }
 
   void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
-                                const TensorView& cu_seqlens, const AttentionConfig& cfg,
+                                const PackedSeqs& seqs, const AttentionConfig& cfg,
                                 const TensorView& out, const TensorView& lse) const override {
-    cpu::attention_prefill_varlen(q, k, v, cu_seqlens, cfg, out, lse);
+    cpu::attention_prefill_varlen(q, k, v, seqs, cfg, out, lse);
   }
-  void attention_paged(const TensorView& q, const TensorView& q_seq, const TensorView& q_pos,
-                       const PagedKv& kv, const AttentionConfig& cfg, const TensorView& out,
+  void attention_paged(const TensorView& q, const PagedMeta& meta, const TensorView& k_cache,
+                       const TensorView& v_cache, const AttentionConfig& cfg, const TensorView& out,
                        const TensorView& lse) const override {
-    cpu::attention_paged(q, q_seq, q_pos, kv, cfg, out, lse);
+    cpu::attention_paged(q, meta, k_cache, v_cache, cfg, out, lse);
   }
-  void attention_paged_split_kv(const TensorView& q, const TensorView& q_seq,
-                                const TensorView& q_pos, const PagedKv& kv,
+  void attention_paged_split_kv(const TensorView& q, const PagedMeta& meta,
+                                const TensorView& k_cache, const TensorView& v_cache,
                                 const AttentionConfig& cfg, int num_splits, const TensorView& out,
                                 const TensorView& lse) const override {
-    cpu::attention_paged_split_kv(q, q_seq, q_pos, kv, cfg, num_splits, out, lse);
+    cpu::attention_paged_split_kv(q, meta, k_cache, v_cache, cfg, num_splits, out, lse);
   }
-  void attention_paged_cascade(const TensorView& q, const TensorView& q_seq,
-                               const TensorView& q_pos, const PagedKv& kv,
-                               const SharedPrefix& prefix, const AttentionConfig& cfg,
-                               const TensorView& out, const TensorView& lse) const override {
-    cpu::attention_paged_cascade(q, q_seq, q_pos, kv, prefix, cfg, out, lse);
+  void attention_paged_cascade(const TensorView& q, const PagedMeta& meta,
+                               const TensorView& k_cache, const TensorView& v_cache,
+                               const AttentionConfig& cfg, const TensorView& out,
+                               const TensorView& lse) const override {
+    cpu::attention_paged_cascade(q, meta, k_cache, v_cache, cfg, out, lse);
   }
   void kv_cache_write(const TensorView& k, const TensorView& v, const TensorView& slot_mapping,
                       const TensorView& k_cache, const TensorView& v_cache) const override {

@@ -43,13 +43,6 @@ class OpsBackend {
   virtual void copy(const TensorView& dst, const TensorView& src) const;
   // Waits for every issued op; throws on a pending device error. CPU: no-op.
   virtual void synchronize() const {}
-  // Whether this backend's attention ops read the small per-row / per-sequence metadata
-  // (cu_seqlens, q_seq, q_pos, seq_lens, shared_len, seq_group) on the host to plan a launch. If
-  // so the engine passes its validated host copies of those views (block tables and slot mappings
-  // stay on the device), and a call never copies them back and waits for the device. Every
-  // attention op accepts host metadata (lockstep/ops/attention.h, lockstep/cuda/attention.h).
-  virtual bool plans_attention_on_host() const { return false; }
-
   // --- GEMM (lockstep/ops/gemm.h) ---
   // y[M, N] = x[M, K] · w[N, K]ᵀ; y bf16 (rounded) or f32.
   virtual void gemm(const TensorView& x, const TensorView& w, const GemmConfig& cfg,
@@ -84,22 +77,46 @@ class OpsBackend {
                                  const TensorView& out) const = 0;
 
   // --- attention (attention.h); lse may be an empty TensorView{} ---
+  // Packed prefill over validated sequences (PackedSeqs: host cu_seqlens and its copy on
+  // device(), built once per forward_packed call, engine/device.h).
   virtual void attention_prefill_varlen(const TensorView& q, const TensorView& k,
-                                        const TensorView& v, const TensorView& cu_seqlens,
+                                        const TensorView& v, const PackedSeqs& seqs,
                                         const AttentionConfig& cfg, const TensorView& out,
                                         const TensorView& lse) const = 0;
-  virtual void attention_paged(const TensorView& q, const TensorView& q_seq,
-                               const TensorView& q_pos, const PagedKv& kv,
+  // The same over a cu_seqlens view (host or device(): copied back), for tests and tools.
+  void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const TensorView& cu_seqlens, const AttentionConfig& cfg,
+                                const TensorView& out, const TensorView& lse) const;
+  // Paged attention over one step's validated metadata (PagedMeta, lockstep/contract/attention.h:
+  // host tables and their copies on device(), built once per step, engine/device.h) and one
+  // layer's caches k_cache / v_cache [NP, P, Hkv, D] (a rank's kv heads). No call re-validates or
+  // copies back the metadata. _cascade takes a meta with prefix tables, the others one without.
+  virtual void attention_paged(const TensorView& q, const PagedMeta& meta,
+                               const TensorView& k_cache, const TensorView& v_cache,
                                const AttentionConfig& cfg, const TensorView& out,
                                const TensorView& lse) const = 0;
-  virtual void attention_paged_split_kv(const TensorView& q, const TensorView& q_seq,
-                                        const TensorView& q_pos, const PagedKv& kv,
+  virtual void attention_paged_split_kv(const TensorView& q, const PagedMeta& meta,
+                                        const TensorView& k_cache, const TensorView& v_cache,
                                         const AttentionConfig& cfg, int num_splits,
                                         const TensorView& out, const TensorView& lse) const = 0;
-  virtual void attention_paged_cascade(const TensorView& q, const TensorView& q_seq,
-                                       const TensorView& q_pos, const PagedKv& kv,
-                                       const SharedPrefix& prefix, const AttentionConfig& cfg,
-                                       const TensorView& out, const TensorView& lse) const = 0;
+  virtual void attention_paged_cascade(const TensorView& q, const PagedMeta& meta,
+                                       const TensorView& k_cache, const TensorView& v_cache,
+                                       const AttentionConfig& cfg, const TensorView& out,
+                                       const TensorView& lse) const = 0;
+  // The same ops over views, for tests and tools (the engine builds the meta once per step):
+  // metadata on the host or on device() (copied back to the host, waiting for it), validated and
+  // uploaded for this one call (paged_meta_for_views, engine/device.h).
+  void attention_paged(const TensorView& q, const TensorView& q_seq, const TensorView& q_pos,
+                       const PagedKv& kv, const AttentionConfig& cfg, const TensorView& out,
+                       const TensorView& lse) const;
+  void attention_paged_split_kv(const TensorView& q, const TensorView& q_seq,
+                                const TensorView& q_pos, const PagedKv& kv,
+                                const AttentionConfig& cfg, int num_splits, const TensorView& out,
+                                const TensorView& lse) const;
+  void attention_paged_cascade(const TensorView& q, const TensorView& q_seq,
+                               const TensorView& q_pos, const PagedKv& kv,
+                               const SharedPrefix& prefix, const AttentionConfig& cfg,
+                               const TensorView& out, const TensorView& lse) const;
   virtual void kv_cache_write(const TensorView& k, const TensorView& v,
                               const TensorView& slot_mapping, const TensorView& k_cache,
                               const TensorView& v_cache) const = 0;

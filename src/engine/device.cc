@@ -86,10 +86,59 @@ TensorView DeviceStage::output(const TensorView& v) {
   return d;
 }
 
+TensorView DeviceStage::host_copy(const TensorView& v) {
+  if (v.device == Device::kCPU || (v.ndim == 0 && v.data == nullptr)) return v;
+  Tensor h = to_host(ops_, v);
+  TensorView hv = h.view();
+  keep_.push_back(std::move(h));
+  return hv;
+}
+
 void DeviceStage::finish() {
   for (const auto& [dst, src] : back_) ops_.copy(dst, src);
   if (!back_.empty()) ops_.synchronize();
   back_.clear();
+}
+
+PagedMeta paged_meta_for_views(DeviceStage& stage, const char* op, const TensorView& q_seq,
+                               const TensorView& q_pos, const PagedKv& kv,
+                               const SharedPrefix* prefix, const AttentionConfig& cfg) {
+  LS_CHECK(kv.k_cache.ndim == 4, op, "argument 'kv.k_cache' expected shape [NP, P, Hkv, D], got ",
+           kv.k_cache.shape_string());
+  // Dtype and rank before a device view is copied back (the copy reads its bytes).
+  for (auto [v, arg] : {std::pair{&q_seq, "q_seq"}, std::pair{&q_pos, "q_pos"},
+                        std::pair{&kv.seq_lens, "kv.seq_lens"}})
+    check_tensor(op, arg, *v, DType::kI32, {-1}, v->device);
+  if (prefix != nullptr) {
+    check_tensor(op, "prefix.shared_len", prefix->shared_len, DType::kI32, {-1},
+                 prefix->shared_len.device);
+    check_tensor(op, "prefix.seq_group", prefix->seq_group, DType::kI32, {-1},
+                 prefix->seq_group.device);
+  }
+  PagedTables h;
+  h.q_seq = stage.host_copy(q_seq);
+  h.q_pos = stage.host_copy(q_pos);
+  h.block_table = kv.block_table;
+  h.seq_lens = stage.host_copy(kv.seq_lens);
+  if (prefix != nullptr) {
+    h.prefix_block_table = prefix->block_table;
+    h.shared_len = stage.host_copy(prefix->shared_len);
+    h.seq_group = stage.host_copy(prefix->seq_group);
+  }
+  PagedMeta meta = PagedMeta::validate(op, h, kv.k_cache.shape[0], kv.k_cache.shape[1], cfg);
+  if (stage.on_host_backend()) return meta;
+  // One upload of the host tables; tables already on the device are used in place.
+  std::vector<TensorView*> slots;
+  PagedTables d = h;
+  for (TensorView* v : {&d.q_seq, &d.q_pos, &d.block_table, &d.seq_lens, &d.prefix_block_table,
+                        &d.shared_len, &d.seq_group})
+    if (v->device == Device::kCPU && (v->ndim != 0 || v->data != nullptr)) slots.push_back(v);
+  std::vector<const char*> names(slots.size(), "paged metadata");
+  std::vector<TensorView> host;
+  for (TensorView* v : slots) host.push_back(*v);
+  const std::vector<TensorView> up = stage.upload(op, names, host);
+  for (size_t i = 0; i < slots.size(); ++i) *slots[i] = up[i];
+  return std::move(meta).with_device_copies(stage.device(), d);
 }
 
 Tensor to_host(const OpsBackend& ops, const TensorView& t) {

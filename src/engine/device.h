@@ -22,6 +22,7 @@ class DeviceStage {
   DeviceStage& operator=(const DeviceStage&) = delete;
 
   bool on_host_backend() const { return ops_.device() == Device::kCPU; }
+  Device device() const { return ops_.device(); }
 
   // Host metadata views (any strides) -> views the backend can read, in the same order. CPU
   // backend: the same views. Device backend: packed contiguously into one host buffer, uploaded
@@ -35,6 +36,9 @@ class DeviceStage {
   // An output on the host or on the device: itself if on the backend's device, else a device
   // temporary that finish() copies back.
   TensorView output(const TensorView& v);
+  // A view readable on the host: itself if on the host, else a host copy (waiting for it; kept
+  // alive by this object).
+  TensorView host_copy(const TensorView& v);
   // Copies the staged outputs back (in order) and, if there were any, synchronizes so the host
   // views hold the results on return.
   void finish();
@@ -44,6 +48,16 @@ class DeviceStage {
   std::vector<Tensor> keep_;                             // uploads and temporaries
   std::vector<std::pair<TensorView, TensorView>> back_;  // (host dst, device src)
 };
+
+// The paged metadata of one call over views (OpsBackend's view-based attention entry points; the
+// engine's forward_step builds its meta itself, once per step): q_seq, q_pos, seq_lens,
+// shared_len and seq_group on the backend's device are copied back to the host (waiting for
+// them), block tables on the device stay there (trusted); the host tables are validated
+// (PagedMeta::validate against kv's caches) and uploaded with one copy as the device copies.
+// `stage` keeps every copy alive.
+PagedMeta paged_meta_for_views(DeviceStage& stage, const char* op, const TensorView& q_seq,
+                               const TensorView& q_pos, const PagedKv& kv,
+                               const SharedPrefix* prefix, const AttentionConfig& cfg);
 
 // Copies `t` (any device, last dim contiguous) into a new contiguous host tensor, waiting for it.
 Tensor to_host(const OpsBackend& ops, const TensorView& t);

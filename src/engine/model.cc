@@ -615,13 +615,13 @@ void Model::forward_packed(const TensorView& tokens, const TensorView& cu_seqlen
   const std::vector<TensorView> md =
       stage.upload(op, {"tokens", "cu_seqlens", "positions"}, {tokens, cu_seqlens, pos.view()});
   const TensorView hidden = stage.output(hidden_out);
-  const bool host_plan = m.ops->plans_attention_on_host();
+  const PackedSeqs seqs =
+      PackedSeqs::validate(op, cu_seqlens, T).with_device_copy(m.ops->device(), md[1]);
   m.run(
       md[0], md[2],
       [&](int, int, const TensorView& q, const TensorView& k, const TensorView& v,
           const TensorView& out) {
-        m.ops->attention_prefill_varlen(q, k, v, host_plan ? cu_seqlens : md[1], m.attn, out,
-                                        TensorView{});
+        m.ops->attention_prefill_varlen(q, k, v, seqs, m.attn, out, TensorView{});
       },
       hidden);
   stage.finish();
@@ -692,20 +692,9 @@ void Model::forward_step(const TensorView& tokens, const TensorView& seq, const 
     slots.ptr<int64_t>()[i] = page * P + p % P;
   }
 
-  const std::optional<SharedPrefix> prefix = step.cascade ? cache.prefix : std::nullopt;
-  // A device backend trusts device metadata: everything its kernels will read is checked here
-  // (the CPU ops check the same themselves).
-  if (m.device_backend()) {
-    if (prefix) {
-      LS_CHECK(prefix->block_table.ndim == 2, op,
-               "cache.prefix.block_table expected shape [GR, MPs], got ",
-               prefix->block_table.shape_string());
-      check_tensor(op, "cache.prefix.block_table", prefix->block_table, DType::kI32, {-1, -1});
-      check_inner_contiguous(op, "cache.prefix.block_table", prefix->block_table);
-      check_tensor(op, "cache.prefix.shared_len", prefix->shared_len, DType::kI32,
-                   {prefix->block_table.size(0)});
-      check_tensor(op, "cache.prefix.seq_group", prefix->seq_group, DType::kI32, {S});
-    }
+  // Every slot is written once (chunked prefill and decode rows of one step never share a slot)
+  // and every sequence's length fits its block-table row.
+  {
     std::unordered_set<int64_t> seen;
     for (int64_t i = 0; i < N; ++i)
       LS_CHECK(seen.insert(slots.ptr<int64_t>()[i]).second, op, "row ", i, " (seq ",
@@ -717,36 +706,24 @@ void Model::forward_step(const TensorView& tokens, const TensorView& seq, const 
       LS_CHECK(len >= 0 && (len + P - 1) / P <= MP, op, "cache.seq_lens[", s, "] = ", len,
                " needs more than the ", MP, " pages of a block-table row (page size ", P, ")");
     }
-    // Pages each query row reads: positions [0, pos] of its sequence (below a shared prefix:
-    // the group's pages).
-    for (int64_t i = 0; i < N; ++i) {
-      const int64_t s = read_index(seq, i), p = read_index(pos, i);
-      int64_t own_from = 0;
-      if (prefix) {
-        const int64_t g = read_index(prefix->seq_group, s), GR = prefix->block_table.size(0);
-        LS_CHECK(g >= -1 && g < GR, op, "cache.prefix.seq_group[", s, "] = ", g,
-                 " is not a group (GR = ", GR, ") or -1");
-        if (g >= 0) {
-          const int64_t sl = read_index(prefix->shared_len, g);
-          LS_CHECK(sl >= 0 && (sl + P - 1) / P <= prefix->block_table.size(1), op,
-                   "cache.prefix.shared_len[", g, "] = ", sl, " does not fit its block-table row");
-          for (int64_t j = 0; j < std::min(sl, p + 1); j += P) {
-            const int64_t page = table_at(prefix->block_table, g, j / P);
-            LS_CHECK(page >= 0 && page < NP, op, "cache.prefix.block_table[", g, "][", j / P,
-                     "] = ", page, " is not a page of the cache (NP = ", NP, ")");
-          }
-          own_from = sl / P * P;
-        }
-      }
-      for (int64_t j = own_from; j <= p; j += P) {
-        const int64_t page = table_at(cache.block_table, s, j / P);
-        LS_CHECK(page >= 0 && page < NP, op, "cache.block_table[", s, "][", j / P, "] = ", page,
-                 " is not a page of the cache (NP = ", NP, ")");
-      }
-    }
   }
+  // The step's paged metadata, validated once here (every page each row reads, prefix tables,
+  // ...: PagedMeta::validate) and passed to every layer and rank with its device copies.
+  const std::optional<SharedPrefix> prefix = step.cascade ? cache.prefix : std::nullopt;
+  PagedTables tables;
+  tables.q_seq = seq;
+  tables.q_pos = pos;
+  tables.block_table = cache.block_table;
+  tables.seq_lens = cache.seq_lens;
+  if (prefix) {
+    tables.prefix_block_table = prefix->block_table;
+    tables.shared_len = prefix->shared_len;
+    tables.seq_group = prefix->seq_group;
+  }
+  PagedMeta host_meta = PagedMeta::validate(op, tables, NP, P, m.attn);
 
-  // One upload of the step's metadata, used by every layer and rank.
+  // One upload of the step's metadata (tokens, slots and the meta's tables), used by every layer
+  // and rank.
   DeviceStage stage(*m.ops);
   std::vector<const char*> names = {"tokens",        "seq", "pos", "slots", "cache.block_table",
                                     "cache.seq_lens"};
@@ -758,16 +735,17 @@ void Model::forward_step(const TensorView& tokens, const TensorView& seq, const 
     host.insert(host.end(), {prefix->block_table, prefix->shared_len, prefix->seq_group});
   }
   const std::vector<TensorView> md = stage.upload(op, names, host);
-  // The attention metadata: device views, or (plans_attention_on_host) the validated host views
-  // for everything but the block tables.
-  const bool host_plan = m.ops->plans_attention_on_host();
-  const TensorView a_seq = host_plan ? seq : md[1], a_pos = host_plan ? pos : md[2],
-                   a_lens = host_plan ? cache.seq_lens : md[5];
-  std::optional<SharedPrefix> prefix_d;
+  PagedTables copies;
+  copies.q_seq = md[1];
+  copies.q_pos = md[2];
+  copies.block_table = md[4];
+  copies.seq_lens = md[5];
   if (prefix) {
-    prefix_d = host_plan ? SharedPrefix{md[6], prefix->shared_len, prefix->seq_group}
-                         : SharedPrefix{md[6], md[7], md[8]};
+    copies.prefix_block_table = md[6];
+    copies.shared_len = md[7];
+    copies.seq_group = md[8];
   }
+  const PagedMeta meta = std::move(host_meta).with_device_copies(dev, copies);
   const TensorView hidden = stage.output(hidden_out);
 
   m.run(
@@ -781,14 +759,13 @@ void Model::forward_step(const TensorView& tokens, const TensorView& seq, const 
         // chunk's keys from the cache). Replicated kv heads (Hkv < tp) are written by each of
         // their ranks with identical bits.
         m.ops->kv_cache_write(k, v, md[3], kc, vc);
-        const PagedKv kv{kc, vc, md[4], a_lens};
         if (step.cascade) {
-          m.ops->attention_paged_cascade(q, a_seq, a_pos, kv, *prefix_d, m.attn, out, TensorView{});
+          m.ops->attention_paged_cascade(q, meta, kc, vc, m.attn, out, TensorView{});
         } else if (step.kv_splits > 1) {
-          m.ops->attention_paged_split_kv(q, a_seq, a_pos, kv, m.attn, step.kv_splits, out,
+          m.ops->attention_paged_split_kv(q, meta, kc, vc, m.attn, step.kv_splits, out,
                                           TensorView{});
         } else {
-          m.ops->attention_paged(q, a_seq, a_pos, kv, m.attn, out, TensorView{});
+          m.ops->attention_paged(q, meta, kc, vc, m.attn, out, TensorView{});
         }
       },
       hidden);

@@ -32,6 +32,7 @@
 #include "baseline/cuda/kernels.h"
 #include "engine/backend.h"
 #include "engine/cuda/backends.h"
+#include "engine/device.h"
 #include "lockstep/cuda/gemm.h"
 #include "lockstep/cuda/runtime.h"
 #include "lockstep/ops/activation.h"
@@ -1198,9 +1199,13 @@ void bench() {
     Tensor q = g_be->empty(DType::kBF16, {N, Hq, D}), o = g_be->empty(DType::kBF16, {N, Hq, D});
     cudaMemset(q.data(), 0x3c, size_t(q.nbytes()));
     const PagedKv kv{kc.view(), vc.view(), td.view(), sld.view()};
+    // The step's meta, built once (as the engine does per step), outside the timed calls.
+    engine::DeviceStage stage(*g_be);
+    const PagedMeta meta = engine::paged_meta_for_views(stage, "bench", qsd.view(), qpd.view(), kv,
+                                                        nullptr, AttentionConfig{});
     const double t = time_ms(
         [&] {
-          g_be->attention_paged(q.view(), qsd.view(), qpd.view(), kv, AttentionConfig{}, o.view(),
+          g_be->attention_paged(q.view(), meta, kc.view(), vc.view(), AttentionConfig{}, o.view(),
                                 TensorView{});
         },
         20);

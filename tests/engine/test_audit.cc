@@ -201,26 +201,25 @@ class PerturbedBackend : public OpsBackend {
     b_->embedding_combine(p, o);
   }
   void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
-                                const TensorView& cu, const AttentionConfig& cfg,
+                                const PackedSeqs& cu, const AttentionConfig& cfg,
                                 const TensorView& out, const TensorView& lse) const override {
     b_->attention_prefill_varlen(q, k, v, cu, cfg, out, lse);
     if (t_ == Target::kPrefillAttention) flip_bf16(out);
   }
-  void attention_paged(const TensorView& q, const TensorView& s, const TensorView& p,
-                       const PagedKv& kv, const AttentionConfig& cfg, const TensorView& out,
+  void attention_paged(const TensorView& q, const PagedMeta& m, const TensorView& kc,
+                       const TensorView& vc, const AttentionConfig& cfg, const TensorView& out,
                        const TensorView& lse) const override {
-    b_->attention_paged(q, s, p, kv, cfg, out, lse);
+    b_->attention_paged(q, m, kc, vc, cfg, out, lse);
   }
-  void attention_paged_split_kv(const TensorView& q, const TensorView& s, const TensorView& p,
-                                const PagedKv& kv, const AttentionConfig& cfg, int n,
+  void attention_paged_split_kv(const TensorView& q, const PagedMeta& m, const TensorView& kc,
+                                const TensorView& vc, const AttentionConfig& cfg, int n,
                                 const TensorView& out, const TensorView& lse) const override {
-    b_->attention_paged_split_kv(q, s, p, kv, cfg, n, out, lse);
+    b_->attention_paged_split_kv(q, m, kc, vc, cfg, n, out, lse);
   }
-  void attention_paged_cascade(const TensorView& q, const TensorView& s, const TensorView& p,
-                               const PagedKv& kv, const SharedPrefix& sp,
-                               const AttentionConfig& cfg, const TensorView& out,
-                               const TensorView& lse) const override {
-    b_->attention_paged_cascade(q, s, p, kv, sp, cfg, out, lse);
+  void attention_paged_cascade(const TensorView& q, const PagedMeta& m, const TensorView& kc,
+                               const TensorView& vc, const AttentionConfig& cfg,
+                               const TensorView& out, const TensorView& lse) const override {
+    b_->attention_paged_cascade(q, m, kc, vc, cfg, out, lse);
   }
   void kv_cache_write(const TensorView& k, const TensorView& v, const TensorView& s,
                       const TensorView& kc, const TensorView& vc) const override {

@@ -98,20 +98,18 @@ std::vector<TensorView> host_of(const std::vector<TensorView>& vs, const char* o
 }
 
 struct Counters {
-  std::atomic<int64_t> uploads{0}, downloads{0}, device_copies{0}, syncs{0}, ops{0}, host_meta{0};
-  void reset() { uploads = downloads = device_copies = syncs = ops = host_meta = 0; }
+  std::atomic<int64_t> uploads{0}, downloads{0}, device_copies{0}, syncs{0}, ops{0}, paged_calls{0},
+      meta_changes{0}, packed_calls{0};
+  void reset() {
+    uploads = downloads = device_copies = syncs = ops = paged_calls = meta_changes = packed_calls =
+        0;
+  }
 };
 
 class FakeDeviceBackend final : public OpsBackend {
  public:
   FakeDeviceBackend() : b_(make_invariant_backend()) {}
   mutable Counters n;
-  // Like the CUDA invariant backend: attention plans from host metadata (the engine then passes
-  // host views of cu_seqlens, q_seq, q_pos, seq_lens, shared_len, seq_group; device ones are an
-  // error here).
-  bool host_plans = false;
-  bool plans_attention_on_host() const override { return host_plans; }
-
   std::string name() const override { return "invariant"; }
   Device device() const override { return Device::kCUDA; }
   Tensor empty(DType dtype, std::vector<int64_t> shape) const override {
@@ -146,22 +144,52 @@ class FakeDeviceBackend final : public OpsBackend {
   DeviceGuard guard;      \
   const char* op_name = op;
 #define H(v) host_of(v, op_name, #v)
-#define M(v) meta_of(v, op_name, #v)
-  // An attention metadata view: a device view, or with host_plans a host view (counted).
-  TensorView meta_of(const TensorView& v, const char* op, const char* arg) const {
-    if (!host_plans) return host_of(v, op, arg);
-    if (v.device != Device::kCPU)
-      throw Error(std::string("fake device: ") + op + ": metadata '" + arg +
-                  "' is not a host view although the backend plans on the host: " + v.describe());
-    ++n.host_meta;
-    return v;
+  // The packed sequences as the CPU op reads them: the device copy must be a device view holding
+  // the validated host values; the CPU op then runs on that copy.
+  PackedSeqs packed(const PackedSeqs& p, const char* op) const {
+    if (p.device() != Device::kCUDA)
+      throw Error(std::string("fake device: ") + op + ": cu_seqlens' copy is not on the device");
+    ++n.packed_calls;
+    const TensorView d = host_of(p.device_copy(), op, "cu_seqlens");
+    for (int64_t b = 0; b <= p.B(); ++b)
+      if (d.ptr<const int32_t>()[b * d.stride[0]] != p.cu()[size_t(b)])
+        throw Error(std::string("fake device: ") + op +
+                    ": device copy of cu_seqlens differs from the validated host view");
+    return PackedSeqs::validate(op, d, p.T());
   }
-  PagedKv meta_kv(const PagedKv& kv, const char* op) const {
-    return PagedKv{host_of(kv.k_cache, op, "k_cache"), host_of(kv.v_cache, op, "v_cache"),
-                   host_of(kv.block_table, op, "block_table"),
-                   meta_of(kv.seq_lens, op, "seq_lens")};
+  // The step's paged meta as the CPU op reads it: its device copies must be device views holding
+  // the validated host tables' values (what a kernel reads); the CPU op then runs on those
+  // copies. Counts how often the meta object changes between paged calls (once per step).
+  PagedMeta paged_meta(const PagedMeta& m, const AttentionConfig& cfg, const char* op) const {
+    if (m.device() != Device::kCUDA)
+      throw Error(std::string("fake device: ") + op + ": the meta's copies are not on the device");
+    ++n.paged_calls;
+    if (&m != last_meta_ || m.host().q_seq.data != last_q_seq_) ++n.meta_changes;
+    last_meta_ = &m;
+    last_q_seq_ = m.host().q_seq.data;
+    const PagedTables& h = m.host();
+    PagedTables d = m.device_copies();
+    for (auto [hv, dv, arg] :
+         {std::tuple{&h.q_seq, &d.q_seq, "q_seq"}, std::tuple{&h.q_pos, &d.q_pos, "q_pos"},
+          std::tuple{&h.block_table, &d.block_table, "block_table"},
+          std::tuple{&h.seq_lens, &d.seq_lens, "seq_lens"},
+          std::tuple{&h.prefix_block_table, &d.prefix_block_table, "prefix_block_table"},
+          std::tuple{&h.shared_len, &d.shared_len, "shared_len"},
+          std::tuple{&h.seq_group, &d.seq_group, "seq_group"}}) {
+      if (hv->ndim == 0 && hv->data == nullptr) continue;
+      *dv = host_of(*dv, op, arg);
+      const int64_t cols = hv->ndim == 2 ? hv->shape[1] : 1, rows = hv->shape[0];
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) {
+          const int64_t ho = r * hv->stride[0] + (hv->ndim == 2 ? c * hv->stride[1] : 0);
+          const int64_t dof = r * dv->stride[0] + (dv->ndim == 2 ? c * dv->stride[1] : 0);
+          if (hv->ptr<const int32_t>()[ho] != dv->ptr<const int32_t>()[dof])
+            throw Error(std::string("fake device: ") + op + ": device copy of '" + arg +
+                        "' differs from the validated host table");
+        }
+    }
+    return PagedMeta::validate(op, d, m.NP(), m.P(), cfg);
   }
-
   void gemm(const TensorView& x, const TensorView& w, const GemmConfig& cfg,
             const TensorView& y) const override {
     FAKE_OP_BEGIN("gemm");
@@ -210,31 +238,29 @@ class FakeDeviceBackend final : public OpsBackend {
     b_->embedding_combine(H(p), H(o));
   }
   void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
-                                const TensorView& cu, const AttentionConfig& c, const TensorView& o,
+                                const PackedSeqs& p, const AttentionConfig& c, const TensorView& o,
                                 const TensorView& l) const override {
     FAKE_OP_BEGIN("attention_prefill_varlen");
-    b_->attention_prefill_varlen(H(q), H(k), H(v), M(cu), c, H(o), H(l));
+    b_->attention_prefill_varlen(H(q), H(k), H(v), packed(p, op_name), c, H(o), H(l));
   }
-  void attention_paged(const TensorView& q, const TensorView& qs, const TensorView& qp,
-                       const PagedKv& kv, const AttentionConfig& c, const TensorView& o,
+  void attention_paged(const TensorView& q, const PagedMeta& m, const TensorView& kc,
+                       const TensorView& vc, const AttentionConfig& c, const TensorView& o,
                        const TensorView& l) const override {
     FAKE_OP_BEGIN("attention_paged");
-    b_->attention_paged(H(q), M(qs), M(qp), meta_kv(kv, op_name), c, H(o), H(l));
+    b_->attention_paged(H(q), paged_meta(m, c, op_name), H(kc), H(vc), c, H(o), H(l));
   }
-  void attention_paged_split_kv(const TensorView& q, const TensorView& qs, const TensorView& qp,
-                                const PagedKv& kv, const AttentionConfig& c, int splits,
+  void attention_paged_split_kv(const TensorView& q, const PagedMeta& m, const TensorView& kc,
+                                const TensorView& vc, const AttentionConfig& c, int splits,
                                 const TensorView& o, const TensorView& l) const override {
     FAKE_OP_BEGIN("attention_paged_split_kv");
-    b_->attention_paged_split_kv(H(q), M(qs), M(qp), meta_kv(kv, op_name), c, splits, H(o), H(l));
+    b_->attention_paged_split_kv(H(q), paged_meta(m, c, op_name), H(kc), H(vc), c, splits, H(o),
+                                 H(l));
   }
-  void attention_paged_cascade(const TensorView& q, const TensorView& qs, const TensorView& qp,
-                               const PagedKv& kv, const SharedPrefix& p, const AttentionConfig& c,
-                               const TensorView& o, const TensorView& l) const override {
+  void attention_paged_cascade(const TensorView& q, const PagedMeta& m, const TensorView& kc,
+                               const TensorView& vc, const AttentionConfig& c, const TensorView& o,
+                               const TensorView& l) const override {
     FAKE_OP_BEGIN("attention_paged_cascade");
-    const SharedPrefix hp{host_of(p.block_table, op_name, "prefix.block_table"),
-                          meta_of(p.shared_len, op_name, "prefix.shared_len"),
-                          meta_of(p.seq_group, op_name, "prefix.seq_group")};
-    b_->attention_paged_cascade(H(q), M(qs), M(qp), meta_kv(kv, op_name), hp, c, H(o), H(l));
+    b_->attention_paged_cascade(H(q), paged_meta(m, c, op_name), H(kc), H(vc), c, H(o), H(l));
   }
   void kv_cache_write(const TensorView& k, const TensorView& v, const TensorView& s,
                       const TensorView& kc, const TensorView& vc) const override {
@@ -266,12 +292,13 @@ class FakeDeviceBackend final : public OpsBackend {
     FAKE_OP_BEGIN("sample");
     b_->sample(H(h), H(w), p, H(r), H(pos), c, H(ids), H(lp), H(ls), H(en));
   }
-#undef M
 #undef H
 #undef FAKE_OP_BEGIN
 
  private:
   std::unique_ptr<OpsBackend> b_;
+  mutable const PagedMeta* last_meta_ = nullptr;
+  mutable const void* last_q_seq_ = nullptr;
 };
 
 std::shared_ptr<FakeDeviceBackend> fake() { return std::make_shared<FakeDeviceBackend>(); }
@@ -384,21 +411,22 @@ TEST(Device, ForwardEqualsCpuBitForBitAndUploadsOncePerCall) {
 TEST(Device, RolloutAndTrainingEqualCpuBitForBit) {
   TinyModel tm(0xbeef);
   const auto reqs = requests(tm.config(), 5, 11);
-  for (auto [tp, cascade, splits, host_plans] :
-       {std::tuple{1, true, 2, false}, std::tuple{2, false, 1, false},
-        std::tuple{4, true, 3, false}, std::tuple{1, true, 2, true},
-        std::tuple{2, false, 3, true}}) {
+  for (auto [tp, cascade, splits] :
+       {std::tuple{1, true, 2}, std::tuple{2, false, 1}, std::tuple{4, true, 3},
+        std::tuple{1, false, 2}, std::tuple{2, false, 3}}) {
     const RolloutConfig rc = rollout_config(cascade, splits, 40);
     auto ref_model = tm.make(tp, cpu());
     const RolloutResult want = run_rollout(*ref_model, reqs, rc);
     auto b = fake();
-    b->host_plans = host_plans;
     auto dev_model = tm.make(tp, b);
     const RolloutResult got = run_rollout(*dev_model, reqs, rc);
     EXPECT_TRUE(test_util::same_completions(want.completions, got.completions))
-        << "tp=" << tp << " cascade=" << cascade << " host_plans=" << host_plans;
-    // A host-planning backend gets host metadata in every attention call (a device view throws).
-    EXPECT_EQ(b->n.host_meta.load() > 0, host_plans);
+        << "tp=" << tp << " cascade=" << cascade << " splits=" << splits;
+    // Every paged call gets the step's one meta (device copies checked against the host tables):
+    // it changes at most once per step, and is shared by every layer and rank of the step.
+    EXPECT_LE(b->n.meta_changes.load(), want.stats.steps);
+    EXPECT_GE(b->n.paged_calls.load(),
+              b->n.meta_changes.load() * tm.config().num_hidden_layers * tp);
     EXPECT_GT(want.stats.preemptions + want.stats.forks, 0);
     // One wait per step (the sampled values come back), a bounded number of uploads per step.
     EXPECT_LE(b->n.syncs.load(), want.stats.steps + 2);
@@ -409,6 +437,8 @@ TEST(Device, RolloutAndTrainingEqualCpuBitForBit) {
     const TrainResult tw = run_training_forward(*ref_model, train_seqs(want), pc);
     const TrainResult tg = run_training_forward(*dev_model, train_seqs(want), pc);
     ASSERT_EQ(tw.sequences.size(), tg.sequences.size());
+    // Every packed prefill got validated sequences with their device copy.
+    EXPECT_GT(b->n.packed_calls.load(), 0);
     for (size_t i = 0; i < tw.sequences.size(); ++i) {
       EXPECT_TRUE(test::bitwise_equal(tw.sequences[i].logp, tg.sequences[i].logp));
       EXPECT_TRUE(test::bitwise_equal(tw.sequences[i].entropy, tg.sequences[i].entropy));

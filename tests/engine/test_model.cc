@@ -1029,5 +1029,97 @@ TEST(Model, OptionsPrint) {
   EXPECT_EQ(s.to_string(), "step: kv_splits=3 cascade=off");
 }
 
+// PagedMeta / PackedSeqs: validated once; the ops taking them give the view-based ops' bits and
+// check only the call's own tensors against them.
+TEST(Model, StepMetadataValidatedOnceGivesTheSameBits) {
+  std::mt19937_64 g(7);
+  const int64_t NP = 6, P = 5, Hkv = 2, Hq = 4, D = 32, N = 5;
+  Tensor kc = test::random_bf16({NP, P, Hkv, D}, g), vc = test::random_bf16({NP, P, Hkv, D}, g);
+  Tensor q = test::random_bf16({N, Hq, D}, g);
+  // Two sequences of 13 and 9 keys; rows: 3 of sequence 0 (chunked prefill), 2 decode rows.
+  std::vector<int32_t> bt = {4, 0, 2, 5, 1, 3}, lens = {13, 9}, qs = {0, 0, 0, 1, 1},
+                       qp = {10, 11, 12, 7, 8};
+  const TensorView btv = TensorView::contiguous(bt.data(), DType::kI32, {2, 3});
+  const PagedKv kv{kc.view(), vc.view(), btv, i32_view(lens)};
+  const AttentionConfig cfg;
+  PagedTables t;
+  t.q_seq = i32_view(qs);
+  t.q_pos = i32_view(qp);
+  t.block_table = btv;
+  t.seq_lens = i32_view(lens);
+  const PagedMeta meta = PagedMeta::validate("test", t, NP, P, cfg);
+  EXPECT_EQ(meta.N(), N);
+  EXPECT_EQ(meta.num_seqs(), 2);
+  EXPECT_TRUE(meta.all_chunks() && meta.tables_checked() && !meta.has_prefix());
+  Tensor o1(DType::kBF16, {N, Hq, D}), o2(DType::kBF16, {N, Hq, D});
+  Tensor l1(DType::kF32, {N, Hq}), l2(DType::kF32, {N, Hq});
+  cpu::attention_paged(q.view(), i32_view(qs), i32_view(qp), kv, cfg, o1.view(), l1.view());
+  cpu::attention_paged(q.view(), meta, kc.view(), vc.view(), cfg, o2.view(), l2.view());
+  EXPECT_TRUE(test::bitwise_equal(o1.ptr<bf16>(), o2.ptr<bf16>(), N * Hq * D, DType::kBF16));
+  EXPECT_TRUE(test::bitwise_equal(l1.ptr<float>(), l2.ptr<float>(), N * Hq, DType::kF32));
+  cpu::attention_paged_split_kv(q.view(), meta, kc.view(), vc.view(), cfg, 3, o2.view(), l2.view());
+  EXPECT_TRUE(test::bitwise_equal(o1.ptr<bf16>(), o2.ptr<bf16>(), N * Hq * D, DType::kBF16));
+  // The backends' meta overloads, with the meta built once for several calls.
+  for (const auto& be : {std::shared_ptr<OpsBackend>(make_invariant_backend())}) {
+    be->attention_paged(q.view(), meta, kc.view(), vc.view(), cfg, o2.view(), l2.view());
+    EXPECT_TRUE(test::bitwise_equal(o1.ptr<bf16>(), o2.ptr<bf16>(), N * Hq * D, DType::kBF16));
+  }
+
+  // Per-call checks against the meta (O(1)): rows, cache geometry, prefix presence, chunk range.
+  Tensor q4 = test::random_bf16({4, Hq, D}, g);
+  expect_error(
+      [&] { cpu::attention_paged(q4.view(), meta, kc.view(), vc.view(), cfg, o2.view(), {}); },
+      "argument 'q' has 4 rows, the step's metadata 5");
+  Tensor kc7 = test::random_bf16({NP + 1, P, Hkv, D}, g);
+  expect_error(
+      [&] {
+        cpu::attention_paged(q.view(), meta, kc7.view(), kc7.view(), cfg, o2.view(), l2.view());
+      },
+      "argument 'kv.k_cache'");
+  expect_error(
+      [&] {
+        cpu::attention_paged_cascade(q.view(), meta, kc.view(), vc.view(), cfg, o2.view(), {});
+      },
+      "no prefix tables");
+  const PagedMeta part = PagedMeta::validate("test", t, NP, P, cfg, 0, 1);
+  EXPECT_FALSE(part.all_chunks());
+  expect_error(
+      [&] { cpu::attention_paged(q.view(), part, kc.view(), vc.view(), cfg, o2.view(), {}); },
+      "validated for kv chunks [0, 1) only");
+  // Validation keeps the view-based ops' messages.
+  qp[4] = 9;
+  expect_error([&] { PagedMeta::validate("test", t, NP, P, cfg); },
+               "test: q_pos[4] = 9 outside [0, seq_len = 9) of sequence 1");
+  qp[4] = 8;
+  bt[1] = NP;
+  expect_error([&] { PagedMeta::validate("test", t, NP, P, cfg); },
+               "kv.block_table[0][1] = 6 is not a page of the cache (NP = 6)");
+  bt[1] = 0;
+  // Device copies must match the validated tables' shapes.
+  PagedTables wrong = t;
+  wrong.q_pos = i32_view(lens);
+  expect_error([&] { PagedMeta(meta).with_device_copies(Device::kCPU, wrong); }, "q_pos");
+
+  // PackedSeqs: two sequences of 2 and 3 tokens.
+  const int64_t T = 5;
+  std::vector<int32_t> cu = {0, 2, 5};
+  Tensor k = test::random_bf16({T, Hkv, D}, g), v = test::random_bf16({T, Hkv, D}, g);
+  const PackedSeqs seqs = PackedSeqs::validate("test", i32_view(cu), T);
+  EXPECT_EQ(seqs.B(), 2);
+  cpu::attention_prefill_varlen(q.view(), k.view(), v.view(), i32_view(cu), cfg, o1.view(), {});
+  cpu::attention_prefill_varlen(q.view(), k.view(), v.view(), seqs, cfg, o2.view(), {});
+  EXPECT_TRUE(test::bitwise_equal(o1.ptr<bf16>(), o2.ptr<bf16>(), T * Hq * D, DType::kBF16));
+  Tensor k4 = test::random_bf16({4, Hkv, D}, g), o4(DType::kBF16, {4, Hq, D});
+  expect_error(
+      [&] {
+        cpu::attention_prefill_varlen(q4.view(), k4.view(), k4.view(), seqs, cfg, o4.view(), {});
+      },
+      "argument 'q' has 4 tokens, cu_seqlens packs 5");
+  cu[1] = 3;
+  cu[2] = 2;
+  expect_error([&] { PackedSeqs::validate("test", i32_view(cu), T); },
+               "cu_seqlens must be non-decreasing");
+}
+
 }  // namespace
 }  // namespace lockstep::engine

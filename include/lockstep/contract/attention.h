@@ -7,7 +7,10 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "lockstep/contract/config.h"
 #include "lockstep/tensor.h"
@@ -65,6 +68,106 @@ struct SharedPrefix {
   TensorView block_table;  // [GR, MPs] i32, last dim contiguous: pages of each group's prefix
   TensorView shared_len;   // [GR] i32: prefix length of each group (0 allowed)
   TensorView seq_group;    // [S] i32: group of each sequence of the PagedKv, or -1 (not shared)
+};
+
+// The paged metadata of one engine step: the tables every paged attention call of the step reads
+// (decode, chunked prefill, split-KV, cascade; every layer and TP rank), validated ONCE on the
+// host by PagedMeta::validate against a cache geometry (NP pages of P keys), together with their
+// copies on the device the ops run on (device_copies: for a CPU backend the host views
+// themselves). An op taking a PagedMeta checks only its per-call tensors (q, caches, out, lse)
+// against it, in O(1): no metadata loop, no copy back. Views are not owned: the host tables and
+// their copies must outlive every use of the meta.
+struct PagedTables {
+  TensorView q_seq;        // [N] i32, host: row of block_table of each query row
+  TensorView q_pos;        // [N] i32, host: absolute position of each query row
+  TensorView block_table;  // [S, MP] i32, last dim contiguous (PagedKv::block_table)
+  TensorView seq_lens;     // [S] i32, host (PagedKv::seq_lens)
+  // Prefix sharing (SharedPrefix), or all three empty views (ndim 0): no prefix.
+  TensorView prefix_block_table;  // [GR, MPs] i32, last dim contiguous
+  TensorView shared_len;          // [GR] i32, host
+  TensorView seq_group;           // [S] i32, host
+
+  bool has_prefix() const { return prefix_block_table.ndim != 0 || prefix_block_table.data; }
+};
+
+// Chunk range of a PagedMeta validated for every key of each row.
+constexpr int64_t kAttnAllChunks = std::numeric_limits<int64_t>::max();
+
+class PagedMeta {
+ public:
+  // Validates the tables (cfg too) for a cache of NP pages of P keys, exactly as the paged ops
+  // check their metadata: q_seq, q_pos, seq_lens, shared_len and seq_group are host views whose
+  // every value is checked; block tables are host views (every page index that the computation
+  // of kv chunks [chunk_begin, chunk_end) reads is checked) or device views (only dtype / shape:
+  // trusted, the kernels read an entry outside the table or the cache as a zero key). Throws
+  // lockstep::Error naming `op`. The device copies are the host views until with_device_copies.
+  static PagedMeta validate(const char* op, const PagedTables& host, int64_t NP, int64_t P,
+                            const AttentionConfig& cfg, int64_t chunk_begin = 0,
+                            int64_t chunk_end = kAttnAllChunks);
+
+  // This meta with `copies` as the device copies: views on `dev` of the same dtypes and shapes
+  // as host() (any strides), holding the same values (the caller's upload of the validated
+  // tables). Throws if a copy's dtype, shape or device differs.
+  PagedMeta with_device_copies(Device dev, const PagedTables& copies) &&;
+
+  const PagedTables& host() const { return host_; }
+  const PagedTables& device_copies() const { return dev_; }
+  Device device() const { return device_; }
+
+  int64_t N() const { return int64_t(seq_.size()); }  // query rows
+  int64_t S() const { return S_; }                    // sequences (block-table rows)
+  int64_t MP() const { return MP_; }                  // pages per block-table row
+  int64_t NP() const { return NP_; }                  // pages of the cache validated against
+  int64_t P() const { return P_; }                    // page size validated against
+  int64_t MPs() const { return MPs_; }                // pages per prefix-table row (0: none)
+  bool has_prefix() const { return host_.has_prefix(); }
+  // Whether block-table entries were checked (host tables) or are trusted (device tables).
+  bool tables_checked() const { return tables_checked_; }
+  int64_t chunk_begin() const { return chunk_begin_; }
+  int64_t chunk_end() const { return chunk_end_; }
+  bool all_chunks() const { return chunk_begin_ == 0 && chunk_end_ == kAttnAllChunks; }
+
+  std::span<const int64_t> seq() const { return seq_; }  // [N] q_seq
+  std::span<const int64_t> pos() const { return pos_; }  // [N] q_pos
+  // [S] prefix group of each sequence or -1 (all -1 without a prefix); [GR] shared lengths.
+  std::span<const int64_t> group() const { return group_; }
+  std::span<const int64_t> shared_len() const { return shared_len_; }
+  int64_t num_seqs() const { return num_seqs_; }  // distinct sequences among the rows
+
+ private:
+  PagedMeta() = default;
+  PagedTables host_, dev_;
+  Device device_ = Device::kCPU;
+  int64_t S_ = 0, MP_ = 0, NP_ = 0, P_ = 0, MPs_ = 0, num_seqs_ = 0;
+  int64_t chunk_begin_ = 0, chunk_end_ = kAttnAllChunks;
+  bool tables_checked_ = true;
+  std::vector<int64_t> seq_, pos_, group_, shared_len_;
+};
+
+// The packed sequences of one training forward (attention_prefill_varlen): cu_seqlens [B+1] i32,
+// 0 = cu[0] <= cu[1] <= ... <= cu[B] = T, validated ONCE on the host by PackedSeqs::validate,
+// with its copy on the device the ops run on (device_copy: for a CPU backend the host view). An
+// op taking a PackedSeqs checks only q, k, v, out and lse against it (O(1)). Views are not owned.
+class PackedSeqs {
+ public:
+  // Checks the host view cu_seqlens for T packed tokens; throws lockstep::Error naming `op`.
+  static PackedSeqs validate(const char* op, const TensorView& cu_seqlens, int64_t T);
+  // This object with `copy` ([B+1] i32 on `dev`, any stride: the caller's upload of the validated
+  // host view) as the device copy.
+  PackedSeqs with_device_copy(Device dev, const TensorView& copy) &&;
+
+  const TensorView& host() const { return host_; }
+  const TensorView& device_copy() const { return dev_; }
+  Device device() const { return device_; }
+  int64_t T() const { return cu_.back(); }               // packed tokens
+  int64_t B() const { return int64_t(cu_.size()) - 1; }  // sequences
+  std::span<const int64_t> cu() const { return cu_; }    // [B+1] the validated boundaries
+
+ private:
+  PackedSeqs() = default;
+  TensorView host_, dev_;
+  Device device_ = Device::kCPU;
+  std::vector<int64_t> cu_;
 };
 
 // Partial results per canonical KV chunk (split-KV, context parallelism). For query row r,

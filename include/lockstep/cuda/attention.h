@@ -24,6 +24,11 @@ namespace lockstep::cuda {
 void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                               const TensorView& cu_seqlens, const AttentionConfig& cfg,
                               const TensorView& out, const TensorView& lse, void* stream = nullptr);
+// Over validated packed sequences (PackedSeqs): the launch plans from its host-side boundaries;
+// nothing is re-validated or copied back.
+void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const PackedSeqs& seqs, const AttentionConfig& cfg,
+                              const TensorView& out, const TensorView& lse, void* stream = nullptr);
 void attention_paged(const TensorView& q, const TensorView& q_seq, const TensorView& q_pos,
                      const PagedKv& kv, const AttentionConfig& cfg, const TensorView& out,
                      const TensorView& lse, void* stream = nullptr);
@@ -34,6 +39,20 @@ void attention_paged_cascade(const TensorView& q, const TensorView& q_seq, const
                              const PagedKv& kv, const SharedPrefix& prefix,
                              const AttentionConfig& cfg, const TensorView& out,
                              const TensorView& lse, void* stream = nullptr);
+// The paged ops over one step's validated metadata (PagedMeta, lockstep/contract/attention.h):
+// nothing is re-validated or copied back; only q, the caches, out and lse are checked against
+// the meta (O(1)). The kernels read the meta's device copies of the block tables (device views;
+// host copies are uploaded per call); q_seq / q_pos / seq_lens / prefix groups come from the
+// meta's host-side values. _cascade takes a meta with prefix tables, the others one without.
+void attention_paged(const TensorView& q, const PagedMeta& meta, const TensorView& k_cache,
+                     const TensorView& v_cache, const AttentionConfig& cfg, const TensorView& out,
+                     const TensorView& lse, void* stream = nullptr);
+void attention_paged_split_kv(const TensorView& q, const PagedMeta& meta, const TensorView& k_cache,
+                              const TensorView& v_cache, const AttentionConfig& cfg, int num_splits,
+                              const TensorView& out, const TensorView& lse, void* stream = nullptr);
+void attention_paged_cascade(const TensorView& q, const PagedMeta& meta, const TensorView& k_cache,
+                             const TensorView& v_cache, const AttentionConfig& cfg,
+                             const TensorView& out, const TensorView& lse, void* stream = nullptr);
 void attention_paged_chunk_states(const TensorView& q, const TensorView& q_seq,
                                   const TensorView& q_pos, const PagedKv& kv,
                                   const AttentionConfig& cfg, int64_t chunk_begin,

@@ -24,6 +24,11 @@ namespace lockstep::cpu {
 void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                               const TensorView& cu_seqlens, const AttentionConfig& cfg,
                               const TensorView& out, const TensorView& lse);
+// The same over validated packed sequences (PackedSeqs, lockstep/contract/attention.h): only q,
+// k, v, out and lse are checked (O(1)).
+void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const PackedSeqs& seqs, const AttentionConfig& cfg,
+                              const TensorView& out, const TensorView& lse);
 
 // Paged attention, one op for decode and chunked prefill: query row r of sequence q_seq[r] at
 // position q_pos[r] attends to that sequence's cached keys at positions 0 .. q_pos[r] (its own key
@@ -53,6 +58,21 @@ void attention_paged_cascade(const TensorView& q, const TensorView& q_seq, const
                              const PagedKv& kv, const SharedPrefix& prefix,
                              const AttentionConfig& cfg, const TensorView& out,
                              const TensorView& lse);
+
+// The same three ops over one step's validated metadata (PagedMeta, lockstep/contract/attention.h;
+// its device copies are the host tables): the engine builds the meta once per step and passes it
+// to every layer and rank. Only q, the caches, out and lse are checked against it (O(1)):
+//   q [N, Hq, D] with the meta's N; k_cache, v_cache [NP, P, Hkv, D] with the meta's NP and P.
+// attention_paged and _split_kv take a meta without prefix tables, _cascade one with them.
+void attention_paged(const TensorView& q, const PagedMeta& meta, const TensorView& k_cache,
+                     const TensorView& v_cache, const AttentionConfig& cfg, const TensorView& out,
+                     const TensorView& lse);
+void attention_paged_split_kv(const TensorView& q, const PagedMeta& meta, const TensorView& k_cache,
+                              const TensorView& v_cache, const AttentionConfig& cfg, int num_splits,
+                              const TensorView& out, const TensorView& lse);
+void attention_paged_cascade(const TensorView& q, const PagedMeta& meta, const TensorView& k_cache,
+                             const TensorView& v_cache, const AttentionConfig& cfg,
+                             const TensorView& out, const TensorView& lse);
 
 // Chunk states of chunks [chunk_begin, chunk_begin + C) of every row (C from states' shape).
 // Chunks past a row's last chunk (c > q_pos[r] / kv_chunk) are written empty (m = -inf, l = 0,

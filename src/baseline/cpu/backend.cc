@@ -166,8 +166,6 @@ void write_attn_row(const float* o, int64_t D, const TensorView& out, int64_t r,
     lse.ptr<float>()[r * lse.stride[0] + h * lse.stride[1]] = lse_value;
 }
 
-int64_t read_i32(const TensorView& t, int64_t i) { return t.ptr<const int32_t>()[i * t.stride[0]]; }
-
 // Where key position j of one sequence lives: the group's prefix pages below shared_len, the
 // sequence's own pages from there on.
 struct KvRow {
@@ -186,21 +184,22 @@ struct KvRow {
   }
 };
 
-KvRow kv_row(const PagedKv& kv, const Paged& p, int64_t s, const SharedPrefix* prefix) {
+KvRow kv_row(const TensorView& k_cache, const TensorView& v_cache, const PagedTables& t,
+             const Paged& p, int64_t s, bool prefix) {
   KvRow r;
-  r.k = kv.k_cache.ptr<const bf16>();
-  r.v = kv.v_cache.ptr<const bf16>();
-  r.k_s0 = kv.k_cache.stride[0];
-  r.k_s1 = kv.k_cache.stride[1];
-  r.k_sh = kv.k_cache.stride[2];
-  r.v_s0 = kv.v_cache.stride[0];
-  r.v_s1 = kv.v_cache.stride[1];
-  r.v_sh = kv.v_cache.stride[2];
+  r.k = k_cache.ptr<const bf16>();
+  r.v = v_cache.ptr<const bf16>();
+  r.k_s0 = k_cache.stride[0];
+  r.k_s1 = k_cache.stride[1];
+  r.k_sh = k_cache.stride[2];
+  r.v_s0 = v_cache.stride[0];
+  r.v_s1 = v_cache.stride[1];
+  r.v_sh = v_cache.stride[2];
   r.P = p.P;
-  r.own = kv.block_table.ptr<const int32_t>() + s * kv.block_table.stride[0];
+  r.own = t.block_table.ptr<const int32_t>() + s * t.block_table.stride[0];
   const int64_t g = p.group[size_t(s)];
-  if (prefix != nullptr && g >= 0) {
-    r.shared = prefix->block_table.ptr<const int32_t>() + g * prefix->block_table.stride[0];
+  if (prefix && g >= 0) {
+    r.shared = t.prefix_block_table.ptr<const int32_t>() + g * t.prefix_block_table.stride[0];
     r.shared_len = p.shared_len[size_t(g)];
   }
   return r;
@@ -475,16 +474,16 @@ class BaselineBackend final : public BaselinePagedAttention<OpsBackend> {
   // Plain (math-backend) attention per (token, head): all scores of the row in fp32, max,
   // exp, sum, P = e / sum (kept fp32), then P·V in fp32, one rounding.
   void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
-                                const TensorView& cu_seqlens, const AttentionConfig& cfg,
+                                const PackedSeqs& seqs, const AttentionConfig& cfg,
                                 const TensorView& out, const TensorView& lse) const override {
-    const QShape qs = check_prefill_varlen("baseline attention_prefill_varlen", Device::kCPU, q, k,
-                                           v, cu_seqlens, cfg, out, lse);
-    const int64_t T = qs.N, D = qs.D, Hq = qs.Hq, Hkv = k.shape[1], B = cu_seqlens.shape[0] - 1;
+    const QShape qs = check_prefill_call("baseline attention_prefill_varlen", Device::kCPU, q, k, v,
+                                         seqs, cfg, out, lse);
+    const int64_t T = qs.N, D = qs.D, Hq = qs.Hq, Hkv = k.shape[1], B = seqs.B();
     if (T == 0) return;
+    const std::span<const int64_t> cu = seqs.cu();
     std::vector<int64_t> start(static_cast<size_t>(T));  // first token of each token's sequence
     for (int64_t b = 0; b < B; ++b)
-      for (int64_t t = read_i32(cu_seqlens, b); t < read_i32(cu_seqlens, b + 1); ++t)
-        start[size_t(t)] = read_i32(cu_seqlens, b);
+      for (int64_t t = cu[size_t(b)]; t < cu[size_t(b + 1)]; ++t) start[size_t(t)] = cu[size_t(b)];
     const int64_t G = Hq / Hkv;
     const float scale = float(cfg.resolved_scale(D));
     parallel_for(T * Hq, 1, [&](int64_t a, int64_t b) {
@@ -760,11 +759,11 @@ class BaselineBackend final : public BaselinePagedAttention<OpsBackend> {
   // its keys [0, ctx) into `splits` ranges [ctx·i/splits, ctx·(i+1)/splits); each range runs an
   // online softmax over key blocks of kv_block keys (from the range's first key); the ranges'
   // (m, l, acc) merge in order. splits and the block size depend on the batch.
-  void paged(const char* op, const TensorView& q, const TensorView& q_seq, const TensorView& q_pos,
-             const PagedKv& kv, const SharedPrefix* prefix, const AttentionConfig& cfg,
-             int forced_splits, const TensorView& out, const TensorView& lse) const override {
-    const Paged p = check_paged(op, Device::kCPU, q, q_seq, q_pos, kv, prefix, cfg, 0, kAllChunks);
-    check_attn_outputs(op, Device::kCPU, p.qs, out, lse);
+  void paged(const char* op, const TensorView& q, const PagedMeta& meta, const TensorView& k_cache,
+             const TensorView& v_cache, bool cascade, const AttentionConfig& cfg, int forced_splits,
+             const TensorView& out, const TensorView& lse) const override {
+    const Paged p =
+        check_paged_call(op, Device::kCPU, q, meta, k_cache, v_cache, cfg, cascade, out, lse);
     const int64_t N = p.qs.N, Hq = p.qs.Hq, D = p.qs.D, G = Hq / p.Hkv;
     if (N == 0) return;
     const int64_t block = p.num_seqs > c_.kv_block_switch ? c_.kv_block_large : c_.kv_block_small;
@@ -773,7 +772,8 @@ class BaselineBackend final : public BaselinePagedAttention<OpsBackend> {
     const float scale = float(cfg.resolved_scale(D));
     std::vector<KvRow> rows;
     rows.reserve(size_t(N));
-    for (int64_t r = 0; r < N; ++r) rows.push_back(kv_row(kv, p, p.seq[size_t(r)], prefix));
+    for (int64_t r = 0; r < N; ++r)
+      rows.push_back(kv_row(k_cache, v_cache, meta.device_copies(), p, p.seq[size_t(r)], cascade));
     parallel_for(N * Hq, 1, [&](int64_t a, int64_t b) {
       std::vector<float> sc(static_cast<size_t>(block)), acc(static_cast<size_t>(D)),
           all_acc(static_cast<size_t>(D));

@@ -8,12 +8,14 @@
 // of the invariant CUDA backend, and the source of the mismatches `lockstep audit --baseline`
 // shows on the GPU.
 //
-// Argument checks: the contract's (src/contract/checks.h, same messages as the cpu ops) on the
-// views re-labelled as host views (never dereferenced there). Metadata (ids, positions, cu_seqlens,
-// q_seq, q_pos, block tables, seq_lens, prefix tables, slot mappings, targets, request ids) may be
-// host views — every value is checked as the cpu op checks it, then uploaded — or device views,
-// whose dtype and shape are checked (through a placeholder with valid values) and whose contents
-// are trusted: the kernels clamp or skip what would read out of bounds.
+// Argument checks: the contract's (src/contract/checks.h, same messages as the cpu ops) with
+// Device::kCUDA on the real device views; attention takes the step's validated PagedMeta /
+// PackedSeqs and its kernels read their device copies. Index views (ids, positions, slot mappings,
+// targets, request ids) on the device are trusted there (dtype and shape checked): the kernels
+// clamp or skip what would read out of bounds. An index view may also be a host view (tests,
+// tools; the engine uploads its index views): every value is then checked as the cpu op checks it
+// and uploaded, by the contract's host check, which sees the data views re-labelled as host views
+// (never dereferenced there; IndexCheck), as those checks take one device for every tensor.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -52,38 +54,19 @@ TensorView dev(const char* op, const char* arg, const TensorView& v) {
   return h;
 }
 
-// A metadata view: host views are checked by value (the cpu check reads them) and uploaded;
-// device views are checked through `check`, a placeholder of the same dtype and shape filled with
-// a value every check accepts, and used in place.
-struct Meta {
-  TensorView check;           // what the cpu check sees
-  std::vector<int64_t> fill;  // placeholder storage (enough for one row of any dtype)
-  bool on_device = false;
-};
-
-// force: use the placeholder for a host view too (a call that mixes host and device metadata
-// whose values depend on each other, e.g. q_pos < seq_lens[q_seq]: host values are then trusted
-// like device ones).
-Meta meta(const char* op, const char* arg, const TensorView& v, int64_t value, bool force = false) {
-  Meta m;
-  m.check = v;
-  if (v.device == Device::kCPU && !force) return m;
-  m.on_device = true;
-  const int64_t inner = v.ndim == 0 ? 1 : std::max<int64_t>(1, v.shape[v.ndim - 1]);
-  m.fill.assign(size_t(inner), 0);
-  if (v.dtype == DType::kI32) {
-    int32_t* p = reinterpret_cast<int32_t*>(m.fill.data());
-    for (int64_t i = 0; i < inner; ++i) p[i] = int32_t(value);
-  } else {
-    for (int64_t i = 0; i < inner; ++i) m.fill[size_t(i)] = value;
+// How an op with an index view (ids, positions, slot mapping, targets) is checked: a device index
+// view by the contract's check with Device::kCUDA on the real views (its contents trusted: the
+// kernels guard them); a host one (tests, tools: the engine uploads its index views) by the
+// check that reads its values, which sees the data views re-labelled as host views (the
+// contract's checks take one device for every tensor).
+struct IndexCheck {
+  const char* op;
+  bool host;
+  Device device() const { return host ? Device::kCPU : Device::kCUDA; }
+  TensorView operator()(const char* arg, const TensorView& v) const {
+    return host ? dev(op, arg, v) : v;
   }
-  m.check.data = m.fill.data();
-  m.check.device = Device::kCPU;
-  for (int d = 0; d < v.ndim; ++d) m.check.stride[d] = d == v.ndim - 1 ? 1 : 0;
-  // Tables (2-D) are read row by row: their last dimension must be contiguous on the device too.
-  if (v.ndim >= 2) check_inner_contiguous(op, arg, v);
-  return m;
-}
+};
 
 // Device copies of host metadata, alive for one call (stream-ordered frees after the kernels).
 class Uploads {
@@ -175,14 +158,13 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
 
   // --- GEMM ---
 
-  void gemm(const TensorView& x_, const TensorView& w_, const GemmConfig& cfg,
-            const TensorView& y_) const override {
+  void gemm(const TensorView& x, const TensorView& w, const GemmConfig& cfg,
+            const TensorView& y) const override {
     const char* op = "baseline gemm";
-    const TensorView x = dev(op, "x", x_), w = dev(op, "w", w_), y = dev(op, "y", y_);
-    check_segments(op, Device::kCPU, cfg);
-    check_xw(op, Device::kCPU, x, w);
+    check_segments(op, Device::kCUDA, cfg);
+    check_xw(op, Device::kCUDA, x, w);
     const int64_t M = x.size(0), N = w.size(0), K = x.size(1);
-    check_tensor_dtypes(op, "y", y, {DType::kBF16, DType::kF32}, {M, N});
+    check_tensor_dtypes(op, "y", y, {DType::kBF16, DType::kF32}, {M, N}, Device::kCUDA);
     check_inner_contiguous(op, "y", y);
     LS_CHECK(!overlaps(y, x) && !overlaps(y, w), op, "argument 'y' must not overlap x or w");
     if (M == 0 || N == 0) return;
@@ -190,12 +172,10 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
                y.dtype == DType::kF32, M, N, K, stream_);
   }
 
-  void gemm_partial(const TensorView& x_, const TensorView& w_, int64_t k_total, int tp_size,
-                    int tp_rank, const GemmConfig& cfg, const TensorView& y_) const override {
+  void gemm_partial(const TensorView& x, const TensorView& w, int64_t k_total, int tp_size,
+                    int tp_rank, const GemmConfig& cfg, const TensorView& y) const override {
     const char* op = "baseline gemm_partial";
-    const TensorView x = dev(op, "x_shard", x_), w = dev(op, "w_shard", w_),
-                     y = dev(op, "y_partial", y_);
-    check_gemm_partial(op, Device::kCPU, x, w, k_total, tp_size, tp_rank, cfg, y);
+    check_gemm_partial(op, Device::kCUDA, x, w, k_total, tp_size, tp_rank, cfg, y);
     const int64_t M = x.size(0), N = w.size(0), K = x.size(1);
     if (M == 0 || N == 0) return;
     base::gemm(ctx_, x.data, lead(op, "x_shard", x), w.data, lead(op, "w_shard", w), y.data,
@@ -203,16 +183,12 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
   }
 
   // The usual all-reduce: ((p0 + p1) + p2) + ... in rank order, one rounding.
-  void gemm_combine(const std::vector<TensorView>& partials_, const TensorView& y_) const override {
+  void gemm_combine(const std::vector<TensorView>& partials, const TensorView& y) const override {
     const char* op = "baseline gemm_combine";
-    LS_CHECK(!partials_.empty() && partials_.size() <= size_t(base::kMaxParts), op,
+    LS_CHECK(!partials.empty() && partials.size() <= size_t(base::kMaxParts), op,
              "argument 'partials' must hold 1 to ", base::kMaxParts, " views, got ",
-             partials_.size());
-    std::vector<TensorView> partials;
-    for (size_t i = 0; i < partials_.size(); ++i)
-      partials.push_back(dev(op, "partials", partials_[i]));
-    const TensorView y = dev(op, "y", y_);
-    check_gemm_combine(op, Device::kCPU, partials, nullptr, y);
+             partials.size());
+    check_gemm_combine(op, Device::kCUDA, partials, nullptr, y);
     const int64_t M = partials[0].size(0), N = partials[0].size(1);
     if (M == 0 || N == 0) return;
     std::vector<const float*> p;
@@ -227,22 +203,19 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
 
   // --- elementwise ---
 
-  void rmsnorm(const TensorView& x_, const TensorView& w_, const RmsNormConfig& cfg,
-               const TensorView& y_) const override {
+  void rmsnorm(const TensorView& x, const TensorView& w, const RmsNormConfig& cfg,
+               const TensorView& y) const override {
     const char* op = "baseline rmsnorm";
-    const TensorView x = dev(op, "x", x_), w = dev(op, "weight", w_), y = dev(op, "y", y_);
-    const int64_t H = check_rmsnorm(op, Device::kCPU, x, w, cfg, y);
+    const int64_t H = check_rmsnorm(op, Device::kCUDA, x, w, cfg, y);
     const int64_t rows = x.numel() / H;
     base::rmsnorm(rows_of(x), w.data, rows_of(y), rows, H, cfg.eps, stream_);
   }
 
-  void rmsnorm_residual(const TensorView& x_, const TensorView& r_, const TensorView& w_,
-                        const RmsNormConfig& cfg, const TensorView& ro_,
-                        const TensorView& y_) const override {
+  void rmsnorm_residual(const TensorView& x, const TensorView& r, const TensorView& w,
+                        const RmsNormConfig& cfg, const TensorView& ro,
+                        const TensorView& y) const override {
     const char* op = "baseline rmsnorm_residual";
-    const TensorView x = dev(op, "x", x_), r = dev(op, "residual", r_), w = dev(op, "weight", w_),
-                     ro = dev(op, "residual_out", ro_), y = dev(op, "y", y_);
-    const int64_t H = check_rmsnorm_residual(op, Device::kCPU, x, r, w, cfg, ro, y);
+    const int64_t H = check_rmsnorm_residual(op, Device::kCUDA, x, r, w, cfg, ro, y);
     const int64_t rows = x.numel() / H;
     base::rmsnorm_residual(rows_of(x), rows_of(r), w.data, rows_of(ro), rows_of(y), rows, H,
                            cfg.eps, stream_);
@@ -252,11 +225,11 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
   void rope(const TensorView& x_, const TensorView& positions, const RopeTable& table,
             const TensorView& y_) const override {
     const char* op = "baseline rope";
-    const TensorView x = dev(op, "x", x_), y = dev(op, "y", y_);
+    const IndexCheck ck{op, positions.device == Device::kCPU};
+    const TensorView x = ck("x", x_), y = ck("y", y_);
     table.config.validate();
     const int64_t D = table.config.head_dim, P = table.config.max_positions;
-    const Meta pm = meta(op, "positions", positions, 0);
-    check_rope_args(op, Device::kCPU, x, pm.check, D, P, y);
+    check_rope_args(op, ck.device(), x, positions, D, P, y);
     const int64_t T = x.shape[0], heads = x.shape[1];
     if (T == 0 || heads == 0) return;
     Uploads up(stream_);
@@ -264,10 +237,9 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
                stream_);
   }
 
-  void silu_mul(const TensorView& g_, const TensorView& u_, const TensorView& o_) const override {
+  void silu_mul(const TensorView& g, const TensorView& u, const TensorView& o) const override {
     const char* op = "baseline silu_mul";
-    const TensorView g = dev(op, "gate", g_), u = dev(op, "up", u_), o = dev(op, "out", o_);
-    check_silu_mul(op, Device::kCPU, g, u, o);
+    check_silu_mul(op, Device::kCUDA, g, u, o);
     base::silu_mul(g.data, g.stride[0], u.data, u.stride[0], o.data, o.stride[0], g.shape[0],
                    g.shape[1], stream_);
   }
@@ -277,11 +249,11 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
   void embedding(const TensorView& ids, const TensorView& table_,
                  const TensorView& out_) const override {
     const char* op = "baseline embedding";
-    const TensorView table = dev(op, "table", table_), out = dev(op, "out", out_);
-    check_tensor(op, "table", table, DType::kBF16, {-1, -1});
+    const IndexCheck ck{op, ids.device == Device::kCPU};
+    const TensorView table = ck("table", table_), out = ck("out", out_);
+    check_tensor(op, "table", table, DType::kBF16, {-1, -1}, ck.device());
     const int64_t V = table.shape[0];
-    const Meta im = meta(op, "ids", ids, 0);
-    const int64_t T = check_gather(op, Device::kCPU, im.check, table, V, V, out);
+    const int64_t T = check_gather(op, ck.device(), ids, table, V, V, out);
     Uploads up(stream_);
     if (T == 0) return;
     base::embedding(up.index(ids), table.data, table.stride[0], 0, V, out.data, out.stride[0], T,
@@ -293,27 +265,24 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
                                 const VocabShard& shard, int64_t vocab,
                                 const TensorView& out_) const override {
     const char* op = "baseline embedding_vocab_parallel";
-    const TensorView table = dev(op, "table", table_), out = dev(op, "out", out_);
+    const IndexCheck ck{op, ids.device == Device::kCPU};
+    const TensorView table = ck("table", table_), out = ck("out", out_);
     LS_CHECK(vocab >= 1 && shard.begin >= 0 && shard.begin <= shard.end && shard.end <= vocab, op,
              "argument 'shard' ", shard.to_string(), " is not inside the vocabulary [0, ", vocab,
              ")");
-    const Meta im = meta(op, "ids", ids, 0);
-    const int64_t T = check_gather(op, Device::kCPU, im.check, table, shard.size(), vocab, out);
+    const int64_t T = check_gather(op, ck.device(), ids, table, shard.size(), vocab, out);
     if (T == 0) return;
     Uploads up(stream_);
     base::embedding(up.index(ids), table.data, table.stride[0], shard.begin, shard.size(), out.data,
                     out.stride[0], T, table.shape[1], stream_);
   }
 
-  void embedding_combine(const std::vector<TensorView>& partials_,
-                         const TensorView& out_) const override {
+  void embedding_combine(const std::vector<TensorView>& partials,
+                         const TensorView& out) const override {
     const char* op = "baseline embedding_combine";
-    LS_CHECK(partials_.size() <= size_t(base::kMaxParts), op, "argument 'partials' must hold 1 to ",
-             base::kMaxParts, " views, got ", partials_.size());
-    std::vector<TensorView> partials;
-    for (const TensorView& p : partials_) partials.push_back(dev(op, "partials", p));
-    const TensorView out = dev(op, "out", out_);
-    check_embedding_combine(op, Device::kCPU, partials, out);
+    LS_CHECK(partials.size() <= size_t(base::kMaxParts), op, "argument 'partials' must hold 1 to ",
+             base::kMaxParts, " views, got ", partials.size());
+    check_embedding_combine(op, Device::kCUDA, partials, out);
     std::vector<const void*> p;
     std::vector<int64_t> ld;
     for (const TensorView& t : partials) {
@@ -326,26 +295,15 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
 
   // --- attention ---
 
-  void attention_prefill_varlen(const TensorView& q_, const TensorView& k_, const TensorView& v_,
-                                const TensorView& cu_seqlens, const AttentionConfig& cfg,
-                                const TensorView& out_, const TensorView& lse_) const override {
+  void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const PackedSeqs& seqs, const AttentionConfig& cfg,
+                                const TensorView& out, const TensorView& lse) const override {
     const char* op = "baseline attention_prefill_varlen";
-    const TensorView q = dev(op, "q", q_), k = dev(op, "k", k_), v = dev(op, "v", v_),
-                     out = dev(op, "out", out_), lse = dev(op, "lse", lse_);
-    // Device cu_seqlens: the placeholder [0, T, T, ..., T] (one valid packing of T tokens).
-    Meta cm = meta(op, "cu_seqlens", cu_seqlens, 0);
-    if (cm.on_device && cu_seqlens.ndim == 1 && cu_seqlens.dtype == DType::kI32 && q.ndim == 3) {
-      const int64_t n = cu_seqlens.shape[0];
-      cm.fill.assign(size_t(std::max<int64_t>(n, 1)), 0);
-      int32_t* p = reinterpret_cast<int32_t*>(cm.fill.data());
-      for (int64_t i = 1; i < n; ++i) p[i] = int32_t(q.shape[0]);
-      cm.check.data = p;
-      cm.check.stride[0] = 1;
-    }
-    const QShape qs = check_prefill_varlen(op, Device::kCPU, q, k, v, cm.check, cfg, out, lse);
+    const QShape qs = check_prefill_call(op, Device::kCUDA, q, k, v, seqs, cfg, out, lse);
     if (qs.N == 0) return;
+    // The kernel reads the device copy (a host copy is uploaded for this call).
     Uploads up(stream_);
-    const Uploads::I32 cu = up.i32(cu_seqlens);
+    const Uploads::I32 cu = up.i32(seqs.device_copy());
     base::PrefillArgs a{};
     a.q = q.data;
     a.q_s0 = q.stride[0];
@@ -358,7 +316,7 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
     a.v_s1 = v.stride[1];
     a.cu_seqlens = cu.p;
     a.cu_s = cu.s_last;
-    a.B = cu_seqlens.shape[0] - 1;
+    a.B = seqs.B();
     a.T = qs.N;
     a.Hq = qs.Hq;
     a.Hkv = k.shape[1];
@@ -379,24 +337,25 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
   void kv_cache_write(const TensorView& k_, const TensorView& v_, const TensorView& slot_mapping,
                       const TensorView& kc_, const TensorView& vc_) const override {
     const char* op = "baseline kv_cache_write";
-    const TensorView k = dev(op, "k", k_), v = dev(op, "v", v_), kc = dev(op, "k_cache", kc_),
-                     vc = dev(op, "v_cache", vc_);
+    const IndexCheck ck{op, slot_mapping.device == Device::kCPU};
+    const TensorView k = ck("k", k_), v = ck("v", v_), kc = ck("k_cache", kc_),
+                     vc = ck("v_cache", vc_);
+    const Device d = ck.device();
     LS_CHECK(k.ndim == 3, op, "argument 'k' expected shape [T, Hkv, D], got ", k.shape_string());
-    check_tensor(op, "k", k, DType::kBF16, {-1, -1, -1});
+    check_tensor(op, "k", k, DType::kBF16, {-1, -1, -1}, d);
     check_inner_contiguous(op, "k", k);
     const int64_t T = k.shape[0], Hkv = k.shape[1], D = k.shape[2];
-    check_tensor(op, "v", v, DType::kBF16, {T, Hkv, D});
+    check_tensor(op, "v", v, DType::kBF16, {T, Hkv, D}, d);
     check_inner_contiguous(op, "v", v);
-    const Meta sm = meta(op, "slot_mapping", slot_mapping, -1);
-    check_tensor_dtypes(op, "slot_mapping", sm.check, {DType::kI32, DType::kI64}, {T});
+    check_tensor_dtypes(op, "slot_mapping", slot_mapping, {DType::kI32, DType::kI64}, {T}, d);
     LS_CHECK(kc.ndim == 4, op, "argument 'k_cache' expected shape [NP, P, Hkv, D], got ",
              kc.shape_string());
-    check_tensor(op, "k_cache", kc, DType::kBF16, {-1, -1, Hkv, D});
+    check_tensor(op, "k_cache", kc, DType::kBF16, {-1, -1, Hkv, D}, d);
     check_inner_contiguous(op, "k_cache", kc);
-    check_tensor(op, "v_cache", vc, DType::kBF16, {kc.shape[0], kc.shape[1], Hkv, D});
+    check_tensor(op, "v_cache", vc, DType::kBF16, {kc.shape[0], kc.shape[1], Hkv, D}, d);
     check_inner_contiguous(op, "v_cache", vc);
     const int64_t NP = kc.shape[0], P = kc.shape[1], slots = NP * P;
-    if (!sm.on_device) {
+    if (ck.host) {
       std::vector<int64_t> used;
       for (int64_t t = 0; t < T; ++t) {
         const int64_t off = t * slot_mapping.stride[0];
@@ -446,10 +405,10 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
                       const TensorView& logp_, const TensorView& lse_,
                       const TensorView& ent_) const override {
     const char* op = "baseline linear_logprob";
-    const TensorView h = dev(op, "h", h_), w = dev(op, "w", w_), logp = dev(op, "logp", logp_),
-                     lse = dev(op, "lse", lse_), ent = dev(op, "entropy", ent_);
-    const Meta tm = meta(op, "targets", targets, params.ignore_index);
-    check_linear_logprob(op, Device::kCPU, h, w, tm.check, params, cfg, logp, lse, ent);
+    const IndexCheck ck{op, targets.device == Device::kCPU};
+    const TensorView h = ck("h", h_), w = ck("w", w_), logp = ck("logp", logp_),
+                     lse = ck("lse", lse_), ent = ck("entropy", ent_);
+    check_linear_logprob(op, ck.device(), h, w, targets, params, cfg, logp, lse, ent);
     const int64_t T = h.size(0), V = w.size(0);
     if (T == 0) return;
     Uploads up(stream_);
@@ -484,11 +443,10 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
                               const LogprobParams& params, const ContractConfig& cfg,
                               const LogprobShard& shard, const TensorView& state_) const override {
     const char* op = "baseline linear_logprob_partial";
-    const TensorView h = dev(op, "h", h_), w = dev(op, "w_shard", w_),
-                     state = dev(op, "state", state_);
-    const Meta tm = meta(op, "targets", targets, params.ignore_index);
+    const IndexCheck ck{op, targets.device == Device::kCPU};
+    const TensorView h = ck("h", h_), w = ck("w_shard", w_), state = ck("state", state_);
     const ShardRows sr =
-        check_linear_logprob_partial(op, Device::kCPU, h, w, tm.check, params, cfg, shard, state);
+        check_linear_logprob_partial(op, ck.device(), h, w, targets, params, cfg, shard, state);
     const int64_t T = h.size(0), Vs = sr.v1 - sr.v0;
     if (T == 0) return;
     Uploads up(stream_);
@@ -521,11 +479,11 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
                               int64_t vocab_size, const TensorView& logp_, const TensorView& lse_,
                               const TensorView& ent_) const override {
     const char* op = "baseline linear_logprob_combine";
-    const TensorView states = dev(op, "states", states_), logp = dev(op, "logp", logp_),
-                     lse = dev(op, "lse", lse_), ent = dev(op, "entropy", ent_);
-    const Meta tm = meta(op, "targets", targets, params.ignore_index);
+    const IndexCheck ck{op, targets.device == Device::kCPU};
+    const TensorView states = ck("states", states_), logp = ck("logp", logp_),
+                     lse = ck("lse", lse_), ent = ck("entropy", ent_);
     const LogprobVocabLayout lay = check_linear_logprob_combine(
-        op, Device::kCPU, states, tm.check, params, cfg, vocab_size, logp, lse, ent);
+        op, ck.device(), states, targets, params, cfg, vocab_size, logp, lse, ent);
     const int64_t R = states.size(0), T = states.size(1);
     if (T == 0) return;
     Uploads up(stream_);
@@ -556,12 +514,10 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
               const TensorView& ids_, const TensorView& logp_, const TensorView& lse_,
               const TensorView& ent_) const override {
     const char* op = "baseline sample";
-    const TensorView h = dev(op, "h", h_), w = dev(op, "w", w_), ids = dev(op, "token_ids", ids_),
-                     logp = dev(op, "logp", logp_), lse = dev(op, "lse", lse_),
-                     ent = dev(op, "entropy", ent_);
-    const Meta rm = meta(op, "request_ids", request_ids, 0);
-    const Meta pm = meta(op, "positions", positions, 0);
-    check_sample(op, Device::kCPU, h, w, params, rm.check, pm.check, cfg, ids, logp, lse, ent);
+    // Philox counters (request_ids, positions) may be host views (values checked) or device
+    // views (trusted): the contract's check takes either.
+    const TensorView &h = h_, &w = w_, &ids = ids_, &logp = logp_, &lse = lse_, &ent = ent_;
+    check_sample(op, Device::kCUDA, h, w, params, request_ids, positions, cfg, ids, logp, lse, ent);
     const int64_t T = h.size(0), V = w.size(0);
     if (T == 0) return;
     Uploads up(stream_);
@@ -624,71 +580,46 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
   }
 
  private:
-  void paged(const char* op, const TensorView& q_, const TensorView& q_seq, const TensorView& q_pos,
-             const PagedKv& kv_, const SharedPrefix* prefix_, const AttentionConfig& cfg,
-             int forced_splits, const TensorView& out_, const TensorView& lse_) const override {
-    const TensorView q = dev(op, "q", q_), out = dev(op, "out", out_), lse = dev(op, "lse", lse_);
-    PagedKv kv;
-    kv.k_cache = dev(op, "kv.k_cache", kv_.k_cache);
-    kv.v_cache = dev(op, "kv.v_cache", kv_.v_cache);
-    // The tables are checked against each other: all by value (all on the host) or none.
-    bool any = q_seq.device != Device::kCPU || q_pos.device != Device::kCPU ||
-               kv_.block_table.device != Device::kCPU || kv_.seq_lens.device != Device::kCPU;
-    if (prefix_ != nullptr)
-      any = any || prefix_->block_table.device != Device::kCPU ||
-            prefix_->shared_len.device != Device::kCPU || prefix_->seq_group.device != Device::kCPU;
-    const Meta bt = meta(op, "kv.block_table", kv_.block_table, 0, any);
-    const Meta sl = meta(op, "kv.seq_lens", kv_.seq_lens, 1, any);
-    const Meta qs = meta(op, "q_seq", q_seq, 0, any);
-    const Meta qp = meta(op, "q_pos", q_pos, 0, any);
-    kv.block_table = bt.check;
-    kv.seq_lens = sl.check;
-    SharedPrefix prefix;
-    Meta pbt, psl, psg;
-    if (prefix_ != nullptr) {
-      pbt = meta(op, "prefix.block_table", prefix_->block_table, 0, any);
-      psl = meta(op, "prefix.shared_len", prefix_->shared_len, 0, any);
-      psg = meta(op, "prefix.seq_group", prefix_->seq_group, -1, any);
-      prefix.block_table = pbt.check;
-      prefix.shared_len = psl.check;
-      prefix.seq_group = psg.check;
-    }
-    const Paged p = check_paged(op, Device::kCPU, q, qs.check, qp.check, kv,
-                                prefix_ ? &prefix : nullptr, cfg, 0, kAllChunks);
-    check_attn_outputs(op, Device::kCPU, p.qs, out, lse);
+  void paged(const char* op, const TensorView& q, const PagedMeta& meta, const TensorView& k_cache,
+             const TensorView& v_cache, bool cascade, const AttentionConfig& cfg, int forced_splits,
+             const TensorView& out, const TensorView& lse) const override {
+    const Paged p =
+        check_paged_call(op, Device::kCUDA, q, meta, k_cache, v_cache, cfg, cascade, out, lse);
     if (p.qs.N == 0) return;
+    // The kernels read the meta's device copies (host copies are uploaded for this call).
+    const PagedTables& t = meta.device_copies();
     Uploads up(stream_);
     base::PagedArgs a{};
     a.q = q.data;
     a.q_s0 = q.stride[0];
     a.q_s1 = q.stride[1];
-    a.k_cache = kv.k_cache.data;
-    a.kc_s0 = kv.k_cache.stride[0];
-    a.kc_s1 = kv.k_cache.stride[1];
-    a.kc_s2 = kv.k_cache.stride[2];
-    a.v_cache = kv.v_cache.data;
-    a.vc_s0 = kv.v_cache.stride[0];
-    a.vc_s1 = kv.v_cache.stride[1];
-    a.vc_s2 = kv.v_cache.stride[2];
-    const Uploads::I32 table = up.i32(kv_.block_table);
+    a.k_cache = k_cache.data;
+    a.kc_s0 = k_cache.stride[0];
+    a.kc_s1 = k_cache.stride[1];
+    a.kc_s2 = k_cache.stride[2];
+    a.v_cache = v_cache.data;
+    a.vc_s0 = v_cache.stride[0];
+    a.vc_s1 = v_cache.stride[1];
+    a.vc_s2 = v_cache.stride[2];
+    const Uploads::I32 table = up.i32(t.block_table);
     a.block_table = table.p;
     a.bt_s0 = table.s0;
     a.S = p.S;
     a.MP = p.MP;
     a.NP = p.NP;
     a.P = p.P;
-    const Uploads::I32 seq = up.i32(q_seq), pos = up.i32(q_pos);
+    const Uploads::I32 seq = up.i32(t.q_seq), pos = up.i32(t.q_pos);
     a.q_seq = seq.p;
     a.qseq_s = seq.s_last;
     a.q_pos = pos.p;
     a.qpos_s = pos.s_last;
-    if (prefix_ != nullptr) {
-      const Uploads::I32 pt = up.i32(prefix_->block_table), sh = up.i32(prefix_->shared_len),
-                         sg = up.i32(prefix_->seq_group);
+    if (cascade) {
+      const Uploads::I32 pt = up.i32(t.prefix_block_table), sh = up.i32(t.shared_len),
+                         sg = up.i32(t.seq_group);
       a.prefix_table = pt.p;
       a.pt_s0 = pt.s0;
-      a.GR = prefix_->block_table.shape[0];
-      a.MPs = prefix_->block_table.shape[1];
+      a.GR = t.prefix_block_table.shape[0];
+      a.MPs = t.prefix_block_table.shape[1];
       a.shared_len = sh.p;
       a.sl_s = sh.s_last;
       a.seq_group = sg.p;

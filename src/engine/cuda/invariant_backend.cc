@@ -73,30 +73,29 @@ class CudaInvariantBackend final : public CudaDeviceBackend {
     cuda::embedding_combine(partials, out, stream_);
   }
 
-  // cuda:: attention plans on the host: device metadata would be copied back, with a wait.
-  bool plans_attention_on_host() const override { return true; }
-
+  // The cuda:: attention ops plan their launches from the host-side values that PackedSeqs and
+  // PagedMeta carry: nothing is copied back.
   void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
-                                const TensorView& cu_seqlens, const AttentionConfig& cfg,
+                                const PackedSeqs& seqs, const AttentionConfig& cfg,
                                 const TensorView& out, const TensorView& lse) const override {
-    cuda::attention_prefill_varlen(q, k, v, cu_seqlens, cfg, out, lse, stream_);
+    cuda::attention_prefill_varlen(q, k, v, seqs, cfg, out, lse, stream_);
   }
-  void attention_paged(const TensorView& q, const TensorView& q_seq, const TensorView& q_pos,
-                       const PagedKv& kv, const AttentionConfig& cfg, const TensorView& out,
+  void attention_paged(const TensorView& q, const PagedMeta& meta, const TensorView& k_cache,
+                       const TensorView& v_cache, const AttentionConfig& cfg, const TensorView& out,
                        const TensorView& lse) const override {
-    cuda::attention_paged(q, q_seq, q_pos, kv, cfg, out, lse, stream_);
+    cuda::attention_paged(q, meta, k_cache, v_cache, cfg, out, lse, stream_);
   }
-  void attention_paged_split_kv(const TensorView& q, const TensorView& q_seq,
-                                const TensorView& q_pos, const PagedKv& kv,
+  void attention_paged_split_kv(const TensorView& q, const PagedMeta& meta,
+                                const TensorView& k_cache, const TensorView& v_cache,
                                 const AttentionConfig& cfg, int num_splits, const TensorView& out,
                                 const TensorView& lse) const override {
-    cuda::attention_paged_split_kv(q, q_seq, q_pos, kv, cfg, num_splits, out, lse, stream_);
+    cuda::attention_paged_split_kv(q, meta, k_cache, v_cache, cfg, num_splits, out, lse, stream_);
   }
-  void attention_paged_cascade(const TensorView& q, const TensorView& q_seq,
-                               const TensorView& q_pos, const PagedKv& kv,
-                               const SharedPrefix& prefix, const AttentionConfig& cfg,
-                               const TensorView& out, const TensorView& lse) const override {
-    cuda::attention_paged_cascade(q, q_seq, q_pos, kv, prefix, cfg, out, lse, stream_);
+  void attention_paged_cascade(const TensorView& q, const PagedMeta& meta,
+                               const TensorView& k_cache, const TensorView& v_cache,
+                               const AttentionConfig& cfg, const TensorView& out,
+                               const TensorView& lse) const override {
+    cuda::attention_paged_cascade(q, meta, k_cache, v_cache, cfg, out, lse, stream_);
   }
   void kv_cache_write(const TensorView& k, const TensorView& v, const TensorView& slot_mapping,
                       const TensorView& k_cache, const TensorView& v_cache) const override {
