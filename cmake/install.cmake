@@ -17,7 +17,9 @@ foreach(_t lockstep_core lockstep_contract lockstep_cpu lockstep lockstep_cuda l
   endif()
 endforeach()
 
-# NOTE: the public headers use C++20 (std::span); a consumer gets the standard from the targets.
+# NOTE: a target's include directories are $<BUILD_INTERFACE:...> (include/ and src/ of the source
+# tree); installed, each exports only the installed include/ (INCLUDES DESTINATION below).
+# The public headers use C++20 (std::span); a consumer gets the standard from the targets.
 foreach(_t ${_lockstep_libs})
   target_compile_features(${_t} INTERFACE cxx_std_20)
 endforeach()
