@@ -54,7 +54,8 @@ elapsed() {
 args=(-DCMAKE_BUILD_TYPE=Release)
 case "${LOCKSTEP_CUDA:-}" in
   "") ;;
-  ON | OFF) args+=(-DLOCKSTEP_CUDA="$LOCKSTEP_CUDA") ;;
+  ON | on | 1) args+=(-DLOCKSTEP_CUDA=ON) ;;
+  OFF | off | 0) args+=(-DLOCKSTEP_CUDA=OFF) ;;
   *) echo "[setup] LOCKSTEP_CUDA must be ON or OFF, not '$LOCKSTEP_CUDA'" >&2; exit 2 ;;
 esac
 if command -v ccache >/dev/null 2>&1; then
@@ -79,16 +80,17 @@ what=${what//--target /}
 jobs=$(nproc 2>/dev/null || echo 2)
 echo "[setup] building ${what:-everything} in $build/ ($cuda CUDA sources, $jobs jobs; log: $log)"
 
-# While the build runs, a watcher prints the newest progress line ("[ 42%] Building ...") every
-# 5 s if it changed, and at least every 30 s a line saying the build is still running.
+# While the build runs, a watcher looks at the newest progress line ("[ 42%] Building ...") every
+# 5 s and prints it when the percentage moved, and at least every 30 s a line saying the build is
+# still running (so at most ~100 progress lines, and never a silent minute).
 watch_progress() {
   local last="" line quiet=0
   while sleep 5; do
     line=$(grep -E '^\[ *[0-9]+%\]|^\[[0-9]+/[0-9]+\]' "$log" | tail -n 1 || true)
     quiet=$((quiet + 5))
-    if [ -n "$line" ] && [ "$line" != "$last" ]; then
+    if [ -n "$line" ] && [ "${line%%]*}" != "$last" ]; then
       echo "[setup] $(elapsed) ${line:0:110}"
-      last=$line quiet=0
+      last=${line%%]*} quiet=0
     elif [ "$quiet" -ge 30 ]; then
       echo "[setup] $(elapsed) still building"
       quiet=0
