@@ -11,7 +11,10 @@ include(CMakePackageConfigHelpers)
 set(LOCKSTEP_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/lockstep)
 
 set(_lockstep_libs)
-foreach(_t lockstep_core lockstep_contract lockstep_cpu lockstep lockstep_cuda lockstep_engine_cuda)
+# NOTE: static libraries, so every library an exported one links must be exported too; a library
+# target added to CMakeLists.txt under another name goes in this list.
+foreach(_t lockstep_core lockstep_contract lockstep_cpu lockstep_baseline lockstep_engine lockstep
+           lockstep_cuda lockstep_baseline_cuda lockstep_engine_cuda)
   if(TARGET ${_t})
     list(APPEND _lockstep_libs ${_t})
   endif()
