@@ -114,8 +114,11 @@ void* Mem::alloc(size_t bytes) {
 
 const Mem::Block& Mem::block_of(const void* p) const {
   const char* c = static_cast<const char*>(p);
+  // NOTE: the end is exclusive: device allocations can be adjacent, and a view starting at the
+  // next block's base must not be taken for the end of this one (an empty block holds only its
+  // base).
   for (const Block& b : blocks_)
-    if (c >= b.base && c <= b.base + b.bytes) return b;
+    if (c == b.base || (c > b.base && c < b.base + b.bytes)) return b;
   LS_CHECK(false, "Mem::read", "the view is not inside an allocation of this backend");
   return blocks_.front();
 }
