@@ -6,7 +6,8 @@
 // back-to-back calls (host planning included; metadata: host cu_seqlens / q_seq / q_pos /
 // seq_lens, device block table). With `--sdpa FILE` (written by bench/cuda/attention_sdpa.py on the
 // same shapes) it prints the ratio to PyTorch SDPA (flash backend).
-//   python3 bench/cuda/attention_sdpa.py --out /tmp/sdpa.csv && ./bench_attention --sdpa /tmp/sdpa.csv
+//   python3 bench/cuda/attention_sdpa.py --out /tmp/sdpa.csv && ./bench_attention --sdpa
+//   /tmp/sdpa.csv
 #include <cuda_runtime.h>
 
 #include <algorithm>

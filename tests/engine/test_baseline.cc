@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "core/thread_pool.h"
 #include "baseline/cpu/backend.h"
+#include "core/thread_pool.h"
 #include "engine/default_model.h"
 #include "engine/model.h"
 #include "engine/rollout_test_util.h"
