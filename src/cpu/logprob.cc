@@ -29,10 +29,6 @@ inline float max2(float a, float b) { return b > a ? b : a; }
 namespace cpu {
 namespace logprob_detail {
 
-void check_hidden(const char* op, int64_t H, const ContractConfig& cfg) {
-  LS_CHECK(H >= 1, op, "argument 'h': hidden size (dim 1) must be >= 1, got ", H);
-}
-
 // The GEMM op itself on a [rows, n] block with fp32 output: its row invariance makes a tile's
 // logits the same bits as the full [T, V] GEMM would give.
 void tile_logits(const TensorView& h, const TensorView& w, const ContractConfig& cfg, float* out,

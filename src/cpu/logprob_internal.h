@@ -19,9 +19,6 @@ namespace lockstep::cpu::logprob_detail {
 void tile_logits(const TensorView& h, const TensorView& w, const ContractConfig& cfg, float* out,
                  int64_t ld);
 
-// Checks the hidden size H >= 1 (the GEMM zero-pads K itself; error names `op` and 'h').
-void check_hidden(const char* op, int64_t H, const ContractConfig& cfg);
-
 // Folds tiles_per_segment tile states left to right in each of seg_count consecutive segments
 // and combines the segment states in the balanced tree (seg_scratch: seg_count states).
 LogprobState fold_tiles(const LogprobState* tiles, int64_t tiles_per_segment, int seg_count,

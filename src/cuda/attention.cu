@@ -28,10 +28,6 @@ void cuda_check(const char* op, cudaError_t e, const char* what) {
   LS_CHECK(e == cudaSuccess, op, what, " failed: ", cudaGetErrorString(e));
 }
 
-void check_on_device(const char* op, const char* arg, const TensorView& t) {
-  LS_CHECK(t.device == Device::kCUDA, op, "argument '", arg, "' must be a CUDA view, got ",
-           t.describe());
-}
 bool given(const TensorView& t) { return t.ndim != 0 || t.data != nullptr; }
 
 // Number of elements spanned by a view with non-negative strides (0 when empty).
@@ -470,8 +466,6 @@ bool multi_row(const ck::Paged& p, int64_t G) {
 void paged_run(const char* op, const TensorView& q, const PagedMeta& meta,
                const TensorView& k_cache, const TensorView& v_cache, const AttentionConfig& cfg,
                int64_t num_splits, const TensorView& out, const TensorView& lse, cudaStream_t s) {
-  check_on_device(op, "out", out);
-  if (given(lse)) check_on_device(op, "lse", lse);
   const ck::Paged p =
       ck::check_paged_call(op, Device::kCUDA, q, meta, k_cache, v_cache, cfg, false, out, lse);
   const TensorView& table = meta.device_copies().block_table;
@@ -557,11 +551,6 @@ void attention_prefill_varlen(const TensorView& q, const TensorView& k, const Te
                               const TensorView& out, const TensorView& lse, void* stream) {
   const char* op = "cuda::attention_prefill_varlen";
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  check_on_device(op, "q", q);
-  check_on_device(op, "k", k);
-  check_on_device(op, "v", v);
-  check_on_device(op, "out", out);
-  if (given(lse)) check_on_device(op, "lse", lse);
   const Meta cu = host_meta(op, "cu_seqlens", cu_seqlens, s);
   const PackedSeqs seqs =
       ck::check_prefill_varlen(op, Device::kCUDA, q, k, v, cu.host, cfg, out, lse);
@@ -573,11 +562,6 @@ void attention_prefill_varlen(const TensorView& q, const TensorView& k, const Te
                               const TensorView& out, const TensorView& lse, void* stream) {
   const char* op = "cuda::attention_prefill_varlen";
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  check_on_device(op, "q", q);
-  check_on_device(op, "k", k);
-  check_on_device(op, "v", v);
-  check_on_device(op, "out", out);
-  if (given(lse)) check_on_device(op, "lse", lse);
   const ck::QShape qs = ck::check_prefill_call(op, Device::kCUDA, q, k, v, seqs, cfg, out, lse);
   const int64_t T = qs.N, Hkv = k.shape[1], G = qs.Hq / Hkv, B = seqs.B();
   const int64_t K = cfg.kv_chunk;
@@ -651,8 +635,6 @@ namespace {
 void paged_cascade(const char* op, const TensorView& q, const PagedMeta& meta,
                    const TensorView& k_cache, const TensorView& v_cache, const AttentionConfig& cfg,
                    const TensorView& out, const TensorView& lse, cudaStream_t s) {
-  check_on_device(op, "out", out);
-  if (given(lse)) check_on_device(op, "lse", lse);
   const ck::Paged p =
       ck::check_paged_call(op, Device::kCUDA, q, meta, k_cache, v_cache, cfg, true, out, lse);
   const int64_t N = p.qs.N, Hq = p.qs.Hq, D = p.qs.D, G = Hq / p.Hkv, K = cfg.kv_chunk;
@@ -794,9 +776,6 @@ void attention_paged_chunk_states(const TensorView& q, const TensorView& q_seq,
   LS_CHECK(states.m.ndim == 3, op, "argument 'states.m' expected shape [N, Hq, C], got ",
            states.m.shape_string());
   const int64_t C = states.m.shape[2];
-  check_on_device(op, "states.m", states.m);
-  check_on_device(op, "states.l", states.l);
-  check_on_device(op, "states.acc", states.acc);
   const ViewMeta a =
       view_meta(op, q, q_seq, q_pos, kv, nullptr, cfg, chunk_begin, chunk_begin + C, s);
   const ck::Paged p = ck::paged_problem(q, kv.k_cache, *a.meta);
@@ -849,8 +828,6 @@ void attention_merge_chunk_states(const AttentionChunkStates& states, const Tens
   check_tensor(op, "q_pos", pos.host, DType::kI32, {N});
   LS_CHECK(D >= 1 && D <= kAttnMaxHeadDim, op, "head_dim must be in [1, ", kAttnMaxHeadDim,
            "], got ", D);
-  check_on_device(op, "out", out);
-  if (given(lse)) check_on_device(op, "lse", lse);
   ck::check_attn_outputs(op, Device::kCUDA, ck::QShape{N, Hq, D}, out, lse);
   std::vector<int32_t> pv(static_cast<size_t>(N));
   for (int64_t r = 0; r < N; ++r) {

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "contract/checks.h"
 #include "cuda/gemm/internal.h"       // gemm_operands_tma_ok
 #include "cuda/gemm/sm90_launch.cuh"  // the Hopper kernel with the fused epilogue below
 #include "cuda/logprob.cuh"
@@ -123,7 +124,7 @@ IndexRef stage_index(const TensorView& v, Scratch& scratch, cudaStream_t stream)
   if (v.device == Device::kCUDA) return index_ref(v);
   const int64_t n = v.shape[0];
   std::vector<int64_t> host(size_t(std::max<int64_t>(n, 1)));
-  for (int64_t i = 0; i < n; ++i) host[size_t(i)] = host_index(v, i);
+  for (int64_t i = 0; i < n; ++i) host[size_t(i)] = contract::index_at(v, i);
   int64_t* dev = scratch.alloc_n<int64_t>(std::max<int64_t>(n, 1));
   // NOTE: from pageable memory: returns once the data is staged, so `host` may go away.
   const cudaError_t e =
@@ -180,7 +181,7 @@ void check_targets(const char* op, const TensorView& targets, int64_t T, int64_t
   check_tensor_dtypes(op, "targets", targets, {DType::kI32, DType::kI64}, {T}, targets.device);
   if (targets.device != Device::kCPU) return;
   for (int64_t t = 0; t < T; ++t) {
-    const int64_t g = detail::host_index(targets, t);
+    const int64_t g = contract::index_at(targets, t);
     LS_CHECK(g == ignore_index || (g >= 0 && g < V), op, "argument 'targets': targets[", t,
              "] = ", g, " is outside [0, ", V, ") and is not ignore_index (", ignore_index, ")");
   }

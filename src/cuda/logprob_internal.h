@@ -93,12 +93,6 @@ SamplePlan sample_plan(const LogprobVocabLayout& lay);
 // values were already checked, copied (as i64) into scratch on `stream`.
 IndexRef stage_index(const TensorView& v, Scratch& scratch, cudaStream_t stream);
 
-// Host [T] index element i (any stride, i32 or i64).
-inline int64_t host_index(const TensorView& t, int64_t i) {
-  if (t.dtype == DType::kI32) return static_cast<const int32_t*>(t.data)[i * t.stride[0]];
-  return static_cast<const int64_t*>(t.data)[i * t.stride[0]];
-}
-
 // The tile-state kernel (logprob.cuh) for tp (temper: y = z / tp.tau), register-cached when
 // vocab_tile <= 256.
 struct TileStateParams;
