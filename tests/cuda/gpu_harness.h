@@ -46,10 +46,18 @@ inline void report(bool ok, const std::string& what) {
   }
 }
 
-// Parses --quick, --seed N, a bare number (the seed) and --filter S, checks for a CUDA device (exit
-// 2 with a message if there is none), seeds g_rng, prints "<program>: seed S (quick)". Returns
-// false on an unknown argument (after printing usage); main then returns 2.
-inline bool start(const char* program, int argc, char** argv) {
+// A program's own on/off flag: `name` sets *value to `set_to`.
+struct Flag {
+  const char* name;
+  bool* value;
+  bool set_to = true;
+};
+
+// Parses --quick, --seed N, a bare number (the seed), --filter S and the program's own flags,
+// checks for a CUDA device (exit 2 with a message if there is none), seeds g_rng, prints
+// "<program>: seed S (quick)". Returns false on an unknown argument (after printing usage); main
+// then returns 2.
+inline bool start(const char* program, int argc, char** argv, const std::vector<Flag>& flags = {}) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   g_seed = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
   for (int i = 1; i < argc; ++i) {
@@ -63,8 +71,20 @@ inline bool start(const char* program, int argc, char** argv) {
     } else if (!a.empty() && a.find_first_not_of("0123456789") == std::string::npos) {
       g_seed = std::strtoull(a.c_str(), nullptr, 10);
     } else {
-      std::printf("usage: %s [--quick] [--seed N | N] [--filter SUBSTRING]\n", program);
-      return false;
+      bool known = false;
+      for (const Flag& f : flags) {
+        if (a == f.name) {
+          *f.value = f.set_to;
+          known = true;
+        }
+      }
+      if (!known) {
+        std::string own;
+        for (const Flag& f : flags) own += std::string(" [") + f.name + "]";
+        std::printf("usage: %s [--quick] [--seed N | N] [--filter SUBSTRING]%s\n", program,
+                    own.c_str());
+        return false;
+      }
     }
   }
   int n = 0;

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "baseline/cuda/kernels.h"
+#include "cuda/gpu_harness.h"
 #include "engine/backend.h"
 #include "engine/cuda/backends.h"
 #include "engine/device.h"
@@ -42,20 +43,10 @@ using engine::OpsBackend;
 
 namespace {
 
-int g_pass = 0, g_fail = 0;
-bool g_quick = false;
-std::mt19937_64 g_rng;
+using gpu_test::g_quick;
+using gpu_test::g_rng;
+using gpu_test::report;
 const OpsBackend* g_be = nullptr;
-
-void report(bool ok, const std::string& what) {
-  if (ok) {
-    ++g_pass;
-    std::printf("ok   %s\n", what.c_str());
-  } else {
-    ++g_fail;
-    std::printf("FAIL %s\n", what.c_str());
-  }
-}
 
 std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
 std::string fmt(const char* f, ...) {
@@ -185,14 +176,7 @@ int64_t count_diff(const Tensor& a, const Tensor& b) {
 
 template <typename F>
 void expect_error(const std::string& what, const std::string& needle, F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    const bool ok = std::string(e.what()).find(needle) != std::string::npos;
-    report(ok, fmt("error %s -> \"%s\"", what.c_str(), e.what()));
-    return;
-  }
-  report(false, fmt("error %s: no exception", what.c_str()));
+  gpu_test::expect_error(what, f, needle.c_str());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1251,20 +1235,7 @@ void bench() {
 
 int main(int argc, char** argv) {
   bool no_bench = false;
-  uint64_t seed = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--quick") {
-      g_quick = true;
-    } else if (a == "--no-bench") {
-      no_bench = true;
-    } else {
-      seed = std::strtoull(argv[i], nullptr, 0);
-    }
-  }
-  g_rng.seed(seed);
-  std::printf("test_baseline_cuda: seed %llu%s\n", (unsigned long long)seed,
-              g_quick ? " (quick)" : "");
+  if (!gpu_test::start("test_baseline_cuda", argc, argv, {{"--no-bench", &no_bench}})) return 2;
   try {
     const std::unique_ptr<OpsBackend> be = engine::make_cuda_baseline_backend();
     g_be = be.get();
@@ -1289,9 +1260,7 @@ int main(int argc, char** argv) {
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     if (!g_quick && !no_bench) bench();
   } catch (const std::exception& e) {
-    std::printf("FAIL unexpected exception: %s\n", e.what());
-    ++g_fail;
+    report(false, std::string("unexpected exception: ") + e.what());
   }
-  std::printf("%d passed, %d failed\n", g_pass, g_fail);
-  return g_fail == 0 ? 0 : 1;
+  return gpu_test::finish("test_baseline_cuda");
 }

@@ -30,6 +30,7 @@
 #include "cuda/cuda_ck.h"        // CK
 #include "cuda/gemm/internal.h"  // gemm_bf16_nt_with_plan, gemm_problem
 #include "cuda/gemm/plan.h"      // GemmPlan, gemm_legal_plans
+#include "cuda/gpu_harness.h"
 #include "lockstep/cuda/gemm.h"
 #include "lockstep/dtype.h"
 #include "lockstep/ops/gemm.h"
@@ -42,19 +43,9 @@ using lockstep::cuda::GemmPlan;
 
 namespace {
 
-int g_pass = 0, g_fail = 0;
-bool g_quick = false;
-std::mt19937_64 g_rng;
-std::map<std::string, int> g_path_runs;  // which kernel actually ran, over all GPU calls
+using namespace lockstep::gpu_test;  // report, g_quick, g_rng, start, section, finish
 
-void report(bool ok, const std::string& what) {
-  if (ok) {
-    ++g_pass;
-  } else {
-    ++g_fail;
-    std::printf("FAIL %s\n", what.c_str());
-  }
-}
+std::map<std::string, int> g_path_runs;  // which kernel actually ran, over all GPU calls
 
 // Random bf16: normal values with exponents spread over 2^±8; with `specials`, also some zeros
 // of both signs, subnormals, infinities and NaNs.
@@ -535,19 +526,8 @@ void run_errors() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  setvbuf(stdout, nullptr, _IOLBF, 0);
-  uint64_t seed = uint64_t(std::chrono::system_clock::now().time_since_epoch().count());
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") == 0)
-      g_quick = true;
-    else if (std::strcmp(argv[i], "--no-bench") == 0)
-      continue;  // accepted for old scripts: timing moved to bench_gemm
-    else
-      seed = std::strtoull(argv[i], nullptr, 10);
-  }
-  std::printf("test_gemm_parity: seed %llu%s\n", (unsigned long long)seed,
-              g_quick ? " (quick)" : "");
-  g_rng.seed(seed);
+  bool no_bench = false;  // --no-bench: accepted for old scripts (timing moved to bench_gemm)
+  if (!start("test_gemm_parity", argc, argv, {{"--no-bench", &no_bench}})) return 2;
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
@@ -611,14 +591,12 @@ int main(int argc, char** argv) {
     }
     run_errors();
   } catch (const std::exception& e) {
-    std::printf("FAIL exception: %s\n", e.what());
-    ++g_fail;
+    report(false, std::string("exception: ") + e.what());
   }
   std::printf("kernel runs:");
   for (const auto& kv : g_path_runs) std::printf(" [%s] %d", kv.first.c_str(), kv.second);
   std::printf("\n");
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("test_gemm_parity: %d passed, %d failed (seed %llu, %.1f s)\n", g_pass, g_fail,
-              (unsigned long long)seed, secs);
-  return g_fail == 0 ? 0 : 1;
+  std::printf("test_gemm_parity: %.1f s\n", secs);
+  return finish("test_gemm_parity");
 }

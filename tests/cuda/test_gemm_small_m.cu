@@ -37,6 +37,7 @@
 #include "cuda/gemm/internal.h"              // gemm_bf16_nt_with_plan, gemm_problem
 #include "cuda/gemm/plan.h"                  // plan_gemm, gemm_small_m_tiles
 #include "cuda/gemm/small_m_tma_layout.cuh"  // the kind 1 geometry (host emulation)
+#include "cuda/gpu_harness.h"
 #include "lockstep/cuda/gemm.h"
 #include "lockstep/dtype.h"
 #include "lockstep/ops/gemm.h"
@@ -49,10 +50,9 @@ namespace detail = lockstep::cuda::detail;
 
 namespace {
 
-int g_pass = 0, g_fail = 0;
-std::mt19937_64 g_rng;
+using namespace lockstep::gpu_test;  // report, g_quick, g_rng, g_pass, start, finish
+
 bool g_dispatch_check = true;
-bool g_quick = false;
 bool g_kind1 = true;  // --no-ws: leave the TMA variants (kind 1 and the wgmma kind 2) out
 // Every-variant sweep over run_case's cases: checks run / skipped (the variant declined a case it
 // cannot take, e.g. kind 1 on operands TMA cannot read) / cases seen (quick mode rotates).
@@ -126,15 +126,6 @@ int candidate_tile(int64_t M, int64_t N, int64_t K, int S) {
   for (int v = 0; v < small_m_variant_count(); ++v)
     if (small_m_variant(v).mainloop == p.mainloop && small_m_variant(v).tile == p.tile) return v;
   return -1;
-}
-
-void report(bool ok, const std::string& what) {
-  if (ok) {
-    ++g_pass;
-  } else {
-    ++g_fail;
-    std::printf("FAIL %s\n", what.c_str());
-  }
 }
 
 // Random bf16: normal values with exponents spread over 2^±8; with `specials`, also zeros of both
@@ -698,23 +689,11 @@ void run_host_emulation() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  uint64_t seed = uint64_t(std::chrono::system_clock::now().time_since_epoch().count());
-  bool quick = false;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") == 0)
-      quick = true;
-    else if (std::strcmp(argv[i], "--no-dispatch-check") == 0)
-      g_dispatch_check = false;
-    else if (std::strcmp(argv[i], "--no-ws") == 0)
-      g_kind1 = false;
-    else
-      seed = std::strtoull(argv[i], nullptr, 10);
-  }
-  g_quick = quick;
+  if (!start("test_gemm_small_m", argc, argv,
+             {{"--no-dispatch-check", &g_dispatch_check, false}, {"--no-ws", &g_kind1, false}}))
+    return 2;
   g_checks_per_variant.assign(size_t(small_m_variant_count()), 0);
-  std::printf("test_gemm_small_m: seed %llu%s%s\n", (unsigned long long)seed,
-              quick ? " (--quick)" : "", g_kind1 ? "" : " (--no-ws: kind 1 variants left out)");
-  g_rng.seed(seed);
+  if (!g_kind1) std::printf("--no-ws: kind 1 variants left out\n");
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs; %d small-M tiles; compiled == planned: %s\n", prop.name,
@@ -737,7 +716,7 @@ int main(int argc, char** argv) {
       int pad;  // 0 contiguous, 1 padded for S = 2 and 8, 2 always padded
     };
     std::vector<NK> nk = {{111, 1000, 0}, {3, 17, 1}, {1, 1, 1}, {77, 333, 2}};
-    if (!quick) nk.push_back({259, 4100, 0});
+    if (!g_quick) nk.push_back({259, 4100, 0});
     int variant = 0;
     for (int64_t M : Ms)
       for (const NK& e : nk)
@@ -797,7 +776,7 @@ int main(int argc, char** argv) {
     run_case(Case{2, 130, 1000, 1, DType::kBF16, 2, 0, 0, 0, false, -1, 8});
 
     // 5. Qwen3-8B layer shapes (N, K): qkv, o_proj, gate|up, down.
-    if (!quick) {
+    if (!g_quick) {
       const int64_t shapes[][2] = {{6144, 4096}, {4096, 4096}, {24576, 4096}, {4096, 12288}};
       int i = 0;
       for (int64_t M : {1, 8, 64})
@@ -830,11 +809,9 @@ int main(int argc, char** argv) {
     std::printf("%s\n", buf);
     report(min_checks >= 5, buf);
   } catch (const std::exception& e) {
-    std::printf("FAIL exception: %s\n", e.what());
-    ++g_fail;
+    report(false, std::string("exception: ") + e.what());
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("test_gemm_small_m: %d passed, %d failed (seed %llu, %.1f s)\n", g_pass, g_fail,
-              (unsigned long long)seed, secs);
-  return g_fail == 0 ? 0 : 1;
+  std::printf("test_gemm_small_m: %.1f s\n", secs);
+  return finish("test_gemm_small_m");
 }
