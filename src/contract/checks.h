@@ -195,4 +195,12 @@ void check_sample(const char* op, Device dev, const TensorView& h, const TensorV
                   const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
                   const TensorView& entropy);
 
+// --- backward (docs/contract.md §B): one file per area ------------------------------------------
+
+// --- backward_gemm.cc, backward_norm.cc, backward_embedding.cc (GEMM dX/dW, RMSNorm, embedding)
+
+// --- backward_logprob.cc, backward_elementwise.cc (linear log-prob, RoPE, SiLU-and-mul)
+
+// --- backward_attention.cc (packed varlen attention)
+
 }  // namespace lockstep::contract
