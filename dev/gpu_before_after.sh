@@ -19,14 +19,20 @@ fi
 mkdir -p build-gpu-before/bin && tar -C build-gpu-before/bin -xzf build-gpu-before/before.tgz
 export LD_LIBRARY_PATH="$PWD/build-gpu/rt${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 echo "[ab] before: $(cat build-gpu-before/bin/BUILT_FROM)  after: $(cat build-gpu/BUILT_FROM 2>/dev/null)"
+# AB_BENCH=NAME[,NAME...] limits the benchmarks. The order alternates (odd reps before first,
+# even reps after first) so that neither side always runs on a GPU the other just heated; the SM
+# clock, power and temperature are logged before every benchmark (clocks.log).
+benches=${AB_BENCH:-bench_gemm_cuda,bench_gemm_small_m,bench_attention,bench_logprob}
 for r in $(seq 1 "$reps"); do
-  for side in before after; do
+  order="before after"; [ $((r % 2)) -eq 0 ] && order="after before"
+  for side in $order; do
     d=build-gpu; [ "$side" = before ] && d=build-gpu-before/bin
     mkdir -p "$L/$side.$r"
-    "$d/bench_gemm_cuda" >"$L/$side.$r/bench_gemm_cuda.md" 2>&1
-    "$d/bench_gemm_small_m" >"$L/$side.$r/bench_gemm_small_m.md" 2>&1
-    "$d/bench_attention" >"$L/$side.$r/bench_attention.md" 2>&1
-    "$d/bench_logprob" >"$L/$side.$r/bench_logprob.md" 2>&1
+    for b in ${benches//,/ }; do
+      echo "$side.$r $b $(nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu \
+        --format=csv,noheader 2>/dev/null)" >>"$L/clocks.log"
+      "$d/$b" >"$L/$side.$r/$b.md" 2>&1
+    done
     echo "[ab] $side rep $r done ($(date -u +%T))"
   done
 done
