@@ -8,8 +8,9 @@
 //     contract (cuda::gemm_bf16_nt, fp32 out) into a bounded scratch, then the tile-state kernel;
 // then the fold/tree/finish kernel. Scratch is O(token_block · (chunk + tiles)) whatever T is; no
 // [T, V] buffer ever exists. logprob_launch_plan prints the choice.
-// Every argument is checked before anything is launched; host targets are checked exactly like
-// the CPU op (message names the element), device targets are trusted (an invalid one gives NaN).
+// Every argument is checked before anything is launched, by the CPU op's own checks
+// (src/contract/logprob.cc, Device::kCUDA): host targets are checked element by element, device
+// targets are trusted (an invalid one gives NaN).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -165,35 +166,6 @@ void fill_f32(float* p, int64_t n, uint32_t bits, cudaStream_t stream, const cha
 
 namespace {
 
-using detail::check_device_view;
-
-bool pow2_upto8(int64_t n) { return n == 1 || n == 2 || n == 4 || n == 8; }
-
-void check_h_w(const char* op, const TensorView& h, const TensorView& w, const char* w_name) {
-  check_device_view(op, "h", h, DType::kBF16, {-1, -1});
-  LS_CHECK(h.size(1) >= 1, op, "argument 'h': hidden size (dim 1) must be >= 1, got ", h.size(1));
-  check_device_view(op, w_name, w, DType::kBF16, {-1, h.size(1)});
-}
-
-// targets [T] i32/i64 on either device; host values are checked like the CPU op.
-void check_targets(const char* op, const TensorView& targets, int64_t T, int64_t V,
-                   int64_t ignore_index) {
-  check_tensor_dtypes(op, "targets", targets, {DType::kI32, DType::kI64}, {T}, targets.device);
-  if (targets.device != Device::kCPU) return;
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t g = contract::index_at(targets, t);
-    LS_CHECK(g == ignore_index || (g >= 0 && g < V), op, "argument 'targets': targets[", t,
-             "] = ", g, " is outside [0, ", V, ") and is not ignore_index (", ignore_index, ")");
-  }
-}
-
-void check_outputs(const char* op, const TensorView& logp, const TensorView& lse,
-                   const TensorView& entropy, int64_t T) {
-  check_tensor(op, "logp", logp, DType::kF32, {T}, Device::kCUDA);
-  check_tensor(op, "lse", lse, DType::kF32, {T}, Device::kCUDA);
-  check_tensor(op, "entropy", entropy, DType::kF32, {T}, Device::kCUDA);
-}
-
 // The fused producer: the Hopper GEMM kernel (128x256 tiles, one segment of length seg_len = K
 // rounded up to 16) with the log-prob epilogue (logprob_epilogue.cuh). Requires
 // gemm_operands_tma_ok; M, N >= 1.
@@ -346,13 +318,8 @@ LogprobProducer linear_logprob_with_producer(const TensorView& h, const TensorVi
                                              const TensorView& lse, const TensorView& entropy,
                                              LogprobProducer producer, void* stream) {
   const char* op = "cuda::linear_logprob";
-  cfg.validate();
-  params.validate();
-  check_h_w(op, h, w, "w");
+  contract::check_linear_logprob(op, Device::kCUDA, h, w, targets, params, cfg, logp, lse, entropy);
   const int64_t T = h.size(0), V = w.size(0);
-  LS_CHECK(V >= 1, op, "argument 'w': vocab size (dim 0) must be >= 1, got ", V);
-  check_targets(op, targets, T, V, params.ignore_index);
-  check_outputs(op, logp, lse, entropy, T);
   if (T == 0) return LogprobProducer::kUnfused;  // nothing runs
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const LogprobVocabLayout lay = logprob_vocab_layout(cfg, V);
@@ -374,25 +341,9 @@ LogprobProducer linear_logprob_partial_with_producer(
     const LogprobParams& params, const ContractConfig& cfg, const LogprobShard& shard,
     const TensorView& state, LogprobProducer producer, void* stream) {
   const char* op = "cuda::linear_logprob_partial";
-  cfg.validate();
-  params.validate();
-  check_device_view(op, "h", h, DType::kBF16, {-1, -1});
-  LS_CHECK(h.size(1) >= 1, op, "argument 'h': hidden size (dim 1) must be >= 1, got ", h.size(1));
-  const int64_t T = h.size(0), H = h.size(1);
-  LS_CHECK(shard.vocab_size >= 1, op, "shard.vocab_size must be >= 1, got ", shard.vocab_size);
-  LS_CHECK(pow2_upto8(shard.seg_count) && cfg.vocab_segments % shard.seg_count == 0 &&
-               shard.seg_begin >= 0 && shard.seg_begin % shard.seg_count == 0 &&
-               shard.seg_begin + shard.seg_count <= cfg.vocab_segments,
-           op, "shard: segments [", shard.seg_begin, ", ", shard.seg_begin + shard.seg_count,
-           ") are not an aligned power-of-two subtree of vocab_segments=", cfg.vocab_segments);
-  const LogprobVocabLayout lay = logprob_vocab_layout(cfg, shard.vocab_size);
-  const int64_t v_begin = int64_t(shard.seg_begin) * lay.segment_len;
-  const int64_t v0 = std::min(shard.vocab_size, v_begin);
-  const int64_t v1 =
-      std::min(shard.vocab_size, int64_t(shard.seg_begin + shard.seg_count) * lay.segment_len);
-  check_device_view(op, "w_shard", w_shard, DType::kBF16, {v1 - v0, H});
-  check_targets(op, targets, T, shard.vocab_size, params.ignore_index);
-  check_device_view(op, "state", state, DType::kF32, {T, 4});
+  const contract::ShardRows sr = contract::check_linear_logprob_partial(
+      op, Device::kCUDA, h, w_shard, targets, params, cfg, shard, state);
+  const int64_t T = h.size(0);
   if (T == 0) return LogprobProducer::kUnfused;  // nothing runs
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   detail::Scratch scratch(op, s);
@@ -402,8 +353,8 @@ LogprobProducer linear_logprob_partial_with_producer(
   out.state = state.ptr<float>();
   out.state_ld = state.stride[0];
   // An all-padding rank (v0 == v1 == V) has no rows: every tile is empty.
-  return run_states(op, h, w_shard, v1 - v0, v_begin, lay, shard.seg_count, tg, params, cfg, out,
-                    scratch, producer, s);
+  return run_states(op, h, w_shard, sr.v1 - sr.v0, int64_t(shard.seg_begin) * sr.lay.segment_len,
+                    sr.lay, shard.seg_count, tg, params, cfg, out, scratch, producer, s);
 }
 
 }  // namespace detail
@@ -428,16 +379,9 @@ void linear_logprob_combine(const TensorView& states, const TensorView& targets,
                             int64_t vocab_size, const TensorView& logp, const TensorView& lse,
                             const TensorView& entropy, void* stream) {
   const char* op = "cuda::linear_logprob_combine";
-  cfg.validate();
-  params.validate();
-  check_device_view(op, "states", states, DType::kF32, {-1, -1, 4});
+  const LogprobVocabLayout lay = contract::check_linear_logprob_combine(
+      op, Device::kCUDA, states, targets, params, cfg, vocab_size, logp, lse, entropy);
   const int64_t R = states.size(0), T = states.size(1);
-  LS_CHECK(pow2_upto8(R) && cfg.vocab_segments % R == 0, op,
-           "argument 'states': rank count (dim 0) must be a power of two dividing vocab_segments=",
-           cfg.vocab_segments, ", got ", R);
-  const LogprobVocabLayout lay = logprob_vocab_layout(cfg, vocab_size);
-  check_targets(op, targets, T, vocab_size, params.ignore_index);
-  check_outputs(op, logp, lse, entropy, T);
   if (T == 0) return;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   detail::Scratch scratch(op, s);
