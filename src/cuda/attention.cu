@@ -61,8 +61,6 @@ Meta host_meta(const char* op, const char* arg, const TensorView& t, cudaStream_
   return m;
 }
 
-int32_t rd(const TensorView& t, int64_t i) { return t.ptr<const int32_t>()[i * t.stride[0]]; }
-
 int num_sms() {
   static const int n = [] {
     int dev = 0, v = 132;
@@ -79,6 +77,7 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 // ------------------------------------------------------------------------------------------------
 // Kernel choice.
 
+// The kernels, in the order of kKerns below.
 enum class Kern { kCs64, kCs128, kKs64x, kKs128x, kKs64, kKs128, kKs256, kKs512 };
 
 bool cs_ok(int64_t D, int64_t G) { return (D == 64 || D == 128) && G <= kCsCols; }
@@ -111,83 +110,28 @@ void launch_kernel(const char* op, int smem, dim3 grid, cudaStream_t s, const At
   Kernel<<<grid, kThreads, smem, s>>>(p);
 }
 
-int kern_smem(Kern k) {
-  switch (k) {
-    case Kern::kCs64:
-      return CsShape<64, kCsStages>::kSmem;
-    case Kern::kCs128:
-      return CsShape<128, kCsStages>::kSmem;
-    case Kern::kKs64x:
-    case Kern::kKs64:
-      return KsShape<64, ks_stages<64>()>::kSmem;
-    case Kern::kKs128x:
-    case Kern::kKs128:
-      return KsShape<128, ks_stages<128>()>::kSmem;
-    case Kern::kKs256:
-      return KsShape<256, ks_stages<256>()>::kSmem;
-    case Kern::kKs512:
-      return KsShape<512, ks_stages<512>()>::kSmem;
-  }
-  return 0;
+// Name, dynamic shared memory and launcher of each kernel, in Kern's order.
+struct KernInfo {
+  const char* name;
+  int smem;
+  void (*launch)(const char* op, int smem, dim3 grid, cudaStream_t s, const AttnParams& p);
+};
+template <int DM, bool EXACT>
+constexpr KernInfo ks_info(const char* name) {
+  return {name, KsShape<DM, ks_stages<DM>()>::kSmem,
+          launch_kernel<attn_ks_kernel<DM, EXACT, ks_stages<DM>()>>};
 }
-
-const char* kern_name(Kern k) {
-  switch (k) {
-    case Kern::kCs64:
-      return "cs<D=64>";
-    case Kern::kCs128:
-      return "cs<D=128>";
-    case Kern::kKs64x:
-      return "ks<D=64>";
-    case Kern::kKs128x:
-      return "ks<D=128>";
-    case Kern::kKs64:
-      return "ks<D<=64>";
-    case Kern::kKs128:
-      return "ks<D<=128>";
-    case Kern::kKs256:
-      return "ks<D<=256>";
-    case Kern::kKs512:
-      return "ks<D<=512>";
-  }
-  return "?";
-}
-
-void launch(const char* op, Kern k, const AttnParams& p, int64_t items, int64_t Hkv, int64_t zb,
-            cudaStream_t s) {
-  if (items == 0) return;
-  LS_CHECK(items < (int64_t(1) << 31) && Hkv <= 65535 && zb <= 65535, op,
-           "problem too large for one launch (items ", items, ", kv heads ", Hkv, ")");
-  const dim3 grid{unsigned(items), unsigned(Hkv), unsigned(zb)};
-  const int smem = kern_smem(k);
-  switch (k) {
-    case Kern::kCs64:
-      launch_kernel<attn_cs_kernel<64, kCsStages>>(op, smem, grid, s, p);
-      break;
-    case Kern::kCs128:
-      launch_kernel<attn_cs_kernel<128, kCsStages>>(op, smem, grid, s, p);
-      break;
-    case Kern::kKs64x:
-      launch_kernel<attn_ks_kernel<64, true, ks_stages<64>()>>(op, smem, grid, s, p);
-      break;
-    case Kern::kKs128x:
-      launch_kernel<attn_ks_kernel<128, true, ks_stages<128>()>>(op, smem, grid, s, p);
-      break;
-    case Kern::kKs64:
-      launch_kernel<attn_ks_kernel<64, false, ks_stages<64>()>>(op, smem, grid, s, p);
-      break;
-    case Kern::kKs128:
-      launch_kernel<attn_ks_kernel<128, false, ks_stages<128>()>>(op, smem, grid, s, p);
-      break;
-    case Kern::kKs256:
-      launch_kernel<attn_ks_kernel<256, false, ks_stages<256>()>>(op, smem, grid, s, p);
-      break;
-    case Kern::kKs512:
-      launch_kernel<attn_ks_kernel<512, false, ks_stages<512>()>>(op, smem, grid, s, p);
-      break;
-  }
-  cuda_check(op, cudaGetLastError(), "kernel launch");
-}
+constexpr KernInfo kKerns[] = {
+    {"cs<D=64>", CsShape<64, kCsStages>::kSmem, launch_kernel<attn_cs_kernel<64, kCsStages>>},
+    {"cs<D=128>", CsShape<128, kCsStages>::kSmem, launch_kernel<attn_cs_kernel<128, kCsStages>>},
+    ks_info<64, true>("ks<D=64>"),
+    ks_info<128, true>("ks<D=128>"),
+    ks_info<64, false>("ks<D<=64>"),
+    ks_info<128, false>("ks<D<=128>"),
+    ks_info<256, false>("ks<D<=256>"),
+    ks_info<512, false>("ks<D<=512>"),
+};
+const KernInfo& kern_info(Kern k) { return kKerns[int(k)]; }
 
 // ------------------------------------------------------------------------------------------------
 // Work items on the host, then one upload of items, row lists and (host) block tables.
@@ -285,18 +229,41 @@ Uploaded upload_plan(const char* op, const Plan& plan, const int32_t* kv_bt, int
   return u;
 }
 
-// Longest items first (better tail); the order never changes bits.
-void sort_items(Plan& plan) {
+// Each item's cost (64-key blocks), then longest items first (better tail); the order never
+// changes bits.
+void sort_items(Plan& plan, int64_t K) {
+  for (ItemPlan& ip : plan.items) {
+    int64_t lim = -1;
+    for (int32_t i = ip.rb; i < ip.rb + ip.nr; ++i) lim = std::max<int64_t>(lim, plan.row_pos[i]);
+    const int64_t lo = int64_t(ip.c_lo) * K;
+    const int64_t hi = std::min<int64_t>(int64_t(ip.c_hi) * K, lim + 1);
+    ip.cost = hi > lo ? (hi - lo + kBlk - 1) / kBlk : 0;
+  }
   std::stable_sort(plan.items.begin(), plan.items.end(),
                    [](const ItemPlan& a, const ItemPlan& b) { return a.cost > b.cost; });
 }
 
-int64_t item_cost(const Plan& plan, const ItemPlan& ip, int64_t K) {
-  int64_t lim = -1;
-  for (int32_t i = ip.rb; i < ip.rb + ip.nr; ++i) lim = std::max<int64_t>(lim, plan.row_pos[i]);
-  const int64_t lo = int64_t(ip.c_lo) * K;
-  const int64_t hi = std::min<int64_t>(int64_t(ip.c_hi) * K, lim + 1);
-  return hi > lo ? (hi - lo + kBlk - 1) / kBlk : 0;
+// Sorts the plan's items, uploads them (with the block tables' rows they read and the optional
+// per-row bytes, then prm.has_prefix), and launches `kern` over them: grid (items, Hkv, column
+// blocks of the longest item). Returns the uploaded lists.
+Uploaded launch_plan(const char* op, Kern kern, Plan& plan, AttnParams& prm, int64_t Hkv,
+                     const int32_t* kv_bt, int64_t kv_bt_s0, const int32_t* px_bt, int64_t px_bt_s0,
+                     Scratch& scr, cudaStream_t s, const std::vector<uint8_t>* extra = nullptr) {
+  sort_items(plan, prm.K);
+  const Uploaded u = upload_plan(op, plan, kv_bt, kv_bt_s0, px_bt, px_bt_s0, scr, extra);
+  prm.items = u.items;
+  prm.row_ids = u.row_ids;
+  prm.row_pos = u.row_pos;
+  if (extra) prm.has_prefix = u.extra;
+  const int64_t items = int64_t(plan.items.size());
+  const int64_t zb = (int64_t(plan.max_nr) * prm.G + kern_cols(kern) - 1) / kern_cols(kern);
+  if (items == 0) return u;
+  LS_CHECK(items < (int64_t(1) << 31) && Hkv <= 65535 && zb <= 65535, op,
+           "problem too large for one launch (items ", items, ", kv heads ", Hkv, ")");
+  const dim3 grid{unsigned(items), unsigned(Hkv), unsigned(zb)};
+  kern_info(kern).launch(op, kern_info(kern).smem, grid, s, prm);
+  cuda_check(op, cudaGetLastError(), "kernel launch");
+  return u;
 }
 
 void base_params(AttnParams& p, const TensorView& q, int64_t G, const AttentionConfig& cfg) {
@@ -493,14 +460,8 @@ void paged_run(const char* op, const TensorView& q, const PagedMeta& meta,
   set_cache(prm, k_cache, v_cache);
   set_outputs(prm, out, lse);
   if (num_splits <= 1) {
-    for (ItemPlan& ip : plan.items) ip.cost = item_cost(plan, ip, K);
-    sort_items(plan);
-    const Uploaded u = upload_plan(op, plan, bt, table.stride[0], nullptr, 0, scr);
-    prm.items = u.items;
-    prm.row_ids = u.row_ids;
-    prm.row_pos = u.row_pos;
     prm.finish = kFinalize;
-    launch(op, kern, prm, int64_t(plan.items.size()), p.Hkv, zb, s);
+    launch_plan(op, kern, plan, prm, p.Hkv, bt, table.stride[0], nullptr, 0, scr, s);
     return;
   }
   // Split-KV: each tile's chunks [0, Ct) cut into num_splits ranges; chunk states to a workspace;
@@ -518,11 +479,9 @@ void paged_run(const char* op, const TensorView& q, const PagedMeta& meta,
       t.c_lo = int32_t(ct * si / num_splits);
       t.c_hi = int32_t(ct * (si + 1) / num_splits);
       if (t.c_hi <= t.c_lo) continue;
-      t.cost = item_cost(plan, t, K);
       sp.items.push_back(t);
     }
   }
-  sort_items(sp);
   const size_t nst = size_t(N * Hq * cmax);
   float* ws_m = static_cast<float*>(scr.alloc(op, nst * size_t(D + 2) * 4));
   float* ws_l = ws_m + nst;
@@ -531,13 +490,9 @@ void paged_run(const char* op, const TensorView& q, const PagedMeta& meta,
       TensorView::contiguous(ws_m, DType::kF32, {N, Hq, cmax}, Device::kCUDA),
       TensorView::contiguous(ws_l, DType::kF32, {N, Hq, cmax}, Device::kCUDA),
       TensorView::contiguous(ws_a, DType::kF32, {N, Hq, cmax, D}, Device::kCUDA)};
-  const Uploaded u = upload_plan(op, sp, bt, table.stride[0], nullptr, 0, scr);
-  prm.items = u.items;
-  prm.row_ids = u.row_ids;
-  prm.row_pos = u.row_pos;
   prm.finish = kStoreChunks;
   set_states(prm, st, 0);
-  launch(op, kern, prm, int64_t(sp.items.size()), p.Hkv, zb, s);
+  const Uploaded u = launch_plan(op, kern, sp, prm, p.Hkv, bt, table.stride[0], nullptr, 0, scr, s);
   // Row list is the identity over rows 0..N-1: row_pos doubles as the per-row positions.
   launch_merge(op, st, u.row_pos, N, Hq, D, cfg.kv_chunk, out, lse, s);
 }
@@ -564,7 +519,6 @@ void attention_prefill_varlen(const TensorView& q, const TensorView& k, const Te
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const ck::QShape qs = ck::check_prefill_call(op, Device::kCUDA, q, k, v, seqs, cfg, out, lse);
   const int64_t T = qs.N, Hkv = k.shape[1], G = qs.Hq / Hkv, B = seqs.B();
-  const int64_t K = cfg.kv_chunk;
   if (T == 0) return;
   const Kern kern = pick(qs.D, cs_ok(qs.D, G));
   const int R = rows_per_item(kern, G);
@@ -587,10 +541,7 @@ void attention_prefill_varlen(const TensorView& q, const TensorView& k, const Te
       plan.items.push_back(ip);
     }
   }
-  for (ItemPlan& ip : plan.items) ip.cost = item_cost(plan, ip, K);
-  sort_items(plan);
   Scratch scr(s);
-  const Uploaded u = upload_plan(op, plan, nullptr, 0, nullptr, 0, scr);
   AttnParams p;
   base_params(p, q, G, cfg);
   p.k = k.ptr<const uint16_t>();
@@ -602,13 +553,9 @@ void attention_prefill_varlen(const TensorView& q, const TensorView& k, const Te
   p.P = 1;
   p.kv_vec = aligned16(p.k) && aligned16(p.v) && p.k_s0 % 8 == 0 && p.k_sh % 8 == 0 &&
              p.v_s0 % 8 == 0 && p.v_sh % 8 == 0;
-  p.items = u.items;
-  p.row_ids = u.row_ids;
-  p.row_pos = u.row_pos;
   p.finish = kFinalize;
   set_outputs(p, out, lse);
-  const int64_t zb = (int64_t(plan.max_nr) * G + kern_cols(kern) - 1) / kern_cols(kern);
-  launch(op, kern, p, int64_t(plan.items.size()), Hkv, zb, s);
+  launch_plan(op, kern, plan, p, Hkv, nullptr, 0, nullptr, 0, scr, s);
 }
 
 void attention_paged(const TensorView& q, const TensorView& q_seq, const TensorView& q_pos,
@@ -660,7 +607,6 @@ void paged_cascade(const char* op, const TensorView& q, const PagedMeta& meta,
     }
   }
   float* prefix_ws = nullptr;
-  const uint8_t* has_prefix_dev = nullptr;
   {
     Plan p1;
     int64_t total = 0, groups = 0;
@@ -692,20 +638,13 @@ void paged_cascade(const char* op, const TensorView& q, const PagedMeta& meta,
           p1.items.push_back(ip);
         }
       }
-      for (ItemPlan& ip : p1.items) ip.cost = item_cost(p1, ip, K);
-      sort_items(p1);
       prefix_ws = static_cast<float*>(scr.alloc(op, size_t(N * Hq * (D + 2)) * 4));
-      const Uploaded u = upload_plan(op, p1, bt, table.stride[0], pbt, pbt_s0, scr);
       AttnParams prm;
       base_params(prm, q, G, cfg);
       set_cache(prm, k_cache, v_cache);
-      prm.items = u.items;
-      prm.row_ids = u.row_ids;
-      prm.row_pos = u.row_pos;
       prm.finish = kStorePrefix;
       prm.prefix = prefix_ws;
-      const int64_t zb = (int64_t(p1.max_nr) * G + kern_cols(kern) - 1) / kern_cols(kern);
-      launch(op, kern, prm, int64_t(p1.items.size()), p.Hkv, zb, s);
+      launch_plan(op, kern, p1, prm, p.Hkv, bt, table.stride[0], pbt, pbt_s0, scr, s);
     }
   }
   // Phase 2: every row continues from its prefix state with its remaining chunks, reading
@@ -713,22 +652,15 @@ void paged_cascade(const char* op, const TensorView& q, const PagedMeta& meta,
   const Kern kern = pick(D, cs_ok(D, G) && multi_row(p, G));
   Plan p2;
   paged_tiles(p2, p, rows_per_item(kern, G), true, MPs, K, true);
-  for (ItemPlan& ip : p2.items) ip.cost = item_cost(p2, ip, K);
-  sort_items(p2);
-  const Uploaded u = upload_plan(op, p2, bt, table.stride[0], pbt, pbt_s0, scr, &has_prefix);
-  if (prefix_ws != nullptr) has_prefix_dev = u.extra;
   AttnParams prm;
   base_params(prm, q, G, cfg);
   set_cache(prm, k_cache, v_cache);
   set_outputs(prm, out, lse);
-  prm.items = u.items;
-  prm.row_ids = u.row_ids;
-  prm.row_pos = u.row_pos;
   prm.finish = kFinalize;
   prm.prefix = prefix_ws;
-  prm.has_prefix = has_prefix_dev;
-  const int64_t zb = (int64_t(p2.max_nr) * G + kern_cols(kern) - 1) / kern_cols(kern);
-  launch(op, kern, prm, int64_t(p2.items.size()), p.Hkv, zb, s);
+  // Rows continue from a prefix state only when phase 1 ran (has_prefix is read with prefix).
+  launch_plan(op, kern, p2, prm, p.Hkv, bt, table.stride[0], pbt, pbt_s0, scr, s,
+              prefix_ws != nullptr ? &has_prefix : nullptr);
 }
 
 }  // namespace
@@ -792,22 +724,15 @@ void attention_paged_chunk_states(const TensorView& q, const TensorView& q_seq,
   for (ItemPlan& ip : plan.items) {
     ip.c_lo = int32_t(chunk_begin);
     ip.c_hi = int32_t(chunk_begin + C);
-    ip.cost = item_cost(plan, ip, K);
   }
-  sort_items(plan);
   Scratch scr(s);
   const int32_t* bt = device_table(op, kv.block_table, scr);
-  const Uploaded u = upload_plan(op, plan, bt, kv.block_table.stride[0], nullptr, 0, scr);
   AttnParams prm;
   base_params(prm, q, G, cfg);
   set_cache(prm, kv.k_cache, kv.v_cache);
-  prm.items = u.items;
-  prm.row_ids = u.row_ids;
-  prm.row_pos = u.row_pos;
   prm.finish = kStoreChunks;
   set_states(prm, states, chunk_begin);
-  const int64_t zb = (int64_t(plan.max_nr) * G + kern_cols(kern) - 1) / kern_cols(kern);
-  launch(op, kern, prm, int64_t(plan.items.size()), p.Hkv, zb, s);
+  launch_plan(op, kern, plan, prm, p.Hkv, bt, kv.block_table.stride[0], nullptr, 0, scr, s);
 }
 
 void attention_merge_chunk_states(const AttentionChunkStates& states, const TensorView& q_pos,
@@ -831,7 +756,7 @@ void attention_merge_chunk_states(const AttentionChunkStates& states, const Tens
   ck::check_attn_outputs(op, Device::kCUDA, ck::QShape{N, Hq, D}, out, lse);
   std::vector<int32_t> pv(static_cast<size_t>(N));
   for (int64_t r = 0; r < N; ++r) {
-    const int64_t ps = rd(pos.host, r);
+    const int64_t ps = ck::read_i32(pos.host, r);
     LS_CHECK(ps >= 0 && ps / cfg.kv_chunk < C, op, "q_pos[", r, "] = ", ps, " needs ",
              ps / cfg.kv_chunk + 1, " chunks, but states hold C = ", C);
     pv[size_t(r)] = int32_t(ps);
@@ -868,10 +793,7 @@ void kv_cache_write(const TensorView& k, const TensorView& v, const TensorView& 
     // Host slots: checked exactly like the CPU op (range, -1, duplicates), then uploaded.
     std::vector<int64_t> slot(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) {
-      const int64_t sl =
-          slot_mapping.dtype == DType::kI32
-              ? int64_t(slot_mapping.ptr<const int32_t>()[t * slot_mapping.stride[0]])
-              : slot_mapping.ptr<const int64_t>()[t * slot_mapping.stride[0]];
+      const int64_t sl = ck::index_at(slot_mapping, t);
       LS_CHECK(sl == -1 || (sl >= 0 && sl < slots), op, "slot_mapping[", t, "] = ", sl,
                " outside [0, NP * P = ", slots, ") (and not -1)");
       slot[size_t(t)] = sl;
@@ -936,9 +858,9 @@ std::string attention_launch_plan(const AttentionConfig& cfg, int64_t hq, int64_
       "CTAs < 2 x SMs, per-chunk states + left-to-right merge kernel (128 threads per row x "
       "head); grid = (items, Hkv, column blocks)",
       cfg.to_string().c_str(), (long long)hq, (long long)hkv, (long long)G, (long long)D,
-      kern_name(pre), kern_cols(pre), rows_per_item(pre, G),
-      (long long)std::min<int64_t>(G, kern_cols(pre)), kern_smem(pre), kern_name(dec),
-      kern_cols(dec), kern_smem(dec), cfg.kv_chunk);
+      kern_info(pre).name, kern_cols(pre), rows_per_item(pre, G),
+      (long long)std::min<int64_t>(G, kern_cols(pre)), kern_info(pre).smem, kern_info(dec).name,
+      kern_cols(dec), kern_info(dec).smem, cfg.kv_chunk);
   return buf;
 }
 
