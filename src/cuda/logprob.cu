@@ -223,6 +223,24 @@ detail::LogprobProducer run_states(const char* op, const TensorView& h, const Te
   float* y_target = scratch.alloc_n<float>(rows_max);
   const GemmConfig gcfg = GemmConfig::from_contract(cfg);
   const int64_t data_tiles = (valid + L - 1) / L;  // tiles holding a real entry (fused)
+  // What every tile-state launch below shares (z, rows and the tile range are per launch).
+  detail::TileStateParams tiles{};
+  tiles.L = L;
+  tiles.valid = valid;
+  tiles.tau = params.temperature;
+  tiles.states = states;
+  tiles.n_tiles = n_tiles;
+  tiles.y_target = y_target;
+  tiles.targets = targets;
+  tiles.v_begin = v_begin;
+  tiles.ignore_index = params.ignore_index;
+  out.states = states;
+  out.n_tiles = n_tiles;
+  out.tps = lay.tiles_per_segment;
+  out.seg_count = seg_count;
+  out.y_target = y_target;
+  out.targets = targets;
+  out.ignore_index = params.ignore_index;
 
   for (int64_t r0 = 0; r0 < T; r0 += pl.token_block) {
     const int64_t rows = std::min(pl.token_block, T - r0);
@@ -246,17 +264,12 @@ detail::LogprobProducer run_states(const char* op, const TensorView& h, const Te
                                  w_local.stride[0], H, gemm_k_layout(gcfg, H).segment_len, e,
                                  stream);
       if (data_tiles < n_tiles) {  // all-padding tiles: empty states; nothing is read
-        detail::TileStateParams tp{};
+        detail::TileStateParams tp = tiles;
         tp.z = states;
         tp.ldz = 0;
         tp.rows = rows;
         tp.tile0 = data_tiles;
         tp.ntiles = n_tiles - data_tiles;
-        tp.L = L;
-        tp.valid = valid;
-        tp.tau = params.temperature;
-        tp.states = states;
-        tp.n_tiles = n_tiles;
         tp.y_target = nullptr;
         detail::launch_tile_states(tp, true, stream, op);
       }
@@ -273,37 +286,19 @@ detail::LogprobProducer run_states(const char* op, const TensorView& h, const Te
           zv.stride[0] = chunk_cols;
           gemm_bf16_nt(h_blk, w_local.rows(e0, e0 + ncols), nullptr, gcfg, zv, stream);
         }
-        detail::TileStateParams tp{};
+        detail::TileStateParams tp = tiles;
         tp.z = z;
         tp.ldz = chunk_cols;
         tp.rows = rows;
         tp.tile0 = tile0;
         tp.ntiles = ntiles;
-        tp.L = L;
-        tp.valid = valid;
-        tp.tau = params.temperature;
-        tp.states = states;
-        tp.n_tiles = n_tiles;
-        tp.y_target = y_target;
-        tp.targets = targets;
         tp.row0 = r0;
-        tp.v_begin = v_begin;
-        tp.ignore_index = params.ignore_index;
         detail::launch_tile_states(tp, true, stream, op);
       }
     }
-    out.states = states;
-    out.n_tiles = n_tiles;
-    out.tps = lay.tiles_per_segment;
-    out.seg_count = seg_count;
     out.rows = rows;
     out.row0 = r0;
-    out.y_target = y_target;
-    out.targets = targets;
-    out.ignore_index = params.ignore_index;
-    detail::lp_fold_kernel<<<unsigned((rows + detail::kFoldThreads - 1) / detail::kFoldThreads),
-                             detail::kFoldThreads, 0, stream>>>(out);
-    detail::check_launch(op);
+    detail::launch_fold(out, stream, op);
   }
   return fused ? LogprobProducer::kFused : LogprobProducer::kUnfused;
 }
@@ -400,8 +395,7 @@ void linear_logprob_combine(const TensorView& states, const TensorView& targets,
   p.logp_s = logp.stride[0];
   p.lse_s = lse.stride[0];
   p.entropy_s = entropy.stride[0];
-  detail::lp_combine_kernel<<<unsigned((T + detail::kFoldThreads - 1) / detail::kFoldThreads),
-                              detail::kFoldThreads, 0, s>>>(p);
+  detail::lp_combine_kernel<<<detail::fold_blocks(T), detail::kFoldThreads, 0, s>>>(p);
   detail::check_launch(op);
 }
 

@@ -203,6 +203,14 @@ static __global__ void __launch_bounds__(kFoldThreads) lp_fold_kernel(const Fold
   }
 }
 
+// Blocks of kFoldThreads threads for n rows (one thread each).
+inline unsigned fold_blocks(int64_t n) { return unsigned((n + kFoldThreads - 1) / kFoldThreads); }
+
+inline void launch_fold(const FoldParams& p, cudaStream_t stream, const char* op) {
+  lp_fold_kernel<<<fold_blocks(p.rows), kFoldThreads, 0, stream>>>(p);
+  check_launch(op);
+}
+
 struct LpCombineParams {
   const float* states;  // [R, T, 4]: element (r, t, c) at r·sr + t·st + c
   int64_t sr, st;
