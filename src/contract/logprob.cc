@@ -101,8 +101,12 @@ namespace {
 
 bool pow2_upto8(int64_t n) { return n == 1 || n == 2 || n == 4 || n == 8; }
 
-void check_out_1d(const char* op, Device dev, const char* arg, const TensorView& t, int64_t T) {
-  check_tensor(op, arg, t, DType::kF32, {T}, dev);
+// logp, lse, entropy: [T] f32 (any stride).
+void check_outputs(const char* op, Device dev, const TensorView& logp, const TensorView& lse,
+                   const TensorView& entropy, int64_t T) {
+  check_tensor(op, "logp", logp, DType::kF32, {T}, dev);
+  check_tensor(op, "lse", lse, DType::kF32, {T}, dev);
+  check_tensor(op, "entropy", entropy, DType::kF32, {T}, dev);
 }
 
 void check_h(const char* op, Device dev, const TensorView& h, const ContractConfig& cfg) {
@@ -144,9 +148,7 @@ void check_linear_logprob(const char* op, Device dev, const TensorView& h, const
   const int64_t T = h.size(0), V = w.size(0);
   LS_CHECK(V >= 1, op, "argument 'w': vocab size (dim 0) must be >= 1, got ", V);
   check_targets(op, dev, targets, T, V, params.ignore_index);
-  check_out_1d(op, dev, "logp", logp, T);
-  check_out_1d(op, dev, "lse", lse, T);
-  check_out_1d(op, dev, "entropy", entropy, T);
+  check_outputs(op, dev, logp, lse, entropy, T);
 }
 
 ShardRows check_linear_logprob_partial(const char* op, Device dev, const TensorView& h,
@@ -192,9 +194,7 @@ LogprobVocabLayout check_linear_logprob_combine(const char* op, Device dev,
            cfg.vocab_segments, ", got ", R);
   const LogprobVocabLayout lay = logprob_vocab_layout(cfg, vocab_size);
   check_targets(op, dev, targets, T, vocab_size, params.ignore_index);
-  check_out_1d(op, dev, "logp", logp, T);
-  check_out_1d(op, dev, "lse", lse, T);
-  check_out_1d(op, dev, "entropy", entropy, T);
+  check_outputs(op, dev, logp, lse, entropy, T);
   return lay;
 }
 

@@ -72,7 +72,21 @@ int num_sms() {
   return n;
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+// 16-byte vector loads are possible: the base 16-byte aligned and every stride but the last (which
+// is 1) a multiple of 8 elements.
+bool vec16(const TensorView& t) {
+  if ((reinterpret_cast<uintptr_t>(t.data) & 15u) != 0) return false;
+  for (int d = 0; d + 1 < t.ndim; ++d)
+    if (t.stride[d] % 8 != 0) return false;
+  return true;
+}
+
+// s0, s1, s2 = the first three strides of t.
+void strides3(const TensorView& t, int64_t& s0, int64_t& s1, int64_t& s2) {
+  s0 = t.stride[0];
+  s1 = t.stride[1];
+  s2 = t.stride[2];
+}
 
 // ------------------------------------------------------------------------------------------------
 // Kernel choice.
@@ -276,7 +290,7 @@ void base_params(AttnParams& p, const TensorView& q, int64_t G, const AttentionC
   p.G = int32_t(G);
   p.K = cfg.kv_chunk;
   p.scale = cfg.scale_log2(q.shape[2]);
-  p.q_vec = aligned16(q.data) && q.stride[0] % 8 == 0 && q.stride[1] % 8 == 0;
+  p.q_vec = vec16(q);
 }
 
 void set_outputs(AttnParams& p, const TensorView& out, const TensorView& lse) {
@@ -293,31 +307,20 @@ void set_outputs(AttnParams& p, const TensorView& out, const TensorView& lse) {
 void set_cache(AttnParams& p, const TensorView& k_cache, const TensorView& v_cache) {
   p.k = k_cache.ptr<const uint16_t>();
   p.v = v_cache.ptr<const uint16_t>();
-  p.k_s0 = k_cache.stride[0];
-  p.k_s1 = k_cache.stride[1];
-  p.k_sh = k_cache.stride[2];
-  p.v_s0 = v_cache.stride[0];
-  p.v_s1 = v_cache.stride[1];
-  p.v_sh = v_cache.stride[2];
+  strides3(k_cache, p.k_s0, p.k_s1, p.k_sh);
+  strides3(v_cache, p.v_s0, p.v_s1, p.v_sh);
   p.NP = k_cache.shape[0];
   p.P = int32_t(k_cache.shape[1]);
-  p.kv_vec = aligned16(p.k) && aligned16(p.v) && p.k_s0 % 8 == 0 && p.k_s1 % 8 == 0 &&
-             p.k_sh % 8 == 0 && p.v_s0 % 8 == 0 && p.v_s1 % 8 == 0 && p.v_sh % 8 == 0;
+  p.kv_vec = vec16(k_cache) && vec16(v_cache);
 }
 
 void set_states(AttnParams& p, const AttentionChunkStates& st, int64_t c0) {
   p.st_m = st.m.ptr<float>();
   p.st_l = st.l.ptr<float>();
   p.st_acc = st.acc.ptr<float>();
-  p.sm0 = st.m.stride[0];
-  p.sm1 = st.m.stride[1];
-  p.sm2 = st.m.stride[2];
-  p.sl0 = st.l.stride[0];
-  p.sl1 = st.l.stride[1];
-  p.sl2 = st.l.stride[2];
-  p.sa0 = st.acc.stride[0];
-  p.sa1 = st.acc.stride[1];
-  p.sa2 = st.acc.stride[2];
+  strides3(st.m, p.sm0, p.sm1, p.sm2);
+  strides3(st.l, p.sl0, p.sl1, p.sl2);
+  strides3(st.acc, p.sa0, p.sa1, p.sa2);
   p.st_c0 = c0;
 }
 
@@ -330,15 +333,9 @@ void launch_merge(const char* op, const AttentionChunkStates& st, const int32_t*
   mp.m = st.m.ptr<const float>();
   mp.l = st.l.ptr<const float>();
   mp.acc = st.acc.ptr<const float>();
-  mp.m0 = st.m.stride[0];
-  mp.m1 = st.m.stride[1];
-  mp.m2 = st.m.stride[2];
-  mp.l0 = st.l.stride[0];
-  mp.l1 = st.l.stride[1];
-  mp.l2 = st.l.stride[2];
-  mp.a0 = st.acc.stride[0];
-  mp.a1 = st.acc.stride[1];
-  mp.a2 = st.acc.stride[2];
+  strides3(st.m, mp.m0, mp.m1, mp.m2);
+  strides3(st.l, mp.l0, mp.l1, mp.l2);
+  strides3(st.acc, mp.a0, mp.a1, mp.a2);
   mp.pos = pos_dev;
   mp.Hq = int32_t(Hq);
   mp.D = int32_t(D);
@@ -551,8 +548,7 @@ void attention_prefill_varlen(const TensorView& q, const TensorView& k, const Te
   p.v_s0 = v.stride[0];
   p.v_sh = v.stride[1];
   p.P = 1;
-  p.kv_vec = aligned16(p.k) && aligned16(p.v) && p.k_s0 % 8 == 0 && p.k_sh % 8 == 0 &&
-             p.v_s0 % 8 == 0 && p.v_sh % 8 == 0;
+  p.kv_vec = vec16(k) && vec16(v);
   p.finish = kFinalize;
   set_outputs(p, out, lse);
   launch_plan(op, kern, plan, p, Hkv, nullptr, 0, nullptr, 0, scr, s);
@@ -822,20 +818,13 @@ void kv_cache_write(const TensorView& k, const TensorView& v, const TensorView& 
   w.slot_s0 = slot_mapping.device == Device::kCPU ? 1 : slot_mapping.stride[0];
   w.kc = k_cache.ptr<uint16_t>();
   w.vc = v_cache.ptr<uint16_t>();
-  w.kc0 = k_cache.stride[0];
-  w.kc1 = k_cache.stride[1];
-  w.kc2 = k_cache.stride[2];
-  w.vc0 = v_cache.stride[0];
-  w.vc1 = v_cache.stride[1];
-  w.vc2 = v_cache.stride[2];
+  strides3(k_cache, w.kc0, w.kc1, w.kc2);
+  strides3(v_cache, w.vc0, w.vc1, w.vc2);
   w.NP = NP;
   w.P = P;
   w.Hkv = int32_t(Hkv);
   w.D = int32_t(D);
-  w.vec = aligned16(w.k) && aligned16(w.v) && aligned16(w.kc) && aligned16(w.vc) &&
-          w.k_s0 % 8 == 0 && w.k_s1 % 8 == 0 && w.v_s0 % 8 == 0 && w.v_s1 % 8 == 0 &&
-          w.kc0 % 8 == 0 && w.kc1 % 8 == 0 && w.kc2 % 8 == 0 && w.vc0 % 8 == 0 && w.vc1 % 8 == 0 &&
-          w.vc2 % 8 == 0 && D % 8 == 0;
+  w.vec = vec16(k) && vec16(v) && vec16(k_cache) && vec16(v_cache) && D % 8 == 0;
   LS_CHECK(T < (int64_t(1) << 31), op, "too many tokens for one launch: ", T);
   kv_cache_write_kernel<<<unsigned(T), kThreads, 0, s>>>(w);
   cuda_check(op, cudaGetLastError(), "kernel launch");

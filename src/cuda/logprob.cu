@@ -44,6 +44,22 @@ constexpr int64_t kFusedTokenBlock = 8192;
 constexpr int64_t kSampleLogitsBudget = int64_t(128) << 20;
 constexpr int64_t kSortBudget = int64_t(64) << 20;
 constexpr int64_t kMaxSortBatch = 64;
+
+// Both plans' token block (fewer rows when a block's tile states would pass their budget: tiny
+// tiles, huge V) and scratch, with one vocab chunk and no logits.
+LogprobPlan block_plan(int64_t n_tiles, int64_t L, int64_t max_block, int64_t align) {
+  LogprobPlan pl;
+  pl.n_tiles = n_tiles;
+  pl.L = L;
+  int64_t tb = std::clamp<int64_t>(kStatesBudget / (n_tiles * 12), 1, max_block);
+  if (tb >= align) tb = tb / align * align;
+  pl.token_block = tb;
+  pl.chunks = 1;
+  pl.chunk_tiles = n_tiles;
+  pl.states_bytes = tb * n_tiles * 12;
+  pl.target_bytes = tb * 4;
+  return pl;
+}
 }  // namespace
 
 Scratch::~Scratch() {
@@ -62,35 +78,17 @@ void* Scratch::alloc(int64_t bytes) {
 }
 
 LogprobPlan logprob_plan(int64_t n_tiles, int64_t L) {
-  LogprobPlan pl;
-  pl.n_tiles = n_tiles;
-  pl.L = L;
-  // Fewer rows when the tile states of a block would pass their budget (tiny tiles, huge V).
-  int64_t tb = std::clamp<int64_t>(kStatesBudget / (n_tiles * 12), 1, kTokenBlock);
-  if (tb >= 64) tb = tb / 64 * 64;
-  pl.token_block = tb;
+  LogprobPlan pl = block_plan(n_tiles, L, kTokenBlock, 64);
+  const int64_t tb = pl.token_block;
   const int64_t max_tiles = std::max<int64_t>(1, kLogitsBudget / (tb * L * 4));
   pl.chunks = std::max<int64_t>(1, (n_tiles + max_tiles - 1) / max_tiles);
   pl.chunk_tiles = std::max<int64_t>(1, (n_tiles + pl.chunks - 1) / pl.chunks);  // balanced
   pl.logits_bytes = tb * pl.chunk_tiles * L * 4;
-  pl.states_bytes = tb * n_tiles * 12;
-  pl.target_bytes = tb * 4;
   return pl;
 }
 
 LogprobPlan logprob_fused_plan(int64_t n_tiles, int64_t L) {
-  LogprobPlan pl;
-  pl.n_tiles = n_tiles;
-  pl.L = L;
-  int64_t tb = std::clamp<int64_t>(kStatesBudget / (n_tiles * 12), 1, kFusedTokenBlock);
-  if (tb >= 128) tb = tb / 128 * 128;  // whole 128-row GEMM tiles
-  pl.token_block = tb;
-  pl.chunks = 1;
-  pl.chunk_tiles = n_tiles;
-  pl.logits_bytes = 0;
-  pl.states_bytes = tb * n_tiles * 12;
-  pl.target_bytes = tb * 4;
-  return pl;
+  return block_plan(n_tiles, L, kFusedTokenBlock, 128);  // whole 128-row GEMM tiles
 }
 
 bool logprob_fused_by_settings(const ContractConfig& cfg, int64_t T) {
