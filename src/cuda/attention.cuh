@@ -195,8 +195,6 @@ __device__ __forceinline__ void block_offsets(const AttnParams& p, const AttnIte
   }
 }
 
-// K and V rows of one block into shared memory (row stride lds): cp.async when aligned, zeros for
-// keys without an offset.
 // Q tile of a CTA's COLS columns (q_s [COLS, lds] bf16): column c -> q[row, head, :] of item
 // column col0 + c (zeros past the item's columns).
 template <int COLS>
@@ -216,6 +214,8 @@ __device__ __forceinline__ void load_q_tile(const AttnParams& p, const AttnItem&
   }
 }
 
+// K and V rows of one block into shared memory (row stride lds): cp.async when aligned, zeros for
+// keys without an offset.
 template <int DC>  // DC > 0: compile-time head_dim
 __device__ __forceinline__ void load_block(const AttnParams& p, int D, uint16_t* ks, int lds,
                                            const int64_t* off, int tid) {

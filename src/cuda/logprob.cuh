@@ -18,10 +18,11 @@
 
 #include "contract/logprob_formula.h"
 #include "cuda/elementwise_common.cuh"
+#include "lockstep/contract/logprob.h"  // kLogprobLanes
 
 namespace lockstep::cuda::detail {
 
-constexpr int kLpLanes = 8;        // kLogprobLanes
+constexpr int kLpLanes = kLogprobLanes;
 constexpr int kTileThreads = 256;  // 32 tiles per CTA
 constexpr int kFoldThreads = 128;
 constexpr int kLaneCache = 32;  // entries per lane kept in registers (vocab_tile <= 256)
