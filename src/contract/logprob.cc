@@ -5,22 +5,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <limits>
 #include <vector>
 
 #include "contract/checks.h"
+#include "contract/logprob_formula.h"
 #include "core/math.h"
 
 namespace lockstep {
-namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// The contract's max rule: the later operand wins only if strictly greater (never NaN: m starts
-// at -inf and NaN > x is false; NaN entries poison s instead).
-inline float max2(float a, float b) { return b > a ? b : a; }
-
-}  // namespace
+using contract::lp_max;
 
 void LogprobParams::validate() const {
   LS_CHECK(std::isfinite(temperature) && temperature > 0.0f, "LogprobParams",
@@ -52,11 +45,11 @@ LogprobVocabLayout logprob_vocab_layout(const ContractConfig& cfg, int64_t vocab
 LogprobState logprob_tile_state(const float* y, int64_t tile) {
   constexpr int kL = kLogprobLanes;
   float m8[kL], s8[kL], w8[kL];
-  for (int l = 0; l < kL; ++l) m8[l] = kNegInf;
+  for (int l = 0; l < kL; ++l) m8[l] = neg_inf_f32();
   for (int64_t j = 0; j < tile; j += kL)
-    for (int l = 0; l < kL; ++l) m8[l] = max2(m8[l], y[j + l]);
-  float m = max2(max2(max2(m8[0], m8[1]), max2(m8[2], m8[3])),
-                 max2(max2(m8[4], m8[5]), max2(m8[6], m8[7])));
+    for (int l = 0; l < kL; ++l) m8[l] = lp_max(m8[l], y[j + l]);
+  float m = lp_max(lp_max(lp_max(m8[0], m8[1]), lp_max(m8[2], m8[3])),
+                   lp_max(lp_max(m8[4], m8[5]), lp_max(m8[6], m8[7])));
   // NOTE: a zero max is made +0, so the max of a set does not depend on the order (only the sign
   // of a zero could): a GPU may use any reduction order, or fmaxf, for m.
   if (m == 0.0f) m = 0.0f;
@@ -69,7 +62,7 @@ LogprobState logprob_tile_state(const float* y, int64_t tile) {
       // NOTE: a -inf entry (padding) is skipped; adding +0 instead is the same bits (s and w are
       // never -0), and keeps the loop branch-free. Without it, -inf - (-inf) would poison an
       // all-padding tile with NaN.
-      bool skip = v == kNegInf;
+      bool skip = v == neg_inf_f32();
       s8[l] = s8[l] + (skip ? 0.0f : e);
       w8[l] = w8[l] + (skip ? 0.0f : e * d);
     }
@@ -82,17 +75,7 @@ LogprobState logprob_tile_state(const float* y, int64_t tile) {
 }
 
 LogprobState logprob_merge(const LogprobState& a, const LogprobState& b) {
-  if (b.s == 0.0f) return a;  // empty: identity (NaN s is not empty)
-  if (a.s == 0.0f) return b;
-  float M = max2(a.m, b.m);
-  float da = a.m - M, db = b.m - M;
-  float ea = ls_expf(da), eb = ls_expf(db);
-  LogprobState r;
-  r.m = M;
-  r.s = a.s * ea + b.s * eb;
-  // w is relative to the max: Σ e^(y-M)(y-M) = e^(m-M)·(w + (m-M)·s) for each side.
-  r.w = (a.w + da * a.s) * ea + (b.w + db * b.s) * eb;
-  return r;
+  return contract::lp_merge(a, b);
 }
 
 LogprobState logprob_tree(const LogprobState* states, int64_t n) {
@@ -105,11 +88,10 @@ LogprobState logprob_tree(const LogprobState* states, int64_t n) {
 }
 
 void logprob_finish(const LogprobState& st, float* lse, float* entropy) {
-  float ls = ls_logf(st.s);
-  // NOTE: entropy = log s - w/s is a sum of two non-negative terms (w <= 0): no cancellation,
-  // unlike lse - Σ p·y.
-  if (lse) *lse = canonical_f32(st.m + ls);
-  if (entropy) *entropy = canonical_f32(ls - st.w / st.s);
+  float ent;
+  const float l = contract::lp_finish(st, &ent);
+  if (lse) *lse = l;
+  if (entropy) *entropy = ent;
 }
 
 }  // namespace lockstep
@@ -119,8 +101,12 @@ namespace {
 
 bool pow2_upto8(int64_t n) { return n == 1 || n == 2 || n == 4 || n == 8; }
 
-void check_out_1d(const char* op, Device dev, const char* arg, const TensorView& t, int64_t T) {
-  check_tensor(op, arg, t, DType::kF32, {T}, dev);
+// logp, lse, entropy: [T] f32 (any stride).
+void check_outputs(const char* op, Device dev, const TensorView& logp, const TensorView& lse,
+                   const TensorView& entropy, int64_t T) {
+  check_tensor(op, "logp", logp, DType::kF32, {T}, dev);
+  check_tensor(op, "lse", lse, DType::kF32, {T}, dev);
+  check_tensor(op, "entropy", entropy, DType::kF32, {T}, dev);
 }
 
 void check_h(const char* op, Device dev, const TensorView& h, const ContractConfig& cfg) {
@@ -129,10 +115,13 @@ void check_h(const char* op, Device dev, const TensorView& h, const ContractConf
   LS_CHECK(h.size(1) >= 1, op, "argument 'h': hidden size (dim 1) must be >= 1, got ", h.size(1));
 }
 
+// targets [T] i32/i64: on the host (values checked here; a GPU op uploads them) or on `dev` (a GPU
+// op's kernels guard them: an invalid id gives NaN).
 void check_targets(const char* op, Device dev, const TensorView& targets, int64_t T, int64_t V,
                    int64_t ignore_index) {
-  check_tensor_dtypes(op, "targets", targets, {DType::kI32, DType::kI64}, {T}, dev);
-  if (dev != Device::kCPU) return;  // device targets: the kernel guards them
+  check_tensor_dtypes(op, "targets", targets, {DType::kI32, DType::kI64}, {T},
+                      host_or(dev, targets));
+  if (targets.device != Device::kCPU) return;
   for (int64_t t = 0; t < T; ++t) {
     int64_t g = index_at(targets, t);
     LS_CHECK(g == ignore_index || (g >= 0 && g < V), op, "argument 'targets': targets[", t,
@@ -159,9 +148,7 @@ void check_linear_logprob(const char* op, Device dev, const TensorView& h, const
   const int64_t T = h.size(0), V = w.size(0);
   LS_CHECK(V >= 1, op, "argument 'w': vocab size (dim 0) must be >= 1, got ", V);
   check_targets(op, dev, targets, T, V, params.ignore_index);
-  check_out_1d(op, dev, "logp", logp, T);
-  check_out_1d(op, dev, "lse", lse, T);
-  check_out_1d(op, dev, "entropy", entropy, T);
+  check_outputs(op, dev, logp, lse, entropy, T);
 }
 
 ShardRows check_linear_logprob_partial(const char* op, Device dev, const TensorView& h,
@@ -207,9 +194,7 @@ LogprobVocabLayout check_linear_logprob_combine(const char* op, Device dev,
            cfg.vocab_segments, ", got ", R);
   const LogprobVocabLayout lay = logprob_vocab_layout(cfg, vocab_size);
   check_targets(op, dev, targets, T, vocab_size, params.ignore_index);
-  check_out_1d(op, dev, "logp", logp, T);
-  check_out_1d(op, dev, "lse", lse, T);
-  check_out_1d(op, dev, "entropy", entropy, T);
+  check_outputs(op, dev, logp, lse, entropy, T);
   return lay;
 }
 

@@ -87,6 +87,9 @@ LS_HD float log_special(uint32_t u, float y) {
 
 }  // namespace math_detail
 
+// -inf (an empty max, vocab padding, a masked logit), made from its bit pattern on host and device.
+LS_HD float neg_inf_f32() { return f32_from_bits(math_detail::kNegInfBits); }
+
 // 2^x. Max error 0.910 ulp (all inputs). 2^-inf = +0, 2^+inf = +inf, NaN -> canonical NaN,
 // overflow -> +inf, results below 2^-126 are subnormals (gradual underflow) or +0.
 // Branch-free: this is the softmax primitive (x = (s - m) * scale * log2 e <= 0).

@@ -11,20 +11,13 @@
 #include <vector>
 
 #include "contract/checks.h"
+#include "contract/logprob_formula.h"
 #include "core/math.h"
 #include "core/thread_pool.h"
 #include "cpu/logprob_internal.h"
 #include "lockstep/ops/gemm.h"
 
 namespace lockstep {
-
-namespace {
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// The contract's max rule: the later operand wins only if strictly greater (never NaN: m starts
-// at -inf and NaN > x is false; NaN entries poison s instead).
-inline float max2(float a, float b) { return b > a ? b : a; }
-}  // namespace
 
 namespace cpu {
 namespace logprob_detail {
@@ -111,7 +104,7 @@ void shard_states(const TensorView& h, const TensorView& w_shard, const TensorVi
           for (int64_t r = 0; r < rows; ++r) {
             float* yr = y.data() + r * L;
             for (int64_t j = 0; j < valid; ++j) yr[j] = yr[j] / temperature;
-            for (int64_t j = valid; j < L; ++j) yr[j] = kNegInf;  // vocab padding
+            for (int64_t j = valid; j < L; ++j) yr[j] = neg_inf_f32();  // vocab padding
             tiles[size_t(r * n_tiles + i)] = logprob_tile_state(yr, L);
             int64_t g = read_index(targets, r0 + r);
             if (g != params.ignore_index && g >= v_begin + lv0 && g < v_begin + lv0 + valid)
@@ -134,8 +127,7 @@ void shard_states(const TensorView& h, const TensorView& w_shard, const TensorVi
 
 void finish_token(const LogprobState& st, float y_target, bool ignored, float* logp, float* lse,
                   float* entropy) {
-  float l;
-  logprob_finish(st, &l, entropy);
+  const float l = contract::lp_finish(st, entropy);
   *lse = l;
   *logp = ignored ? 0.0f : canonical_f32(y_target - l);
 }

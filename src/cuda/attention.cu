@@ -61,8 +61,6 @@ Meta host_meta(const char* op, const char* arg, const TensorView& t, cudaStream_
   return m;
 }
 
-int32_t rd(const TensorView& t, int64_t i) { return t.ptr<const int32_t>()[i * t.stride[0]]; }
-
 int num_sms() {
   static const int n = [] {
     int dev = 0, v = 132;
@@ -74,11 +72,26 @@ int num_sms() {
   return n;
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+// 16-byte vector loads are possible: the base 16-byte aligned and every stride but the last (which
+// is 1) a multiple of 8 elements.
+bool vec16(const TensorView& t) {
+  if ((reinterpret_cast<uintptr_t>(t.data) & 15u) != 0) return false;
+  for (int d = 0; d + 1 < t.ndim; ++d)
+    if (t.stride[d] % 8 != 0) return false;
+  return true;
+}
+
+// s0, s1, s2 = the first three strides of t.
+void strides3(const TensorView& t, int64_t& s0, int64_t& s1, int64_t& s2) {
+  s0 = t.stride[0];
+  s1 = t.stride[1];
+  s2 = t.stride[2];
+}
 
 // ------------------------------------------------------------------------------------------------
 // Kernel choice.
 
+// The kernels, in the order of kKerns below.
 enum class Kern { kCs64, kCs128, kKs64x, kKs128x, kKs64, kKs128, kKs256, kKs512 };
 
 bool cs_ok(int64_t D, int64_t G) { return (D == 64 || D == 128) && G <= kCsCols; }
@@ -111,83 +124,28 @@ void launch_kernel(const char* op, int smem, dim3 grid, cudaStream_t s, const At
   Kernel<<<grid, kThreads, smem, s>>>(p);
 }
 
-int kern_smem(Kern k) {
-  switch (k) {
-    case Kern::kCs64:
-      return CsShape<64, kCsStages>::kSmem;
-    case Kern::kCs128:
-      return CsShape<128, kCsStages>::kSmem;
-    case Kern::kKs64x:
-    case Kern::kKs64:
-      return KsShape<64, ks_stages<64>()>::kSmem;
-    case Kern::kKs128x:
-    case Kern::kKs128:
-      return KsShape<128, ks_stages<128>()>::kSmem;
-    case Kern::kKs256:
-      return KsShape<256, ks_stages<256>()>::kSmem;
-    case Kern::kKs512:
-      return KsShape<512, ks_stages<512>()>::kSmem;
-  }
-  return 0;
+// Name, dynamic shared memory and launcher of each kernel, in Kern's order.
+struct KernInfo {
+  const char* name;
+  int smem;
+  void (*launch)(const char* op, int smem, dim3 grid, cudaStream_t s, const AttnParams& p);
+};
+template <int DM, bool EXACT>
+constexpr KernInfo ks_info(const char* name) {
+  return {name, KsShape<DM, ks_stages<DM>()>::kSmem,
+          launch_kernel<attn_ks_kernel<DM, EXACT, ks_stages<DM>()>>};
 }
-
-const char* kern_name(Kern k) {
-  switch (k) {
-    case Kern::kCs64:
-      return "cs<D=64>";
-    case Kern::kCs128:
-      return "cs<D=128>";
-    case Kern::kKs64x:
-      return "ks<D=64>";
-    case Kern::kKs128x:
-      return "ks<D=128>";
-    case Kern::kKs64:
-      return "ks<D<=64>";
-    case Kern::kKs128:
-      return "ks<D<=128>";
-    case Kern::kKs256:
-      return "ks<D<=256>";
-    case Kern::kKs512:
-      return "ks<D<=512>";
-  }
-  return "?";
-}
-
-void launch(const char* op, Kern k, const AttnParams& p, int64_t items, int64_t Hkv, int64_t zb,
-            cudaStream_t s) {
-  if (items == 0) return;
-  LS_CHECK(items < (int64_t(1) << 31) && Hkv <= 65535 && zb <= 65535, op,
-           "problem too large for one launch (items ", items, ", kv heads ", Hkv, ")");
-  const dim3 grid{unsigned(items), unsigned(Hkv), unsigned(zb)};
-  const int smem = kern_smem(k);
-  switch (k) {
-    case Kern::kCs64:
-      launch_kernel<attn_cs_kernel<64, kCsStages>>(op, smem, grid, s, p);
-      break;
-    case Kern::kCs128:
-      launch_kernel<attn_cs_kernel<128, kCsStages>>(op, smem, grid, s, p);
-      break;
-    case Kern::kKs64x:
-      launch_kernel<attn_ks_kernel<64, true, ks_stages<64>()>>(op, smem, grid, s, p);
-      break;
-    case Kern::kKs128x:
-      launch_kernel<attn_ks_kernel<128, true, ks_stages<128>()>>(op, smem, grid, s, p);
-      break;
-    case Kern::kKs64:
-      launch_kernel<attn_ks_kernel<64, false, ks_stages<64>()>>(op, smem, grid, s, p);
-      break;
-    case Kern::kKs128:
-      launch_kernel<attn_ks_kernel<128, false, ks_stages<128>()>>(op, smem, grid, s, p);
-      break;
-    case Kern::kKs256:
-      launch_kernel<attn_ks_kernel<256, false, ks_stages<256>()>>(op, smem, grid, s, p);
-      break;
-    case Kern::kKs512:
-      launch_kernel<attn_ks_kernel<512, false, ks_stages<512>()>>(op, smem, grid, s, p);
-      break;
-  }
-  cuda_check(op, cudaGetLastError(), "kernel launch");
-}
+constexpr KernInfo kKerns[] = {
+    {"cs<D=64>", CsShape<64, kCsStages>::kSmem, launch_kernel<attn_cs_kernel<64, kCsStages>>},
+    {"cs<D=128>", CsShape<128, kCsStages>::kSmem, launch_kernel<attn_cs_kernel<128, kCsStages>>},
+    ks_info<64, true>("ks<D=64>"),
+    ks_info<128, true>("ks<D=128>"),
+    ks_info<64, false>("ks<D<=64>"),
+    ks_info<128, false>("ks<D<=128>"),
+    ks_info<256, false>("ks<D<=256>"),
+    ks_info<512, false>("ks<D<=512>"),
+};
+const KernInfo& kern_info(Kern k) { return kKerns[int(k)]; }
 
 // ------------------------------------------------------------------------------------------------
 // Work items on the host, then one upload of items, row lists and (host) block tables.
@@ -285,18 +243,41 @@ Uploaded upload_plan(const char* op, const Plan& plan, const int32_t* kv_bt, int
   return u;
 }
 
-// Longest items first (better tail); the order never changes bits.
-void sort_items(Plan& plan) {
+// Each item's cost (64-key blocks), then longest items first (better tail); the order never
+// changes bits.
+void sort_items(Plan& plan, int64_t K) {
+  for (ItemPlan& ip : plan.items) {
+    int64_t lim = -1;
+    for (int32_t i = ip.rb; i < ip.rb + ip.nr; ++i) lim = std::max<int64_t>(lim, plan.row_pos[i]);
+    const int64_t lo = int64_t(ip.c_lo) * K;
+    const int64_t hi = std::min<int64_t>(int64_t(ip.c_hi) * K, lim + 1);
+    ip.cost = hi > lo ? (hi - lo + kBlk - 1) / kBlk : 0;
+  }
   std::stable_sort(plan.items.begin(), plan.items.end(),
                    [](const ItemPlan& a, const ItemPlan& b) { return a.cost > b.cost; });
 }
 
-int64_t item_cost(const Plan& plan, const ItemPlan& ip, int64_t K) {
-  int64_t lim = -1;
-  for (int32_t i = ip.rb; i < ip.rb + ip.nr; ++i) lim = std::max<int64_t>(lim, plan.row_pos[i]);
-  const int64_t lo = int64_t(ip.c_lo) * K;
-  const int64_t hi = std::min<int64_t>(int64_t(ip.c_hi) * K, lim + 1);
-  return hi > lo ? (hi - lo + kBlk - 1) / kBlk : 0;
+// Sorts the plan's items, uploads them (with the block tables' rows they read and the optional
+// per-row bytes, then prm.has_prefix), and launches `kern` over them: grid (items, Hkv, column
+// blocks of the longest item). Returns the uploaded lists.
+Uploaded launch_plan(const char* op, Kern kern, Plan& plan, AttnParams& prm, int64_t Hkv,
+                     const int32_t* kv_bt, int64_t kv_bt_s0, const int32_t* px_bt, int64_t px_bt_s0,
+                     Scratch& scr, cudaStream_t s, const std::vector<uint8_t>* extra = nullptr) {
+  sort_items(plan, prm.K);
+  const Uploaded u = upload_plan(op, plan, kv_bt, kv_bt_s0, px_bt, px_bt_s0, scr, extra);
+  prm.items = u.items;
+  prm.row_ids = u.row_ids;
+  prm.row_pos = u.row_pos;
+  if (extra) prm.has_prefix = u.extra;
+  const int64_t items = int64_t(plan.items.size());
+  const int64_t zb = (int64_t(plan.max_nr) * prm.G + kern_cols(kern) - 1) / kern_cols(kern);
+  if (items == 0) return u;
+  LS_CHECK(items < (int64_t(1) << 31) && Hkv <= 65535 && zb <= 65535, op,
+           "problem too large for one launch (items ", items, ", kv heads ", Hkv, ")");
+  const dim3 grid{unsigned(items), unsigned(Hkv), unsigned(zb)};
+  kern_info(kern).launch(op, kern_info(kern).smem, grid, s, prm);
+  cuda_check(op, cudaGetLastError(), "kernel launch");
+  return u;
 }
 
 void base_params(AttnParams& p, const TensorView& q, int64_t G, const AttentionConfig& cfg) {
@@ -309,7 +290,7 @@ void base_params(AttnParams& p, const TensorView& q, int64_t G, const AttentionC
   p.G = int32_t(G);
   p.K = cfg.kv_chunk;
   p.scale = cfg.scale_log2(q.shape[2]);
-  p.q_vec = aligned16(q.data) && q.stride[0] % 8 == 0 && q.stride[1] % 8 == 0;
+  p.q_vec = vec16(q);
 }
 
 void set_outputs(AttnParams& p, const TensorView& out, const TensorView& lse) {
@@ -326,31 +307,20 @@ void set_outputs(AttnParams& p, const TensorView& out, const TensorView& lse) {
 void set_cache(AttnParams& p, const TensorView& k_cache, const TensorView& v_cache) {
   p.k = k_cache.ptr<const uint16_t>();
   p.v = v_cache.ptr<const uint16_t>();
-  p.k_s0 = k_cache.stride[0];
-  p.k_s1 = k_cache.stride[1];
-  p.k_sh = k_cache.stride[2];
-  p.v_s0 = v_cache.stride[0];
-  p.v_s1 = v_cache.stride[1];
-  p.v_sh = v_cache.stride[2];
+  strides3(k_cache, p.k_s0, p.k_s1, p.k_sh);
+  strides3(v_cache, p.v_s0, p.v_s1, p.v_sh);
   p.NP = k_cache.shape[0];
   p.P = int32_t(k_cache.shape[1]);
-  p.kv_vec = aligned16(p.k) && aligned16(p.v) && p.k_s0 % 8 == 0 && p.k_s1 % 8 == 0 &&
-             p.k_sh % 8 == 0 && p.v_s0 % 8 == 0 && p.v_s1 % 8 == 0 && p.v_sh % 8 == 0;
+  p.kv_vec = vec16(k_cache) && vec16(v_cache);
 }
 
 void set_states(AttnParams& p, const AttentionChunkStates& st, int64_t c0) {
   p.st_m = st.m.ptr<float>();
   p.st_l = st.l.ptr<float>();
   p.st_acc = st.acc.ptr<float>();
-  p.sm0 = st.m.stride[0];
-  p.sm1 = st.m.stride[1];
-  p.sm2 = st.m.stride[2];
-  p.sl0 = st.l.stride[0];
-  p.sl1 = st.l.stride[1];
-  p.sl2 = st.l.stride[2];
-  p.sa0 = st.acc.stride[0];
-  p.sa1 = st.acc.stride[1];
-  p.sa2 = st.acc.stride[2];
+  strides3(st.m, p.sm0, p.sm1, p.sm2);
+  strides3(st.l, p.sl0, p.sl1, p.sl2);
+  strides3(st.acc, p.sa0, p.sa1, p.sa2);
   p.st_c0 = c0;
 }
 
@@ -363,15 +333,9 @@ void launch_merge(const char* op, const AttentionChunkStates& st, const int32_t*
   mp.m = st.m.ptr<const float>();
   mp.l = st.l.ptr<const float>();
   mp.acc = st.acc.ptr<const float>();
-  mp.m0 = st.m.stride[0];
-  mp.m1 = st.m.stride[1];
-  mp.m2 = st.m.stride[2];
-  mp.l0 = st.l.stride[0];
-  mp.l1 = st.l.stride[1];
-  mp.l2 = st.l.stride[2];
-  mp.a0 = st.acc.stride[0];
-  mp.a1 = st.acc.stride[1];
-  mp.a2 = st.acc.stride[2];
+  strides3(st.m, mp.m0, mp.m1, mp.m2);
+  strides3(st.l, mp.l0, mp.l1, mp.l2);
+  strides3(st.acc, mp.a0, mp.a1, mp.a2);
   mp.pos = pos_dev;
   mp.Hq = int32_t(Hq);
   mp.D = int32_t(D);
@@ -493,14 +457,8 @@ void paged_run(const char* op, const TensorView& q, const PagedMeta& meta,
   set_cache(prm, k_cache, v_cache);
   set_outputs(prm, out, lse);
   if (num_splits <= 1) {
-    for (ItemPlan& ip : plan.items) ip.cost = item_cost(plan, ip, K);
-    sort_items(plan);
-    const Uploaded u = upload_plan(op, plan, bt, table.stride[0], nullptr, 0, scr);
-    prm.items = u.items;
-    prm.row_ids = u.row_ids;
-    prm.row_pos = u.row_pos;
     prm.finish = kFinalize;
-    launch(op, kern, prm, int64_t(plan.items.size()), p.Hkv, zb, s);
+    launch_plan(op, kern, plan, prm, p.Hkv, bt, table.stride[0], nullptr, 0, scr, s);
     return;
   }
   // Split-KV: each tile's chunks [0, Ct) cut into num_splits ranges; chunk states to a workspace;
@@ -518,11 +476,9 @@ void paged_run(const char* op, const TensorView& q, const PagedMeta& meta,
       t.c_lo = int32_t(ct * si / num_splits);
       t.c_hi = int32_t(ct * (si + 1) / num_splits);
       if (t.c_hi <= t.c_lo) continue;
-      t.cost = item_cost(plan, t, K);
       sp.items.push_back(t);
     }
   }
-  sort_items(sp);
   const size_t nst = size_t(N * Hq * cmax);
   float* ws_m = static_cast<float*>(scr.alloc(op, nst * size_t(D + 2) * 4));
   float* ws_l = ws_m + nst;
@@ -531,13 +487,9 @@ void paged_run(const char* op, const TensorView& q, const PagedMeta& meta,
       TensorView::contiguous(ws_m, DType::kF32, {N, Hq, cmax}, Device::kCUDA),
       TensorView::contiguous(ws_l, DType::kF32, {N, Hq, cmax}, Device::kCUDA),
       TensorView::contiguous(ws_a, DType::kF32, {N, Hq, cmax, D}, Device::kCUDA)};
-  const Uploaded u = upload_plan(op, sp, bt, table.stride[0], nullptr, 0, scr);
-  prm.items = u.items;
-  prm.row_ids = u.row_ids;
-  prm.row_pos = u.row_pos;
   prm.finish = kStoreChunks;
   set_states(prm, st, 0);
-  launch(op, kern, prm, int64_t(sp.items.size()), p.Hkv, zb, s);
+  const Uploaded u = launch_plan(op, kern, sp, prm, p.Hkv, bt, table.stride[0], nullptr, 0, scr, s);
   // Row list is the identity over rows 0..N-1: row_pos doubles as the per-row positions.
   launch_merge(op, st, u.row_pos, N, Hq, D, cfg.kv_chunk, out, lse, s);
 }
@@ -564,7 +516,6 @@ void attention_prefill_varlen(const TensorView& q, const TensorView& k, const Te
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const ck::QShape qs = ck::check_prefill_call(op, Device::kCUDA, q, k, v, seqs, cfg, out, lse);
   const int64_t T = qs.N, Hkv = k.shape[1], G = qs.Hq / Hkv, B = seqs.B();
-  const int64_t K = cfg.kv_chunk;
   if (T == 0) return;
   const Kern kern = pick(qs.D, cs_ok(qs.D, G));
   const int R = rows_per_item(kern, G);
@@ -587,10 +538,7 @@ void attention_prefill_varlen(const TensorView& q, const TensorView& k, const Te
       plan.items.push_back(ip);
     }
   }
-  for (ItemPlan& ip : plan.items) ip.cost = item_cost(plan, ip, K);
-  sort_items(plan);
   Scratch scr(s);
-  const Uploaded u = upload_plan(op, plan, nullptr, 0, nullptr, 0, scr);
   AttnParams p;
   base_params(p, q, G, cfg);
   p.k = k.ptr<const uint16_t>();
@@ -600,15 +548,10 @@ void attention_prefill_varlen(const TensorView& q, const TensorView& k, const Te
   p.v_s0 = v.stride[0];
   p.v_sh = v.stride[1];
   p.P = 1;
-  p.kv_vec = aligned16(p.k) && aligned16(p.v) && p.k_s0 % 8 == 0 && p.k_sh % 8 == 0 &&
-             p.v_s0 % 8 == 0 && p.v_sh % 8 == 0;
-  p.items = u.items;
-  p.row_ids = u.row_ids;
-  p.row_pos = u.row_pos;
+  p.kv_vec = vec16(k) && vec16(v);
   p.finish = kFinalize;
   set_outputs(p, out, lse);
-  const int64_t zb = (int64_t(plan.max_nr) * G + kern_cols(kern) - 1) / kern_cols(kern);
-  launch(op, kern, p, int64_t(plan.items.size()), Hkv, zb, s);
+  launch_plan(op, kern, plan, p, Hkv, nullptr, 0, nullptr, 0, scr, s);
 }
 
 void attention_paged(const TensorView& q, const TensorView& q_seq, const TensorView& q_pos,
@@ -660,7 +603,6 @@ void paged_cascade(const char* op, const TensorView& q, const PagedMeta& meta,
     }
   }
   float* prefix_ws = nullptr;
-  const uint8_t* has_prefix_dev = nullptr;
   {
     Plan p1;
     int64_t total = 0, groups = 0;
@@ -692,20 +634,13 @@ void paged_cascade(const char* op, const TensorView& q, const PagedMeta& meta,
           p1.items.push_back(ip);
         }
       }
-      for (ItemPlan& ip : p1.items) ip.cost = item_cost(p1, ip, K);
-      sort_items(p1);
       prefix_ws = static_cast<float*>(scr.alloc(op, size_t(N * Hq * (D + 2)) * 4));
-      const Uploaded u = upload_plan(op, p1, bt, table.stride[0], pbt, pbt_s0, scr);
       AttnParams prm;
       base_params(prm, q, G, cfg);
       set_cache(prm, k_cache, v_cache);
-      prm.items = u.items;
-      prm.row_ids = u.row_ids;
-      prm.row_pos = u.row_pos;
       prm.finish = kStorePrefix;
       prm.prefix = prefix_ws;
-      const int64_t zb = (int64_t(p1.max_nr) * G + kern_cols(kern) - 1) / kern_cols(kern);
-      launch(op, kern, prm, int64_t(p1.items.size()), p.Hkv, zb, s);
+      launch_plan(op, kern, p1, prm, p.Hkv, bt, table.stride[0], pbt, pbt_s0, scr, s);
     }
   }
   // Phase 2: every row continues from its prefix state with its remaining chunks, reading
@@ -713,22 +648,15 @@ void paged_cascade(const char* op, const TensorView& q, const PagedMeta& meta,
   const Kern kern = pick(D, cs_ok(D, G) && multi_row(p, G));
   Plan p2;
   paged_tiles(p2, p, rows_per_item(kern, G), true, MPs, K, true);
-  for (ItemPlan& ip : p2.items) ip.cost = item_cost(p2, ip, K);
-  sort_items(p2);
-  const Uploaded u = upload_plan(op, p2, bt, table.stride[0], pbt, pbt_s0, scr, &has_prefix);
-  if (prefix_ws != nullptr) has_prefix_dev = u.extra;
   AttnParams prm;
   base_params(prm, q, G, cfg);
   set_cache(prm, k_cache, v_cache);
   set_outputs(prm, out, lse);
-  prm.items = u.items;
-  prm.row_ids = u.row_ids;
-  prm.row_pos = u.row_pos;
   prm.finish = kFinalize;
   prm.prefix = prefix_ws;
-  prm.has_prefix = has_prefix_dev;
-  const int64_t zb = (int64_t(p2.max_nr) * G + kern_cols(kern) - 1) / kern_cols(kern);
-  launch(op, kern, prm, int64_t(p2.items.size()), p.Hkv, zb, s);
+  // Rows continue from a prefix state only when phase 1 ran (has_prefix is read with prefix).
+  launch_plan(op, kern, p2, prm, p.Hkv, bt, table.stride[0], pbt, pbt_s0, scr, s,
+              prefix_ws != nullptr ? &has_prefix : nullptr);
 }
 
 }  // namespace
@@ -792,22 +720,15 @@ void attention_paged_chunk_states(const TensorView& q, const TensorView& q_seq,
   for (ItemPlan& ip : plan.items) {
     ip.c_lo = int32_t(chunk_begin);
     ip.c_hi = int32_t(chunk_begin + C);
-    ip.cost = item_cost(plan, ip, K);
   }
-  sort_items(plan);
   Scratch scr(s);
   const int32_t* bt = device_table(op, kv.block_table, scr);
-  const Uploaded u = upload_plan(op, plan, bt, kv.block_table.stride[0], nullptr, 0, scr);
   AttnParams prm;
   base_params(prm, q, G, cfg);
   set_cache(prm, kv.k_cache, kv.v_cache);
-  prm.items = u.items;
-  prm.row_ids = u.row_ids;
-  prm.row_pos = u.row_pos;
   prm.finish = kStoreChunks;
   set_states(prm, states, chunk_begin);
-  const int64_t zb = (int64_t(plan.max_nr) * G + kern_cols(kern) - 1) / kern_cols(kern);
-  launch(op, kern, prm, int64_t(plan.items.size()), p.Hkv, zb, s);
+  launch_plan(op, kern, plan, prm, p.Hkv, bt, kv.block_table.stride[0], nullptr, 0, scr, s);
 }
 
 void attention_merge_chunk_states(const AttentionChunkStates& states, const TensorView& q_pos,
@@ -831,7 +752,7 @@ void attention_merge_chunk_states(const AttentionChunkStates& states, const Tens
   ck::check_attn_outputs(op, Device::kCUDA, ck::QShape{N, Hq, D}, out, lse);
   std::vector<int32_t> pv(static_cast<size_t>(N));
   for (int64_t r = 0; r < N; ++r) {
-    const int64_t ps = rd(pos.host, r);
+    const int64_t ps = ck::read_i32(pos.host, r);
     LS_CHECK(ps >= 0 && ps / cfg.kv_chunk < C, op, "q_pos[", r, "] = ", ps, " needs ",
              ps / cfg.kv_chunk + 1, " chunks, but states hold C = ", C);
     pv[size_t(r)] = int32_t(ps);
@@ -868,10 +789,7 @@ void kv_cache_write(const TensorView& k, const TensorView& v, const TensorView& 
     // Host slots: checked exactly like the CPU op (range, -1, duplicates), then uploaded.
     std::vector<int64_t> slot(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) {
-      const int64_t sl =
-          slot_mapping.dtype == DType::kI32
-              ? int64_t(slot_mapping.ptr<const int32_t>()[t * slot_mapping.stride[0]])
-              : slot_mapping.ptr<const int64_t>()[t * slot_mapping.stride[0]];
+      const int64_t sl = ck::index_at(slot_mapping, t);
       LS_CHECK(sl == -1 || (sl >= 0 && sl < slots), op, "slot_mapping[", t, "] = ", sl,
                " outside [0, NP * P = ", slots, ") (and not -1)");
       slot[size_t(t)] = sl;
@@ -900,20 +818,13 @@ void kv_cache_write(const TensorView& k, const TensorView& v, const TensorView& 
   w.slot_s0 = slot_mapping.device == Device::kCPU ? 1 : slot_mapping.stride[0];
   w.kc = k_cache.ptr<uint16_t>();
   w.vc = v_cache.ptr<uint16_t>();
-  w.kc0 = k_cache.stride[0];
-  w.kc1 = k_cache.stride[1];
-  w.kc2 = k_cache.stride[2];
-  w.vc0 = v_cache.stride[0];
-  w.vc1 = v_cache.stride[1];
-  w.vc2 = v_cache.stride[2];
+  strides3(k_cache, w.kc0, w.kc1, w.kc2);
+  strides3(v_cache, w.vc0, w.vc1, w.vc2);
   w.NP = NP;
   w.P = P;
   w.Hkv = int32_t(Hkv);
   w.D = int32_t(D);
-  w.vec = aligned16(w.k) && aligned16(w.v) && aligned16(w.kc) && aligned16(w.vc) &&
-          w.k_s0 % 8 == 0 && w.k_s1 % 8 == 0 && w.v_s0 % 8 == 0 && w.v_s1 % 8 == 0 &&
-          w.kc0 % 8 == 0 && w.kc1 % 8 == 0 && w.kc2 % 8 == 0 && w.vc0 % 8 == 0 && w.vc1 % 8 == 0 &&
-          w.vc2 % 8 == 0 && D % 8 == 0;
+  w.vec = vec16(k) && vec16(v) && vec16(k_cache) && vec16(v_cache) && D % 8 == 0;
   LS_CHECK(T < (int64_t(1) << 31), op, "too many tokens for one launch: ", T);
   kv_cache_write_kernel<<<unsigned(T), kThreads, 0, s>>>(w);
   cuda_check(op, cudaGetLastError(), "kernel launch");
@@ -936,9 +847,9 @@ std::string attention_launch_plan(const AttentionConfig& cfg, int64_t hq, int64_
       "CTAs < 2 x SMs, per-chunk states + left-to-right merge kernel (128 threads per row x "
       "head); grid = (items, Hkv, column blocks)",
       cfg.to_string().c_str(), (long long)hq, (long long)hkv, (long long)G, (long long)D,
-      kern_name(pre), kern_cols(pre), rows_per_item(pre, G),
-      (long long)std::min<int64_t>(G, kern_cols(pre)), kern_smem(pre), kern_name(dec),
-      kern_cols(dec), kern_smem(dec), cfg.kv_chunk);
+      kern_info(pre).name, kern_cols(pre), rows_per_item(pre, G),
+      (long long)std::min<int64_t>(G, kern_cols(pre)), kern_info(pre).smem, kern_info(dec).name,
+      kern_cols(dec), kern_info(dec).smem, cfg.kv_chunk);
   return buf;
 }
 

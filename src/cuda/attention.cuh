@@ -195,6 +195,25 @@ __device__ __forceinline__ void block_offsets(const AttnParams& p, const AttnIte
   }
 }
 
+// Q tile of a CTA's COLS columns (q_s [COLS, lds] bf16): column c -> q[row, head, :] of item
+// column col0 + c (zeros past the item's columns).
+template <int COLS>
+__device__ __forceinline__ void load_q_tile(const AttnParams& p, const AttnItem& it, int kvh,
+                                            int col0, int D, uint16_t* q_s, int lds, int tid) {
+  for (int qi = tid; qi < COLS * (D / 8); qi += kThreads) {
+    const int c = qi / (D / 8), ch = qi % (D / 8);
+    uint4 val = make_uint4(0u, 0u, 0u, 0u);
+    const int cc = col0 + c;
+    if (cc < it.nr * p.G) {
+      const int ri = cc / p.G, g = cc - ri * p.G;
+      const int64_t row = p.row_ids[it.rb + ri];
+      const uint16_t* src = p.q + row * p.q_s0 + int64_t(kvh * p.G + g) * p.q_s1 + ch * 8;
+      val = p.q_vec ? *reinterpret_cast<const uint4*>(src) : load8_scalar(src);
+    }
+    *reinterpret_cast<uint4*>(q_s + c * lds + ch * 8) = val;
+  }
+}
+
 // K and V rows of one block into shared memory (row stride lds): cp.async when aligned, zeros for
 // keys without an offset.
 template <int DC>  // DC > 0: compile-time head_dim
@@ -322,19 +341,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_cs_kernel(const AttnParams p
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   if (tid == 0) *lim_s = -1;
 
-  // Q tile: column c -> q[row, head, :].
-  for (int qi = tid; qi < kCsCols * (D / 8); qi += kThreads) {
-    const int c = qi / (D / 8), ch = qi % (D / 8);
-    uint4 val = make_uint4(0u, 0u, 0u, 0u);
-    const int cc = col0 + c;
-    if (cc < it.nr * p.G) {
-      const int ri = cc / p.G, g = cc - ri * p.G;
-      const int64_t row = p.row_ids[it.rb + ri];
-      const uint16_t* src = p.q + row * p.q_s0 + int64_t(kvh * p.G + g) * p.q_s1 + ch * 8;
-      val = p.q_vec ? *reinterpret_cast<const uint4*>(src) : load8_scalar(src);
-    }
-    *reinterpret_cast<uint4*>(q_s + c * LDS + ch * 8) = val;
-  }
+  load_q_tile<kCsCols>(p, it, kvh, col0, D, q_s, LDS, tid);
   // This thread's columns (n-tile nt, e): warp*16 + nt*8 + 2*(lane&3) + e.
   ColInfo ci[2][2];
   int mypos = -1;
@@ -749,18 +756,7 @@ __global__ void __launch_bounds__(kThreads) attn_ks_kernel(const AttnParams p) {
   if (col0 >= it.nr * p.G) return;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
-  for (int qi = tid; qi < kKsCols * (D / 8); qi += kThreads) {
-    const int c = qi / (D / 8), ch = qi % (D / 8);
-    uint4 val = make_uint4(0u, 0u, 0u, 0u);
-    const int cc = col0 + c;
-    if (cc < it.nr * p.G) {
-      const int ri = cc / p.G, g = cc - ri * p.G;
-      const int64_t row = p.row_ids[it.rb + ri];
-      const uint16_t* src = p.q + row * p.q_s0 + int64_t(kvh * p.G + g) * p.q_s1 + ch * 8;
-      val = p.q_vec ? *reinterpret_cast<const uint4*>(src) : load8_scalar(src);
-    }
-    *reinterpret_cast<uint4*>(q_s + c * LDS + ch * 8) = val;
-  }
+  load_q_tile<kKsCols>(p, it, kvh, col0, D, q_s, LDS, tid);
   // Columns of this thread in the accumulator layout: 2*(lane&3) + e.
   ColInfo ci[2];
 #pragma unroll

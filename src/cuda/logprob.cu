@@ -8,8 +8,9 @@
 //     contract (cuda::gemm_bf16_nt, fp32 out) into a bounded scratch, then the tile-state kernel;
 // then the fold/tree/finish kernel. Scratch is O(token_block · (chunk + tiles)) whatever T is; no
 // [T, V] buffer ever exists. logprob_launch_plan prints the choice.
-// Every argument is checked before anything is launched; host targets are checked exactly like
-// the CPU op (message names the element), device targets are trusted (an invalid one gives NaN).
+// Every argument is checked before anything is launched, by the CPU op's own checks
+// (src/contract/logprob.cc, Device::kCUDA): host targets are checked element by element, device
+// targets are trusted (an invalid one gives NaN).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -43,6 +44,22 @@ constexpr int64_t kFusedTokenBlock = 8192;
 constexpr int64_t kSampleLogitsBudget = int64_t(128) << 20;
 constexpr int64_t kSortBudget = int64_t(64) << 20;
 constexpr int64_t kMaxSortBatch = 64;
+
+// Both plans' token block (fewer rows when a block's tile states would pass their budget: tiny
+// tiles, huge V) and scratch, with one vocab chunk and no logits.
+LogprobPlan block_plan(int64_t n_tiles, int64_t L, int64_t max_block, int64_t align) {
+  LogprobPlan pl;
+  pl.n_tiles = n_tiles;
+  pl.L = L;
+  int64_t tb = std::clamp<int64_t>(kStatesBudget / (n_tiles * 12), 1, max_block);
+  if (tb >= align) tb = tb / align * align;
+  pl.token_block = tb;
+  pl.chunks = 1;
+  pl.chunk_tiles = n_tiles;
+  pl.states_bytes = tb * n_tiles * 12;
+  pl.target_bytes = tb * 4;
+  return pl;
+}
 }  // namespace
 
 Scratch::~Scratch() {
@@ -61,35 +78,17 @@ void* Scratch::alloc(int64_t bytes) {
 }
 
 LogprobPlan logprob_plan(int64_t n_tiles, int64_t L) {
-  LogprobPlan pl;
-  pl.n_tiles = n_tiles;
-  pl.L = L;
-  // Fewer rows when the tile states of a block would pass their budget (tiny tiles, huge V).
-  int64_t tb = std::clamp<int64_t>(kStatesBudget / (n_tiles * 12), 1, kTokenBlock);
-  if (tb >= 64) tb = tb / 64 * 64;
-  pl.token_block = tb;
+  LogprobPlan pl = block_plan(n_tiles, L, kTokenBlock, 64);
+  const int64_t tb = pl.token_block;
   const int64_t max_tiles = std::max<int64_t>(1, kLogitsBudget / (tb * L * 4));
   pl.chunks = std::max<int64_t>(1, (n_tiles + max_tiles - 1) / max_tiles);
   pl.chunk_tiles = std::max<int64_t>(1, (n_tiles + pl.chunks - 1) / pl.chunks);  // balanced
   pl.logits_bytes = tb * pl.chunk_tiles * L * 4;
-  pl.states_bytes = tb * n_tiles * 12;
-  pl.target_bytes = tb * 4;
   return pl;
 }
 
 LogprobPlan logprob_fused_plan(int64_t n_tiles, int64_t L) {
-  LogprobPlan pl;
-  pl.n_tiles = n_tiles;
-  pl.L = L;
-  int64_t tb = std::clamp<int64_t>(kStatesBudget / (n_tiles * 12), 1, kFusedTokenBlock);
-  if (tb >= 128) tb = tb / 128 * 128;  // whole 128-row GEMM tiles
-  pl.token_block = tb;
-  pl.chunks = 1;
-  pl.chunk_tiles = n_tiles;
-  pl.logits_bytes = 0;
-  pl.states_bytes = tb * n_tiles * 12;
-  pl.target_bytes = tb * 4;
-  return pl;
+  return block_plan(n_tiles, L, kFusedTokenBlock, 128);  // whole 128-row GEMM tiles
 }
 
 bool logprob_fused_by_settings(const ContractConfig& cfg, int64_t T) {
@@ -165,35 +164,6 @@ void fill_f32(float* p, int64_t n, uint32_t bits, cudaStream_t stream, const cha
 
 namespace {
 
-using detail::check_device_view;
-
-bool pow2_upto8(int64_t n) { return n == 1 || n == 2 || n == 4 || n == 8; }
-
-void check_h_w(const char* op, const TensorView& h, const TensorView& w, const char* w_name) {
-  check_device_view(op, "h", h, DType::kBF16, {-1, -1});
-  LS_CHECK(h.size(1) >= 1, op, "argument 'h': hidden size (dim 1) must be >= 1, got ", h.size(1));
-  check_device_view(op, w_name, w, DType::kBF16, {-1, h.size(1)});
-}
-
-// targets [T] i32/i64 on either device; host values are checked like the CPU op.
-void check_targets(const char* op, const TensorView& targets, int64_t T, int64_t V,
-                   int64_t ignore_index) {
-  check_tensor_dtypes(op, "targets", targets, {DType::kI32, DType::kI64}, {T}, targets.device);
-  if (targets.device != Device::kCPU) return;
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t g = contract::index_at(targets, t);
-    LS_CHECK(g == ignore_index || (g >= 0 && g < V), op, "argument 'targets': targets[", t,
-             "] = ", g, " is outside [0, ", V, ") and is not ignore_index (", ignore_index, ")");
-  }
-}
-
-void check_outputs(const char* op, const TensorView& logp, const TensorView& lse,
-                   const TensorView& entropy, int64_t T) {
-  check_tensor(op, "logp", logp, DType::kF32, {T}, Device::kCUDA);
-  check_tensor(op, "lse", lse, DType::kF32, {T}, Device::kCUDA);
-  check_tensor(op, "entropy", entropy, DType::kF32, {T}, Device::kCUDA);
-}
-
 // The fused producer: the Hopper GEMM kernel (128x256 tiles, one segment of length seg_len = K
 // rounded up to 16) with the log-prob epilogue (logprob_epilogue.cuh). Requires
 // gemm_operands_tma_ok; M, N >= 1.
@@ -251,6 +221,24 @@ detail::LogprobProducer run_states(const char* op, const TensorView& h, const Te
   float* y_target = scratch.alloc_n<float>(rows_max);
   const GemmConfig gcfg = GemmConfig::from_contract(cfg);
   const int64_t data_tiles = (valid + L - 1) / L;  // tiles holding a real entry (fused)
+  // What every tile-state launch below shares (z, rows and the tile range are per launch).
+  detail::TileStateParams tiles{};
+  tiles.L = L;
+  tiles.valid = valid;
+  tiles.tau = params.temperature;
+  tiles.states = states;
+  tiles.n_tiles = n_tiles;
+  tiles.y_target = y_target;
+  tiles.targets = targets;
+  tiles.v_begin = v_begin;
+  tiles.ignore_index = params.ignore_index;
+  out.states = states;
+  out.n_tiles = n_tiles;
+  out.tps = lay.tiles_per_segment;
+  out.seg_count = seg_count;
+  out.y_target = y_target;
+  out.targets = targets;
+  out.ignore_index = params.ignore_index;
 
   for (int64_t r0 = 0; r0 < T; r0 += pl.token_block) {
     const int64_t rows = std::min(pl.token_block, T - r0);
@@ -274,17 +262,12 @@ detail::LogprobProducer run_states(const char* op, const TensorView& h, const Te
                                  w_local.stride[0], H, gemm_k_layout(gcfg, H).segment_len, e,
                                  stream);
       if (data_tiles < n_tiles) {  // all-padding tiles: empty states; nothing is read
-        detail::TileStateParams tp{};
+        detail::TileStateParams tp = tiles;
         tp.z = states;
         tp.ldz = 0;
         tp.rows = rows;
         tp.tile0 = data_tiles;
         tp.ntiles = n_tiles - data_tiles;
-        tp.L = L;
-        tp.valid = valid;
-        tp.tau = params.temperature;
-        tp.states = states;
-        tp.n_tiles = n_tiles;
         tp.y_target = nullptr;
         detail::launch_tile_states(tp, true, stream, op);
       }
@@ -301,37 +284,19 @@ detail::LogprobProducer run_states(const char* op, const TensorView& h, const Te
           zv.stride[0] = chunk_cols;
           gemm_bf16_nt(h_blk, w_local.rows(e0, e0 + ncols), nullptr, gcfg, zv, stream);
         }
-        detail::TileStateParams tp{};
+        detail::TileStateParams tp = tiles;
         tp.z = z;
         tp.ldz = chunk_cols;
         tp.rows = rows;
         tp.tile0 = tile0;
         tp.ntiles = ntiles;
-        tp.L = L;
-        tp.valid = valid;
-        tp.tau = params.temperature;
-        tp.states = states;
-        tp.n_tiles = n_tiles;
-        tp.y_target = y_target;
-        tp.targets = targets;
         tp.row0 = r0;
-        tp.v_begin = v_begin;
-        tp.ignore_index = params.ignore_index;
         detail::launch_tile_states(tp, true, stream, op);
       }
     }
-    out.states = states;
-    out.n_tiles = n_tiles;
-    out.tps = lay.tiles_per_segment;
-    out.seg_count = seg_count;
     out.rows = rows;
     out.row0 = r0;
-    out.y_target = y_target;
-    out.targets = targets;
-    out.ignore_index = params.ignore_index;
-    detail::lp_fold_kernel<<<unsigned((rows + detail::kFoldThreads - 1) / detail::kFoldThreads),
-                             detail::kFoldThreads, 0, stream>>>(out);
-    detail::check_launch(op);
+    detail::launch_fold(out, stream, op);
   }
   return fused ? LogprobProducer::kFused : LogprobProducer::kUnfused;
 }
@@ -346,13 +311,8 @@ LogprobProducer linear_logprob_with_producer(const TensorView& h, const TensorVi
                                              const TensorView& lse, const TensorView& entropy,
                                              LogprobProducer producer, void* stream) {
   const char* op = "cuda::linear_logprob";
-  cfg.validate();
-  params.validate();
-  check_h_w(op, h, w, "w");
+  contract::check_linear_logprob(op, Device::kCUDA, h, w, targets, params, cfg, logp, lse, entropy);
   const int64_t T = h.size(0), V = w.size(0);
-  LS_CHECK(V >= 1, op, "argument 'w': vocab size (dim 0) must be >= 1, got ", V);
-  check_targets(op, targets, T, V, params.ignore_index);
-  check_outputs(op, logp, lse, entropy, T);
   if (T == 0) return LogprobProducer::kUnfused;  // nothing runs
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const LogprobVocabLayout lay = logprob_vocab_layout(cfg, V);
@@ -374,25 +334,9 @@ LogprobProducer linear_logprob_partial_with_producer(
     const LogprobParams& params, const ContractConfig& cfg, const LogprobShard& shard,
     const TensorView& state, LogprobProducer producer, void* stream) {
   const char* op = "cuda::linear_logprob_partial";
-  cfg.validate();
-  params.validate();
-  check_device_view(op, "h", h, DType::kBF16, {-1, -1});
-  LS_CHECK(h.size(1) >= 1, op, "argument 'h': hidden size (dim 1) must be >= 1, got ", h.size(1));
-  const int64_t T = h.size(0), H = h.size(1);
-  LS_CHECK(shard.vocab_size >= 1, op, "shard.vocab_size must be >= 1, got ", shard.vocab_size);
-  LS_CHECK(pow2_upto8(shard.seg_count) && cfg.vocab_segments % shard.seg_count == 0 &&
-               shard.seg_begin >= 0 && shard.seg_begin % shard.seg_count == 0 &&
-               shard.seg_begin + shard.seg_count <= cfg.vocab_segments,
-           op, "shard: segments [", shard.seg_begin, ", ", shard.seg_begin + shard.seg_count,
-           ") are not an aligned power-of-two subtree of vocab_segments=", cfg.vocab_segments);
-  const LogprobVocabLayout lay = logprob_vocab_layout(cfg, shard.vocab_size);
-  const int64_t v_begin = int64_t(shard.seg_begin) * lay.segment_len;
-  const int64_t v0 = std::min(shard.vocab_size, v_begin);
-  const int64_t v1 =
-      std::min(shard.vocab_size, int64_t(shard.seg_begin + shard.seg_count) * lay.segment_len);
-  check_device_view(op, "w_shard", w_shard, DType::kBF16, {v1 - v0, H});
-  check_targets(op, targets, T, shard.vocab_size, params.ignore_index);
-  check_device_view(op, "state", state, DType::kF32, {T, 4});
+  const contract::ShardRows sr = contract::check_linear_logprob_partial(
+      op, Device::kCUDA, h, w_shard, targets, params, cfg, shard, state);
+  const int64_t T = h.size(0);
   if (T == 0) return LogprobProducer::kUnfused;  // nothing runs
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   detail::Scratch scratch(op, s);
@@ -402,8 +346,8 @@ LogprobProducer linear_logprob_partial_with_producer(
   out.state = state.ptr<float>();
   out.state_ld = state.stride[0];
   // An all-padding rank (v0 == v1 == V) has no rows: every tile is empty.
-  return run_states(op, h, w_shard, v1 - v0, v_begin, lay, shard.seg_count, tg, params, cfg, out,
-                    scratch, producer, s);
+  return run_states(op, h, w_shard, sr.v1 - sr.v0, int64_t(shard.seg_begin) * sr.lay.segment_len,
+                    sr.lay, shard.seg_count, tg, params, cfg, out, scratch, producer, s);
 }
 
 }  // namespace detail
@@ -428,16 +372,9 @@ void linear_logprob_combine(const TensorView& states, const TensorView& targets,
                             int64_t vocab_size, const TensorView& logp, const TensorView& lse,
                             const TensorView& entropy, void* stream) {
   const char* op = "cuda::linear_logprob_combine";
-  cfg.validate();
-  params.validate();
-  check_device_view(op, "states", states, DType::kF32, {-1, -1, 4});
+  const LogprobVocabLayout lay = contract::check_linear_logprob_combine(
+      op, Device::kCUDA, states, targets, params, cfg, vocab_size, logp, lse, entropy);
   const int64_t R = states.size(0), T = states.size(1);
-  LS_CHECK(pow2_upto8(R) && cfg.vocab_segments % R == 0, op,
-           "argument 'states': rank count (dim 0) must be a power of two dividing vocab_segments=",
-           cfg.vocab_segments, ", got ", R);
-  const LogprobVocabLayout lay = logprob_vocab_layout(cfg, vocab_size);
-  check_targets(op, targets, T, vocab_size, params.ignore_index);
-  check_outputs(op, logp, lse, entropy, T);
   if (T == 0) return;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   detail::Scratch scratch(op, s);
@@ -456,8 +393,7 @@ void linear_logprob_combine(const TensorView& states, const TensorView& targets,
   p.logp_s = logp.stride[0];
   p.lse_s = lse.stride[0];
   p.entropy_s = entropy.stride[0];
-  detail::lp_combine_kernel<<<unsigned((T + detail::kFoldThreads - 1) / detail::kFoldThreads),
-                              detail::kFoldThreads, 0, s>>>(p);
+  detail::lp_combine_kernel<<<detail::fold_blocks(T), detail::kFoldThreads, 0, s>>>(p);
   detail::check_launch(op);
 }
 

@@ -1,11 +1,11 @@
 // Linear log-prob kernels, docs/contract.md §L, fed fp32 logits z from the GEMM contract:
 //   tile states (§L.5): 8 lanes per tile, lane l owns entries l, l+8, ... (ascending), max by the
-//     max rule + zero rule, s/w lane sums skipping −inf, lanes combined by the xor butterfly 1, 2,
-//     4
-//     (= ((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)));
+//     max rule + zero rule, s/w lane sums skipping −inf, lanes combined by the xor butterfly
+//     1, 2, 4 (= ((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)));
 //   fold / tree / finish (§L.6, §L.7): one thread per token folds its tile states left to right
 //     per segment, merges the segments in the balanced tree, and finishes (or writes the (m, s, w,
-//     y_target) state of a vocab-parallel rank, §L.8);
+//     y_target) state of a vocab-parallel rank, §L.8); merge and finish are the contract's own
+//     host+device functions (contract/logprob_formula.h), the ones the CPU spec calls;
 //   combine (§L.8): the tree over the ranks' states in rank order.
 // The logits producer (GEMM into a bounded [token block, vocab chunk] scratch) lives in the
 // launcher; these kernels only see its fp32 output, so a fused GEMM + tile-state kernel can
@@ -16,50 +16,27 @@
 
 #include <cstdint>
 
-#include "core/math.h"
+#include "contract/logprob_formula.h"
 #include "cuda/elementwise_common.cuh"
+#include "lockstep/contract/logprob.h"  // kLogprobLanes
 
 namespace lockstep::cuda::detail {
 
-constexpr int kLpLanes = 8;        // kLogprobLanes
+constexpr int kLpLanes = kLogprobLanes;
 constexpr int kTileThreads = 256;  // 32 tiles per CTA
 constexpr int kFoldThreads = 128;
 constexpr int kLaneCache = 32;  // entries per lane kept in registers (vocab_tile <= 256)
 constexpr int kFoldBatch = 8;   // tile states loaded together by the fold
 
-__device__ __forceinline__ float neg_inf() { return __uint_as_float(0xff800000u); }
-
-// The contract's max rule: the later operand wins only if strictly greater (never NaN when the
-// running max starts at −inf).
-__device__ __forceinline__ float mx(float a, float b) { return b > a ? b : a; }
+using contract::lp_finish;
+using contract::lp_max;
+using contract::lp_merge;
 
 struct LpState {
   float m, s, w;
 };
 
-__device__ __forceinline__ LpState lp_empty() { return LpState{neg_inf(), 0.0f, 0.0f}; }
-
-// §L.6 merge: empty states are identities (returned bit-exact); never fused.
-__device__ __forceinline__ LpState lp_merge(const LpState& a, const LpState& b) {
-  if (b.s == 0.0f) return a;
-  if (a.s == 0.0f) return b;
-  const float M = mx(a.m, b.m);
-  const float da = __fsub_rn(a.m, M), db = __fsub_rn(b.m, M);
-  const float ea = ls_expf(da), eb = ls_expf(db);
-  LpState r;
-  r.m = M;
-  r.s = __fadd_rn(__fmul_rn(a.s, ea), __fmul_rn(b.s, eb));
-  r.w = __fadd_rn(__fmul_rn(__fadd_rn(a.w, __fmul_rn(da, a.s)), ea),
-                  __fmul_rn(__fadd_rn(b.w, __fmul_rn(db, b.s)), eb));
-  return r;
-}
-
-// §L.7: lse = m + log s, entropy = log s − w / s (both canonical NaN); returns lse.
-__device__ __forceinline__ float lp_finish(const LpState& st, float* entropy) {
-  const float ls = ls_logf(st.s);
-  *entropy = canonical(__fsub_rn(ls, __fdiv_rn(st.w, st.s)));
-  return canonical(__fadd_rn(st.m, ls));
-}
+__device__ __forceinline__ LpState lp_empty() { return LpState{neg_inf_f32(), 0.0f, 0.0f}; }
 
 static __global__ void lp_fill_kernel(float* p, int64_t n, uint32_t bits) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
@@ -99,33 +76,33 @@ static __global__ void __launch_bounds__(kTileThreads)
   const int64_t e0 = tile * p.L;                 // local entry of the tile's j = 0
   const float* zr = p.z + r * p.ldz + ti * p.L;  // its logit
   auto y_at = [&](int64_t j) -> float {
-    if (!live || e0 + j >= p.valid) return neg_inf();
+    if (!live || e0 + j >= p.valid) return neg_inf_f32();
     const float z = zr[j];
     return kTemper ? __fdiv_rn(z, p.tau) : z;
   };
 
-  float m = neg_inf();
+  float m = neg_inf_f32();
   float yc[kCached ? kLaneCache : 1];
   if constexpr (kCached) {
 #pragma unroll
     for (int i = 0; i < kLaneCache; ++i) {
       const int64_t j = lane + i * kLpLanes;
-      yc[i] = j < p.L ? y_at(j) : neg_inf();
+      yc[i] = j < p.L ? y_at(j) : neg_inf_f32();
     }
 #pragma unroll
-    for (int i = 0; i < kLaneCache; ++i) m = mx(m, yc[i]);
+    for (int i = 0; i < kLaneCache; ++i) m = lp_max(m, yc[i]);
   } else {
-    for (int64_t j = lane; j < p.L; j += kLpLanes) m = mx(m, y_at(j));
+    for (int64_t j = lane; j < p.L; j += kLpLanes) m = lp_max(m, y_at(j));
   }
   // The max is exact: any combination order gives the same value up to the sign of a zero.
-  m = mx(m, __shfl_xor_sync(0xffffffffu, m, 1));
-  m = mx(m, __shfl_xor_sync(0xffffffffu, m, 2));
-  m = mx(m, __shfl_xor_sync(0xffffffffu, m, 4));
+  m = lp_max(m, __shfl_xor_sync(0xffffffffu, m, 1));
+  m = lp_max(m, __shfl_xor_sync(0xffffffffu, m, 2));
+  m = lp_max(m, __shfl_xor_sync(0xffffffffu, m, 4));
   if (m == 0.0f) m = 0.0f;  // zero rule
 
   float s = 0.0f, w = 0.0f;
   auto add = [&](float y) {
-    if (y == neg_inf()) return;  // padding / masked: contributes nothing
+    if (y == neg_inf_f32()) return;  // padding / masked: contributes nothing
     const float d = __fsub_rn(y, m);
     const float e = ls_expf(d);
     s = __fadd_rn(s, e);
@@ -225,6 +202,14 @@ static __global__ void __launch_bounds__(kFoldThreads) lp_fold_kernel(const Fold
     const bool ignored = p.targets[t] == p.ignore_index;
     p.logp[t * p.logp_s] = ignored ? 0.0f : canonical(__fsub_rn(p.y_target[r], l));
   }
+}
+
+// Blocks of kFoldThreads threads for n rows (one thread each).
+inline unsigned fold_blocks(int64_t n) { return unsigned((n + kFoldThreads - 1) / kFoldThreads); }
+
+inline void launch_fold(const FoldParams& p, cudaStream_t stream, const char* op) {
+  lp_fold_kernel<<<fold_blocks(p.rows), kFoldThreads, 0, stream>>>(p);
+  check_launch(op);
 }
 
 struct LpCombineParams {

@@ -10,7 +10,28 @@
 namespace lockstep::cuda {
 namespace {
 
-void launch(const detail::RmsNormParams& p, void* stream, const char* op) {
+// One launch for both ops: residual == nullptr is the plain rmsnorm (residual_out unused).
+void launch(const char* op, const TensorView& x, const TensorView* residual,
+            const TensorView& weight, const RmsNormConfig& cfg, const TensorView* residual_out,
+            const TensorView& y, int64_t H, void* stream) {
+  detail::RmsNormParams p{};
+  p.x = static_cast<const uint16_t*>(x.data);
+  p.w = static_cast<const uint16_t*>(weight.data);
+  p.y = static_cast<uint16_t*>(y.data);
+  p.xm = detail::row_map(x);
+  p.ym = detail::row_map(y);
+  p.rows = x.numel() / H;
+  p.H = H;
+  p.eps = cfg.eps;
+  p.vec = detail::rows_16b_aligned(x) && detail::rows_16b_aligned(y) &&
+          detail::rows_16b_aligned(weight);
+  if (residual != nullptr) {
+    p.res = static_cast<const uint16_t*>(residual->data);
+    p.res_out = static_cast<uint16_t*>(residual_out->data);
+    p.rm = detail::row_map(*residual);
+    p.om = detail::row_map(*residual_out);
+    p.vec = p.vec && detail::rows_16b_aligned(*residual) && detail::rows_16b_aligned(*residual_out);
+  }
   if (p.rows == 0) return;
   const unsigned blocks = unsigned((p.rows + detail::kNormWarps - 1) / detail::kNormWarps);
   LS_CHECK(p.rows <= int64_t(0x7fffffff) * detail::kNormWarps, op, "too many rows: ", p.rows);
@@ -25,18 +46,7 @@ void rmsnorm(const TensorView& x, const TensorView& weight, const RmsNormConfig&
              const TensorView& y, void* stream) {
   const char* op = "cuda::rmsnorm";
   const int64_t H = contract::check_rmsnorm(op, Device::kCUDA, x, weight, cfg, y);
-  detail::RmsNormParams p{};
-  p.x = static_cast<const uint16_t*>(x.data);
-  p.w = static_cast<const uint16_t*>(weight.data);
-  p.y = static_cast<uint16_t*>(y.data);
-  p.xm = detail::row_map(x);
-  p.ym = detail::row_map(y);
-  p.rows = x.numel() / H;
-  p.H = H;
-  p.eps = cfg.eps;
-  p.vec = detail::rows_16b_aligned(x) && detail::rows_16b_aligned(y) &&
-          detail::rows_16b_aligned(weight);
-  launch(p, stream, op);
+  launch(op, x, nullptr, weight, cfg, nullptr, y, H, stream);
 }
 
 void rmsnorm_residual(const TensorView& x, const TensorView& residual, const TensorView& weight,
@@ -45,23 +55,7 @@ void rmsnorm_residual(const TensorView& x, const TensorView& residual, const Ten
   const char* op = "cuda::rmsnorm_residual";
   const int64_t H = contract::check_rmsnorm_residual(op, Device::kCUDA, x, residual, weight, cfg,
                                                      residual_out, y);
-  detail::RmsNormParams p{};
-  p.x = static_cast<const uint16_t*>(x.data);
-  p.res = static_cast<const uint16_t*>(residual.data);
-  p.w = static_cast<const uint16_t*>(weight.data);
-  p.res_out = static_cast<uint16_t*>(residual_out.data);
-  p.y = static_cast<uint16_t*>(y.data);
-  p.xm = detail::row_map(x);
-  p.rm = detail::row_map(residual);
-  p.om = detail::row_map(residual_out);
-  p.ym = detail::row_map(y);
-  p.rows = x.numel() / H;
-  p.H = H;
-  p.eps = cfg.eps;
-  p.vec = detail::rows_16b_aligned(x) && detail::rows_16b_aligned(residual) &&
-          detail::rows_16b_aligned(residual_out) && detail::rows_16b_aligned(y) &&
-          detail::rows_16b_aligned(weight);
-  launch(p, stream, op);
+  launch(op, x, &residual, weight, cfg, &residual_out, y, H, stream);
 }
 
 }  // namespace lockstep::cuda

@@ -99,6 +99,27 @@ void sample(const TensorView& h, const TensorView& w, std::span<const SamplingPa
     detail::check_launch(op);
   }
 
+  // The row-state launches of every block (all of a row's tiles; the rows are per block).
+  detail::TileStateParams tp{};
+  tp.z = z;
+  tp.ldz = lay.padded;
+  tp.ntiles = n_tiles;
+  tp.L = lay.tile;
+  tp.valid = V;
+  tp.tau = 1.0f;  // unused: y is already tempered
+  tp.states = states;
+  tp.n_tiles = n_tiles;
+  detail::FoldParams fp{};
+  fp.states = states;
+  fp.n_tiles = n_tiles;
+  fp.tps = lay.tiles_per_segment;
+  fp.seg_count = lay.segments;
+  fp.mode = detail::kFoldRowStats;
+  fp.lse = out_lse;
+  fp.entropy = out_ent;
+  fp.lse_s = 1;
+  fp.entropy_s = 1;
+
   const GemmConfig gcfg = GemmConfig::from_contract(cfg);
   for (int64_t r0 = 0; r0 < T; r0 += sp.row_block) {
     const int64_t rows = std::min(sp.row_block, T - r0);
@@ -123,34 +144,11 @@ void sample(const TensorView& h, const TensorView& w, std::span<const SamplingPa
 
     // The LogP state of each row at τ_lp (§S.3): tile states of the already tempered y, fold,
     // tree, finish -> lse, entropy.
-    detail::TileStateParams tp{};
-    tp.z = z;
-    tp.ldz = lay.padded;
     tp.rows = rows;
-    tp.tile0 = 0;
-    tp.ntiles = n_tiles;
-    tp.L = lay.tile;
-    tp.valid = V;
-    tp.tau = 1.0f;  // unused: y is already tempered
-    tp.states = states;
-    tp.n_tiles = n_tiles;
-    tp.y_target = nullptr;
     detail::launch_tile_states(tp, false, s, op);
-    detail::FoldParams fp{};
-    fp.states = states;
-    fp.n_tiles = n_tiles;
-    fp.tps = lay.tiles_per_segment;
-    fp.seg_count = lay.segments;
     fp.rows = rows;
     fp.row0 = r0;
-    fp.mode = detail::kFoldRowStats;
-    fp.lse = out_lse;
-    fp.entropy = out_ent;
-    fp.lse_s = 1;
-    fp.entropy_s = 1;
-    detail::lp_fold_kernel<<<unsigned((rows + detail::kFoldThreads - 1) / detail::kFoldThreads),
-                             detail::kFoldThreads, 0, s>>>(fp);
-    detail::check_launch(op);
+    detail::launch_fold(fp, s, op);
 
     detail::sample_select_kernel<<<unsigned(rows), detail::kSelectThreads, 0, s>>>(bp);
     detail::check_launch(op);

@@ -61,7 +61,7 @@ __device__ __forceinline__ bool better(const Cand& a, const Cand& b) {
   return a.score > b.score || (a.score == b.score && a.v < b.v);
 }
 
-__device__ __forceinline__ Cand no_cand() { return Cand{neg_inf(), 0x7fffffff}; }
+__device__ __forceinline__ Cand no_cand() { return Cand{neg_inf_f32(), 0x7fffffff}; }
 
 // Block-wide best candidate (every thread gets it). smem: >= 32 Cands.
 __device__ __forceinline__ Cand block_best(Cand c, Cand* smem) {
@@ -108,7 +108,7 @@ static __global__ void sample_temper_kernel(const SampleBlockParams p) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / p.ldy, v = i - r * p.ldy;
-    p.y[i] = v < p.V ? __fdiv_rn(p.y[i], p.info[p.row0 + r].tau_lp) : neg_inf();
+    p.y[i] = v < p.V ? __fdiv_rn(p.y[i], p.info[p.row0 + r].tau_lp) : neg_inf_f32();
   }
 }
 
@@ -160,7 +160,7 @@ static __global__ void __launch_bounds__(kSelectThreads)
       const int64_t v = q * 4 + e;
       if (v >= p.V) break;
       const float yv = y[v];
-      if (yv == neg_inf()) continue;  // probability 0: never sampled
+      if (yv == neg_inf_f32()) continue;  // probability 0: never sampled
       if (min_p && !(row_prob(yv, lse) >= thr)) continue;
       const Cand c{__fadd_rn(yv, gumbel_from_word(words.v[e])), int(v)};
       if (better(c, mine)) mine = c;
@@ -254,7 +254,7 @@ static __global__ void __launch_bounds__(kSelectThreads)
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     const int64_t v = id_at(i);
     const float yv = y[v];
-    if (yv == neg_inf()) continue;
+    if (yv == neg_inf_f32()) continue;
     if (min_p && !(row_prob(yv, lse) >= thr)) continue;
     const Philox4 words = noise_words(info.seed, rid, pos, v >> 2);
     const Cand c{__fadd_rn(yv, gumbel_from_word(words.v[v & 3])), int(v)};
