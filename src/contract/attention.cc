@@ -400,4 +400,81 @@ PackedSeqs check_prefill_varlen(const char* op, Device dev, const TensorView& q,
   return seqs;
 }
 
+void check_chunk_states(const char* op, Device dev, const Paged& p, int64_t C,
+                        const AttentionChunkStates& states) {
+  check_tensor(op, "states.m", states.m, DType::kF32, {p.qs.N, p.qs.Hq, C}, dev);
+  check_tensor(op, "states.l", states.l, DType::kF32, {p.qs.N, p.qs.Hq, C}, dev);
+  check_tensor(op, "states.acc", states.acc, DType::kF32, {p.qs.N, p.qs.Hq, C, p.qs.D}, dev);
+  check_inner_contiguous(op, "states.acc", states.acc);
+}
+
+MergeShape check_merge_states(const char* op, Device dev, const AttentionChunkStates& states,
+                              const TensorView& q_pos, const AttentionConfig& cfg,
+                              const TensorView& out, const TensorView& lse) {
+  cfg.validate();
+  LS_CHECK(states.acc.ndim == 4, op, "argument 'states.acc' expected shape [N, Hq, C, D], got ",
+           states.acc.shape_string());
+  check_tensor(op, "states.acc", states.acc, DType::kF32, {-1, -1, -1, -1}, dev);
+  check_inner_contiguous(op, "states.acc", states.acc);
+  MergeShape m;
+  m.qs = QShape{states.acc.shape[0], states.acc.shape[1], states.acc.shape[3]};
+  m.C = states.acc.shape[2];
+  const int64_t N = m.qs.N, Hq = m.qs.Hq;
+  check_tensor(op, "states.m", states.m, DType::kF32, {N, Hq, m.C}, dev);
+  check_tensor(op, "states.l", states.l, DType::kF32, {N, Hq, m.C}, dev);
+  check_host_view(op, "q_pos", q_pos);
+  check_tensor(op, "q_pos", q_pos, DType::kI32, {N});
+  LS_CHECK(m.qs.D >= 1 && m.qs.D <= kAttnMaxHeadDim, op, "head_dim must be in [1, ",
+           kAttnMaxHeadDim, "], got ", m.qs.D);
+  check_attn_outputs(op, dev, m.qs, out, lse);
+  m.pos.resize(size_t(N));
+  for (int64_t r = 0; r < N; ++r) {
+    const int64_t ps = read_i32(q_pos, r);
+    LS_CHECK(ps >= 0 && ps / cfg.kv_chunk < m.C, op, "q_pos[", r, "] = ", ps, " needs ",
+             ps / cfg.kv_chunk + 1, " chunks, but states hold C = ", m.C);
+    m.pos[size_t(r)] = ps;
+  }
+  return m;
+}
+
+KvWrite check_kv_write(const char* op, Device dev, const TensorView& k, const TensorView& v,
+                       const TensorView& slot_mapping, const TensorView& k_cache,
+                       const TensorView& v_cache) {
+  LS_CHECK(k.ndim == 3, op, "argument 'k' expected shape [T, Hkv, D], got ", k.shape_string());
+  check_tensor(op, "k", k, DType::kBF16, {-1, -1, -1}, dev);
+  check_inner_contiguous(op, "k", k);
+  KvWrite w;
+  w.T = k.shape[0];
+  w.Hkv = k.shape[1];
+  w.D = k.shape[2];
+  check_tensor(op, "v", v, DType::kBF16, {w.T, w.Hkv, w.D}, dev);
+  check_inner_contiguous(op, "v", v);
+  check_tensor_dtypes(op, "slot_mapping", slot_mapping, {DType::kI32, DType::kI64}, {w.T},
+                      host_or(dev, slot_mapping));
+  check_cache(op, dev, "k_cache", k_cache, w.D);
+  check_tensor(op, "k_cache", k_cache, DType::kBF16, {-1, -1, w.Hkv, w.D}, dev);
+  check_tensor(op, "v_cache", v_cache, DType::kBF16,
+               {k_cache.shape[0], k_cache.shape[1], w.Hkv, w.D}, dev);
+  check_inner_contiguous(op, "v_cache", v_cache);
+  w.NP = k_cache.shape[0];
+  w.P = k_cache.shape[1];
+  if (slot_mapping.device != Device::kCPU) return w;
+  const int64_t slots = w.NP * w.P;
+  w.slots.resize(size_t(w.T));
+  for (int64_t t = 0; t < w.T; ++t) {
+    const int64_t sl = index_at(slot_mapping, t);
+    LS_CHECK(sl == -1 || (sl >= 0 && sl < slots), op, "slot_mapping[", t, "] = ", sl,
+             " outside [0, NP * P = ", slots, ") (and not -1)");
+    w.slots[size_t(t)] = sl;
+  }
+  std::vector<int64_t> sorted;
+  for (int64_t sl : w.slots)
+    if (sl >= 0) sorted.push_back(sl);
+  std::sort(sorted.begin(), sorted.end());
+  const auto dup = std::adjacent_find(sorted.begin(), sorted.end());
+  LS_CHECK(dup == sorted.end(), op, "slot_mapping writes slot ", dup == sorted.end() ? 0 : *dup,
+           " more than once");
+  return w;
+}
+
 }  // namespace lockstep::contract

@@ -153,6 +153,35 @@ PagedMeta check_paged(const char* op, Device dev, const TensorView& q, const Ten
 // The problem of q over the caches k_cache and a meta (no checks: after check_paged).
 Paged paged_problem(const TensorView& q, const TensorView& k_cache, const PagedMeta& meta);
 
+// attention_paged_chunk_states' state views: m, l [N, Hq, C] f32, acc [N, Hq, C, D] f32 (last dim
+// contiguous), for the call's paged problem p and C chunks.
+void check_chunk_states(const char* op, Device dev, const Paged& p, int64_t C,
+                        const AttentionChunkStates& states);
+
+// Everything attention_merge_chunk_states checks (cfg too): states [N, Hq, C(, D)] f32, q_pos [N]
+// i32 (a host view: read here) with every row's chunks held by the states, out and lse. Returns
+// q_pos's values and the states' shape.
+struct MergeShape {
+  QShape qs;
+  int64_t C = 0;
+  std::vector<int64_t> pos;
+};
+MergeShape check_merge_states(const char* op, Device dev, const AttentionChunkStates& states,
+                              const TensorView& q_pos, const AttentionConfig& cfg,
+                              const TensorView& out, const TensorView& lse);
+
+// Everything kv_cache_write checks: k, v [T, Hkv, D] bf16, the caches [NP, P, Hkv, D] bf16 on
+// `dev`, slot_mapping [T] i32/i64. A host slot_mapping's values are read here (each -1 or in
+// [0, NP·P), no slot twice) and returned; a device one (GPU ops) is the kernel's to guard and an
+// empty vector is returned.
+struct KvWrite {
+  int64_t T = 0, Hkv = 0, D = 0, NP = 0, P = 0;
+  std::vector<int64_t> slots;  // host slot_mapping's values
+};
+KvWrite check_kv_write(const char* op, Device dev, const TensorView& k, const TensorView& v,
+                       const TensorView& slot_mapping, const TensorView& k_cache,
+                       const TensorView& v_cache);
+
 // --- logprob.cc --------------------------------------------------------------------------------
 
 // h [T, H] with H >= 1 and w [V, H]: bf16, last dim contiguous (V is the caller's to check).

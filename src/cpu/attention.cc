@@ -355,10 +355,7 @@ void attention_paged_chunk_states(const TensorView& q, const TensorView& q_seq,
   const Paged p = paged_problem(q, kv.k_cache, meta);
   const PagedSrc src{kv.k_cache, kv.v_cache, meta.device_copies()};
   const int64_t N = p.qs.N;
-  check_tensor(op, "states.m", states.m, DType::kF32, {N, p.qs.Hq, C});
-  check_tensor(op, "states.l", states.l, DType::kF32, {N, p.qs.Hq, C});
-  check_tensor(op, "states.acc", states.acc, DType::kF32, {N, p.qs.Hq, C, p.qs.D});
-  check_inner_contiguous(op, "states.acc", states.acc);
+  check_chunk_states(op, Device::kCPU, p, C, states);
   if (N == 0 || C == 0) return;
   Ctx cx;
   set_queries(cx, p.qs, q, p.Hkv, cfg);
@@ -375,25 +372,9 @@ void attention_merge_chunk_states(const AttentionChunkStates& states, const Tens
                                   const AttentionConfig& cfg, const TensorView& out,
                                   const TensorView& lse) {
   const char* op = "attention_merge_chunk_states";
-  cfg.validate();
-  LS_CHECK(states.acc.ndim == 4, op, "argument 'states.acc' expected shape [N, Hq, C, D], got ",
-           states.acc.shape_string());
-  check_tensor(op, "states.acc", states.acc, DType::kF32, {-1, -1, -1, -1});
-  check_inner_contiguous(op, "states.acc", states.acc);
-  const int64_t N = states.acc.shape[0], Hq = states.acc.shape[1], C = states.acc.shape[2],
-                D = states.acc.shape[3];
-  check_tensor(op, "states.m", states.m, DType::kF32, {N, Hq, C});
-  check_tensor(op, "states.l", states.l, DType::kF32, {N, Hq, C});
-  check_tensor(op, "q_pos", q_pos, DType::kI32, {N});
-  const QShape qs{N, Hq, D};
-  check_attn_outputs(op, Device::kCPU, qs, out, lse);
-  std::vector<int64_t> pos(static_cast<size_t>(N));
-  for (int64_t r = 0; r < N; ++r) {
-    pos[size_t(r)] = read_i32(q_pos, r);
-    LS_CHECK(pos[size_t(r)] >= 0 && pos[size_t(r)] / cfg.kv_chunk < C, op, "q_pos[", r,
-             "] = ", pos[size_t(r)], " needs ", pos[size_t(r)] / cfg.kv_chunk + 1,
-             " chunks, but states hold C = ", C);
-  }
+  const MergeShape ms = check_merge_states(op, Device::kCPU, states, q_pos, cfg, out, lse);
+  const int64_t N = ms.qs.N, Hq = ms.qs.Hq, D = ms.qs.D;
+  const std::vector<int64_t>& pos = ms.pos;
   if (N == 0 || Hq == 0) return;
   Ctx cx;
   cx.Hq = Hq;
@@ -407,38 +388,9 @@ void attention_merge_chunk_states(const AttentionChunkStates& states, const Tens
 void kv_cache_write(const TensorView& k, const TensorView& v, const TensorView& slot_mapping,
                     const TensorView& k_cache, const TensorView& v_cache) {
   const char* op = "kv_cache_write";
-  LS_CHECK(k.ndim == 3, op, "argument 'k' expected shape [T, Hkv, D], got ", k.shape_string());
-  check_tensor(op, "k", k, DType::kBF16, {-1, -1, -1});
-  check_inner_contiguous(op, "k", k);
-  const int64_t T = k.shape[0], Hkv = k.shape[1], D = k.shape[2];
-  check_tensor(op, "v", v, DType::kBF16, {T, Hkv, D});
-  check_inner_contiguous(op, "v", v);
-  check_tensor_dtypes(op, "slot_mapping", slot_mapping, {DType::kI32, DType::kI64}, {T});
-  check_cache(op, Device::kCPU, "k_cache", k_cache, D);
-  check_tensor(op, "k_cache", k_cache, DType::kBF16, {-1, -1, Hkv, D});
-  check_tensor(op, "v_cache", v_cache, DType::kBF16, {k_cache.shape[0], k_cache.shape[1], Hkv, D});
-  check_inner_contiguous(op, "v_cache", v_cache);
-  const int64_t NP = k_cache.shape[0], P = k_cache.shape[1], slots = NP * P;
-  std::vector<int64_t> slot(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t s = slot_mapping.dtype == DType::kI32
-                          ? int64_t(slot_mapping.ptr<const int32_t>()[t * slot_mapping.stride[0]])
-                          : slot_mapping.ptr<const int64_t>()[t * slot_mapping.stride[0]];
-    LS_CHECK(s == -1 || (s >= 0 && s < slots), op, "slot_mapping[", t, "] = ", s,
-             " outside [0, NP * P = ", slots, ") (and not -1)");
-    slot[size_t(t)] = s;
-  }
-  {
-    std::vector<int64_t> sorted;
-    sorted.reserve(size_t(T));
-    for (int64_t s : slot) {
-      if (s >= 0) sorted.push_back(s);
-    }
-    std::sort(sorted.begin(), sorted.end());
-    const auto dup = std::adjacent_find(sorted.begin(), sorted.end());
-    LS_CHECK(dup == sorted.end(), op, "slot_mapping writes slot ", dup == sorted.end() ? 0 : *dup,
-             " more than once");
-  }
+  const KvWrite w = check_kv_write(op, Device::kCPU, k, v, slot_mapping, k_cache, v_cache);
+  const int64_t T = w.T, Hkv = w.Hkv, D = w.D, P = w.P;
+  const std::vector<int64_t>& slot = w.slots;
   if (T == 0) return;
   bf16* kc = k_cache.ptr<bf16>();
   bf16* vc = v_cache.ptr<bf16>();

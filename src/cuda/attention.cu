@@ -708,10 +708,7 @@ void attention_paged_chunk_states(const TensorView& q, const TensorView& q_seq,
       view_meta(op, q, q_seq, q_pos, kv, nullptr, cfg, chunk_begin, chunk_begin + C, s);
   const ck::Paged p = ck::paged_problem(q, kv.k_cache, *a.meta);
   const int64_t N = p.qs.N, Hq = p.qs.Hq, D = p.qs.D, G = Hq / p.Hkv, K = cfg.kv_chunk;
-  check_tensor(op, "states.m", states.m, DType::kF32, {N, Hq, C}, Device::kCUDA);
-  check_tensor(op, "states.l", states.l, DType::kF32, {N, Hq, C}, Device::kCUDA);
-  check_tensor(op, "states.acc", states.acc, DType::kF32, {N, Hq, C, D}, Device::kCUDA);
-  check_inner_contiguous(op, "states.acc", states.acc);
+  ck::check_chunk_states(op, Device::kCUDA, p, C, states);
   if (N == 0 || C == 0) return;
   LS_CHECK(chunk_begin + C < std::numeric_limits<int32_t>::max(), op, "chunk range too large");
   const Kern kern = pick(D, cs_ok(D, G) && multi_row(p, G));
@@ -736,27 +733,11 @@ void attention_merge_chunk_states(const AttentionChunkStates& states, const Tens
                                   const TensorView& lse, void* stream) {
   const char* op = "cuda::attention_merge_chunk_states";
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  cfg.validate();
-  LS_CHECK(states.acc.ndim == 4, op, "argument 'states.acc' expected shape [N, Hq, C, D], got ",
-           states.acc.shape_string());
-  check_tensor(op, "states.acc", states.acc, DType::kF32, {-1, -1, -1, -1}, Device::kCUDA);
-  check_inner_contiguous(op, "states.acc", states.acc);
-  const int64_t N = states.acc.shape[0], Hq = states.acc.shape[1], C = states.acc.shape[2],
-                D = states.acc.shape[3];
-  check_tensor(op, "states.m", states.m, DType::kF32, {N, Hq, C}, Device::kCUDA);
-  check_tensor(op, "states.l", states.l, DType::kF32, {N, Hq, C}, Device::kCUDA);
   const Meta pos = host_meta(op, "q_pos", q_pos, s);
-  check_tensor(op, "q_pos", pos.host, DType::kI32, {N});
-  LS_CHECK(D >= 1 && D <= kAttnMaxHeadDim, op, "head_dim must be in [1, ", kAttnMaxHeadDim,
-           "], got ", D);
-  ck::check_attn_outputs(op, Device::kCUDA, ck::QShape{N, Hq, D}, out, lse);
-  std::vector<int32_t> pv(static_cast<size_t>(N));
-  for (int64_t r = 0; r < N; ++r) {
-    const int64_t ps = ck::read_i32(pos.host, r);
-    LS_CHECK(ps >= 0 && ps / cfg.kv_chunk < C, op, "q_pos[", r, "] = ", ps, " needs ",
-             ps / cfg.kv_chunk + 1, " chunks, but states hold C = ", C);
-    pv[size_t(r)] = int32_t(ps);
-  }
+  const ck::MergeShape ms =
+      ck::check_merge_states(op, Device::kCUDA, states, pos.host, cfg, out, lse);
+  const int64_t N = ms.qs.N, Hq = ms.qs.Hq, D = ms.qs.D;
+  const std::vector<int32_t> pv(ms.pos.begin(), ms.pos.end());
   if (N == 0 || Hq == 0) return;
   Scratch scr(s);
   const int32_t* pos_dev = scr.upload(op, pv.data(), pv.size());
@@ -767,42 +748,14 @@ void kv_cache_write(const TensorView& k, const TensorView& v, const TensorView& 
                     const TensorView& k_cache, const TensorView& v_cache, void* stream) {
   const char* op = "cuda::kv_cache_write";
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  LS_CHECK(k.ndim == 3, op, "argument 'k' expected shape [T, Hkv, D], got ", k.shape_string());
-  check_tensor(op, "k", k, DType::kBF16, {-1, -1, -1}, Device::kCUDA);
-  check_inner_contiguous(op, "k", k);
-  const int64_t T = k.shape[0], Hkv = k.shape[1], D = k.shape[2];
-  check_tensor(op, "v", v, DType::kBF16, {T, Hkv, D}, Device::kCUDA);
-  check_inner_contiguous(op, "v", v);
-  check_tensor_dtypes(op, "slot_mapping", slot_mapping, {DType::kI32, DType::kI64}, {T},
-                      slot_mapping.device);
-  LS_CHECK(k_cache.ndim == 4, op, "argument 'k_cache' expected shape [NP, P, Hkv, D], got ",
-           k_cache.shape_string());
-  check_tensor(op, "k_cache", k_cache, DType::kBF16, {-1, -1, Hkv, D}, Device::kCUDA);
-  check_inner_contiguous(op, "k_cache", k_cache);
-  check_tensor(op, "v_cache", v_cache, DType::kBF16, {k_cache.shape[0], k_cache.shape[1], Hkv, D},
-               Device::kCUDA);
-  check_inner_contiguous(op, "v_cache", v_cache);
-  const int64_t NP = k_cache.shape[0], P = k_cache.shape[1], slots = NP * P;
+  const ck::KvWrite kw =
+      ck::check_kv_write(op, Device::kCUDA, k, v, slot_mapping, k_cache, v_cache);
+  const int64_t T = kw.T, Hkv = kw.Hkv, D = kw.D, NP = kw.NP, P = kw.P;
   Scratch scr(s);
   const void* slot_dev = slot_mapping.data;
-  if (slot_mapping.device == Device::kCPU) {
-    // Host slots: checked exactly like the CPU op (range, -1, duplicates), then uploaded.
-    std::vector<int64_t> slot(static_cast<size_t>(T));
-    for (int64_t t = 0; t < T; ++t) {
-      const int64_t sl = ck::index_at(slot_mapping, t);
-      LS_CHECK(sl == -1 || (sl >= 0 && sl < slots), op, "slot_mapping[", t, "] = ", sl,
-               " outside [0, NP * P = ", slots, ") (and not -1)");
-      slot[size_t(t)] = sl;
-    }
-    std::vector<int64_t> sorted;
-    for (int64_t sl : slot)
-      if (sl >= 0) sorted.push_back(sl);
-    std::sort(sorted.begin(), sorted.end());
-    const auto dup = std::adjacent_find(sorted.begin(), sorted.end());
-    LS_CHECK(dup == sorted.end(), op, "slot_mapping writes slot ", dup == sorted.end() ? 0 : *dup,
-             " more than once");
+  if (slot_mapping.device == Device::kCPU) {  // host slots: checked there, uploaded here
     if (T == 0) return;
-    slot_dev = scr.upload(op, slot.data(), slot.size());
+    slot_dev = scr.upload(op, kw.slots.data(), kw.slots.size());
   }
   if (T == 0) return;
   KvWriteParams w;
