@@ -18,17 +18,14 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda/gemm/epilogue.cuh"               // load_bias, store_output
-#include "cuda/gemm/fold.cuh"                   // fold_segment (§G.4)
-#include "cuda/gemm/mainloop_small_m_ring.cuh"  // ldsm_x4, ldsm_x2 (+ mma_sync.cuh)
-#include "cuda/gemm/params.cuh"                 // TmaGemmParams
-#include "cuda/gemm/small_m_tma_layout.cuh"     // Shape: geometry, tile sequence, lane addresses
-#include "cuda/sm90_async.cuh"                  // mbarriers, TMA loads
+#include "cuda/gemm/epilogue.cuh"            // load_bias, store_output
+#include "cuda/gemm/fold.cuh"                // fold_segment (§G.4)
+#include "cuda/gemm/mainloop_mma_sync.cuh"   // ldsm_x4, ldsm_x2 (+ mma_sync.cuh)
+#include "cuda/gemm/params.cuh"              // TmaGemmParams
+#include "cuda/gemm/small_m_tma_layout.cuh"  // Shape: geometry, tile sequence, lane addresses
+#include "cuda/sm90_async.cuh"               // mbarriers, TMA loads
 
 namespace lockstep::cuda::detail::small_m_ws {
-
-using small_m::ldsm_x2;
-using small_m::ldsm_x4;
 
 using Params = TmaGemmParams;
 
