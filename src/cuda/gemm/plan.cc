@@ -34,46 +34,33 @@ const GemmTile kRingTiles[4][5] = {
     {ring(64, 192, 2, 6, 64, 5), ring(64, 96, 2, 6, 64, 4), ring(64, 48, 4, 3, 128, 6),
      ring(64, 32, 4, 2, 128, 7), ring(64, 16, 4, 1, 128, 6)}};
 
-// TMA-ring tiles: WM x WN consumer warps, each MB m8 tiles of x x NA n16 tiles of w; KB64 boxes of
-// 64 k per stage; NS stages (~150-210 KB of ring: one CTA per SM).
-constexpr GemmTile tma(int wm, int mb, int wn, int na, int kb64, int stages) {
-  return GemmTile{wm * mb * 8, wn * na * 16, 64 * kb64, stages, wm, wn, mb, na, 1};
-}
-// wgmma tiles: 64 rows of x (the A operand) x BN rows of w, KB64 boxes of 64 k per stage.
-constexpr GemmTile wg(int bn, int kb64, int stages) {
-  return GemmTile{64, bn, 64 * kb64, stages, 0, 0, 0, 0, 1};
-}
-// Per class one tile per BN in kSmallMColumns; for M > 32 the BN 32 / 48 / 64 columns are the
-// wgmma tiles (faster than the TMA-ring ones there; at M <= 32 slower: docs/cuda-gemm.md).
-constexpr int kSmallMColumns[6] = {16, 32, 48, 64, 96, 192};
+// A TMA-ring or wgmma candidate of the small-M table.
 struct SmallMCandidate {
   GemmMainloop kind;
   GemmTile tile;
 };
-const SmallMCandidate kCandidates[4][6] = {{{GemmMainloop::kSmallMTma, tma(1, 1, 1, 1, 4, 12)},
-                                            {GemmMainloop::kSmallMTma, tma(1, 1, 2, 1, 4, 9)},
-                                            {GemmMainloop::kSmallMTma, tma(1, 1, 3, 1, 4, 7)},
-                                            {GemmMainloop::kSmallMTma, tma(1, 1, 4, 1, 2, 11)},
-                                            {GemmMainloop::kSmallMTma, tma(1, 1, 3, 2, 2, 7)},
-                                            {GemmMainloop::kSmallMTma, tma(1, 1, 4, 3, 1, 8)}},
-                                           {{GemmMainloop::kSmallMTma, tma(1, 2, 1, 1, 4, 10)},
-                                            {GemmMainloop::kSmallMTma, tma(1, 2, 2, 1, 4, 8)},
-                                            {GemmMainloop::kSmallMTma, tma(1, 2, 3, 1, 4, 6)},
-                                            {GemmMainloop::kSmallMTma, tma(1, 2, 4, 1, 2, 10)},
-                                            {GemmMainloop::kSmallMTma, tma(1, 2, 3, 2, 2, 7)},
-                                            {GemmMainloop::kSmallMTma, tma(1, 2, 4, 3, 1, 8)}},
-                                           {{GemmMainloop::kSmallMTma, tma(2, 2, 1, 1, 4, 8)},
-                                            {GemmMainloop::kSmallMTma, tma(2, 2, 2, 1, 2, 12)},
-                                            {GemmMainloop::kSmallMTma, tma(2, 2, 3, 1, 2, 10)},
-                                            {GemmMainloop::kSmallMTma, tma(2, 2, 2, 2, 2, 8)},
-                                            {GemmMainloop::kSmallMTma, tma(2, 2, 3, 2, 2, 6)},
-                                            {GemmMainloop::kSmallMTma, tma(2, 2, 4, 3, 1, 7)}},
-                                           {{GemmMainloop::kSmallMTma, tma(2, 4, 1, 1, 2, 10)},
-                                            {GemmMainloop::kSmallMWgmma, wg(32, 4, 4)},
-                                            {GemmMainloop::kSmallMWgmma, wg(48, 2, 7)},
-                                            {GemmMainloop::kSmallMWgmma, wg(64, 2, 6)},
-                                            {GemmMainloop::kSmallMTma, tma(2, 4, 3, 2, 1, 10)},
-                                            {GemmMainloop::kSmallMTma, tma(2, 4, 6, 2, 1, 6)}}};
+// TMA-ring tiles: WM x WN consumer warps, each MB m8 tiles of x x NA n16 tiles of w; KB64 boxes of
+// 64 k per stage; NS stages (~150-210 KB of ring: one CTA per SM).
+constexpr SmallMCandidate tma(int wm, int mb, int wn, int na, int kb64, int stages) {
+  return {GemmMainloop::kSmallMTma,
+          GemmTile{wm * mb * 8, wn * na * 16, 64 * kb64, stages, wm, wn, mb, na, 1}};
+}
+// wgmma tiles: 64 rows of x (the A operand) x BN rows of w, KB64 boxes of 64 k per stage.
+constexpr SmallMCandidate wg(int bn, int kb64, int stages) {
+  return {GemmMainloop::kSmallMWgmma, GemmTile{64, bn, 64 * kb64, stages, 0, 0, 0, 0, 1}};
+}
+// Per class one tile per BN in kSmallMColumns; for M > 32 the BN 32 / 48 / 64 columns are the
+// wgmma tiles (faster than the TMA-ring ones there; at M <= 32 slower: docs/cuda-gemm.md).
+constexpr int kSmallMColumns[6] = {16, 32, 48, 64, 96, 192};
+const SmallMCandidate kCandidates[4][6] = {
+    {tma(1, 1, 1, 1, 4, 12), tma(1, 1, 2, 1, 4, 9), tma(1, 1, 3, 1, 4, 7), tma(1, 1, 4, 1, 2, 11),
+     tma(1, 1, 3, 2, 2, 7), tma(1, 1, 4, 3, 1, 8)},
+    {tma(1, 2, 1, 1, 4, 10), tma(1, 2, 2, 1, 4, 8), tma(1, 2, 3, 1, 4, 6), tma(1, 2, 4, 1, 2, 10),
+     tma(1, 2, 3, 2, 2, 7), tma(1, 2, 4, 3, 1, 8)},
+    {tma(2, 2, 1, 1, 4, 8), tma(2, 2, 2, 1, 2, 12), tma(2, 2, 3, 1, 2, 10), tma(2, 2, 2, 2, 2, 8),
+     tma(2, 2, 3, 2, 2, 6), tma(2, 2, 4, 3, 1, 7)},
+    {tma(2, 4, 1, 1, 2, 10), wg(32, 4, 4), wg(48, 2, 7), wg(64, 2, 6), tma(2, 4, 3, 2, 1, 10),
+     tma(2, 4, 6, 2, 1, 6)}};
 
 // NOTE: the GEMM is bound by streaming w once: the busiest SM streams ceil(CTAs / SMs) · BN rows
 // of w; the smallest wins, ties go to the larger BN (fewer CTAs re-reading x).
@@ -342,19 +329,15 @@ const std::vector<GemmTile>& gemm_small_m_tiles(GemmMainloop kind) {
       for (const GemmTile& t : row) v.push_back(t);
     return v;
   }();
-  static const std::vector<GemmTile> kTma = [] {
+  auto candidates_of = [](GemmMainloop k) {
     std::vector<GemmTile> v;
     for (const auto& row : kCandidates)
       for (const SmallMCandidate& c : row)
-        if (c.kind == GemmMainloop::kSmallMTma) v.push_back(c.tile);
+        if (c.kind == k) v.push_back(c.tile);
     return v;
-  }();
-  static const std::vector<GemmTile> kWg = [] {
-    std::vector<GemmTile> v;
-    for (const SmallMCandidate& c : kCandidates[3])
-      if (c.kind == GemmMainloop::kSmallMWgmma) v.push_back(c.tile);
-    return v;
-  }();
+  };
+  static const std::vector<GemmTile> kTma = candidates_of(GemmMainloop::kSmallMTma);
+  static const std::vector<GemmTile> kWg = candidates_of(GemmMainloop::kSmallMWgmma);
   static const std::vector<GemmTile> kNoTiles;
   switch (kind) {
     case GemmMainloop::kSmallMRing:
