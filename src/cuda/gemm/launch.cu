@@ -91,10 +91,7 @@ GemmProblem problem_of(const GemmParams& c, bool partial) {
 template <int BM, int BN, int NS>
 void launch_mma(const GemmParams& p, cudaStream_t stream) {
   constexpr int kSmem = detail::gemm_smem_bytes<BM, BN, NS>();
-  // Once per process and instantiation (the current device's; one-GPU processes for now).
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      detail::gemm_bf16_nt_kernel<BM, BN, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  LS_CHECK(attr == cudaSuccess, kOp, "cudaFuncSetAttribute failed: ", cudaGetErrorString(attr));
+  detail::allow_dynamic_smem<detail::gemm_bf16_nt_kernel<BM, BN, NS>>(kOp, kSmem);
   LS_CHECK(p.M <= int64_t(65535) * BM, kOp, "x: M = ", p.M, " exceeds the grid limit");
   dim3 grid(unsigned((p.N + BN - 1) / BN), unsigned((p.M + BM - 1) / BM));
   detail::gemm_bf16_nt_kernel<BM, BN, NS><<<grid, detail::kGemmThreads, kSmem, stream>>>(p);
@@ -300,10 +297,14 @@ void run_plan(const GemmParams& c, const GemmPlan& plan, cudaStream_t s) {
   }
 }
 
-void check_legal(const char* op, const GemmProblem& q, const GemmPlan& plan) {
-  LS_CHECK(gemm_plan_legal(q, plan), op, "the plan '", plan.to_string(), "' cannot run M = ", q.M,
-           ", N = ", q.N, ", K = ", q.K, ", S = ", q.segments,
+// Runs `plan` (checked legal) or, without one, plan_gemm's plan for checked operands c.
+void run_checked(const char* op, const GemmParams& c, bool partial, const GemmPlan* plan,
+                 void* stream) {
+  const GemmProblem q = problem_of(c, partial);
+  LS_CHECK(!plan || gemm_plan_legal(q, *plan), op, "the plan '", plan ? plan->to_string() : "",
+           "' cannot run M = ", q.M, ", N = ", q.N, ", K = ", q.K, ", S = ", q.segments,
            q.tma_ok ? "" : " (operands not TMA-compatible)", q.partial ? " (partial)" : "");
+  run_plan(c, plan ? *plan : plan_gemm(q), static_cast<cudaStream_t>(stream));
 }
 
 GemmParams gemm_params(const TensorView& x, const TensorView& w, const TensorView* bias,
@@ -317,6 +318,23 @@ GemmParams partial_params(const TensorView& x_shard, const TensorView& w_shard, 
                           int tp_size, const GemmConfig& cfg, const TensorView& y_partial) {
   const GemmKLayout kl = gemm_k_layout(cfg, k_total);
   return core_params(x_shard, w_shard, nullptr, cfg.segments / tp_size, kl.segment_len, y_partial);
+}
+
+void run_gemm(const TensorView& x, const TensorView& w, const TensorView* bias,
+              const GemmConfig& cfg, const TensorView& y, const GemmPlan* plan, void* stream) {
+  contract::check_gemm(kOp, Device::kCUDA, x, w, bias, cfg, y);
+  if (x.shape[0] == 0 || w.shape[0] == 0) return;
+  run_checked(kOp, gemm_params(x, w, bias, cfg, y), /*partial=*/false, plan, stream);
+}
+
+void run_partial(const TensorView& x_shard, const TensorView& w_shard, int64_t k_total, int tp_size,
+                 int tp_rank, const GemmConfig& cfg, const TensorView& y_partial,
+                 const GemmPlan* plan, void* stream) {
+  contract::check_gemm_partial(kOpPartial, Device::kCUDA, x_shard, w_shard, k_total, tp_size,
+                               tp_rank, cfg, y_partial);
+  if (x_shard.size(0) == 0 || w_shard.size(0) == 0) return;
+  run_checked(kOpPartial, partial_params(x_shard, w_shard, k_total, tp_size, cfg, y_partial),
+              /*partial=*/true, plan, stream);
 }
 
 }  // namespace
@@ -339,23 +357,14 @@ GemmProblem gemm_partial_problem(const TensorView& x_shard, const TensorView& w_
 void gemm_bf16_nt_with_plan(const TensorView& x, const TensorView& w, const TensorView* bias,
                             const GemmConfig& cfg, const TensorView& y, const GemmPlan& plan,
                             void* stream) {
-  contract::check_gemm(kOp, Device::kCUDA, x, w, bias, cfg, y);
-  if (x.shape[0] == 0 || w.shape[0] == 0) return;
-  const GemmParams c = gemm_params(x, w, bias, cfg, y);
-  check_legal(kOp, problem_of(c, false), plan);
-  run_plan(c, plan, static_cast<cudaStream_t>(stream));
+  run_gemm(x, w, bias, cfg, y, &plan, stream);
 }
 
 void gemm_bf16_nt_partial_with_plan(const TensorView& x_shard, const TensorView& w_shard,
                                     int64_t k_total, int tp_size, int tp_rank,
                                     const GemmConfig& cfg, const TensorView& y_partial,
                                     const GemmPlan& plan, void* stream) {
-  contract::check_gemm_partial(kOpPartial, Device::kCUDA, x_shard, w_shard, k_total, tp_size,
-                               tp_rank, cfg, y_partial);
-  if (x_shard.size(0) == 0 || w_shard.size(0) == 0) return;
-  const GemmParams c = partial_params(x_shard, w_shard, k_total, tp_size, cfg, y_partial);
-  check_legal(kOpPartial, problem_of(c, true), plan);
-  run_plan(c, plan, static_cast<cudaStream_t>(stream));
+  run_partial(x_shard, w_shard, k_total, tp_size, tp_rank, cfg, y_partial, &plan, stream);
 }
 
 bool gemm_operands_tma_ok(const void* x, int64_t M, int64_t ldx, const void* w, int64_t N,
@@ -367,20 +376,13 @@ bool gemm_operands_tma_ok(const void* x, int64_t M, int64_t ldx, const void* w, 
 
 void gemm_bf16_nt(const TensorView& x, const TensorView& w, const TensorView* bias,
                   const GemmConfig& cfg, const TensorView& y, void* stream) {
-  contract::check_gemm(kOp, Device::kCUDA, x, w, bias, cfg, y);
-  if (x.shape[0] == 0 || w.shape[0] == 0) return;
-  const GemmParams c = gemm_params(x, w, bias, cfg, y);
-  run_plan(c, plan_gemm(problem_of(c, false)), static_cast<cudaStream_t>(stream));
+  run_gemm(x, w, bias, cfg, y, nullptr, stream);
 }
 
 void gemm_bf16_nt_partial(const TensorView& x_shard, const TensorView& w_shard, int64_t k_total,
                           int tp_size, int tp_rank, const GemmConfig& cfg,
                           const TensorView& y_partial, void* stream) {
-  contract::check_gemm_partial(kOpPartial, Device::kCUDA, x_shard, w_shard, k_total, tp_size,
-                               tp_rank, cfg, y_partial);
-  if (x_shard.size(0) == 0 || w_shard.size(0) == 0) return;
-  const GemmParams c = partial_params(x_shard, w_shard, k_total, tp_size, cfg, y_partial);
-  run_plan(c, plan_gemm(problem_of(c, true)), static_cast<cudaStream_t>(stream));
+  run_partial(x_shard, w_shard, k_total, tp_size, tp_rank, cfg, y_partial, nullptr, stream);
 }
 
 void gemm_tree_combine(const std::vector<TensorView>& partials, const TensorView* bias,
