@@ -141,12 +141,7 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_bf16_nt_kernel(const GemmPa
   const int64_t total_tiles = tiles_per_seg * p.segments;
 
   float acc[MT][NT][4];
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.0f;
+  zero_all(acc);
   float stack[3][MT][NT][4];  // pending left subtrees (fold.cuh; S <= 8)
 
   // Issues the loads of k-tile t into stage t % NS (cp.async, or plain stores at the edges).

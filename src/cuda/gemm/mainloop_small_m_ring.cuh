@@ -135,12 +135,7 @@ __global__ void __launch_bounds__(32 * WM * WN) gemm_small_m_kernel(const Params
   };
 
   float acc[MT][NT][4];
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.0f;
+  zero_all(acc);
   float stack[3][MT][NT][4];  // pending left subtrees (fold.cuh; S <= 8)
 
 #pragma unroll

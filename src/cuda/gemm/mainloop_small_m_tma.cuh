@@ -206,21 +206,12 @@ __global__ void __launch_bounds__(Shape<WM, MB, WN, NA, KB64, NS>::kThreads, 1)
   };
 
   float acc[NA][MB][4];
-#pragma unroll
-  for (int i = 0; i < NA; ++i)
-#pragma unroll
-    for (int j = 0; j < MB; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.0f;
+  zero_all(acc);
   float stack[3][NA][MB][4];  // pending left subtrees (fold.cuh; S <= 8)
 
   Frag cur, nxt;
-#pragma unroll
-  for (int i = 0; i < NA; ++i)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) nxt.a[i][c] = 0u;
-#pragma unroll
-  for (int j = 0; j < MB; ++j) nxt.b[j][0] = nxt.b[j][1] = 0u;
+  zero_all(nxt.a);
+  zero_all(nxt.b);
 
   int stage = 0;
   uint32_t phase = 0;
