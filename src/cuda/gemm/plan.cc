@@ -105,12 +105,7 @@ bool small_m_takes(const GemmProblem& p) {
 }
 
 GemmPlan with_fold(GemmMainloop kind, const GemmTile& t, int S, int levels) {
-  GemmPlan pl;
-  pl.mainloop = kind;
-  pl.tile = t;
-  pl.fold = S > 1 ? GemmFold::kRegisters : GemmFold::kNone;
-  pl.tree_levels = S > 1 ? levels : 0;
-  return pl;
+  return S > 1 ? GemmPlan{kind, t, GemmFold::kRegisters, levels} : GemmPlan{kind, t};
 }
 
 // Every small-M kernel folds in registers (S <= 8: three levels).
@@ -130,29 +125,16 @@ constexpr GemmTile kWg64x128{64, 128, 64, 8};
 constexpr GemmTile kWg64x256{64, 256, 64, 5};  // ping-pong: one consumer warpgroup per tile
 
 GemmPlan wgmma_jobs(const GemmTile& t, int S, bool ping_pong = false) {
-  GemmPlan pl;
-  pl.mainloop = GemmMainloop::kWgmma;
-  pl.tile = t;
-  pl.fold = S > 1 ? GemmFold::kPlanes : GemmFold::kNone;
-  pl.ping_pong = ping_pong;
-  return pl;
+  return GemmPlan{GemmMainloop::kWgmma, t, S > 1 ? GemmFold::kPlanes : GemmFold::kNone, 0,
+                  ping_pong};
 }
 // The register tree: 128x128 holds one pending level (S <= 2), 64x128 three (S <= 8). NOTE: the
 // consumers are compiled for 168 registers (65536 / 384 threads; setmaxnreg raises the budget at
 // run time, not ptxas's allocation): 128x128 with two levels spilled.
 GemmPlan wgmma_tree(const GemmTile& t, int levels) {
-  GemmPlan pl;
-  pl.mainloop = GemmMainloop::kWgmma;
-  pl.tile = t;
-  pl.fold = GemmFold::kRegisters;
-  pl.tree_levels = levels;
-  return pl;
+  return GemmPlan{GemmMainloop::kWgmma, t, GemmFold::kRegisters, levels};
 }
-GemmPlan wgmma_pairs() {
-  GemmPlan pl = wgmma_tree(kWg128x128, 1);
-  pl.fold = GemmFold::kPairs;
-  return pl;
-}
+GemmPlan wgmma_pairs() { return GemmPlan{GemmMainloop::kWgmma, kWg128x128, GemmFold::kPairs, 1}; }
 
 int64_t tiles(const GemmProblem& p, int bm, int bn) {
   return ((p.M + bm - 1) / bm) * ((p.N + bn - 1) / bn);
@@ -339,16 +321,10 @@ const std::vector<GemmTile>& gemm_small_m_tiles(GemmMainloop kind) {
   static const std::vector<GemmTile> kTma = candidates_of(GemmMainloop::kSmallMTma);
   static const std::vector<GemmTile> kWg = candidates_of(GemmMainloop::kSmallMWgmma);
   static const std::vector<GemmTile> kNoTiles;
-  switch (kind) {
-    case GemmMainloop::kSmallMRing:
-      return kRing;
-    case GemmMainloop::kSmallMTma:
-      return kTma;
-    case GemmMainloop::kSmallMWgmma:
-      return kWg;
-    default:
-      return kNoTiles;
-  }
+  return kind == GemmMainloop::kSmallMRing    ? kRing
+         : kind == GemmMainloop::kSmallMTma   ? kTma
+         : kind == GemmMainloop::kSmallMWgmma ? kWg
+                                              : kNoTiles;
 }
 
 }  // namespace lockstep::cuda
