@@ -75,16 +75,7 @@ bool tma_compatible(const GemmParams& c) {
 }
 
 GemmProblem problem_of(const GemmParams& c, bool partial) {
-  GemmProblem q;
-  q.M = c.M;
-  q.N = c.N;
-  q.K = c.K;
-  q.segments = c.segments;
-  q.segment_len = c.seg_len;
-  q.layout = GemmLayout::kNT;
-  q.tma_ok = tma_compatible(c);
-  q.partial = partial;
-  return q;
+  return {c.M, c.N, c.K, c.segments, c.seg_len, GemmLayout::kNT, tma_compatible(c), partial};
 }
 
 // ---- mma.sync (mainloop_mma_sync.cuh).
@@ -421,13 +412,7 @@ std::string gemm_launch_plan(int64_t M, int64_t N, int64_t K, const GemmConfig& 
     os << "nothing to launch";
     return os.str();
   }
-  GemmProblem q;
-  q.M = M;
-  q.N = N;
-  q.K = K;
-  q.segments = kl.segments;
-  q.segment_len = kl.segment_len;
-  q.tma_ok = K >= 1;
+  GemmProblem q{M, N, K, kl.segments, kl.segment_len, GemmLayout::kNT, /*tma_ok=*/K >= 1};
   os << plan_gemm(q).to_string();
   if (q.tma_ok) {
     q.tma_ok = false;
