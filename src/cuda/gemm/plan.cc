@@ -3,7 +3,7 @@
 // 132), so that a plan is a function of the problem alone and can be printed without a GPU.
 #include "cuda/gemm/plan.h"
 
-#include <cstdio>
+#include <sstream>
 
 #include "lockstep/error.h"
 
@@ -230,15 +230,12 @@ const char* gemm_fold_name(GemmFold f) {
 }
 
 std::string GemmTile::to_string() const {
-  char buf[96];
-  int n = std::snprintf(buf, sizeof buf, "%dx%dx%d s%d", bm, bn, bk, stages);
-  if (wm > 0 && n > 0 && n < int(sizeof buf))
-    n += std::snprintf(buf + n, sizeof buf - size_t(n), " warps %dx%d", wm, wn);
-  if (mb > 0 && n > 0 && n < int(sizeof buf))
-    n += std::snprintf(buf + n, sizeof buf - size_t(n), " chains %dx%d", na, mb);
-  if (cluster > 1 && n > 0 && n < int(sizeof buf))
-    std::snprintf(buf + n, sizeof buf - size_t(n), " cluster %d", cluster);
-  return buf;
+  std::ostringstream os;
+  os << bm << 'x' << bn << 'x' << bk << " s" << stages;
+  if (wm > 0) os << " warps " << wm << 'x' << wn;
+  if (mb > 0) os << " chains " << na << 'x' << mb;
+  if (cluster > 1) os << " cluster " << cluster;
+  return os.str();
 }
 
 std::string GemmPlan::to_string() const {

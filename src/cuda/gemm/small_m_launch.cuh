@@ -51,19 +51,9 @@ inline bool small_m_tensor_maps(const GemmParams& p, int x_box_rows, int w_box_r
          encode_bf16_tensor_map(tw, p.w, p.N, p.K, p.ldw, w_box_rows) == CUDA_SUCCESS;
 }
 
+// The same problem for the TMA kernels (TmaGemmParams's fields in order: sizes, segments, bias, y).
 inline TmaGemmParams small_m_tma_params(const GemmParams& p) {
-  TmaGemmParams q{};
-  q.M = p.M;
-  q.N = p.N;
-  q.seg_len = p.seg_len;
-  q.segments = p.segments;
-  q.bias = p.bias;
-  q.bias_stride = p.bias_stride;
-  q.bias_f32 = p.bias_f32;
-  q.y = p.y;
-  q.ldy = p.ldy;
-  q.y_f32 = p.y_f32;
-  return q;
+  return {p.M, p.N, p.seg_len, p.segments, p.bias, p.bias_stride, p.bias_f32, p.y, p.ldy, p.y_f32};
 }
 
 // ---- Warp-specialized TMA ring (mainloop_small_m_tma.cuh): WM x WN consumer warps, each MB m8
