@@ -48,6 +48,11 @@ void check_segments(const char* op, Device dev, const GemmConfig& cfg);
 // x [M, K] and w [N, K]: bf16, last dim contiguous, the same K.
 void check_xw(const char* op, Device dev, const TensorView& x, const TensorView& w);
 
+// Everything gemm_bf16_nt checks: cfg.segments, x and w (check_xw), bias [N] (may be null), y
+// [M, N] bf16/f32 (last dim contiguous) not overlapping x, w or bias.
+void check_gemm(const char* op, Device dev, const TensorView& x, const TensorView& w,
+                const TensorView* bias, const GemmConfig& cfg, const TensorView& y);
+
 // Everything gemm_bf16_nt_partial checks: cfg.segments, k_total, tp_size / tp_rank, x_shard and
 // w_shard holding rank tp_rank's K columns, y_partial [M, N] f32 not overlapping the inputs.
 void check_gemm_partial(const char* op, Device dev, const TensorView& x_shard,

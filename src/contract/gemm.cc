@@ -85,6 +85,18 @@ void check_xw(const char* op, Device dev, const TensorView& x, const TensorView&
            ", w is ", w.shape_string());
 }
 
+void check_gemm(const char* op, Device dev, const TensorView& x, const TensorView& w,
+                const TensorView* bias, const GemmConfig& cfg, const TensorView& y) {
+  check_segments(op, dev, cfg);
+  check_xw(op, dev, x, w);
+  const int64_t M = x.size(0), N = w.size(0);
+  check_bias(op, dev, bias, N);
+  check_tensor_dtypes(op, "y", y, {DType::kBF16, DType::kF32}, {M, N}, dev);
+  check_inner_contiguous(op, "y", y);
+  LS_CHECK(!overlaps(y, x) && !overlaps(y, w) && !(bias && overlaps(y, *bias)), op,
+           "argument 'y' must not overlap x, w or bias");
+}
+
 void check_gemm_partial(const char* op, Device dev, const TensorView& x_shard,
                         const TensorView& w_shard, int64_t k_total, int tp_size, int tp_rank,
                         const GemmConfig& cfg, const TensorView& y_partial) {

@@ -113,14 +113,8 @@ std::vector<float> bias_f32(const TensorView* bias) {
 
 void gemm_impl(const TensorView& x, const TensorView& w, const TensorView* bias,
                const GemmConfig& cfg, const TensorView& y, bool scalar) {
-  check_segments(kOp, Device::kCPU, cfg);
-  check_xw(kOp, Device::kCPU, x, w);
+  check_gemm(kOp, Device::kCPU, x, w, bias, cfg, y);
   int64_t M = x.size(0), N = w.size(0), K = x.size(1);
-  check_bias(kOp, Device::kCPU, bias, N);
-  check_tensor_dtypes(kOp, "y", y, {DType::kBF16, DType::kF32}, {M, N});
-  check_inner_contiguous(kOp, "y", y);
-  LS_CHECK(!overlaps(y, x) && !overlaps(y, w) && !(bias && overlaps(y, *bias)), kOp,
-           "argument 'y' must not overlap x, w or bias");
   GemmKLayout l = gemm_k_layout(cfg, K);
   Problem p{x, w, M, N, K, cfg.segments, l.segment_len};
   if (M == 0 || N == 0) return;

@@ -24,6 +24,16 @@ __device__ __forceinline__ void tree_add(T (&acc)[N], const T (&left)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) tree_add(acc[i], left[i]);
 }
+// a = +0 elementwise (a chain's start), over an array of any rank.
+template <typename T>
+__device__ __forceinline__ void zero_all(T& a) {
+  a = T(0);
+}
+template <typename T, int N>
+__device__ __forceinline__ void zero_all(T (&a)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) zero_all(a[i]);
+}
 // dst = src, and src = +0 when RESET (a chain that restarts from its register value).
 template <bool RESET>
 __device__ __forceinline__ void tree_park(float& dst, float& src) {

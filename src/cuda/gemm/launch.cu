@@ -1,9 +1,9 @@
 // Launchers of the tensor-core GEMM: cuda::gemm_bf16_nt, gemm_bf16_nt_partial, gemm_tree_combine,
 // gemm_launch_plan, and the internal entries that run a given plan (internal.h). Every argument is
-// checked before a launch (lockstep::Error naming the op and the argument, as the cpu functions
-// do); the plan comes from plan_gemm (plan.h: sizes, segments and operand alignment only, never
-// the data or the device), and every plan computes each output with the same chain (§G.3) and
-// tree (§G.4), so the choice is a speed choice: the bits are the CPU's.
+// checked before a launch by the contract's checks (contract/checks.h, the same as the cpu
+// functions', with Device::kCUDA); the plan comes from plan_gemm (plan.h: sizes, segments and
+// operand alignment only, never the data or the device), and every plan computes each output with
+// the same chain (§G.3) and tree (§G.4), so the choice is a speed choice: the bits are the CPU's.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -12,6 +12,7 @@
 #include <sstream>
 #include <string>
 
+#include "contract/checks.h"
 #include "cuda/gemm/internal.h"
 #include "cuda/gemm/mainloop_mma_sync.cuh"
 #include "cuda/gemm/sm90_launch.cuh"
@@ -31,23 +32,6 @@ constexpr const char* kOpCombine = "cuda::gemm_tree_combine";
 
 // Upper bound of the fp32 workspace of a multi-segment wgmma launch (rows are processed in chunks).
 constexpr int64_t kWorkspaceBytes = int64_t(1) << 30;
-
-// Byte range [lo, hi) touched by a view (empty views touch nothing).
-struct Span {
-  uintptr_t lo = 0, hi = 0;
-};
-Span span_of(const TensorView& t) {
-  Span s;
-  if (t.numel() == 0) return s;
-  int64_t last = 0;
-  for (int d = 0; d < t.ndim; ++d) last += (t.shape[d] - 1) * t.stride[d];
-  s.lo = reinterpret_cast<uintptr_t>(t.data);
-  s.hi = s.lo + uintptr_t((last + 1) * dtype_size(t.dtype));
-  return s;
-}
-bool overlap(const Span& a, const Span& b) {
-  return a.lo < a.hi && b.lo < b.hi && a.lo < b.hi && b.lo < a.hi;
-}
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -91,26 +75,14 @@ bool tma_compatible(const GemmParams& c) {
 }
 
 GemmProblem problem_of(const GemmParams& c, bool partial) {
-  GemmProblem q;
-  q.M = c.M;
-  q.N = c.N;
-  q.K = c.K;
-  q.segments = c.segments;
-  q.segment_len = c.seg_len;
-  q.layout = GemmLayout::kNT;
-  q.tma_ok = tma_compatible(c);
-  q.partial = partial;
-  return q;
+  return {c.M, c.N, c.K, c.segments, c.seg_len, GemmLayout::kNT, tma_compatible(c), partial};
 }
 
 // ---- mma.sync (mainloop_mma_sync.cuh).
 template <int BM, int BN, int NS>
 void launch_mma(const GemmParams& p, cudaStream_t stream) {
   constexpr int kSmem = detail::gemm_smem_bytes<BM, BN, NS>();
-  // Once per process and instantiation (the current device's; one-GPU processes for now).
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      detail::gemm_bf16_nt_kernel<BM, BN, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  LS_CHECK(attr == cudaSuccess, kOp, "cudaFuncSetAttribute failed: ", cudaGetErrorString(attr));
+  detail::allow_dynamic_smem<detail::gemm_bf16_nt_kernel<BM, BN, NS>>(kOp, kSmem);
   LS_CHECK(p.M <= int64_t(65535) * BM, kOp, "x: M = ", p.M, " exceeds the grid limit");
   dim3 grid(unsigned((p.N + BN - 1) / BN), unsigned((p.M + BM - 1) / BM));
   detail::gemm_bf16_nt_kernel<BM, BN, NS><<<grid, detail::kGemmThreads, kSmem, stream>>>(p);
@@ -316,60 +288,14 @@ void run_plan(const GemmParams& c, const GemmPlan& plan, cudaStream_t s) {
   }
 }
 
-void check_legal(const char* op, const GemmProblem& q, const GemmPlan& plan) {
-  LS_CHECK(gemm_plan_legal(q, plan), op, "the plan '", plan.to_string(), "' cannot run M = ", q.M,
-           ", N = ", q.N, ", K = ", q.K, ", S = ", q.segments,
+// Runs `plan` (checked legal) or, without one, plan_gemm's plan for checked operands c.
+void run_checked(const char* op, const GemmParams& c, bool partial, const GemmPlan* plan,
+                 void* stream) {
+  const GemmProblem q = problem_of(c, partial);
+  LS_CHECK(!plan || gemm_plan_legal(q, *plan), op, "the plan '", plan ? plan->to_string() : "",
+           "' cannot run M = ", q.M, ", N = ", q.N, ", K = ", q.K, ", S = ", q.segments,
            q.tma_ok ? "" : " (operands not TMA-compatible)", q.partial ? " (partial)" : "");
-}
-
-// ---- Argument checks (before any launch).
-void check_gemm_args(const TensorView& x, const TensorView& w, const TensorView* bias,
-                     const GemmConfig& cfg, const TensorView& y) {
-  cfg.validate();
-  check_tensor(kOp, "x", x, DType::kBF16, {-1, -1}, Device::kCUDA);
-  check_inner_contiguous(kOp, "x", x);
-  const int64_t M = x.shape[0], K = x.shape[1];
-  check_tensor(kOp, "w", w, DType::kBF16, {-1, K}, Device::kCUDA);
-  check_inner_contiguous(kOp, "w", w);
-  const int64_t N = w.shape[0];
-  if (bias)
-    check_tensor_dtypes(kOp, "bias", *bias, {DType::kBF16, DType::kF32}, {N}, Device::kCUDA);
-  check_tensor_dtypes(kOp, "y", y, {DType::kBF16, DType::kF32}, {M, N}, Device::kCUDA);
-  check_inner_contiguous(kOp, "y", y);
-  const Span sy = span_of(y);
-  LS_CHECK(!overlap(sy, span_of(x)), kOp, "y must not overlap x");
-  LS_CHECK(!overlap(sy, span_of(w)), kOp, "y must not overlap w");
-  if (bias) LS_CHECK(!overlap(sy, span_of(*bias)), kOp, "y must not overlap bias");
-}
-
-void check_partial_args(const TensorView& x_shard, const TensorView& w_shard, int64_t k_total,
-                        int tp_size, int tp_rank, const GemmConfig& cfg,
-                        const TensorView& y_partial) {
-  const char* op = kOpPartial;
-  LS_CHECK(cfg.segments == 1 || cfg.segments == 2 || cfg.segments == 4 || cfg.segments == 8, op,
-           "cfg.segments must be 1, 2, 4 or 8, got ", cfg.segments);
-  LS_CHECK(k_total >= 0, op, "k_total must be >= 0, got ", k_total);
-  LS_CHECK(tp_size >= 1 && (tp_size & (tp_size - 1)) == 0 && tp_size <= cfg.segments, op,
-           "tp_size must be a power of two <= segments (", cfg.segments, "), got ", tp_size);
-  LS_CHECK(tp_rank >= 0 && tp_rank < tp_size, op, "tp_rank must be in [0, ", tp_size, "), got ",
-           tp_rank);
-  check_tensor(op, "x_shard", x_shard, DType::kBF16, {-1, -1}, Device::kCUDA);
-  check_tensor(op, "w_shard", w_shard, DType::kBF16, {-1, -1}, Device::kCUDA);
-  check_inner_contiguous(op, "x_shard", x_shard);
-  check_inner_contiguous(op, "w_shard", w_shard);
-  LS_CHECK(x_shard.size(1) == w_shard.size(1), op,
-           "x_shard and w_shard must have the same K: x_shard is ", x_shard.shape_string(),
-           ", w_shard is ", w_shard.shape_string());
-  const GemmKRange r = gemm_tp_k_range(cfg, k_total, tp_size, tp_rank);
-  LS_CHECK(x_shard.size(1) == r.end - r.begin, op, "rank ", tp_rank, " of ", tp_size,
-           " owns K columns [", r.begin, ", ", r.end, ") of ", k_total, " (", r.end - r.begin,
-           " columns), but x_shard is ", x_shard.shape_string());
-  const int64_t M = x_shard.size(0), N = w_shard.size(0);
-  check_tensor(op, "y_partial", y_partial, DType::kF32, {M, N}, Device::kCUDA);
-  check_inner_contiguous(op, "y_partial", y_partial);
-  const Span sy = span_of(y_partial);
-  LS_CHECK(!overlap(sy, span_of(x_shard)) && !overlap(sy, span_of(w_shard)), op,
-           "argument 'y_partial' must not overlap x_shard or w_shard");
+  run_plan(c, plan ? *plan : plan_gemm(q), static_cast<cudaStream_t>(stream));
 }
 
 GemmParams gemm_params(const TensorView& x, const TensorView& w, const TensorView* bias,
@@ -383,6 +309,23 @@ GemmParams partial_params(const TensorView& x_shard, const TensorView& w_shard, 
                           int tp_size, const GemmConfig& cfg, const TensorView& y_partial) {
   const GemmKLayout kl = gemm_k_layout(cfg, k_total);
   return core_params(x_shard, w_shard, nullptr, cfg.segments / tp_size, kl.segment_len, y_partial);
+}
+
+void run_gemm(const TensorView& x, const TensorView& w, const TensorView* bias,
+              const GemmConfig& cfg, const TensorView& y, const GemmPlan* plan, void* stream) {
+  contract::check_gemm(kOp, Device::kCUDA, x, w, bias, cfg, y);
+  if (x.shape[0] == 0 || w.shape[0] == 0) return;
+  run_checked(kOp, gemm_params(x, w, bias, cfg, y), /*partial=*/false, plan, stream);
+}
+
+void run_partial(const TensorView& x_shard, const TensorView& w_shard, int64_t k_total, int tp_size,
+                 int tp_rank, const GemmConfig& cfg, const TensorView& y_partial,
+                 const GemmPlan* plan, void* stream) {
+  contract::check_gemm_partial(kOpPartial, Device::kCUDA, x_shard, w_shard, k_total, tp_size,
+                               tp_rank, cfg, y_partial);
+  if (x_shard.size(0) == 0 || w_shard.size(0) == 0) return;
+  run_checked(kOpPartial, partial_params(x_shard, w_shard, k_total, tp_size, cfg, y_partial),
+              /*partial=*/true, plan, stream);
 }
 
 }  // namespace
@@ -405,22 +348,14 @@ GemmProblem gemm_partial_problem(const TensorView& x_shard, const TensorView& w_
 void gemm_bf16_nt_with_plan(const TensorView& x, const TensorView& w, const TensorView* bias,
                             const GemmConfig& cfg, const TensorView& y, const GemmPlan& plan,
                             void* stream) {
-  check_gemm_args(x, w, bias, cfg, y);
-  if (x.shape[0] == 0 || w.shape[0] == 0) return;
-  const GemmParams c = gemm_params(x, w, bias, cfg, y);
-  check_legal(kOp, problem_of(c, false), plan);
-  run_plan(c, plan, static_cast<cudaStream_t>(stream));
+  run_gemm(x, w, bias, cfg, y, &plan, stream);
 }
 
 void gemm_bf16_nt_partial_with_plan(const TensorView& x_shard, const TensorView& w_shard,
                                     int64_t k_total, int tp_size, int tp_rank,
                                     const GemmConfig& cfg, const TensorView& y_partial,
                                     const GemmPlan& plan, void* stream) {
-  check_partial_args(x_shard, w_shard, k_total, tp_size, tp_rank, cfg, y_partial);
-  if (x_shard.size(0) == 0 || w_shard.size(0) == 0) return;
-  const GemmParams c = partial_params(x_shard, w_shard, k_total, tp_size, cfg, y_partial);
-  check_legal(kOpPartial, problem_of(c, true), plan);
-  run_plan(c, plan, static_cast<cudaStream_t>(stream));
+  run_partial(x_shard, w_shard, k_total, tp_size, tp_rank, cfg, y_partial, &plan, stream);
 }
 
 bool gemm_operands_tma_ok(const void* x, int64_t M, int64_t ldx, const void* w, int64_t N,
@@ -432,19 +367,13 @@ bool gemm_operands_tma_ok(const void* x, int64_t M, int64_t ldx, const void* w, 
 
 void gemm_bf16_nt(const TensorView& x, const TensorView& w, const TensorView* bias,
                   const GemmConfig& cfg, const TensorView& y, void* stream) {
-  check_gemm_args(x, w, bias, cfg, y);
-  if (x.shape[0] == 0 || w.shape[0] == 0) return;
-  const GemmParams c = gemm_params(x, w, bias, cfg, y);
-  run_plan(c, plan_gemm(problem_of(c, false)), static_cast<cudaStream_t>(stream));
+  run_gemm(x, w, bias, cfg, y, nullptr, stream);
 }
 
 void gemm_bf16_nt_partial(const TensorView& x_shard, const TensorView& w_shard, int64_t k_total,
                           int tp_size, int tp_rank, const GemmConfig& cfg,
                           const TensorView& y_partial, void* stream) {
-  check_partial_args(x_shard, w_shard, k_total, tp_size, tp_rank, cfg, y_partial);
-  if (x_shard.size(0) == 0 || w_shard.size(0) == 0) return;
-  const GemmParams c = partial_params(x_shard, w_shard, k_total, tp_size, cfg, y_partial);
-  run_plan(c, plan_gemm(problem_of(c, true)), static_cast<cudaStream_t>(stream));
+  run_partial(x_shard, w_shard, k_total, tp_size, tp_rank, cfg, y_partial, nullptr, stream);
 }
 
 void gemm_tree_combine(const std::vector<TensorView>& partials, const TensorView* bias,
@@ -453,25 +382,8 @@ void gemm_tree_combine(const std::vector<TensorView>& partials, const TensorView
   const int t = int(partials.size());
   LS_CHECK(t >= 1 && t <= 8 && (t & (t - 1)) == 0, op,
            "the number of partials must be 1, 2, 4 or 8, got ", t);
-  check_tensor(op, "partials[0]", partials[0], DType::kF32, {-1, -1}, Device::kCUDA);
+  contract::check_gemm_combine(op, Device::kCUDA, partials, bias, y);
   const int64_t M = partials[0].size(0), N = partials[0].size(1);
-  for (int i = 0; i < t; ++i) {
-    const std::string name = "partials[" + std::to_string(i) + "]";
-    check_tensor(op, name.c_str(), partials[size_t(i)], DType::kF32, {M, N}, Device::kCUDA);
-    check_inner_contiguous(op, name.c_str(), partials[size_t(i)]);
-  }
-  if (bias) check_tensor_dtypes(op, "bias", *bias, {DType::kBF16, DType::kF32}, {N}, Device::kCUDA);
-  check_tensor_dtypes(op, "y", y, {DType::kBF16, DType::kF32}, {M, N}, Device::kCUDA);
-  check_inner_contiguous(op, "y", y);
-  const Span sy = span_of(y);
-  for (int i = 0; i < t; ++i) {
-    const TensorView& pi = partials[size_t(i)];
-    const bool same =
-        pi.data == y.data && y.dtype == DType::kF32 && (M <= 1 || pi.stride[0] == y.stride[0]);
-    LS_CHECK(same || !overlap(sy, span_of(pi)), op, "argument 'y' overlaps partials[", i,
-             "] (only an exact alias of an f32 partial is allowed)");
-  }
-  LS_CHECK(!(bias && overlap(sy, span_of(*bias))), op, "argument 'y' must not overlap bias");
   if (M == 0 || N == 0) return;
 
   detail::CombineParams q{};
@@ -500,13 +412,7 @@ std::string gemm_launch_plan(int64_t M, int64_t N, int64_t K, const GemmConfig& 
     os << "nothing to launch";
     return os.str();
   }
-  GemmProblem q;
-  q.M = M;
-  q.N = N;
-  q.K = K;
-  q.segments = kl.segments;
-  q.segment_len = kl.segment_len;
-  q.tma_ok = K >= 1;
+  GemmProblem q{M, N, K, kl.segments, kl.segment_len, GemmLayout::kNT, /*tma_ok=*/K >= 1};
   os << plan_gemm(q).to_string();
   if (q.tma_ok) {
     q.tma_ok = false;

@@ -5,7 +5,8 @@
 // Segment values are combined with the balanced tree of §G.4 through a per-thread stack
 // (binary-counter order: left operand = the earlier subtree), then bias once, then one rounding.
 // Global -> shared through an NS-stage cp.async pipeline (plain stores for edge/unaligned
-// chunks, zero-filled) -> ldmatrix -> mma.sync.
+// chunks, zero-filled) -> ldmatrix -> mma.sync. The ldmatrix / cp.async steps, the chunk loads and
+// the fragment epilogue are shared with the small-M mma.sync kernels (mainloop_small_m_*.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,33 +25,78 @@ constexpr int kGemmBK = 64;            // k per tile (four k-blocks of 16)
 constexpr int kGemmLds = 72;           // shared row stride in bf16 (144 B: ldmatrix conflict-free)
 constexpr int kGemmCpr = kGemmBK / 8;  // 16-byte chunks per row of a tile
 
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const uint16_t* p) {
-  uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+// ldmatrix / cp.async / shared stores at shared-memory byte addresses (every mma.sync main loop).
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x2(uint32_t& r0, uint32_t& r1, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r0), "=r"(r1)
+               : "r"(addr));
+}
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void st_shared16(uint32_t addr, uint4 v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w));
+}
+__device__ __forceinline__ uint32_t shared_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// NOTE: the pointer form converts dst after the caller computed src (the order whose SASS the
+// mma.sync kernels were checked with).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  cp_async16(shared_addr(dst), src);
 }
 
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+// Elements [k0, k0+8) of row p (k0 < klim), zero at k >= klim: the slow path for K tails and
+// unaligned rows.
+__device__ __forceinline__ uint4 load_chunk_slow(const uint16_t* p, int64_t k0, int64_t klim) {
+  uint16_t e[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) e[i] = (k0 + i < klim) ? p[i] : uint16_t(0);
+  return make_uint4(
+      uint32_t(e[0]) | (uint32_t(e[1]) << 16), uint32_t(e[2]) | (uint32_t(e[3]) << 16),
+      uint32_t(e[4]) | (uint32_t(e[5]) << 16), uint32_t(e[6]) | (uint32_t(e[7]) << 16));
 }
 
 // One 8-element chunk of a row (k in [k0, k0+8)), zero outside [0, klim) and for rows >= rows.
 __device__ __forceinline__ uint4 load_chunk(const uint16_t* base, int64_t ld, int64_t row,
                                             int64_t rows, int64_t k0, int64_t klim, bool vec) {
-  uint4 v = make_uint4(0u, 0u, 0u, 0u);
-  if (row >= rows || k0 >= klim) return v;
+  if (row >= rows || k0 >= klim) return make_uint4(0u, 0u, 0u, 0u);
   const uint16_t* p = base + row * ld + k0;
   if (vec && k0 + 8 <= klim) return *reinterpret_cast<const uint4*>(p);
-  uint16_t e[8];
+  return load_chunk_slow(p, k0, klim);
+}
+
+// The epilogue of mma.sync m16n8 accumulator fragments: acc[i][j][c] is row row_of(i) + lane/4 +
+// 8(c/2), column col_of(j) + 2(lane%4) + c%2 (the first row of m16 tile i, the first column of n8
+// tile j; HALF: only rows 0..7 of the m16 tile exist, c < 2); outputs outside [0, M) x [0, N) are
+// skipped. Bias once, one rounding, canonical NaN.
+template <bool HALF, int MT, int NT, typename RowOf, typename ColOf>
+__device__ __forceinline__ void store_mma_frags(const GemmParams& p, const float (&acc)[MT][NT][4],
+                                                RowOf row_of, ColOf col_of, int lane) {
+  const int g = lane >> 2, tq = lane & 3;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) e[i] = (k0 + i < klim) ? p[i] : uint16_t(0);
-  v.x = uint32_t(e[0]) | (uint32_t(e[1]) << 16);
-  v.y = uint32_t(e[2]) | (uint32_t(e[3]) << 16);
-  v.z = uint32_t(e[4]) | (uint32_t(e[5]) << 16);
-  v.w = uint32_t(e[6]) | (uint32_t(e[7]) << 16);
-  return v;
+  for (int i = 0; i < MT; ++i) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        if (HALF && c >= 2) continue;
+        const int64_t m = row_of(i) + g + (c >> 1) * 8;
+        const int64_t n = col_of(j) + tq * 2 + (c & 1);
+        if (m < p.M && n < p.N) {
+          float v = acc[i][j][c];
+          if (p.bias) v = __fadd_rn(v, load_bias(p.bias, p.bias_stride, p.bias_f32, n));
+          store_output(p.y, p.ldy, p.y_f32, m, n, v);
+        }
+      }
+    }
+  }
 }
 
 // The same chunk into shared memory: cp.async when whole and aligned, else a plain store.
@@ -95,12 +141,7 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_bf16_nt_kernel(const GemmPa
   const int64_t total_tiles = tiles_per_seg * p.segments;
 
   float acc[MT][NT][4];
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.0f;
+  zero_all(acc);
   float stack[3][MT][NT][4];  // pending left subtrees (fold.cuh; S <= 8)
 
   // Issues the loads of k-tile t into stage t % NS (cp.async, or plain stores at the edges).
@@ -155,13 +196,13 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_bf16_nt_kernel(const GemmPa
 #pragma unroll
         for (int i = 0; i < MT; ++i) {
           const int row = wm * (BM / 2) + i * 16 + r + (j & 1) * 8;
-          ldsm_x4(af[i], &sa[row * kGemmLds + kb * 16 + (j >> 1) * 8]);
+          ldsm_x4(af[i], shared_addr(&sa[row * kGemmLds + kb * 16 + (j >> 1) * 8]));
         }
 #pragma unroll
         for (int q = 0; q < NT / 2; ++q) {
           const int row = wn * (BN / 4) + q * 16 + r + (j >> 1) * 8;
           uint32_t b4[4];
-          ldsm_x4(b4, &sb[row * kGemmLds + kb * 16 + (j & 1) * 8]);
+          ldsm_x4(b4, shared_addr(&sb[row * kGemmLds + kb * 16 + (j & 1) * 8]));
           bfr[2 * q][0] = b4[0];
           bfr[2 * q][1] = b4[1];
           bfr[2 * q + 1][0] = b4[2];
@@ -180,23 +221,9 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_bf16_nt_kernel(const GemmPa
   cp_async_wait<0>();  // no copy may outlive the CTA (only empty groups remain here)
 
   // Epilogue: bias once, one rounding, canonical NaN.
-  const int g = lane >> 2, tq = lane & 3;
-#pragma unroll
-  for (int i = 0; i < MT; ++i) {
-#pragma unroll
-    for (int jn = 0; jn < NT; ++jn) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int64_t m = m0 + wm * (BM / 2) + i * 16 + g + (c >> 1) * 8;
-        const int64_t n = n0 + wn * (BN / 4) + jn * 8 + tq * 2 + (c & 1);
-        if (m < p.M && n < p.N) {
-          float v = acc[i][jn][c];
-          if (p.bias) v = __fadd_rn(v, load_bias(p.bias, p.bias_stride, p.bias_f32, n));
-          store_output(p.y, p.ldy, p.y_f32, m, n, v);
-        }
-      }
-    }
-  }
+  store_mma_frags<false>(
+      p, acc, [&](int i) { return m0 + wm * (BM / 2) + i * 16; },
+      [&](int j) { return n0 + wn * (BN / 4) + j * 8; }, lane);
 }
 
 }  // namespace lockstep::cuda::detail

@@ -182,8 +182,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
     const int row_off = (WGN == 1 && !PP) ? cw * 64 : 0;
     const int col_off = WGN == 2 ? cw * WN : 0;
     float acc[R];
-#pragma unroll
-    for (int i = 0; i < R; ++i) acc[i] = 0.0f;
+    zero_all(acc);
     // Pending left subtrees of the tree (unused when LEVELS == 0).
     float stack[LEVELS >= 1 ? LEVELS : 1][R];
 

@@ -1,21 +1,18 @@
 // Small-M (decode, M <= 64) path of lockstep::cuda::gemm_bf16_nt: same contract, same bits
 // (docs/contract.md §G, §M). At these M the GEMM is bound by streaming w once, and with S = 1 the
 // only parallelism is over N (and M). Three main loops (tiles: plan.cc, launch_small_m.cu):
-//   - the cp.async ring (this file): the CTA tile is BN = 16..192 rows of w by all of M (bm =
-//   8/16/32/64),
-//     BN chosen so that the busiest SM streams the fewest w rows (one wave of ~128 CTAs on the
-//     Qwen3-8B shapes), and each CTA keeps NS k-tiles of w and x in flight (cp.async ring filled
-//     by the same warps that compute). Reduction order: every output's segment is ONE
-//     mma.sync.m16n8k16 chain from +0 over the segment's k-blocks of 16 in ascending order (x = A
-//     operand rows, w = B operand columns); a CTA walks the S segments in order and folds them
-//     with the G.4 tree, then bias once, one rounding.
-//   - the TMA ring (mainloop_small_m_tma.cuh): warp-specialized, one producer warp streams w and x
-//   with TMA
-//     into a deep mbarrier ring, consumer warps run the chains with the operand roles swapped
-//     (A = w, B = x: the MMA model is symmetric); TMA-compatible operands only.
-//   - wgmma (mainloop_small_m_wgmma.cuh): the same ring feeding one consumer warpgroup's wgmma
-//   chains
-//     (x = the 64-row A operand, w = B); the M > 32 candidates for BN 32/48/64.
+// - the cp.async ring (this file): the CTA tile is BN = 16..192 rows of w by all of M (bm = 8, 16,
+//   32, 64), BN chosen so that the busiest SM streams the fewest w rows (one wave of ~128 CTAs on
+//   the Qwen3-8B shapes), and each CTA keeps NS k-tiles of w and x in flight (cp.async ring filled
+//   by the same warps that compute). Reduction order: every output's segment is ONE
+//   mma.sync.m16n8k16 chain from +0 over the segment's k-blocks of 16 in ascending order (x = A
+//   operand rows, w = B operand columns); a CTA walks the S segments in order and folds them with
+//   the G.4 tree, then bias once, one rounding.
+// - the TMA ring (mainloop_small_m_tma.cuh): warp-specialized, one producer warp streams w and x
+//   with TMA into a deep mbarrier ring, consumer warps run the chains with the operand roles
+//   swapped (A = w, B = x: the MMA model is symmetric); TMA-compatible operands only.
+// - wgmma (mainloop_small_m_wgmma.cuh): the same ring feeding one consumer warpgroup's wgmma
+//   chains (x = the 64-row A operand, w = B); the M > 32 candidates for BN 32/48/64.
 // The tile choice (plan.cc) depends on the sizes only and never changes bits.
 #pragma once
 
@@ -25,10 +22,11 @@
 #include <string>
 #include <type_traits>
 
-#include "cuda/gemm/epilogue.cuh"  // load_bias, store_output
-#include "cuda/gemm/fold.cuh"      // fold_segment (§G.4)
-#include "cuda/gemm/params.cuh"    // GemmParams
-#include "cuda/mma_sync.cuh"       // mma_16816, cp.async group steps
+#include "cuda/gemm/epilogue.cuh"           // load_bias, store_output
+#include "cuda/gemm/fold.cuh"               // fold_segment (§G.4)
+#include "cuda/gemm/mainloop_mma_sync.cuh"  // ldmatrix, cp.async, store_mma_frags
+#include "cuda/gemm/params.cuh"             // GemmParams
+#include "cuda/mma_sync.cuh"                // mma_16816, cp.async group steps
 
 namespace lockstep::cuda::detail {
 
@@ -40,35 +38,6 @@ using Params = GemmParams;
 
 constexpr int kPad = 8;  // bf16 per smem row beyond BK: row pitch = 16 mod 128 bytes, so the
                          // 8 rows of one ldmatrix phase hit 8 distinct 16-byte bank groups
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x2(uint32_t& r0, uint32_t& r1, uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
-               : "=r"(r0), "=r"(r1)
-               : "r"(addr));
-}
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
-__device__ __forceinline__ void st_shared16(uint32_t addr, uint4 v) {
-  asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z),
-               "r"(v.w));
-}
-
-// Elements [k0, k0+8) of row p (k0 < klim), zero at k >= klim: the slow path for K tails and
-// unaligned rows.
-__device__ __forceinline__ uint4 load_chunk_slow(const uint16_t* p, int64_t k0, int64_t klim) {
-  uint16_t e[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) e[i] = (k0 + i < klim) ? p[i] : uint16_t(0);
-  return make_uint4(
-      uint32_t(e[0]) | (uint32_t(e[1]) << 16), uint32_t(e[2]) | (uint32_t(e[3]) << 16),
-      uint32_t(e[4]) | (uint32_t(e[5]) << 16), uint32_t(e[6]) | (uint32_t(e[7]) << 16));
-}
 
 template <int BM, int BN, int BK, int NS>
 constexpr int smem_bytes() {
@@ -166,12 +135,7 @@ __global__ void __launch_bounds__(32 * WM * WN) gemm_small_m_kernel(const Params
   };
 
   float acc[MT][NT][4];
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.0f;
+  zero_all(acc);
   float stack[3][MT][NT][4];  // pending left subtrees (fold.cuh; S <= 8)
 
 #pragma unroll
@@ -273,24 +237,9 @@ __global__ void __launch_bounds__(32 * WM * WN) gemm_small_m_kernel(const Params
 
   // Epilogue: bias once, one rounding, canonical NaN. Fragment rows >= 8 of a half tile are
   // padding (never stored).
-  const int g = lane >> 2, tq = lane & 3;
-#pragma unroll
-  for (int i = 0; i < MT; ++i) {
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        if (kHalf && c >= 2) continue;
-        const int64_t m = m0 + (kHalf ? 0 : wm * (BM / WM) + i * 16) + g + (c >> 1) * 8;
-        const int64_t n = n0 + wn * (BN / WN) + j * 8 + tq * 2 + (c & 1);
-        if (m < p.M && n < p.N) {
-          float v = acc[i][j][c];
-          if (p.bias) v = __fadd_rn(v, load_bias(p.bias, p.bias_stride, p.bias_f32, n));
-          store_output(p.y, p.ldy, p.y_f32, m, n, v);
-        }
-      }
-    }
-  }
+  store_mma_frags<kHalf>(
+      p, acc, [&](int i) { return m0 + (kHalf ? 0 : wm * (BM / WM) + i * 16); },
+      [&](int j) { return n0 + wn * (BN / WN) + j * 8; }, lane);
 }
 
 }  // namespace small_m

@@ -18,17 +18,14 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda/gemm/epilogue.cuh"               // load_bias, store_output
-#include "cuda/gemm/fold.cuh"                   // fold_segment (§G.4)
-#include "cuda/gemm/mainloop_small_m_ring.cuh"  // ldsm_x4, ldsm_x2 (+ mma_sync.cuh)
-#include "cuda/gemm/params.cuh"                 // TmaGemmParams
-#include "cuda/gemm/small_m_tma_layout.cuh"     // Shape: geometry, tile sequence, lane addresses
-#include "cuda/sm90_async.cuh"                  // mbarriers, TMA loads
+#include "cuda/gemm/epilogue.cuh"            // load_bias, store_output
+#include "cuda/gemm/fold.cuh"                // fold_segment (§G.4)
+#include "cuda/gemm/mainloop_mma_sync.cuh"   // ldsm_x4, ldsm_x2 (+ mma_sync.cuh)
+#include "cuda/gemm/params.cuh"              // TmaGemmParams
+#include "cuda/gemm/small_m_tma_layout.cuh"  // Shape: geometry, tile sequence, lane addresses
+#include "cuda/sm90_async.cuh"               // mbarriers, TMA loads
 
 namespace lockstep::cuda::detail::small_m_ws {
-
-using small_m::ldsm_x2;
-using small_m::ldsm_x4;
 
 using Params = TmaGemmParams;
 
@@ -209,21 +206,12 @@ __global__ void __launch_bounds__(Shape<WM, MB, WN, NA, KB64, NS>::kThreads, 1)
   };
 
   float acc[NA][MB][4];
-#pragma unroll
-  for (int i = 0; i < NA; ++i)
-#pragma unroll
-    for (int j = 0; j < MB; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.0f;
+  zero_all(acc);
   float stack[3][NA][MB][4];  // pending left subtrees (fold.cuh; S <= 8)
 
   Frag cur, nxt;
-#pragma unroll
-  for (int i = 0; i < NA; ++i)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) nxt.a[i][c] = 0u;
-#pragma unroll
-  for (int j = 0; j < MB; ++j) nxt.b[j][0] = nxt.b[j][1] = 0u;
+  zero_all(nxt.a);
+  zero_all(nxt.b);
 
   int stage = 0;
   uint32_t phase = 0;

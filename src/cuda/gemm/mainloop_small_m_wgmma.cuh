@@ -125,8 +125,7 @@ __global__ void __launch_bounds__(256, 1)
     const int wt = tid & 127;
     const int warp = wt >> 5, lane = wt & 31;
     float acc[R];
-#pragma unroll
-    for (int i = 0; i < R; ++i) acc[i] = 0.0f;
+    zero_all(acc);
     // Pending left subtrees of the G.4 tree (fold.cuh; S <= 8).
     float stack[3][R];
 

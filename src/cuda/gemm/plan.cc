@@ -3,7 +3,7 @@
 // 132), so that a plan is a function of the problem alone and can be printed without a GPU.
 #include "cuda/gemm/plan.h"
 
-#include <cstdio>
+#include <sstream>
 
 #include "lockstep/error.h"
 
@@ -34,46 +34,33 @@ const GemmTile kRingTiles[4][5] = {
     {ring(64, 192, 2, 6, 64, 5), ring(64, 96, 2, 6, 64, 4), ring(64, 48, 4, 3, 128, 6),
      ring(64, 32, 4, 2, 128, 7), ring(64, 16, 4, 1, 128, 6)}};
 
-// TMA-ring tiles: WM x WN consumer warps, each MB m8 tiles of x x NA n16 tiles of w; KB64 boxes of
-// 64 k per stage; NS stages (~150-210 KB of ring: one CTA per SM).
-constexpr GemmTile tma(int wm, int mb, int wn, int na, int kb64, int stages) {
-  return GemmTile{wm * mb * 8, wn * na * 16, 64 * kb64, stages, wm, wn, mb, na, 1};
-}
-// wgmma tiles: 64 rows of x (the A operand) x BN rows of w, KB64 boxes of 64 k per stage.
-constexpr GemmTile wg(int bn, int kb64, int stages) {
-  return GemmTile{64, bn, 64 * kb64, stages, 0, 0, 0, 0, 1};
-}
-// Per class one tile per BN in kSmallMColumns; for M > 32 the BN 32 / 48 / 64 columns are the
-// wgmma tiles (faster than the TMA-ring ones there; at M <= 32 slower: docs/cuda-gemm.md).
-constexpr int kSmallMColumns[6] = {16, 32, 48, 64, 96, 192};
+// A TMA-ring or wgmma candidate of the small-M table.
 struct SmallMCandidate {
   GemmMainloop kind;
   GemmTile tile;
 };
-const SmallMCandidate kCandidates[4][6] = {{{GemmMainloop::kSmallMTma, tma(1, 1, 1, 1, 4, 12)},
-                                            {GemmMainloop::kSmallMTma, tma(1, 1, 2, 1, 4, 9)},
-                                            {GemmMainloop::kSmallMTma, tma(1, 1, 3, 1, 4, 7)},
-                                            {GemmMainloop::kSmallMTma, tma(1, 1, 4, 1, 2, 11)},
-                                            {GemmMainloop::kSmallMTma, tma(1, 1, 3, 2, 2, 7)},
-                                            {GemmMainloop::kSmallMTma, tma(1, 1, 4, 3, 1, 8)}},
-                                           {{GemmMainloop::kSmallMTma, tma(1, 2, 1, 1, 4, 10)},
-                                            {GemmMainloop::kSmallMTma, tma(1, 2, 2, 1, 4, 8)},
-                                            {GemmMainloop::kSmallMTma, tma(1, 2, 3, 1, 4, 6)},
-                                            {GemmMainloop::kSmallMTma, tma(1, 2, 4, 1, 2, 10)},
-                                            {GemmMainloop::kSmallMTma, tma(1, 2, 3, 2, 2, 7)},
-                                            {GemmMainloop::kSmallMTma, tma(1, 2, 4, 3, 1, 8)}},
-                                           {{GemmMainloop::kSmallMTma, tma(2, 2, 1, 1, 4, 8)},
-                                            {GemmMainloop::kSmallMTma, tma(2, 2, 2, 1, 2, 12)},
-                                            {GemmMainloop::kSmallMTma, tma(2, 2, 3, 1, 2, 10)},
-                                            {GemmMainloop::kSmallMTma, tma(2, 2, 2, 2, 2, 8)},
-                                            {GemmMainloop::kSmallMTma, tma(2, 2, 3, 2, 2, 6)},
-                                            {GemmMainloop::kSmallMTma, tma(2, 2, 4, 3, 1, 7)}},
-                                           {{GemmMainloop::kSmallMTma, tma(2, 4, 1, 1, 2, 10)},
-                                            {GemmMainloop::kSmallMWgmma, wg(32, 4, 4)},
-                                            {GemmMainloop::kSmallMWgmma, wg(48, 2, 7)},
-                                            {GemmMainloop::kSmallMWgmma, wg(64, 2, 6)},
-                                            {GemmMainloop::kSmallMTma, tma(2, 4, 3, 2, 1, 10)},
-                                            {GemmMainloop::kSmallMTma, tma(2, 4, 6, 2, 1, 6)}}};
+// TMA-ring tiles: WM x WN consumer warps, each MB m8 tiles of x x NA n16 tiles of w; KB64 boxes of
+// 64 k per stage; NS stages (~150-210 KB of ring: one CTA per SM).
+constexpr SmallMCandidate tma(int wm, int mb, int wn, int na, int kb64, int stages) {
+  return {GemmMainloop::kSmallMTma,
+          GemmTile{wm * mb * 8, wn * na * 16, 64 * kb64, stages, wm, wn, mb, na, 1}};
+}
+// wgmma tiles: 64 rows of x (the A operand) x BN rows of w, KB64 boxes of 64 k per stage.
+constexpr SmallMCandidate wg(int bn, int kb64, int stages) {
+  return {GemmMainloop::kSmallMWgmma, GemmTile{64, bn, 64 * kb64, stages, 0, 0, 0, 0, 1}};
+}
+// Per class one tile per BN in kSmallMColumns; for M > 32 the BN 32 / 48 / 64 columns are the
+// wgmma tiles (faster than the TMA-ring ones there; at M <= 32 slower: docs/cuda-gemm.md).
+constexpr int kSmallMColumns[6] = {16, 32, 48, 64, 96, 192};
+const SmallMCandidate kCandidates[4][6] = {
+    {tma(1, 1, 1, 1, 4, 12), tma(1, 1, 2, 1, 4, 9), tma(1, 1, 3, 1, 4, 7), tma(1, 1, 4, 1, 2, 11),
+     tma(1, 1, 3, 2, 2, 7), tma(1, 1, 4, 3, 1, 8)},
+    {tma(1, 2, 1, 1, 4, 10), tma(1, 2, 2, 1, 4, 8), tma(1, 2, 3, 1, 4, 6), tma(1, 2, 4, 1, 2, 10),
+     tma(1, 2, 3, 2, 2, 7), tma(1, 2, 4, 3, 1, 8)},
+    {tma(2, 2, 1, 1, 4, 8), tma(2, 2, 2, 1, 2, 12), tma(2, 2, 3, 1, 2, 10), tma(2, 2, 2, 2, 2, 8),
+     tma(2, 2, 3, 2, 2, 6), tma(2, 2, 4, 3, 1, 7)},
+    {tma(2, 4, 1, 1, 2, 10), wg(32, 4, 4), wg(48, 2, 7), wg(64, 2, 6), tma(2, 4, 3, 2, 1, 10),
+     tma(2, 4, 6, 2, 1, 6)}};
 
 // NOTE: the GEMM is bound by streaming w once: the busiest SM streams ceil(CTAs / SMs) · BN rows
 // of w; the smallest wins, ties go to the larger BN (fewer CTAs re-reading x).
@@ -118,12 +105,7 @@ bool small_m_takes(const GemmProblem& p) {
 }
 
 GemmPlan with_fold(GemmMainloop kind, const GemmTile& t, int S, int levels) {
-  GemmPlan pl;
-  pl.mainloop = kind;
-  pl.tile = t;
-  pl.fold = S > 1 ? GemmFold::kRegisters : GemmFold::kNone;
-  pl.tree_levels = S > 1 ? levels : 0;
-  return pl;
+  return S > 1 ? GemmPlan{kind, t, GemmFold::kRegisters, levels} : GemmPlan{kind, t};
 }
 
 // Every small-M kernel folds in registers (S <= 8: three levels).
@@ -143,29 +125,16 @@ constexpr GemmTile kWg64x128{64, 128, 64, 8};
 constexpr GemmTile kWg64x256{64, 256, 64, 5};  // ping-pong: one consumer warpgroup per tile
 
 GemmPlan wgmma_jobs(const GemmTile& t, int S, bool ping_pong = false) {
-  GemmPlan pl;
-  pl.mainloop = GemmMainloop::kWgmma;
-  pl.tile = t;
-  pl.fold = S > 1 ? GemmFold::kPlanes : GemmFold::kNone;
-  pl.ping_pong = ping_pong;
-  return pl;
+  return GemmPlan{GemmMainloop::kWgmma, t, S > 1 ? GemmFold::kPlanes : GemmFold::kNone, 0,
+                  ping_pong};
 }
 // The register tree: 128x128 holds one pending level (S <= 2), 64x128 three (S <= 8). NOTE: the
 // consumers are compiled for 168 registers (65536 / 384 threads; setmaxnreg raises the budget at
 // run time, not ptxas's allocation): 128x128 with two levels spilled.
 GemmPlan wgmma_tree(const GemmTile& t, int levels) {
-  GemmPlan pl;
-  pl.mainloop = GemmMainloop::kWgmma;
-  pl.tile = t;
-  pl.fold = GemmFold::kRegisters;
-  pl.tree_levels = levels;
-  return pl;
+  return GemmPlan{GemmMainloop::kWgmma, t, GemmFold::kRegisters, levels};
 }
-GemmPlan wgmma_pairs() {
-  GemmPlan pl = wgmma_tree(kWg128x128, 1);
-  pl.fold = GemmFold::kPairs;
-  return pl;
-}
+GemmPlan wgmma_pairs() { return GemmPlan{GemmMainloop::kWgmma, kWg128x128, GemmFold::kPairs, 1}; }
 
 int64_t tiles(const GemmProblem& p, int bm, int bn) {
   return ((p.M + bm - 1) / bm) * ((p.N + bn - 1) / bn);
@@ -261,15 +230,12 @@ const char* gemm_fold_name(GemmFold f) {
 }
 
 std::string GemmTile::to_string() const {
-  char buf[96];
-  int n = std::snprintf(buf, sizeof buf, "%dx%dx%d s%d", bm, bn, bk, stages);
-  if (wm > 0 && n > 0 && n < int(sizeof buf))
-    n += std::snprintf(buf + n, sizeof buf - size_t(n), " warps %dx%d", wm, wn);
-  if (mb > 0 && n > 0 && n < int(sizeof buf))
-    n += std::snprintf(buf + n, sizeof buf - size_t(n), " chains %dx%d", na, mb);
-  if (cluster > 1 && n > 0 && n < int(sizeof buf))
-    std::snprintf(buf + n, sizeof buf - size_t(n), " cluster %d", cluster);
-  return buf;
+  std::ostringstream os;
+  os << bm << 'x' << bn << 'x' << bk << " s" << stages;
+  if (wm > 0) os << " warps " << wm << 'x' << wn;
+  if (mb > 0) os << " chains " << na << 'x' << mb;
+  if (cluster > 1) os << " cluster " << cluster;
+  return os.str();
 }
 
 std::string GemmPlan::to_string() const {
@@ -342,30 +308,20 @@ const std::vector<GemmTile>& gemm_small_m_tiles(GemmMainloop kind) {
       for (const GemmTile& t : row) v.push_back(t);
     return v;
   }();
-  static const std::vector<GemmTile> kTma = [] {
+  auto candidates_of = [](GemmMainloop k) {
     std::vector<GemmTile> v;
     for (const auto& row : kCandidates)
       for (const SmallMCandidate& c : row)
-        if (c.kind == GemmMainloop::kSmallMTma) v.push_back(c.tile);
+        if (c.kind == k) v.push_back(c.tile);
     return v;
-  }();
-  static const std::vector<GemmTile> kWg = [] {
-    std::vector<GemmTile> v;
-    for (const SmallMCandidate& c : kCandidates[3])
-      if (c.kind == GemmMainloop::kSmallMWgmma) v.push_back(c.tile);
-    return v;
-  }();
+  };
+  static const std::vector<GemmTile> kTma = candidates_of(GemmMainloop::kSmallMTma);
+  static const std::vector<GemmTile> kWg = candidates_of(GemmMainloop::kSmallMWgmma);
   static const std::vector<GemmTile> kNoTiles;
-  switch (kind) {
-    case GemmMainloop::kSmallMRing:
-      return kRing;
-    case GemmMainloop::kSmallMTma:
-      return kTma;
-    case GemmMainloop::kSmallMWgmma:
-      return kWg;
-    default:
-      return kNoTiles;
-  }
+  return kind == GemmMainloop::kSmallMRing    ? kRing
+         : kind == GemmMainloop::kSmallMTma   ? kTma
+         : kind == GemmMainloop::kSmallMWgmma ? kWg
+                                              : kNoTiles;
 }
 
 }  // namespace lockstep::cuda

@@ -1,6 +1,7 @@
 // Host helpers that launch the Hopper kernel (mainloop_sm90.cuh): tensor maps, the persistent
-// grid, the once-per-instantiation shared-memory attribute. Used by the GEMM launcher (launch.cu)
-// and by the fused log-prob producer (src/cuda/logprob.cu), which brings its own epilogue.
+// grid, the once-per-instantiation shared-memory attribute (every GEMM kernel's). Used by the GEMM
+// launchers (launch.cu, small_m_launch.cuh) and by the fused log-prob producer
+// (src/cuda/logprob.cu), which brings its own epilogue.
 #pragma once
 
 #include <cuda.h>
@@ -18,6 +19,15 @@ namespace lockstep::cuda::detail {
 inline void check_gemm_launch(const char* op) {
   const cudaError_t e = cudaGetLastError();
   LS_CHECK(e == cudaSuccess, op, "launch failed: ", cudaGetErrorString(e));
+}
+
+// Lets `kernel` (a GEMM kernel instantiation) use `bytes` of dynamic shared memory: once per
+// process and kernel (the current device's; one-GPU processes for now).
+template <auto kernel>
+void allow_dynamic_smem(const char* op, int bytes) {
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  LS_CHECK(attr == cudaSuccess, op, "cudaFuncSetAttribute failed: ", cudaGetErrorString(attr));
 }
 
 // A bf16 [rows, K] tensor map with row stride ld and 64-k boxes of box_rows rows (tensor_map.h).
@@ -48,11 +58,7 @@ void launch_sm90_tile(const char* op, const CUtensorMap& tx, const CUtensorMap& 
                       const typename Epi::Params& p, cudaStream_t s) {
   constexpr int WGN = (BM == 64 && !PP) ? 2 : 1;
   constexpr int kSmem = sm90_smem_bytes<BM, BN, NS>();
-  // Once per process and instantiation (the current device's; one-GPU processes for now).
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(gemm_sm90_kernel<BM, BN, WGN, NS, LEVELS, Epi, PP>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  LS_CHECK(attr == cudaSuccess, op, "cudaFuncSetAttribute failed: ", cudaGetErrorString(attr));
+  allow_dynamic_smem<gemm_sm90_kernel<BM, BN, WGN, NS, LEVELS, Epi, PP>>(op, kSmem);
   LS_CHECK(LEVELS == 0 || p.nseg <= (1 << LEVELS), op, "internal: ", p.nseg,
            " segments for an in-CTA tree of ", LEVELS, " levels");
   const int64_t jobs = ((p.M + BM - 1) / BM) * ((p.N + BN - 1) / BN) * (LEVELS > 0 ? 1 : p.nseg);

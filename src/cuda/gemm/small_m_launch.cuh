@@ -13,6 +13,7 @@
 #include "cuda/gemm/mainloop_small_m_tma.cuh"
 #include "cuda/gemm/mainloop_small_m_wgmma.cuh"
 #include "cuda/gemm/plan.h"
+#include "cuda/gemm/sm90_launch.cuh"  // allow_dynamic_smem
 #include "cuda/tensor_map.h"
 #include "lockstep/error.h"
 
@@ -33,37 +34,26 @@ struct SmallMKernel {
 template <int BM, int BN, int WM, int WN, int BK, int NS>
 bool launch_small_m_ring(const GemmParams& p, cudaStream_t stream) {
   constexpr int kSmem = small_m::smem_bytes<BM, BN, BK, NS>();
-  auto* kernel = small_m::gemm_small_m_kernel<BM, BN, WM, WN, BK, NS>;
-  // Once per process and instantiation (the current device's; one-GPU processes for now).
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  LS_CHECK(attr == cudaSuccess, kSmallMOp,
-           "cudaFuncSetAttribute failed: ", cudaGetErrorString(attr));
+  constexpr auto kernel = small_m::gemm_small_m_kernel<BM, BN, WM, WN, BK, NS>;
+  allow_dynamic_smem<kernel>(kSmallMOp, kSmem);
   const dim3 grid(unsigned((p.N + BN - 1) / BN), unsigned((p.M + BM - 1) / BM));
   kernel<<<grid, 32 * WM * WN, kSmem, stream>>>(p);
   return true;
 }
 
-// ---- TMA operands (kinds ws, wgmma): tensor maps with 64-k boxes; false if the driver refuses.
+// ---- TMA operands (kinds ws, wgmma): tensor maps of x and w with 64-k boxes; false if the
+// operands are not TMA-compatible or the driver refuses.
 static_assert(small_m_ws::kBoxK == 64, "tensor maps are encoded with 64-k boxes");
-inline bool small_m_tensor_map(CUtensorMap* map, const uint16_t* p, int64_t rows, int64_t K,
-                               int64_t ld, int box_rows) {
-  return encode_bf16_tensor_map(map, p, rows, K, ld, box_rows) == CUDA_SUCCESS;
+inline bool small_m_tensor_maps(const GemmParams& p, int x_box_rows, int w_box_rows,
+                                CUtensorMap* tx, CUtensorMap* tw) {
+  return p.x_vec && p.w_vec && p.K >= 1 &&
+         encode_bf16_tensor_map(tx, p.x, p.M, p.K, p.ldx, x_box_rows) == CUDA_SUCCESS &&
+         encode_bf16_tensor_map(tw, p.w, p.N, p.K, p.ldw, w_box_rows) == CUDA_SUCCESS;
 }
 
+// The same problem for the TMA kernels (TmaGemmParams's fields in order: sizes, segments, bias, y).
 inline TmaGemmParams small_m_tma_params(const GemmParams& p) {
-  TmaGemmParams q{};
-  q.M = p.M;
-  q.N = p.N;
-  q.seg_len = p.seg_len;
-  q.segments = p.segments;
-  q.bias = p.bias;
-  q.bias_stride = p.bias_stride;
-  q.bias_f32 = p.bias_f32;
-  q.y = p.y;
-  q.ldy = p.ldy;
-  q.y_f32 = p.y_f32;
-  return q;
+  return {p.M, p.N, p.seg_len, p.segments, p.bias, p.bias_stride, p.bias_f32, p.y, p.ldy, p.y_f32};
 }
 
 // ---- Warp-specialized TMA ring (mainloop_small_m_tma.cuh): WM x WN consumer warps, each MB m8
@@ -74,16 +64,10 @@ inline TmaGemmParams small_m_tma_params(const GemmParams& p) {
 template <int WM, int MB, int WN, int NA, int KB64, int NS, int CL = 1>
 bool launch_small_m_tma(const GemmParams& p, cudaStream_t stream) {
   using Sh = small_m_ws::Shape<WM, MB, WN, NA, KB64, NS>;
-  if (!p.x_vec || !p.w_vec || p.K < 1) return false;
   CUtensorMap tx, tw;
-  if (!small_m_tensor_map(&tx, p.x, p.M, p.K, p.ldx, Sh::BM / CL) ||
-      !small_m_tensor_map(&tw, p.w, p.N, p.K, p.ldw, Sh::BN))
-    return false;
-  auto* kernel = small_m_ws::gemm_small_m_ws_kernel<WM, MB, WN, NA, KB64, NS, CL>;
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Sh::kSmem);
-  LS_CHECK(attr == cudaSuccess, kSmallMOp,
-           "cudaFuncSetAttribute failed: ", cudaGetErrorString(attr));
+  if (!small_m_tensor_maps(p, Sh::BM / CL, Sh::BN, &tx, &tw)) return false;
+  constexpr auto kernel = small_m_ws::gemm_small_m_ws_kernel<WM, MB, WN, NA, KB64, NS, CL>;
+  allow_dynamic_smem<kernel>(kSmallMOp, Sh::kSmem);
   TmaGemmParams q = small_m_tma_params(p);
   const int64_t tiles_n = (p.N + Sh::BN - 1) / Sh::BN;
   const dim3 grid(unsigned((tiles_n + CL - 1) / CL * CL), unsigned((p.M + Sh::BM - 1) / Sh::BM));
@@ -120,16 +104,10 @@ bool launch_small_m_tma(const GemmParams& p, cudaStream_t stream) {
 template <int BN, int KB64, int NS>
 bool launch_small_m_wgmma(const GemmParams& p, cudaStream_t stream) {
   using Sh = small_m_wg::Shape<BN, KB64, NS>;
-  if (!p.x_vec || !p.w_vec || p.K < 1 || p.segments > 8) return false;
   CUtensorMap tx, tw;
-  if (!small_m_tensor_map(&tx, p.x, p.M, p.K, p.ldx, Sh::BM) ||
-      !small_m_tensor_map(&tw, p.w, p.N, p.K, p.ldw, BN))
-    return false;
-  auto* kernel = small_m_wg::gemm_small_m_wg_kernel<BN, KB64, NS>;
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Sh::kSmem);
-  LS_CHECK(attr == cudaSuccess, kSmallMOp,
-           "cudaFuncSetAttribute failed: ", cudaGetErrorString(attr));
+  if (p.segments > 8 || !small_m_tensor_maps(p, Sh::BM, BN, &tx, &tw)) return false;
+  constexpr auto kernel = small_m_wg::gemm_small_m_wg_kernel<BN, KB64, NS>;
+  allow_dynamic_smem<kernel>(kSmallMOp, Sh::kSmem);
   TmaGemmParams q = small_m_tma_params(p);
   const dim3 grid(unsigned((p.N + BN - 1) / BN), unsigned((p.M + Sh::BM - 1) / Sh::BM));
   kernel<<<grid, Sh::kThreads, Sh::kSmem, stream>>>(tx, tw, q);
