@@ -609,6 +609,31 @@ TEST(AttentionBackward, InfInUpstreamFollowsBlockExtent) {
   }
 }
 
+// inf in column 3 of k_70: the dq chains of the rows 64 … 69 run over the keys of their 64-block,
+// where key 70 is masked (dSb = +0) but keeps its real k: +0 · inf = NaN in column 3 only. Rows
+// 0 … 63 never reach key 70 and stay finite.
+TEST(AttentionBackward, InfInMaskedKeyFollowsBlockExtent) {
+  const Dims d{1, 1, 16};
+  AttentionConfig cfg;
+  auto g = test::rng(13);
+  const int64_t L = 100;
+  Seq s = make_seq(d, L, g);
+  s.k.ptr<bf16>()[70 * d.D + 3].bits = 0x7F80;
+  const Packed p = pack({&s}, d, cfg);
+  backward(p, cfg);
+  const Grads got = grads_of(p, 0);
+  for (int64_t i = 0; i < 70; ++i) {
+    for (int64_t e = 0; e < d.D; ++e) {
+      const float f = got.dq[size_t(i * d.D + e)];
+      if (i >= 64 && e == 3) {
+        EXPECT_EQ(f32_bits(f), kCanonicalNanF32) << "row " << i;
+      } else {
+        ASSERT_TRUE(std::isfinite(f)) << "row " << i << " column " << e;
+      }
+    }
+  }
+}
+
 // Every output element is written: two runs over outputs poisoned differently agree.
 TEST(AttentionBackward, PoisonedOutputsAreOverwritten) {
   const Dims d{4, 4, 16};
