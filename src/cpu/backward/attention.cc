@@ -178,20 +178,20 @@ void attention_backward_varlen(const TensorView& q, const TensorView& k, const T
   const int64_t Hkv = k.shape[1], D = qs.D;
   int64_t Dp = 1;
   while (Dp < D) Dp *= 2;
-  const Problem pr{qs.Hq / Hkv,
-                   D,
-                   Dp,
-                   cfg.scale_log2(D),
-                   float(cfg.resolved_scale(D)),
-                   Rows<const bf16>(q),
-                   Rows<const bf16>(k),
-                   Rows<const bf16>(v),
-                   Rows<const bf16>(out),
-                   Rows<const bf16>(dout),
-                   Rows<const float>(lse),
-                   Rows<float>(dq),
-                   Rows<float>(dk),
-                   Rows<float>(dv)};
+  const Problem pr{.G = qs.Hq / Hkv,
+                   .D = D,
+                   .Dp = Dp,
+                   .sigma = cfg.scale_log2(D),
+                   .scale_f = float(cfg.resolved_scale(D)),
+                   .q = Rows<const bf16>(q),
+                   .k = Rows<const bf16>(k),
+                   .v = Rows<const bf16>(v),
+                   .out = Rows<const bf16>(out),
+                   .dout = Rows<const bf16>(dout),
+                   .lse = Rows<const float>(lse),
+                   .dq = Rows<float>(dq),
+                   .dk = Rows<float>(dk),
+                   .dv = Rows<float>(dv)};
   // Tasks (sequence, kv head), longest first (scheduling only: each task owns its outputs).
   struct Task {
     int64_t t0, len, g;
