@@ -237,4 +237,14 @@ void check_sample(const char* op, Device dev, const TensorView& h, const TensorV
 
 // --- backward_attention.cc (packed varlen attention)
 
+// Everything attention_backward_varlen checks (cfg too) on a validated PackedSeqs, in O(1): q, k,
+// v, out as the forward (check_prefill_call), lse [T, Hq] f32 (required), dout [T, Hq, D] bf16,
+// dq [T, Hq, D] and dk / dv [T, Hkv, D] f32 (last dims contiguous), the three outputs overlapping
+// no input and each other. Returns q's shape.
+QShape check_attention_backward(const char* op, Device dev, const TensorView& q,
+                                const TensorView& k, const TensorView& v, const TensorView& out,
+                                const TensorView& lse, const TensorView& dout,
+                                const PackedSeqs& seqs, const AttentionConfig& cfg,
+                                const TensorView& dq, const TensorView& dk, const TensorView& dv);
+
 }  // namespace lockstep::contract

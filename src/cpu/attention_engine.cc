@@ -70,14 +70,10 @@ void gather_block(const KvSource& s, int64_t kvh, int64_t j0, int nk, int64_t D,
 void block_step(const bf16* q, const bf16* kblk, const bf16* vt, int nv, int nk, int64_t D,
                 float scale, bool first, float* st, bf16* vmask) {
   float x[kB];
-  // Scores: one MMA-model chain over D per key, from +0.
-  mma_chain_rows_bf16(q, kblk, D, nv, D, nullptr, x);
+  // Scores: one MMA-model chain over D per key, from +0, times the scale.
+  block_scores(q, kblk, D, nv, D, scale, x);
   float mb = -INFINITY;
-  for (int j = 0; j < nv; ++j) {
-    const float xj = x[j] * scale;
-    x[j] = xj;
-    mb = max_rule(mb, xj);
-  }
+  for (int j = 0; j < nv; ++j) mb = max_rule(mb, x[j]);
   const float m_old = st[0];
   const float m_new = first ? mb : max_rule(m_old, mb);
   const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // all scores -inf/NaN: no -inf - -inf

@@ -8,12 +8,22 @@
 #include <limits>
 #include <vector>
 
+#include "cpu/mma_batch.h"
 #include "lockstep/dtype.h"
 #include "lockstep/ops/attention.h"
 
 namespace lockstep::cpu::attn_detail {
 
 constexpr int64_t kTileRows = 16;  // query rows of one sequence sharing a K/V block gather
+
+// §A.4 step 1, the scores of one query row against n key rows (row j at k + j·ldk):
+// x_j = mma_chain(q, k_j, D, +0) ⊗ sigma, sigma = AttentionConfig::scale_log2(D). The forward's
+// block step and the backward (§B.9, which recomputes the forward's score bits) both call this.
+inline void block_scores(const bf16* q, const bf16* k, int64_t ldk, int64_t n, int64_t D,
+                         float sigma, float* x) {
+  mma_chain_rows_bf16(q, k, ldk, n, D, nullptr, x);
+  for (int64_t j = 0; j < n; ++j) x[j] = x[j] * sigma;
+}
 
 // A chunk state is [m, l, acc[0..D)] in fp32.
 inline int64_t state_size(int64_t D) { return D + 2; }
