@@ -18,7 +18,7 @@
 #include <sstream>
 #include <vector>
 
-#include "baseline/paged_attention.h"
+#include "baseline/backend_base.h"
 #include "contract/checks.h"
 #include "core/math.h"
 #include "core/philox.h"
@@ -270,15 +270,10 @@ class BaselineBackend final : public BaselinePagedAttention<OpsBackend> {
   void gemm(const TensorView& x, const TensorView& w, const GemmConfig& cfg,
             const TensorView& y) const override {
     const char* op = "baseline gemm";
-    check_segments(op, Device::kCPU, cfg);
-    check_xw(op, Device::kCPU, x, w);
-    const int64_t M = x.size(0), N = w.size(0), K = x.size(1);
-    check_tensor_dtypes(op, "y", y, {DType::kBF16, DType::kF32}, {M, N});
-    check_inner_contiguous(op, "y", y);
-    LS_CHECK(!overlaps(y, x) && !overlaps(y, w), op, "argument 'y' must not overlap x or w");
-    check_blas_dims(op, M, N, K);
-    if (M == 0 || N == 0) return;
-    store_rows(matmul_nt(x, w).data(), M, N, y);
+    const GemmDims d = check_baseline_gemm(op, Device::kCPU, x, w, cfg, y);
+    check_blas_dims(op, d.M, d.N, d.K);
+    if (d.M == 0 || d.N == 0) return;
+    store_rows(matmul_nt(x, w).data(), d.M, d.N, y);
   }
 
   void gemm_partial(const TensorView& x_shard, const TensorView& w_shard, int64_t k_total,
@@ -418,14 +413,7 @@ class BaselineBackend final : public BaselinePagedAttention<OpsBackend> {
                  const TensorView& out) const override {
     const char* op = "baseline embedding";
     check_tensor(op, "table", table, DType::kBF16, {-1, -1});
-    const int64_t V = table.shape[0];
-    const int64_t T = check_gather(op, Device::kCPU, ids, table, V, V, out);
-    const int64_t H = table.shape[1];
-    parallel_for(T, std::max<int64_t>(1, 16384 / H), [&](int64_t a, int64_t b) {
-      for (int64_t t = a; t < b; ++t)
-        std::memcpy(out.ptr<bf16>() + t * out.stride[0], row_bf16(table, read_index(ids, t)),
-                    size_t(H) * sizeof(bf16));
-    });
+    gather(op, ids, table, VocabShard{0, table.shape[0]}, table.shape[0], out);
   }
 
   // Megatron's VocabParallelEmbedding: rows outside the shard are zeroed (+0), then all-reduced.
@@ -433,22 +421,8 @@ class BaselineBackend final : public BaselinePagedAttention<OpsBackend> {
                                 const VocabShard& shard, int64_t vocab,
                                 const TensorView& out) const override {
     const char* op = "baseline embedding_vocab_parallel";
-    LS_CHECK(vocab >= 1 && shard.begin >= 0 && shard.begin <= shard.end && shard.end <= vocab, op,
-             "argument 'shard' ", shard.to_string(), " is not inside the vocabulary [0, ", vocab,
-             ")");
-    const int64_t T = check_gather(op, Device::kCPU, ids, table, shard.size(), vocab, out);
-    const int64_t H = table.shape[1];
-    parallel_for(T, std::max<int64_t>(1, 16384 / H), [&](int64_t a, int64_t b) {
-      for (int64_t t = a; t < b; ++t) {
-        const int64_t id = read_index(ids, t);
-        bf16* o = out.ptr<bf16>() + t * out.stride[0];
-        if (id >= shard.begin && id < shard.end) {
-          std::memcpy(o, row_bf16(table, id - shard.begin), size_t(H) * sizeof(bf16));
-        } else {
-          std::fill(o, o + H, bf16{0});
-        }
-      }
-    });
+    check_vocab_shard(op, shard, vocab);
+    gather(op, ids, table, shard, vocab, out);
   }
 
   void embedding_combine(const std::vector<TensorView>& partials,
@@ -532,20 +506,13 @@ class BaselineBackend final : public BaselinePagedAttention<OpsBackend> {
     check_linear_logprob(op, Device::kCPU, h, w, targets, params, cfg, logp, lse, entropy);
     const int64_t H = h.size(1), V = w.size(0);
     check_blas_dims(op, c_.logits_token_block, V, H);
-    const float temperature = params.temperature;
-    for_logit_blocks(h, w, 0, V, [&](int64_t r0, int64_t rows, float* z) {
-      parallel_for(rows, 1, [&](int64_t a, int64_t b) {
-        for (int64_t i = a; i < b; ++i) {
-          const int64_t t = r0 + i;
-          float* y = z + i * V;
-          for (int64_t v = 0; v < V; ++v) y[v] = y[v] / temperature;
-          const RowStats st = row_stats(y, V);
-          const int64_t g = read_index(targets, t);
-          f32_at(logp, t) = g == params.ignore_index ? 0.0f : y[g] - st.lse;
-          f32_at(lse, t) = st.lse;
-          f32_at(entropy, t) = st.entropy;
-        }
-      });
+    const auto temperature = [&](int64_t) { return params.temperature; };
+    for_logit_rows(h, w, V, temperature, [&](int64_t t, const float* y) {
+      const RowStats st = row_stats(y, V);
+      const int64_t g = read_index(targets, t);
+      f32_at(logp, t) = g == params.ignore_index ? 0.0f : y[g] - st.lse;
+      f32_at(lse, t) = st.lse;
+      f32_at(entropy, t) = st.entropy;
     });
   }
 
@@ -572,29 +539,22 @@ class BaselineBackend final : public BaselinePagedAttention<OpsBackend> {
       }
       return;
     }
-    const float temperature = params.temperature;
-    for_logit_blocks(h, w_shard, 0, Vs, [&](int64_t r0, int64_t rows, float* z) {
-      parallel_for(rows, 1, [&](int64_t a, int64_t b) {
-        for (int64_t i = a; i < b; ++i) {
-          const int64_t t = r0 + i;
-          float* y = z + i * Vs;
-          for (int64_t v = 0; v < Vs; ++v) y[v] = y[v] / temperature;
-          float m = kNegInf, s = 0.0f, wy = 0.0f;
-          for (int64_t v = 0; v < Vs; ++v)
-            if (y[v] > m) m = y[v];
-          for (int64_t v = 0; v < Vs; ++v) {
-            const float e = std::exp(y[v] - m);
-            s = s + e;
-            wy = wy + e * y[v];
-          }
-          const int64_t g = read_index(targets, t);
-          float* o = state.ptr<float>() + t * state.stride[0];
-          o[0] = m;
-          o[1] = s;
-          o[2] = wy;
-          o[3] = (g != params.ignore_index && g >= v0 && g < v1) ? y[g - v0] : nan;
-        }
-      });
+    const auto temperature = [&](int64_t) { return params.temperature; };
+    for_logit_rows(h, w_shard, Vs, temperature, [&](int64_t t, const float* y) {
+      float m = kNegInf, s = 0.0f, wy = 0.0f;
+      for (int64_t v = 0; v < Vs; ++v)
+        if (y[v] > m) m = y[v];
+      for (int64_t v = 0; v < Vs; ++v) {
+        const float e = std::exp(y[v] - m);
+        s = s + e;
+        wy = wy + e * y[v];
+      }
+      const int64_t g = read_index(targets, t);
+      float* o = state.ptr<float>() + t * state.stride[0];
+      o[0] = m;
+      o[1] = s;
+      o[2] = wy;
+      o[3] = (g != params.ignore_index && g >= v0 && g < v1) ? y[g - v0] : nan;
     });
   }
 
@@ -647,39 +607,32 @@ class BaselineBackend final : public BaselinePagedAttention<OpsBackend> {
     std::vector<int64_t> out_id(static_cast<size_t>(T));
     std::vector<float> out_logp(static_cast<size_t>(T)), out_lse(static_cast<size_t>(T)),
         out_entropy(static_cast<size_t>(T));
-    for_logit_blocks(h, w, 0, V, [&](int64_t r0, int64_t rows, float* z) {
-      parallel_for(rows, 1, [&](int64_t a, int64_t b) {
-        for (int64_t i = a; i < b; ++i) {
-          const int64_t t = r0 + i;
-          float* y = z + i * V;
-          const SamplingParams& p = params[size_t(t)];
-          const float temperature = p.logprob_temperature();
-          for (int64_t v = 0; v < V; ++v) y[v] = y[v] / temperature;
-          const RowStats st = row_stats(y, V);
-          LS_CHECK(std::isfinite(st.lse), op, "row ", t, ": logsumexp is ", st.lse,
-                   " (NaN or +inf logits, or every logit -inf): nothing to sample");
-          int64_t id;
-          if (p.temperature == 0.0f) {
-            id = 0;  // greedy: argmax, lowest index among ties
-            for (int64_t v = 1; v < V; ++v)
-              if (y[v] > y[id]) id = v;
-          } else {
-            const bool filtered = (p.top_k > 0 && p.top_k < V) || p.top_p < 1.0f || p.min_p > 0.0f;
-            const uint64_t rid = uint64_t(read_index(request_ids, t));
-            const uint32_t pos = uint32_t(read_index(positions, t));
-            if (filtered) {
-              const std::vector<int64_t> kept = sampling_candidates(y, V, st.lse, p);
-              id = gumbel_argmax(y, V, &kept, p.seed, rid, pos);
-            } else {
-              id = gumbel_argmax(y, V, nullptr, p.seed, rid, pos);
-            }
-          }
-          out_id[size_t(t)] = id;
-          out_logp[size_t(t)] = y[id] - st.lse;
-          out_lse[size_t(t)] = st.lse;
-          out_entropy[size_t(t)] = st.entropy;
+    const auto temperature = [&](int64_t t) { return params[size_t(t)].logprob_temperature(); };
+    for_logit_rows(h, w, V, temperature, [&](int64_t t, const float* y) {
+      const SamplingParams& p = params[size_t(t)];
+      const RowStats st = row_stats(y, V);
+      LS_CHECK(std::isfinite(st.lse), op, "row ", t, ": logsumexp is ", st.lse,
+               " (NaN or +inf logits, or every logit -inf): nothing to sample");
+      int64_t id;
+      if (p.temperature == 0.0f) {
+        id = 0;  // greedy: argmax, lowest index among ties
+        for (int64_t v = 1; v < V; ++v)
+          if (y[v] > y[id]) id = v;
+      } else {
+        const bool filtered = (p.top_k > 0 && p.top_k < V) || p.top_p < 1.0f || p.min_p > 0.0f;
+        const uint64_t rid = uint64_t(read_index(request_ids, t));
+        const uint32_t pos = uint32_t(read_index(positions, t));
+        if (filtered) {
+          const std::vector<int64_t> kept = sampling_candidates(y, V, st.lse, p);
+          id = gumbel_argmax(y, V, &kept, p.seed, rid, pos);
+        } else {
+          id = gumbel_argmax(y, V, nullptr, p.seed, rid, pos);
         }
-      });
+      }
+      out_id[size_t(t)] = id;
+      out_logp[size_t(t)] = y[id] - st.lse;
+      out_lse[size_t(t)] = st.lse;
+      out_entropy[size_t(t)] = st.entropy;
     });
     for (int64_t t = 0; t < T; ++t) {
       if (token_ids.dtype == DType::kI32) {
@@ -694,6 +647,24 @@ class BaselineBackend final : public BaselinePagedAttention<OpsBackend> {
   }
 
  private:
+  // out[t] = table row ids[t] - shard.begin for an id inside the shard, else +0.
+  void gather(const char* op, const TensorView& ids, const TensorView& table,
+              const VocabShard& shard, int64_t vocab, const TensorView& out) const {
+    const int64_t T = check_gather(op, Device::kCPU, ids, table, shard.size(), vocab, out);
+    const int64_t H = table.shape[1];
+    parallel_for(T, std::max<int64_t>(1, 16384 / H), [&](int64_t a, int64_t b) {
+      for (int64_t t = a; t < b; ++t) {
+        const int64_t id = read_index(ids, t);
+        bf16* o = out.ptr<bf16>() + t * out.stride[0];
+        if (id >= shard.begin && id < shard.end) {
+          std::memcpy(o, row_bf16(table, id - shard.begin), size_t(H) * sizeof(bf16));
+        } else {
+          std::fill(o, o + H, bf16{0});
+        }
+      }
+    });
+  }
+
   // Per-row 1 / sqrt(mean(x²) + eps) of `rows` rows of H elements. The kernel depends on the
   // batch: a call with T < num_threads tokens splits each row into num_threads consecutive parts
   // (one per thread) whose partial sums are added in order; otherwise each row is one loop.
@@ -832,26 +803,33 @@ class BaselineBackend final : public BaselinePagedAttention<OpsBackend> {
     });
   }
 
-  // Logits of every token block against vocab rows [v0, v1) of w: z [rows, v1 - v0] fp32 by
-  // OpenBLAS (bf16 converted to fp32; W converted logits_vocab_chunk rows at a time), handed to
-  // fn(r0, rows, z). Token blocks of logits_token_block rows (the last one shorter; one row is a
-  // sgemv), so a token's logits depend on where the batch cuts it.
-  template <typename Fn>
-  void for_logit_blocks(const TensorView& h, const TensorView& w, int64_t v0, int64_t v1,
-                        const Fn& fn) const {
-    const int64_t T = h.size(0), H = h.size(1), Vn = v1 - v0;
+  // fn(t, y) for every token t (rows of a block in parallel), y its logits against the first Vn
+  // rows of w divided by temperature(t): fp32 by OpenBLAS (bf16 converted to fp32; W converted
+  // logits_vocab_chunk rows at a time), per token block of logits_token_block rows (the last one
+  // shorter; one row is a sgemv), so a token's logits depend on where the batch cuts it.
+  template <typename TempFn, typename Fn>
+  void for_logit_rows(const TensorView& h, const TensorView& w, int64_t Vn,
+                      const TempFn& temperature, const Fn& fn) const {
+    const int64_t T = h.size(0), H = h.size(1);
     const int64_t tb = std::min<int64_t>(c_.logits_token_block, std::max<int64_t>(T, 1));
     std::vector<float> hf(static_cast<size_t>(tb * H)), z(static_cast<size_t>(tb * Vn)), wf;
     for (int64_t r0 = 0; r0 < T; r0 += tb) {
       const int64_t rows = std::min(tb, T - r0);
       to_f32(h, r0, r0 + rows, hf.data());
-      for (int64_t c0 = v0; c0 < v1; c0 += c_.logits_vocab_chunk) {
-        const int64_t c1 = std::min(v1, c0 + c_.logits_vocab_chunk);
+      for (int64_t c0 = 0; c0 < Vn; c0 += c_.logits_vocab_chunk) {
+        const int64_t c1 = std::min(Vn, c0 + c_.logits_vocab_chunk);
         wf.resize(size_t((c1 - c0) * H));
         to_f32(w, c0, c1, wf.data());
-        blas_nt(hf.data(), wf.data(), rows, c1 - c0, H, z.data() + (c0 - v0), Vn);
+        blas_nt(hf.data(), wf.data(), rows, c1 - c0, H, z.data() + c0, Vn);
       }
-      fn(r0, rows, z.data());
+      parallel_for(rows, 1, [&](int64_t a, int64_t b) {
+        for (int64_t i = a; i < b; ++i) {
+          float* y = z.data() + i * Vn;
+          const float temp = temperature(r0 + i);
+          for (int64_t v = 0; v < Vn; ++v) y[v] = y[v] / temp;
+          fn(r0 + i, static_cast<const float*>(y));
+        }
+      });
     }
   }
 

@@ -8,8 +8,12 @@ namespace lockstep::cuda::baseline {
 
 namespace {
 
-bool aligned(const void* p, unsigned bytes) {
-  return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Every row of the view starts on a 16-byte boundary (whole 8-element groups are one load).
+bool vec8(const Heads<const void>& h) { return aligned16(h.p) && h.s0 % 8 == 0 && h.s1 % 8 == 0; }
+bool vec8(const Cache& c) {
+  return aligned16(c.p) && c.s0 % 8 == 0 && c.s1 % 8 == 0 && c.s2 % 8 == 0;
 }
 
 template <int DV>
@@ -37,9 +41,7 @@ void launch_prefill(const PrefillArgs& a, bool vec, cudaStream_t stream) {
 void attention_prefill(const PrefillArgs& a, void* stream) {
   const char* op = "baseline attention_prefill_varlen";
   if (a.T == 0) return;
-  const bool vec = aligned(a.q, 16) && aligned(a.k, 16) && aligned(a.v, 16) && a.q_s0 % 8 == 0 &&
-                   a.q_s1 % 8 == 0 && a.k_s0 % 8 == 0 && a.k_s1 % 8 == 0 && a.v_s0 % 8 == 0 &&
-                   a.v_s1 % 8 == 0;
+  const bool vec = vec8(a.q) && vec8(a.k) && vec8(a.v);
   if (a.D <= 64) {
     launch_prefill<64>(a, vec, as_stream(stream));
   } else {
@@ -78,9 +80,7 @@ void attention_paged(const PagedArgs& a, void* stream) {
           size_t(kernels::kPagedHeadsPerCta) * BK * 4 + size_t(BK) * 4 +
           size_t(BK) * (kernels::kPagedMaxD + 2) * 2 + size_t(BK) * kernels::kPagedMaxD * 2));
   LS_CHECK(attr == cudaSuccess, op, "cudaFuncSetAttribute failed: ", cudaGetErrorString(attr));
-  const bool vec16 = aligned(a.k_cache, 16) && aligned(a.v_cache, 16) && a.kc_s0 % 8 == 0 &&
-                     a.kc_s1 % 8 == 0 && a.kc_s2 % 8 == 0 && a.vc_s0 % 8 == 0 && a.vc_s1 % 8 == 0 &&
-                     a.vc_s2 % 8 == 0;
+  const bool vec16 = vec8(a.k_cache) && vec8(a.v_cache);
   const dim3 grid(unsigned(a.N), unsigned(a.Hkv * hgroups), unsigned(a.splits));
   if (a.splits == 1) {
     kernels::paged_kernel<<<grid, 32 * hpc, smem, as_stream(stream)>>>(a, hpc, int(hgroups), vec16,

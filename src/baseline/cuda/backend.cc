@@ -22,11 +22,12 @@
 #include <limits>
 #include <vector>
 
+#include "baseline/backend_base.h"
 #include "baseline/cuda/kernels.h"
-#include "baseline/paged_attention.h"
 #include "contract/checks.h"
 #include "engine/cuda/backends.h"
 #include "engine/cuda/device_backend.h"
+#include "lockstep/cuda/attention.h"
 #include "lockstep/cuda/runtime.h"
 #include "lockstep/ops/embedding.h"
 
@@ -152,6 +153,39 @@ int64_t lead(const char* op, const char* arg, const TensorView& t) {
 
 float* f32p(const TensorView& t) { return static_cast<float*>(t.data); }
 
+// A [rows, heads, D] view's pointer and strides, as the kernels take them.
+template <typename T>
+base::Heads<T> heads(const TensorView& v) {
+  return {static_cast<T*>(v.data), v.stride[0], v.stride[1]};
+}
+
+// Attention's lse [N, Hq]: none or empty is not written (a null pointer).
+base::Heads<float> lse_heads(const TensorView& lse) {
+  return is_none(lse) || lse.numel() == 0 ? base::Heads<float>{} : heads<float>(lse);
+}
+
+base::Cache cache(const TensorView& c) { return {c.data, c.stride[0], c.stride[1], c.stride[2]}; }
+
+// The log-prob ops' [T] outputs from row r0 on.
+base::RowOutputs row_outputs(const TensorView& logp, const TensorView& lse, const TensorView& ent,
+                             int64_t r0) {
+  return {f32p(logp) + r0 * logp.stride[0], logp.stride[0],
+          f32p(lse) + r0 * lse.stride[0],   lse.stride[0],
+          f32p(ent) + r0 * ent.stride[0],   ent.stride[0]};
+}
+
+// Base pointers and row strides of the partials of a combine.
+struct Parts {
+  std::vector<const void*> p;
+  std::vector<int64_t> ld;
+  explicit Parts(const std::vector<TensorView>& partials) {
+    for (const TensorView& t : partials) {
+      p.push_back(t.data);
+      ld.push_back(t.stride[0]);
+    }
+  }
+};
+
 class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBackend> {
  public:
   std::string name() const override { return "baseline"; }
@@ -161,15 +195,10 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
   void gemm(const TensorView& x, const TensorView& w, const GemmConfig& cfg,
             const TensorView& y) const override {
     const char* op = "baseline gemm";
-    check_segments(op, Device::kCUDA, cfg);
-    check_xw(op, Device::kCUDA, x, w);
-    const int64_t M = x.size(0), N = w.size(0), K = x.size(1);
-    check_tensor_dtypes(op, "y", y, {DType::kBF16, DType::kF32}, {M, N}, Device::kCUDA);
-    check_inner_contiguous(op, "y", y);
-    LS_CHECK(!overlaps(y, x) && !overlaps(y, w), op, "argument 'y' must not overlap x or w");
-    if (M == 0 || N == 0) return;
+    const GemmDims d = check_baseline_gemm(op, Device::kCUDA, x, w, cfg, y);
+    if (d.M == 0 || d.N == 0) return;
     base::gemm(ctx_, x.data, lead(op, "x", x), w.data, lead(op, "w", w), y.data, lead(op, "y", y),
-               y.dtype == DType::kF32, M, N, K, stream_);
+               y.dtype == DType::kF32, d.M, d.N, d.K, stream_);
   }
 
   void gemm_partial(const TensorView& x, const TensorView& w, int64_t k_total, int tp_size,
@@ -191,14 +220,9 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
     check_gemm_combine(op, Device::kCUDA, partials, nullptr, y);
     const int64_t M = partials[0].size(0), N = partials[0].size(1);
     if (M == 0 || N == 0) return;
-    std::vector<const float*> p;
-    std::vector<int64_t> ld;
-    for (const TensorView& t : partials) {
-      p.push_back(static_cast<const float*>(t.data));
-      ld.push_back(t.stride[0]);
-    }
-    base::sum_f32(p.data(), ld.data(), int(p.size()), M, N, y.data, y.stride[0],
-                  y.dtype == DType::kF32, stream_);
+    const Parts p(partials);
+    base::sum_parts(p.p.data(), false, p.ld.data(), int(p.p.size()), M, N, y.data, y.stride[0],
+                    y.dtype == DType::kF32, stream_);
   }
 
   // --- elementwise ---
@@ -267,9 +291,7 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
     const char* op = "baseline embedding_vocab_parallel";
     const IndexCheck ck{op, ids.device == Device::kCPU};
     const TensorView table = ck("table", table_), out = ck("out", out_);
-    LS_CHECK(vocab >= 1 && shard.begin >= 0 && shard.begin <= shard.end && shard.end <= vocab, op,
-             "argument 'shard' ", shard.to_string(), " is not inside the vocabulary [0, ", vocab,
-             ")");
+    check_vocab_shard(op, shard, vocab);
     const int64_t T = check_gather(op, ck.device(), ids, table, shard.size(), vocab, out);
     if (T == 0) return;
     Uploads up(stream_);
@@ -283,14 +305,9 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
     LS_CHECK(partials.size() <= size_t(base::kMaxParts), op, "argument 'partials' must hold 1 to ",
              base::kMaxParts, " views, got ", partials.size());
     check_embedding_combine(op, Device::kCUDA, partials, out);
-    std::vector<const void*> p;
-    std::vector<int64_t> ld;
-    for (const TensorView& t : partials) {
-      p.push_back(t.data);
-      ld.push_back(t.stride[0]);
-    }
-    base::sum_bf16(p.data(), ld.data(), int(p.size()), out.shape[0], out.shape[1], out.data,
-                   out.stride[0], stream_);
+    const Parts p(partials);
+    base::sum_parts(p.p.data(), true, p.ld.data(), int(p.p.size()), out.shape[0], out.shape[1],
+                    out.data, out.stride[0], false, stream_);
   }
 
   // --- attention ---
@@ -305,15 +322,9 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
     Uploads up(stream_);
     const Uploads::I32 cu = up.i32(seqs.device_copy());
     base::PrefillArgs a{};
-    a.q = q.data;
-    a.q_s0 = q.stride[0];
-    a.q_s1 = q.stride[1];
-    a.k = k.data;
-    a.k_s0 = k.stride[0];
-    a.k_s1 = k.stride[1];
-    a.v = v.data;
-    a.v_s0 = v.stride[0];
-    a.v_s1 = v.stride[1];
+    a.q = heads<const void>(q);
+    a.k = heads<const void>(k);
+    a.v = heads<const void>(v);
     a.cu_seqlens = cu.p;
     a.cu_s = cu.s_last;
     a.B = seqs.B();
@@ -322,79 +333,16 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
     a.Hkv = k.shape[1];
     a.D = qs.D;
     a.scale_log2 = cfg.scale_log2(qs.D);
-    a.out = out.data;
-    a.o_s0 = out.stride[0];
-    a.o_s1 = out.stride[1];
-    if (!is_none(lse) && lse.numel() > 0) {
-      a.lse = f32p(lse);
-      a.l_s0 = lse.stride[0];
-      a.l_s1 = lse.stride[1];
-    }
+    a.out = heads<void>(out);
+    a.lse = lse_heads(lse);
     base::attention_prefill(a, stream_);
   }
 
-  // A KV-cache write is a copy: every stack does the same thing.
-  void kv_cache_write(const TensorView& k_, const TensorView& v_, const TensorView& slot_mapping,
-                      const TensorView& kc_, const TensorView& vc_) const override {
-    const char* op = "baseline kv_cache_write";
-    const IndexCheck ck{op, slot_mapping.device == Device::kCPU};
-    const TensorView k = ck("k", k_), v = ck("v", v_), kc = ck("k_cache", kc_),
-                     vc = ck("v_cache", vc_);
-    const Device d = ck.device();
-    LS_CHECK(k.ndim == 3, op, "argument 'k' expected shape [T, Hkv, D], got ", k.shape_string());
-    check_tensor(op, "k", k, DType::kBF16, {-1, -1, -1}, d);
-    check_inner_contiguous(op, "k", k);
-    const int64_t T = k.shape[0], Hkv = k.shape[1], D = k.shape[2];
-    check_tensor(op, "v", v, DType::kBF16, {T, Hkv, D}, d);
-    check_inner_contiguous(op, "v", v);
-    check_tensor_dtypes(op, "slot_mapping", slot_mapping, {DType::kI32, DType::kI64}, {T}, d);
-    LS_CHECK(kc.ndim == 4, op, "argument 'k_cache' expected shape [NP, P, Hkv, D], got ",
-             kc.shape_string());
-    check_tensor(op, "k_cache", kc, DType::kBF16, {-1, -1, Hkv, D}, d);
-    check_inner_contiguous(op, "k_cache", kc);
-    check_tensor(op, "v_cache", vc, DType::kBF16, {kc.shape[0], kc.shape[1], Hkv, D}, d);
-    check_inner_contiguous(op, "v_cache", vc);
-    const int64_t NP = kc.shape[0], P = kc.shape[1], slots = NP * P;
-    if (ck.host) {
-      std::vector<int64_t> used;
-      for (int64_t t = 0; t < T; ++t) {
-        const int64_t off = t * slot_mapping.stride[0];
-        const int64_t s = slot_mapping.dtype == DType::kI32
-                              ? int64_t(slot_mapping.ptr<const int32_t>()[off])
-                              : slot_mapping.ptr<const int64_t>()[off];
-        LS_CHECK(s == -1 || (s >= 0 && s < slots), op, "slot_mapping[", t, "] = ", s,
-                 " outside [0, NP * P = ", slots, ") (and not -1)");
-        if (s >= 0) used.push_back(s);
-      }
-      std::sort(used.begin(), used.end());
-      const auto dup = std::adjacent_find(used.begin(), used.end());
-      LS_CHECK(dup == used.end(), op, "slot_mapping writes slot ", dup == used.end() ? 0 : *dup,
-               " more than once");
-    }
-    if (T == 0) return;
-    Uploads up(stream_);
-    base::KvWriteArgs a{};
-    a.k = k.data;
-    a.k_s0 = k.stride[0];
-    a.k_s1 = k.stride[1];
-    a.v = v.data;
-    a.v_s0 = v.stride[0];
-    a.v_s1 = v.stride[1];
-    a.slots = up.index(slot_mapping);
-    a.k_cache = kc.data;
-    a.kc_s0 = kc.stride[0];
-    a.kc_s1 = kc.stride[1];
-    a.kc_s2 = kc.stride[2];
-    a.v_cache = vc.data;
-    a.vc_s0 = vc.stride[0];
-    a.vc_s1 = vc.stride[1];
-    a.vc_s2 = vc.stride[2];
-    a.T = T;
-    a.Hkv = Hkv;
-    a.D = D;
-    a.NP = NP;
-    a.P = P;
-    base::kv_cache_write(a, stream_);
+  // A KV-cache write is a copy: every stack does the same thing, so the baseline runs the
+  // invariant backend's (host slot mappings checked like the cpu op's, then uploaded).
+  void kv_cache_write(const TensorView& k, const TensorView& v, const TensorView& slot_mapping,
+                      const TensorView& k_cache, const TensorView& v_cache) const override {
+    cuda::kv_cache_write(k, v, slot_mapping, k_cache, v_cache, stream_);
   }
 
   // --- heads ---
@@ -413,29 +361,18 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
     if (T == 0) return;
     Uploads up(stream_);
     const base::Index tg = up.index(targets);
-    const int64_t tb = std::min(T, kLogitsRows);
-    base::DeviceBuffer z(size_t(tb * V) * sizeof(float), stream_);
-    for (int64_t r0 = 0; r0 < T; r0 += tb) {
-      const int64_t rows = std::min(tb, T - r0);
-      const TensorView hb = h.rows(r0, r0 + rows);
-      base::gemm(ctx_, hb.data, lead(op, "h", hb), w.data, lead(op, "w", w), z.get(), V, true, rows,
-                 V, h.size(1), stream_);
+    for_logit_blocks(op, h, w, "w", V, kLogitsRows, [&](int64_t r0, int64_t rows, float* z) {
       base::StatsArgs a{};
-      a.z = z.as<float>();
+      a.z = z;
       a.ldz = V;
       a.rows = rows;
       a.V = V;
       a.temperature = params.temperature;
       a.targets = offset(tg, r0);
       a.ignore_index = params.ignore_index;
-      a.logp = f32p(logp) + r0 * logp.stride[0];
-      a.s_logp = logp.stride[0];
-      a.lse = f32p(lse) + r0 * lse.stride[0];
-      a.s_lse = lse.stride[0];
-      a.entropy = f32p(ent) + r0 * ent.stride[0];
-      a.s_entropy = ent.stride[0];
+      a.out = row_outputs(logp, lse, ent, r0);
       base::logprob_rows(a, stream_);
-    }
+    });
   }
 
   // A rank's (m, s, w, y_target) over its vocab rows (w relative to m, as the contract's state).
@@ -451,16 +388,9 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
     if (T == 0) return;
     Uploads up(stream_);
     const base::Index tg = up.index(targets);
-    const int64_t tb = std::min(T, kLogitsRows);
-    base::DeviceBuffer z(size_t(tb * std::max<int64_t>(Vs, 1)) * sizeof(float), stream_);
-    for (int64_t r0 = 0; r0 < T; r0 += tb) {
-      const int64_t rows = std::min(tb, T - r0);
-      const TensorView hb = h.rows(r0, r0 + rows);
-      if (Vs > 0)
-        base::gemm(ctx_, hb.data, lead(op, "h", hb), w.data, lead(op, "w_shard", w), z.get(), Vs,
-                   true, rows, Vs, h.size(1), stream_);
+    for_logit_blocks(op, h, w, "w_shard", Vs, kLogitsRows, [&](int64_t r0, int64_t rows, float* z) {
       base::PartialArgs a{};
-      a.z = z.as<float>();
+      a.z = z;
       a.ldz = std::max<int64_t>(Vs, 1);
       a.rows = rows;
       a.Vs = Vs;
@@ -471,7 +401,7 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
       a.state = f32p(state) + r0 * state.stride[0];
       a.ld_state = state.stride[0];
       base::logprob_partial_rows(a, stream_);
-    }
+    });
   }
 
   void linear_logprob_combine(const TensorView& states_, const TensorView& targets,
@@ -497,12 +427,7 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
     a.V = vocab_size;
     a.targets = up.index(targets);
     a.ignore_index = params.ignore_index;
-    a.logp = f32p(logp);
-    a.s_logp = logp.stride[0];
-    a.lse = f32p(lse);
-    a.s_lse = lse.stride[0];
-    a.entropy = f32p(ent);
-    a.s_entropy = ent.stride[0];
+    a.out = row_outputs(logp, lse, ent, 0);
     base::logprob_combine(a, stream_);
   }
 
@@ -538,20 +463,14 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
         up.put(rows_host.data(), rows_host.size() * sizeof(base::SampleRow)));
     base::DeviceBuffer bad(sizeof(uint32_t), stream_);
     base::fill_bytes(bad.get(), 0xff, sizeof(uint32_t), stream_);
-    const int64_t tb = std::min(T, kSampleRows);
-    base::DeviceBuffer z(size_t(tb * V) * sizeof(float), stream_);
     std::vector<int32_t> filtered;
     const size_t id_size = size_t(dtype_size(ids.dtype));
-    for (int64_t r0 = 0; r0 < T; r0 += tb) {
-      const int64_t rows = std::min(tb, T - r0);
-      const TensorView hb = h.rows(r0, r0 + rows);
-      base::gemm(ctx_, hb.data, lead(op, "h", hb), w.data, lead(op, "w", w), z.get(), V, true, rows,
-                 V, h.size(1), stream_);
+    for_logit_blocks(op, h, w, "w", V, kSampleRows, [&](int64_t r0, int64_t rows, float* z) {
       filtered.clear();
       for (int64_t i = 0; i < rows; ++i)
         if (rows_host[size_t(r0 + i)].filtered) filtered.push_back(int32_t(i));
       base::SampleArgs a{};
-      a.z = z.as<float>();
+      a.z = z;
       a.ldz = V;
       a.rows = rows;
       a.V = V;
@@ -561,16 +480,11 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
       a.token_ids = static_cast<char*>(ids.data) + size_t(r0 * ids.stride[0]) * id_size;
       a.s_ids = ids.stride[0];
       a.ids_i64 = ids.dtype == DType::kI64;
-      a.logp = f32p(logp) + r0 * logp.stride[0];
-      a.s_logp = logp.stride[0];
-      a.lse = f32p(lse) + r0 * lse.stride[0];
-      a.s_lse = lse.stride[0];
-      a.entropy = f32p(ent) + r0 * ent.stride[0];
-      a.s_entropy = ent.stride[0];
+      a.out = row_outputs(logp, lse, ent, r0);
       a.bad_row = bad.as<uint32_t>();
       a.row_offset = uint32_t(r0);
       base::sample_rows(a, filtered.data(), int64_t(filtered.size()), stream_);
-    }
+    });
     uint32_t bad_row = 0;
     base::download(&bad_row, bad.get(), sizeof(uint32_t), stream_);
     base::stream_synchronize(stream_, op);
@@ -580,6 +494,23 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
   }
 
  private:
+  // Logits z [rows, Vn] fp32 (row stride max(Vn, 1)) of h's token blocks of `block` rows against
+  // the first Vn rows of w by cuBLAS, handed to fn(r0, rows, z) block by block.
+  template <typename Fn>
+  void for_logit_blocks(const char* op, const TensorView& h, const TensorView& w, const char* w_arg,
+                        int64_t Vn, int64_t block, const Fn& fn) const {
+    const int64_t T = h.size(0), ldz = std::max<int64_t>(Vn, 1), tb = std::min(T, block);
+    base::DeviceBuffer z(size_t(tb * ldz) * sizeof(float), stream_);
+    for (int64_t r0 = 0; r0 < T; r0 += tb) {
+      const int64_t rows = std::min(tb, T - r0);
+      const TensorView hb = h.rows(r0, r0 + rows);
+      if (Vn > 0)
+        base::gemm(ctx_, hb.data, lead(op, "h", hb), w.data, lead(op, w_arg, w), z.get(), ldz, true,
+                   rows, Vn, h.size(1), stream_);
+      fn(r0, rows, z.as<float>());
+    }
+  }
+
   void paged(const char* op, const TensorView& q, const PagedMeta& meta, const TensorView& k_cache,
              const TensorView& v_cache, bool cascade, const AttentionConfig& cfg, int forced_splits,
              const TensorView& out, const TensorView& lse) const override {
@@ -590,17 +521,9 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
     const PagedTables& t = meta.device_copies();
     Uploads up(stream_);
     base::PagedArgs a{};
-    a.q = q.data;
-    a.q_s0 = q.stride[0];
-    a.q_s1 = q.stride[1];
-    a.k_cache = k_cache.data;
-    a.kc_s0 = k_cache.stride[0];
-    a.kc_s1 = k_cache.stride[1];
-    a.kc_s2 = k_cache.stride[2];
-    a.v_cache = v_cache.data;
-    a.vc_s0 = v_cache.stride[0];
-    a.vc_s1 = v_cache.stride[1];
-    a.vc_s2 = v_cache.stride[2];
+    a.q = heads<const void>(q);
+    a.k_cache = cache(k_cache);
+    a.v_cache = cache(v_cache);
     const Uploads::I32 table = up.i32(t.block_table);
     a.block_table = table.p;
     a.bt_s0 = table.s0;
@@ -635,14 +558,8 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
     a.splits = forced_splits > 0 ? forced_splits
                                  : base::paged_num_splits(p.qs.N, p.Hkv, p.qs.Hq / p.Hkv,
                                                           p.MP * p.P, ctx_.num_sms());
-    a.out = out.data;
-    a.o_s0 = out.stride[0];
-    a.o_s1 = out.stride[1];
-    if (!is_none(lse) && lse.numel() > 0) {
-      a.lse = f32p(lse);
-      a.l_s0 = lse.stride[0];
-      a.l_s1 = lse.stride[1];
-    }
+    a.out = heads<void>(out);
+    a.lse = lse_heads(lse);
     base::attention_paged(a, stream_);
   }
 

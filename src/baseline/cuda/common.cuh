@@ -60,26 +60,26 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Block-wide sum / max (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
-// `red` is 32 floats of shared memory; the call begins and ends with a barrier-safe pattern.
-__device__ __forceinline__ float block_sum(float v, float* red) {
+// Block-wide reduction by `warp` (warp_sum, warp_max; blockDim.x a multiple of 32, <= 1024),
+// `empty` for the missing warps' lanes; every thread gets the result. `red` is 32 floats of
+// shared memory; the call begins and ends with a barrier-safe pattern.
+__device__ __forceinline__ float block_reduce(float v, float* red, float empty,
+                                              float (*warp)(float)) {
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  v = warp_sum(v);
+  v = warp(v);
   __syncthreads();
   if (lane == 0) red[wid] = v;
   __syncthreads();
-  float r = lane < nw ? red[lane] : 0.0f;
-  return warp_sum(r);
+  float r = lane < nw ? red[lane] : empty;
+  return warp(r);
+}
+
+__device__ __forceinline__ float block_sum(float v, float* red) {
+  return block_reduce(v, red, 0.0f, warp_sum);
 }
 
 __device__ __forceinline__ float block_max(float v, float* red) {
-  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) red[wid] = v;
-  __syncthreads();
-  float r = lane < nw ? red[lane] : -__int_as_float(0x7f800000);
-  return warp_max(r);
+  return block_reduce(v, red, -__int_as_float(0x7f800000), warp_max);
 }
 
 inline unsigned grid_1d(int64_t n, int threads) {

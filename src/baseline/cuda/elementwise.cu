@@ -71,10 +71,4 @@ void embedding(Index ids, const void* table, int64_t ldt, int64_t row_begin, int
   LS_BASE_LAUNCHED("baseline embedding");
 }
 
-void kv_cache_write(const KvWriteArgs& a, void* stream) {
-  if (a.T == 0 || a.Hkv == 0 || a.D == 0) return;
-  kernels::kv_write_kernel<<<grid_for(a.T * a.Hkv * a.D), kThreads, 0, as_stream(stream)>>>(a);
-  LS_BASE_LAUNCHED("baseline kv_cache_write");
-}
-
 }  // namespace lockstep::cuda::baseline

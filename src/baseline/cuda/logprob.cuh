@@ -68,9 +68,9 @@ __global__ void __launch_bounds__(kStatsThreads) logprob_rows_kernel(StatsArgs a
   } else {
     logp = qnan();
   }
-  a.logp[r * a.s_logp] = logp;
-  a.lse[r * a.s_lse] = lse;
-  a.entropy[r * a.s_entropy] = ls - st.w / st.s;
+  a.out.logp[r * a.out.s_logp] = logp;
+  a.out.lse[r * a.out.s_lse] = lse;
+  a.out.entropy[r * a.out.s_entropy] = ls - st.w / st.s;
 }
 
 __global__ void __launch_bounds__(kStatsThreads) logprob_partial_kernel(PartialArgs a) {
@@ -121,9 +121,9 @@ __global__ void logprob_combine_kernel(CombineArgs a) {
   } else {
     logp = qnan();
   }
-  a.logp[t * a.s_logp] = logp;
-  a.lse[t * a.s_lse] = lse;
-  a.entropy[t * a.s_entropy] = ls - W / S;
+  a.out.logp[t * a.out.s_logp] = logp;
+  a.out.lse[t * a.out.s_lse] = lse;
+  a.out.entropy[t * a.out.s_entropy] = ls - W / S;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -147,9 +147,8 @@ __device__ __forceinline__ bool better(float s, int64_t id, float bs, int64_t bi
   return s > bs || (s == bs && id < bid);
 }
 
-// Block argmax of (score, id); every thread gets the winner.
-__device__ __forceinline__ void block_argmax(float& s, int64_t& id, float* rs, int64_t* ri) {
-  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+// Warp argmax of (score, id); every lane gets the winner.
+__device__ __forceinline__ void warp_argmax(float& s, int64_t& id) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     const float s2 = __shfl_xor_sync(0xffffffffu, s, o);
@@ -159,6 +158,12 @@ __device__ __forceinline__ void block_argmax(float& s, int64_t& id, float* rs, i
       id = i2;
     }
   }
+}
+
+// Block argmax of (score, id); every thread gets the winner.
+__device__ __forceinline__ void block_argmax(float& s, int64_t& id, float* rs, int64_t* ri) {
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  warp_argmax(s, id);
   __syncthreads();
   if (lane == 0) {
     rs[wid] = s;
@@ -167,15 +172,7 @@ __device__ __forceinline__ void block_argmax(float& s, int64_t& id, float* rs, i
   __syncthreads();
   s = lane < nw ? rs[lane] : 0.0f;
   id = lane < nw ? ri[lane] : -1;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float s2 = __shfl_xor_sync(0xffffffffu, s, o);
-    const int64_t i2 = __shfl_xor_sync(0xffffffffu, id, o);
-    if (better(s2, i2, s, id)) {
-      s = s2;
-      id = i2;
-    }
-  }
+  warp_argmax(s, id);
 }
 
 __device__ __forceinline__ void store_id(const SampleArgs& a, int64_t r, int64_t id) {
@@ -206,8 +203,8 @@ __global__ void __launch_bounds__(kStatsThreads) sample_kernel(SampleArgs a, flo
     return;
   }
   if (threadIdx.x == 0) {
-    a.lse[r * a.s_lse] = lse;
-    a.entropy[r * a.s_entropy] = ls - st.w / st.s;
+    a.out.lse[r * a.out.s_lse] = lse;
+    a.out.entropy[r * a.out.s_entropy] = ls - st.w / st.s;
     row_lse[r] = lse;
   }
   if (p.filtered) return;
@@ -241,7 +238,7 @@ __global__ void __launch_bounds__(kStatsThreads) sample_kernel(SampleArgs a, flo
   if (threadIdx.x == 0) {
     const int64_t id = bid < 0 ? 0 : bid;
     store_id(a, r, id);
-    a.logp[r * a.s_logp] = y[id] - lse;
+    a.out.logp[r * a.out.s_logp] = y[id] - lse;
   }
 }
 
@@ -323,7 +320,7 @@ __global__ void __launch_bounds__(kFilterThreads)
   if (threadIdx.x == 0) {
     const int64_t id = bid < 0 ? vs[0] : bid;
     store_id(a, r, id);
-    a.logp[r * a.s_logp] = a.z[r * a.ldz + id] - lse;
+    a.out.logp[r * a.out.s_logp] = a.z[r * a.ldz + id] - lse;
   }
 }
 

@@ -1,14 +1,42 @@
-// The baseline backends' three paged attention entry points, shared by the CPU and the CUDA
-// baseline: decode / chunked prefill, split-KV and prefix-shared (cascade) attention are one
+// What the CPU and the CUDA baseline backends share: the checks the contract leaves to a backend
+// (gemm with either output dtype, a vocab shard), and the three paged attention entry points:
+// decode / chunked prefill, split-KV and prefix-shared (cascade) attention are one
 // flash-decoding routine, paged(), whose split count is the backend's batch-dependent choice
 // unless split-KV forces one (forced_splits > 0). Without cascade kernels a prefix-shared call
 // reads the positions below shared_len through the group's prefix table. (docs/baseline.md)
 #pragma once
 
+#include "contract/checks.h"
 #include "engine/backend.h"
 #include "lockstep/error.h"
 
 namespace lockstep::engine {
+
+struct GemmDims {
+  int64_t M, N, K;
+};
+
+// gemm's checks: cfg.segments, x [M, K] and w [N, K], y [M, N] bf16 or f32 (last dim contiguous)
+// overlapping neither.
+inline GemmDims check_baseline_gemm(const char* op, Device dev, const TensorView& x,
+                                    const TensorView& w, const GemmConfig& cfg,
+                                    const TensorView& y) {
+  contract::check_segments(op, dev, cfg);
+  contract::check_xw(op, dev, x, w);
+  const GemmDims d{x.size(0), w.size(0), x.size(1)};
+  check_tensor_dtypes(op, "y", y, {DType::kBF16, DType::kF32}, {d.M, d.N}, dev);
+  check_inner_contiguous(op, "y", y);
+  LS_CHECK(!contract::overlaps(y, x) && !contract::overlaps(y, w), op,
+           "argument 'y' must not overlap x or w");
+  return d;
+}
+
+// embedding_vocab_parallel's shard: inside the vocabulary [0, vocab).
+inline void check_vocab_shard(const char* op, const VocabShard& shard, int64_t vocab) {
+  LS_CHECK(vocab >= 1 && shard.begin >= 0 && shard.begin <= shard.end && shard.end <= vocab, op,
+           "argument 'shard' ", shard.to_string(), " is not inside the vocabulary [0, ", vocab,
+           ")");
+}
 
 template <typename Base>
 class BaselinePagedAttention : public Base {
