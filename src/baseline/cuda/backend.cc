@@ -9,17 +9,14 @@
 // shows on the GPU.
 //
 // Argument checks: the contract's (src/contract/checks.h, same messages as the cpu ops) with
-// Device::kCUDA on the real device views; attention takes the step's validated PagedMeta /
-// PackedSeqs and its kernels read their device copies. Index views (ids, positions, slot mappings,
-// targets, request ids) on the device are trusted there (dtype and shape checked): the kernels
-// clamp or skip what would read out of bounds. An index view may also be a host view (tests,
-// tools; the engine uploads its index views): every value is then checked as the cpu op checks it
-// and uploaded, by the contract's host check, which sees the data views re-labelled as host views
-// (never dereferenced there; IndexCheck), as those checks take one device for every tensor.
+// Device::kCUDA on the real views. Index views (ids, positions, targets) are device views, as the
+// invariant CUDA backend takes them (the engine uploads its index views): dtype and shape are
+// checked, the contents trusted (the kernels clamp or skip what would read out of bounds).
+// Sampling's Philox counters may also be host views (values checked by the contract, then
+// uploaded). Attention takes the step's validated PagedMeta / PackedSeqs (host metadata) and its
+// kernels read their device copies; kv_cache_write is the invariant backend's copy.
 #include <algorithm>
-#include <cmath>
 #include <cstring>
-#include <limits>
 #include <vector>
 
 #include "baseline/backend_base.h"
@@ -44,30 +41,8 @@ constexpr int64_t kSampleRows = 64;
 
 bool is_none(const TensorView& t) { return t.ndim == 0 && t.data == nullptr; }
 
-// A device view as the cpu checks see it: the same view labelled as a host one. The checks only
-// look at dtype, shape, strides and addresses.
-TensorView dev(const char* op, const char* arg, const TensorView& v) {
-  if (is_none(v)) return v;
-  LS_CHECK(v.device == Device::kCUDA, op, "argument '", arg, "' expected device cuda, got ",
-           device_name(v.device));
-  TensorView h = v;
-  h.device = Device::kCPU;
-  return h;
-}
-
-// How an op with an index view (ids, positions, slot mapping, targets) is checked: a device index
-// view by the contract's check with Device::kCUDA on the real views (its contents trusted: the
-// kernels guard them); a host one (tests, tools: the engine uploads its index views) by the
-// check that reads its values, which sees the data views re-labelled as host views (the
-// contract's checks take one device for every tensor).
-struct IndexCheck {
-  const char* op;
-  bool host;
-  Device device() const { return host ? Device::kCPU : Device::kCUDA; }
-  TensorView operator()(const char* arg, const TensorView& v) const {
-    return host ? dev(op, arg, v) : v;
-  }
-};
+// A 1-D i32/i64 device view as a kernel Index.
+base::Index index_of(const TensorView& v) { return {v.data, v.stride[0], v.dtype == DType::kI64}; }
 
 // Device copies of host metadata, alive for one call (stream-ordered frees after the kernels).
 class Uploads {
@@ -75,21 +50,8 @@ class Uploads {
   explicit Uploads(void* stream) : stream_(stream) {}
   // A 1-D i32/i64 view as a device Index (host: packed and uploaded; device: in place).
   base::Index index(const TensorView& v) {
-    base::Index ix;
-    ix.i64 = v.dtype == DType::kI64;
-    if (v.device == Device::kCUDA) {
-      ix.p = v.data;
-      ix.stride = v.stride[0];
-      return ix;
-    }
-    const int64_t n = v.shape[0], es = dtype_size(v.dtype);
-    std::vector<char> host(size_t(std::max<int64_t>(n, 1) * es));
-    for (int64_t i = 0; i < n; ++i)
-      std::memcpy(host.data() + i * es, static_cast<const char*>(v.data) + i * v.stride[0] * es,
-                  size_t(es));
-    ix.p = put(host.data(), size_t(n * es));
-    ix.stride = 1;
-    return ix;
+    if (v.device == Device::kCUDA) return index_of(v);
+    return {put_dense(v), 1, v.dtype == DType::kI64};
   }
   // An i32 view of 1 or 2 dims as (device pointer, row stride, element stride).
   struct I32 {
@@ -97,23 +59,22 @@ class Uploads {
     int64_t s0 = 0, s_last = 1;
   };
   I32 i32(const TensorView& v) {
-    I32 r;
-    if (v.device == Device::kCUDA) {
-      r.p = static_cast<const int32_t*>(v.data);
-      r.s0 = v.ndim == 2 ? v.stride[0] : 0;
-      r.s_last = v.ndim == 1 ? v.stride[0] : 1;
-      return r;
-    }
+    if (v.device == Device::kCUDA)
+      return {static_cast<const int32_t*>(v.data), v.ndim == 2 ? v.stride[0] : 0,
+              v.ndim == 1 ? v.stride[0] : 1};
+    return {static_cast<const int32_t*>(put_dense(v)), v.shape[v.ndim - 1], 1};
+  }
+  // A 1-D or 2-D host view packed row-major, uploaded.
+  const void* put_dense(const TensorView& v) {
     const int64_t rows = v.ndim == 2 ? v.shape[0] : 1, cols = v.shape[v.ndim - 1];
-    std::vector<int32_t> host(size_t(std::max<int64_t>(rows * cols, 1)));
+    const int64_t es = dtype_size(v.dtype), s0 = v.ndim == 2 ? v.stride[0] : 0,
+                  s1 = v.stride[v.ndim - 1];
+    std::vector<char> host(size_t(std::max<int64_t>(rows * cols, 1) * es));
     for (int64_t i = 0; i < rows; ++i)
       for (int64_t j = 0; j < cols; ++j)
-        host[size_t(i * cols + j)] =
-            v.ptr<const int32_t>()[(v.ndim == 2 ? i * v.stride[0] : 0) + j * v.stride[v.ndim - 1]];
-    r.p = static_cast<const int32_t*>(put(host.data(), size_t(rows * cols) * 4));
-    r.s0 = cols;
-    r.s_last = 1;
-    return r;
+        std::memcpy(host.data() + (i * cols + j) * es,
+                    static_cast<const char*>(v.data) + (i * s0 + j * s1) * es, size_t(es));
+    return put(host.data(), size_t(rows * cols * es));
   }
   void* put(const void* host, size_t bytes) {
     bufs_.emplace_back(std::max<size_t>(bytes, 16), stream_);
@@ -246,18 +207,15 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
   }
 
   // cos/sin of pos · inv_freq in fp32 on the device (the table is not read, so not checked).
-  void rope(const TensorView& x_, const TensorView& positions, const RopeTable& table,
-            const TensorView& y_) const override {
+  void rope(const TensorView& x, const TensorView& positions, const RopeTable& table,
+            const TensorView& y) const override {
     const char* op = "baseline rope";
-    const IndexCheck ck{op, positions.device == Device::kCPU};
-    const TensorView x = ck("x", x_), y = ck("y", y_);
     table.config.validate();
     const int64_t D = table.config.head_dim, P = table.config.max_positions;
-    check_rope_args(op, ck.device(), x, positions, D, P, y);
+    check_rope_args(op, Device::kCUDA, x, positions, D, P, y);
     const int64_t T = x.shape[0], heads = x.shape[1];
     if (T == 0 || heads == 0) return;
-    Uploads up(stream_);
-    base::rope(rows_of(x), up.index(positions), rows_of(y), T, heads, D, float(table.config.theta),
+    base::rope(rows_of(x), index_of(positions), rows_of(y), T, heads, D, float(table.config.theta),
                stream_);
   }
 
@@ -270,33 +228,20 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
 
   // --- embedding ---
 
-  void embedding(const TensorView& ids, const TensorView& table_,
-                 const TensorView& out_) const override {
+  void embedding(const TensorView& ids, const TensorView& table,
+                 const TensorView& out) const override {
     const char* op = "baseline embedding";
-    const IndexCheck ck{op, ids.device == Device::kCPU};
-    const TensorView table = ck("table", table_), out = ck("out", out_);
-    check_tensor(op, "table", table, DType::kBF16, {-1, -1}, ck.device());
-    const int64_t V = table.shape[0];
-    const int64_t T = check_gather(op, ck.device(), ids, table, V, V, out);
-    Uploads up(stream_);
-    if (T == 0) return;
-    base::embedding(up.index(ids), table.data, table.stride[0], 0, V, out.data, out.stride[0], T,
-                    table.shape[1], stream_);
+    check_tensor(op, "table", table, DType::kBF16, {-1, -1}, Device::kCUDA);
+    gather(op, ids, table, VocabShard{0, table.shape[0]}, table.shape[0], out);
   }
 
   // Megatron's VocabParallelEmbedding: rows outside the shard are +0, then summed across ranks.
-  void embedding_vocab_parallel(const TensorView& ids, const TensorView& table_,
+  void embedding_vocab_parallel(const TensorView& ids, const TensorView& table,
                                 const VocabShard& shard, int64_t vocab,
-                                const TensorView& out_) const override {
+                                const TensorView& out) const override {
     const char* op = "baseline embedding_vocab_parallel";
-    const IndexCheck ck{op, ids.device == Device::kCPU};
-    const TensorView table = ck("table", table_), out = ck("out", out_);
     check_vocab_shard(op, shard, vocab);
-    const int64_t T = check_gather(op, ck.device(), ids, table, shard.size(), vocab, out);
-    if (T == 0) return;
-    Uploads up(stream_);
-    base::embedding(up.index(ids), table.data, table.stride[0], shard.begin, shard.size(), out.data,
-                    out.stride[0], T, table.shape[1], stream_);
+    gather(op, ids, table, shard, vocab, out);
   }
 
   void embedding_combine(const std::vector<TensorView>& partials,
@@ -348,19 +293,15 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
   // --- heads ---
 
   // Logits [rows, V] fp32 per block of kLogitsRows tokens by cuBLAS, then a plain log-softmax.
-  void linear_logprob(const TensorView& h_, const TensorView& w_, const TensorView& targets,
+  void linear_logprob(const TensorView& h, const TensorView& w, const TensorView& targets,
                       const LogprobParams& params, const ContractConfig& cfg,
-                      const TensorView& logp_, const TensorView& lse_,
-                      const TensorView& ent_) const override {
+                      const TensorView& logp, const TensorView& lse,
+                      const TensorView& ent) const override {
     const char* op = "baseline linear_logprob";
-    const IndexCheck ck{op, targets.device == Device::kCPU};
-    const TensorView h = ck("h", h_), w = ck("w", w_), logp = ck("logp", logp_),
-                     lse = ck("lse", lse_), ent = ck("entropy", ent_);
-    check_linear_logprob(op, ck.device(), h, w, targets, params, cfg, logp, lse, ent);
+    check_linear_logprob(op, Device::kCUDA, h, w, targets, params, cfg, logp, lse, ent);
     const int64_t T = h.size(0), V = w.size(0);
     if (T == 0) return;
-    Uploads up(stream_);
-    const base::Index tg = up.index(targets);
+    const base::Index tg = index_of(targets);
     for_logit_blocks(op, h, w, "w", V, kLogitsRows, [&](int64_t r0, int64_t rows, float* z) {
       base::StatsArgs a{};
       a.z = z;
@@ -376,18 +317,15 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
   }
 
   // A rank's (m, s, w, y_target) over its vocab rows (w relative to m, as the contract's state).
-  void linear_logprob_partial(const TensorView& h_, const TensorView& w_, const TensorView& targets,
+  void linear_logprob_partial(const TensorView& h, const TensorView& w, const TensorView& targets,
                               const LogprobParams& params, const ContractConfig& cfg,
-                              const LogprobShard& shard, const TensorView& state_) const override {
+                              const LogprobShard& shard, const TensorView& state) const override {
     const char* op = "baseline linear_logprob_partial";
-    const IndexCheck ck{op, targets.device == Device::kCPU};
-    const TensorView h = ck("h", h_), w = ck("w_shard", w_), state = ck("state", state_);
     const ShardRows sr =
-        check_linear_logprob_partial(op, ck.device(), h, w, targets, params, cfg, shard, state);
+        check_linear_logprob_partial(op, Device::kCUDA, h, w, targets, params, cfg, shard, state);
     const int64_t T = h.size(0), Vs = sr.v1 - sr.v0;
     if (T == 0) return;
-    Uploads up(stream_);
-    const base::Index tg = up.index(targets);
+    const base::Index tg = index_of(targets);
     for_logit_blocks(op, h, w, "w_shard", Vs, kLogitsRows, [&](int64_t r0, int64_t rows, float* z) {
       base::PartialArgs a{};
       a.z = z;
@@ -404,19 +342,15 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
     });
   }
 
-  void linear_logprob_combine(const TensorView& states_, const TensorView& targets,
+  void linear_logprob_combine(const TensorView& states, const TensorView& targets,
                               const LogprobParams& params, const ContractConfig& cfg,
-                              int64_t vocab_size, const TensorView& logp_, const TensorView& lse_,
-                              const TensorView& ent_) const override {
+                              int64_t vocab_size, const TensorView& logp, const TensorView& lse,
+                              const TensorView& ent) const override {
     const char* op = "baseline linear_logprob_combine";
-    const IndexCheck ck{op, targets.device == Device::kCPU};
-    const TensorView states = ck("states", states_), logp = ck("logp", logp_),
-                     lse = ck("lse", lse_), ent = ck("entropy", ent_);
     const LogprobVocabLayout lay = check_linear_logprob_combine(
-        op, ck.device(), states, targets, params, cfg, vocab_size, logp, lse, ent);
+        op, Device::kCUDA, states, targets, params, cfg, vocab_size, logp, lse, ent);
     const int64_t R = states.size(0), T = states.size(1);
     if (T == 0) return;
-    Uploads up(stream_);
     base::CombineArgs a{};
     a.states = static_cast<const float*>(states.data);
     a.st_sR = states.stride[0];
@@ -425,7 +359,7 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
     a.T = T;
     a.rank_len = lay.segment_len * (cfg.vocab_segments / R);
     a.V = vocab_size;
-    a.targets = up.index(targets);
+    a.targets = index_of(targets);
     a.ignore_index = params.ignore_index;
     a.out = row_outputs(logp, lse, ent, 0);
     base::logprob_combine(a, stream_);
@@ -434,14 +368,13 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
   // Logits blocks of kSampleRows rows by cuBLAS, plain log-softmax, greedy / Gumbel-max with the
   // invariant sampler's noise, top-k / top-p / min-p on a sorted copy of filtered rows. A row
   // whose lse is not finite is an Error (found after the kernels: this call synchronizes).
-  void sample(const TensorView& h_, const TensorView& w_, std::span<const SamplingParams> params,
+  void sample(const TensorView& h, const TensorView& w, std::span<const SamplingParams> params,
               const TensorView& request_ids, const TensorView& positions, const ContractConfig& cfg,
-              const TensorView& ids_, const TensorView& logp_, const TensorView& lse_,
-              const TensorView& ent_) const override {
+              const TensorView& ids, const TensorView& logp, const TensorView& lse,
+              const TensorView& ent) const override {
     const char* op = "baseline sample";
     // Philox counters (request_ids, positions) may be host views (values checked) or device
     // views (trusted): the contract's check takes either.
-    const TensorView &h = h_, &w = w_, &ids = ids_, &logp = logp_, &lse = lse_, &ent = ent_;
     check_sample(op, Device::kCUDA, h, w, params, request_ids, positions, cfg, ids, logp, lse, ent);
     const int64_t T = h.size(0), V = w.size(0);
     if (T == 0) return;
@@ -494,6 +427,15 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
   }
 
  private:
+  // out[t] = table row ids[t] - shard.begin for an id inside the shard, else +0.
+  void gather(const char* op, const TensorView& ids, const TensorView& table,
+              const VocabShard& shard, int64_t vocab, const TensorView& out) const {
+    const int64_t T = check_gather(op, Device::kCUDA, ids, table, shard.size(), vocab, out);
+    if (T == 0) return;
+    base::embedding(index_of(ids), table.data, table.stride[0], shard.begin, shard.size(), out.data,
+                    out.stride[0], T, table.shape[1], stream_);
+  }
+
   // Logits z [rows, Vn] fp32 (row stride max(Vn, 1)) of h's token blocks of `block` rows against
   // the first Vn rows of w by cuBLAS, handed to fn(r0, rows, z) block by block.
   template <typename Fn>
