@@ -1,9 +1,10 @@
 // What the CPU and the CUDA baseline backends share: the checks the contract leaves to a backend
-// (gemm with either output dtype, a vocab shard), and the three paged attention entry points:
-// decode / chunked prefill, split-KV and prefix-shared (cascade) attention are one
-// flash-decoding routine, paged(), whose split count is the backend's batch-dependent choice
-// unless split-KV forces one (forced_splits > 0). Without cascade kernels a prefix-shared call
-// reads the positions below shared_len through the group's prefix table. (docs/baseline.md)
+// (gemm with either output dtype, attention's optional lse) and the entry points they implement
+// alike. Embedding is one gather, gather(), over the whole vocabulary or a shard. Decode / chunked
+// prefill, split-KV and prefix-shared (cascade) paged attention are one flash-decoding routine,
+// paged(), whose split count is the backend's batch-dependent choice unless split-KV forces one
+// (forced_splits > 0). Without cascade kernels a prefix-shared call reads the positions below
+// shared_len through the group's prefix table. (docs/baseline.md)
 #pragma once
 
 #include "contract/checks.h"
@@ -12,36 +13,45 @@
 
 namespace lockstep::engine {
 
-struct GemmDims {
-  int64_t M, N, K;
-};
-
 // gemm's checks: cfg.segments, x [M, K] and w [N, K], y [M, N] bf16 or f32 (last dim contiguous)
 // overlapping neither.
-inline GemmDims check_baseline_gemm(const char* op, Device dev, const TensorView& x,
-                                    const TensorView& w, const GemmConfig& cfg,
-                                    const TensorView& y) {
+inline void check_baseline_gemm(const char* op, Device dev, const TensorView& x,
+                                const TensorView& w, const GemmConfig& cfg, const TensorView& y) {
   contract::check_segments(op, dev, cfg);
   contract::check_xw(op, dev, x, w);
-  const GemmDims d{x.size(0), w.size(0), x.size(1)};
-  check_tensor_dtypes(op, "y", y, {DType::kBF16, DType::kF32}, {d.M, d.N}, dev);
+  check_tensor_dtypes(op, "y", y, {DType::kBF16, DType::kF32}, {x.size(0), w.size(0)}, dev);
   check_inner_contiguous(op, "y", y);
   LS_CHECK(!contract::overlaps(y, x) && !contract::overlaps(y, w), op,
            "argument 'y' must not overlap x or w");
-  return d;
 }
 
-// embedding_vocab_parallel's shard: inside the vocabulary [0, vocab).
-inline void check_vocab_shard(const char* op, const VocabShard& shard, int64_t vocab) {
-  LS_CHECK(vocab >= 1 && shard.begin >= 0 && shard.begin <= shard.end && shard.end <= vocab, op,
-           "argument 'shard' ", shard.to_string(), " is not inside the vocabulary [0, ", vocab,
-           ")");
+// Whether attention's optional lse [N, Hq] is wanted: given (not a none view) and not empty.
+inline bool wants_lse(const TensorView& lse) {
+  return (lse.ndim != 0 || lse.data != nullptr) && lse.numel() > 0;
 }
 
 template <typename Base>
-class BaselinePagedAttention : public Base {
+class BaselineOps : public Base {
  public:
   using Base::Base;
+
+  void embedding(const TensorView& ids, const TensorView& table,
+                 const TensorView& out) const final {
+    const char* op = "baseline embedding";
+    check_tensor(op, "table", table, DType::kBF16, {-1, -1}, this->device());
+    gather(op, ids, table, VocabShard{0, table.shape[0]}, table.shape[0], out);
+  }
+
+  // Megatron's VocabParallelEmbedding: rows outside the shard are +0, then summed across ranks.
+  void embedding_vocab_parallel(const TensorView& ids, const TensorView& table,
+                                const VocabShard& shard, int64_t vocab,
+                                const TensorView& out) const final {
+    const char* op = "baseline embedding_vocab_parallel";
+    LS_CHECK(vocab >= 1 && shard.begin >= 0 && shard.begin <= shard.end && shard.end <= vocab, op,
+             "argument 'shard' ", shard.to_string(), " is not inside the vocabulary [0, ", vocab,
+             ")");
+    gather(op, ids, table, shard, vocab, out);
+  }
 
   using Base::attention_paged;
   using Base::attention_paged_cascade;
@@ -70,6 +80,10 @@ class BaselinePagedAttention : public Base {
   }
 
  protected:
+  // out[t] = table row ids[t] - shard.begin for an id inside the shard, else +0. Checks the call
+  // with contract::check_gather on the backend's device.
+  virtual void gather(const char* op, const TensorView& ids, const TensorView& table,
+                      const VocabShard& shard, int64_t vocab, const TensorView& out) const = 0;
   // Rows q over one layer's caches, the step's tables in `meta` (reading positions below a
   // group's shared_len through the prefix table when `cascade`). Checks the call with
   // contract::check_paged_call on the backend's device.

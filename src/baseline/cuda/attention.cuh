@@ -24,8 +24,6 @@ constexpr int kPrefillKeys = 64;  // keys per step
 constexpr int kPrefillThreads = 128;
 constexpr int kSmemPad = 8;  // bf16 elements of padding per shared row (ldmatrix conflict-free)
 
-__device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
-
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }

@@ -39,8 +39,6 @@ namespace base = cuda::baseline;
 constexpr int64_t kLogitsRows = 256;
 constexpr int64_t kSampleRows = 64;
 
-bool is_none(const TensorView& t) { return t.ndim == 0 && t.data == nullptr; }
-
 // A 1-D i32/i64 device view as a kernel Index.
 base::Index index_of(const TensorView& v) { return {v.data, v.stride[0], v.dtype == DType::kI64}; }
 
@@ -122,7 +120,7 @@ base::Heads<T> heads(const TensorView& v) {
 
 // Attention's lse [N, Hq]: none or empty is not written (a null pointer).
 base::Heads<float> lse_heads(const TensorView& lse) {
-  return is_none(lse) || lse.numel() == 0 ? base::Heads<float>{} : heads<float>(lse);
+  return wants_lse(lse) ? heads<float>(lse) : base::Heads<float>{};
 }
 
 base::Cache cache(const TensorView& c) { return {c.data, c.stride[0], c.stride[1], c.stride[2]}; }
@@ -135,11 +133,14 @@ base::RowOutputs row_outputs(const TensorView& logp, const TensorView& lse, cons
           f32p(ent) + r0 * ent.stride[0],   ent.stride[0]};
 }
 
-// Base pointers and row strides of the partials of a combine.
+// Base pointers and row strides of a combine's 1 to kMaxParts partials.
 struct Parts {
   std::vector<const void*> p;
   std::vector<int64_t> ld;
-  explicit Parts(const std::vector<TensorView>& partials) {
+  Parts(const char* op, const std::vector<TensorView>& partials) {
+    LS_CHECK(!partials.empty() && partials.size() <= size_t(base::kMaxParts), op,
+             "argument 'partials' must hold 1 to ", base::kMaxParts, " views, got ",
+             partials.size());
     for (const TensorView& t : partials) {
       p.push_back(t.data);
       ld.push_back(t.stride[0]);
@@ -147,7 +148,7 @@ struct Parts {
   }
 };
 
-class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBackend> {
+class CudaBaselineBackend final : public BaselineOps<CudaDeviceBackend> {
  public:
   std::string name() const override { return "baseline"; }
 
@@ -156,32 +157,24 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
   void gemm(const TensorView& x, const TensorView& w, const GemmConfig& cfg,
             const TensorView& y) const override {
     const char* op = "baseline gemm";
-    const GemmDims d = check_baseline_gemm(op, Device::kCUDA, x, w, cfg, y);
-    if (d.M == 0 || d.N == 0) return;
-    base::gemm(ctx_, x.data, lead(op, "x", x), w.data, lead(op, "w", w), y.data, lead(op, "y", y),
-               y.dtype == DType::kF32, d.M, d.N, d.K, stream_);
+    check_baseline_gemm(op, Device::kCUDA, x, w, cfg, y);
+    gemm_nt(op, x, "x", w, "w", y, "y");
   }
 
   void gemm_partial(const TensorView& x, const TensorView& w, int64_t k_total, int tp_size,
                     int tp_rank, const GemmConfig& cfg, const TensorView& y) const override {
     const char* op = "baseline gemm_partial";
     check_gemm_partial(op, Device::kCUDA, x, w, k_total, tp_size, tp_rank, cfg, y);
-    const int64_t M = x.size(0), N = w.size(0), K = x.size(1);
-    if (M == 0 || N == 0) return;
-    base::gemm(ctx_, x.data, lead(op, "x_shard", x), w.data, lead(op, "w_shard", w), y.data,
-               lead(op, "y_partial", y), true, M, N, K, stream_);
+    gemm_nt(op, x, "x_shard", w, "w_shard", y, "y_partial");
   }
 
   // The usual all-reduce: ((p0 + p1) + p2) + ... in rank order, one rounding.
   void gemm_combine(const std::vector<TensorView>& partials, const TensorView& y) const override {
     const char* op = "baseline gemm_combine";
-    LS_CHECK(!partials.empty() && partials.size() <= size_t(base::kMaxParts), op,
-             "argument 'partials' must hold 1 to ", base::kMaxParts, " views, got ",
-             partials.size());
+    const Parts p(op, partials);
     check_gemm_combine(op, Device::kCUDA, partials, nullptr, y);
     const int64_t M = partials[0].size(0), N = partials[0].size(1);
     if (M == 0 || N == 0) return;
-    const Parts p(partials);
     base::sum_parts(p.p.data(), false, p.ld.data(), int(p.p.size()), M, N, y.data, y.stride[0],
                     y.dtype == DType::kF32, stream_);
   }
@@ -193,7 +186,8 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
     const char* op = "baseline rmsnorm";
     const int64_t H = check_rmsnorm(op, Device::kCUDA, x, w, cfg, y);
     const int64_t rows = x.numel() / H;
-    base::rmsnorm(rows_of(x), w.data, rows_of(y), rows, H, cfg.eps, stream_);
+    base::rmsnorm(rows_of(x), base::Rows{}, w.data, base::Rows{}, rows_of(y), rows, H, cfg.eps,
+                  stream_);
   }
 
   void rmsnorm_residual(const TensorView& x, const TensorView& r, const TensorView& w,
@@ -202,8 +196,8 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
     const char* op = "baseline rmsnorm_residual";
     const int64_t H = check_rmsnorm_residual(op, Device::kCUDA, x, r, w, cfg, ro, y);
     const int64_t rows = x.numel() / H;
-    base::rmsnorm_residual(rows_of(x), rows_of(r), w.data, rows_of(ro), rows_of(y), rows, H,
-                           cfg.eps, stream_);
+    base::rmsnorm(rows_of(x), rows_of(r), w.data, rows_of(ro), rows_of(y), rows, H, cfg.eps,
+                  stream_);
   }
 
   // cos/sin of pos · inv_freq in fp32 on the device (the table is not read, so not checked).
@@ -228,29 +222,11 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
 
   // --- embedding ---
 
-  void embedding(const TensorView& ids, const TensorView& table,
-                 const TensorView& out) const override {
-    const char* op = "baseline embedding";
-    check_tensor(op, "table", table, DType::kBF16, {-1, -1}, Device::kCUDA);
-    gather(op, ids, table, VocabShard{0, table.shape[0]}, table.shape[0], out);
-  }
-
-  // Megatron's VocabParallelEmbedding: rows outside the shard are +0, then summed across ranks.
-  void embedding_vocab_parallel(const TensorView& ids, const TensorView& table,
-                                const VocabShard& shard, int64_t vocab,
-                                const TensorView& out) const override {
-    const char* op = "baseline embedding_vocab_parallel";
-    check_vocab_shard(op, shard, vocab);
-    gather(op, ids, table, shard, vocab, out);
-  }
-
   void embedding_combine(const std::vector<TensorView>& partials,
                          const TensorView& out) const override {
     const char* op = "baseline embedding_combine";
-    LS_CHECK(partials.size() <= size_t(base::kMaxParts), op, "argument 'partials' must hold 1 to ",
-             base::kMaxParts, " views, got ", partials.size());
+    const Parts p(op, partials);
     check_embedding_combine(op, Device::kCUDA, partials, out);
-    const Parts p(partials);
     base::sum_parts(p.p.data(), true, p.ld.data(), int(p.p.size()), out.shape[0], out.shape[1],
                     out.data, out.stride[0], false, stream_);
   }
@@ -427,9 +403,17 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
   }
 
  private:
-  // out[t] = table row ids[t] - shard.begin for an id inside the shard, else +0.
+  // y = x·wᵀ by cuBLAS (arg names for the row-stride errors).
+  void gemm_nt(const char* op, const TensorView& x, const char* x_arg, const TensorView& w,
+               const char* w_arg, const TensorView& y, const char* y_arg) const {
+    const int64_t M = x.size(0), N = w.size(0), K = x.size(1);
+    if (M == 0 || N == 0) return;
+    base::gemm(ctx_, x.data, lead(op, x_arg, x), w.data, lead(op, w_arg, w), y.data,
+               lead(op, y_arg, y), y.dtype == DType::kF32, M, N, K, stream_);
+  }
+
   void gather(const char* op, const TensorView& ids, const TensorView& table,
-              const VocabShard& shard, int64_t vocab, const TensorView& out) const {
+              const VocabShard& shard, int64_t vocab, const TensorView& out) const override {
     const int64_t T = check_gather(op, Device::kCUDA, ids, table, shard.size(), vocab, out);
     if (T == 0) return;
     base::embedding(index_of(ids), table.data, table.stride[0], shard.begin, shard.size(), out.data,

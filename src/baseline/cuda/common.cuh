@@ -39,6 +39,8 @@ __device__ __forceinline__ T* row_ptr(const Rows& r, int64_t row) {
   return static_cast<T*>(r.p) + (row / r.inner) * r.s0 + (row % r.inner) * r.s1;
 }
 
+__device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
+
 __device__ __forceinline__ float bf(uint16_t b) { return __uint_as_float(uint32_t(b) << 16); }
 
 // fp32 -> bf16 bits, round to nearest even (NaN stays a quiet NaN).
@@ -79,12 +81,13 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
 }
 
 __device__ __forceinline__ float block_max(float v, float* red) {
-  return block_reduce(v, red, -__int_as_float(0x7f800000), warp_max);
+  return block_reduce(v, red, neg_inf(), warp_max);
 }
 
-inline unsigned grid_1d(int64_t n, int threads) {
+// Blocks of `threads` for n items, clamped to [1, max_blocks] (grid-stride kernels take any).
+inline unsigned grid_1d(int64_t n, int threads, int64_t max_blocks = 0x7fffffff) {
   const int64_t b = (n + threads - 1) / threads;
-  return unsigned(b < 1 ? 1 : (b > 0x7fffffff ? 0x7fffffff : b));
+  return unsigned(b < 1 ? 1 : (b > max_blocks ? max_blocks : b));
 }
 
 }  // namespace lockstep::cuda::baseline

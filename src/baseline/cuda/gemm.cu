@@ -52,10 +52,7 @@ __global__ void zero_rows_kernel(void* y, int64_t ldy, int64_t M, int64_t N, int
   }
 }
 
-unsigned grid_for(int64_t total) {
-  const int64_t b = (total + 255) / 256;
-  return unsigned(b < 1 ? 1 : (b > 65535 * 8 ? 65535 * 8 : b));
-}
+unsigned grid_for(int64_t total) { return grid_1d(total, 256, 65535 * 8); }
 
 }  // namespace
 

@@ -68,9 +68,6 @@ void download(void* dst, const void* src, size_t bytes, void* stream);
 void fill_bytes(void* dst, int value, size_t bytes, void* stream);
 void stream_synchronize(void* stream, const char* op);
 
-// Whether a pointer is device memory this process can use (cudaPointerGetAttributes).
-bool is_device_pointer(const void* p);
-
 // ---------------------------------------------------------------------------------------------
 // Argument shapes.
 
@@ -129,11 +126,11 @@ void sum_parts(const void* const* parts, bool parts_bf16, const int64_t* lds, in
 // ---------------------------------------------------------------------------------------------
 // Elementwise (baseline_elementwise.cu).
 
-// y = bf16(bf16(x · r) · w), r = rsqrt(Σx²/H + eps) (one warp per row, shuffle reduction).
-void rmsnorm(Rows x, const void* w, Rows y, int64_t rows, int64_t H, float eps, void* stream);
-// s = bf16(x + residual) -> residual_out; y = rmsnorm(s) · w.
-void rmsnorm_residual(Rows x, Rows residual, const void* w, Rows residual_out, Rows y, int64_t rows,
-                      int64_t H, float eps, void* stream);
+// y = bf16(bf16(s · r) · w), r = rsqrt(Σs²/H + eps) (one warp per row, shuffle reduction), over
+// s = x, or, with a residual (residual.p not null), s = bf16(x + residual), written to
+// residual_out.
+void rmsnorm(Rows x, Rows residual, const void* w, Rows residual_out, Rows y, int64_t rows,
+             int64_t H, float eps, void* stream);
 // x, y [T, heads, D] as Rows with inner = heads. cos/sin of pos · inv_freq in fp32 on the device
 // (inv_freq = 1 / powf(theta, 2i / D)), rotate-half, one rounding. y may be x.
 void rope(Rows x, Index positions, Rows y, int64_t T, int64_t heads, int64_t D, float theta,

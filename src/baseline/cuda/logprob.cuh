@@ -18,7 +18,6 @@ namespace lockstep::cuda::baseline::kernels {
 
 constexpr int kStatsThreads = 256;
 
-__device__ __forceinline__ float ninf() { return -__int_as_float(0x7f800000); }
 __device__ __forceinline__ float qnan() { return __int_as_float(0x7fc00000); }
 
 struct RowStats {
@@ -29,7 +28,7 @@ struct RowStats {
 // kWrite: y is stored back into z.
 template <bool kWrite>
 __device__ RowStats row_stats(float* z, int64_t V, float temperature, float* red) {
-  float mx = ninf();
+  float mx = neg_inf();
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
     const float y = z[v] / temperature;
     if (kWrite) z[v] = y;
@@ -40,7 +39,7 @@ __device__ RowStats row_stats(float* z, int64_t V, float temperature, float* red
   float s = 0.0f, w = 0.0f;
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
     const float y = kWrite ? z[v] : z[v] / temperature;
-    if (y == ninf()) continue;
+    if (y == neg_inf()) continue;
     const float d = y - st.M;
     const float e = __expf(d);
     s += e;
@@ -79,7 +78,7 @@ __global__ void __launch_bounds__(kStatsThreads) logprob_partial_kernel(PartialA
   float* o = a.state + r * a.ld_state;
   if (a.Vs == 0) {
     if (threadIdx.x == 0) {
-      o[0] = ninf();
+      o[0] = neg_inf();
       o[1] = 0.0f;
       o[2] = 0.0f;
       o[3] = qnan();
@@ -101,7 +100,7 @@ __global__ void logprob_combine_kernel(CombineArgs a) {
   const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (t >= a.T) return;
   auto at = [&](int64_t r) { return a.states + r * a.st_sR + t * a.st_sT; };
-  float M = ninf();
+  float M = neg_inf();
   for (int64_t r = 0; r < a.R; ++r) M = fmaxf(M, at(r)[0]);
   float S = 0.0f, W = 0.0f;
   for (int64_t r = 0; r < a.R; ++r) {
@@ -225,7 +224,7 @@ __global__ void __launch_bounds__(kStatsThreads) sample_kernel(SampleArgs a, flo
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int64_t v = 4 * g + i;
-        if (v >= a.V || y[v] == ninf()) continue;
+        if (v >= a.V || y[v] == neg_inf()) continue;
         const float sc = y[v] + gumbel(w.v[i]);
         if (better(sc, v, best, bid)) {
           best = sc;
@@ -306,7 +305,7 @@ __global__ void __launch_bounds__(kFilterThreads)
   int64_t bid = -1;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     const float yv = ys[i];
-    if (yv == ninf()) continue;
+    if (yv == neg_inf()) continue;
     if (p.min_p > 0.0f && !(__expf(yv - lse) >= pmin)) continue;
     const int64_t v = vs[i];
     const Philox4 w = noise_words(p.seed, rid, pos, v >> 2);
