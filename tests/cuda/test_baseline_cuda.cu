@@ -375,7 +375,8 @@ void test_rope() {
       const TensorView xd = split_last(cols(buf.view(), 0, heads * D), heads, D);
       g_be->copy(cols(buf.view(), 0, heads * D), xh.view());
       Tensor yd = g_be->empty(DType::kBF16, {T, heads * D});
-      g_be->rope(xd, pos.view(), table, split_last(yd.view(), heads, D));
+      Tensor posd = to_dev(pos.view());
+      g_be->rope(xd, posd.view(), table, split_last(yd.view(), heads, D));
       const std::vector<float> r = values(ref.view()), xv = values(xh.view());
       auto tol = [&](size_t i) {
         const size_t row = i / size_t(D), j = i % size_t(D), h = size_t(D / 2);
@@ -385,14 +386,12 @@ void test_rope() {
       Tensor got = to_host(yd.view());
       expect_close(fmt("rope D=%lld positions %s", (long long)D, dtype_name(pt)),
                    values(got.view()), r, tol);
-      // Device positions: same bits; in place (y = x).
-      Tensor posd = to_dev(pos.view());
+      // In place (y = x): same bits.
       g_be->rope(xd, posd.view(), table, xd);
       Tensor inplace = host(DType::kBF16, {T, heads * D});
       g_be->copy(inplace.view(), cols(buf.view(), 0, heads * D));
       g_be->synchronize();
-      report(same_bits(inplace, got),
-             fmt("rope D=%lld device positions, in place == host positions", (long long)D));
+      report(same_bits(inplace, got), fmt("rope D=%lld in place == out of place", (long long)D));
       g_be->copy(cols(buf.view(), 0, heads * D), xh.view());
     }
   }
@@ -428,20 +427,17 @@ void test_silu_embedding() {
     Tensor ref = host(DType::kBF16, {T, H});
     cpu::embedding(ids.view(), table.view(), ref.view());
     Tensor out = g_be->empty(DType::kBF16, {T, H});
-    g_be->embedding(ids.view(), td.view(), out.view());
-    report(same_bits(to_host(out.view()), ref), fmt("embedding ids %s bitwise", dtype_name(it)));
     Tensor idd = to_dev(ids.view());
     g_be->embedding(idd.view(), td.view(), out.view());
-    report(same_bits(to_host(out.view()), ref),
-           fmt("embedding device ids %s bitwise", dtype_name(it)));
+    report(same_bits(to_host(out.view()), ref), fmt("embedding ids %s bitwise", dtype_name(it)));
     // Vocab parallel over 3 ranks, combined in rank order.
     std::vector<Tensor> parts;
     std::vector<TensorView> pv;
     for (int r = 0; r < 3; ++r) {
       const VocabShard sh = vocab_shard(V, r, 3);
       parts.push_back(g_be->empty(DType::kBF16, {T, H}));
-      g_be->embedding_vocab_parallel(r == 1 ? idd.view() : ids.view(),
-                                     td.view().rows(sh.begin, sh.end), sh, V, parts.back().view());
+      g_be->embedding_vocab_parallel(idd.view(), td.view().rows(sh.begin, sh.end), sh, V,
+                                     parts.back().view());
       pv.push_back(parts.back().view());
     }
     Tensor comb = g_be->empty(DType::kBF16, {T, H});
@@ -831,7 +827,7 @@ void test_logprob() {
     Tensor lp = host(DType::kF32, {c.T}), ls = host(DType::kF32, {c.T}),
            en = host(DType::kF32, {c.T});
     cpu::linear_logprob(h.view(), w.view(), tg.view(), params, cc, lp.view(), ls.view(), en.view());
-    Tensor hd = to_dev(h.view()), wd = to_dev(w.view());
+    Tensor hd = to_dev(h.view()), wd = to_dev(w.view()), tgd = to_dev(tg.view());
     // Strided outputs: every other element of a [2T] buffer.
     Tensor ob = g_be->empty(DType::kF32, {3, 2 * c.T});
     auto strided = [&](int i) {
@@ -842,7 +838,7 @@ void test_logprob() {
       v.stride[0] = 2;
       return v;
     };
-    g_be->linear_logprob(hd.view(), wd.view(), tg.view(), params, cc, strided(0), strided(1),
+    g_be->linear_logprob(hd.view(), wd.view(), tgd.view(), params, cc, strided(0), strided(1),
                          strided(2));
     Tensor obh = to_host(ob.view());
     auto col = [&](int i) {
@@ -856,11 +852,10 @@ void test_logprob() {
     expect_close(name + " logp", col(0), rl, lp_tol(rl));
     expect_close(name + " lse", col(1), rs, lp_tol(rs));
     expect_close(name + " entropy", col(2), re, lp_tol(re));
-    // Device targets: the same bits.
-    Tensor tgd = to_dev(tg.view());
+    // A rerun: the same bits.
     g_be->linear_logprob(hd.view(), wd.view(), tgd.view(), params, cc, strided(0), strided(1),
                          strided(2));
-    report(same_bits(to_host(ob.view()), obh), name + " device targets: same bits");
+    report(same_bits(to_host(ob.view()), obh), name + " rerun: same bits");
     // Vocab parallel: R ranks' partial states, combined in rank order.
     for (int R : {1, 2, 4}) {
       const LogprobVocabLayout lay = logprob_vocab_layout(cc, c.V);
@@ -876,8 +871,8 @@ void test_logprob() {
         sv.shape[1] = 4;
         sv.stride[0] = 4;
         sv.stride[1] = 1;
-        g_be->linear_logprob_partial(hd.view(), wd.view().rows(v0, v1),
-                                     r % 2 ? tgd.view() : tg.view(), params, cc, sh, sv);
+        g_be->linear_logprob_partial(hd.view(), wd.view().rows(v0, v1), tgd.view(), params, cc, sh,
+                                     sv);
       }
       Tensor out = g_be->empty(DType::kF32, {3 * c.T});
       auto part = [&](int i) {
@@ -886,7 +881,7 @@ void test_logprob() {
         v.shape[0] = c.T;
         return v;
       };
-      g_be->linear_logprob_combine(st.view(), tg.view(), params, cc, c.V, part(0), part(1),
+      g_be->linear_logprob_combine(st.view(), tgd.view(), params, cc, c.V, part(0), part(1),
                                    part(2));
       Tensor oh = to_host(out.view());
       auto slice = [&](int i) {
@@ -1041,7 +1036,8 @@ void test_errors() {
   ids.ptr<int32_t>()[0] = 1;
   ids.ptr<int32_t>()[1] = 8;
   Tensor out = g_be->empty(DType::kBF16, {2, 32});
-  expect_error("embedding id out of range", "outside the vocabulary",
+  // Index views are device views (their contents trusted: the kernels guard them).
+  expect_error("embedding host ids", "argument 'ids' expected device cuda",
                [&] { g_be->embedding(ids.view(), w.view(), out.view()); });
   expect_error("rmsnorm weight shape", "baseline rmsnorm", [&] {
     g_be->rmsnorm(x.view(), cols(x.view().rows(0, 1), 0, 16), RmsNormConfig{}, x.view());
@@ -1049,7 +1045,7 @@ void test_errors() {
   const RopeTable table = RopeTable::build(RopeConfig{32, 1e4, 16});
   Tensor pos = host(DType::kI32, {4});
   for (int i = 0; i < 4; ++i) pos.ptr<int32_t>()[i] = i == 2 ? 16 : 0;
-  expect_error("rope position out of range", "positions", [&] {
+  expect_error("rope host positions", "argument 'positions' expected device cuda", [&] {
     g_be->rope(split_last(x.view(), 1, 32), pos.view(), table, split_last(x.view(), 1, 32));
   });
   // Paged: q_pos beyond seq_len, and num_splits 0.
@@ -1085,7 +1081,7 @@ void test_errors() {
   Tensor tgt = host(DType::kI32, {4});
   for (int i = 0; i < 4; ++i) tgt.ptr<int32_t>()[i] = i == 1 ? 8 : 0;
   Tensor l4 = g_be->empty(DType::kF32, {4});
-  expect_error("linear_logprob target out of range", "targets[1] = 8", [&] {
+  expect_error("linear_logprob host targets", "argument 'targets' expected device cuda", [&] {
     g_be->linear_logprob(x.view(), w.view(), tgt.view(), LogprobParams{}, ContractConfig{},
                          l4.view(), l4.view(), l4.view());
   });

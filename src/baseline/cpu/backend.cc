@@ -18,7 +18,7 @@
 #include <sstream>
 #include <vector>
 
-#include "baseline/paged_attention.h"
+#include "baseline/backend_base.h"
 #include "contract/checks.h"
 #include "core/math.h"
 #include "core/philox.h"
@@ -65,30 +65,40 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // ---------------------------------------------------------------------------------------------
 // Small helpers.
 
-int64_t read_index(const TensorView& t, int64_t i) {
-  if (t.dtype == DType::kI32) return t.ptr<const int32_t>()[i * t.stride[0]];
-  return t.ptr<const int64_t>()[i * t.stride[0]];
-}
-
 float& f32_at(const TensorView& t, int64_t i) { return t.ptr<float>()[i * t.stride[0]]; }
 
 const bf16* row_bf16(const TensorView& t, int64_t r) {
   return t.ptr<const bf16>() + r * t.stride[0];
 }
 
-bool has_view(const TensorView& t) { return t.ndim != 0 || t.data != nullptr; }
+// fn(i) for every row i in [0, n), rows of `width` elements, in parallel chunks of about 16384
+// elements.
+template <typename Fn>
+void for_rows(int64_t n, int64_t width, const Fn& fn) {
+  parallel_for(n, std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1)),
+               [&](int64_t a, int64_t b) {
+                 for (int64_t i = a; i < b; ++i) fn(i);
+               });
+}
+
+// Σ x[k]² over k in [k0, k1) of bf16 x, in fp32, in order.
+float sum_squares(const bf16* x, int64_t k0, int64_t k1) {
+  float acc = 0.0f;
+  for (int64_t k = k0; k < k1; ++k) {
+    const float v = bf16_to_f32(x[k]);
+    acc = acc + v * v;
+  }
+  return acc;
+}
 
 // Rows [r0, r1) of a 2-D bf16 view (last dim contiguous) as dense fp32 [r1 - r0, C].
 void to_f32(const TensorView& t, int64_t r0, int64_t r1, float* out) {
   const int64_t C = t.size(1);
-  parallel_for(r1 - r0, std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1)),
-               [&](int64_t a, int64_t b) {
-                 for (int64_t i = a; i < b; ++i) {
-                   const bf16* s = row_bf16(t, r0 + i);
-                   float* d = out + i * C;
-                   for (int64_t k = 0; k < C; ++k) d[k] = bf16_to_f32(s[k]);
-                 }
-               });
+  for_rows(r1 - r0, C, [&](int64_t i) {
+    const bf16* s = row_bf16(t, r0 + i);
+    float* d = out + i * C;
+    for (int64_t k = 0; k < C; ++k) d[k] = bf16_to_f32(s[k]);
+  });
 }
 
 void check_blas_dims(const char* op, int64_t M, int64_t N, int64_t K) {
@@ -113,30 +123,26 @@ void blas_nt(const float* x, const float* w, int64_t M, int64_t N, int64_t K, fl
   }
 }
 
-// Stores a dense fp32 [M, N] block into y (bf16 rounded RNE, or f32 as is).
-void store_rows(const float* v, int64_t M, int64_t N, const TensorView& y) {
-  parallel_for(M, std::max<int64_t>(1, 16384 / std::max<int64_t>(N, 1)), [&](int64_t a, int64_t b) {
-    for (int64_t m = a; m < b; ++m) {
-      const float* s = v + m * N;
-      if (y.dtype == DType::kBF16) {
-        bf16* d = y.ptr<bf16>() + m * y.stride[0];
-        for (int64_t n = 0; n < N; ++n) d[n] = f32_to_bf16(s[n]);
-      } else {
-        std::memcpy(y.ptr<float>() + m * y.stride[0], s, size_t(N) * sizeof(float));
-      }
-    }
-  });
-}
-
-// x·wᵀ in fp32 (dense [M, N]): bf16 inputs converted to fp32, then OpenBLAS.
-std::vector<float> matmul_nt(const TensorView& x, const TensorView& w) {
+// y = x·wᵀ (x [M, K], w [N, K] bf16): converted to fp32, OpenBLAS, then stored into y (bf16
+// rounded RNE, or f32 as is).
+void gemm_rows(const char* op, const TensorView& x, const TensorView& w, const TensorView& y) {
   const int64_t M = x.size(0), N = w.size(0), K = x.size(1);
+  check_blas_dims(op, M, N, K);
+  if (M == 0 || N == 0) return;
   std::vector<float> xf(static_cast<size_t>(M * K)), wf(static_cast<size_t>(N * K)),
-      y(static_cast<size_t>(M * N));
+      v(static_cast<size_t>(M * N));
   to_f32(x, 0, M, xf.data());
   to_f32(w, 0, N, wf.data());
-  blas_nt(xf.data(), wf.data(), M, N, K, y.data(), N);
-  return y;
+  blas_nt(xf.data(), wf.data(), M, N, K, v.data(), N);
+  for_rows(M, N, [&](int64_t m) {
+    const float* s = v.data() + m * N;
+    if (y.dtype == DType::kBF16) {
+      bf16* d = y.ptr<bf16>() + m * y.stride[0];
+      for (int64_t n = 0; n < N; ++n) d[n] = f32_to_bf16(s[n]);
+    } else {
+      std::memcpy(y.ptr<float>() + m * y.stride[0], s, size_t(N) * sizeof(float));
+    }
+  });
 }
 
 // Row r of the flattened [R, C] rows of a [T, C] or [T, B, C] view (last dim contiguous).
@@ -162,8 +168,7 @@ void write_attn_row(const float* o, int64_t D, const TensorView& out, int64_t r,
                     const TensorView& lse, float lse_value) {
   bf16* dst = out.ptr<bf16>() + r * out.stride[0] + h * out.stride[1];
   for (int64_t d = 0; d < D; ++d) dst[d] = f32_to_bf16(o[d]);
-  if (has_view(lse) && lse.numel() > 0)
-    lse.ptr<float>()[r * lse.stride[0] + h * lse.stride[1]] = lse_value;
+  if (wants_lse(lse)) lse.ptr<float>()[r * lse.stride[0] + h * lse.stride[1]] = lse_value;
 }
 
 // Where key position j of one sequence lives: the group's prefix pages below shared_len, the
@@ -259,7 +264,7 @@ int64_t gumbel_argmax(const float* y, int64_t V, const std::vector<int64_t>* kep
 
 // ---------------------------------------------------------------------------------------------
 
-class BaselineBackend final : public BaselinePagedAttention<OpsBackend> {
+class BaselineBackend final : public BaselineOps<OpsBackend> {
  public:
   explicit BaselineBackend(const BaselineConfig& c) : c_(c) { c_.validate(); }
 
@@ -270,15 +275,8 @@ class BaselineBackend final : public BaselinePagedAttention<OpsBackend> {
   void gemm(const TensorView& x, const TensorView& w, const GemmConfig& cfg,
             const TensorView& y) const override {
     const char* op = "baseline gemm";
-    check_segments(op, Device::kCPU, cfg);
-    check_xw(op, Device::kCPU, x, w);
-    const int64_t M = x.size(0), N = w.size(0), K = x.size(1);
-    check_tensor_dtypes(op, "y", y, {DType::kBF16, DType::kF32}, {M, N});
-    check_inner_contiguous(op, "y", y);
-    LS_CHECK(!overlaps(y, x) && !overlaps(y, w), op, "argument 'y' must not overlap x or w");
-    check_blas_dims(op, M, N, K);
-    if (M == 0 || N == 0) return;
-    store_rows(matmul_nt(x, w).data(), M, N, y);
+    check_baseline_gemm(op, Device::kCPU, x, w, cfg, y);
+    gemm_rows(op, x, w, y);
   }
 
   void gemm_partial(const TensorView& x_shard, const TensorView& w_shard, int64_t k_total,
@@ -287,10 +285,7 @@ class BaselineBackend final : public BaselinePagedAttention<OpsBackend> {
     const char* op = "baseline gemm_partial";
     check_gemm_partial(op, Device::kCPU, x_shard, w_shard, k_total, tp_size, tp_rank, cfg,
                        y_partial);
-    const int64_t M = x_shard.size(0), N = w_shard.size(0);
-    check_blas_dims(op, M, N, x_shard.size(1));
-    if (M == 0 || N == 0) return;
-    store_rows(matmul_nt(x_shard, w_shard).data(), M, N, y_partial);
+    gemm_rows(op, x_shard, w_shard, y_partial);
   }
 
   // The usual all-reduce: ((p0 + p1) + p2) + ... in rank order, then one rounding.
@@ -339,17 +334,14 @@ class BaselineBackend final : public BaselinePagedAttention<OpsBackend> {
     if (rows == 0) return;
     // s = bf16(x + residual), the new residual stream (buffered: outputs may alias inputs).
     std::vector<bf16> s(static_cast<size_t>(rows * H));
-    parallel_for(rows, std::max<int64_t>(1, 16384 / H), [&](int64_t a, int64_t b) {
-      for (int64_t i = a; i < b; ++i) {
-        const bf16* xr = flat_row<const bf16>(x, i);
-        const bf16* rr = flat_row<const bf16>(residual, i);
-        for (int64_t k = 0; k < H; ++k)
-          s[size_t(i * H + k)] = f32_to_bf16(bf16_to_f32(xr[k]) + bf16_to_f32(rr[k]));
-      }
+    for_rows(rows, H, [&](int64_t i) {
+      const bf16* xr = flat_row<const bf16>(x, i);
+      const bf16* rr = flat_row<const bf16>(residual, i);
+      for (int64_t k = 0; k < H; ++k)
+        s[size_t(i * H + k)] = f32_to_bf16(bf16_to_f32(xr[k]) + bf16_to_f32(rr[k]));
     });
-    parallel_for(rows, std::max<int64_t>(1, 16384 / H), [&](int64_t a, int64_t b) {
-      for (int64_t i = a; i < b; ++i)
-        std::memcpy(flat_row<bf16>(residual_out, i), s.data() + i * H, size_t(H) * sizeof(bf16));
+    for_rows(rows, H, [&](int64_t i) {
+      std::memcpy(flat_row<bf16>(residual_out, i), s.data() + i * H, size_t(H) * sizeof(bf16));
     });
     auto row = [&](int64_t i) -> const bf16* { return s.data() + i * H; };
     const std::vector<float> r = inv_rms(x.shape[0], rows, H, cfg.eps, row);
@@ -374,7 +366,7 @@ class BaselineBackend final : public BaselinePagedAttention<OpsBackend> {
       std::vector<float> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
       for (int64_t t = a; t < b; ++t) {
         // cos/sin on the fly in fp32 libm, as many fused RoPE kernels do.
-        const float pos = float(read_index(positions, t));
+        const float pos = float(index_at(positions, t));
         for (int64_t i = 0; i < half; ++i) {
           const float angle = pos * inv_freq[size_t(i)];
           c[size_t(i)] = std::cos(angle);
@@ -399,72 +391,31 @@ class BaselineBackend final : public BaselinePagedAttention<OpsBackend> {
     check_silu_mul("baseline silu_mul", Device::kCPU, gate, up, out);
     const int64_t T = gate.shape[0], I = gate.shape[1];
     if (T == 0) return;
-    parallel_for(T, std::max<int64_t>(1, 16384 / I), [&](int64_t a, int64_t b) {
-      for (int64_t t = a; t < b; ++t) {
-        const bf16* g = row_bf16(gate, t);
-        const bf16* u = row_bf16(up, t);
-        bf16* o = out.ptr<bf16>() + t * out.stride[0];
-        for (int64_t i = 0; i < I; ++i) {
-          const float gv = bf16_to_f32(g[i]);
-          o[i] = f32_to_bf16(gv / (1.0f + std::exp(-gv)) * bf16_to_f32(u[i]));
-        }
+    for_rows(T, I, [&](int64_t t) {
+      const bf16* g = row_bf16(gate, t);
+      const bf16* u = row_bf16(up, t);
+      bf16* o = out.ptr<bf16>() + t * out.stride[0];
+      for (int64_t i = 0; i < I; ++i) {
+        const float gv = bf16_to_f32(g[i]);
+        o[i] = f32_to_bf16(gv / (1.0f + std::exp(-gv)) * bf16_to_f32(u[i]));
       }
     });
   }
 
   // --- embedding ---
 
-  void embedding(const TensorView& ids, const TensorView& table,
-                 const TensorView& out) const override {
-    const char* op = "baseline embedding";
-    check_tensor(op, "table", table, DType::kBF16, {-1, -1});
-    const int64_t V = table.shape[0];
-    const int64_t T = check_gather(op, Device::kCPU, ids, table, V, V, out);
-    const int64_t H = table.shape[1];
-    parallel_for(T, std::max<int64_t>(1, 16384 / H), [&](int64_t a, int64_t b) {
-      for (int64_t t = a; t < b; ++t)
-        std::memcpy(out.ptr<bf16>() + t * out.stride[0], row_bf16(table, read_index(ids, t)),
-                    size_t(H) * sizeof(bf16));
-    });
-  }
-
-  // Megatron's VocabParallelEmbedding: rows outside the shard are zeroed (+0), then all-reduced.
-  void embedding_vocab_parallel(const TensorView& ids, const TensorView& table,
-                                const VocabShard& shard, int64_t vocab,
-                                const TensorView& out) const override {
-    const char* op = "baseline embedding_vocab_parallel";
-    LS_CHECK(vocab >= 1 && shard.begin >= 0 && shard.begin <= shard.end && shard.end <= vocab, op,
-             "argument 'shard' ", shard.to_string(), " is not inside the vocabulary [0, ", vocab,
-             ")");
-    const int64_t T = check_gather(op, Device::kCPU, ids, table, shard.size(), vocab, out);
-    const int64_t H = table.shape[1];
-    parallel_for(T, std::max<int64_t>(1, 16384 / H), [&](int64_t a, int64_t b) {
-      for (int64_t t = a; t < b; ++t) {
-        const int64_t id = read_index(ids, t);
-        bf16* o = out.ptr<bf16>() + t * out.stride[0];
-        if (id >= shard.begin && id < shard.end) {
-          std::memcpy(o, row_bf16(table, id - shard.begin), size_t(H) * sizeof(bf16));
-        } else {
-          std::fill(o, o + H, bf16{0});
-        }
-      }
-    });
-  }
-
   void embedding_combine(const std::vector<TensorView>& partials,
                          const TensorView& out) const override {
     check_embedding_combine("baseline embedding_combine", Device::kCPU, partials, out);
     const int64_t T = out.shape[0], H = out.shape[1];
     if (T == 0) return;
-    parallel_for(T, std::max<int64_t>(1, 16384 / H), [&](int64_t a, int64_t b) {
-      for (int64_t t = a; t < b; ++t) {
-        bf16* o = out.ptr<bf16>() + t * out.stride[0];
-        for (int64_t k = 0; k < H; ++k) {
-          float acc = bf16_to_f32(row_bf16(partials[0], t)[k]);
-          for (size_t r = 1; r < partials.size(); ++r)
-            acc = acc + bf16_to_f32(row_bf16(partials[r], t)[k]);
-          o[k] = f32_to_bf16(acc);
-        }
+    for_rows(T, H, [&](int64_t t) {
+      bf16* o = out.ptr<bf16>() + t * out.stride[0];
+      for (int64_t k = 0; k < H; ++k) {
+        float acc = bf16_to_f32(row_bf16(partials[0], t)[k]);
+        for (size_t r = 1; r < partials.size(); ++r)
+          acc = acc + bf16_to_f32(row_bf16(partials[r], t)[k]);
+        o[k] = f32_to_bf16(acc);
       }
     });
   }
@@ -530,22 +481,14 @@ class BaselineBackend final : public BaselinePagedAttention<OpsBackend> {
                       const TensorView& entropy) const override {
     const char* op = "baseline linear_logprob";
     check_linear_logprob(op, Device::kCPU, h, w, targets, params, cfg, logp, lse, entropy);
-    const int64_t H = h.size(1), V = w.size(0);
-    check_blas_dims(op, c_.logits_token_block, V, H);
-    const float temperature = params.temperature;
-    for_logit_blocks(h, w, 0, V, [&](int64_t r0, int64_t rows, float* z) {
-      parallel_for(rows, 1, [&](int64_t a, int64_t b) {
-        for (int64_t i = a; i < b; ++i) {
-          const int64_t t = r0 + i;
-          float* y = z + i * V;
-          for (int64_t v = 0; v < V; ++v) y[v] = y[v] / temperature;
-          const RowStats st = row_stats(y, V);
-          const int64_t g = read_index(targets, t);
-          f32_at(logp, t) = g == params.ignore_index ? 0.0f : y[g] - st.lse;
-          f32_at(lse, t) = st.lse;
-          f32_at(entropy, t) = st.entropy;
-        }
-      });
+    const int64_t V = w.size(0);
+    const auto temperature = [&](int64_t) { return params.temperature; };
+    for_logit_rows(op, h, w, V, temperature, [&](int64_t t, const float* y) {
+      const RowStats st = row_stats(y, V);
+      const int64_t g = index_at(targets, t);
+      f32_at(logp, t) = g == params.ignore_index ? 0.0f : y[g] - st.lse;
+      f32_at(lse, t) = st.lse;
+      f32_at(entropy, t) = st.entropy;
     });
   }
 
@@ -557,44 +500,27 @@ class BaselineBackend final : public BaselinePagedAttention<OpsBackend> {
     const char* op = "baseline linear_logprob_partial";
     const ShardRows sr = check_linear_logprob_partial(op, Device::kCPU, h, w_shard, targets, params,
                                                       cfg, shard, state);
-    const int64_t T = h.size(0), H = h.size(1), v0 = sr.v0, v1 = sr.v1;
-    check_blas_dims(op, c_.logits_token_block, v1 - v0, H);
+    const int64_t T = h.size(0), v0 = sr.v0, v1 = sr.v1;
     if (T == 0) return;
     const float nan = f32_from_bits(kCanonicalNanF32);
+    // NOTE: an all-padding shard (Vs == 0) gets the empty state (-inf, 0, 0, NaN) from the loop.
     const int64_t Vs = v1 - v0;
-    if (Vs == 0) {  // an all-padding shard: empty state
-      for (int64_t t = 0; t < T; ++t) {
-        float* o = state.ptr<float>() + t * state.stride[0];
-        o[0] = kNegInf;
-        o[1] = 0.0f;
-        o[2] = 0.0f;
-        o[3] = nan;
+    const auto temperature = [&](int64_t) { return params.temperature; };
+    for_logit_rows(op, h, w_shard, Vs, temperature, [&](int64_t t, const float* y) {
+      float m = kNegInf, s = 0.0f, wy = 0.0f;
+      for (int64_t v = 0; v < Vs; ++v)
+        if (y[v] > m) m = y[v];
+      for (int64_t v = 0; v < Vs; ++v) {
+        const float e = std::exp(y[v] - m);
+        s = s + e;
+        wy = wy + e * y[v];
       }
-      return;
-    }
-    const float temperature = params.temperature;
-    for_logit_blocks(h, w_shard, 0, Vs, [&](int64_t r0, int64_t rows, float* z) {
-      parallel_for(rows, 1, [&](int64_t a, int64_t b) {
-        for (int64_t i = a; i < b; ++i) {
-          const int64_t t = r0 + i;
-          float* y = z + i * Vs;
-          for (int64_t v = 0; v < Vs; ++v) y[v] = y[v] / temperature;
-          float m = kNegInf, s = 0.0f, wy = 0.0f;
-          for (int64_t v = 0; v < Vs; ++v)
-            if (y[v] > m) m = y[v];
-          for (int64_t v = 0; v < Vs; ++v) {
-            const float e = std::exp(y[v] - m);
-            s = s + e;
-            wy = wy + e * y[v];
-          }
-          const int64_t g = read_index(targets, t);
-          float* o = state.ptr<float>() + t * state.stride[0];
-          o[0] = m;
-          o[1] = s;
-          o[2] = wy;
-          o[3] = (g != params.ignore_index && g >= v0 && g < v1) ? y[g - v0] : nan;
-        }
-      });
+      const int64_t g = index_at(targets, t);
+      float* o = state.ptr<float>() + t * state.stride[0];
+      o[0] = m;
+      o[1] = s;
+      o[2] = wy;
+      o[3] = (g != params.ignore_index && g >= v0 && g < v1) ? y[g - v0] : nan;
     });
   }
 
@@ -625,7 +551,7 @@ class BaselineBackend final : public BaselinePagedAttention<OpsBackend> {
           W = W + at(r, t)[2] * f;
         }
         const float l = M + std::log(S);
-        const int64_t g = read_index(targets, t);
+        const int64_t g = index_at(targets, t);
         f32_at(lse, t) = l;
         f32_at(entropy, t) = l - W / S;
         f32_at(logp, t) = g == params.ignore_index ? 0.0f : at(g / rank_len, t)[3] - l;
@@ -640,46 +566,38 @@ class BaselineBackend final : public BaselinePagedAttention<OpsBackend> {
     const char* op = "baseline sample";
     check_sample(op, Device::kCPU, h, w, params, request_ids, positions, cfg, token_ids, logp, lse,
                  entropy);
-    const int64_t T = h.size(0), H = h.size(1), V = w.size(0);
-    check_blas_dims(op, c_.logits_token_block, V, H);
+    const int64_t T = h.size(0), V = w.size(0);
     if (T == 0) return;
     // Results go to [T] buffers first: a row that cannot be sampled throws before any output.
     std::vector<int64_t> out_id(static_cast<size_t>(T));
     std::vector<float> out_logp(static_cast<size_t>(T)), out_lse(static_cast<size_t>(T)),
         out_entropy(static_cast<size_t>(T));
-    for_logit_blocks(h, w, 0, V, [&](int64_t r0, int64_t rows, float* z) {
-      parallel_for(rows, 1, [&](int64_t a, int64_t b) {
-        for (int64_t i = a; i < b; ++i) {
-          const int64_t t = r0 + i;
-          float* y = z + i * V;
-          const SamplingParams& p = params[size_t(t)];
-          const float temperature = p.logprob_temperature();
-          for (int64_t v = 0; v < V; ++v) y[v] = y[v] / temperature;
-          const RowStats st = row_stats(y, V);
-          LS_CHECK(std::isfinite(st.lse), op, "row ", t, ": logsumexp is ", st.lse,
-                   " (NaN or +inf logits, or every logit -inf): nothing to sample");
-          int64_t id;
-          if (p.temperature == 0.0f) {
-            id = 0;  // greedy: argmax, lowest index among ties
-            for (int64_t v = 1; v < V; ++v)
-              if (y[v] > y[id]) id = v;
-          } else {
-            const bool filtered = (p.top_k > 0 && p.top_k < V) || p.top_p < 1.0f || p.min_p > 0.0f;
-            const uint64_t rid = uint64_t(read_index(request_ids, t));
-            const uint32_t pos = uint32_t(read_index(positions, t));
-            if (filtered) {
-              const std::vector<int64_t> kept = sampling_candidates(y, V, st.lse, p);
-              id = gumbel_argmax(y, V, &kept, p.seed, rid, pos);
-            } else {
-              id = gumbel_argmax(y, V, nullptr, p.seed, rid, pos);
-            }
-          }
-          out_id[size_t(t)] = id;
-          out_logp[size_t(t)] = y[id] - st.lse;
-          out_lse[size_t(t)] = st.lse;
-          out_entropy[size_t(t)] = st.entropy;
+    const auto temperature = [&](int64_t t) { return params[size_t(t)].logprob_temperature(); };
+    for_logit_rows(op, h, w, V, temperature, [&](int64_t t, const float* y) {
+      const SamplingParams& p = params[size_t(t)];
+      const RowStats st = row_stats(y, V);
+      LS_CHECK(std::isfinite(st.lse), op, "row ", t, ": logsumexp is ", st.lse,
+               " (NaN or +inf logits, or every logit -inf): nothing to sample");
+      int64_t id;
+      if (p.temperature == 0.0f) {
+        id = 0;  // greedy: argmax, lowest index among ties
+        for (int64_t v = 1; v < V; ++v)
+          if (y[v] > y[id]) id = v;
+      } else {
+        const bool filtered = (p.top_k > 0 && p.top_k < V) || p.top_p < 1.0f || p.min_p > 0.0f;
+        const uint64_t rid = uint64_t(index_at(request_ids, t));
+        const uint32_t pos = uint32_t(index_at(positions, t));
+        if (filtered) {
+          const std::vector<int64_t> kept = sampling_candidates(y, V, st.lse, p);
+          id = gumbel_argmax(y, V, &kept, p.seed, rid, pos);
+        } else {
+          id = gumbel_argmax(y, V, nullptr, p.seed, rid, pos);
         }
-      });
+      }
+      out_id[size_t(t)] = id;
+      out_logp[size_t(t)] = y[id] - st.lse;
+      out_lse[size_t(t)] = st.lse;
+      out_entropy[size_t(t)] = st.entropy;
     });
     for (int64_t t = 0; t < T; ++t) {
       if (token_ids.dtype == DType::kI32) {
@@ -694,6 +612,21 @@ class BaselineBackend final : public BaselinePagedAttention<OpsBackend> {
   }
 
  private:
+  void gather(const char* op, const TensorView& ids, const TensorView& table,
+              const VocabShard& shard, int64_t vocab, const TensorView& out) const override {
+    const int64_t T = check_gather(op, Device::kCPU, ids, table, shard.size(), vocab, out);
+    const int64_t H = table.shape[1];
+    for_rows(T, H, [&](int64_t t) {
+      const int64_t id = index_at(ids, t);
+      bf16* o = out.ptr<bf16>() + t * out.stride[0];
+      if (id >= shard.begin && id < shard.end) {
+        std::memcpy(o, row_bf16(table, id - shard.begin), size_t(H) * sizeof(bf16));
+      } else {
+        std::fill(o, o + H, bf16{0});
+      }
+    });
+  }
+
   // Per-row 1 / sqrt(mean(x²) + eps) of `rows` rows of H elements. The kernel depends on the
   // batch: a call with T < num_threads tokens splits each row into num_threads consecutive parts
   // (one per thread) whose partial sums are added in order; otherwise each row is one loop.
@@ -707,13 +640,7 @@ class BaselineBackend final : public BaselinePagedAttention<OpsBackend> {
       parallel_for(rows * parts, 1, [&](int64_t a, int64_t b) {
         for (int64_t i = a; i < b; ++i) {
           const int64_t r = i / parts, p = i % parts;
-          const bf16* x = row(r);
-          float acc = 0.0f;
-          for (int64_t k = H * p / parts; k < H * (p + 1) / parts; ++k) {
-            const float v = bf16_to_f32(x[k]);
-            acc = acc + v * v;
-          }
-          partial[size_t(i)] = acc;
+          partial[size_t(i)] = sum_squares(row(r), H * p / parts, H * (p + 1) / parts);
         }
       });
       for (int64_t r = 0; r < rows; ++r) {
@@ -722,17 +649,7 @@ class BaselineBackend final : public BaselinePagedAttention<OpsBackend> {
         sum[size_t(r)] = acc;
       }
     } else {
-      parallel_for(rows, std::max<int64_t>(1, 16384 / H), [&](int64_t a, int64_t b) {
-        for (int64_t r = a; r < b; ++r) {
-          const bf16* x = row(r);
-          float acc = 0.0f;
-          for (int64_t k = 0; k < H; ++k) {
-            const float v = bf16_to_f32(x[k]);
-            acc = acc + v * v;
-          }
-          sum[size_t(r)] = acc;
-        }
-      });
+      for_rows(rows, H, [&](int64_t r) { sum[size_t(r)] = sum_squares(row(r), 0, H); });
     }
     for (float& s : sum) s = 1.0f / std::sqrt(s / float(H) + eps);
     return sum;
@@ -743,14 +660,12 @@ class BaselineBackend final : public BaselinePagedAttention<OpsBackend> {
   void normalize(int64_t rows, int64_t H, const std::vector<float>& r, const TensorView& weight,
                  const RowFn& row, const TensorView& y) const {
     const bf16* w = weight.ptr<const bf16>();
-    parallel_for(rows, std::max<int64_t>(1, 16384 / H), [&](int64_t a, int64_t b) {
-      for (int64_t i = a; i < b; ++i) {
-        const bf16* x = row(i);
-        bf16* o = flat_row<bf16>(y, i);
-        for (int64_t k = 0; k < H; ++k) {
-          const bf16 t = f32_to_bf16(bf16_to_f32(x[k]) * r[size_t(i)]);
-          o[k] = f32_to_bf16(bf16_to_f32(t) * bf16_to_f32(w[k]));
-        }
+    for_rows(rows, H, [&](int64_t i) {
+      const bf16* x = row(i);
+      bf16* o = flat_row<bf16>(y, i);
+      for (int64_t k = 0; k < H; ++k) {
+        const bf16 t = f32_to_bf16(bf16_to_f32(x[k]) * r[size_t(i)]);
+        o[k] = f32_to_bf16(bf16_to_f32(t) * bf16_to_f32(w[k]));
       }
     });
   }
@@ -832,26 +747,35 @@ class BaselineBackend final : public BaselinePagedAttention<OpsBackend> {
     });
   }
 
-  // Logits of every token block against vocab rows [v0, v1) of w: z [rows, v1 - v0] fp32 by
-  // OpenBLAS (bf16 converted to fp32; W converted logits_vocab_chunk rows at a time), handed to
-  // fn(r0, rows, z). Token blocks of logits_token_block rows (the last one shorter; one row is a
-  // sgemv), so a token's logits depend on where the batch cuts it.
-  template <typename Fn>
-  void for_logit_blocks(const TensorView& h, const TensorView& w, int64_t v0, int64_t v1,
-                        const Fn& fn) const {
-    const int64_t T = h.size(0), H = h.size(1), Vn = v1 - v0;
+  // fn(t, y) for every token t (a block's rows in parallel), y its logits against the first Vn
+  // rows of w divided by temperature(t): fp32 by OpenBLAS (bf16 converted to fp32; W converted
+  // logits_vocab_chunk rows at a time; sizes checked against BLAS's int range), per token block of
+  // logits_token_block rows (the last one shorter; one row is a sgemv), so a token's logits depend
+  // on where the batch cuts it.
+  template <typename TempFn, typename Fn>
+  void for_logit_rows(const char* op, const TensorView& h, const TensorView& w, int64_t Vn,
+                      const TempFn& temperature, const Fn& fn) const {
+    const int64_t T = h.size(0), H = h.size(1);
+    check_blas_dims(op, c_.logits_token_block, Vn, H);
     const int64_t tb = std::min<int64_t>(c_.logits_token_block, std::max<int64_t>(T, 1));
     std::vector<float> hf(static_cast<size_t>(tb * H)), z(static_cast<size_t>(tb * Vn)), wf;
     for (int64_t r0 = 0; r0 < T; r0 += tb) {
       const int64_t rows = std::min(tb, T - r0);
       to_f32(h, r0, r0 + rows, hf.data());
-      for (int64_t c0 = v0; c0 < v1; c0 += c_.logits_vocab_chunk) {
-        const int64_t c1 = std::min(v1, c0 + c_.logits_vocab_chunk);
+      for (int64_t c0 = 0; c0 < Vn; c0 += c_.logits_vocab_chunk) {
+        const int64_t c1 = std::min(Vn, c0 + c_.logits_vocab_chunk);
         wf.resize(size_t((c1 - c0) * H));
         to_f32(w, c0, c1, wf.data());
-        blas_nt(hf.data(), wf.data(), rows, c1 - c0, H, z.data() + (c0 - v0), Vn);
+        blas_nt(hf.data(), wf.data(), rows, c1 - c0, H, z.data() + c0, Vn);
       }
-      fn(r0, rows, z.data());
+      parallel_for(rows, 1, [&](int64_t a, int64_t b) {
+        for (int64_t i = a; i < b; ++i) {
+          float* y = z.data() + i * Vn;
+          const float temp = temperature(r0 + i);
+          for (int64_t v = 0; v < Vn; ++v) y[v] = y[v] / temp;
+          fn(r0 + i, static_cast<const float*>(y));
+        }
+      });
     }
   }
 

@@ -8,8 +8,12 @@ namespace lockstep::cuda::baseline {
 
 namespace {
 
-bool aligned(const void* p, unsigned bytes) {
-  return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Every row of the view starts on a 16-byte boundary (whole 8-element groups are one load).
+bool vec8(const Heads<const void>& h) { return aligned16(h.p) && h.s0 % 8 == 0 && h.s1 % 8 == 0; }
+bool vec8(const Cache& c) {
+  return aligned16(c.p) && c.s0 % 8 == 0 && c.s1 % 8 == 0 && c.s2 % 8 == 0;
 }
 
 template <int DV>
@@ -32,14 +36,18 @@ void launch_prefill(const PrefillArgs& a, bool vec, cudaStream_t stream) {
   kernels::prefill_kernel<DV><<<grid, kernels::kPrefillThreads, smem, stream>>>(a, vec, nst);
 }
 
+// Dynamic shared memory of the paged kernel for hpc heads of head_dim D (one 64-key block).
+size_t paged_smem(int hpc, int D) {
+  const size_t BK = kPagedBlock;
+  return size_t(hpc) * D * 4 + size_t(hpc) * BK * 4 + BK * 4 + BK * (D + 2) * 2 + BK * D * 2;
+}
+
 }  // namespace
 
 void attention_prefill(const PrefillArgs& a, void* stream) {
   const char* op = "baseline attention_prefill_varlen";
   if (a.T == 0) return;
-  const bool vec = aligned(a.q, 16) && aligned(a.k, 16) && aligned(a.v, 16) && a.q_s0 % 8 == 0 &&
-                   a.q_s1 % 8 == 0 && a.k_s0 % 8 == 0 && a.k_s1 % 8 == 0 && a.v_s0 % 8 == 0 &&
-                   a.v_s1 % 8 == 0;
+  const bool vec = vec8(a.q) && vec8(a.k) && vec8(a.v);
   if (a.D <= 64) {
     launch_prefill<64>(a, vec, as_stream(stream));
   } else {
@@ -69,34 +77,27 @@ void attention_paged(const PagedArgs& a, void* stream) {
   const int64_t hgroups = (G + hpc - 1) / hpc;
   LS_CHECK(a.N <= 0x7fffffff && a.Hkv * hgroups <= 65535 && a.splits <= 65535, op, "N = ", a.N,
            " exceeds the grid limits");
-  const int D = int(a.D), BK = kPagedBlock;
-  const size_t smem = size_t(hpc) * D * 4 + size_t(hpc) * BK * 4 + size_t(BK) * 4 +
-                      size_t(BK) * (D + 2) * 2 + size_t(BK) * D * 2;
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      kernels::paged_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-      int(size_t(kernels::kPagedHeadsPerCta) * kernels::kPagedMaxD * 4 +
-          size_t(kernels::kPagedHeadsPerCta) * BK * 4 + size_t(BK) * 4 +
-          size_t(BK) * (kernels::kPagedMaxD + 2) * 2 + size_t(BK) * kernels::kPagedMaxD * 2));
+  // Enough for every head_dim and head group (set once).
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(kernels::paged_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(paged_smem(kernels::kPagedHeadsPerCta, kernels::kPagedMaxD)));
   LS_CHECK(attr == cudaSuccess, op, "cudaFuncSetAttribute failed: ", cudaGetErrorString(attr));
-  const bool vec16 = aligned(a.k_cache, 16) && aligned(a.v_cache, 16) && a.kc_s0 % 8 == 0 &&
-                     a.kc_s1 % 8 == 0 && a.kc_s2 % 8 == 0 && a.vc_s0 % 8 == 0 && a.vc_s1 % 8 == 0 &&
-                     a.vc_s2 % 8 == 0;
+  const bool vec16 = vec8(a.k_cache) && vec8(a.v_cache);
   const dim3 grid(unsigned(a.N), unsigned(a.Hkv * hgroups), unsigned(a.splits));
-  if (a.splits == 1) {
-    kernels::paged_kernel<<<grid, 32 * hpc, smem, as_stream(stream)>>>(a, hpc, int(hgroups), vec16,
-                                                                       kernels::PagedWs{});
-    LS_BASE_LAUNCHED(op);
-    return;
+  // More than one split: per-split states in scratch, merged by a second kernel.
+  kernels::PagedWs ws{};
+  DeviceBuffer ws_buf;
+  if (a.splits > 1) {
+    const size_t states = size_t(a.N) * size_t(a.Hq) * size_t(a.splits);
+    ws_buf = DeviceBuffer(states * (2 + size_t(a.D)) * sizeof(float), stream);
+    ws.m = ws_buf.as<float>();
+    ws.l = ws.m + states;
+    ws.acc = ws.l + states;
   }
-  const size_t states = size_t(a.N) * size_t(a.Hq) * size_t(a.splits);
-  DeviceBuffer ws_buf(states * (2 + size_t(D)) * sizeof(float), stream);
-  kernels::PagedWs ws;
-  ws.m = ws_buf.as<float>();
-  ws.l = ws.m + states;
-  ws.acc = ws.l + states;
-  kernels::paged_kernel<<<grid, 32 * hpc, smem, as_stream(stream)>>>(a, hpc, int(hgroups), vec16,
-                                                                     ws);
+  kernels::paged_kernel<<<grid, 32 * hpc, paged_smem(hpc, int(a.D)), as_stream(stream)>>>(
+      a, hpc, int(hgroups), vec16, ws);
   LS_BASE_LAUNCHED(op);
+  if (a.splits == 1) return;
   kernels::merge_kernel<<<unsigned(a.N * a.Hq), 128, 0, as_stream(stream)>>>(a, ws);
   LS_BASE_LAUNCHED(op);
 }

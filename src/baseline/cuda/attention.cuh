@@ -24,8 +24,6 @@ constexpr int kPrefillKeys = 64;  // keys per step
 constexpr int kPrefillThreads = 128;
 constexpr int kSmemPad = 8;  // bf16 elements of padding per shared row (ldmatrix conflict-free)
 
-__device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
-
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -118,9 +116,9 @@ __global__ void __launch_bounds__(kPrefillThreads)
   const int64_t h = blockIdx.y, hk = h / (a.Hq / a.Hkv);
   const int d0 = int(blockIdx.z) * DV;
   const int64_t row0 = tile * kPrefillRows;
-  const uint16_t* q = static_cast<const uint16_t*>(a.q);
-  const uint16_t* k = static_cast<const uint16_t*>(a.k);
-  const uint16_t* v = static_cast<const uint16_t*>(a.v);
+  const uint16_t* q = static_cast<const uint16_t*>(a.q.p);
+  const uint16_t* k = static_cast<const uint16_t*>(a.k.p);
+  const uint16_t* v = static_cast<const uint16_t*>(a.v.p);
 
   if (tid < kPrefillRows) {
     const int64_t t = row0 + tid;
@@ -130,7 +128,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
   for (int c = tid; c < kPrefillRows * cpr; c += kPrefillThreads) {
     const int r = c / cpr, cc = (c % cpr) * 8;
     const int64_t t = row0 + r;
-    copy8(Qs + r * ldq + cc, q + t * a.q_s0 + h * a.q_s1 + cc, t < a.T, vec);
+    copy8(Qs + r * ldq + cc, q + t * a.q.s0 + h * a.q.s1 + cc, t < a.T, vec);
   }
   __syncthreads();
 
@@ -156,13 +154,13 @@ __global__ void __launch_bounds__(kPrefillThreads)
     for (int c = tid; c < kPrefillKeys * cpr; c += kPrefillThreads) {
       const int r = c / cpr, cc = (c % cpr) * 8;
       const int64_t j = kb + r;
-      copy8_async(Ks + r * ldq + cc, k + j * a.k_s0 + hk * a.k_s1 + cc, j < kv_hi, vec);
+      copy8_async(Ks + r * ldq + cc, k + j * a.k.s0 + hk * a.k.s1 + cc, j < kv_hi, vec);
     }
     constexpr int vcpr = DV / 8;
     for (int c = tid; c < kPrefillKeys * vcpr; c += kPrefillThreads) {
       const int r = c / vcpr, cc = (c % vcpr) * 8;
       const int64_t j = kb + r;
-      copy8_async(Vs + r * ldv + cc, v + j * a.v_s0 + hk * a.v_s1 + d0 + cc,
+      copy8_async(Vs + r * ldv + cc, v + j * a.v.s0 + hk * a.v.s1 + d0 + cc,
                   j < kv_hi && d0 + cc < D, vec);
     }
   };
@@ -275,13 +273,13 @@ __global__ void __launch_bounds__(kPrefillThreads)
     l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
     l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
   }
-  uint16_t* out = static_cast<uint16_t*>(a.out);
+  uint16_t* out = static_cast<uint16_t*>(a.out.p);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int64_t t = i ? tb : ta;
     if (t >= a.T) continue;
     const float inv = 1.0f / l[i];
-    uint16_t* o = out + t * a.o_s0 + h * a.o_s1;
+    uint16_t* o = out + t * a.out.s0 + h * a.out.s1;
 #pragma unroll
     for (int nt = 0; nt < DV / 8; ++nt) {
       const int d = d0 + nt * 8 + 2 * (lane & 3);
@@ -290,8 +288,8 @@ __global__ void __launch_bounds__(kPrefillThreads)
         o[d + 1] = to_bf(acc[nt][2 * i + 1] * inv);
       }
     }
-    if (a.lse != nullptr && blockIdx.z == 0 && (lane & 3) == 0)
-      a.lse[t * a.l_s0 + h * a.l_s1] = (m[i] + log2f(l[i])) * 0.69314718055994531f;
+    if (a.lse.p != nullptr && blockIdx.z == 0 && (lane & 3) == 0)
+      a.lse.p[t * a.lse.s0 + h * a.lse.s1] = (m[i] + log2f(l[i])) * 0.69314718055994531f;
   }
 }
 
@@ -348,16 +346,16 @@ __global__ void paged_kernel(PagedArgs a, int hpc, int hgroups, bool vec16, Page
   const int64_t b_lo = sp * per, b_hi = b_lo + per < nblk ? b_lo + per : nblk;
   const int64_t j_lo = b_lo * BK, j_hi = b_hi * BK < ctx ? b_hi * BK : ctx;
 
-  const uint16_t* q = static_cast<const uint16_t*>(a.q);
+  const uint16_t* q = static_cast<const uint16_t*>(a.q.p);
   for (int i = tid; i < nh * D; i += nthreads)
-    qs[i] = bf(q[r * a.q_s0 + (h0 + i / D) * a.q_s1 + i % D]);
+    qs[i] = bf(q[r * a.q.s0 + (h0 + i / D) * a.q.s1 + i % D]);
 
   float m = neg_inf(), l = 0.0f;
   float acc[2 * kPagedPairs];
 #pragma unroll
   for (int i = 0; i < 2 * kPagedPairs; ++i) acc[i] = 0.0f;
-  const uint16_t* kc = static_cast<const uint16_t*>(a.k_cache);
-  const uint16_t* vc = static_cast<const uint16_t*>(a.v_cache);
+  const uint16_t* kc = static_cast<const uint16_t*>(a.k_cache.p);
+  const uint16_t* vc = static_cast<const uint16_t*>(a.v_cache.p);
   const int half = D / 2;
 
   for (int64_t jb = j_lo; jb < j_hi; jb += BK) {
@@ -378,8 +376,8 @@ __global__ void paged_kernel(PagedArgs a, int hpc, int hgroups, bool vec16, Page
       uint4 kw = make_uint4(0u, 0u, 0u, 0u), vw = kw;
       if (page >= 0) {
         const int64_t off = (jb + kslot) % a.P;
-        const uint16_t* kp = kc + page * a.kc_s0 + off * a.kc_s1 + hk * a.kc_s2 + c;
-        const uint16_t* vp = vc + page * a.vc_s0 + off * a.vc_s1 + hk * a.vc_s2 + c;
+        const uint16_t* kp = kc + page * a.k_cache.s0 + off * a.k_cache.s1 + hk * a.k_cache.s2 + c;
+        const uint16_t* vp = vc + page * a.v_cache.s0 + off * a.v_cache.s1 + hk * a.v_cache.s2 + c;
         if (vec16) {
           kw = *reinterpret_cast<const uint4*>(kp);
           vw = *reinterpret_cast<const uint4*>(vp);
@@ -448,7 +446,7 @@ __global__ void paged_kernel(PagedArgs a, int hpc, int hgroups, bool vec16, Page
   const int64_t h = h0 + warp;
   if (a.splits == 1) {
     const float inv = 1.0f / l;
-    uint16_t* o = static_cast<uint16_t*>(a.out) + r * a.o_s0 + h * a.o_s1;
+    uint16_t* o = static_cast<uint16_t*>(a.out.p) + r * a.out.s0 + h * a.out.s1;
 #pragma unroll
     for (int i = 0; i < kPagedPairs; ++i) {
       const int d = 64 * i + 2 * lane;
@@ -457,8 +455,8 @@ __global__ void paged_kernel(PagedArgs a, int hpc, int hgroups, bool vec16, Page
         o[d + 1] = to_bf(acc[2 * i + 1] * inv);
       }
     }
-    if (a.lse != nullptr && lane == 0)
-      a.lse[r * a.l_s0 + h * a.l_s1] = (m + log2f(l)) * 0.69314718055994531f;
+    if (a.lse.p != nullptr && lane == 0)
+      a.lse.p[r * a.lse.s0 + h * a.lse.s1] = (m + log2f(l)) * 0.69314718055994531f;
     return;
   }
   const int64_t idx = (r * a.Hq + h) * a.splits + sp;
@@ -490,15 +488,15 @@ __global__ void merge_kernel(PagedArgs a, PagedWs ws) {
   for (int i = 0; i < S; ++i)
     if (l[i] > 0.0f) L += l[i] * exp2f(m[i] - muse);
   const float inv = 1.0f / L;
-  uint16_t* o = static_cast<uint16_t*>(a.out) + r * a.o_s0 + h * a.o_s1;
+  uint16_t* o = static_cast<uint16_t*>(a.out.p) + r * a.out.s0 + h * a.out.s1;
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float acc = 0.0f;
     for (int i = 0; i < S; ++i)
       if (l[i] > 0.0f) acc += ws.acc[(rh * S + i) * D + d] * exp2f(m[i] - muse);
     o[d] = to_bf(acc * inv);
   }
-  if (a.lse != nullptr && threadIdx.x == 0)
-    a.lse[r * a.l_s0 + h * a.l_s1] = (M + log2f(L)) * 0.69314718055994531f;
+  if (a.lse.p != nullptr && threadIdx.x == 0)
+    a.lse.p[r * a.lse.s0 + h * a.lse.s1] = (M + log2f(L)) * 0.69314718055994531f;
 }
 
 }  // namespace lockstep::cuda::baseline::kernels

@@ -9,24 +9,22 @@
 // shows on the GPU.
 //
 // Argument checks: the contract's (src/contract/checks.h, same messages as the cpu ops) with
-// Device::kCUDA on the real device views; attention takes the step's validated PagedMeta /
-// PackedSeqs and its kernels read their device copies. Index views (ids, positions, slot mappings,
-// targets, request ids) on the device are trusted there (dtype and shape checked): the kernels
-// clamp or skip what would read out of bounds. An index view may also be a host view (tests,
-// tools; the engine uploads its index views): every value is then checked as the cpu op checks it
-// and uploaded, by the contract's host check, which sees the data views re-labelled as host views
-// (never dereferenced there; IndexCheck), as those checks take one device for every tensor.
+// Device::kCUDA on the real views. Index views (ids, positions, targets) are device views, as the
+// invariant CUDA backend takes them (the engine uploads its index views): dtype and shape are
+// checked, the contents trusted (the kernels clamp or skip what would read out of bounds).
+// Sampling's Philox counters may also be host views (values checked by the contract, then
+// uploaded). Attention takes the step's validated PagedMeta / PackedSeqs (host metadata) and its
+// kernels read their device copies; kv_cache_write is the invariant backend's copy.
 #include <algorithm>
-#include <cmath>
 #include <cstring>
-#include <limits>
 #include <vector>
 
+#include "baseline/backend_base.h"
 #include "baseline/cuda/kernels.h"
-#include "baseline/paged_attention.h"
 #include "contract/checks.h"
 #include "engine/cuda/backends.h"
 #include "engine/cuda/device_backend.h"
+#include "lockstep/cuda/attention.h"
 #include "lockstep/cuda/runtime.h"
 #include "lockstep/ops/embedding.h"
 
@@ -41,32 +39,8 @@ namespace base = cuda::baseline;
 constexpr int64_t kLogitsRows = 256;
 constexpr int64_t kSampleRows = 64;
 
-bool is_none(const TensorView& t) { return t.ndim == 0 && t.data == nullptr; }
-
-// A device view as the cpu checks see it: the same view labelled as a host one. The checks only
-// look at dtype, shape, strides and addresses.
-TensorView dev(const char* op, const char* arg, const TensorView& v) {
-  if (is_none(v)) return v;
-  LS_CHECK(v.device == Device::kCUDA, op, "argument '", arg, "' expected device cuda, got ",
-           device_name(v.device));
-  TensorView h = v;
-  h.device = Device::kCPU;
-  return h;
-}
-
-// How an op with an index view (ids, positions, slot mapping, targets) is checked: a device index
-// view by the contract's check with Device::kCUDA on the real views (its contents trusted: the
-// kernels guard them); a host one (tests, tools: the engine uploads its index views) by the
-// check that reads its values, which sees the data views re-labelled as host views (the
-// contract's checks take one device for every tensor).
-struct IndexCheck {
-  const char* op;
-  bool host;
-  Device device() const { return host ? Device::kCPU : Device::kCUDA; }
-  TensorView operator()(const char* arg, const TensorView& v) const {
-    return host ? dev(op, arg, v) : v;
-  }
-};
+// A 1-D i32/i64 device view as a kernel Index.
+base::Index index_of(const TensorView& v) { return {v.data, v.stride[0], v.dtype == DType::kI64}; }
 
 // Device copies of host metadata, alive for one call (stream-ordered frees after the kernels).
 class Uploads {
@@ -74,21 +48,8 @@ class Uploads {
   explicit Uploads(void* stream) : stream_(stream) {}
   // A 1-D i32/i64 view as a device Index (host: packed and uploaded; device: in place).
   base::Index index(const TensorView& v) {
-    base::Index ix;
-    ix.i64 = v.dtype == DType::kI64;
-    if (v.device == Device::kCUDA) {
-      ix.p = v.data;
-      ix.stride = v.stride[0];
-      return ix;
-    }
-    const int64_t n = v.shape[0], es = dtype_size(v.dtype);
-    std::vector<char> host(size_t(std::max<int64_t>(n, 1) * es));
-    for (int64_t i = 0; i < n; ++i)
-      std::memcpy(host.data() + i * es, static_cast<const char*>(v.data) + i * v.stride[0] * es,
-                  size_t(es));
-    ix.p = put(host.data(), size_t(n * es));
-    ix.stride = 1;
-    return ix;
+    if (v.device == Device::kCUDA) return index_of(v);
+    return {put_dense(v), 1, v.dtype == DType::kI64};
   }
   // An i32 view of 1 or 2 dims as (device pointer, row stride, element stride).
   struct I32 {
@@ -96,23 +57,22 @@ class Uploads {
     int64_t s0 = 0, s_last = 1;
   };
   I32 i32(const TensorView& v) {
-    I32 r;
-    if (v.device == Device::kCUDA) {
-      r.p = static_cast<const int32_t*>(v.data);
-      r.s0 = v.ndim == 2 ? v.stride[0] : 0;
-      r.s_last = v.ndim == 1 ? v.stride[0] : 1;
-      return r;
-    }
+    if (v.device == Device::kCUDA)
+      return {static_cast<const int32_t*>(v.data), v.ndim == 2 ? v.stride[0] : 0,
+              v.ndim == 1 ? v.stride[0] : 1};
+    return {static_cast<const int32_t*>(put_dense(v)), v.shape[v.ndim - 1], 1};
+  }
+  // A 1-D or 2-D host view packed row-major, uploaded.
+  const void* put_dense(const TensorView& v) {
     const int64_t rows = v.ndim == 2 ? v.shape[0] : 1, cols = v.shape[v.ndim - 1];
-    std::vector<int32_t> host(size_t(std::max<int64_t>(rows * cols, 1)));
+    const int64_t es = dtype_size(v.dtype), s0 = v.ndim == 2 ? v.stride[0] : 0,
+                  s1 = v.stride[v.ndim - 1];
+    std::vector<char> host(size_t(std::max<int64_t>(rows * cols, 1) * es));
     for (int64_t i = 0; i < rows; ++i)
       for (int64_t j = 0; j < cols; ++j)
-        host[size_t(i * cols + j)] =
-            v.ptr<const int32_t>()[(v.ndim == 2 ? i * v.stride[0] : 0) + j * v.stride[v.ndim - 1]];
-    r.p = static_cast<const int32_t*>(put(host.data(), size_t(rows * cols) * 4));
-    r.s0 = cols;
-    r.s_last = 1;
-    return r;
+        std::memcpy(host.data() + (i * cols + j) * es,
+                    static_cast<const char*>(v.data) + (i * s0 + j * s1) * es, size_t(es));
+    return put(host.data(), size_t(rows * cols * es));
   }
   void* put(const void* host, size_t bytes) {
     bufs_.emplace_back(std::max<size_t>(bytes, 16), stream_);
@@ -152,7 +112,43 @@ int64_t lead(const char* op, const char* arg, const TensorView& t) {
 
 float* f32p(const TensorView& t) { return static_cast<float*>(t.data); }
 
-class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBackend> {
+// A [rows, heads, D] view's pointer and strides, as the kernels take them.
+template <typename T>
+base::Heads<T> heads(const TensorView& v) {
+  return {static_cast<T*>(v.data), v.stride[0], v.stride[1]};
+}
+
+// Attention's lse [N, Hq]: none or empty is not written (a null pointer).
+base::Heads<float> lse_heads(const TensorView& lse) {
+  return wants_lse(lse) ? heads<float>(lse) : base::Heads<float>{};
+}
+
+base::Cache cache(const TensorView& c) { return {c.data, c.stride[0], c.stride[1], c.stride[2]}; }
+
+// The log-prob ops' [T] outputs from row r0 on.
+base::RowOutputs row_outputs(const TensorView& logp, const TensorView& lse, const TensorView& ent,
+                             int64_t r0) {
+  return {f32p(logp) + r0 * logp.stride[0], logp.stride[0],
+          f32p(lse) + r0 * lse.stride[0],   lse.stride[0],
+          f32p(ent) + r0 * ent.stride[0],   ent.stride[0]};
+}
+
+// Base pointers and row strides of a combine's 1 to kMaxParts partials.
+struct Parts {
+  std::vector<const void*> p;
+  std::vector<int64_t> ld;
+  Parts(const char* op, const std::vector<TensorView>& partials) {
+    LS_CHECK(!partials.empty() && partials.size() <= size_t(base::kMaxParts), op,
+             "argument 'partials' must hold 1 to ", base::kMaxParts, " views, got ",
+             partials.size());
+    for (const TensorView& t : partials) {
+      p.push_back(t.data);
+      ld.push_back(t.stride[0]);
+    }
+  }
+};
+
+class CudaBaselineBackend final : public BaselineOps<CudaDeviceBackend> {
  public:
   std::string name() const override { return "baseline"; }
 
@@ -161,44 +157,26 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
   void gemm(const TensorView& x, const TensorView& w, const GemmConfig& cfg,
             const TensorView& y) const override {
     const char* op = "baseline gemm";
-    check_segments(op, Device::kCUDA, cfg);
-    check_xw(op, Device::kCUDA, x, w);
-    const int64_t M = x.size(0), N = w.size(0), K = x.size(1);
-    check_tensor_dtypes(op, "y", y, {DType::kBF16, DType::kF32}, {M, N}, Device::kCUDA);
-    check_inner_contiguous(op, "y", y);
-    LS_CHECK(!overlaps(y, x) && !overlaps(y, w), op, "argument 'y' must not overlap x or w");
-    if (M == 0 || N == 0) return;
-    base::gemm(ctx_, x.data, lead(op, "x", x), w.data, lead(op, "w", w), y.data, lead(op, "y", y),
-               y.dtype == DType::kF32, M, N, K, stream_);
+    check_baseline_gemm(op, Device::kCUDA, x, w, cfg, y);
+    gemm_nt(op, x, "x", w, "w", y, "y");
   }
 
   void gemm_partial(const TensorView& x, const TensorView& w, int64_t k_total, int tp_size,
                     int tp_rank, const GemmConfig& cfg, const TensorView& y) const override {
     const char* op = "baseline gemm_partial";
     check_gemm_partial(op, Device::kCUDA, x, w, k_total, tp_size, tp_rank, cfg, y);
-    const int64_t M = x.size(0), N = w.size(0), K = x.size(1);
-    if (M == 0 || N == 0) return;
-    base::gemm(ctx_, x.data, lead(op, "x_shard", x), w.data, lead(op, "w_shard", w), y.data,
-               lead(op, "y_partial", y), true, M, N, K, stream_);
+    gemm_nt(op, x, "x_shard", w, "w_shard", y, "y_partial");
   }
 
   // The usual all-reduce: ((p0 + p1) + p2) + ... in rank order, one rounding.
   void gemm_combine(const std::vector<TensorView>& partials, const TensorView& y) const override {
     const char* op = "baseline gemm_combine";
-    LS_CHECK(!partials.empty() && partials.size() <= size_t(base::kMaxParts), op,
-             "argument 'partials' must hold 1 to ", base::kMaxParts, " views, got ",
-             partials.size());
+    const Parts p(op, partials);
     check_gemm_combine(op, Device::kCUDA, partials, nullptr, y);
     const int64_t M = partials[0].size(0), N = partials[0].size(1);
     if (M == 0 || N == 0) return;
-    std::vector<const float*> p;
-    std::vector<int64_t> ld;
-    for (const TensorView& t : partials) {
-      p.push_back(static_cast<const float*>(t.data));
-      ld.push_back(t.stride[0]);
-    }
-    base::sum_f32(p.data(), ld.data(), int(p.size()), M, N, y.data, y.stride[0],
-                  y.dtype == DType::kF32, stream_);
+    base::sum_parts(p.p.data(), false, p.ld.data(), int(p.p.size()), M, N, y.data, y.stride[0],
+                    y.dtype == DType::kF32, stream_);
   }
 
   // --- elementwise ---
@@ -208,7 +186,8 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
     const char* op = "baseline rmsnorm";
     const int64_t H = check_rmsnorm(op, Device::kCUDA, x, w, cfg, y);
     const int64_t rows = x.numel() / H;
-    base::rmsnorm(rows_of(x), w.data, rows_of(y), rows, H, cfg.eps, stream_);
+    base::rmsnorm(rows_of(x), base::Rows{}, w.data, base::Rows{}, rows_of(y), rows, H, cfg.eps,
+                  stream_);
   }
 
   void rmsnorm_residual(const TensorView& x, const TensorView& r, const TensorView& w,
@@ -217,23 +196,20 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
     const char* op = "baseline rmsnorm_residual";
     const int64_t H = check_rmsnorm_residual(op, Device::kCUDA, x, r, w, cfg, ro, y);
     const int64_t rows = x.numel() / H;
-    base::rmsnorm_residual(rows_of(x), rows_of(r), w.data, rows_of(ro), rows_of(y), rows, H,
-                           cfg.eps, stream_);
+    base::rmsnorm(rows_of(x), rows_of(r), w.data, rows_of(ro), rows_of(y), rows, H, cfg.eps,
+                  stream_);
   }
 
   // cos/sin of pos · inv_freq in fp32 on the device (the table is not read, so not checked).
-  void rope(const TensorView& x_, const TensorView& positions, const RopeTable& table,
-            const TensorView& y_) const override {
+  void rope(const TensorView& x, const TensorView& positions, const RopeTable& table,
+            const TensorView& y) const override {
     const char* op = "baseline rope";
-    const IndexCheck ck{op, positions.device == Device::kCPU};
-    const TensorView x = ck("x", x_), y = ck("y", y_);
     table.config.validate();
     const int64_t D = table.config.head_dim, P = table.config.max_positions;
-    check_rope_args(op, ck.device(), x, positions, D, P, y);
+    check_rope_args(op, Device::kCUDA, x, positions, D, P, y);
     const int64_t T = x.shape[0], heads = x.shape[1];
     if (T == 0 || heads == 0) return;
-    Uploads up(stream_);
-    base::rope(rows_of(x), up.index(positions), rows_of(y), T, heads, D, float(table.config.theta),
+    base::rope(rows_of(x), index_of(positions), rows_of(y), T, heads, D, float(table.config.theta),
                stream_);
   }
 
@@ -246,51 +222,13 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
 
   // --- embedding ---
 
-  void embedding(const TensorView& ids, const TensorView& table_,
-                 const TensorView& out_) const override {
-    const char* op = "baseline embedding";
-    const IndexCheck ck{op, ids.device == Device::kCPU};
-    const TensorView table = ck("table", table_), out = ck("out", out_);
-    check_tensor(op, "table", table, DType::kBF16, {-1, -1}, ck.device());
-    const int64_t V = table.shape[0];
-    const int64_t T = check_gather(op, ck.device(), ids, table, V, V, out);
-    Uploads up(stream_);
-    if (T == 0) return;
-    base::embedding(up.index(ids), table.data, table.stride[0], 0, V, out.data, out.stride[0], T,
-                    table.shape[1], stream_);
-  }
-
-  // Megatron's VocabParallelEmbedding: rows outside the shard are +0, then summed across ranks.
-  void embedding_vocab_parallel(const TensorView& ids, const TensorView& table_,
-                                const VocabShard& shard, int64_t vocab,
-                                const TensorView& out_) const override {
-    const char* op = "baseline embedding_vocab_parallel";
-    const IndexCheck ck{op, ids.device == Device::kCPU};
-    const TensorView table = ck("table", table_), out = ck("out", out_);
-    LS_CHECK(vocab >= 1 && shard.begin >= 0 && shard.begin <= shard.end && shard.end <= vocab, op,
-             "argument 'shard' ", shard.to_string(), " is not inside the vocabulary [0, ", vocab,
-             ")");
-    const int64_t T = check_gather(op, ck.device(), ids, table, shard.size(), vocab, out);
-    if (T == 0) return;
-    Uploads up(stream_);
-    base::embedding(up.index(ids), table.data, table.stride[0], shard.begin, shard.size(), out.data,
-                    out.stride[0], T, table.shape[1], stream_);
-  }
-
   void embedding_combine(const std::vector<TensorView>& partials,
                          const TensorView& out) const override {
     const char* op = "baseline embedding_combine";
-    LS_CHECK(partials.size() <= size_t(base::kMaxParts), op, "argument 'partials' must hold 1 to ",
-             base::kMaxParts, " views, got ", partials.size());
+    const Parts p(op, partials);
     check_embedding_combine(op, Device::kCUDA, partials, out);
-    std::vector<const void*> p;
-    std::vector<int64_t> ld;
-    for (const TensorView& t : partials) {
-      p.push_back(t.data);
-      ld.push_back(t.stride[0]);
-    }
-    base::sum_bf16(p.data(), ld.data(), int(p.size()), out.shape[0], out.shape[1], out.data,
-                   out.stride[0], stream_);
+    base::sum_parts(p.p.data(), true, p.ld.data(), int(p.p.size()), out.shape[0], out.shape[1],
+                    out.data, out.stride[0], false, stream_);
   }
 
   // --- attention ---
@@ -305,15 +243,9 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
     Uploads up(stream_);
     const Uploads::I32 cu = up.i32(seqs.device_copy());
     base::PrefillArgs a{};
-    a.q = q.data;
-    a.q_s0 = q.stride[0];
-    a.q_s1 = q.stride[1];
-    a.k = k.data;
-    a.k_s0 = k.stride[0];
-    a.k_s1 = k.stride[1];
-    a.v = v.data;
-    a.v_s0 = v.stride[0];
-    a.v_s1 = v.stride[1];
+    a.q = heads<const void>(q);
+    a.k = heads<const void>(k);
+    a.v = heads<const void>(v);
     a.cu_seqlens = cu.p;
     a.cu_s = cu.s_last;
     a.B = seqs.B();
@@ -322,145 +254,57 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
     a.Hkv = k.shape[1];
     a.D = qs.D;
     a.scale_log2 = cfg.scale_log2(qs.D);
-    a.out = out.data;
-    a.o_s0 = out.stride[0];
-    a.o_s1 = out.stride[1];
-    if (!is_none(lse) && lse.numel() > 0) {
-      a.lse = f32p(lse);
-      a.l_s0 = lse.stride[0];
-      a.l_s1 = lse.stride[1];
-    }
+    a.out = heads<void>(out);
+    a.lse = lse_heads(lse);
     base::attention_prefill(a, stream_);
   }
 
-  // A KV-cache write is a copy: every stack does the same thing.
-  void kv_cache_write(const TensorView& k_, const TensorView& v_, const TensorView& slot_mapping,
-                      const TensorView& kc_, const TensorView& vc_) const override {
-    const char* op = "baseline kv_cache_write";
-    const IndexCheck ck{op, slot_mapping.device == Device::kCPU};
-    const TensorView k = ck("k", k_), v = ck("v", v_), kc = ck("k_cache", kc_),
-                     vc = ck("v_cache", vc_);
-    const Device d = ck.device();
-    LS_CHECK(k.ndim == 3, op, "argument 'k' expected shape [T, Hkv, D], got ", k.shape_string());
-    check_tensor(op, "k", k, DType::kBF16, {-1, -1, -1}, d);
-    check_inner_contiguous(op, "k", k);
-    const int64_t T = k.shape[0], Hkv = k.shape[1], D = k.shape[2];
-    check_tensor(op, "v", v, DType::kBF16, {T, Hkv, D}, d);
-    check_inner_contiguous(op, "v", v);
-    check_tensor_dtypes(op, "slot_mapping", slot_mapping, {DType::kI32, DType::kI64}, {T}, d);
-    LS_CHECK(kc.ndim == 4, op, "argument 'k_cache' expected shape [NP, P, Hkv, D], got ",
-             kc.shape_string());
-    check_tensor(op, "k_cache", kc, DType::kBF16, {-1, -1, Hkv, D}, d);
-    check_inner_contiguous(op, "k_cache", kc);
-    check_tensor(op, "v_cache", vc, DType::kBF16, {kc.shape[0], kc.shape[1], Hkv, D}, d);
-    check_inner_contiguous(op, "v_cache", vc);
-    const int64_t NP = kc.shape[0], P = kc.shape[1], slots = NP * P;
-    if (ck.host) {
-      std::vector<int64_t> used;
-      for (int64_t t = 0; t < T; ++t) {
-        const int64_t off = t * slot_mapping.stride[0];
-        const int64_t s = slot_mapping.dtype == DType::kI32
-                              ? int64_t(slot_mapping.ptr<const int32_t>()[off])
-                              : slot_mapping.ptr<const int64_t>()[off];
-        LS_CHECK(s == -1 || (s >= 0 && s < slots), op, "slot_mapping[", t, "] = ", s,
-                 " outside [0, NP * P = ", slots, ") (and not -1)");
-        if (s >= 0) used.push_back(s);
-      }
-      std::sort(used.begin(), used.end());
-      const auto dup = std::adjacent_find(used.begin(), used.end());
-      LS_CHECK(dup == used.end(), op, "slot_mapping writes slot ", dup == used.end() ? 0 : *dup,
-               " more than once");
-    }
-    if (T == 0) return;
-    Uploads up(stream_);
-    base::KvWriteArgs a{};
-    a.k = k.data;
-    a.k_s0 = k.stride[0];
-    a.k_s1 = k.stride[1];
-    a.v = v.data;
-    a.v_s0 = v.stride[0];
-    a.v_s1 = v.stride[1];
-    a.slots = up.index(slot_mapping);
-    a.k_cache = kc.data;
-    a.kc_s0 = kc.stride[0];
-    a.kc_s1 = kc.stride[1];
-    a.kc_s2 = kc.stride[2];
-    a.v_cache = vc.data;
-    a.vc_s0 = vc.stride[0];
-    a.vc_s1 = vc.stride[1];
-    a.vc_s2 = vc.stride[2];
-    a.T = T;
-    a.Hkv = Hkv;
-    a.D = D;
-    a.NP = NP;
-    a.P = P;
-    base::kv_cache_write(a, stream_);
+  // A KV-cache write is a copy: every stack does the same thing, so the baseline runs the
+  // invariant backend's (host slot mappings checked like the cpu op's, then uploaded).
+  void kv_cache_write(const TensorView& k, const TensorView& v, const TensorView& slot_mapping,
+                      const TensorView& k_cache, const TensorView& v_cache) const override {
+    cuda::kv_cache_write(k, v, slot_mapping, k_cache, v_cache, stream_);
   }
 
   // --- heads ---
 
   // Logits [rows, V] fp32 per block of kLogitsRows tokens by cuBLAS, then a plain log-softmax.
-  void linear_logprob(const TensorView& h_, const TensorView& w_, const TensorView& targets,
+  void linear_logprob(const TensorView& h, const TensorView& w, const TensorView& targets,
                       const LogprobParams& params, const ContractConfig& cfg,
-                      const TensorView& logp_, const TensorView& lse_,
-                      const TensorView& ent_) const override {
+                      const TensorView& logp, const TensorView& lse,
+                      const TensorView& ent) const override {
     const char* op = "baseline linear_logprob";
-    const IndexCheck ck{op, targets.device == Device::kCPU};
-    const TensorView h = ck("h", h_), w = ck("w", w_), logp = ck("logp", logp_),
-                     lse = ck("lse", lse_), ent = ck("entropy", ent_);
-    check_linear_logprob(op, ck.device(), h, w, targets, params, cfg, logp, lse, ent);
+    check_linear_logprob(op, Device::kCUDA, h, w, targets, params, cfg, logp, lse, ent);
     const int64_t T = h.size(0), V = w.size(0);
     if (T == 0) return;
-    Uploads up(stream_);
-    const base::Index tg = up.index(targets);
-    const int64_t tb = std::min(T, kLogitsRows);
-    base::DeviceBuffer z(size_t(tb * V) * sizeof(float), stream_);
-    for (int64_t r0 = 0; r0 < T; r0 += tb) {
-      const int64_t rows = std::min(tb, T - r0);
-      const TensorView hb = h.rows(r0, r0 + rows);
-      base::gemm(ctx_, hb.data, lead(op, "h", hb), w.data, lead(op, "w", w), z.get(), V, true, rows,
-                 V, h.size(1), stream_);
+    const base::Index tg = index_of(targets);
+    for_logit_blocks(op, h, w, "w", V, kLogitsRows, [&](int64_t r0, int64_t rows, float* z) {
       base::StatsArgs a{};
-      a.z = z.as<float>();
+      a.z = z;
       a.ldz = V;
       a.rows = rows;
       a.V = V;
       a.temperature = params.temperature;
       a.targets = offset(tg, r0);
       a.ignore_index = params.ignore_index;
-      a.logp = f32p(logp) + r0 * logp.stride[0];
-      a.s_logp = logp.stride[0];
-      a.lse = f32p(lse) + r0 * lse.stride[0];
-      a.s_lse = lse.stride[0];
-      a.entropy = f32p(ent) + r0 * ent.stride[0];
-      a.s_entropy = ent.stride[0];
+      a.out = row_outputs(logp, lse, ent, r0);
       base::logprob_rows(a, stream_);
-    }
+    });
   }
 
   // A rank's (m, s, w, y_target) over its vocab rows (w relative to m, as the contract's state).
-  void linear_logprob_partial(const TensorView& h_, const TensorView& w_, const TensorView& targets,
+  void linear_logprob_partial(const TensorView& h, const TensorView& w, const TensorView& targets,
                               const LogprobParams& params, const ContractConfig& cfg,
-                              const LogprobShard& shard, const TensorView& state_) const override {
+                              const LogprobShard& shard, const TensorView& state) const override {
     const char* op = "baseline linear_logprob_partial";
-    const IndexCheck ck{op, targets.device == Device::kCPU};
-    const TensorView h = ck("h", h_), w = ck("w_shard", w_), state = ck("state", state_);
     const ShardRows sr =
-        check_linear_logprob_partial(op, ck.device(), h, w, targets, params, cfg, shard, state);
+        check_linear_logprob_partial(op, Device::kCUDA, h, w, targets, params, cfg, shard, state);
     const int64_t T = h.size(0), Vs = sr.v1 - sr.v0;
     if (T == 0) return;
-    Uploads up(stream_);
-    const base::Index tg = up.index(targets);
-    const int64_t tb = std::min(T, kLogitsRows);
-    base::DeviceBuffer z(size_t(tb * std::max<int64_t>(Vs, 1)) * sizeof(float), stream_);
-    for (int64_t r0 = 0; r0 < T; r0 += tb) {
-      const int64_t rows = std::min(tb, T - r0);
-      const TensorView hb = h.rows(r0, r0 + rows);
-      if (Vs > 0)
-        base::gemm(ctx_, hb.data, lead(op, "h", hb), w.data, lead(op, "w_shard", w), z.get(), Vs,
-                   true, rows, Vs, h.size(1), stream_);
+    const base::Index tg = index_of(targets);
+    for_logit_blocks(op, h, w, "w_shard", Vs, kLogitsRows, [&](int64_t r0, int64_t rows, float* z) {
       base::PartialArgs a{};
-      a.z = z.as<float>();
+      a.z = z;
       a.ldz = std::max<int64_t>(Vs, 1);
       a.rows = rows;
       a.Vs = Vs;
@@ -471,22 +315,18 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
       a.state = f32p(state) + r0 * state.stride[0];
       a.ld_state = state.stride[0];
       base::logprob_partial_rows(a, stream_);
-    }
+    });
   }
 
-  void linear_logprob_combine(const TensorView& states_, const TensorView& targets,
+  void linear_logprob_combine(const TensorView& states, const TensorView& targets,
                               const LogprobParams& params, const ContractConfig& cfg,
-                              int64_t vocab_size, const TensorView& logp_, const TensorView& lse_,
-                              const TensorView& ent_) const override {
+                              int64_t vocab_size, const TensorView& logp, const TensorView& lse,
+                              const TensorView& ent) const override {
     const char* op = "baseline linear_logprob_combine";
-    const IndexCheck ck{op, targets.device == Device::kCPU};
-    const TensorView states = ck("states", states_), logp = ck("logp", logp_),
-                     lse = ck("lse", lse_), ent = ck("entropy", ent_);
     const LogprobVocabLayout lay = check_linear_logprob_combine(
-        op, ck.device(), states, targets, params, cfg, vocab_size, logp, lse, ent);
+        op, Device::kCUDA, states, targets, params, cfg, vocab_size, logp, lse, ent);
     const int64_t R = states.size(0), T = states.size(1);
     if (T == 0) return;
-    Uploads up(stream_);
     base::CombineArgs a{};
     a.states = static_cast<const float*>(states.data);
     a.st_sR = states.stride[0];
@@ -495,28 +335,22 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
     a.T = T;
     a.rank_len = lay.segment_len * (cfg.vocab_segments / R);
     a.V = vocab_size;
-    a.targets = up.index(targets);
+    a.targets = index_of(targets);
     a.ignore_index = params.ignore_index;
-    a.logp = f32p(logp);
-    a.s_logp = logp.stride[0];
-    a.lse = f32p(lse);
-    a.s_lse = lse.stride[0];
-    a.entropy = f32p(ent);
-    a.s_entropy = ent.stride[0];
+    a.out = row_outputs(logp, lse, ent, 0);
     base::logprob_combine(a, stream_);
   }
 
   // Logits blocks of kSampleRows rows by cuBLAS, plain log-softmax, greedy / Gumbel-max with the
   // invariant sampler's noise, top-k / top-p / min-p on a sorted copy of filtered rows. A row
   // whose lse is not finite is an Error (found after the kernels: this call synchronizes).
-  void sample(const TensorView& h_, const TensorView& w_, std::span<const SamplingParams> params,
+  void sample(const TensorView& h, const TensorView& w, std::span<const SamplingParams> params,
               const TensorView& request_ids, const TensorView& positions, const ContractConfig& cfg,
-              const TensorView& ids_, const TensorView& logp_, const TensorView& lse_,
-              const TensorView& ent_) const override {
+              const TensorView& ids, const TensorView& logp, const TensorView& lse,
+              const TensorView& ent) const override {
     const char* op = "baseline sample";
     // Philox counters (request_ids, positions) may be host views (values checked) or device
     // views (trusted): the contract's check takes either.
-    const TensorView &h = h_, &w = w_, &ids = ids_, &logp = logp_, &lse = lse_, &ent = ent_;
     check_sample(op, Device::kCUDA, h, w, params, request_ids, positions, cfg, ids, logp, lse, ent);
     const int64_t T = h.size(0), V = w.size(0);
     if (T == 0) return;
@@ -538,20 +372,14 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
         up.put(rows_host.data(), rows_host.size() * sizeof(base::SampleRow)));
     base::DeviceBuffer bad(sizeof(uint32_t), stream_);
     base::fill_bytes(bad.get(), 0xff, sizeof(uint32_t), stream_);
-    const int64_t tb = std::min(T, kSampleRows);
-    base::DeviceBuffer z(size_t(tb * V) * sizeof(float), stream_);
     std::vector<int32_t> filtered;
     const size_t id_size = size_t(dtype_size(ids.dtype));
-    for (int64_t r0 = 0; r0 < T; r0 += tb) {
-      const int64_t rows = std::min(tb, T - r0);
-      const TensorView hb = h.rows(r0, r0 + rows);
-      base::gemm(ctx_, hb.data, lead(op, "h", hb), w.data, lead(op, "w", w), z.get(), V, true, rows,
-                 V, h.size(1), stream_);
+    for_logit_blocks(op, h, w, "w", V, kSampleRows, [&](int64_t r0, int64_t rows, float* z) {
       filtered.clear();
       for (int64_t i = 0; i < rows; ++i)
         if (rows_host[size_t(r0 + i)].filtered) filtered.push_back(int32_t(i));
       base::SampleArgs a{};
-      a.z = z.as<float>();
+      a.z = z;
       a.ldz = V;
       a.rows = rows;
       a.V = V;
@@ -561,16 +389,11 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
       a.token_ids = static_cast<char*>(ids.data) + size_t(r0 * ids.stride[0]) * id_size;
       a.s_ids = ids.stride[0];
       a.ids_i64 = ids.dtype == DType::kI64;
-      a.logp = f32p(logp) + r0 * logp.stride[0];
-      a.s_logp = logp.stride[0];
-      a.lse = f32p(lse) + r0 * lse.stride[0];
-      a.s_lse = lse.stride[0];
-      a.entropy = f32p(ent) + r0 * ent.stride[0];
-      a.s_entropy = ent.stride[0];
+      a.out = row_outputs(logp, lse, ent, r0);
       a.bad_row = bad.as<uint32_t>();
       a.row_offset = uint32_t(r0);
       base::sample_rows(a, filtered.data(), int64_t(filtered.size()), stream_);
-    }
+    });
     uint32_t bad_row = 0;
     base::download(&bad_row, bad.get(), sizeof(uint32_t), stream_);
     base::stream_synchronize(stream_, op);
@@ -580,6 +403,40 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
   }
 
  private:
+  // y = x·wᵀ by cuBLAS (arg names for the row-stride errors).
+  void gemm_nt(const char* op, const TensorView& x, const char* x_arg, const TensorView& w,
+               const char* w_arg, const TensorView& y, const char* y_arg) const {
+    const int64_t M = x.size(0), N = w.size(0), K = x.size(1);
+    if (M == 0 || N == 0) return;
+    base::gemm(ctx_, x.data, lead(op, x_arg, x), w.data, lead(op, w_arg, w), y.data,
+               lead(op, y_arg, y), y.dtype == DType::kF32, M, N, K, stream_);
+  }
+
+  void gather(const char* op, const TensorView& ids, const TensorView& table,
+              const VocabShard& shard, int64_t vocab, const TensorView& out) const override {
+    const int64_t T = check_gather(op, Device::kCUDA, ids, table, shard.size(), vocab, out);
+    if (T == 0) return;
+    base::embedding(index_of(ids), table.data, table.stride[0], shard.begin, shard.size(), out.data,
+                    out.stride[0], T, table.shape[1], stream_);
+  }
+
+  // Logits z [rows, Vn] fp32 (row stride max(Vn, 1)) of h's token blocks of `block` rows against
+  // the first Vn rows of w by cuBLAS, handed to fn(r0, rows, z) block by block.
+  template <typename Fn>
+  void for_logit_blocks(const char* op, const TensorView& h, const TensorView& w, const char* w_arg,
+                        int64_t Vn, int64_t block, const Fn& fn) const {
+    const int64_t T = h.size(0), ldz = std::max<int64_t>(Vn, 1), tb = std::min(T, block);
+    base::DeviceBuffer z(size_t(tb * ldz) * sizeof(float), stream_);
+    for (int64_t r0 = 0; r0 < T; r0 += tb) {
+      const int64_t rows = std::min(tb, T - r0);
+      const TensorView hb = h.rows(r0, r0 + rows);
+      if (Vn > 0)
+        base::gemm(ctx_, hb.data, lead(op, "h", hb), w.data, lead(op, w_arg, w), z.get(), ldz, true,
+                   rows, Vn, h.size(1), stream_);
+      fn(r0, rows, z.as<float>());
+    }
+  }
+
   void paged(const char* op, const TensorView& q, const PagedMeta& meta, const TensorView& k_cache,
              const TensorView& v_cache, bool cascade, const AttentionConfig& cfg, int forced_splits,
              const TensorView& out, const TensorView& lse) const override {
@@ -590,17 +447,9 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
     const PagedTables& t = meta.device_copies();
     Uploads up(stream_);
     base::PagedArgs a{};
-    a.q = q.data;
-    a.q_s0 = q.stride[0];
-    a.q_s1 = q.stride[1];
-    a.k_cache = k_cache.data;
-    a.kc_s0 = k_cache.stride[0];
-    a.kc_s1 = k_cache.stride[1];
-    a.kc_s2 = k_cache.stride[2];
-    a.v_cache = v_cache.data;
-    a.vc_s0 = v_cache.stride[0];
-    a.vc_s1 = v_cache.stride[1];
-    a.vc_s2 = v_cache.stride[2];
+    a.q = heads<const void>(q);
+    a.k_cache = cache(k_cache);
+    a.v_cache = cache(v_cache);
     const Uploads::I32 table = up.i32(t.block_table);
     a.block_table = table.p;
     a.bt_s0 = table.s0;
@@ -635,14 +484,8 @@ class CudaBaselineBackend final : public BaselinePagedAttention<CudaDeviceBacken
     a.splits = forced_splits > 0 ? forced_splits
                                  : base::paged_num_splits(p.qs.N, p.Hkv, p.qs.Hq / p.Hkv,
                                                           p.MP * p.P, ctx_.num_sms());
-    a.out = out.data;
-    a.o_s0 = out.stride[0];
-    a.o_s1 = out.stride[1];
-    if (!is_none(lse) && lse.numel() > 0) {
-      a.lse = f32p(lse);
-      a.l_s0 = lse.stride[0];
-      a.l_s1 = lse.stride[1];
-    }
+    a.out = heads<void>(out);
+    a.lse = lse_heads(lse);
     base::attention_paged(a, stream_);
   }
 

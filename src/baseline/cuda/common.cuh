@@ -39,6 +39,8 @@ __device__ __forceinline__ T* row_ptr(const Rows& r, int64_t row) {
   return static_cast<T*>(r.p) + (row / r.inner) * r.s0 + (row % r.inner) * r.s1;
 }
 
+__device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
+
 __device__ __forceinline__ float bf(uint16_t b) { return __uint_as_float(uint32_t(b) << 16); }
 
 // fp32 -> bf16 bits, round to nearest even (NaN stays a quiet NaN).
@@ -60,31 +62,32 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Block-wide sum / max (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
-// `red` is 32 floats of shared memory; the call begins and ends with a barrier-safe pattern.
-__device__ __forceinline__ float block_sum(float v, float* red) {
+// Block-wide reduction by `warp` (warp_sum, warp_max; blockDim.x a multiple of 32, <= 1024),
+// `empty` for the missing warps' lanes; every thread gets the result. `red` is 32 floats of
+// shared memory; the call begins and ends with a barrier-safe pattern.
+__device__ __forceinline__ float block_reduce(float v, float* red, float empty,
+                                              float (*warp)(float)) {
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  v = warp_sum(v);
+  v = warp(v);
   __syncthreads();
   if (lane == 0) red[wid] = v;
   __syncthreads();
-  float r = lane < nw ? red[lane] : 0.0f;
-  return warp_sum(r);
+  float r = lane < nw ? red[lane] : empty;
+  return warp(r);
+}
+
+__device__ __forceinline__ float block_sum(float v, float* red) {
+  return block_reduce(v, red, 0.0f, warp_sum);
 }
 
 __device__ __forceinline__ float block_max(float v, float* red) {
-  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) red[wid] = v;
-  __syncthreads();
-  float r = lane < nw ? red[lane] : -__int_as_float(0x7f800000);
-  return warp_max(r);
+  return block_reduce(v, red, neg_inf(), warp_max);
 }
 
-inline unsigned grid_1d(int64_t n, int threads) {
+// Blocks of `threads` for n items, clamped to [1, max_blocks] (grid-stride kernels take any).
+inline unsigned grid_1d(int64_t n, int threads, int64_t max_blocks = 0x7fffffff) {
   const int64_t b = (n + threads - 1) / threads;
-  return unsigned(b < 1 ? 1 : (b > 0x7fffffff ? 0x7fffffff : b));
+  return unsigned(b < 1 ? 1 : (b > max_blocks ? max_blocks : b));
 }
 
 }  // namespace lockstep::cuda::baseline

@@ -8,10 +8,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-unsigned grid_for(int64_t total) {
-  const int64_t b = (total + kThreads - 1) / kThreads;
-  return unsigned(b < 1 ? 1 : (b > 65535 * 16 ? 65535 * 16 : b));
-}
+unsigned grid_for(int64_t total) { return grid_1d(total, kThreads, 65535 * 16); }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
@@ -22,26 +19,22 @@ bool rows_vec(const Rows& r) {
 
 }  // namespace
 
-void rmsnorm(Rows x, const void* w, Rows y, int64_t rows, int64_t H, float eps, void* stream) {
+void rmsnorm(Rows x, Rows residual, const void* w, Rows residual_out, Rows y, int64_t rows,
+             int64_t H, float eps, void* stream) {
   if (rows == 0) return;
-  const bool vec = H % 8 == 0 && rows_vec(x) && rows_vec(y) && aligned16(w);
-  const int64_t blocks = (rows + kernels::kNormWarps - 1) / kernels::kNormWarps;
-  kernels::rmsnorm_kernel<false>
-      <<<unsigned(blocks > 1048576 ? 1048576 : blocks), 32 * kernels::kNormWarps, 0,
-         as_stream(stream)>>>(x, Rows{}, static_cast<const uint16_t*>(w), x, y, rows, H, eps, vec);
-  LS_BASE_LAUNCHED("baseline rmsnorm");
-}
-
-void rmsnorm_residual(Rows x, Rows residual, const void* w, Rows residual_out, Rows y, int64_t rows,
-                      int64_t H, float eps, void* stream) {
-  if (rows == 0) return;
-  const bool vec = H % 8 == 0 && rows_vec(x) && rows_vec(y) && rows_vec(residual) &&
-                   rows_vec(residual_out) && aligned16(w);
-  const int64_t blocks = (rows + kernels::kNormWarps - 1) / kernels::kNormWarps;
-  kernels::rmsnorm_kernel<true><<<unsigned(blocks > 1048576 ? 1048576 : blocks),
-                                  32 * kernels::kNormWarps, 0, as_stream(stream)>>>(
-      x, residual, static_cast<const uint16_t*>(w), residual_out, y, rows, H, eps, vec);
-  LS_BASE_LAUNCHED("baseline rmsnorm_residual");
+  const bool res = residual.p != nullptr;
+  const bool vec = H % 8 == 0 && rows_vec(x) && rows_vec(y) && aligned16(w) &&
+                   (!res || (rows_vec(residual) && rows_vec(residual_out)));
+  const unsigned grid = grid_1d(rows, kernels::kNormWarps, 1048576);  // one warp per row
+  const auto* wp = static_cast<const uint16_t*>(w);
+  if (res) {
+    kernels::rmsnorm_kernel<true><<<grid, 32 * kernels::kNormWarps, 0, as_stream(stream)>>>(
+        x, residual, wp, residual_out, y, rows, H, eps, vec);
+  } else {
+    kernels::rmsnorm_kernel<false><<<grid, 32 * kernels::kNormWarps, 0, as_stream(stream)>>>(
+        x, Rows{}, wp, x, y, rows, H, eps, vec);
+  }
+  LS_BASE_LAUNCHED(res ? "baseline rmsnorm_residual" : "baseline rmsnorm");
 }
 
 void rope(Rows x, Index positions, Rows y, int64_t T, int64_t heads, int64_t D, float theta,
@@ -69,12 +62,6 @@ void embedding(Index ids, const void* table, int64_t ldt, int64_t row_begin, int
       ids, static_cast<const uint16_t*>(table), ldt, row_begin, table_rows,
       static_cast<uint16_t*>(out), ldo, T, H);
   LS_BASE_LAUNCHED("baseline embedding");
-}
-
-void kv_cache_write(const KvWriteArgs& a, void* stream) {
-  if (a.T == 0 || a.Hkv == 0 || a.D == 0) return;
-  kernels::kv_write_kernel<<<grid_for(a.T * a.Hkv * a.D), kThreads, 0, as_stream(stream)>>>(a);
-  LS_BASE_LAUNCHED("baseline kv_cache_write");
 }
 
 }  // namespace lockstep::cuda::baseline

@@ -1,5 +1,5 @@
 // Baseline elementwise kernels: RMSNorm (+ residual), RoPE with on-the-fly fp32 cos/sin,
-// SiLU-and-mul with __expf, embedding gather, KV-cache write. Ordinary one-pass kernels; a row's
+// SiLU-and-mul with __expf, embedding gather. Ordinary one-pass kernels; a row's
 // RMSNorm reduction is one warp's shuffle tree (a different order than the contract's lanes).
 #pragma once
 
@@ -124,22 +124,6 @@ __global__ void embedding_kernel(Index ids, const uint16_t* __restrict__ table, 
     const int64_t t = e / H, h = e % H;
     const int64_t row = read_index(ids, t) - row_begin;
     out[t * ldo + h] = (row >= 0 && row < table_rows) ? table[row * ldt + h] : uint16_t(0);
-  }
-}
-
-__global__ void kv_write_kernel(KvWriteArgs a) {
-  const int64_t total = a.T * a.Hkv * a.D;
-  const int64_t slots = a.NP * a.P;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
-       e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t d = e % a.D, h = (e / a.D) % a.Hkv, t = e / (a.D * a.Hkv);
-    const int64_t s = read_index(a.slots, t);
-    if (s < 0 || s >= slots) continue;
-    const int64_t page = s / a.P, off = s % a.P;
-    static_cast<uint16_t*>(a.k_cache)[page * a.kc_s0 + off * a.kc_s1 + h * a.kc_s2 + d] =
-        static_cast<const uint16_t*>(a.k)[t * a.k_s0 + h * a.k_s1 + d];
-    static_cast<uint16_t*>(a.v_cache)[page * a.vc_s0 + off * a.vc_s1 + h * a.vc_s2 + d] =
-        static_cast<const uint16_t*>(a.v)[t * a.v_s0 + h * a.v_s1 + d];
   }
 }
 

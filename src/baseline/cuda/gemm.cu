@@ -52,10 +52,7 @@ __global__ void zero_rows_kernel(void* y, int64_t ldy, int64_t M, int64_t N, int
   }
 }
 
-unsigned grid_for(int64_t total) {
-  const int64_t b = (total + 255) / 256;
-  return unsigned(b < 1 ? 1 : (b > 65535 * 8 ? 65535 * 8 : b));
-}
+unsigned grid_for(int64_t total) { return grid_1d(total, 256, 65535 * 8); }
 
 }  // namespace
 
@@ -83,9 +80,9 @@ void gemm(const Context& ctx, const void* x, int64_t ldx, const void* w, int64_t
            ") failed: ", cublasGetStatusString(st));
 }
 
-void sum_f32(const float* const* parts, const int64_t* lds, int n, int64_t M, int64_t N, void* y,
-             int64_t ldy, bool y_f32, void* stream) {
-  const char* op = "baseline gemm_combine";
+void sum_parts(const void* const* parts, bool parts_bf16, const int64_t* lds, int n, int64_t M,
+               int64_t N, void* y, int64_t ldy, bool y_f32, void* stream) {
+  const char* op = parts_bf16 ? "baseline embedding_combine" : "baseline gemm_combine";
   LS_CHECK(n >= 1 && n <= kMaxParts, op, "expected 1..", kMaxParts, " partials, got ", n);
   if (M == 0 || N == 0) return;
   Parts p{};
@@ -93,21 +90,11 @@ void sum_f32(const float* const* parts, const int64_t* lds, int n, int64_t M, in
     p.p[i] = parts[i];
     p.ld[i] = lds[i];
   }
-  sum_kernel<false><<<grid_for(M * N), 256, 0, as_stream(stream)>>>(p, n, M, N, y, ldy, y_f32);
-  LS_BASE_LAUNCHED(op);
-}
-
-void sum_bf16(const void* const* parts, const int64_t* lds, int n, int64_t M, int64_t N, void* y,
-              int64_t ldy, void* stream) {
-  const char* op = "baseline embedding_combine";
-  LS_CHECK(n >= 1 && n <= kMaxParts, op, "expected 1..", kMaxParts, " partials, got ", n);
-  if (M == 0 || N == 0) return;
-  Parts p{};
-  for (int i = 0; i < n; ++i) {
-    p.p[i] = parts[i];
-    p.ld[i] = lds[i];
+  if (parts_bf16) {
+    sum_kernel<true><<<grid_for(M * N), 256, 0, as_stream(stream)>>>(p, n, M, N, y, ldy, y_f32);
+  } else {
+    sum_kernel<false><<<grid_for(M * N), 256, 0, as_stream(stream)>>>(p, n, M, N, y, ldy, y_f32);
   }
-  sum_kernel<true><<<grid_for(M * N), 256, 0, as_stream(stream)>>>(p, n, M, N, y, ldy, false);
   LS_BASE_LAUNCHED(op);
 }
 

@@ -68,9 +68,6 @@ void download(void* dst, const void* src, size_t bytes, void* stream);
 void fill_bytes(void* dst, int value, size_t bytes, void* stream);
 void stream_synchronize(void* stream, const char* op);
 
-// Whether a pointer is device memory this process can use (cudaPointerGetAttributes).
-bool is_device_pointer(const void* p);
-
 // ---------------------------------------------------------------------------------------------
 // Argument shapes.
 
@@ -88,6 +85,29 @@ struct Rows {
   int64_t s0 = 0, s1 = 0, inner = 1;
 };
 
+// A [rows, heads, D] view (last dim contiguous): element (r, h, d) at p + r·s0 + h·s1 + d.
+template <typename T>
+struct Heads {
+  T* p = nullptr;
+  int64_t s0 = 0, s1 = 0;
+};
+
+// A KV cache [NP, P, Hkv, D] (last dim contiguous), strides in elements.
+struct Cache {
+  const void* p = nullptr;
+  int64_t s0 = 0, s1 = 0, s2 = 0;
+};
+
+// The per-row f32 outputs of the log-prob ops, each `s_*` elements apart.
+struct RowOutputs {
+  float* logp;
+  int64_t s_logp;
+  float* lse;
+  int64_t s_lse;
+  float* entropy;
+  int64_t s_entropy;
+};
+
 // ---------------------------------------------------------------------------------------------
 // GEMM and sums (baseline_gemm.cu).
 
@@ -98,21 +118,19 @@ void gemm(const Context& ctx, const void* x, int64_t ldx, const void* w, int64_t
           int64_t ldy, bool y_f32, int64_t M, int64_t N, int64_t K, void* stream);
 
 constexpr int kMaxParts = 16;
-// y[m, n] = ((p0 + p1) + p2) + ... in fp32, rank order, one rounding (bf16) or f32. parts are f32
-// [M, N] (row strides lds) for sum_f32, bf16 for sum_bf16. y may be the same memory as parts[0].
-void sum_f32(const float* const* parts, const int64_t* lds, int n, int64_t M, int64_t N, void* y,
-             int64_t ldy, bool y_f32, void* stream);
-void sum_bf16(const void* const* parts, const int64_t* lds, int n, int64_t M, int64_t N, void* y,
-              int64_t ldy, void* stream);
+// y[m, n] = ((p0 + p1) + p2) + ... in fp32, rank order, one rounding (bf16) or f32. parts are
+// [M, N] (row strides lds), f32 or bf16 (parts_bf16). y may be the same memory as parts[0].
+void sum_parts(const void* const* parts, bool parts_bf16, const int64_t* lds, int n, int64_t M,
+               int64_t N, void* y, int64_t ldy, bool y_f32, void* stream);
 
 // ---------------------------------------------------------------------------------------------
 // Elementwise (baseline_elementwise.cu).
 
-// y = bf16(bf16(x · r) · w), r = rsqrt(Σx²/H + eps) (one warp per row, shuffle reduction).
-void rmsnorm(Rows x, const void* w, Rows y, int64_t rows, int64_t H, float eps, void* stream);
-// s = bf16(x + residual) -> residual_out; y = rmsnorm(s) · w.
-void rmsnorm_residual(Rows x, Rows residual, const void* w, Rows residual_out, Rows y, int64_t rows,
-                      int64_t H, float eps, void* stream);
+// y = bf16(bf16(s · r) · w), r = rsqrt(Σs²/H + eps) (one warp per row, shuffle reduction), over
+// s = x, or, with a residual (residual.p not null), s = bf16(x + residual), written to
+// residual_out.
+void rmsnorm(Rows x, Rows residual, const void* w, Rows residual_out, Rows y, int64_t rows,
+             int64_t H, float eps, void* stream);
 // x, y [T, heads, D] as Rows with inner = heads. cos/sin of pos · inv_freq in fp32 on the device
 // (inv_freq = 1 / powf(theta, 2i / D)), rotate-half, one rounding. y may be x.
 void rope(Rows x, Index positions, Rows y, int64_t T, int64_t heads, int64_t D, float theta,
@@ -124,21 +142,6 @@ void silu_mul(const void* gate, int64_t ldg, const void* up, int64_t ldu, void* 
 // device id).
 void embedding(Index ids, const void* table, int64_t ldt, int64_t row_begin, int64_t table_rows,
                void* out, int64_t ldo, int64_t T, int64_t H, void* stream);
-// k/v [T, Hkv, D] rows to slot slot_mapping[t] of the caches [NP, P, Hkv, D]; -1 (or any slot
-// outside [0, NP·P)) skips the token.
-struct KvWriteArgs {
-  const void* k;
-  int64_t k_s0, k_s1;
-  const void* v;
-  int64_t v_s0, v_s1;
-  Index slots;
-  void* k_cache;
-  int64_t kc_s0, kc_s1, kc_s2;
-  void* v_cache;
-  int64_t vc_s0, vc_s1, vc_s2;
-  int64_t T, Hkv, D, NP, P;
-};
-void kv_cache_write(const KvWriteArgs& a, void* stream);
 
 // ---------------------------------------------------------------------------------------------
 // Attention (baseline_attention.cu).
@@ -146,20 +149,13 @@ void kv_cache_write(const KvWriteArgs& a, void* stream);
 // Packed varlen causal prefill: flash-attention style (mma.sync bf16, fp32 online softmax in
 // base 2 with exp2f, P rounded to bf16 for the PV product), 64 query rows x 64 keys per step.
 struct PrefillArgs {
-  const void* q;
-  int64_t q_s0, q_s1;
-  const void* k;
-  int64_t k_s0, k_s1;
-  const void* v;
-  int64_t v_s0, v_s1;
+  Heads<const void> q, k, v;
   const int32_t* cu_seqlens;  // [B + 1] on the device, `cu_s` elements apart
   int64_t cu_s;
   int64_t B, T, Hq, Hkv, D;
   float scale_log2;  // softmax_scale · log2(e)
-  void* out;
-  int64_t o_s0, o_s1;
-  float* lse;  // nullptr: not wanted
-  int64_t l_s0, l_s1;
+  Heads<void> out;
+  Heads<float> lse;  // p nullptr: not wanted
 };
 void attention_prefill(const PrefillArgs& a, void* stream);
 
@@ -168,12 +164,8 @@ void attention_prefill(const PrefillArgs& a, void* stream);
 // whole 64-key blocks; with more than one split, per-split (m, l, acc) states go to scratch and a
 // second kernel merges them in split order.
 struct PagedArgs {
-  const void* q;
-  int64_t q_s0, q_s1;
-  const void* k_cache;
-  int64_t kc_s0, kc_s1, kc_s2;
-  const void* v_cache;
-  int64_t vc_s0, vc_s1, vc_s2;
+  Heads<const void> q;
+  Cache k_cache, v_cache;
   const int32_t* block_table;  // [S, MP] (row stride bt_s0), device
   int64_t bt_s0, S, MP, NP, P;
   const int32_t* q_seq;  // [N], device, qseq_s elements apart
@@ -188,10 +180,8 @@ struct PagedArgs {
   int64_t N, Hq, Hkv, D;
   float scale_log2;
   int splits;
-  void* out;
-  int64_t o_s0, o_s1;
-  float* lse;
-  int64_t l_s0, l_s1;
+  Heads<void> out;
+  Heads<float> lse;  // p nullptr: not wanted
 };
 void attention_paged(const PagedArgs& a, void* stream);
 constexpr int kPagedBlock = 64;  // keys per step of the paged kernel
@@ -214,12 +204,7 @@ struct StatsArgs {
   float temperature;
   Index targets;  // rows' targets (already offset to the first row)
   int64_t ignore_index;
-  float* logp;
-  int64_t s_logp;
-  float* lse;
-  int64_t s_lse;
-  float* entropy;
-  int64_t s_entropy;
+  RowOutputs out;
 };
 void logprob_rows(const StatsArgs& a, void* stream);
 
@@ -245,12 +230,7 @@ struct CombineArgs {
   int64_t st_sR, st_sT, R, T, rank_len, V;
   Index targets;
   int64_t ignore_index;
-  float* logp;
-  int64_t s_logp;
-  float* lse;
-  int64_t s_lse;
-  float* entropy;
-  int64_t s_entropy;
+  RowOutputs out;
 };
 void logprob_combine(const CombineArgs& a, void* stream);
 
@@ -277,12 +257,7 @@ struct SampleArgs {
   void* token_ids;
   int64_t s_ids;
   bool ids_i64;
-  float* logp;
-  int64_t s_logp;
-  float* lse;
-  int64_t s_lse;
-  float* entropy;
-  int64_t s_entropy;
+  RowOutputs out;
   uint32_t* bad_row;    // device: the smallest row index that could not be sampled, or UINT32_MAX
   uint32_t row_offset;  // added to a row index written to *bad_row
 };

@@ -18,7 +18,6 @@ namespace lockstep::cuda::baseline::kernels {
 
 constexpr int kStatsThreads = 256;
 
-__device__ __forceinline__ float ninf() { return -__int_as_float(0x7f800000); }
 __device__ __forceinline__ float qnan() { return __int_as_float(0x7fc00000); }
 
 struct RowStats {
@@ -29,7 +28,7 @@ struct RowStats {
 // kWrite: y is stored back into z.
 template <bool kWrite>
 __device__ RowStats row_stats(float* z, int64_t V, float temperature, float* red) {
-  float mx = ninf();
+  float mx = neg_inf();
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
     const float y = z[v] / temperature;
     if (kWrite) z[v] = y;
@@ -40,7 +39,7 @@ __device__ RowStats row_stats(float* z, int64_t V, float temperature, float* red
   float s = 0.0f, w = 0.0f;
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
     const float y = kWrite ? z[v] : z[v] / temperature;
-    if (y == ninf()) continue;
+    if (y == neg_inf()) continue;
     const float d = y - st.M;
     const float e = __expf(d);
     s += e;
@@ -68,9 +67,9 @@ __global__ void __launch_bounds__(kStatsThreads) logprob_rows_kernel(StatsArgs a
   } else {
     logp = qnan();
   }
-  a.logp[r * a.s_logp] = logp;
-  a.lse[r * a.s_lse] = lse;
-  a.entropy[r * a.s_entropy] = ls - st.w / st.s;
+  a.out.logp[r * a.out.s_logp] = logp;
+  a.out.lse[r * a.out.s_lse] = lse;
+  a.out.entropy[r * a.out.s_entropy] = ls - st.w / st.s;
 }
 
 __global__ void __launch_bounds__(kStatsThreads) logprob_partial_kernel(PartialArgs a) {
@@ -79,7 +78,7 @@ __global__ void __launch_bounds__(kStatsThreads) logprob_partial_kernel(PartialA
   float* o = a.state + r * a.ld_state;
   if (a.Vs == 0) {
     if (threadIdx.x == 0) {
-      o[0] = ninf();
+      o[0] = neg_inf();
       o[1] = 0.0f;
       o[2] = 0.0f;
       o[3] = qnan();
@@ -101,7 +100,7 @@ __global__ void logprob_combine_kernel(CombineArgs a) {
   const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (t >= a.T) return;
   auto at = [&](int64_t r) { return a.states + r * a.st_sR + t * a.st_sT; };
-  float M = ninf();
+  float M = neg_inf();
   for (int64_t r = 0; r < a.R; ++r) M = fmaxf(M, at(r)[0]);
   float S = 0.0f, W = 0.0f;
   for (int64_t r = 0; r < a.R; ++r) {
@@ -121,9 +120,9 @@ __global__ void logprob_combine_kernel(CombineArgs a) {
   } else {
     logp = qnan();
   }
-  a.logp[t * a.s_logp] = logp;
-  a.lse[t * a.s_lse] = lse;
-  a.entropy[t * a.s_entropy] = ls - W / S;
+  a.out.logp[t * a.out.s_logp] = logp;
+  a.out.lse[t * a.out.s_lse] = lse;
+  a.out.entropy[t * a.out.s_entropy] = ls - W / S;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -147,9 +146,8 @@ __device__ __forceinline__ bool better(float s, int64_t id, float bs, int64_t bi
   return s > bs || (s == bs && id < bid);
 }
 
-// Block argmax of (score, id); every thread gets the winner.
-__device__ __forceinline__ void block_argmax(float& s, int64_t& id, float* rs, int64_t* ri) {
-  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+// Warp argmax of (score, id); every lane gets the winner.
+__device__ __forceinline__ void warp_argmax(float& s, int64_t& id) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     const float s2 = __shfl_xor_sync(0xffffffffu, s, o);
@@ -159,6 +157,12 @@ __device__ __forceinline__ void block_argmax(float& s, int64_t& id, float* rs, i
       id = i2;
     }
   }
+}
+
+// Block argmax of (score, id); every thread gets the winner.
+__device__ __forceinline__ void block_argmax(float& s, int64_t& id, float* rs, int64_t* ri) {
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  warp_argmax(s, id);
   __syncthreads();
   if (lane == 0) {
     rs[wid] = s;
@@ -167,15 +171,7 @@ __device__ __forceinline__ void block_argmax(float& s, int64_t& id, float* rs, i
   __syncthreads();
   s = lane < nw ? rs[lane] : 0.0f;
   id = lane < nw ? ri[lane] : -1;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float s2 = __shfl_xor_sync(0xffffffffu, s, o);
-    const int64_t i2 = __shfl_xor_sync(0xffffffffu, id, o);
-    if (better(s2, i2, s, id)) {
-      s = s2;
-      id = i2;
-    }
-  }
+  warp_argmax(s, id);
 }
 
 __device__ __forceinline__ void store_id(const SampleArgs& a, int64_t r, int64_t id) {
@@ -206,8 +202,8 @@ __global__ void __launch_bounds__(kStatsThreads) sample_kernel(SampleArgs a, flo
     return;
   }
   if (threadIdx.x == 0) {
-    a.lse[r * a.s_lse] = lse;
-    a.entropy[r * a.s_entropy] = ls - st.w / st.s;
+    a.out.lse[r * a.out.s_lse] = lse;
+    a.out.entropy[r * a.out.s_entropy] = ls - st.w / st.s;
     row_lse[r] = lse;
   }
   if (p.filtered) return;
@@ -228,7 +224,7 @@ __global__ void __launch_bounds__(kStatsThreads) sample_kernel(SampleArgs a, flo
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int64_t v = 4 * g + i;
-        if (v >= a.V || y[v] == ninf()) continue;
+        if (v >= a.V || y[v] == neg_inf()) continue;
         const float sc = y[v] + gumbel(w.v[i]);
         if (better(sc, v, best, bid)) {
           best = sc;
@@ -241,7 +237,7 @@ __global__ void __launch_bounds__(kStatsThreads) sample_kernel(SampleArgs a, flo
   if (threadIdx.x == 0) {
     const int64_t id = bid < 0 ? 0 : bid;
     store_id(a, r, id);
-    a.logp[r * a.s_logp] = y[id] - lse;
+    a.out.logp[r * a.out.s_logp] = y[id] - lse;
   }
 }
 
@@ -309,7 +305,7 @@ __global__ void __launch_bounds__(kFilterThreads)
   int64_t bid = -1;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     const float yv = ys[i];
-    if (yv == ninf()) continue;
+    if (yv == neg_inf()) continue;
     if (p.min_p > 0.0f && !(__expf(yv - lse) >= pmin)) continue;
     const int64_t v = vs[i];
     const Philox4 w = noise_words(p.seed, rid, pos, v >> 2);
@@ -323,7 +319,7 @@ __global__ void __launch_bounds__(kFilterThreads)
   if (threadIdx.x == 0) {
     const int64_t id = bid < 0 ? vs[0] : bid;
     store_id(a, r, id);
-    a.logp[r * a.s_logp] = a.z[r * a.ldz + id] - lse;
+    a.out.logp[r * a.out.s_logp] = a.z[r * a.ldz + id] - lse;
   }
 }
 

@@ -85,13 +85,4 @@ void stream_synchronize(void* stream, const char* op) {
   LS_BASE_CUDA(op, cudaGetLastError());
 }
 
-bool is_device_pointer(const void* p) {
-  cudaPointerAttributes attr{};
-  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
-    cudaGetLastError();  // clear
-    return false;
-  }
-  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
-}
-
 }  // namespace lockstep::cuda::baseline
