@@ -92,23 +92,24 @@ struct Grads {
   std::vector<float> dh, dw;
 };
 
-// The op (chunk_blocks <= 0: the public entry point). dw starts from dw0.
+// The op (no chunking: the public entry point). dw starts from dw0.
+using cpu::logprob_backward_detail::Chunking;
 Grads run_op(Problem& p, const TokenOrder& order, const std::vector<float>& dw0,
-             int64_t chunk_blocks = 0) {
+             const Chunking* chunking = nullptr) {
   Tensor tg = i64_tensor(p.targets);
   Tensor dh = test::poisoned(DType::kF32, {p.T, p.H});
   Grads r;
   r.dw = dw0;
   TensorView dwv = TensorView::contiguous(r.dw.data(), DType::kF32, {p.V, p.H});
   TensorView ge = f32_view(p.g_ent);
-  if (chunk_blocks <= 0)
+  if (!chunking)
     cpu::linear_logprob_backward(p.h.view(), p.w.view(), tg.view(), p.params, p.cfg,
                                  f32_view(p.lse), f32_view(p.entropy), f32_view(p.g_lp),
                                  p.with_ent ? &ge : nullptr, dh.view(), order, dwv);
   else
     cpu::logprob_backward_detail::linear_logprob_backward_chunked(
         p.h.view(), p.w.view(), tg.view(), p.params, p.cfg, f32_view(p.lse), f32_view(p.entropy),
-        f32_view(p.g_lp), p.with_ent ? &ge : nullptr, dh.view(), order, dwv, chunk_blocks);
+        f32_view(p.g_lp), p.with_ent ? &ge : nullptr, dh.view(), order, dwv, *chunking);
   r.dh.assign(dh.ptr<float>(), dh.ptr<float>() + p.T * p.H);
   return r;
 }
@@ -338,11 +339,11 @@ TEST(LogprobBackward, VocabParallelRanksGiveTheSameDh) {
   }
 }
 
-// The chunk of token blocks the op materializes (1, 2, 3, 4, all) changes no bit; nor do the
-// thread count (1 vs 3) and reruns.
-TEST(LogprobBackward, ChunkSizeThreadsAndRerunsChangeNothing) {
+// The chunk of token blocks the op materializes (1, 2, 3, 4, all), Wᵀ built once or in hidden
+// chunks of 64 / 17 / 1 columns change no bit; nor do the thread count (1 vs 3) and reruns.
+TEST(LogprobBackward, ChunkingThreadsAndRerunsChangeNothing) {
   auto g = test::rng(9);
-  Problem p = make_problem(150, 24, 300, make_cfg(16, 2, 2), 0.8f, true, g);
+  Problem p = make_problem(150, 100, 300, make_cfg(16, 2, 2), 0.8f, true, g);
   int64_t rows = 0;
   TokenOrder order = pack({1, 16, 17, 33, 5, 40}, 0, 3, 2, &rows);
   ASSERT_LE(rows, p.T);
@@ -350,8 +351,17 @@ TEST(LogprobBackward, ChunkSizeThreadsAndRerunsChangeNothing) {
                            p.T);
   const std::vector<float> dw0 = random_dw(p, g);
   const Grads ref = run_op(p, order, dw0);
-  for (int64_t cb : {1, 2, 3, 4, 1000})
-    EXPECT_TRUE(grads_equal(run_op(p, order, dw0, cb), ref)) << "chunk_blocks=" << cb;
+  for (int64_t cb : {1, 2, 3, 4, 1000}) {
+    Chunking ch;
+    ch.chunk_blocks = cb;
+    EXPECT_TRUE(grads_equal(run_op(p, order, dw0, &ch), ref)) << "chunk_blocks=" << cb;
+  }
+  for (int64_t hc : {64, 17, 1}) {
+    Chunking ch;
+    ch.wt_budget_bytes = 0;
+    ch.hidden_chunk = hc;
+    EXPECT_TRUE(grads_equal(run_op(p, order, dw0, &ch), ref)) << "hidden_chunk=" << hc;
+  }
   EXPECT_TRUE(grads_equal(run_op(p, order, dw0), ref));
   const int saved = num_threads();
   for (int n : {1, 3}) {

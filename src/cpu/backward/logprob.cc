@@ -25,10 +25,6 @@ namespace {
 using logprob_detail::f32_at;
 using logprob_detail::read_index;
 
-// Hidden columns of Wᵀ re-laid out at once when the whole of it exceeds kWtBudgetBytes.
-constexpr int64_t kHiddenChunk = 64;
-constexpr int64_t kWtBudgetBytes = int64_t(64) << 20;
-
 // Rows [r0, r0 + n) of the micro-batch (n <= 16). in_order: a token block of `order`, whose rows
 // take part in dW; the other blocks are rows no sequence covers (padding: dh only).
 struct Block {
@@ -108,11 +104,14 @@ void linear_logprob_backward_chunked(const TensorView& h, const TensorView& w,
                                      const TensorView& entropy, const TensorView& g_lp,
                                      const TensorView* g_ent, const TensorView& dh,
                                      const TokenOrder& order, const TensorView& dw,
-                                     int64_t chunk_blocks) {
+                                     const Chunking& chunking) {
   const char* op = "linear_logprob_backward";
   const LogprobVocabLayout lay = contract::check_linear_logprob_backward(
       op, Device::kCPU, h, w, targets, params, cfg, lse, entropy, g_lp, g_ent, dh, order, dw);
-  LS_CHECK(chunk_blocks >= 1, op, "chunk_blocks must be >= 1, got ", chunk_blocks);
+  const int64_t chunk_blocks = chunking.chunk_blocks;
+  LS_CHECK(chunk_blocks >= 1 && chunking.hidden_chunk >= 1, op,
+           "chunking: chunk_blocks and hidden_chunk must be >= 1, got ", chunk_blocks, " and ",
+           chunking.hidden_chunk);
   const int64_t T = h.size(0), H = h.size(1), V = w.size(0);
   if (T == 0) return;
   const int64_t L = lay.tile, n_tiles = lay.padded / L;
@@ -132,9 +131,10 @@ void linear_logprob_backward_chunked(const TensorView& h, const TensorView& w,
     tg.ignored = tg.target == params.ignore_index;
   }
 
-  // Wᵀ in G's column layout: all of it once when it fits the budget, else kHiddenChunk columns
+  // Wᵀ in G's column layout: all of it once when it fits the budget, else hidden_chunk columns
   // at a time per chunk (the GEMM is column-invariant: the same bits).
-  const int64_t hc_step = H * gl.width * 2 <= kWtBudgetBytes ? H : std::min(H, kHiddenChunk);
+  const int64_t hc_step =
+      H * gl.width * 2 <= chunking.wt_budget_bytes ? H : std::min(H, chunking.hidden_chunk);
   const bool wt_once = hc_step == H;
   std::vector<bf16> wt(static_cast<size_t>(hc_step * gl.width), bf16{0});
   if (wt_once) relayout_wt(w, gl, 0, H, wt.data());
@@ -234,9 +234,9 @@ void linear_logprob_backward(const TensorView& h, const TensorView& w, const Ten
                              const TensorView& lse, const TensorView& entropy,
                              const TensorView& g_lp, const TensorView* g_ent, const TensorView& dh,
                              const TokenOrder& order, const TensorView& dw) {
-  logprob_backward_detail::linear_logprob_backward_chunked(
-      h, w, targets, params, cfg, lse, entropy, g_lp, g_ent, dh, order, dw,
-      logprob_backward_detail::kLogprobBackwardChunkBlocks);
+  logprob_backward_detail::linear_logprob_backward_chunked(h, w, targets, params, cfg, lse, entropy,
+                                                           g_lp, g_ent, dh, order, dw,
+                                                           logprob_backward_detail::Chunking{});
 }
 
 }  // namespace lockstep::cpu
