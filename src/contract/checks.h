@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "lockstep/contract.h"
+#include "lockstep/contract/backward.h"
 #include "lockstep/tensor.h"
 
 namespace lockstep::contract {
@@ -234,6 +235,29 @@ void check_sample(const char* op, Device dev, const TensorView& h, const TensorV
 // --- backward_gemm.cc, backward_norm.cc, backward_embedding.cc (GEMM dX/dW, RMSNorm, embedding)
 
 // --- backward_logprob.cc, backward_elementwise.cc (linear log-prob, RoPE, SiLU-and-mul)
+
+// rope_backward (§B.5): the table's size, gy [T, heads, D] f32 (last dim contiguous), positions
+// [T] i32/i64 each in [0, P), dx gy's shape f32 (last dim contiguous), either the same view as gy
+// or overlapping it nowhere.
+void check_rope_backward(const char* op, Device dev, const TensorView& gy,
+                         const TensorView& positions, const RopeTable& table, const TensorView& dx);
+
+// silu_mul_backward (§B.6): gate_up [T, 2I] bf16 with I >= 1, ga [T, I] f32, dgu [T, 2I] f32
+// (last dims contiguous), dgu overlapping neither input. Returns I.
+int64_t check_silu_mul_backward(const char* op, Device dev, const TensorView& gate_up,
+                                const TensorView& ga, const TensorView& dgu);
+
+// linear_logprob_backward (§B.8): everything linear_logprob checks on h, w, targets, params and
+// cfg; lse, entropy, g_lp and g_ent (may be null) [T] f32 (any stride); order.rows() == T; dh
+// [T, H] f32 and dw [V, H] f32 (last dims contiguous), overlapping no input nor each other.
+// Returns the vocab layout.
+LogprobVocabLayout check_linear_logprob_backward(const char* op, Device dev, const TensorView& h,
+                                                 const TensorView& w, const TensorView& targets,
+                                                 const LogprobParams& params,
+                                                 const ContractConfig& cfg, const TensorView& lse,
+                                                 const TensorView& entropy, const TensorView& g_lp,
+                                                 const TensorView* g_ent, const TensorView& dh,
+                                                 const TokenOrder& order, const TensorView& dw);
 
 // --- backward_attention.cc (packed varlen attention)
 
