@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "lockstep/contract.h"
+#include "lockstep/contract/backward.h"
 #include "lockstep/tensor.h"
 
 namespace lockstep::contract {
@@ -198,6 +199,23 @@ void check_sample(const char* op, Device dev, const TensorView& h, const TensorV
 // --- backward (docs/contract.md §B): one file per area ------------------------------------------
 
 // --- backward_gemm.cc, backward_norm.cc, backward_embedding.cc (GEMM dX/dW, RMSNorm, embedding)
+
+// gemm_bf16_dx (B.3): cfg.segments; dy [T, N] and w [N, K] bf16, last dim contiguous; dx [T, K]
+// bf16 or f32, last dim contiguous, not overlapping dy or w.
+void check_gemm_dx(const char* op, Device dev, const TensorView& dy, const TensorView& w,
+                   const GemmConfig& cfg, const TensorView& dx);
+
+// gemm_bf16_dx_partial (B.2, B.3): cfg.segments, n_total, tp_size / tp_rank, dy_shard [T, Nr]
+// and w_shard [Nr, K] holding rank tp_rank's N range (gemm_tp_k_range over N), dx_partial
+// [T, K] f32 not overlapping them.
+void check_gemm_dx_partial(const char* op, Device dev, const TensorView& dy_shard,
+                           const TensorView& w_shard, int64_t n_total, int tp_size, int tp_rank,
+                           const GemmConfig& cfg, const TensorView& dx_partial);
+
+// gemm_bf16_dw (B.3): dy [rows, N] and x [rows, K] bf16 with rows = order.rows(), last dim
+// contiguous; dw [N, K] f32, last dim contiguous, not overlapping dy or x.
+void check_gemm_dw(const char* op, Device dev, const TensorView& dy, const TensorView& x,
+                   const TokenOrder& order, const TensorView& dw);
 
 // --- backward_logprob.cc, backward_elementwise.cc (linear log-prob, RoPE, SiLU-and-mul)
 
