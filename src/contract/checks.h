@@ -217,6 +217,16 @@ void check_gemm_dx_partial(const char* op, Device dev, const TensorView& dy_shar
 void check_gemm_dw(const char* op, Device dev, const TensorView& dy, const TensorView& x,
                    const TokenOrder& order, const TensorView& dw);
 
+// rmsnorm_backward / rmsnorm_residual_backward (B.4), cfg too: s [T, H] or [T, heads, D] bf16,
+// weight [H] bf16, gy, gres (may be null: no residual) and dx f32 of s's shape, all last dim
+// contiguous; dx not overlapping s or weight, and either the same view as gy (or gres) or not
+// overlapping it; order and dweight both null or both given: order.rows() == T, dweight [H] f32
+// not overlapping any other argument. Returns H.
+int64_t check_rmsnorm_backward(const char* op, Device dev, const TensorView& s,
+                               const TensorView& weight, const RmsNormConfig& cfg,
+                               const TensorView& gy, const TensorView* gres, const TensorView& dx,
+                               const TokenOrder* order, const TensorView* dweight);
+
 // --- backward_logprob.cc, backward_elementwise.cc (linear log-prob, RoPE, SiLU-and-mul)
 
 // --- backward_attention.cc (packed varlen attention)

@@ -14,6 +14,7 @@
 
 #include "contract/checks.h"
 #include "core/thread_pool.h"
+#include "cpu/backward/token_blocks.h"
 #include "cpu/mma_batch.h"
 #include "lockstep/ops/backward.h"
 
@@ -41,23 +42,9 @@ Tensor transpose_bf16(const TensorView& w) {
 // Token blocks (B.1) per chunk of the gather: bounds the scratch to kChunkBlocks·16·(N + K) bf16.
 constexpr int64_t kChunkBlocks = 32;
 
-struct Block {
-  int64_t row = 0;  // first packed row of the block
-  int64_t len = 0;  // real rows (1 .. 16); rows past len are zero
-};
-
-// Every token block of `order` in canonical order.
-std::vector<Block> token_blocks(const TokenOrder& order) {
-  std::vector<Block> blocks;
-  for (const TokenSeq& s : order.seqs())
-    for (int64_t p = 0; p < s.len; p += kTokenBlock)
-      blocks.push_back({s.row + p, std::min<int64_t>(kTokenBlock, s.len - p)});
-  return blocks;
-}
-
 // Column c of block j of a chunk, token-major: out[c·ld + 16j + i] = m[row + i, c] for the
 // block's real rows i < len, else +0 (ld = 16 · blocks in the chunk).
-void gather_columns(const TensorView& m, const Block& b, int64_t j, int64_t ld, bf16* out) {
+void gather_columns(const TensorView& m, const TokenBlock& b, int64_t j, int64_t ld, bf16* out) {
   const int64_t cols = m.size(1);
   for (int64_t c = 0; c < cols; ++c)
     std::fill(out + c * ld + j * kTokenBlock, out + c * ld + (j + 1) * kTokenBlock, bf16{0});
@@ -90,7 +77,7 @@ void gemm_bf16_dw(const TensorView& dy, const TensorView& x, const TokenOrder& o
   contract::check_gemm_dw("gemm_bf16_dw", Device::kCPU, dy, x, order, dw);
   const int64_t N = dy.size(1), K = x.size(1);
   if (N == 0 || K == 0) return;
-  const std::vector<Block> blocks = token_blocks(order);
+  const std::vector<TokenBlock> blocks = token_blocks(order);
   if (blocks.empty()) return;
   float* dw0 = dw.ptr<float>();
   const int64_t ldw = dw.stride[0];
