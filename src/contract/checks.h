@@ -227,6 +227,14 @@ int64_t check_rmsnorm_backward(const char* op, Device dev, const TensorView& s,
                                const TensorView& gy, const TensorView* gres, const TensorView& dx,
                                const TokenOrder* order, const TensorView* dweight);
 
+// embedding_backward (B.7): ids [rows] i32/i64 (any stride) with rows = order.rows(), gh
+// [rows, H] f32 and dtable [V, H] f32 (H >= 1, last dim contiguous, dtable not overlapping ids or
+// gh). Host ids: the id of every row a sequence of `order` covers is in [0, V) (padding rows are
+// never read); device ids are the kernel's to guard. Returns V.
+int64_t check_embedding_backward(const char* op, Device dev, const TensorView& ids,
+                                 const TensorView& gh, const TokenOrder& order,
+                                 const TensorView& dtable);
+
 // --- backward_logprob.cc, backward_elementwise.cc (linear log-prob, RoPE, SiLU-and-mul)
 
 // --- backward_attention.cc (packed varlen attention)

@@ -98,9 +98,11 @@ inline Tensor packed_rows(const Tensor& global, const Packing& p, std::mt19937_6
       std::memcpy(dst, static_cast<const char*>(global.data()) + p.src[r] * C * es, size_t(C * es));
     } else if (global.dtype() == DType::kBF16) {
       for (int64_t c = 0; c < C; ++c) reinterpret_cast<bf16*>(dst)[c] = bf16{garbage_bf16(g)};
-    } else {
+    } else if (global.dtype() == DType::kF32) {
       for (int64_t c = 0; c < C; ++c)
         reinterpret_cast<uint32_t*>(dst)[c] = c % 3 ? uint32_t(g()) : 0x7fc12345u;
+    } else {  // index tensors: random bytes (ids far outside any range)
+      for (int64_t b = 0; b < C * es; ++b) dst[b] = char(g());
     }
   }
   return t;
