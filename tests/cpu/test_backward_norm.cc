@@ -158,15 +158,17 @@ TEST(RmsNormBackward, MatchesLiteralTranscription) {
   for (int64_t H : {1, 3, 8, 17, 64, 111, 136, 256, 1000}) {
     for (int64_t heads : {1, 3}) {
       for (bool residual : {false, true}) {
+        const int64_t T = H % 3 == 0 ? 1 : H % 3 == 1 ? 17 : 33, W = heads * H;
         SCOPED_TRACE("H=" + std::to_string(H) + " heads=" + std::to_string(heads) +
-                     (residual ? " residual" : ""));
-        const int64_t T = 33, W = heads * H;
+                     (residual ? " residual" : "") + " T=" + std::to_string(T));
+        const std::vector<TokenSeq> seqs = {{3, T / 3, std::max<int64_t>(1, T - T / 3 - 1)},
+                                            {1, 0, T / 3}};
         Tensor s = test::random_bf16({T, W}, g), w = test::random_bf16({H}, g);
         Tensor gy = test::random_f32({T, W}, g), gres = test::random_f32({T, W}, g);
         sprinkle_specials(s.ptr<bf16>(), s.numel(), g);
-        gy.ptr<float>()[5 * W] = NAN;
+        if (T > 1) gy.ptr<float>()[(T / 2) * W] = NAN;
         Tensor out = test::poisoned(DType::kF32, {T, W});
-        const TokenOrder order = TokenOrder::make("t", {{3, 20, 13}, {1, 0, 17}}, T);
+        const TokenOrder order = TokenOrder::make("t", seqs, T);
         std::vector<float> dw(static_cast<size_t>(H)), ref_dw(static_cast<size_t>(H));
         test::fill_f32(dw.data(), H, g);
         ref_dw = dw;
@@ -186,7 +188,7 @@ TEST(RmsNormBackward, MatchesLiteralTranscription) {
                       residual ? gres.ptr<float>() + row * H : nullptr, H, kCfg.eps,
                       ref.ptr<float>() + row * H);
         EXPECT_BITWISE_EQ(out.data(), ref.data(), out.numel(), DType::kF32);
-        literal_dweight(s, gy, heads, {{3, 20, 13}, {1, 0, 17}}, kCfg.eps, ref_dw);
+        literal_dweight(s, gy, heads, seqs, kCfg.eps, ref_dw);
         EXPECT_BITWISE_EQ(dw.data(), ref_dw.data(), H, DType::kF32);
       }
     }
@@ -286,6 +288,35 @@ TEST(RmsNormBackward, DweightIsInvariantToSplitsPackingAndThreads) {
           one, dweight_of(n, w, {test::id_range(0, 7)}, init, g, true, 6, &dx_all)))
           << "threads=" << threads;
     }
+    set_num_threads(saved);
+  }
+}
+
+TEST(RmsNormBackward, DxOfARowIsTheSameAloneOrInABatchForAnyThreadCount) {
+  auto g = test::rng(9);
+  for (auto [heads, D] : std::vector<std::pair<int64_t, int64_t>>{{1, 111}, {4, 64}}) {
+    const int64_t W = heads * D;
+    Tensor w = test::random_bf16({D}, g);
+    Tensor s1 = test::random_bf16({1, W}, g), gy1 = test::random_f32({1, W}, g);
+    Tensor dx1 = test::poisoned(DType::kF32, {1, W});
+    cpu::rmsnorm_backward(heads == 1 ? v(s1) : view3(s1, heads), v(w), kCfg,
+                          heads == 1 ? v(gy1) : view3(gy1, heads),
+                          heads == 1 ? v(dx1) : view3(dx1, heads), nullptr, nullptr);
+    const int saved = num_threads();
+    for (int64_t T : {1, 3, 17, 256})
+      for (int threads : {1, 3}) {
+        set_num_threads(threads);
+        Tensor s = test::random_bf16({T, W}, g), gy = test::random_f32({T, W}, g);
+        const int64_t at = int64_t(g() % uint64_t(T));
+        std::memcpy(s.ptr<bf16>() + at * W, s1.data(), size_t(W) * 2);
+        std::memcpy(gy.ptr<float>() + at * W, gy1.data(), size_t(W) * 4);
+        Tensor dx = test::poisoned(DType::kF32, {T, W});
+        cpu::rmsnorm_backward(heads == 1 ? v(s) : view3(s, heads), v(w), kCfg,
+                              heads == 1 ? v(gy) : view3(gy, heads),
+                              heads == 1 ? v(dx) : view3(dx, heads), nullptr, nullptr);
+        EXPECT_BITWISE_EQ(dx.ptr<float>() + at * W, dx1.data(), W, DType::kF32)
+            << "heads=" << heads << " T=" << T << " threads=" << threads;
+      }
     set_num_threads(saved);
   }
 }
@@ -471,6 +502,12 @@ TEST(RmsNormBackward, SpecialValues) {
   const TokenOrder only3 = TokenOrder::make("t", {{0, 3, 1}}, T);
   cpu::rmsnorm_backward(v(s), v(w), kCfg, v(gy), v(dx), &only3, &dwv);
   for (int64_t k = 0; k < H; ++k) EXPECT_TRUE(std::isfinite(dw[size_t(k)])) << k;
+  // A finite row whose squares overflow: r = +0, coef = +0, dx = ±0.
+  Tensor big = test::random_bf16({1, H}, g, 1.0f), dbig = test::poisoned(DType::kF32, {1, H});
+  for (int64_t k = 0; k < H; ++k)
+    big.ptr<bf16>()[k] = f32_to_bf16(std::ldexp(f(big.ptr<bf16>()[k]), 70));
+  cpu::rmsnorm_backward(v(big), v(w), kCfg, v(gy).rows(3, 4), v(dbig), nullptr, nullptr);
+  for (int64_t k = 0; k < H; ++k) EXPECT_EQ(dbig.ptr<float>()[k], 0.0f) << k;
   // An all-zero row: r = 1/sqrt(eps), dot = 0, dx = gy·w·r exactly; eps = 0 gives r = inf:
   // gt·inf − 0·(0·inf) = NaN.
   Tensor z(DType::kBF16, {1, H}), dz(DType::kF32, {1, H});
