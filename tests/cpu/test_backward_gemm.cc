@@ -287,6 +287,22 @@ TEST(GemmBackward, DwIsInvariantToMicroBatchSplitsPackingAndThreads) {
   EXPECT_BITWISE_EQ(one.data(), again.data(), one.numel(), DType::kF32);
 }
 
+// More token blocks than one gather chunk (32) in a micro-batch: the chunks continue the chain.
+TEST(GemmBackward, DwAcrossGatherChunks) {
+  auto g = test::rng(13);
+  const int64_t N = 20, K = 18;
+  DwStep s({300, 5, 400}, N, K, g);  // 19 + 1 + 25 blocks
+  Tensor init = test::random_f32({N, K}, g);
+  const test::Packing p = test::pack(s.step, test::id_range(0, 3), g, true, 3);
+  Tensor dy = test::packed_rows(s.dy, p, g), x = test::packed_rows(s.x, p, g);
+  Tensor dw = test::clone(init), ref = test::clone(init);
+  cpu::gemm_bf16_dw(v(dy), v(x), p.order, v(dw));
+  literal_dw(dy, x, std::vector<TokenSeq>(p.order.seqs().begin(), p.order.seqs().end()), ref);
+  EXPECT_BITWISE_EQ(dw.data(), ref.data(), dw.numel(), DType::kF32);
+  const Tensor singles = dw_of(s, {{0}, {1}, {2}}, init, g, true, 2);
+  EXPECT_BITWISE_EQ(dw.data(), singles.data(), dw.numel(), DType::kF32);
+}
+
 TEST(GemmBackward, DwStepRefusesAnOutOfOrderMicroBatch) {
   auto g = test::rng(7);
   const test::Step step({4, 5, 6, 7});

@@ -292,6 +292,26 @@ TEST(RmsNormBackward, DweightIsInvariantToSplitsPackingAndThreads) {
   }
 }
 
+// More token blocks than one pass of block sums (64) in a micro-batch.
+TEST(RmsNormBackward, DweightAcrossBlockChunks) {
+  auto g = test::rng(10);
+  NormStep n({700, 3, 500}, 2, 8, g);  // 44 + 1 + 32 blocks
+  Tensor w = test::random_bf16({8}, g);
+  std::vector<float> init(8);
+  test::fill_f32(init.data(), 8, g);
+  const test::Packing p = test::pack(n.step, test::id_range(0, 3), g, true, 3);
+  Tensor s = test::packed_rows(n.s, p, g), gy = test::packed_rows(n.gy, p, g);
+  Tensor dx(DType::kF32, gy.shape());
+  std::vector<float> dw = init, ref = init;
+  TensorView dwv = TensorView::contiguous(dw.data(), DType::kF32, {8});
+  cpu::rmsnorm_backward(view3(s, 2), v(w), kCfg, view3(gy, 2), view3(dx, 2), &p.order, &dwv);
+  literal_dweight(s, gy, 2, std::vector<TokenSeq>(p.order.seqs().begin(), p.order.seqs().end()),
+                  kCfg.eps, ref);
+  EXPECT_TRUE(test::bitwise_equal(dw, ref));
+  EXPECT_TRUE(
+      test::bitwise_equal(dw, dweight_of(n, w, {{0}, {1}, {2}}, init, g, true, 2, nullptr)));
+}
+
 TEST(RmsNormBackward, DxOfARowIsTheSameAloneOrInABatchForAnyThreadCount) {
   auto g = test::rng(9);
   for (auto [heads, D] : std::vector<std::pair<int64_t, int64_t>>{{1, 111}, {4, 64}}) {

@@ -9,7 +9,6 @@
 #include "lockstep/ops/gemm.h"
 
 #include <algorithm>
-#include <cstring>
 #include <vector>
 
 #include "contract/checks.h"
