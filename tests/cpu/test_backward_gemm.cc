@@ -287,6 +287,74 @@ TEST(GemmBackward, DwIsInvariantToMicroBatchSplitsPackingAndThreads) {
   EXPECT_BITWISE_EQ(one.data(), again.data(), one.numel(), DType::kF32);
 }
 
+// The vectorized dW kernel against the model on inputs at the edges of what it models: wide
+// exponent spreads (products near the [-100, 90] limits and beyond), accumulators that are tiny,
+// subnormal, ±0, huge, inf or NaN, dy columns with e(a) > 27, lane and row tails (K, N not
+// multiples of 16 / 4), and k-blocks whose exact sum overflows int32.
+TEST(GemmBackward, DwFastKernelEqualsTheModelOnHardInputs) {
+  auto g = test::rng(14);
+  std::uniform_int_distribution<int> ex(-64, 64);
+  for (int iter = 0; iter < 12; ++iter) {
+    const int64_t N = 1 + int64_t(g() % 13), K = 1 + int64_t(g() % 40);
+    DwStep s({int64_t(1 + g() % 40), int64_t(1 + g() % 40)}, N, K, g);
+    const int spread = iter % 3 == 0 ? 0 : iter % 3 == 1 ? 20 : 64;
+    for (int64_t i = 0; i < s.dy.numel(); ++i) {
+      bf16& v0 = s.dy.ptr<bf16>()[i];
+      v0 = f32_to_bf16(std::ldexp(bf16_to_f32(v0), spread ? ex(g) % (spread + 1) : 0));
+    }
+    for (int64_t i = 0; i < s.x.numel(); ++i) {
+      bf16& v0 = s.x.ptr<bf16>()[i];
+      v0 = f32_to_bf16(std::ldexp(bf16_to_f32(v0), spread ? ex(g) % (spread + 1) : 0));
+    }
+    if (iter == 3 || iter == 6) {
+      // A dy column with e(a) > 27 and one with e(a) = 27 exactly, over zero x elements of the
+      // same tokens (a zero b must not raise E).
+      s.dy.ptr<bf16>()[3 * N] = f32_to_bf16(std::ldexp(1.0f, 40));
+      if (N > 1) s.dy.ptr<bf16>()[0 * N + 1] = f32_to_bf16(std::ldexp(1.5f, 27));
+      for (int64_t k = 0; k < K; k += 2) {
+        s.x.ptr<bf16>()[3 * K + k] = bf16{0};
+        s.x.ptr<bf16>()[0 * K + k] = bf16{0x8000};
+      }
+    }
+    if (iter == 7) {  // every product and c at the top of one binade: the int32 sum overflows
+      for (int64_t i = 0; i < s.dy.numel(); ++i) s.dy.ptr<bf16>()[i] = bf16{0x3fff};
+      for (int64_t i = 0; i < s.x.numel(); ++i) s.x.ptr<bf16>()[i] = bf16{0x3fff};
+    }
+    Tensor init = test::random_f32({N, K}, g);
+    const uint32_t edge[] = {0x00000000u, 0x80000000u, 0x00000001u, 0x007fffffu,
+                             0x0c800000u, 0x0d000000u, 0x0cffffffu, 0x7f000000u,
+                             0x7f800000u, 0x7fc00000u, 0x3fffffffu, 0xbfffffffu};
+    for (int64_t i = 0; i < init.numel(); ++i)
+      if (g() % 3 == 0) init.ptr<float>()[i] = f32_from_bits(edge[g() % 12]);
+    const test::Packing p = test::pack(s.step, {0, 1}, g, true, 2);
+    Tensor dy = test::packed_rows(s.dy, p, g), x = test::packed_rows(s.x, p, g);
+    Tensor dw = test::clone(init), ref = test::clone(init);
+    cpu::gemm_bf16_dw(v(dy), v(x), p.order, v(dw));
+    literal_dw(dy, x, std::vector<TokenSeq>(p.order.seqs().begin(), p.order.seqs().end()), ref);
+    EXPECT_BITWISE_EQ(dw.data(), ref.data(), dw.numel(), DType::kF32)
+        << "iter " << iter << " N=" << N << " K=" << K;
+  }
+}
+
+// A zero x element next to a large dy value must not raise a k-block's E: dy column 0 holds 2^80
+// at a token whose x is zero, every other product is near 2^-90 and the accumulators are +0.
+TEST(GemmBackward, DwFastKernelZeroXNextToLargeDy) {
+  auto g = test::rng(15);
+  const int64_t N = 5, K = 19;
+  DwStep s({20}, N, K, g);
+  for (int64_t i = 0; i < s.x.numel(); ++i)
+    s.x.ptr<bf16>()[i] = f32_to_bf16(std::ldexp(bf16_to_f32(s.x.ptr<bf16>()[i]), -90));
+  s.dy.ptr<bf16>()[3 * N] = f32_to_bf16(std::ldexp(1.0f, 80));
+  for (int64_t k = 0; k < K; ++k) s.x.ptr<bf16>()[3 * K + k] = bf16{0};
+  Tensor init(DType::kF32, {N, K});
+  std::memset(init.data(), 0, size_t(init.nbytes()));
+  const test::Packing p = test::pack_all(s.step);
+  Tensor dw = test::clone(init), ref = test::clone(init);
+  cpu::gemm_bf16_dw(v(s.dy), v(s.x), p.order, v(dw));
+  literal_dw(s.dy, s.x, std::vector<TokenSeq>(p.order.seqs().begin(), p.order.seqs().end()), ref);
+  EXPECT_BITWISE_EQ(dw.data(), ref.data(), dw.numel(), DType::kF32);
+}
+
 // More token blocks than one gather chunk (32) in a micro-batch: the chunks continue the chain.
 TEST(GemmBackward, DwAcrossGatherChunks) {
   auto g = test::rng(13);

@@ -6,6 +6,8 @@
 //        dw[n, k] = mma_kblock(dy[block rows, n], x[block rows, k], dw[n, k]).
 // Each dw element is one chain over the blocks, owned by one task: bits never depend on the
 // packing, the micro-batch split (consecutive runs of the canonical order) or the thread count.
+// The chain of a chunk of blocks runs in the vectorized kernel (gemm_dw_avx512.cc), bitwise the
+// MMA model.
 #include "lockstep/ops/gemm.h"
 
 #include <algorithm>
@@ -13,8 +15,8 @@
 
 #include "contract/checks.h"
 #include "core/thread_pool.h"
+#include "cpu/backward/gemm_dw_kernel.h"
 #include "cpu/backward/token_blocks.h"
-#include "cpu/mma_batch.h"
 #include "lockstep/ops/backward.h"
 
 namespace lockstep::cpu {
@@ -80,29 +82,32 @@ void gemm_bf16_dw(const TensorView& dy, const TensorView& x, const TokenOrder& o
   if (blocks.empty()) return;
   float* dw0 = dw.ptr<float>();
   const int64_t ldw = dw.stride[0];
-  // One chunk of gathered blocks, column-major: column c is the chunk's tokens in canonical
-  // order, 16 per block (padding rows +0).
-  std::vector<bf16> dyc, xc;
+  // One chunk of gathered blocks (padding rows +0): column-major dy and x (column c = the
+  // chunk's tokens in canonical order, 16 per block) and row-major x.
+  std::vector<bf16> dyc, xc, xr;
   for (size_t c0 = 0; c0 < blocks.size(); c0 += kChunkBlocks) {
     const int64_t nb = std::min<int64_t>(kChunkBlocks, int64_t(blocks.size() - c0));
     const int64_t ld = nb * kTokenBlock;
     dyc.resize(size_t(N * ld));
     xc.resize(size_t(K * ld));
+    xr.resize(size_t(ld * K));
     parallel_for(nb, 1, [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b) {
-        gather_columns(dy, blocks[c0 + size_t(b)], b, ld, dyc.data());
-        gather_columns(x, blocks[c0 + size_t(b)], b, ld, xc.data());
+        const TokenBlock& blk = blocks[c0 + size_t(b)];
+        gather_columns(dy, blk, b, ld, dyc.data());
+        gather_columns(x, blk, b, ld, xc.data());
+        bf16* rows = xr.data() + b * kTokenBlock * K;
+        std::fill(rows, rows + kTokenBlock * K, bf16{0});
+        for (int64_t i = 0; i < blk.len; ++i)
+          std::copy_n(x.ptr<const bf16>() + (blk.row + i) * x.stride[0], K, rows + i * K);
       }
     });
     // dw row n is owned by one task. The chunk's blocks, in order, are consecutive k-blocks of
     // one MMA chain that starts from dw's current value: exactly B.3's per-block update
     // dw[n, k] = mma_kblock(dy col n, x col k, dw[n, k]), block after block.
-    parallel_for(N, 4, [&](int64_t n0, int64_t n1) {
-      for (int64_t n = n0; n < n1; ++n) {
-        float* row = dw0 + n * ldw;
-        mma_chain_rows_bf16(dyc.data() + n * ld, xc.data(), ld, K, ld, row, row);
-      }
-    });
+    const dw_detail::Chunk ch{dyc.data(), xc.data(), xr.data(), N, K, ld};
+    parallel_for(N, 8,
+                 [&](int64_t n0, int64_t n1) { dw_detail::chain_rows_fast(ch, n0, n1, dw0, ldw); });
   }
   // Stored NaNs are canonical (§4). A NaN accumulator gives the MMA model's 0x7fffffff whatever
   // its payload, so canonicalizing once at the end equals canonicalizing after every block.
