@@ -107,7 +107,7 @@ void gemm_bf16_dw(const TensorView& dy, const TensorView& x, const TokenOrder& o
     // dw[n, k] = mma_kblock(dy col n, x col k, dw[n, k]), block after block.
     const dw_detail::Chunk ch{dyc.data(), xc.data(), xr.data(), N, K, ld};
     parallel_for(N, 8,
-                 [&](int64_t n0, int64_t n1) { dw_detail::chain_rows_fast(ch, n0, n1, dw0, ldw); });
+                 [&](int64_t n0, int64_t n1) { dw_detail::chain_rows(ch, n0, n1, dw0, ldw); });
   }
   // Stored NaNs are canonical (§4). A NaN accumulator gives the MMA model's 0x7fffffff whatever
   // its payload, so canonicalizing once at the end equals canonicalizing after every block.

@@ -128,9 +128,7 @@ void chain_tile(const float* const* af, const int32_t* const* ae, const bf16* xr
 
 }  // namespace
 
-bool fast_kernel_available() { return true; }
-
-void chain_rows_fast(const Chunk& ch, int64_t n0, int64_t n1, float* dw, int64_t ldw) {
+void chain_rows(const Chunk& ch, int64_t n0, int64_t n1, float* dw, int64_t ldw) {
   const int64_t K = ch.K, ld = ch.ld;
   std::vector<RowStats> xs(static_cast<size_t>(K));
   for (int64_t k = 0; k < K; ++k) xs[size_t(k)] = stats_of(ch.xc + k * ld, ld);
@@ -188,9 +186,7 @@ void chain_rows_fast(const Chunk& ch, int64_t n0, int64_t n1, float* dw, int64_t
 
 #else
 
-bool fast_kernel_available() { return false; }
-
-void chain_rows_fast(const Chunk& ch, int64_t n0, int64_t n1, float* dw, int64_t ldw) {
+void chain_rows(const Chunk& ch, int64_t n0, int64_t n1, float* dw, int64_t ldw) {
   chain_rows_scalar(ch, n0, n1, dw, ldw);
 }
 

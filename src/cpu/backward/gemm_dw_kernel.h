@@ -20,12 +20,10 @@ struct Chunk {
   int64_t N = 0, K = 0, ld = 0;
 };
 
-// True when this build has the vectorized kernel (AVX-512 F/BW/DQ/VL at compile time).
-bool fast_kernel_available();
-
 // dw[n·ldw + k] = mma_chain_bf16(dyc + n·ld, xc + k·ld, ld, dw[n·ldw + k]) for n in [n0, n1) and
 // every k. Outputs whose inputs the kernel does not model exactly (inf, NaN, subnormal, exponent
-// sums outside [-100, 90], a tiny accumulator) are computed with mma_chain_bf16 itself.
-void chain_rows_fast(const Chunk& c, int64_t n0, int64_t n1, float* dw, int64_t ldw);
+// sums outside [-100, 90], a tiny accumulator) are computed with mma_chain_bf16 itself, as is
+// every output in a build without AVX-512 F/BW/DQ/VL.
+void chain_rows(const Chunk& c, int64_t n0, int64_t n1, float* dw, int64_t ldw);
 
 }  // namespace lockstep::cpu::dw_detail
