@@ -234,6 +234,41 @@ void check_sample(const char* op, Device dev, const TensorView& h, const TensorV
 
 // --- backward_gemm.cc, backward_norm.cc, backward_embedding.cc (GEMM dX/dW, RMSNorm, embedding)
 
+// gemm_bf16_dx (B.3): cfg.segments; dy [T, N] and w [N, K] bf16, last dim contiguous; dx [T, K]
+// bf16 or f32, last dim contiguous, not overlapping dy or w.
+void check_gemm_dx(const char* op, Device dev, const TensorView& dy, const TensorView& w,
+                   const GemmConfig& cfg, const TensorView& dx);
+
+// gemm_bf16_dx_partial (B.2, B.3): cfg.segments, n_total, tp_size / tp_rank, dy_shard [T, Nr]
+// and w_shard [Nr, K] holding rank tp_rank's N range (gemm_tp_k_range over N), dx_partial
+// [T, K] f32 not overlapping them.
+void check_gemm_dx_partial(const char* op, Device dev, const TensorView& dy_shard,
+                           const TensorView& w_shard, int64_t n_total, int tp_size, int tp_rank,
+                           const GemmConfig& cfg, const TensorView& dx_partial);
+
+// gemm_bf16_dw (B.3): dy [rows, N] and x [rows, K] bf16 with rows = order.rows(), last dim
+// contiguous; dw [N, K] f32, last dim contiguous, not overlapping dy or x.
+void check_gemm_dw(const char* op, Device dev, const TensorView& dy, const TensorView& x,
+                   const TokenOrder& order, const TensorView& dw);
+
+// rmsnorm_backward / rmsnorm_residual_backward (B.4), cfg too: s [T, H] or [T, heads, D] bf16,
+// weight [H] bf16, gy, gres (may be null: no residual) and dx f32 of s's shape, all last dim
+// contiguous; dx not overlapping s or weight, and either the same view as gy (or gres) or not
+// overlapping it; order and dweight both null or both given: order.rows() == T, dweight [H] f32
+// not overlapping any other argument. Returns H.
+int64_t check_rmsnorm_backward(const char* op, Device dev, const TensorView& s,
+                               const TensorView& weight, const RmsNormConfig& cfg,
+                               const TensorView& gy, const TensorView* gres, const TensorView& dx,
+                               const TokenOrder* order, const TensorView* dweight);
+
+// embedding_backward (B.7): ids [rows] i32/i64 (any stride) with rows = order.rows(), gh
+// [rows, H] f32 and dtable [V, H] f32 (H >= 1, last dim contiguous, dtable not overlapping ids or
+// gh). Host ids: the id of every row a sequence of `order` covers is in [0, V) (padding rows are
+// never read); device ids are the kernel's to guard. Returns V.
+int64_t check_embedding_backward(const char* op, Device dev, const TensorView& ids,
+                                 const TensorView& gh, const TokenOrder& order,
+                                 const TensorView& dtable);
+
 // --- backward_logprob.cc, backward_elementwise.cc (linear log-prob, RoPE, SiLU-and-mul)
 
 // rope_backward (§B.5): the table's size, gy [T, heads, D] f32 (last dim contiguous), positions

@@ -12,6 +12,7 @@
 #include "contract/checks.h"
 #include "core/thread_pool.h"
 #include "cpu/elementwise_common.h"
+#include "cpu/norm_internal.h"
 
 namespace lockstep {
 
@@ -19,34 +20,7 @@ namespace cpu {
 
 namespace {
 
-// The contract's reduction: sum of squares of one row in the fixed lane layout, then r.
-// NOTE: x*x of a bf16 value is exact in fp32 (8-bit significands), except when it overflows
-// (|x| >= 2^64) or leaves the normal range (|x| < 2^-63); so mul-then-add vs fma only differs
-// there, and we state the separate mul (the -fmad=false GPU form).
-float rms_inv(const bf16* s, int64_t H, float eps) {
-  float lane[kRmsNormLanes];
-  for (float& l : lane) l = 0.0f;  // +0: lanes that own no group contribute +0
-  // Group g (elements 8g .. 8g+7, the last one possibly partial: absent elements are skipped,
-  // which equals adding +0) belongs to lane g % 32; each lane adds its elements in ascending order.
-  const int64_t groups = (H + kRmsNormGroup - 1) / kRmsNormGroup;
-  for (int64_t g = 0; g < groups; ++g) {
-    float acc = lane[g % kRmsNormLanes];
-    const int64_t end = std::min<int64_t>(H, (g + 1) * kRmsNormGroup);
-    for (int64_t k = g * kRmsNormGroup; k < end; ++k) {
-      const float v = bf16_to_f32(s[k]);
-      const float sq = v * v;
-      acc = acc + sq;
-    }
-    lane[g % kRmsNormLanes] = acc;
-  }
-  // xor-butterfly, offsets 16, 8, 4, 2, 1: lane j's value becomes lane[j] + lane[j ^ o]; we keep
-  // only the lanes that still feed lane 0 (every lane ends with the same bits: + is commutative).
-  for (int o = kRmsNormLanes / 2; o >= 1; o /= 2) {
-    for (int j = 0; j < o; ++j) lane[j] = lane[j] + lane[j + o];
-  }
-  const float mean = lane[0] / float(H);
-  return 1.0f / std::sqrt(mean + eps);
-}
+using norm_detail::rms_inv;
 
 void normalize_row(const bf16* s, const bf16* w, int64_t H, float r, bf16* y) {
   for (int64_t k = 0; k < H; ++k) {

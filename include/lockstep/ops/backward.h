@@ -22,6 +22,15 @@ namespace lockstep::cpu {
 void gemm_bf16_dx(const TensorView& dy, const TensorView& w, const GemmConfig& cfg,
                   const TensorView& dx);
 
+// A column-parallel layer's dX under tensor parallelism (B.2; §G.5 with N in place of K): rank
+// tp_rank of tp_size holds the N range gemm_tp_k_range(cfg, n_total, tp_size, tp_rank) of dy and
+// w and computes the fp32 subtree of its S/t N-segments; gemm_tree_combine over the ranks'
+// partials (rank order) gives gemm_bf16_dx's bits.
+//   dy_shard [T, Nr] bf16, w_shard [Nr, K] bf16 (that range's rows), dx_partial [T, K] f32
+void gemm_bf16_dx_partial(const TensorView& dy_shard, const TensorView& w_shard, int64_t n_total,
+                          int tp_size, int tp_rank, const GemmConfig& cfg,
+                          const TensorView& dx_partial);
+
 // dw += dyᵀ·x over the token blocks of `order` in canonical order (one MMA k-block per block,
 // c = dw's current value).  dy [rows, N] bf16, x [rows, K] bf16 (rows = order.rows()),
 // dw [N, K] f32 in/out.
