@@ -57,10 +57,10 @@ StepData make_step(const Qwen3Config& cfg, std::mt19937_64& g) {
   std::uniform_int_distribution<int32_t> id(0, int32_t(cfg.vocab_size - 1));
   std::normal_distribution<float> nd(0.0f, 0.05f);
   for (int n : lens) {
-    std::vector<int32_t> s(size_t(n));
+    std::vector<int32_t> s(static_cast<size_t>(n));
     for (auto& x : s) x = id(g);
     d.seqs.push_back(s);
-    std::vector<float> a(size_t(n)), b(size_t(n));
+    std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
     for (auto& x : a) x = nd(g);
     for (auto& x : b) x = nd(g);
     d.g_lp.push_back(a);
@@ -69,15 +69,15 @@ StepData make_step(const Qwen3Config& cfg, std::mt19937_64& g) {
   return d;
 }
 
-struct Setup {
+struct TrainSetup {
   Qwen3Config cfg;
   Weights weights;
   std::map<std::string, TensorView> views;
   ModelOptions opt;
 };
 
-Setup make_setup(bool tied, int tp) {
-  Setup s;
+TrainSetup make_setup(bool tied, int tp) {
+  TrainSetup s;
   s.cfg = small_config(tied);
   s.weights = random_qwen3_weights(s.cfg, 11);
   for (auto& [n, t] : s.weights) s.views[n] = t.view();
@@ -88,7 +88,7 @@ Setup make_setup(bool tied, int tp) {
 
 // Runs one step: micro-batches = runs of the step's sequence indices, each packed in the order
 // given (a permutation of the run). Returns the finished gradients.
-Gradients run_step(const Setup& s, const StepData& d,
+Gradients run_step(const TrainSetup& s, const StepData& d,
                    const std::vector<std::vector<int64_t>>& micro_batches) {
   Model model(s.cfg, s.views, s.opt, make_invariant_backend());
   Backprop bp(s.cfg, s.views, s.opt);
@@ -141,7 +141,7 @@ std::vector<std::vector<int64_t>> one_micro_batch(size_t n) {
 
 TEST(Train, GradientsAreFiniteAndNonzero) {
   for (bool tied : {true, false}) {
-    const Setup s = make_setup(tied, 1);
+    const TrainSetup s = make_setup(tied, 1);
     auto g = test::rng(1);
     const StepData d = make_step(s.cfg, g);
     const Gradients grads = run_step(s, d, one_micro_batch(d.seqs.size()));
@@ -160,7 +160,7 @@ TEST(Train, GradientsAreFiniteAndNonzero) {
 
 TEST(Train, MicroBatchSplitsPackingTpAndThreadsGiveTheSameBits) {
   auto g = test::rng(2);
-  const Setup s1 = make_setup(true, 1);
+  const TrainSetup s1 = make_setup(true, 1);
   const StepData d = make_step(s1.cfg, g);
   const size_t n = d.seqs.size();
   const Gradients ref = run_step(s1, d, one_micro_batch(n));
@@ -175,7 +175,7 @@ TEST(Train, MicroBatchSplitsPackingTpAndThreadsGiveTheSameBits) {
   expect_same(ref, run_step(s1, d, {{2, 0, 1}, {6, 3, 5, 4}}), "shuffled packing");
   // Simulated TP.
   for (int tp : {2, 4}) {
-    const Setup st = make_setup(true, tp);
+    const TrainSetup st = make_setup(true, tp);
     expect_same(ref, run_step(st, d, one_micro_batch(n)), "tp=" + std::to_string(tp));
   }
   // Threads.
@@ -188,7 +188,7 @@ TEST(Train, MicroBatchSplitsPackingTpAndThreadsGiveTheSameBits) {
 }
 
 TEST(Train, MicroBatchesOutOfOrderAreRefused) {
-  const Setup s = make_setup(false, 1);
+  const TrainSetup s = make_setup(false, 1);
   auto g = test::rng(3);
   const StepData d = make_step(s.cfg, g);
   try {
@@ -200,7 +200,7 @@ TEST(Train, MicroBatchesOutOfOrderAreRefused) {
 }
 
 TEST(Train, RefusesModelsItCannotDifferentiate) {
-  Setup s = make_setup(false, 1);
+  TrainSetup s = make_setup(false, 1);
   s.cfg.num_key_value_heads = 2;  // Hkv < gemm_segments: kv heads replicated across shards
   s.weights = random_qwen3_weights(s.cfg, 1);
   s.views.clear();

@@ -305,11 +305,11 @@ Problem make_problem() {
   std::uniform_int_distribution<int32_t> id(0, int32_t(pr.cfg.vocab_size - 1));
   std::normal_distribution<double> nd(0.0, 0.1);
   for (int n : {9, 23, 4}) {
-    std::vector<int32_t> s(size_t(n));
+    std::vector<int32_t> s(static_cast<size_t>(n));
     for (auto& x : s) x = id(g);
-    std::vector<int64_t> tg(size_t(n));
+    std::vector<int64_t> tg(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) tg[size_t(i)] = i + 1 < n ? s[size_t(i + 1)] : -1;
-    Vec a(size_t(n)), b(size_t(n));
+    Vec a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
     for (auto& x : a) x = double(float(nd(g)));
     for (auto& x : b) x = double(float(nd(g)));
     pr.seqs.push_back(s);
