@@ -244,14 +244,6 @@ json ids_to_json(const std::vector<int64_t>& ids) {
   return ids;
 }
 
-std::string ids_to_string(const std::vector<int64_t>& ids) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < ids.size(); ++i) os << (i ? "," : "") << ids[i];
-  os << "]";
-  return os.str();
-}
-
 }  // namespace
 
 void Qwen3Config::validate() const {
@@ -296,7 +288,7 @@ std::string Qwen3Config::to_string() const {
      << " theta=" << fmt_double(rope_theta) << " max_pos=" << max_position_embeddings
      << " tied=" << (tie_word_embeddings ? 1 : 0)
      << " dtype=" << (torch_dtype.empty() ? "?" : torch_dtype)
-     << " bos=" << ids_to_string(bos_token_ids) << " eos=" << ids_to_string(eos_token_ids);
+     << " bos=" << list_text(bos_token_ids, ",") << " eos=" << list_text(eos_token_ids, ",");
   return os.str();
 }
 

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "engine/device.h"
+#include "engine/text.h"
 
 namespace lockstep::engine {
 
@@ -71,12 +72,6 @@ int64_t read_index(const TensorView& t, int64_t i) {
                                 : t.ptr<const int64_t>()[i * t.stride[0]];
 }
 
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 }  // namespace
 
 std::string ModelOptions::to_string() const {
@@ -128,6 +123,18 @@ struct Model::Impl {
   std::vector<RankShard> ranks;
   TraceFn trace;
 
+  // A model's configs and rank shards on `ops`, checked; no weights yet.
+  static std::unique_ptr<Impl> make(const Qwen3Config& cfg, const ModelOptions& opt,
+                                    std::shared_ptr<OpsBackend> ops) {
+    LS_CHECK(ops != nullptr, kOp, "ops backend is null");
+    auto m = std::make_unique<Impl>();
+    m->cfg = cfg;
+    m->opt = opt;
+    m->ops = std::move(ops);
+    m->check_setup();
+    m->setup();
+    return m;
+  }
   void check_setup() const;
   void setup();  // configs and rank shards (no weights)
   // Builds the weight store from bf16 views on the host or on the backend's device. zero_copy:
@@ -292,14 +299,8 @@ void Model::Impl::build(const std::map<std::string, TensorView>& src, bool zero_
 
 Model::Model(const Qwen3Config& cfg, const Checkpoint& ckpt, const ModelOptions& opt,
              std::shared_ptr<OpsBackend> ops)
-    : impl_(std::make_unique<Impl>()) {
+    : impl_(Impl::make(cfg, opt, std::move(ops))) {
   Impl& m = *impl_;
-  m.cfg = cfg;
-  m.opt = opt;
-  m.ops = std::move(ops);
-  LS_CHECK(m.ops != nullptr, kOp, "ops backend is null");
-  m.check_setup();
-  m.setup();
   // Layer count, names, shapes, dtypes and finite values, before any weight is used (the finite
   // scan is cached in the checkpoint: Checkpoint::load or an earlier Model already did it).
   // Warnings have no sink here: a caller that wants them (or strict) uses Checkpoint::load.
@@ -323,14 +324,8 @@ Model::Model(const Qwen3Config& cfg, const Checkpoint& ckpt, const ModelOptions&
 
 Model::Model(const Qwen3Config& cfg, const std::map<std::string, TensorView>& weights,
              const ModelOptions& opt, std::shared_ptr<OpsBackend> ops)
-    : impl_(std::make_unique<Impl>()) {
+    : impl_(Impl::make(cfg, opt, std::move(ops))) {
   Impl& m = *impl_;
-  m.cfg = cfg;
-  m.opt = opt;
-  m.ops = std::move(ops);
-  LS_CHECK(m.ops != nullptr, kOp, "ops backend is null");
-  m.check_setup();
-  m.setup();
   const std::vector<WeightSpec> specs = qwen3_weight_specs(cfg);
   for (const auto& [name, view] : weights) {
     const bool known = std::any_of(specs.begin(), specs.end(),
@@ -343,11 +338,11 @@ Model::Model(const Qwen3Config& cfg, const std::map<std::string, TensorView>& we
   for (const WeightSpec& spec : specs) {
     auto it = weights.find(spec.name);
     LS_CHECK(it != weights.end(), kOp, "missing weight ", spec.name, " (shape ",
-             shape_str(spec.shape), ")");
+             list_text(spec.shape), ")");
     const TensorView& v = it->second;
     std::vector<int64_t> got(v.shape, v.shape + v.ndim);
-    LS_CHECK(got == spec.shape, kOp, "weight ", spec.name, " has shape ", shape_str(got),
-             ", the config expects ", shape_str(spec.shape));
+    LS_CHECK(got == spec.shape, kOp, "weight ", spec.name, " has shape ", list_text(got),
+             ", the config expects ", list_text(spec.shape));
     LS_CHECK(v.dtype == DType::kBF16 || v.dtype == DType::kF32, kOp, "weight ", spec.name,
              " has dtype ", dtype_name(v.dtype), ", expected bf16 or f32");
     LS_CHECK(v.device == Device::kCPU || v.device == m.ops->device(), kOp, "weight ", spec.name,
@@ -382,13 +377,8 @@ std::unique_ptr<Model> Model::with_backend(std::shared_ptr<OpsBackend> ops) cons
            "' runs on ", device_name(ops->device()), " but the weights are on ",
            device_name(impl_->ws->device));
   std::unique_ptr<Model> m(new Model());
-  m->impl_ = std::make_unique<Impl>();
-  Impl& n = *m->impl_;
-  n.cfg = impl_->cfg;
-  n.opt = impl_->opt;
-  n.ops = std::move(ops);
-  n.ws = impl_->ws;
-  n.setup();
+  m->impl_ = Impl::make(impl_->cfg, impl_->opt, std::move(ops));
+  m->impl_->ws = impl_->ws;
   return m;
 }
 

@@ -83,14 +83,6 @@ std::string describe(const json& v) {
   }
 }
 
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
-  os << "]";
-  return os.str();
-}
-
 // Parses JSON text with a depth cap and duplicate-key detection (nlohmann keeps the last of
 // duplicate keys silently; a header with two entries of one name is malformed).
 json parse_json_checked(const char* begin, const char* end, const std::string& what) {
@@ -173,7 +165,7 @@ TensorInfo parse_entry(const std::string& file, const std::string& name, const j
     fail_tensor(file, name, "'shape' is too large for its dtype");
   if (nbits % 8 != 0)
     fail_tensor(file, name,
-                detail::concat("shape ", shape_str(t.shape), " of ", t.dtype,
+                detail::concat("shape ", list_text(t.shape), " of ", t.dtype,
                                " is not a whole number of bytes"));
   const uint64_t nbytes = nbits / 8;
 
@@ -195,7 +187,7 @@ TensorInfo parse_entry(const std::string& file, const std::string& name, const j
   if (*e - *b != nbytes)
     fail_tensor(file, name,
                 detail::concat(range, " hold ", *e - *b, " bytes, but ", t.dtype, " ",
-                               shape_str(t.shape), " needs ", nbytes, " bytes"));
+                               list_text(t.shape), " needs ", nbytes, " bytes"));
   t.data_begin = *b;
   t.data_end = *e;
   return t;
@@ -325,7 +317,7 @@ int64_t TensorInfo::numel() const {
   return n;
 }
 
-std::string TensorInfo::shape_string() const { return shape_str(shape); }
+std::string TensorInfo::shape_string() const { return list_text(shape); }
 
 std::string sha256_hex(const void* data, size_t size) {
   Sha256 s;
@@ -642,7 +634,7 @@ void Checkpoint::check_shape(const std::string& name, const TensorInfo& info,
   for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || shape[i] == info.shape[i];
   if (!ok)
     throw Error("checkpoint " + dir_ + ": tensor " + shown(name) + " has shape " +
-                info.shape_string() + ", the config expects " + shape_str(shape) +
+                info.shape_string() + ", the config expects " + list_text(shape) +
                 " (shape mismatch; the tensor is in " + files_[entry(name).file].path() + ")");
 }
 
@@ -772,7 +764,7 @@ std::string multi_index(int64_t i, const std::vector<int64_t>& shape) {
     idx[d] = shape[d] ? i % shape[d] : 0;
     i = shape[d] ? i / shape[d] : 0;
   }
-  return shape_str(idx);
+  return list_text(idx);
 }
 
 }  // namespace

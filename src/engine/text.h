@@ -2,9 +2,11 @@
 // escaped so a damaged or hostile file cannot put control sequences or invalid UTF-8 on a terminal.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace lockstep::engine {
 
@@ -24,6 +26,13 @@ inline std::string printable(std::string_view s, bool ascii_only, size_t max_len
   }
   if (s.size() > max_len) out += "...";
   return out;
+}
+
+// "[384, 128]": a shape (or, with sep ",", a list of token ids) in a message.
+inline std::string list_text(const std::vector<int64_t>& v, const char* sep = ", ") {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + std::to_string(v[i]);
+  return out + "]";
 }
 
 }  // namespace lockstep::engine
