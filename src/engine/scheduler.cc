@@ -23,18 +23,6 @@ std::string SchedulerConfig::to_string() const {
   return os.str();
 }
 
-const char* finish_reason_name(FinishReason r) {
-  switch (r) {
-    case FinishReason::kNone:
-      return "-";
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kLength:
-      return "length";
-  }
-  return "?";
-}
-
 int64_t StepPlan::num_samples() const {
   int64_t n = 0;
   for (const ScheduledSeq& s : seqs)

@@ -42,7 +42,6 @@ struct SeqSpec {
 };
 
 enum class FinishReason { kNone, kStop, kLength };
-const char* finish_reason_name(FinishReason r);  // "-", "stop", "length"
 
 // One sequence's work in a step: compute positions [start, start + count) (their tokens are
 // tokens(seq)[start .. start+count)); KV slots for them are reserved in kv().block_table(seq).
