@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -27,6 +28,11 @@ inline std::string printable(std::string_view s, bool ascii_only, size_t max_len
   if (s.size() > max_len) out += "...";
   return out;
 }
+
+// A short description of a JSON value for a message (never recursive: values may be deep).
+// Objects, arrays and null by kind, integers by value; strings, booleans and other numbers by value
+// when `values`, else by kind ("a string": the safetensors header's messages).
+std::string describe(const nlohmann::json& v, bool values = true);
 
 // "[384, 128]": a shape (or, with sep ",", a list of token ids) in a message.
 inline std::string list_text(const std::vector<int64_t>& v, const char* sep = ", ") {
