@@ -23,18 +23,6 @@ constexpr const char* kOp = "Model";
 
 // --- small view helpers (bf16 / f32 / i32 only; strides in elements) ---
 
-TensorView view2(void* data, DType dt, int64_t rows, int64_t cols, int64_t row_stride) {
-  TensorView v;
-  v.data = data;
-  v.dtype = dt;
-  v.ndim = 2;
-  v.shape[0] = rows;
-  v.shape[1] = cols;
-  v.stride[0] = row_stride;
-  v.stride[1] = 1;
-  return v;
-}
-
 // Columns [c0, c1) of a 2-D view (inner-contiguous).
 TensorView cols(const TensorView& m, int64_t c0, int64_t c1) {
   TensorView v = m;
@@ -45,17 +33,9 @@ TensorView cols(const TensorView& m, int64_t c0, int64_t c1) {
 
 // [T, heads, D] view of `heads` heads starting at column `col0` of a 2-D [T, C] view.
 TensorView heads_of(const TensorView& m, int64_t col0, int64_t heads, int64_t D) {
-  TensorView v;
-  v.data = static_cast<char*>(m.data) + col0 * dtype_size(m.dtype);
-  v.dtype = m.dtype;
-  v.device = m.device;
-  v.ndim = 3;
-  v.shape[0] = m.shape[0];
-  v.shape[1] = heads;
-  v.shape[2] = D;
+  TensorView v = TensorView::contiguous(static_cast<char*>(m.data) + col0 * dtype_size(m.dtype),
+                                        m.dtype, {m.shape[0], heads, D}, m.device);
   v.stride[0] = m.stride[0];
-  v.stride[1] = D;
-  v.stride[2] = 1;
   return v;
 }
 
@@ -149,7 +129,8 @@ struct Model::Impl {
                                       const TensorView&, const TensorView&)>;
   void run(const TensorView& tokens, const TensorView& positions, const AttendFn& attend,
            const TensorView& hidden_out) const;
-  void check_tokens(const char* op, const TensorView& tokens, int64_t T) const;
+  // tokens [T] i32 / i64, every id in the vocabulary; returns T.
+  int64_t check_tokens(const char* op, const TensorView& tokens) const;
   // An activation argument: on the host or on the backend's device, with this dtype and shape.
   void check_activation(const char* op, const char* arg, const TensorView& t, DType dtype,
                         std::initializer_list<int64_t> shape) const;
@@ -395,13 +376,17 @@ void Model::set_trace(TraceFn fn) { impl_->trace = std::move(fn); }
 
 // --- forward ---
 
-void Model::Impl::check_tokens(const char* op, const TensorView& tokens, int64_t T) const {
+int64_t Model::Impl::check_tokens(const char* op, const TensorView& tokens) const {
+  LS_CHECK(tokens.ndim == 1, op, "argument 'tokens' expected shape [T], got ",
+           tokens.shape_string());
+  const int64_t T = tokens.size(0);
   check_tensor_dtypes(op, "tokens", tokens, {DType::kI32, DType::kI64}, {T});
   for (int64_t t = 0; t < T; ++t) {
     const int64_t id = read_index(tokens, t);
     LS_CHECK(id >= 0 && id < cfg.vocab_size, op, "tokens[", t, "] = ", id,
              " is outside the vocabulary [0, ", cfg.vocab_size, ")");
   }
+  return T;
 }
 
 void Model::Impl::check_activation(const char* op, const char* arg, const TensorView& t,
@@ -577,10 +562,7 @@ void Model::forward_packed(const TensorView& tokens, const TensorView& cu_seqlen
                            const TensorView& hidden_out) const {
   const char* op = "Model::forward_packed";
   const Impl& m = *impl_;
-  LS_CHECK(tokens.ndim == 1, op, "argument 'tokens' expected shape [T], got ",
-           tokens.shape_string());
-  const int64_t T = tokens.size(0), H = m.cfg.hidden_size;
-  m.check_tokens(op, tokens, T);
+  const int64_t T = m.check_tokens(op, tokens), H = m.cfg.hidden_size;
   LS_CHECK(cu_seqlens.ndim == 1 && cu_seqlens.size(0) >= 1, op,
            "argument 'cu_seqlens' expected shape [B+1], got ", cu_seqlens.shape_string());
   check_tensor(op, "cu_seqlens", cu_seqlens, DType::kI32, {-1});
@@ -624,10 +606,7 @@ void Model::forward_step(const TensorView& tokens, const TensorView& seq, const 
   const Impl& m = *impl_;
   const Device dev = m.ops->device();
   const int64_t L = m.cfg.num_hidden_layers, Hkv = m.cfg.num_key_value_heads, D = m.cfg.head_dim;
-  LS_CHECK(tokens.ndim == 1, op, "argument 'tokens' expected shape [N], got ",
-           tokens.shape_string());
-  const int64_t N = tokens.size(0);
-  m.check_tokens(op, tokens, N);
+  const int64_t N = m.check_tokens(op, tokens);
   check_tensor(op, "seq", seq, DType::kI32, {N});
   check_tensor(op, "pos", pos, DType::kI32, {N});
   m.check_activation(op, "hidden_out", hidden_out, DType::kBF16, {N, m.cfg.hidden_size});
@@ -774,11 +753,11 @@ void Model::logprob(const TensorView& hidden, const TensorView& targets, float t
   params.ignore_index = -1;
   const int tp = m.opt.tp;
   const int64_t V = m.cfg.vocab_size;
+  LS_CHECK(hidden.ndim == 2, op, "argument 'hidden' expected shape [T, H], got ",
+           hidden.shape_string());
+  const int64_t T = hidden.size(0);
   if (m.device_backend()) {
     // The device ops trust device targets: check them here (the CPU op does it itself).
-    LS_CHECK(hidden.ndim == 2, op, "argument 'hidden' expected shape [T, H], got ",
-             hidden.shape_string());
-    const int64_t T = hidden.size(0);
     m.check_activation(op, "hidden", hidden, DType::kBF16, {T, m.cfg.hidden_size});
     check_tensor_dtypes(op, "targets", targets, {DType::kI32, DType::kI64}, {T});
     for (int64_t t = 0; t < T; ++t) {
@@ -799,9 +778,6 @@ void Model::logprob(const TensorView& hidden, const TensorView& targets, float t
     stage.finish();
     return;
   }
-  LS_CHECK(hidden.ndim == 2, op, "argument 'hidden' expected shape [T, H], got ",
-           hidden.shape_string());
-  const int64_t T = hidden.size(0);
   // Vocab-parallel: rank r owns the aligned subtree of vocab segments [r·S/tp, (r+1)·S/tp).
   const LogprobVocabLayout lay = logprob_vocab_layout(m.opt.contract, V);
   const int per = m.opt.contract.vocab_segments / tp;
@@ -810,8 +786,8 @@ void Model::logprob(const TensorView& hidden, const TensorView& targets, float t
     const LogprobShard sh{V, r * per, per};
     const int64_t v0 = std::min(V, int64_t(r * per) * lay.segment_len);
     const int64_t v1 = std::min(V, int64_t((r + 1) * per) * lay.segment_len);
-    TensorView st = view2(states.ptr<float>() + int64_t(r) * T * 4, DType::kF32, T, 4, 4);
-    st.device = states.device();
+    const TensorView st = TensorView::contiguous(states.ptr<float>() + int64_t(r) * T * 4,
+                                                 DType::kF32, {T, 4}, states.device());
     m.ops->linear_logprob_partial(h, m.ws->lm_head.rows(v0, v1), tg, params, m.opt.contract, sh,
                                   st);
   }
