@@ -5,8 +5,6 @@
 #include "lockstep/ops/attention.h"
 
 #include <algorithm>
-#include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <vector>

@@ -6,8 +6,6 @@
 #include "lockstep/ops/logprob.h"
 
 #include <algorithm>
-#include <cmath>
-#include <cstdio>
 #include <vector>
 
 #include "contract/checks.h"

@@ -8,7 +8,6 @@
 #include "engine/model.h"
 
 #include <algorithm>
-#include <cstring>
 #include <unordered_set>
 #include <utility>
 

@@ -5,7 +5,6 @@
 // RoPE: the cuda op takes the table's cos/sin as device views; each distinct RopeTable is uploaded
 // once (exact fp32 bits, host-built in double as the contract says) and kept for the backend's
 // lifetime.
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <tuple>
