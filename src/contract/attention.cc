@@ -49,8 +49,7 @@ namespace {
 
 QShape check_q(const char* op, Device dev, const TensorView& q) {
   LS_CHECK(q.ndim == 3, op, "argument 'q' expected shape [N, Hq, D], got ", q.shape_string());
-  check_tensor(op, "q", q, DType::kBF16, {-1, -1, -1}, dev);
-  check_inner_contiguous(op, "q", q);
+  check_view(op, "q", q, DType::kBF16, {-1, -1, -1}, dev);
   const int64_t D = q.shape[2];
   LS_CHECK(D >= kAttnMmaK && D <= kAttnMaxHeadDim && D % kAttnMmaK == 0, op,
            "argument 'q' head_dim must be a multiple of ", kAttnMmaK, " in [", kAttnMmaK, ", ",
@@ -69,14 +68,12 @@ void check_heads(const char* op, Device dev, int64_t Hq, int64_t Hkv) {
 void check_cache(const char* op, Device dev, const char* arg, const TensorView& c, int64_t D) {
   LS_CHECK(c.ndim == 4, op, "argument '", arg, "' expected shape [NP, P, Hkv, D], got ",
            c.shape_string());
-  check_tensor(op, arg, c, DType::kBF16, {-1, -1, -1, D}, dev);
-  check_inner_contiguous(op, arg, c);
+  check_view(op, arg, c, DType::kBF16, {-1, -1, -1, D}, dev);
 }
 
 void check_attn_outputs(const char* op, Device dev, const QShape& s, const TensorView& out,
                         const TensorView& lse) {
-  check_tensor(op, "out", out, DType::kBF16, {s.N, s.Hq, s.D}, dev);
-  check_inner_contiguous(op, "out", out);
+  check_view(op, "out", out, DType::kBF16, {s.N, s.Hq, s.D}, dev);
   if (lse.ndim != 0 || lse.data != nullptr)
     check_tensor(op, "lse", lse, DType::kF32, {s.N, s.Hq}, dev);
 }
@@ -109,8 +106,7 @@ PagedMeta PagedMeta::validate(const char* op, const PagedTables& t, int64_t NP, 
   const bool dev_tables =
       btab.device != Device::kCPU || (prefix && t.prefix_block_table.device != Device::kCPU);
   p.tables_checked_ = !dev_tables;
-  check_tensor(op, "kv.block_table", btab, DType::kI32, {-1, -1}, btab.device);
-  check_inner_contiguous(op, "kv.block_table", btab);
+  contract::check_view(op, "kv.block_table", btab, DType::kI32, {-1, -1}, btab.device);
   p.S_ = btab.shape[0];
   p.MP_ = btab.shape[1];
   check_host_view(op, "kv.seq_lens", t.seq_lens);
@@ -131,9 +127,8 @@ PagedMeta PagedMeta::validate(const char* op, const PagedTables& t, int64_t NP, 
     LS_CHECK(t.prefix_block_table.ndim == 2, op,
              "argument 'prefix.block_table' expected shape [GR, MPs], got ",
              t.prefix_block_table.shape_string());
-    check_tensor(op, "prefix.block_table", t.prefix_block_table, DType::kI32, {-1, -1},
-                 t.prefix_block_table.device);
-    check_inner_contiguous(op, "prefix.block_table", t.prefix_block_table);
+    contract::check_view(op, "prefix.block_table", t.prefix_block_table, DType::kI32, {-1, -1},
+                         t.prefix_block_table.device);
     GR = t.prefix_block_table.shape[0];
     p.MPs_ = t.prefix_block_table.shape[1];
     ptab = t.prefix_block_table.ptr<const int32_t>();
@@ -370,12 +365,10 @@ QShape check_qkv(const char* op, Device dev, const TensorView& q, const TensorVi
   const QShape qs = check_q(op, dev, q);
   const int64_t T = qs.N, D = qs.D;
   LS_CHECK(k.ndim == 3, op, "argument 'k' expected shape [T, Hkv, D], got ", k.shape_string());
-  check_tensor(op, "k", k, DType::kBF16, {T, -1, D}, dev);
-  check_inner_contiguous(op, "k", k);
+  check_view(op, "k", k, DType::kBF16, {T, -1, D}, dev);
   const int64_t Hkv = k.shape[1];
   check_heads(op, dev, qs.Hq, Hkv);
-  check_tensor(op, "v", v, DType::kBF16, {T, Hkv, D}, dev);
-  check_inner_contiguous(op, "v", v);
+  check_view(op, "v", v, DType::kBF16, {T, Hkv, D}, dev);
   return qs;
 }
 
@@ -404,8 +397,7 @@ void check_chunk_states(const char* op, Device dev, const Paged& p, int64_t C,
                         const AttentionChunkStates& states) {
   check_tensor(op, "states.m", states.m, DType::kF32, {p.qs.N, p.qs.Hq, C}, dev);
   check_tensor(op, "states.l", states.l, DType::kF32, {p.qs.N, p.qs.Hq, C}, dev);
-  check_tensor(op, "states.acc", states.acc, DType::kF32, {p.qs.N, p.qs.Hq, C, p.qs.D}, dev);
-  check_inner_contiguous(op, "states.acc", states.acc);
+  check_view(op, "states.acc", states.acc, DType::kF32, {p.qs.N, p.qs.Hq, C, p.qs.D}, dev);
 }
 
 MergeShape check_merge_states(const char* op, Device dev, const AttentionChunkStates& states,
@@ -414,8 +406,7 @@ MergeShape check_merge_states(const char* op, Device dev, const AttentionChunkSt
   cfg.validate();
   LS_CHECK(states.acc.ndim == 4, op, "argument 'states.acc' expected shape [N, Hq, C, D], got ",
            states.acc.shape_string());
-  check_tensor(op, "states.acc", states.acc, DType::kF32, {-1, -1, -1, -1}, dev);
-  check_inner_contiguous(op, "states.acc", states.acc);
+  check_view(op, "states.acc", states.acc, DType::kF32, {-1, -1, -1, -1}, dev);
   MergeShape m;
   m.qs = QShape{states.acc.shape[0], states.acc.shape[1], states.acc.shape[3]};
   m.C = states.acc.shape[2];
@@ -441,21 +432,18 @@ KvWrite check_kv_write(const char* op, Device dev, const TensorView& k, const Te
                        const TensorView& slot_mapping, const TensorView& k_cache,
                        const TensorView& v_cache) {
   LS_CHECK(k.ndim == 3, op, "argument 'k' expected shape [T, Hkv, D], got ", k.shape_string());
-  check_tensor(op, "k", k, DType::kBF16, {-1, -1, -1}, dev);
-  check_inner_contiguous(op, "k", k);
+  check_view(op, "k", k, DType::kBF16, {-1, -1, -1}, dev);
   KvWrite w;
   w.T = k.shape[0];
   w.Hkv = k.shape[1];
   w.D = k.shape[2];
-  check_tensor(op, "v", v, DType::kBF16, {w.T, w.Hkv, w.D}, dev);
-  check_inner_contiguous(op, "v", v);
+  check_view(op, "v", v, DType::kBF16, {w.T, w.Hkv, w.D}, dev);
   check_tensor_dtypes(op, "slot_mapping", slot_mapping, {DType::kI32, DType::kI64}, {w.T},
                       host_or(dev, slot_mapping));
   check_cache(op, dev, "k_cache", k_cache, w.D);
   check_tensor(op, "k_cache", k_cache, DType::kBF16, {-1, -1, w.Hkv, w.D}, dev);
-  check_tensor(op, "v_cache", v_cache, DType::kBF16,
-               {k_cache.shape[0], k_cache.shape[1], w.Hkv, w.D}, dev);
-  check_inner_contiguous(op, "v_cache", v_cache);
+  check_view(op, "v_cache", v_cache, DType::kBF16, {k_cache.shape[0], k_cache.shape[1], w.Hkv, w.D},
+             dev);
   w.NP = k_cache.shape[0];
   w.P = k_cache.shape[1];
   if (slot_mapping.device != Device::kCPU) return w;

@@ -14,4 +14,10 @@ void check_host_view(const char* op, const char* arg, const TensorView& t) {
            "' must be a host view (its contents are validated on the host), got ", t.describe());
 }
 
+void check_view(const char* op, const char* arg, const TensorView& t, DType dtype,
+                std::initializer_list<int64_t> shape, Device dev) {
+  check_tensor(op, arg, t, dtype, shape, dev);
+  check_inner_contiguous(op, arg, t);
+}
+
 }  // namespace lockstep::contract

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <span>
 #include <vector>
@@ -34,6 +35,10 @@ inline Device host_or(Device dev, const TensorView& t) {
 
 // A view whose contents the check reads: must be a host view.
 void check_host_view(const char* op, const char* arg, const TensorView& t);
+
+// check_tensor, then check_inner_contiguous (stride 1 in the last dimension).
+void check_view(const char* op, const char* arg, const TensorView& t, DType dtype,
+                std::initializer_list<int64_t> shape, Device dev = Device::kCPU);
 
 // --- gemm.cc -----------------------------------------------------------------------------------
 

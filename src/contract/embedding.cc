@@ -31,12 +31,10 @@ int64_t check_gather(const char* op, Device dev, const TensorView& ids, const Te
                      int64_t table_rows, int64_t vocab, const TensorView& out) {
   check_tensor_dtypes(op, "ids", ids, {DType::kI32, DType::kI64}, {-1}, dev);
   const int64_t T = ids.shape[0];
-  check_tensor(op, "table", table, DType::kBF16, {table_rows, -1}, dev);
-  check_inner_contiguous(op, "table", table);
+  check_view(op, "table", table, DType::kBF16, {table_rows, -1}, dev);
   const int64_t H = table.shape[1];
   LS_CHECK(H >= 1, op, "argument 'table' expected a hidden size >= 1, got ", table.shape_string());
-  check_tensor(op, "out", out, DType::kBF16, {T, H}, dev);
-  check_inner_contiguous(op, "out", out);
+  check_view(op, "out", out, DType::kBF16, {T, H}, dev);
   // Host ids are all checked before anything is written; device ids: an id outside the vocab
   // gives a canonical-NaN row (the kernel's guard).
   if (dev != Device::kCPU) return T;
@@ -51,14 +49,12 @@ int64_t check_gather(const char* op, Device dev, const TensorView& ids, const Te
 void check_embedding_combine(const char* op, Device dev, const std::vector<TensorView>& partials,
                              const TensorView& out) {
   LS_CHECK(!partials.empty(), op, "argument 'partials' must hold at least one view");
-  check_tensor(op, "out", out, DType::kBF16, {-1, -1}, dev);
-  check_inner_contiguous(op, "out", out);
+  check_view(op, "out", out, DType::kBF16, {-1, -1}, dev);
   const int64_t T = out.shape[0], H = out.shape[1];
   LS_CHECK(H >= 1, op, "argument 'out' expected a hidden size >= 1, got ", out.shape_string());
   for (size_t r = 0; r < partials.size(); ++r) {
     const std::string name = detail::concat("partials[", r, "]");
-    check_tensor(op, name.c_str(), partials[r], DType::kBF16, {T, H}, dev);
-    check_inner_contiguous(op, name.c_str(), partials[r]);
+    check_view(op, name.c_str(), partials[r], DType::kBF16, {T, H}, dev);
   }
 }
 

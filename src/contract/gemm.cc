@@ -112,8 +112,7 @@ void check_gemm_partial(const char* op, Device dev, const TensorView& x_shard,
            " owns K columns [", r.begin, ", ", r.end, ") of ", k_total, " (", r.end - r.begin,
            " columns), but x_shard is ", x_shard.shape_string());
   const int64_t M = x_shard.size(0), N = w_shard.size(0);
-  check_tensor(op, "y_partial", y_partial, DType::kF32, {M, N}, dev);
-  check_inner_contiguous(op, "y_partial", y_partial);
+  check_view(op, "y_partial", y_partial, DType::kF32, {M, N}, dev);
   LS_CHECK(!overlaps(y_partial, x_shard) && !overlaps(y_partial, w_shard), op,
            "argument 'y_partial' must not overlap x_shard or w_shard");
 }
@@ -124,8 +123,7 @@ void check_gemm_combine(const char* op, Device dev, const std::vector<TensorView
   const int64_t M = partials[0].size(0), N = partials[0].size(1);
   for (size_t i = 0; i < partials.size(); ++i) {
     const std::string name = "partials[" + std::to_string(i) + "]";
-    check_tensor(op, name.c_str(), partials[i], DType::kF32, {M, N}, dev);
-    check_inner_contiguous(op, name.c_str(), partials[i]);
+    check_view(op, name.c_str(), partials[i], DType::kF32, {M, N}, dev);
   }
   check_bias(op, dev, bias, N);
   check_tensor_dtypes(op, "y", y, {DType::kBF16, DType::kF32}, {M, N}, dev);

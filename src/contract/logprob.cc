@@ -110,8 +110,7 @@ void check_outputs(const char* op, Device dev, const TensorView& logp, const Ten
 }
 
 void check_h(const char* op, Device dev, const TensorView& h, const ContractConfig& cfg) {
-  check_tensor(op, "h", h, DType::kBF16, {-1, -1}, dev);
-  check_inner_contiguous(op, "h", h);
+  check_view(op, "h", h, DType::kBF16, {-1, -1}, dev);
   LS_CHECK(h.size(1) >= 1, op, "argument 'h': hidden size (dim 1) must be >= 1, got ", h.size(1));
 }
 
@@ -134,8 +133,7 @@ void check_targets(const char* op, Device dev, const TensorView& targets, int64_
 void check_h_w(const char* op, Device dev, const TensorView& h, const TensorView& w,
                const ContractConfig& cfg) {
   check_h(op, dev, h, cfg);
-  check_tensor(op, "w", w, DType::kBF16, {-1, h.size(1)}, dev);
-  check_inner_contiguous(op, "w", w);
+  check_view(op, "w", w, DType::kBF16, {-1, h.size(1)}, dev);
 }
 
 void check_linear_logprob(const char* op, Device dev, const TensorView& h, const TensorView& w,
@@ -170,11 +168,9 @@ ShardRows check_linear_logprob_partial(const char* op, Device dev, const TensorV
   sr.v0 = std::min(shard.vocab_size, int64_t(shard.seg_begin) * sr.lay.segment_len);
   sr.v1 =
       std::min(shard.vocab_size, int64_t(shard.seg_begin + shard.seg_count) * sr.lay.segment_len);
-  check_tensor(op, "w_shard", w_shard, DType::kBF16, {sr.v1 - sr.v0, H}, dev);
-  check_inner_contiguous(op, "w_shard", w_shard);
+  check_view(op, "w_shard", w_shard, DType::kBF16, {sr.v1 - sr.v0, H}, dev);
   check_targets(op, dev, targets, T, shard.vocab_size, params.ignore_index);
-  check_tensor(op, "state", state, DType::kF32, {T, 4}, dev);
-  check_inner_contiguous(op, "state", state);
+  check_view(op, "state", state, DType::kF32, {T, 4}, dev);
   return sr;
 }
 
@@ -186,8 +182,7 @@ LogprobVocabLayout check_linear_logprob_combine(const char* op, Device dev,
                                                 const TensorView& entropy) {
   cfg.validate();
   params.validate();
-  check_tensor(op, "states", states, DType::kF32, {-1, -1, 4}, dev);
-  check_inner_contiguous(op, "states", states);
+  check_view(op, "states", states, DType::kF32, {-1, -1, 4}, dev);
   const int64_t R = states.size(0), T = states.size(1);
   LS_CHECK(pow2_upto8(R) && cfg.vocab_segments % R == 0, op,
            "argument 'states': rank count (dim 0) must be a power of two dividing vocab_segments=",

@@ -85,12 +85,10 @@ namespace lockstep::contract {
 
 void check_rope_args(const char* op, Device dev, const TensorView& x, const TensorView& positions,
                      int64_t D, int64_t P, const TensorView& y) {
-  check_tensor(op, "x", x, DType::kBF16, {-1, -1, D}, dev);
-  check_inner_contiguous(op, "x", x);
+  check_view(op, "x", x, DType::kBF16, {-1, -1, D}, dev);
   const int64_t T = x.shape[0], heads = x.shape[1];
   check_tensor_dtypes(op, "positions", positions, {DType::kI32, DType::kI64}, {T}, dev);
-  check_tensor(op, "y", y, DType::kBF16, {T, heads, D}, dev);
-  check_inner_contiguous(op, "y", y);
+  check_view(op, "y", y, DType::kBF16, {T, heads, D}, dev);
   // Every host position is checked before anything is written (device positions: the kernel
   // guards them).
   if (dev != Device::kCPU) return;

@@ -75,12 +75,17 @@ TensorView TensorView::rows(int64_t begin, int64_t end) const {
 
 void Tensor::Free::operator()(void* p) const { std::free(p); }
 
-Tensor::Tensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
-  numel_ = 1;
-  for (int64_t e : shape_) {
+static int64_t checked_numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t e : shape) {
     LS_CHECK(e >= 0, "Tensor", "negative extent ", e);
-    numel_ *= e;
+    n *= e;
   }
+  return n;
+}
+
+Tensor::Tensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
+  numel_ = checked_numel(shape_);
   size_t bytes = size_t(numel_ * dtype_size(dtype_));
   bytes = (bytes + 63) / 64 * 64;
   if (bytes == 0) bytes = 64;
@@ -97,11 +102,7 @@ Tensor Tensor::adopt(DType dtype, std::vector<int64_t> shape, std::shared_ptr<vo
   t.dtype_ = dtype;
   t.device_ = device;
   t.shape_ = std::move(shape);
-  t.numel_ = 1;
-  for (int64_t e : t.shape_) {
-    LS_CHECK(e >= 0, "Tensor", "negative extent ", e);
-    t.numel_ *= e;
-  }
+  t.numel_ = checked_numel(t.shape_);
   LS_CHECK(storage != nullptr || t.numel_ == 0, "Tensor", "adopt: null storage for ", t.numel_,
            " elements");
   t.storage_ = std::move(storage);
@@ -112,28 +113,14 @@ static void check_shape(const char* op, const char* arg, const TensorView& t,
                         std::initializer_list<int64_t> shape, Device device) {
   LS_CHECK(t.device == device, op, "argument '", arg, "' expected device ", device_name(device),
            ", got ", device_name(t.device));
+  const int64_t* want = shape.begin();  // -1: any extent
   bool ok = t.ndim == int(shape.size());
-  if (ok) {
-    int i = 0;
-    for (int64_t e : shape) {
-      if (e >= 0 && t.shape[i] != e) ok = false;
-      ++i;
-    }
-  }
+  for (int i = 0; ok && i < t.ndim; ++i) ok = want[i] < 0 || t.shape[i] == want[i];
   if (!ok) {
-    std::ostringstream want;
-    want << "[";
-    int i = 0;
-    for (int64_t e : shape) {
-      want << (i++ ? ", " : "");
-      if (e < 0) {
-        want << "*";
-      } else {
-        want << e;
-      }
-    }
-    want << "]";
-    LS_CHECK(false, op, "argument '", arg, "' expected shape ", want.str(), ", got ",
+    std::string text = "[";
+    for (size_t i = 0; i < shape.size(); ++i)
+      text += (i ? ", " : "") + (want[i] < 0 ? std::string("*") : std::to_string(want[i]));
+    LS_CHECK(false, op, "argument '", arg, "' expected shape ", text + "]", ", got ",
              t.shape_string());
   }
   LS_CHECK(t.numel() == 0 || t.data != nullptr, op, "argument '", arg, "' has a null data pointer");

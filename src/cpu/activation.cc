@@ -45,14 +45,12 @@ void silu_mul(const TensorView& gate, const TensorView& up, const TensorView& ou
 
 void silu_and_mul(const TensorView& gate_up, const TensorView& out) {
   const char* op = "silu_and_mul";
-  check_tensor(op, "gate_up", gate_up, DType::kBF16, {-1, -1});
-  check_inner_contiguous(op, "gate_up", gate_up);
+  contract::check_view(op, "gate_up", gate_up, DType::kBF16, {-1, -1});
   const int64_t T = gate_up.shape[0], I2 = gate_up.shape[1];
   LS_CHECK(I2 >= 2 && I2 % 2 == 0, op,
            "argument 'gate_up' expected shape [T, 2I] with I >= 1, got ", gate_up.shape_string());
   const int64_t I = I2 / 2;
-  check_tensor(op, "out", out, DType::kBF16, {T, I});
-  check_inner_contiguous(op, "out", out);
+  contract::check_view(op, "out", out, DType::kBF16, {T, I});
   if (T == 0) return;
   TensorView gate = gate_up, up = gate_up;
   gate.shape[1] = I;

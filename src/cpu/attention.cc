@@ -5,8 +5,6 @@
 #include "lockstep/ops/attention.h"
 
 #include <algorithm>
-#include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -18,15 +16,6 @@
 namespace lockstep {
 
 namespace cpu {
-namespace {
-
-int32_t read_i32(const TensorView& t, int64_t i) { return t.ptr<const int32_t>()[i * t.stride[0]]; }
-
-}  // namespace
-
-// ---------------------------------------------------------------------------------------------
-// Argument checks (shared with the engine's baseline backend).
-
 namespace {
 
 using namespace attn_detail;

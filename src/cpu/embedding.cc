@@ -23,10 +23,6 @@ int64_t id_at(const TensorView& ids, int64_t t) {
                                   : ids.ptr<const int64_t>()[off];
 }
 
-}  // namespace
-
-namespace {
-
 using contract::check_gather;
 
 void copy_row(const bf16* src, int64_t H, bf16* dst) {
@@ -36,29 +32,10 @@ void copy_row(const bf16* src, int64_t H, bf16* dst) {
   }
 }
 
-}  // namespace
-
-void embedding(const TensorView& ids, const TensorView& table, const TensorView& out) {
-  const char* op = "embedding";
-  check_tensor(op, "table", table, DType::kBF16, {-1, -1});
-  const int64_t V = table.shape[0];
-  const int64_t T = check_gather(op, Device::kCPU, ids, table, V, V, out);
-  if (T == 0) return;
-  const int64_t H = table.shape[1];
-  const detail::RowAddr ta(table), oa(out);
-  parallel_for(T, std::max<int64_t>(1, 16384 / H), [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      copy_row(ta.row<const bf16>(id_at(ids, t)), H, oa.row<bf16>(t));
-    }
-  });
-}
-
-void embedding_vocab_parallel(const TensorView& ids, const TensorView& table,
-                              const VocabShard& shard, int64_t vocab, const TensorView& out) {
-  const char* op = "embedding_vocab_parallel";
-  LS_CHECK(vocab >= 1 && shard.begin >= 0 && shard.begin <= shard.end && shard.end <= vocab, op,
-           "argument 'shard' ", shard.to_string(), " is not inside the vocabulary [0, ", vocab,
-           ")");
+// Rows of ids in [shard.begin, shard.end) copy their table row, the others are -0 (the whole
+// vocabulary: shard [0, V), every row copied).
+void gather(const char* op, const TensorView& ids, const TensorView& table, const VocabShard& shard,
+            int64_t vocab, const TensorView& out) {
   const int64_t T = check_gather(op, Device::kCPU, ids, table, shard.size(), vocab, out);
   if (T == 0) return;
   const int64_t H = table.shape[1];
@@ -74,6 +51,23 @@ void embedding_vocab_parallel(const TensorView& ids, const TensorView& table,
       }
     }
   });
+}
+
+}  // namespace
+
+void embedding(const TensorView& ids, const TensorView& table, const TensorView& out) {
+  const char* op = "embedding";
+  check_tensor(op, "table", table, DType::kBF16, {-1, -1});
+  gather(op, ids, table, VocabShard{0, table.shape[0]}, table.shape[0], out);
+}
+
+void embedding_vocab_parallel(const TensorView& ids, const TensorView& table,
+                              const VocabShard& shard, int64_t vocab, const TensorView& out) {
+  const char* op = "embedding_vocab_parallel";
+  LS_CHECK(vocab >= 1 && shard.begin >= 0 && shard.begin <= shard.end && shard.end <= vocab, op,
+           "argument 'shard' ", shard.to_string(), " is not inside the vocabulary [0, ", vocab,
+           ")");
+  gather(op, ids, table, shard, vocab, out);
 }
 
 void embedding_combine(const std::vector<TensorView>& partials, const TensorView& out) {

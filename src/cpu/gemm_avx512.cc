@@ -21,6 +21,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "core/thread_pool.h"
 #include "cpu/gemm_kernel.h"
@@ -232,21 +233,19 @@ void kernel(const float* const* xf, const int32_t* const* xe, const float* wf, c
   }
 }
 
-void run_kernel(int mr, const float* const* xf, const int32_t* const* xe, const float* wf,
-                const int16_t* we, int nseg, int64_t seg_len, float* part) {
-  switch (mr) {
+// f(std::integral_constant<int, R>{}) for R = rows in 1..3, else R = 4: a kernel's row count as
+// a template argument.
+template <typename F>
+void with_rows(int64_t rows, F&& f) {
+  switch (rows) {
     case 1:
-      kernel<1>(xf, xe, wf, we, nseg, seg_len, part);
-      break;
+      return f(std::integral_constant<int, 1>{});
     case 2:
-      kernel<2>(xf, xe, wf, we, nseg, seg_len, part);
-      break;
+      return f(std::integral_constant<int, 2>{});
     case 3:
-      kernel<3>(xf, xe, wf, we, nseg, seg_len, part);
-      break;
+      return f(std::integral_constant<int, 3>{});
     default:
-      kernel<4>(xf, xe, wf, we, nseg, seg_len, part);
-      break;
+      return f(std::integral_constant<int, 4>{});
   }
 }
 
@@ -287,7 +286,7 @@ void run_task(const Problem& p, int64_t kp, int64_t m0, int64_t m1, int64_t g0, 
         xfp[i] = xf + (i0 + i) * kp;
         xep[i] = xe + (i0 + i) * kp;
       }
-      run_kernel(mr, xfp, xep, wf, we, p.nseg, p.seg_len, part);
+      with_rows(mr, [&](auto R) { kernel<R>(xfp, xep, wf, we, p.nseg, p.seg_len, part); });
       for (int i = 0; i < mr; ++i) {
         const int64_t m = m0 + i0 + i;
         // The segment tree, 16 lanes at a time (the same fp32 adds as tree_sum).
@@ -432,20 +431,7 @@ void run_task_small(const Problem& p, int64_t kp, int64_t g0, int64_t g1, TileSi
   alignas(64) float vals[16];
   for (int64_t g = g0; g < g1; ++g) {
     const int64_t n0 = g * 16, count = std::min<int64_t>(16, p.N - n0);
-    switch (rows) {
-      case 1:
-        kernel_small<1>(p, n0, kp, xfp, xep, part, ws);
-        break;
-      case 2:
-        kernel_small<2>(p, n0, kp, xfp, xep, part, ws);
-        break;
-      case 3:
-        kernel_small<3>(p, n0, kp, xfp, xep, part, ws);
-        break;
-      default:
-        kernel_small<4>(p, n0, kp, xfp, xep, part, ws);
-        break;
-    }
+    with_rows(rows, [&](auto R) { kernel_small<R>(p, n0, kp, xfp, xep, part, ws); });
     for (int64_t i = 0; i < rows; ++i) {
       __m512 v[8];
       for (int s = 0; s < p.nseg; ++s) v[s] = _mm512_load_ps(part + (s * rows + i) * 16);

@@ -6,8 +6,6 @@
 #include "lockstep/ops/logprob.h"
 
 #include <algorithm>
-#include <cmath>
-#include <cstdio>
 #include <vector>
 
 #include "contract/checks.h"
@@ -26,14 +24,8 @@ namespace logprob_detail {
 // logits the same bits as the full [T, V] GEMM would give.
 void tile_logits(const TensorView& h, const TensorView& w, const ContractConfig& cfg, float* out,
                  int64_t ld) {
-  TensorView y;
-  y.data = out;
-  y.dtype = DType::kF32;
-  y.ndim = 2;
-  y.shape[0] = h.size(0);
-  y.shape[1] = w.size(0);
+  TensorView y = TensorView::contiguous(out, DType::kF32, {h.size(0), w.size(0)});
   y.stride[0] = ld;
-  y.stride[1] = 1;
   gemm_bf16_nt(h, w, GemmConfig::from_contract(cfg), y);
 }
 

@@ -104,7 +104,6 @@ std::string op_name(const OpComparison& c) {
   return c.layer >= 0 ? c.op + " (layer " + std::to_string(c.layer) + ")" : c.op;
 }
 
-// Replays the divergent token on both sides with traces and compares every op boundary.
 }  // namespace
 
 std::string audit_float_text(double v) {

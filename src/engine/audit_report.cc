@@ -26,6 +26,13 @@ std::string pad(const std::string& s, size_t w) {
   return s.size() >= w ? s : std::string(w - s.size(), ' ') + s;
 }
 
+// One number through a printf format ("%.1f").
+std::string printf_text(const char* fmt, double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), fmt, v);
+  return std::string(buf);
+}
+
 std::string with_commas(int64_t v) {
   std::string s = std::to_string(v), out;
   const size_t n = s.size();
@@ -67,9 +74,7 @@ std::string format_audit_report(const AuditReport& r) {
   row("logp mismatches", [](const AuditSide& s) { return with_commas(s.mismatches); });
   row("entropy mismatches", [](const AuditSide& s) { return with_commas(s.entropy_mismatches); });
   row("max |Δlogp|", [](const AuditSide& s) {
-    char buf[32];
-    std::snprintf(buf, sizeof(buf), s.max_abs_diff == 0 ? "0" : "%.3g", s.max_abs_diff);
-    return std::string(buf);
+    return printf_text(s.max_abs_diff == 0 ? "0" : "%.3g", s.max_abs_diff);
   });
   row("sequences", [](const AuditSide& s) { return with_commas(s.sequences); });
   row("rollout steps", [](const AuditSide& s) { return with_commas(s.rollout_stats.steps); });
@@ -79,27 +84,16 @@ std::string format_audit_report(const AuditReport& r) {
   row("rollout tokens",
       [](const AuditSide& s) { return with_commas(s.rollout_stats.tokens_computed); });
   row("training tokens", [](const AuditSide& s) { return with_commas(s.train_tokens); });
-  row("rollout time (s)", [](const AuditSide& s) {
-    char buf[32];
-    std::snprintf(buf, sizeof(buf), "%.1f", s.rollout_seconds);
-    return std::string(buf);
-  });
-  row("training time (s)", [](const AuditSide& s) {
-    char buf[32];
-    std::snprintf(buf, sizeof(buf), "%.1f", s.train_seconds);
-    return std::string(buf);
-  });
+  row("rollout time (s)",
+      [](const AuditSide& s) { return printf_text("%.1f", s.rollout_seconds); });
+  row("training time (s)", [](const AuditSide& s) { return printf_text("%.1f", s.train_seconds); });
   row("rollout tok/s (gen.)", [](const AuditSide& s) {
-    char buf[32];
-    std::snprintf(buf, sizeof(buf), "%.0f",
-                  s.rollout_seconds > 0 ? double(s.generated_tokens) / s.rollout_seconds : 0.0);
-    return std::string(buf);
+    return printf_text(
+        "%.0f", s.rollout_seconds > 0 ? double(s.generated_tokens) / s.rollout_seconds : 0.0);
   });
   row("training tok/s", [](const AuditSide& s) {
-    char buf[32];
-    std::snprintf(buf, sizeof(buf), "%.0f",
-                  s.train_seconds > 0 ? double(s.train_tokens) / s.train_seconds : 0.0);
-    return std::string(buf);
+    return printf_text("%.0f",
+                       s.train_seconds > 0 ? double(s.train_tokens) / s.train_seconds : 0.0);
   });
   os << "\n";
   for (const AuditSide& s : r.sides) {

@@ -263,20 +263,14 @@ AuditSide run_audit_side(const AuditConfig& cfg, const ModelFactory& make_model,
   side.micro_batches = tr.micro_batches;
 
   // Bitwise comparison (memcmp of the fp32 patterns).
-  const LogprobComparison cmp = compare_logprobs(rr, tr);
-  side.sequences = cmp.sequences;
-  side.tokens_compared = cmp.tokens_compared;
-  side.mismatches = cmp.mismatches;
-  side.entropy_mismatches = cmp.entropy_mismatches;
-  side.max_abs_diff = cmp.max_abs_diff;
-  side.first = cmp.first;
+  static_cast<LogprobComparison&>(side) = compare_logprobs(rr, tr);
   if (cfg.localize && side.first) {
     log("[" + side.backend + "] localizing: replaying request " +
         std::to_string(side.first->request) + " token " + std::to_string(side.first->index) +
         " on both sides with activation traces");
     side.localization =
         localize_divergence(*rollout_model, *train_model, requests, rcfg, train_seqs, cfg.packing,
-                            *side.first, cmp.first_sequence);
+                            *side.first, side.first_sequence);
   } else if (cfg.localize) {
     Localization l;
     l.summary = "nothing to localize: no mismatch";
@@ -284,7 +278,5 @@ AuditSide run_audit_side(const AuditConfig& cfg, const ModelFactory& make_model,
   }
   return side;
 }
-
-// ----- reports -----
 
 }  // namespace lockstep::engine

@@ -77,17 +77,11 @@ int64_t audit_auto_kv_pages(const AuditConfig& cfg);
 SamplingParams mixed_sampling_params(int64_t group, uint64_t seed);
 
 // One column of the report: the whole pipeline with one backend (or, cross-device, the rollout on
-// one backend and the training forward on another).
-struct AuditSide {
+// one backend and the training forward on another), and its comparison (the base).
+struct AuditSide : LogprobComparison {
   std::string backend;  // column label: "invariant", "invariant@cuda", "invariant@cuda/cpu", ...
   std::string rollout_backend, train_backend;  // OpsBackend::name() of each side
   std::string rollout_device, train_device;    // "cpu" | "cuda"
-  int64_t tokens_compared = 0;
-  int64_t mismatches = 0;  // log-prob bit patterns that differ
-  int64_t entropy_mismatches = 0;
-  double max_abs_diff = 0;  // max |Δ logp| (NaN-aware: any NaN mismatch counts as inf)
-  int64_t sequences = 0;
-  std::optional<Divergence> first;
   double rollout_seconds = 0, train_seconds = 0;
   int64_t generated_tokens = 0;  // rollout: sampled tokens
   int64_t train_tokens = 0;      // training forward: packed tokens

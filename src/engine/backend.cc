@@ -92,105 +92,17 @@ void OpsBackend::attention_paged_cascade(const TensorView& q, const TensorView& 
 
 namespace {
 
-class InvariantBackend final : public OpsBackend {
+namespace ops = lockstep::cpu;
+
+#include "engine/invariant_ops.inc"
+
+class InvariantBackend final : public InvariantOps<OpsBackend> {
  public:
   std::string name() const override { return "invariant"; }
 
-  void gemm(const TensorView& x, const TensorView& w, const GemmConfig& cfg,
-            const TensorView& y) const override {
-    cpu::gemm_bf16_nt(x, w, nullptr, cfg, y);
-  }
-  void gemm_partial(const TensorView& x_shard, const TensorView& w_shard, int64_t k_total,
-                    int tp_size, int tp_rank, const GemmConfig& cfg,
-                    const TensorView& y_partial) const override {
-    cpu::gemm_bf16_nt_partial(x_shard, w_shard, k_total, tp_size, tp_rank, cfg, y_partial);
-  }
-  void gemm_combine(const std::vector<TensorView>& partials, const TensorView& y) const override {
-    cpu::gemm_tree_combine(partials, nullptr, y);
-  }
-
-  void rmsnorm(const TensorView& x, const TensorView& weight, const RmsNormConfig& cfg,
-               const TensorView& y) const override {
-    cpu::rmsnorm(x, weight, cfg, y);
-  }
-  void rmsnorm_residual(const TensorView& x, const TensorView& residual, const TensorView& weight,
-                        const RmsNormConfig& cfg, const TensorView& residual_out,
-                        const TensorView& y) const override {
-    cpu::rmsnorm_residual(x, residual, weight, cfg, residual_out, y);
-  }
   void rope(const TensorView& x, const TensorView& positions, const RopeTable& table,
             const TensorView& y) const override {
     cpu::rope(x, positions, table, y);
-  }
-  void silu_mul(const TensorView& gate, const TensorView& up,
-                const TensorView& out) const override {
-    cpu::silu_mul(gate, up, out);
-  }
-
-  void embedding(const TensorView& ids, const TensorView& table,
-                 const TensorView& out) const override {
-    cpu::embedding(ids, table, out);
-  }
-  void embedding_vocab_parallel(const TensorView& ids, const TensorView& table,
-                                const VocabShard& shard, int64_t vocab,
-                                const TensorView& out) const override {
-    cpu::embedding_vocab_parallel(ids, table, shard, vocab, out);
-  }
-  void embedding_combine(const std::vector<TensorView>& partials,
-                         const TensorView& out) const override {
-    cpu::embedding_combine(partials, out);
-  }
-
-  void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
-                                const PackedSeqs& seqs, const AttentionConfig& cfg,
-                                const TensorView& out, const TensorView& lse) const override {
-    cpu::attention_prefill_varlen(q, k, v, seqs, cfg, out, lse);
-  }
-  void attention_paged(const TensorView& q, const PagedMeta& meta, const TensorView& k_cache,
-                       const TensorView& v_cache, const AttentionConfig& cfg, const TensorView& out,
-                       const TensorView& lse) const override {
-    cpu::attention_paged(q, meta, k_cache, v_cache, cfg, out, lse);
-  }
-  void attention_paged_split_kv(const TensorView& q, const PagedMeta& meta,
-                                const TensorView& k_cache, const TensorView& v_cache,
-                                const AttentionConfig& cfg, int num_splits, const TensorView& out,
-                                const TensorView& lse) const override {
-    cpu::attention_paged_split_kv(q, meta, k_cache, v_cache, cfg, num_splits, out, lse);
-  }
-  void attention_paged_cascade(const TensorView& q, const PagedMeta& meta,
-                               const TensorView& k_cache, const TensorView& v_cache,
-                               const AttentionConfig& cfg, const TensorView& out,
-                               const TensorView& lse) const override {
-    cpu::attention_paged_cascade(q, meta, k_cache, v_cache, cfg, out, lse);
-  }
-  void kv_cache_write(const TensorView& k, const TensorView& v, const TensorView& slot_mapping,
-                      const TensorView& k_cache, const TensorView& v_cache) const override {
-    cpu::kv_cache_write(k, v, slot_mapping, k_cache, v_cache);
-  }
-
-  void linear_logprob(const TensorView& h, const TensorView& w, const TensorView& targets,
-                      const LogprobParams& params, const ContractConfig& cfg,
-                      const TensorView& logp, const TensorView& lse,
-                      const TensorView& entropy) const override {
-    cpu::linear_logprob(h, w, targets, params, cfg, logp, lse, entropy);
-  }
-  void linear_logprob_partial(const TensorView& h, const TensorView& w_shard,
-                              const TensorView& targets, const LogprobParams& params,
-                              const ContractConfig& cfg, const LogprobShard& shard,
-                              const TensorView& state) const override {
-    cpu::linear_logprob_partial(h, w_shard, targets, params, cfg, shard, state);
-  }
-  void linear_logprob_combine(const TensorView& states, const TensorView& targets,
-                              const LogprobParams& params, const ContractConfig& cfg,
-                              int64_t vocab_size, const TensorView& logp, const TensorView& lse,
-                              const TensorView& entropy) const override {
-    cpu::linear_logprob_combine(states, targets, params, cfg, vocab_size, logp, lse, entropy);
-  }
-  void sample(const TensorView& h, const TensorView& w, std::span<const SamplingParams> params,
-              const TensorView& request_ids, const TensorView& positions, const ContractConfig& cfg,
-              const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
-              const TensorView& entropy) const override {
-    cpu::sample(h, w, params, request_ids, positions, cfg, token_ids, logp, lse, entropy);
   }
 };
 

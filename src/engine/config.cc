@@ -32,31 +32,6 @@ std::string fmt_double(double v) {
   return std::string(buf, r.ptr);
 }
 
-// A short description of a JSON value for error messages (never recursive: values may be deep).
-std::string describe(const json& v) {
-  switch (v.type()) {
-    case json::value_t::object:
-      return "an object";
-    case json::value_t::array:
-      return "an array";
-    case json::value_t::null:
-      return "null";
-    case json::value_t::string: {
-      return "\"" + printable(v.get_ref<const std::string&>(), false, 40) + "\"";
-    }
-    case json::value_t::boolean:
-      return v.get<bool>() ? "true" : "false";
-    case json::value_t::number_integer:
-      return std::to_string(v.get<int64_t>());
-    case json::value_t::number_unsigned:
-      return std::to_string(v.get<uint64_t>());
-    case json::value_t::number_float:
-      return fmt_double(v.get<double>());
-    default:
-      return "an unsupported value";
-  }
-}
-
 class Fields {
  public:
   Fields(const json& j, const std::string& source) : j_(j), source_(source) {}
@@ -244,15 +219,31 @@ json ids_to_json(const std::vector<int64_t>& ids) {
   return ids;
 }
 
-std::string ids_to_string(const std::vector<int64_t>& ids) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < ids.size(); ++i) os << (i ? "," : "") << ids[i];
-  os << "]";
-  return os.str();
-}
-
 }  // namespace
+
+std::string describe(const nlohmann::json& v, bool values) {
+  switch (v.type()) {
+    case json::value_t::object:
+      return "an object";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::null:
+      return "null";
+    case json::value_t::string:
+      return values ? "\"" + printable(v.get_ref<const std::string&>(), false, 40) + "\""
+                    : "a string";
+    case json::value_t::boolean:
+      return values ? (v.get<bool>() ? "true" : "false") : "a boolean";
+    case json::value_t::number_integer:
+      return std::to_string(v.get<int64_t>());
+    case json::value_t::number_unsigned:
+      return std::to_string(v.get<uint64_t>());
+    case json::value_t::number_float:
+      return values ? fmt_double(v.get<double>()) : "a non-integer number";
+    default:
+      return "an unsupported value";
+  }
+}
 
 void Qwen3Config::validate() const {
   auto positive = [](const char* name, int64_t v, int64_t cap) {
@@ -296,7 +287,7 @@ std::string Qwen3Config::to_string() const {
      << " theta=" << fmt_double(rope_theta) << " max_pos=" << max_position_embeddings
      << " tied=" << (tie_word_embeddings ? 1 : 0)
      << " dtype=" << (torch_dtype.empty() ? "?" : torch_dtype)
-     << " bos=" << ids_to_string(bos_token_ids) << " eos=" << ids_to_string(eos_token_ids);
+     << " bos=" << list_text(bos_token_ids, ",") << " eos=" << list_text(eos_token_ids, ",");
   return os.str();
 }
 

@@ -8,11 +8,11 @@
 #include "engine/model.h"
 
 #include <algorithm>
-#include <cstring>
 #include <unordered_set>
 #include <utility>
 
 #include "engine/device.h"
+#include "engine/text.h"
 
 namespace lockstep::engine {
 
@@ -21,18 +21,6 @@ namespace {
 constexpr const char* kOp = "Model";
 
 // --- small view helpers (bf16 / f32 / i32 only; strides in elements) ---
-
-TensorView view2(void* data, DType dt, int64_t rows, int64_t cols, int64_t row_stride) {
-  TensorView v;
-  v.data = data;
-  v.dtype = dt;
-  v.ndim = 2;
-  v.shape[0] = rows;
-  v.shape[1] = cols;
-  v.stride[0] = row_stride;
-  v.stride[1] = 1;
-  return v;
-}
 
 // Columns [c0, c1) of a 2-D view (inner-contiguous).
 TensorView cols(const TensorView& m, int64_t c0, int64_t c1) {
@@ -44,17 +32,9 @@ TensorView cols(const TensorView& m, int64_t c0, int64_t c1) {
 
 // [T, heads, D] view of `heads` heads starting at column `col0` of a 2-D [T, C] view.
 TensorView heads_of(const TensorView& m, int64_t col0, int64_t heads, int64_t D) {
-  TensorView v;
-  v.data = static_cast<char*>(m.data) + col0 * dtype_size(m.dtype);
-  v.dtype = m.dtype;
-  v.device = m.device;
-  v.ndim = 3;
-  v.shape[0] = m.shape[0];
-  v.shape[1] = heads;
-  v.shape[2] = D;
+  TensorView v = TensorView::contiguous(static_cast<char*>(m.data) + col0 * dtype_size(m.dtype),
+                                        m.dtype, {m.shape[0], heads, D}, m.device);
   v.stride[0] = m.stride[0];
-  v.stride[1] = D;
-  v.stride[2] = 1;
   return v;
 }
 
@@ -69,12 +49,6 @@ TensorView cache_heads(const TensorView& c, int64_t h0, int64_t n) {
 int64_t read_index(const TensorView& t, int64_t i) {
   return t.dtype == DType::kI32 ? int64_t(t.ptr<const int32_t>()[i * t.stride[0]])
                                 : t.ptr<const int64_t>()[i * t.stride[0]];
-}
-
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
 }
 
 }  // namespace
@@ -128,6 +102,18 @@ struct Model::Impl {
   std::vector<RankShard> ranks;
   TraceFn trace;
 
+  // A model's configs and rank shards on `ops`, checked; no weights yet.
+  static std::unique_ptr<Impl> make(const Qwen3Config& cfg, const ModelOptions& opt,
+                                    std::shared_ptr<OpsBackend> ops) {
+    LS_CHECK(ops != nullptr, kOp, "ops backend is null");
+    auto m = std::make_unique<Impl>();
+    m->cfg = cfg;
+    m->opt = opt;
+    m->ops = std::move(ops);
+    m->check_setup();
+    m->setup();
+    return m;
+  }
   void check_setup() const;
   void setup();  // configs and rank shards (no weights)
   // Builds the weight store from bf16 views on the host or on the backend's device. zero_copy:
@@ -142,7 +128,8 @@ struct Model::Impl {
                                       const TensorView&, const TensorView&)>;
   void run(const TensorView& tokens, const TensorView& positions, const AttendFn& attend,
            const TensorView& hidden_out) const;
-  void check_tokens(const char* op, const TensorView& tokens, int64_t T) const;
+  // tokens [T] i32 / i64, every id in the vocabulary; returns T.
+  int64_t check_tokens(const char* op, const TensorView& tokens) const;
   // An activation argument: on the host or on the backend's device, with this dtype and shape.
   void check_activation(const char* op, const char* arg, const TensorView& t, DType dtype,
                         std::initializer_list<int64_t> shape) const;
@@ -292,14 +279,8 @@ void Model::Impl::build(const std::map<std::string, TensorView>& src, bool zero_
 
 Model::Model(const Qwen3Config& cfg, const Checkpoint& ckpt, const ModelOptions& opt,
              std::shared_ptr<OpsBackend> ops)
-    : impl_(std::make_unique<Impl>()) {
+    : impl_(Impl::make(cfg, opt, std::move(ops))) {
   Impl& m = *impl_;
-  m.cfg = cfg;
-  m.opt = opt;
-  m.ops = std::move(ops);
-  LS_CHECK(m.ops != nullptr, kOp, "ops backend is null");
-  m.check_setup();
-  m.setup();
   // Layer count, names, shapes, dtypes and finite values, before any weight is used (the finite
   // scan is cached in the checkpoint: Checkpoint::load or an earlier Model already did it).
   // Warnings have no sink here: a caller that wants them (or strict) uses Checkpoint::load.
@@ -323,14 +304,8 @@ Model::Model(const Qwen3Config& cfg, const Checkpoint& ckpt, const ModelOptions&
 
 Model::Model(const Qwen3Config& cfg, const std::map<std::string, TensorView>& weights,
              const ModelOptions& opt, std::shared_ptr<OpsBackend> ops)
-    : impl_(std::make_unique<Impl>()) {
+    : impl_(Impl::make(cfg, opt, std::move(ops))) {
   Impl& m = *impl_;
-  m.cfg = cfg;
-  m.opt = opt;
-  m.ops = std::move(ops);
-  LS_CHECK(m.ops != nullptr, kOp, "ops backend is null");
-  m.check_setup();
-  m.setup();
   const std::vector<WeightSpec> specs = qwen3_weight_specs(cfg);
   for (const auto& [name, view] : weights) {
     const bool known = std::any_of(specs.begin(), specs.end(),
@@ -343,11 +318,11 @@ Model::Model(const Qwen3Config& cfg, const std::map<std::string, TensorView>& we
   for (const WeightSpec& spec : specs) {
     auto it = weights.find(spec.name);
     LS_CHECK(it != weights.end(), kOp, "missing weight ", spec.name, " (shape ",
-             shape_str(spec.shape), ")");
+             list_text(spec.shape), ")");
     const TensorView& v = it->second;
     std::vector<int64_t> got(v.shape, v.shape + v.ndim);
-    LS_CHECK(got == spec.shape, kOp, "weight ", spec.name, " has shape ", shape_str(got),
-             ", the config expects ", shape_str(spec.shape));
+    LS_CHECK(got == spec.shape, kOp, "weight ", spec.name, " has shape ", list_text(got),
+             ", the config expects ", list_text(spec.shape));
     LS_CHECK(v.dtype == DType::kBF16 || v.dtype == DType::kF32, kOp, "weight ", spec.name,
              " has dtype ", dtype_name(v.dtype), ", expected bf16 or f32");
     LS_CHECK(v.device == Device::kCPU || v.device == m.ops->device(), kOp, "weight ", spec.name,
@@ -382,13 +357,8 @@ std::unique_ptr<Model> Model::with_backend(std::shared_ptr<OpsBackend> ops) cons
            "' runs on ", device_name(ops->device()), " but the weights are on ",
            device_name(impl_->ws->device));
   std::unique_ptr<Model> m(new Model());
-  m->impl_ = std::make_unique<Impl>();
-  Impl& n = *m->impl_;
-  n.cfg = impl_->cfg;
-  n.opt = impl_->opt;
-  n.ops = std::move(ops);
-  n.ws = impl_->ws;
-  n.setup();
+  m->impl_ = Impl::make(impl_->cfg, impl_->opt, std::move(ops));
+  m->impl_->ws = impl_->ws;
   return m;
 }
 
@@ -405,13 +375,17 @@ void Model::set_trace(TraceFn fn) { impl_->trace = std::move(fn); }
 
 // --- forward ---
 
-void Model::Impl::check_tokens(const char* op, const TensorView& tokens, int64_t T) const {
+int64_t Model::Impl::check_tokens(const char* op, const TensorView& tokens) const {
+  LS_CHECK(tokens.ndim == 1, op, "argument 'tokens' expected shape [T], got ",
+           tokens.shape_string());
+  const int64_t T = tokens.size(0);
   check_tensor_dtypes(op, "tokens", tokens, {DType::kI32, DType::kI64}, {T});
   for (int64_t t = 0; t < T; ++t) {
     const int64_t id = read_index(tokens, t);
     LS_CHECK(id >= 0 && id < cfg.vocab_size, op, "tokens[", t, "] = ", id,
              " is outside the vocabulary [0, ", cfg.vocab_size, ")");
   }
+  return T;
 }
 
 void Model::Impl::check_activation(const char* op, const char* arg, const TensorView& t,
@@ -587,10 +561,7 @@ void Model::forward_packed(const TensorView& tokens, const TensorView& cu_seqlen
                            const TensorView& hidden_out) const {
   const char* op = "Model::forward_packed";
   const Impl& m = *impl_;
-  LS_CHECK(tokens.ndim == 1, op, "argument 'tokens' expected shape [T], got ",
-           tokens.shape_string());
-  const int64_t T = tokens.size(0), H = m.cfg.hidden_size;
-  m.check_tokens(op, tokens, T);
+  const int64_t T = m.check_tokens(op, tokens), H = m.cfg.hidden_size;
   LS_CHECK(cu_seqlens.ndim == 1 && cu_seqlens.size(0) >= 1, op,
            "argument 'cu_seqlens' expected shape [B+1], got ", cu_seqlens.shape_string());
   check_tensor(op, "cu_seqlens", cu_seqlens, DType::kI32, {-1});
@@ -634,10 +605,7 @@ void Model::forward_step(const TensorView& tokens, const TensorView& seq, const 
   const Impl& m = *impl_;
   const Device dev = m.ops->device();
   const int64_t L = m.cfg.num_hidden_layers, Hkv = m.cfg.num_key_value_heads, D = m.cfg.head_dim;
-  LS_CHECK(tokens.ndim == 1, op, "argument 'tokens' expected shape [N], got ",
-           tokens.shape_string());
-  const int64_t N = tokens.size(0);
-  m.check_tokens(op, tokens, N);
+  const int64_t N = m.check_tokens(op, tokens);
   check_tensor(op, "seq", seq, DType::kI32, {N});
   check_tensor(op, "pos", pos, DType::kI32, {N});
   m.check_activation(op, "hidden_out", hidden_out, DType::kBF16, {N, m.cfg.hidden_size});
@@ -784,11 +752,11 @@ void Model::logprob(const TensorView& hidden, const TensorView& targets, float t
   params.ignore_index = -1;
   const int tp = m.opt.tp;
   const int64_t V = m.cfg.vocab_size;
+  LS_CHECK(hidden.ndim == 2, op, "argument 'hidden' expected shape [T, H], got ",
+           hidden.shape_string());
+  const int64_t T = hidden.size(0);
   if (m.device_backend()) {
     // The device ops trust device targets: check them here (the CPU op does it itself).
-    LS_CHECK(hidden.ndim == 2, op, "argument 'hidden' expected shape [T, H], got ",
-             hidden.shape_string());
-    const int64_t T = hidden.size(0);
     m.check_activation(op, "hidden", hidden, DType::kBF16, {T, m.cfg.hidden_size});
     check_tensor_dtypes(op, "targets", targets, {DType::kI32, DType::kI64}, {T});
     for (int64_t t = 0; t < T; ++t) {
@@ -809,9 +777,6 @@ void Model::logprob(const TensorView& hidden, const TensorView& targets, float t
     stage.finish();
     return;
   }
-  LS_CHECK(hidden.ndim == 2, op, "argument 'hidden' expected shape [T, H], got ",
-           hidden.shape_string());
-  const int64_t T = hidden.size(0);
   // Vocab-parallel: rank r owns the aligned subtree of vocab segments [r·S/tp, (r+1)·S/tp).
   const LogprobVocabLayout lay = logprob_vocab_layout(m.opt.contract, V);
   const int per = m.opt.contract.vocab_segments / tp;
@@ -820,8 +785,8 @@ void Model::logprob(const TensorView& hidden, const TensorView& targets, float t
     const LogprobShard sh{V, r * per, per};
     const int64_t v0 = std::min(V, int64_t(r * per) * lay.segment_len);
     const int64_t v1 = std::min(V, int64_t((r + 1) * per) * lay.segment_len);
-    TensorView st = view2(states.ptr<float>() + int64_t(r) * T * 4, DType::kF32, T, 4, 4);
-    st.device = states.device();
+    const TensorView st = TensorView::contiguous(states.ptr<float>() + int64_t(r) * T * 4,
+                                                 DType::kF32, {T, 4}, states.device());
     m.ops->linear_logprob_partial(h, m.ws->lm_head.rows(v0, v1), tg, params, m.opt.contract, sh,
                                   st);
   }

@@ -5,9 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <map>
-#include <sstream>
 #include <unordered_map>
 #include <unordered_set>
 

@@ -60,37 +60,6 @@ std::string shown(const std::string& name) { return printable(name, false); }
   throw Error("safetensors " + file + ": tensor '" + shown(name) + "': " + msg);
 }
 
-std::string describe(const json& v) {
-  switch (v.type()) {
-    case json::value_t::object:
-      return "an object";
-    case json::value_t::array:
-      return "an array";
-    case json::value_t::null:
-      return "null";
-    case json::value_t::string:
-      return "a string";
-    case json::value_t::boolean:
-      return "a boolean";
-    case json::value_t::number_integer:
-      return std::to_string(v.get<int64_t>());
-    case json::value_t::number_unsigned:
-      return std::to_string(v.get<uint64_t>());
-    case json::value_t::number_float:
-      return "a non-integer number";
-    default:
-      return "an unsupported value";
-  }
-}
-
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
-  os << "]";
-  return os.str();
-}
-
 // Parses JSON text with a depth cap and duplicate-key detection (nlohmann keeps the last of
 // duplicate keys silently; a header with two entries of one name is malformed).
 json parse_json_checked(const char* begin, const char* end, const std::string& what) {
@@ -139,21 +108,24 @@ std::optional<uint64_t> as_u64(const json& v) {
 TensorInfo parse_entry(const std::string& file, const std::string& name, const json& v,
                        uint64_t data_len) {
   if (!v.is_object())
-    fail_tensor(file, name,
-                "entry must be an object with dtype, shape and data_offsets, got " + describe(v));
+    fail_tensor(
+        file, name,
+        "entry must be an object with dtype, shape and data_offsets, got " + describe(v, false));
   TensorInfo t;
   t.name = name;
 
   auto dt = v.find("dtype");
   if (dt == v.end()) fail_tensor(file, name, "missing 'dtype'");
-  if (!dt->is_string()) fail_tensor(file, name, "'dtype' must be a string, got " + describe(*dt));
+  if (!dt->is_string())
+    fail_tensor(file, name, "'dtype' must be a string, got " + describe(*dt, false));
   t.dtype = dt->get<std::string>();
   int bits = safetensors_dtype_bits(t.dtype);
   if (bits == 0) fail_tensor(file, name, "unknown dtype \"" + shown(t.dtype) + "\"");
 
   auto sh = v.find("shape");
   if (sh == v.end()) fail_tensor(file, name, "missing 'shape'");
-  if (!sh->is_array()) fail_tensor(file, name, "'shape' must be a list, got " + describe(*sh));
+  if (!sh->is_array())
+    fail_tensor(file, name, "'shape' must be a list, got " + describe(*sh, false));
   if (sh->size() > kMaxShapeDims)
     fail_tensor(file, name,
                 detail::concat("'shape' has ", sh->size(), " dims (at most ", kMaxShapeDims, ")"));
@@ -161,7 +133,8 @@ TensorInfo parse_entry(const std::string& file, const std::string& name, const j
   uint64_t numel = 1, capped = 1;
   for (const json& e : *sh) {
     auto d = as_u64(e);
-    if (!d) fail_tensor(file, name, "'shape' extents must be integers >= 0, got " + describe(e));
+    if (!d)
+      fail_tensor(file, name, "'shape' extents must be integers >= 0, got " + describe(e, false));
     if (*d > kMaxElements || __builtin_mul_overflow(capped, std::max<uint64_t>(*d, 1), &capped) ||
         capped > kMaxElements)
       fail_tensor(file, name, "'shape' is too large (more than 2^62 elements)");
@@ -173,19 +146,19 @@ TensorInfo parse_entry(const std::string& file, const std::string& name, const j
     fail_tensor(file, name, "'shape' is too large for its dtype");
   if (nbits % 8 != 0)
     fail_tensor(file, name,
-                detail::concat("shape ", shape_str(t.shape), " of ", t.dtype,
+                detail::concat("shape ", list_text(t.shape), " of ", t.dtype,
                                " is not a whole number of bytes"));
   const uint64_t nbytes = nbits / 8;
 
   auto off = v.find("data_offsets");
   if (off == v.end()) fail_tensor(file, name, "missing 'data_offsets'");
   if (!off->is_array() || off->size() != 2)
-    fail_tensor(file, name, "'data_offsets' must be [begin, end], got " + describe(*off));
+    fail_tensor(file, name, "'data_offsets' must be [begin, end], got " + describe(*off, false));
   auto b = as_u64((*off)[0]), e = as_u64((*off)[1]);
   if (!b || !e)
     fail_tensor(file, name,
-                "'data_offsets' must be integers >= 0, got [" + describe((*off)[0]) + ", " +
-                    describe((*off)[1]) + "]");
+                "'data_offsets' must be integers >= 0, got [" + describe((*off)[0], false) + ", " +
+                    describe((*off)[1], false) + "]");
   std::string range = detail::concat("data_offsets [", *b, ", ", *e, "]");
   if (*b > *e) fail_tensor(file, name, range + ": begin is after end");
   if (*e > data_len)
@@ -195,7 +168,7 @@ TensorInfo parse_entry(const std::string& file, const std::string& name, const j
   if (*e - *b != nbytes)
     fail_tensor(file, name,
                 detail::concat(range, " hold ", *e - *b, " bytes, but ", t.dtype, " ",
-                               shape_str(t.shape), " needs ", nbytes, " bytes"));
+                               list_text(t.shape), " needs ", nbytes, " bytes"));
   t.data_begin = *b;
   t.data_end = *e;
   return t;
@@ -325,7 +298,7 @@ int64_t TensorInfo::numel() const {
   return n;
 }
 
-std::string TensorInfo::shape_string() const { return shape_str(shape); }
+std::string TensorInfo::shape_string() const { return list_text(shape); }
 
 std::string sha256_hex(const void* data, size_t size) {
   Sha256 s;
@@ -387,11 +360,12 @@ void SafetensorsFile::Impl::parse() {
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& key = it.key();
     if (key == "__metadata__") {
-      if (!it->is_object()) fail(file, "__metadata__ must be an object, got " + describe(*it));
+      if (!it->is_object())
+        fail(file, "__metadata__ must be an object, got " + describe(*it, false));
       for (auto m = it->begin(); m != it->end(); ++m) {
         if (!m->is_string())
           fail(file, "__metadata__ value of '" + shown(m.key()) + "' must be a string, got " +
-                         describe(*m));
+                         describe(*m, false));
         metadata[m.key()] = m->get<std::string>();
       }
       continue;
@@ -563,14 +537,14 @@ Checkpoint Checkpoint::open(const std::string& dir) {
   auto wm = j.find("weight_map");
   if (wm == j.end()) throw Error(iwhat + ": missing 'weight_map'");
   if (!wm->is_object() || wm->empty())
-    throw Error(iwhat + ": 'weight_map' must be a non-empty object, got " + describe(*wm));
+    throw Error(iwhat + ": 'weight_map' must be a non-empty object, got " + describe(*wm, false));
 
   std::map<std::string, std::string> weight_map;  // tensor -> shard file name
   std::map<std::string, size_t> shard_ids;        // shard file name -> files_ index
   for (auto it = wm->begin(); it != wm->end(); ++it) {
     if (!it->is_string())
       throw Error(iwhat + ": weight_map['" + shown(it.key()) + "'] must be a file name, got " +
-                  describe(*it));
+                  describe(*it, false));
     std::string f = it->get<std::string>();
     // Shards live in this directory: a path ("../x", "/etc/x") in an index is rejected.
     if (f.empty() || f == "." || f == ".." || f.find('/') != std::string::npos ||
@@ -642,7 +616,7 @@ void Checkpoint::check_shape(const std::string& name, const TensorInfo& info,
   for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || shape[i] == info.shape[i];
   if (!ok)
     throw Error("checkpoint " + dir_ + ": tensor " + shown(name) + " has shape " +
-                info.shape_string() + ", the config expects " + shape_str(shape) +
+                info.shape_string() + ", the config expects " + list_text(shape) +
                 " (shape mismatch; the tensor is in " + files_[entry(name).file].path() + ")");
 }
 
@@ -772,7 +746,7 @@ std::string multi_index(int64_t i, const std::vector<int64_t>& shape) {
     idx[d] = shape[d] ? i % shape[d] : 0;
     i = shape[d] ? i / shape[d] : 0;
   }
-  return shape_str(idx);
+  return list_text(idx);
 }
 
 }  // namespace

@@ -23,18 +23,6 @@ std::string SchedulerConfig::to_string() const {
   return os.str();
 }
 
-const char* finish_reason_name(FinishReason r) {
-  switch (r) {
-    case FinishReason::kNone:
-      return "-";
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kLength:
-      return "length";
-  }
-  return "?";
-}
-
 int64_t StepPlan::num_samples() const {
   int64_t n = 0;
   for (const ScheduledSeq& s : seqs)
@@ -120,10 +108,10 @@ FinishReason Scheduler::finish_reason(int64_t seq) const {
   return seqs_[size_t(index(seq))].finish;
 }
 
-bool Scheduler::drop_waiting_kv() {
+bool Scheduler::drop_waiting_kv(int64_t keep) {
   for (auto it = waiting_.rbegin(); it != waiting_.rend(); ++it) {
     Seq& s = seqs_[size_t(*it)];
-    if (!s.holds_kv) continue;
+    if (*it == keep || !s.holds_kv) continue;
     kv_.free(s.spec.id);
     s.holds_kv = false;
     s.computed = 0;
@@ -208,21 +196,9 @@ StepPlan Scheduler::schedule() {
     const bool had_kv = s.holds_kv;
     if (!had_kv) kv_.add(s.spec.id);
     bool ok = kv_.grow(s.spec.id, s.computed + n, &plan.copies);
-    while (!ok && plan.seqs.empty()) {
-      // Only waiting sequences hold pages: free the others' shared KV.
-      bool dropped = false;
-      for (auto it = waiting_.rbegin(); it != waiting_.rend() && !dropped; ++it) {
-        Seq& w = seqs_[size_t(*it)];
-        if (*it == idx || !w.holds_kv) continue;
-        kv_.free(w.spec.id);
-        w.holds_kv = false;
-        w.computed = 0;
-        ++stats_.kv_drops;
-        dropped = true;
-      }
-      if (!dropped) break;
+    // Only waiting sequences hold pages: free the others' shared KV.
+    while (!ok && plan.seqs.empty() && drop_waiting_kv(idx))
       ok = kv_.grow(s.spec.id, s.computed + n, &plan.copies);
-    }
     if (!ok) {
       if (!had_kv) kv_.free(s.spec.id);
       LS_CHECK(!plan.seqs.empty(), "scheduler", "internal: request ", s.spec.id,

@@ -42,7 +42,6 @@ struct SeqSpec {
 };
 
 enum class FinishReason { kNone, kStop, kLength };
-const char* finish_reason_name(FinishReason r);  // "-", "stop", "length"
 
 // One sequence's work in a step: compute positions [start, start + count) (their tokens are
 // tokens(seq)[start .. start+count)); KV slots for them are reserved in kv().block_table(seq).
@@ -118,7 +117,8 @@ class Scheduler {
   };
   int64_t index(int64_t id) const;
   int64_t remaining(const Seq& s) const { return int64_t(s.tokens.size()) - s.computed; }
-  bool drop_waiting_kv();  // frees the KV of the last waiting holder
+  // Frees the KV of the last waiting holder other than seqs_[keep]; false if there is none.
+  bool drop_waiting_kv(int64_t keep = -1);
   void preempt_last_running(StepPlan* plan);
   void push_scheduled(int64_t idx, int64_t n, StepPlan* plan);
   bool accept_token(Seq& s, int32_t tok);  // appends; true when the sequence finished

@@ -2,9 +2,12 @@
 // escaped so a damaged or hostile file cannot put control sequences or invalid UTF-8 on a terminal.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace lockstep::engine {
 
@@ -24,6 +27,18 @@ inline std::string printable(std::string_view s, bool ascii_only, size_t max_len
   }
   if (s.size() > max_len) out += "...";
   return out;
+}
+
+// A short description of a JSON value for a message (never recursive: values may be deep).
+// Objects, arrays and null by kind, integers by value; strings, booleans and other numbers by value
+// when `values`, else by kind ("a string": the safetensors header's messages).
+std::string describe(const nlohmann::json& v, bool values = true);
+
+// "[384, 128]": a shape (or, with sep ",", a list of token ids) in a message.
+inline std::string list_text(const std::vector<int64_t>& v, const char* sep = ", ") {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + std::to_string(v[i]);
+  return out + "]";
 }
 
 }  // namespace lockstep::engine

@@ -3,7 +3,6 @@
 #include "engine/trainer.h"
 
 #include <chrono>
-#include <cstring>
 #include <map>
 #include <sstream>
 
