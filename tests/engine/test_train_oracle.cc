@@ -362,7 +362,10 @@ TEST(TrainOracle, GradientsMatchAnFp64OracleOfTheSameMath) {
   grads.finish();
 
   // Per tensor: relative L2 error. The forward rounds every activation to bf16 (and the backward
-  // its GEMM operands), so agreement is at bf16 level, not fp32 level.
+  // its GEMM operands), so agreement is at bf16 level, not fp32 level: measured 0.021-0.044 (the
+  // worst tensor of a run; 40 seeds, 2026-12-01, mostly the 16-element q/k norm weights); the
+  // bound is twice that. A wrong formula (sign, missing term, wrong order of a chain rule) gives
+  // O(1) errors.
   double worst = 0;
   std::string worst_name;
   for (const auto& [name, t] : grads.all()) {
@@ -375,7 +378,7 @@ TEST(TrainOracle, GradientsMatchAnFp64OracleOfTheSameMath) {
     }
     ASSERT_GT(den, 0.0) << name;
     const double rel = std::sqrt(num / den);
-    EXPECT_LT(rel, 0.05) << name;
+    EXPECT_LT(rel, 0.1) << name;
     if (rel > worst) worst = rel, worst_name = name;
   }
   std::printf("[train oracle] worst relative L2 error %.4f (%s)\n", worst, worst_name.c_str());
