@@ -76,7 +76,8 @@ struct Oracle {
     Vec y(x.size());
     for (size_t r = 0; r < x.size() / size_t(H); ++r) {
       double ss = 0;
-      for (int64_t k = 0; k < H; ++k) ss += x[r * size_t(H) + size_t(k)] * x[r * size_t(H) + size_t(k)];
+      for (int64_t k = 0; k < H; ++k)
+        ss += x[r * size_t(H) + size_t(k)] * x[r * size_t(H) + size_t(k)];
       const double rr = 1.0 / std::sqrt(ss / double(H) + double(float(c.rms_norm_eps)));
       for (int64_t k = 0; k < H; ++k)
         y[r * size_t(H) + size_t(k)] = x[r * size_t(H) + size_t(k)] * rr * wt[size_t(k)];
@@ -178,8 +179,7 @@ struct Oracle {
       A.g = linear(A.b, W(p + "mlp.gate_proj.weight"), n, I, H);
       A.u = linear(A.b, W(p + "mlp.up_proj.weight"), n, I, H);
       A.m.resize(A.g.size());
-      for (size_t i = 0; i < A.g.size(); ++i)
-        A.m[i] = A.g[i] / (1.0 + std::exp(-A.g[i])) * A.u[i];
+      for (size_t i = 0; i < A.g.size(); ++i) A.m[i] = A.g[i] / (1.0 + std::exp(-A.g[i])) * A.u[i];
       const Vec dn = linear(A.m, W(p + "mlp.down_proj.weight"), n, H, I);
       for (size_t i = 0; i < h.size(); ++i) h[i] += dn[i];
     }
@@ -224,8 +224,8 @@ struct Oracle {
       }
       Vec db = linear_back(dg, A.b, W(p + "mlp.gate_proj.weight"), gr[p + "mlp.gate_proj.weight"],
                            n, I, H);
-      const Vec db2 = linear_back(du, A.b, W(p + "mlp.up_proj.weight"),
-                                  gr[p + "mlp.up_proj.weight"], n, I, H);
+      const Vec db2 =
+          linear_back(du, A.b, W(p + "mlp.up_proj.weight"), gr[p + "mlp.up_proj.weight"], n, I, H);
       for (size_t i = 0; i < db.size(); ++i) db[i] += db2[i];
       const Vec dhm = norm_back(A.h_mid, W(p + "post_attention_layernorm.weight"), db,
                                 gr[p + "post_attention_layernorm.weight"], H);
