@@ -84,16 +84,32 @@ int run_grpo_cmd(GrpoFlags& f) {
     std::printf("lockstep grpo: on-policy RL, rollout vs trainer log-probs compared bit for bit\n");
     std::printf("  model     %s: %s\n", desc.c_str(), mcfg.to_string().c_str());
     std::printf("  %s\n\n", cfg.to_string().c_str());
-    std::printf("%5s %8s %7s %10s %10s %20s %8s %9s %8s %9s %8s\n", "step", "reward", "std",
-                "compared", "mismatch", "ratio min/max", "kl", "clipfrac", "gnorm", "tok/s",
-                "step s");
     flush_stdout();
   }
   int64_t mismatches = 0;
   engine::GrpoHooks hooks;
+  hooks.on_sft_step = [&](const engine::SftStepMetrics& s) {
+    if (f.json) {
+      std::printf(
+          "{\"sft_step\": %lld, \"loss\": %.9g, \"token_accuracy\": %.9g, \"grad_norm\": "
+          "%.9g}\n",
+          (long long)s.step, s.loss, s.token_accuracy, s.grad_norm);
+    } else if (s.step % 10 == 0 || s.step + 1 == cfg.sft_steps) {
+      std::printf("  warm-up %4lld  loss %.4f  token accuracy %.3f  grad norm %.3f  %.2f s\n",
+                  (long long)s.step, s.loss, s.token_accuracy, s.grad_norm, s.step_s);
+    }
+    flush_stdout();
+  };
   hooks.progress = [](const std::string& s) { std::fprintf(stderr, "[grpo] %s\n", s.c_str()); };
+  bool header = false;
   hooks.on_step = [&](const engine::GrpoStepMetrics& s) {
     mismatches += s.logp_mismatches;
+    if (!f.json && !header) {
+      header = true;
+      std::printf("\n%5s %8s %7s %10s %10s %20s %8s %9s %8s %9s %8s\n", "step", "reward", "std",
+                  "compared", "mismatch", "ratio min/max", "kl", "clipfrac", "gnorm", "tok/s",
+                  "step s");
+    }
     const std::string j = json_line(s);
     if (metrics) {
       std::fprintf(metrics, "%s\n", j.c_str());
@@ -148,7 +164,14 @@ Command add_grpo_command(CLI::App& top) {
                   "score with this command instead (JSONL samples on stdin, one reward per line)");
   sub->add_option("--reward-timeout", f->cfg.reward_timeout_s, "seconds")->capture_default_str();
   sub->add_option("--steps", f->cfg.steps, "GRPO steps")
-      ->transform(int_in(1, 1000000))
+      ->transform(int_in(0, 1000000))
+      ->capture_default_str();
+  sub->add_option("--sft-steps", f->cfg.sft_steps,
+                  "supervised warm-up steps on the task's answers before GRPO (same optimizer)")
+      ->transform(int_in(0, 1000000))
+      ->capture_default_str();
+  sub->add_option("--sft-prompts", f->cfg.sft_prompts, "prompts per warm-up step")
+      ->transform(int_in(1, 65536))
       ->capture_default_str();
   sub->add_option("--prompts", f->cfg.prompts, "prompts per step")
       ->transform(int_in(1, 4096))

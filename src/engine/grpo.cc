@@ -64,7 +64,9 @@ uint32_t f32_bits(float f) {
 }  // namespace
 
 void GrpoConfig::validate() const {
-  LS_CHECK(steps >= 1 && steps <= 1000000, kOp, "steps must be in [1, 1e6], got ", steps);
+  LS_CHECK(steps >= 0 && steps <= 1000000, kOp, "steps must be in [0, 1e6], got ", steps);
+  LS_CHECK(sft_steps >= 0 && sft_steps <= 1000000 && sft_prompts >= 1 && sft_prompts <= 65536, kOp,
+           "sft_steps must be in [0, 1e6] and sft_prompts in [1, 65536]");
   LS_CHECK(prompts >= 1 && group >= 1 && prompts * group <= 65536, kOp, "prompts (", prompts,
            ") and group (", group, ") must be >= 1 with prompts·group <= 65536");
   LS_CHECK(std::isfinite(temperature) && temperature > 0.0f, kOp,
@@ -84,11 +86,13 @@ std::string GrpoConfig::to_string() const {
   std::ostringstream os;
   os << "task " << task << " (digits " << digits << ")"
      << (reward_command.empty() ? "" : ", reward command: " + reward_command) << "; " << steps
-     << " steps x " << prompts << " prompts x G=" << group << "; temperature " << temperature
-     << ", seed " << seed << "\n  rollout tp=" << rollout_tp << "; training tp=" << train_tp
-     << ", micro_batch_tokens=" << micro_batch_tokens << ", mini_batches=" << mini_batches << "\n  "
-     << contract.to_string() << "\n  " << optim.to_string() << "\n  " << loss.to_string() << "\n  "
-     << rollout.to_string() << (baseline ? "\n  kernels: BASELINE (ordinary, non-invariant)" : "");
+     << " steps x " << prompts << " prompts x G=" << group << " (after " << sft_steps
+     << " supervised warm-up steps of " << sft_prompts << " prompts)"
+     << "; temperature " << temperature << ", seed " << seed << "\n  rollout tp=" << rollout_tp
+     << "; training tp=" << train_tp << ", micro_batch_tokens=" << micro_batch_tokens
+     << ", mini_batches=" << mini_batches << "\n  " << contract.to_string() << "\n  "
+     << optim.to_string() << "\n  " << loss.to_string() << "\n  " << rollout.to_string()
+     << (baseline ? "\n  kernels: BASELINE (ordinary, non-invariant)" : "");
   return os.str();
 }
 
@@ -118,6 +122,61 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
   auto say = [&](const std::string& s) {
     if (hooks.progress) hooks.progress(s);
   };
+
+  // ---- supervised warm-up
+  for (int64_t step = 0; step < cfg.sft_steps; ++step) {
+    const auto t_step = Clock::now();
+    std::mt19937_64 g(cfg.seed * 0xD1B54A32D192ED03ull + uint64_t(step));
+    std::vector<int32_t> tokens, cu = {0};
+    std::vector<int64_t> targets, seq_index;
+    const std::vector<int64_t> eos = mcfg.eos_token_ids;
+    for (int64_t p = 0; p < cfg.sft_prompts; ++p) {
+      const TaskPrompt tp = task->make_prompt(g);
+      std::vector<int32_t> seq = tp.prompt;
+      seq.insert(seq.end(), tp.answer.begin(), tp.answer.end());
+      if (!eos.empty()) seq.push_back(int32_t(eos[0]));
+      for (size_t i = 0; i < seq.size(); ++i) {
+        tokens.push_back(seq[i]);
+        const bool target = i + 1 >= tp.prompt.size() && i + 1 < seq.size();
+        targets.push_back(target ? seq[i + 1] : -1);
+      }
+      cu.push_back(int32_t(tokens.size()));
+      seq_index.push_back(p);
+    }
+    const int64_t T = int64_t(tokens.size());
+    Model model(mcfg, views_of(weights), topt, backend(false));
+    const Backprop bp(mcfg, views_of(weights), topt);
+    const SavedForward f =
+        bp.forward(model, TensorView::contiguous(tokens.data(), DType::kI32, {T}),
+                   TensorView::contiguous(cu.data(), DType::kI32, {int64_t(cu.size())}));
+    Tensor logp(DType::kF32, {T}), lse(DType::kF32, {T}), ent(DType::kF32, {T});
+    const TensorView tg = TensorView::contiguous(targets.data(), DType::kI64, {T});
+    model.logprob(f.hidden.view(), tg, 1.0f, logp.view(), lse.view(), ent.view());
+    int64_t n = 0, right = 0;
+    double nll = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      if (targets[size_t(t)] < 0) continue;
+      ++n;
+      nll -= double(logp.ptr<float>()[t]);
+      right += logp.ptr<float>()[t] > -0.6931472f;
+    }
+    std::vector<float> g_lp(size_t(T), 0.0f);
+    for (int64_t t = 0; t < T; ++t)
+      if (targets[size_t(t)] >= 0) g_lp[size_t(t)] = float(-1.0 / double(n));
+    Gradients grads(mcfg);
+    bp.backward(f, tg, LogprobParams{}, lse.view(), ent.view(),
+                TensorView::contiguous(g_lp.data(), DType::kF32, {T}), nullptr, seq_index, grads);
+    grads.finish();
+    const StepStats st = adam.step(grads.all());
+    weights = adam.bf16_weights();
+    SftStepMetrics sm;
+    sm.step = step;
+    sm.loss = nll / double(n);
+    sm.token_accuracy = double(right) / double(n);
+    sm.grad_norm = st.grad_norm;
+    sm.step_s = seconds_since(t_step);
+    if (hooks.on_sft_step) hooks.on_sft_step(sm);
+  }
 
   for (int64_t step = 0; step < cfg.steps; ++step) {
     const auto t_step = Clock::now();

@@ -26,6 +26,12 @@ struct GrpoConfig {
   std::string reward_command;  // non-empty: a plug-in reward command scores the task's prompts
   double reward_timeout_s = 60;
   int64_t steps = 20;
+  // Supervised warm-up before the GRPO steps (the same optimizer): sft_steps steps of sft_prompts
+  // task prompts with their reference answers (+ EOS) as targets, token-mean cross-entropy. A
+  // randomly initialized model almost never samples a right answer, so GRPO alone would see
+  // rewards of 0 and advantages of 0.
+  int64_t sft_steps = 0;
+  int64_t sft_prompts = 64;
   int64_t prompts = 16;  // prompts per step
   int64_t group = 8;     // samples per prompt (G)
   float temperature = 1.0f;
@@ -56,7 +62,15 @@ struct GrpoStepMetrics {
   std::string weights_sha256;  // of the bf16 weights after the step
 };
 
+struct SftStepMetrics {
+  int64_t step = 0;
+  double loss = 0;            // mean negative log-likelihood of the answer tokens
+  double token_accuracy = 0;  // answer tokens whose log-prob exceeds log(1/2)
+  double grad_norm = 0, step_s = 0;
+};
+
 struct GrpoHooks {
+  std::function<void(const SftStepMetrics&)> on_sft_step;
   std::function<void(const GrpoStepMetrics&)> on_step;
   std::function<void(const std::string&)> progress;  // long phases of a step
 };

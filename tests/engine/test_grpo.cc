@@ -110,7 +110,7 @@ TEST(Grpo, BaselineKernelsShowMismatches) {
 
 TEST(Grpo, BadConfigsAreRefused) {
   GrpoConfig g = small_run();
-  g.steps = 0;
+  g.steps = -1;
   EXPECT_THROW(run(g), Error);
   g = small_run();
   g.task = "nope";
