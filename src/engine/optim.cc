@@ -5,6 +5,7 @@
 // chunks run in parallel; no result depends on the thread count.
 #include "engine/optim.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <map>
