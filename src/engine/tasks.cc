@@ -167,7 +167,8 @@ std::vector<double> parse_rewards(const std::string& out, size_t expected, const
   return rewards;
 }
 
-// The child's pid and its process group (the same id); kills and reaps the group unless reaped.
+// The child's pid and its process group (the same id); kills the group and reaps the child when
+// it ends or on destruction, whatever happened.
 class Child {
  public:
   explicit Child(pid_t pid) : pid_(pid) {}
@@ -186,16 +187,25 @@ class Child {
     pid_ = -1;
   }
   // The exit status once the child has ended, or -1 if it has not yet.
+  // Reaps the child if it has ended (true, *status set). Leftovers of its group (background jobs)
+  // are killed first, while the unreaped leader still reserves the group id.
   bool try_reap(int* status) {
-    pid_t r;
-    do r = ::waitpid(pid_, status, WNOHANG);
+    siginfo_t info{};
+    int r;
+    do r = ::waitid(P_PID, id_t(pid_), &info, WEXITED | WNOHANG | WNOWAIT);
     while (r < 0 && errno == EINTR);
-    if (r == pid_ || (r < 0 && errno == ECHILD)) {
+    if (r < 0) {  // ECHILD: reaped elsewhere (SIGCHLD ignored by the host), status unknown
       pid_ = -1;
-      if (r < 0) *status = 0;
+      *status = 0;
       return true;
     }
-    return false;
+    if (info.si_pid != pid_) return false;
+    ::kill(-pid_, SIGKILL);
+    pid_t w;
+    do w = ::waitpid(pid_, status, 0);
+    while (w < 0 && errno == EINTR);
+    pid_ = -1;
+    return true;
   }
 
  private:

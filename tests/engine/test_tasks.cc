@@ -288,6 +288,14 @@ TEST(CommandTask, TimeoutKillsTheWholeGroup) {
   EXPECT_TRUE(process_gone(grandchild)) << "sleep " << grandchild << " still runs";
   std::remove(path.c_str());
 
+  // A command that answers and exits but leaves a background job: the job is killed too.
+  const auto leaves_job = command("sleep 30 >/dev/null 2>&1 & echo $! >'" + path + "'; echo 1");
+  EXPECT_EQ(leaves_job->score(samples(1)), std::vector<double>{1.0});
+  const pid_t job = read_pid(path);
+  ASSERT_GT(job, 0);
+  EXPECT_TRUE(process_gone(job)) << "background sleep " << job << " still runs";
+  std::remove(path.c_str());
+
   // Closing stdout and stderr and then hanging is a timeout too, not a hang of ours.
   expect_error([] { command("exec >&- 2>&-; sleep 30", 0.5)->score(samples(1)); },
                {"did not answer within 0.5 s"});
