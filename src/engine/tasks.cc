@@ -26,6 +26,7 @@ namespace {
 
 constexpr int32_t kBos = 1, kDigit0 = 3, kSep = 13, kPlus = 14;
 constexpr int64_t kMaxDigits = 1024;
+constexpr double kMaxTimeoutS = 1e6;  // the deadline stays far inside steady_clock's range
 
 // NOTE: not std::uniform_int_distribution, whose algorithm differs between standard libraries: a
 // rejection draw over the raw 64-bit outputs gives the same digits everywhere.
@@ -418,8 +419,8 @@ std::unique_ptr<Task> make_command_task(std::unique_ptr<Task> base, const std::s
                                         double timeout_s) {
   LS_CHECK(base != nullptr, "make_command_task", "no base task");
   LS_CHECK(!command.empty(), "make_command_task", "empty command");
-  LS_CHECK(std::isfinite(timeout_s) && timeout_s > 0, "make_command_task",
-           "timeout_s must be finite and > 0, got ", timeout_s);
+  LS_CHECK(std::isfinite(timeout_s) && timeout_s > 0 && timeout_s <= kMaxTimeoutS,
+           "make_command_task", "timeout_s must be in (0, ", kMaxTimeoutS, "], got ", timeout_s);
   return std::make_unique<CommandTask>(std::move(base), command, timeout_s);
 }
 

@@ -55,7 +55,7 @@ std::vector<std::string> builtin_task_names();
 // locale-independently. The command runs in its own process group, which is killed (SIGKILL) on a
 // timeout; every child is reaped before score returns or throws. SIGPIPE (a command that does not
 // read all its input) is blocked in the calling thread while writing, never delivered. It scores
-// the prompts of `base` (its prompts and max_new_tokens); timeout_s > 0.
+// the prompts of `base` (its prompts and max_new_tokens); timeout_s in (0, 1e6].
 std::unique_ptr<Task> make_command_task(std::unique_ptr<Task> base, const std::string& command,
                                         double timeout_s);
 
