@@ -178,16 +178,14 @@ class Child {
   ~Child() {
     if (pid_ > 0) kill_and_reap();
   }
-  pid_t pid() const { return pid_; }
   void kill_and_reap() {
     ::kill(-pid_, SIGKILL);
-    ::kill(pid_, SIGKILL);  // in case setpgid lost a race with exec
+    ::kill(pid_, SIGKILL);  // the group exists (both sides call setpgid); this is belt and braces
     int status = 0;
     while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
     }
     pid_ = -1;
   }
-  // The exit status once the child has ended, or -1 if it has not yet.
   // Reaps the child if it has ended (true, *status set). Leftovers of its group (background jobs)
   // are killed first, while the unreaped leader still reserves the group id.
   bool try_reap(int* status) {
@@ -290,7 +288,13 @@ RunResult run_command(const std::string& command, const std::string& input, doub
     ::setpgid(0, 0);
     ::sigaction(SIGPIPE, &dfl, nullptr);
     pthread_sigmask(SIG_SETMASK, &sigpipe.old_mask(), nullptr);
-    if (::dup2(in_r.fd, 0) < 0 || ::dup2(out_w.fd, 1) < 0 || ::dup2(err_w.fd, 2) < 0) _exit(127);
+    // Our pipe ends may themselves be 0..2 (a caller with closed stdio): move them above 2 first,
+    // so no dup2 overwrites another or keeps a close-on-exec flag.
+    int ends[3] = {in_r.fd, out_w.fd, err_w.fd};
+    for (int& fd : ends)
+      if (fd < 3 && (fd = ::fcntl(fd, F_DUPFD, 3)) < 0) _exit(127);
+    for (int i = 0; i < 3; ++i)
+      if (::dup2(ends[i], i) < 0) _exit(127);
     ::execve("/bin/sh", const_cast<char* const*>(argv), environ);
     _exit(127);
   }

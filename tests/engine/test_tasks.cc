@@ -244,6 +244,23 @@ TEST(CommandTask, Errors) {
                  {"timeout_s must be in (0, 1e+06]"});
 }
 
+// A caller with its stdin closed: the pipe ends land on fd 0 and must still reach the command.
+TEST(CommandTask, CallerWithClosedStdin) {
+  const int saved = ::dup(0);
+  ASSERT_GE(saved, 0);
+  ::close(0);
+  std::vector<double> got;
+  try {
+    got = command("wc -l | tr -d ' '")->score(samples(1));
+  } catch (const Error& e) {
+    ADD_FAILURE() << e.what();
+  }
+  ::dup2(saved, 0);
+  ::close(saved);
+  EXPECT_EQ(got, std::vector<double>{1.0});  // one JSONL line read
+  expect_no_children();
+}
+
 // A command that never reads its (large) stdin: the writes hit EPIPE, which must neither kill
 // this process (SIGPIPE) nor hide the command's real answer.
 TEST(CommandTask, CommandThatIgnoresItsInput) {
