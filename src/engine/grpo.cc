@@ -76,6 +76,7 @@ void GrpoConfig::validate() const {
            "mini_batches must be in [1, prompts·group], got ", mini_batches);
   LS_CHECK(rollout_tp >= 1 && train_tp >= 1, kOp, "tp degrees must be >= 1");
   LS_CHECK(reward_timeout_s > 0, kOp, "reward timeout must be > 0");
+  LS_CHECK(std::isfinite(sft_lr) && sft_lr > 0, kOp, "sft_lr must be finite and > 0");
   contract.validate();
   optim.validate();
   loss.validate();
@@ -111,8 +112,10 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
   std::unique_ptr<Task> task = make_builtin_task(cfg.task, cfg.digits, mcfg.vocab_size);
   if (!cfg.reward_command.empty())
     task = make_command_task(std::move(task), cfg.reward_command, cfg.reward_timeout_s);
-  AdamW adam(init, cfg.optim);
-  Weights weights = adam.bf16_weights();
+  AdamWConfig sft_cfg = cfg.optim;
+  sft_cfg.lr = cfg.sft_lr;
+  AdamW sft_adam(init, sft_cfg);
+  Weights weights = sft_adam.bf16_weights();
   LS_CHECK(weights_sha256(weights) == weights_sha256(init), kOp,
            "the initial weights must be bf16 (their fp32 masters round back to other bits)");
   ModelOptions ropt, topt;
@@ -167,8 +170,8 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
     bp.backward(f, tg, LogprobParams{}, lse.view(), ent.view(),
                 TensorView::contiguous(g_lp.data(), DType::kF32, {T}), nullptr, seq_index, grads);
     grads.finish();
-    const StepStats st = adam.step(grads.all());
-    weights = adam.bf16_weights();
+    const StepStats st = sft_adam.step(grads.all());
+    weights = sft_adam.bf16_weights();
     SftStepMetrics sm;
     sm.step = step;
     sm.loss = nll / double(n);
@@ -178,6 +181,7 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
     if (hooks.on_sft_step) hooks.on_sft_step(sm);
   }
 
+  AdamW adam(weights, cfg.optim);
   for (int64_t step = 0; step < cfg.steps; ++step) {
     const auto t_step = Clock::now();
     GrpoStepMetrics met;

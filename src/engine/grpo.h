@@ -32,6 +32,7 @@ struct GrpoConfig {
   // rewards of 0 and advantages of 0.
   int64_t sft_steps = 0;
   int64_t sft_prompts = 64;
+  double sft_lr = 3e-3;  // the warm-up's own AdamW (cfg.optim otherwise); GRPO starts a fresh one
   int64_t prompts = 16;  // prompts per step
   int64_t group = 8;     // samples per prompt (G)
   float temperature = 1.0f;

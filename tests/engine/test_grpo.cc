@@ -54,15 +54,15 @@ GrpoConfig small_run() {
   return g;
 }
 
-struct Run {
+struct GrpoRun {
   std::vector<GrpoStepMetrics> steps;
   std::string final_sha;
 };
 
-Run run(const GrpoConfig& g) {
+GrpoRun run(const GrpoConfig& g) {
   const Qwen3Config c = small_config();
   const Weights w0 = random_qwen3_weights(c, 3);
-  Run r;
+  GrpoRun r;
   GrpoHooks h;
   h.on_step = [&](const GrpoStepMetrics& m) { r.steps.push_back(m); };
   r.final_sha = weights_sha256(run_grpo(g, c, w0, h));
@@ -70,7 +70,7 @@ Run run(const GrpoConfig& g) {
 }
 
 TEST(Grpo, EveryStepZeroMismatchesRatiosExactlyOneAndWeightsMove) {
-  const Run r = run(small_run());
+  const GrpoRun r = run(small_run());
   ASSERT_EQ(r.steps.size(), 3u);
   std::string prev;
   for (const GrpoStepMetrics& m : r.steps) {
@@ -86,7 +86,7 @@ TEST(Grpo, EveryStepZeroMismatchesRatiosExactlyOneAndWeightsMove) {
 
 TEST(Grpo, TwoRunsMicroBatchSizeAndTrainingTpGiveTheSameWeights) {
   const GrpoConfig g = small_run();
-  const Run a = run(g);
+  const GrpoRun a = run(g);
   EXPECT_EQ(a.final_sha, run(g).final_sha) << "rerun";
   GrpoConfig mb = g;
   mb.micro_batch_tokens = 1000;  // one micro-batch per step
@@ -103,7 +103,7 @@ TEST(Grpo, BaselineKernelsShowMismatches) {
   GrpoConfig g = small_run();
   g.baseline = true;
   g.steps = 1;
-  const Run r = run(g);
+  const GrpoRun r = run(g);
   ASSERT_EQ(r.steps.size(), 1u);
   EXPECT_GT(r.steps[0].logp_mismatches, 0);
 }
