@@ -10,6 +10,7 @@
 #include "tools/audit_cmd.h"
 #include "tools/bench_engine_cmd.h"
 #include "tools/cli.h"
+#include "tools/grpo_cmd.h"
 #include "tools/plan_cmd.h"
 #include "tools/score_cmd.h"
 #include "tools/selfcheck.h"
@@ -41,6 +42,7 @@ int lockstep_main(int argc, char** argv) {
   const std::vector<Command> commands = {
       add_audit_command(app),     add_bench_engine_command(app), add_score_command(app),
       add_selfcheck_command(app), add_contract_command(app),     add_plan_command(app),
+      add_grpo_command(app),
   };
   return run_cli(app, commands, argc, argv);
 }

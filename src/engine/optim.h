@@ -33,7 +33,7 @@ struct AdamWConfig {
 double learning_rate(const AdamWConfig& cfg, int64_t step);
 
 struct StepStats {
-  double grad_norm = 0;  // before clipping (fp64 of the fp32 canonical sum, see below)
+  double grad_norm = 0;  // before clipping (the canonical double sum, see step())
   double clip_scale = 1;
   double lr = 0;
 };
@@ -43,10 +43,19 @@ class AdamW {
   // From bf16 (or f32) weights, HF names: master = fp32 copies, moments zero.
   AdamW(const Weights& weights, const AdamWConfig& cfg);
 
-  // One update from fp32 gradients (same names/shapes, in the same order as the weights). The
-  // global norm is sqrt(Σ_tensors Σ_elements g²) with each tensor's sum of squares a sequential
-  // fp32 chain in element order and the tensors' sums added in weight order (fp32), then sqrt; a
-  // non-finite norm throws (nothing is updated). Returns the stats.
+  // One update from fp32 gradients (same names/shapes, in the same order as the weights).
+  // The global norm is sqrt(Σ_tensors Σ_elements g²), summed in double in a canonical order that
+  // does not depend on threads: each tensor is cut into chunks of 65536 elements, each chunk's
+  // sum of squares is a sequential chain in element order, the chunk sums are added in chunk
+  // order, the tensors' sums in weight order, then sqrt (correctly rounded). g² is exact in double
+  // and no finite fp32 gradient overflows the sum, so the norm is finite iff every gradient is;
+  // a non-finite gradient throws naming the first such tensor (nothing is updated).
+  // clip_scale = min(1, max_grad_norm / (norm + 1e-6)) (1 when max_grad_norm <= 0). Then, per
+  // element, in double from the fp32 state, stored back as fp32 (t = steps_done() + 1):
+  //   g' = g·clip_scale; m = β1·m + (1−β1)·g'; v = β2·v + (1−β2)·g'²;
+  //   m̂ = m/(1−β1^t); v̂ = v/(1−β2^t); w = w − lr_t·(m̂/(sqrt(v̂)+eps) + wd·w)
+  // with β^t by t sequential multiplications, wd = 0 for 1-D weights, lr_t = learning_rate(cfg,
+  // t−1). Details and the reasons: docs/training-optimizer.md. Returns the stats.
   StepStats step(const Weights& grads);
 
   // The bf16 compute weights (round to nearest even of the fp32 masters, canonical NaN).
@@ -58,7 +67,12 @@ class AdamW {
   const AdamWConfig& config() const { return cfg_; }
 
   // Checkpoint: exact state (masters, moments, step) to / from named fp32 tensors.
-  Weights state() const;  // "master/<name>", "m/<name>", "v/<name>", plus "step" [1] f32 bits
+  // "master/<name>", then "m/<name>", then "v/<name>" (weight order), then "step": f32 [1]
+  // holding steps_done() as an exact integer (< 2^24). from_state takes the weight order from the
+  // order of the "master/" entries, the rest in any order, and throws lockstep::Error on a missing,
+  // extra or duplicate entry, a wrong dtype or shape, or a step that is not an integer in [0,
+  // 2^24).
+  Weights state() const;
   static AdamW from_state(const Weights& state, const AdamWConfig& cfg);
 
  private:

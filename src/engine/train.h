@@ -63,6 +63,10 @@ struct SavedForward {
     Tensor act;       // [T, I] SiLU-and-mul output (x of down_proj)
   };
   std::vector<Layer> layers;
+  // The forward ran on the invariant backend: the backward's recomputed attention must equal its
+  // output bit for bit (checked). A baseline forward (ordinary kernels) is differentiated with the
+  // invariant recompute of attention, unchecked.
+  bool invariant = true;
   Tensor s_final;  // [T, H] the stream into the final norm
   Tensor hidden;   // [T, H] the final norm's output (h of the log-prob head)
   int64_t bytes() const;

@@ -1,0 +1,368 @@
+// The GRPO loop (docs/training.md).
+#include "engine/grpo.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <random>
+#include <sstream>
+
+#include "baseline/cpu/backend.h"
+#include "engine/backend.h"
+#include "engine/model.h"
+#include "engine/safetensors.h"
+#include "engine/train.h"
+#include "lockstep/error.h"
+
+namespace lockstep::engine {
+namespace {
+
+constexpr const char* kOp = "grpo";
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::map<std::string, TensorView> views_of(const Weights& w) {
+  std::map<std::string, TensorView> v;
+  for (const auto& [name, t] : w) v[name] = t.view();
+  return v;
+}
+
+std::unique_ptr<OpsBackend> backend(bool baseline) {
+  return baseline ? make_baseline_backend() : make_invariant_backend();
+}
+
+// One training sequence: the prompt and the completion, and where the completion's log-probs sit.
+struct TrainSeq {
+  std::vector<int32_t> tokens;  // prompt + completion
+  int64_t prompt_len = 0;
+  const Completion* c = nullptr;
+  double advantage = 0;
+  // Filled by the forward of its micro-batch: per completion token.
+  std::vector<float> logp, entropy;
+};
+
+// The trainer's forward of a micro-batch [s0, s1) of `seqs`: saved activations, per-token
+// targets and the log-prob head's outputs.
+struct MicroBatch {
+  int64_t s0 = 0, s1 = 0;
+  mutable std::vector<int64_t> targets;  // viewed (non-const TensorView data) by the ops
+  std::vector<int32_t> cu;
+  SavedForward saved;
+  Tensor lse, ent;
+};
+
+uint32_t f32_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+}  // namespace
+
+void GrpoConfig::validate() const {
+  LS_CHECK(steps >= 0 && steps <= 1000000, kOp, "steps must be in [0, 1e6], got ", steps);
+  LS_CHECK(sft_steps >= 0 && sft_steps <= 1000000 && sft_prompts >= 1 && sft_prompts <= 65536, kOp,
+           "sft_steps must be in [0, 1e6] and sft_prompts in [1, 65536]");
+  LS_CHECK(prompts >= 1 && group >= 1 && prompts * group <= 65536, kOp, "prompts (", prompts,
+           ") and group (", group, ") must be >= 1 with prompts·group <= 65536");
+  LS_CHECK(std::isfinite(temperature) && temperature > 0.0f, kOp,
+           "temperature must be finite and > 0 (the policy's distribution), got ", temperature);
+  LS_CHECK(micro_batch_tokens >= 1, kOp, "micro_batch_tokens must be >= 1");
+  LS_CHECK(mini_batches >= 1 && mini_batches <= prompts * group, kOp,
+           "mini_batches must be in [1, prompts·group], got ", mini_batches);
+  LS_CHECK(rollout_tp >= 1 && train_tp >= 1, kOp, "tp degrees must be >= 1");
+  LS_CHECK(reward_timeout_s > 0, kOp, "reward timeout must be > 0");
+  LS_CHECK(std::isfinite(sft_lr) && sft_lr > 0, kOp, "sft_lr must be finite and > 0");
+  contract.validate();
+  optim.validate();
+  loss.validate();
+  rollout.validate();
+}
+
+std::string GrpoConfig::to_string() const {
+  std::ostringstream os;
+  os << "task " << task << " (digits " << digits << ")"
+     << (reward_command.empty() ? "" : ", reward command: " + reward_command) << "; " << steps
+     << " steps x " << prompts << " prompts x G=" << group << " (after " << sft_steps
+     << " supervised warm-up steps of " << sft_prompts << " prompts)"
+     << "; temperature " << temperature << ", seed " << seed << "\n  rollout tp=" << rollout_tp
+     << "; training tp=" << train_tp << ", micro_batch_tokens=" << micro_batch_tokens
+     << ", mini_batches=" << mini_batches << "\n  " << contract.to_string() << "\n  "
+     << optim.to_string() << "\n  " << loss.to_string() << "\n  " << rollout.to_string()
+     << (baseline ? "\n  kernels: BASELINE (ordinary, non-invariant)" : "");
+  return os.str();
+}
+
+std::string weights_sha256(const Weights& w) {
+  std::vector<uint8_t> all;
+  for (const auto& [name, t] : w) {
+    const auto* p = static_cast<const uint8_t*>(t.data());
+    all.insert(all.end(), p, p + t.nbytes());
+  }
+  return sha256_hex(all.data(), all.size());
+}
+
+Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& init,
+                 const GrpoHooks& hooks) {
+  cfg.validate();
+  std::unique_ptr<Task> task = make_builtin_task(cfg.task, cfg.digits, mcfg.vocab_size);
+  if (!cfg.reward_command.empty())
+    task = make_command_task(std::move(task), cfg.reward_command, cfg.reward_timeout_s);
+  AdamWConfig sft_cfg = cfg.optim;
+  sft_cfg.lr = cfg.sft_lr;
+  AdamW sft_adam(init, sft_cfg);
+  Weights weights = sft_adam.bf16_weights();
+  LS_CHECK(weights_sha256(weights) == weights_sha256(init), kOp,
+           "the initial weights must be bf16 (their fp32 masters round back to other bits)");
+  ModelOptions ropt, topt;
+  ropt.contract = topt.contract = cfg.contract;
+  ropt.tp = cfg.rollout_tp;
+  topt.tp = cfg.train_tp;
+  auto say = [&](const std::string& s) {
+    if (hooks.progress) hooks.progress(s);
+  };
+
+  // ---- supervised warm-up
+  for (int64_t step = 0; step < cfg.sft_steps; ++step) {
+    const auto t_step = Clock::now();
+    std::mt19937_64 g(cfg.seed * 0xD1B54A32D192ED03ull + uint64_t(step));
+    std::vector<int32_t> tokens, cu = {0};
+    std::vector<int64_t> targets, seq_index;
+    const std::vector<int64_t> eos = mcfg.eos_token_ids;
+    for (int64_t p = 0; p < cfg.sft_prompts; ++p) {
+      const TaskPrompt tp = task->make_prompt(g);
+      std::vector<int32_t> seq = tp.prompt;
+      seq.insert(seq.end(), tp.answer.begin(), tp.answer.end());
+      if (!eos.empty()) seq.push_back(int32_t(eos[0]));
+      for (size_t i = 0; i < seq.size(); ++i) {
+        tokens.push_back(seq[i]);
+        const bool target = i + 1 >= tp.prompt.size() && i + 1 < seq.size();
+        targets.push_back(target ? seq[i + 1] : -1);
+      }
+      cu.push_back(int32_t(tokens.size()));
+      seq_index.push_back(p);
+    }
+    const int64_t T = int64_t(tokens.size());
+    Model model(mcfg, views_of(weights), topt, backend(false));
+    const Backprop bp(mcfg, views_of(weights), topt);
+    const SavedForward f =
+        bp.forward(model, TensorView::contiguous(tokens.data(), DType::kI32, {T}),
+                   TensorView::contiguous(cu.data(), DType::kI32, {int64_t(cu.size())}));
+    Tensor logp(DType::kF32, {T}), lse(DType::kF32, {T}), ent(DType::kF32, {T});
+    const TensorView tg = TensorView::contiguous(targets.data(), DType::kI64, {T});
+    model.logprob(f.hidden.view(), tg, 1.0f, logp.view(), lse.view(), ent.view());
+    int64_t n = 0, right = 0;
+    double nll = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      if (targets[size_t(t)] < 0) continue;
+      ++n;
+      nll -= double(logp.ptr<float>()[t]);
+      right += logp.ptr<float>()[t] > -0.6931472f;
+    }
+    std::vector<float> g_lp(size_t(T), 0.0f);
+    for (int64_t t = 0; t < T; ++t)
+      if (targets[size_t(t)] >= 0) g_lp[size_t(t)] = float(-1.0 / double(n));
+    Gradients grads(mcfg);
+    bp.backward(f, tg, LogprobParams{}, lse.view(), ent.view(),
+                TensorView::contiguous(g_lp.data(), DType::kF32, {T}), nullptr, seq_index, grads);
+    grads.finish();
+    const StepStats st = sft_adam.step(grads.all());
+    weights = sft_adam.bf16_weights();
+    SftStepMetrics sm;
+    sm.step = step;
+    sm.loss = nll / double(n);
+    sm.token_accuracy = double(right) / double(n);
+    sm.grad_norm = st.grad_norm;
+    sm.step_s = seconds_since(t_step);
+    if (hooks.on_sft_step) hooks.on_sft_step(sm);
+  }
+
+  AdamW adam(weights, cfg.optim);
+  for (int64_t step = 0; step < cfg.steps; ++step) {
+    const auto t_step = Clock::now();
+    GrpoStepMetrics met;
+    met.step = step;
+    // ---- rollout
+    std::mt19937_64 g(cfg.seed * 0x9E3779B97F4A7C15ull + uint64_t(step));
+    std::vector<RolloutRequest> reqs;
+    std::vector<TaskPrompt> prompts;
+    for (int64_t p = 0; p < cfg.prompts; ++p) {
+      prompts.push_back(task->make_prompt(g));
+      for (int64_t j = 0; j < cfg.group; ++j) {
+        RolloutRequest r;
+        r.id = p * cfg.group + j;
+        r.prompt = prompts.back().prompt;
+        r.sampling.seed = cfg.seed * 1000003ull + uint64_t(step);
+        r.sampling.temperature = cfg.temperature;
+        r.max_new_tokens = task->max_new_tokens();
+        r.group = p;
+        reqs.push_back(std::move(r));
+      }
+    }
+    const auto t_roll = Clock::now();
+    say("step " + std::to_string(step) + ": rollout of " + std::to_string(reqs.size()) +
+        " sequences");
+    RolloutResult roll;
+    {
+      Model rollout_model(mcfg, views_of(weights), ropt, backend(cfg.baseline));
+      roll = run_rollout(rollout_model, reqs, cfg.rollout);
+    }
+    met.rollout_s = seconds_since(t_roll);
+    met.generated_tokens = roll.generated_tokens;
+
+    // ---- rewards and advantages
+    std::vector<Sample> samples;
+    std::vector<int64_t> groups;
+    for (const Completion& c : roll.completions) {
+      const int64_t p = c.id / cfg.group;
+      samples.push_back({c.id, c.prompt, c.tokens, prompts[size_t(p)].answer});
+      groups.push_back(p);
+    }
+    const std::vector<double> rewards = task->score(samples);
+    LS_CHECK(rewards.size() == samples.size(), kOp, "the task returned ", rewards.size(),
+             " rewards for ", samples.size(), " samples");
+    double rs = 0, rq = 0;
+    for (double r : rewards) rs += r;
+    met.reward_mean = rs / double(rewards.size());
+    for (double r : rewards) rq += (r - met.reward_mean) * (r - met.reward_mean);
+    met.reward_std = std::sqrt(rq / double(rewards.size()));
+    const std::vector<double> adv = group_advantages(rewards, groups, cfg.loss);
+
+    std::vector<TrainSeq> seqs(roll.completions.size());
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const Completion& c = roll.completions[i];
+      LS_CHECK(!c.tokens.empty(), kOp, "request ", c.id, " generated no token");
+      TrainSeq& s = seqs[i];
+      s.tokens = c.prompt;
+      s.tokens.insert(s.tokens.end(), c.tokens.begin(), c.tokens.end());
+      s.prompt_len = int64_t(c.prompt.size());
+      s.c = &c;
+      s.advantage = adv[i];
+    }
+    met.sequences = int64_t(seqs.size());
+
+    // ---- training: mini-batches (consecutive runs of the step's order), each one optimizer step
+    const auto t_train = Clock::now();
+    int64_t train_tokens = 0;
+    const int64_t n = int64_t(seqs.size());
+    for (int64_t mb = 0; mb < cfg.mini_batches; ++mb) {
+      const int64_t m0 = n * mb / cfg.mini_batches, m1 = n * (mb + 1) / cfg.mini_batches;
+      Model train_model(mcfg, views_of(weights), topt, backend(cfg.baseline));
+      const Backprop bp(mcfg, views_of(weights), topt);
+      // Forwards of the micro-batches (consecutive runs of at most micro_batch_tokens tokens).
+      std::vector<MicroBatch> mbs;
+      for (int64_t s = m0; s < m1;) {
+        MicroBatch u;
+        u.s0 = s;
+        std::vector<int32_t> tokens;
+        u.cu = {0};
+        while (s < m1 && (s == u.s0 || int64_t(tokens.size() + seqs[size_t(s)].tokens.size()) <=
+                                           cfg.micro_batch_tokens)) {
+          const TrainSeq& q = seqs[size_t(s)];
+          for (size_t i = 0; i < q.tokens.size(); ++i) {
+            tokens.push_back(q.tokens[i]);
+            // Position i predicts token i+1; only the completion's tokens are targets.
+            const bool target = int64_t(i) + 1 >= q.prompt_len && i + 1 < q.tokens.size();
+            u.targets.push_back(target ? q.tokens[i + 1] : -1);
+          }
+          u.cu.push_back(int32_t(tokens.size()));
+          ++s;
+        }
+        u.s1 = s;
+        const int64_t T = int64_t(tokens.size());
+        train_tokens += T;
+        u.saved =
+            bp.forward(train_model, TensorView::contiguous(tokens.data(), DType::kI32, {T}),
+                       TensorView::contiguous(u.cu.data(), DType::kI32, {int64_t(u.cu.size())}));
+        Tensor logp(DType::kF32, {T});
+        u.lse = Tensor(DType::kF32, {T});
+        u.ent = Tensor(DType::kF32, {T});
+        train_model.logprob(u.saved.hidden.view(),
+                            TensorView::contiguous(u.targets.data(), DType::kI64, {T}),
+                            cfg.temperature, logp.view(), u.lse.view(), u.ent.view());
+        for (int64_t k = u.s0; k < u.s1; ++k) {
+          TrainSeq& q = seqs[size_t(k)];
+          const int64_t base = u.cu[size_t(k - u.s0)] + q.prompt_len - 1;
+          const int64_t nc = int64_t(q.c->tokens.size());
+          q.logp.assign(logp.ptr<float>() + base, logp.ptr<float>() + base + nc);
+          q.entropy.assign(u.ent.ptr<float>() + base, u.ent.ptr<float>() + base + nc);
+        }
+        mbs.push_back(std::move(u));
+      }
+      // Compare with the rollout's recorded values (first mini-batch of the step: same weights).
+      if (mb == 0) {
+        for (int64_t k = m0; k < m1; ++k) {
+          const TrainSeq& q = seqs[size_t(k)];
+          for (size_t j = 0; j < q.logp.size(); ++j) {
+            ++met.logp_compared;
+            if (f32_bits(q.logp[j]) != f32_bits(q.c->logp[j])) {
+              ++met.logp_mismatches;
+              met.max_abs_dlogp =
+                  std::max(met.max_abs_dlogp, std::fabs(double(q.logp[j]) - double(q.c->logp[j])));
+            }
+          }
+        }
+      }
+      // The loss over the mini-batch, then the backward micro-batch by micro-batch.
+      std::vector<SeqLoss> sl;
+      for (int64_t k = m0; k < m1; ++k) {
+        const TrainSeq& q = seqs[size_t(k)];
+        SeqLoss x;
+        x.advantage = q.advantage;
+        x.old_logp = q.c->logp;
+        x.logp = q.logp;
+        x.entropy = q.entropy;
+        sl.push_back(std::move(x));
+      }
+      const LossResult lr = policy_loss(sl, cfg.loss);
+      if (mb == 0) {
+        met.ratio_min = lr.ratio_min;
+        met.ratio_max = lr.ratio_max;
+        met.clip_fraction = lr.clip_fraction;
+        met.kl = lr.kl;
+        met.entropy_mean = lr.entropy_mean;
+        met.loss = lr.loss;
+      }
+      Gradients grads(mcfg);
+      for (const MicroBatch& u : mbs) {
+        const int64_t T = int64_t(u.targets.size());
+        std::vector<float> g_lp(size_t(T), 0.0f), g_ent(size_t(T), 0.0f);
+        std::vector<int64_t> idx;
+        for (int64_t k = u.s0; k < u.s1; ++k) {
+          const TrainSeq& q = seqs[size_t(k)];
+          const int64_t base = u.cu[size_t(k - u.s0)] + q.prompt_len - 1;
+          const auto& gl = lr.g_logp[size_t(k - m0)];
+          const auto& ge = lr.g_entropy[size_t(k - m0)];
+          for (size_t j = 0; j < gl.size(); ++j) {
+            g_lp[size_t(base) + j] = gl[j];
+            g_ent[size_t(base) + j] = ge[j];
+          }
+          idx.push_back(k);
+        }
+        const TensorView ge_v = TensorView::contiguous(g_ent.data(), DType::kF32, {T});
+        LogprobParams params;
+        params.temperature = cfg.temperature;
+        bp.backward(u.saved, TensorView::contiguous(u.targets.data(), DType::kI64, {T}), params,
+                    u.lse.view(), u.ent.view(),
+                    TensorView::contiguous(g_lp.data(), DType::kF32, {T}), &ge_v, idx, grads);
+      }
+      grads.finish();
+      const StepStats st = adam.step(grads.all());
+      met.grad_norm = st.grad_norm;
+      met.lr = st.lr;
+      weights = adam.bf16_weights();
+    }
+    met.train_s = seconds_since(t_train);
+    met.train_tokens_per_s = met.train_s > 0 ? double(train_tokens) / met.train_s : 0;
+    met.weights_sha256 = weights_sha256(weights);
+    met.step_s = seconds_since(t_step);
+    if (hooks.on_step) hooks.on_step(met);
+  }
+  return weights;
+}
+
+}  // namespace lockstep::engine

@@ -1,0 +1,87 @@
+// The GRPO loop (issue 12; docs/training.md): rollout with the engine (GRPO groups sharing their
+// prompt's KV, per-request sampling) → rewards (a Task) → group advantages → packed training
+// forward + backward over micro-batches (engine/train.h) → AdamW → the new bf16 weights to the
+// rollout engine, step after step. On the first mini-batch of every step the trainer's log-probs
+// are compared with the rollout's bit for bit and the PPO ratios computed from them (exactly 1
+// when they agree). CPU reference; the CUDA backward does not exist yet.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "engine/config.h"
+#include "engine/default_model.h"
+#include "engine/optim.h"
+#include "engine/policy_loss.h"
+#include "engine/rollout.h"
+#include "engine/tasks.h"
+#include "lockstep/contract/config.h"
+
+namespace lockstep::engine {
+
+struct GrpoConfig {
+  std::string task = "copy";   // a built-in task (builtin_task_names())
+  int64_t digits = 3;          // the task's operand length
+  std::string reward_command;  // non-empty: a plug-in reward command scores the task's prompts
+  double reward_timeout_s = 60;
+  int64_t steps = 20;
+  // Supervised warm-up before the GRPO steps (the same optimizer): sft_steps steps of sft_prompts
+  // task prompts with their reference answers (+ EOS) as targets, token-mean cross-entropy. A
+  // randomly initialized model almost never samples a right answer, so GRPO alone would see
+  // rewards of 0 and advantages of 0.
+  int64_t sft_steps = 0;
+  int64_t sft_prompts = 64;
+  double sft_lr = 3e-3;  // the warm-up's own AdamW (cfg.optim otherwise); GRPO starts a fresh one
+  int64_t prompts = 16;  // prompts per step
+  int64_t group = 8;     // samples per prompt (G)
+  float temperature = 1.0f;
+  uint64_t seed = 1;
+  ContractConfig contract;
+  int rollout_tp = 2, train_tp = 1;
+  int64_t micro_batch_tokens = 512;
+  int64_t mini_batches = 1;  // optimizer steps per rollout batch (PPO mini-batches)
+  bool baseline = false;     // ordinary (non-invariant) kernels for rollout and training forward
+  AdamWConfig optim;
+  PolicyLossConfig loss;
+  RolloutConfig rollout;
+  void validate() const;          // throws lockstep::Error
+  std::string to_string() const;  // a few lines
+};
+
+struct GrpoStepMetrics {
+  int64_t step = 0;
+  double reward_mean = 0, reward_std = 0;
+  int64_t sequences = 0, generated_tokens = 0;
+  int64_t logp_compared = 0, logp_mismatches = 0;  // first mini-batch: trainer vs rollout, bits
+  double max_abs_dlogp = 0;
+  double ratio_min = 0, ratio_max = 0;  // first mini-batch
+  double clip_fraction = 0, kl = 0, entropy_mean = 0, loss = 0;
+  double grad_norm = 0, lr = 0;  // the last mini-batch's optimizer step
+  double rollout_s = 0, train_s = 0, step_s = 0;
+  double train_tokens_per_s = 0;
+  std::string weights_sha256;  // of the bf16 weights after the step
+};
+
+struct SftStepMetrics {
+  int64_t step = 0;
+  double loss = 0;            // mean negative log-likelihood of the answer tokens
+  double token_accuracy = 0;  // answer tokens whose log-prob exceeds log(1/2)
+  double grad_norm = 0, step_s = 0;
+};
+
+struct GrpoHooks {
+  std::function<void(const SftStepMetrics&)> on_sft_step;
+  std::function<void(const GrpoStepMetrics&)> on_step;
+  std::function<void(const std::string&)> progress;  // long phases of a step
+};
+
+// Runs cfg.steps steps from `weights` (bf16, HF names, qwen3_weight_specs(model) order) on the CPU
+// and returns the final bf16 weights.
+Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& model, const Weights& weights,
+                 const GrpoHooks& hooks = {});
+
+// sha256 of the weights' bytes, tensor after tensor in order (names not included).
+std::string weights_sha256(const Weights& w);
+
+}  // namespace lockstep::engine
