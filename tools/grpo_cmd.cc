@@ -134,8 +134,12 @@ int run_grpo_cmd(GrpoFlags& f) {
     if (!f.json) std::printf("\nwrote %s (config.json + model.safetensors)\n", f.out.c_str());
   }
   if (!f.json) {
-    std::printf("\n%s: %lld log-prob mismatches between rollout and trainer over %lld steps\n",
-                mismatches == 0 ? "PASS" : "FAIL", (long long)mismatches, (long long)cfg.steps);
+    std::printf("\n%s: %lld log-prob mismatches between rollout and trainer over %lld steps%s\n",
+                cfg.baseline      ? "BASELINE"
+                : mismatches == 0 ? "PASS"
+                                  : "FAIL",
+                (long long)mismatches, (long long)cfg.steps,
+                cfg.baseline ? " (ordinary kernels: what TIS / MIS corrections exist for)" : "");
   }
   flush_stdout();
   return mismatches == 0 || cfg.baseline ? kExitOk : kExitCheckFailed;
