@@ -58,7 +58,7 @@ inline float element_as_float(const void* p, DType t, int64_t i) {
 // and how many elements differ.
 inline ::testing::AssertionResult bitwise_equal(const void* a, const void* b, int64_t n, DType t) {
   int64_t es = dtype_size(t);
-  if (std::memcmp(a, b, size_t(n * es)) == 0) return ::testing::AssertionSuccess();
+  if (n == 0 || std::memcmp(a, b, size_t(n * es)) == 0) return ::testing::AssertionSuccess();
   int64_t first = -1, count = 0;
   for (int64_t i = 0; i < n; ++i) {
     if (std::memcmp(static_cast<const char*>(a) + i * es, static_cast<const char*>(b) + i * es,
