@@ -207,6 +207,16 @@ Command add_grpo_command(CLI::App& top) {
   sub->add_option("--lr", f->cfg.optim.lr, "AdamW learning rate")->capture_default_str();
   sub->add_option("--max-grad-norm", f->cfg.optim.max_grad_norm, "global-norm clipping (0: off)")
       ->capture_default_str();
+  sub->add_option("--checkpoint-dir", f->cfg.checkpoint_dir,
+                  "write checkpoints here (step-<N>/: config.json, model.safetensors, "
+                  "optimizer.safetensors, trainer.txt; 'latest' names the newest)");
+  sub->add_option("--checkpoint-every", f->cfg.checkpoint_every,
+                  "GRPO steps between checkpoints (0: only after the last step)")
+      ->transform(int_in(0, 1000000))
+      ->capture_default_str();
+  sub->add_option("--resume", f->cfg.resume,
+                  "continue from a checkpoint (a step-<N> directory or a --checkpoint-dir): the "
+                  "remaining steps give the bits of an uninterrupted run");
   sub->add_flag("--baseline", f->cfg.baseline,
                 "ordinary (non-invariant) kernels for rollout and training forward");
   sub->add_flag("--json", f->json, "one JSON object per step (JSONL) on stdout");

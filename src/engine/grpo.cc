@@ -4,12 +4,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <random>
 #include <sstream>
 
 #include "baseline/cpu/backend.h"
 #include "engine/backend.h"
+#include "engine/file_io.h"
 #include "engine/model.h"
 #include "engine/safetensors.h"
 #include "engine/train.h"
@@ -61,6 +63,92 @@ uint32_t f32_bits(float f) {
   return u;
 }
 
+// The settings a resumed run must share with the checkpoint (everything that changes bits).
+std::string resume_key(const GrpoConfig& c) {
+  GrpoConfig k = c;
+  k.steps = 0;  // a resumed run may go further
+  k.checkpoint_dir.clear();
+  k.checkpoint_every = 0;
+  k.resume.clear();
+  return k.to_string();
+}
+
+void save_checkpoint(const GrpoConfig& cfg, const Qwen3Config& mcfg, const AdamW& adam,
+                     const Weights& weights, int64_t steps_done) {
+  namespace fs = std::filesystem;
+  const std::string name = "step-" + std::to_string(steps_done);
+  const fs::path root(cfg.checkpoint_dir), tmp = root / ("." + name + ".tmp"), dst = root / name;
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  LS_CHECK(!ec, kOp, "cannot create the checkpoint directory ", root.string(), ": ", ec.message());
+  fs::remove_all(tmp, ec);
+  fs::create_directory(tmp, ec);
+  LS_CHECK(!ec, kOp, "cannot create ", tmp.string(), ": ", ec.message());
+  const ModelFileBytes files = serialize_qwen3_model(mcfg, weights);
+  write_file_atomic((tmp / "config.json").string(), files.config_json.data(),
+                    files.config_json.size());
+  write_file_atomic((tmp / "model.safetensors").string(), files.safetensors.data(),
+                    files.safetensors.size());
+  const Weights st = adam.state();
+  std::vector<NamedTensor> named;
+  for (const auto& [n, t] : st) named.push_back({n, t.view()});
+  write_safetensors((tmp / "optimizer.safetensors").string(), named);
+  const std::string info = "steps_done " + std::to_string(steps_done) + "\nweights_sha256 " +
+                           weights_sha256(weights) + "\nsettings\n" + resume_key(cfg) + "\n";
+  write_file_atomic((tmp / "trainer.txt").string(), info.data(), info.size());
+  fs::remove_all(dst, ec);
+  fs::rename(tmp, dst, ec);
+  LS_CHECK(!ec, kOp, "cannot rename ", tmp.string(), " to ", dst.string(), ": ", ec.message());
+  const std::string latest = name + "\n";
+  write_file_atomic((root / "latest").string(), latest.data(), latest.size());
+}
+
+struct Resumed {
+  int64_t steps_done = 0;
+  Weights state;
+};
+
+Resumed load_checkpoint(const GrpoConfig& cfg, const Qwen3Config& mcfg, const std::string& where) {
+  namespace fs = std::filesystem;
+  fs::path dir(where);
+  if (fs::exists(dir / "latest")) {
+    std::string l = read_small_file((dir / "latest").string(), 4096, "checkpoint latest");
+    while (!l.empty() && (l.back() == '\n' || l.back() == ' ')) l.pop_back();
+    LS_CHECK(l.rfind("step-", 0) == 0 && l.find('/') == std::string::npos, kOp, "checkpoint ",
+             where, ": 'latest' holds '", l, "', not a step-<N> name");
+    dir /= l;
+  }
+  const std::string info =
+      read_small_file((dir / "trainer.txt").string(), 1 << 20, "checkpoint trainer.txt");
+  Resumed r;
+  LS_CHECK(std::sscanf(info.c_str(), "steps_done %lld", (long long*)&r.steps_done) == 1 &&
+               r.steps_done >= 0,
+           kOp, "checkpoint ", dir.string(), ": trainer.txt does not start with 'steps_done N'");
+  const size_t at = info.find("\nsettings\n");
+  LS_CHECK(at != std::string::npos, kOp, "checkpoint ", dir.string(),
+           ": trainer.txt lacks its settings");
+  const std::string saved = info.substr(at + 10);
+  LS_CHECK(saved == resume_key(cfg) + "\n", kOp, "checkpoint ", dir.string(),
+           " was written with other settings:\n", saved, "this run:\n", resume_key(cfg));
+  // The file keeps names, not their order: rebuild AdamW::state()'s order (the weights' order).
+  const SafetensorsFile f = SafetensorsFile::open((dir / "optimizer.safetensors").string());
+  auto take = [&](const std::string& name) {
+    LS_CHECK(f.find(name) != nullptr, kOp, "checkpoint ", dir.string(),
+             ": optimizer.safetensors lacks '", name, "'");
+    const TensorView v = f.view(name);
+    Tensor t(v.dtype, std::vector<int64_t>(v.shape, v.shape + v.ndim));
+    std::memcpy(t.data(), v.data, size_t(t.nbytes()));
+    r.state.emplace_back(name, std::move(t));
+  };
+  for (const char* part : {"master/", "m/", "v/"})
+    for (const WeightSpec& w : qwen3_weight_specs(mcfg)) take(part + w.name);
+  take("step");
+  LS_CHECK(f.tensors().size() == r.state.size(), kOp, "checkpoint ", dir.string(),
+           ": optimizer.safetensors holds ", f.tensors().size(), " tensors, expected ",
+           r.state.size());
+  return r;
+}
+
 }  // namespace
 
 void GrpoConfig::validate() const {
@@ -77,6 +165,7 @@ void GrpoConfig::validate() const {
   LS_CHECK(rollout_tp >= 1 && train_tp >= 1, kOp, "tp degrees must be >= 1");
   LS_CHECK(reward_timeout_s > 0, kOp, "reward timeout must be > 0");
   LS_CHECK(std::isfinite(sft_lr) && sft_lr > 0, kOp, "sft_lr must be finite and > 0");
+  LS_CHECK(checkpoint_every >= 0, kOp, "checkpoint_every must be >= 0");
   contract.validate();
   optim.validate();
   loss.validate();
@@ -127,7 +216,7 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
   };
 
   // ---- supervised warm-up
-  for (int64_t step = 0; step < cfg.sft_steps; ++step) {
+  for (int64_t step = 0; cfg.resume.empty() && step < cfg.sft_steps; ++step) {
     const auto t_step = Clock::now();
     std::mt19937_64 g(cfg.seed * 0xD1B54A32D192ED03ull + uint64_t(step));
     std::vector<int32_t> tokens, cu = {0};
@@ -181,8 +270,15 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
     if (hooks.on_sft_step) hooks.on_sft_step(sm);
   }
 
-  AdamW adam(weights, cfg.optim);
-  for (int64_t step = 0; step < cfg.steps; ++step) {
+  int64_t first_step = 0;
+  AdamW adam = [&] {
+    if (cfg.resume.empty()) return AdamW(weights, cfg.optim);
+    Resumed r = load_checkpoint(cfg, mcfg, cfg.resume);
+    first_step = r.steps_done;
+    return AdamW::from_state(r.state, cfg.optim);
+  }();
+  if (!cfg.resume.empty()) weights = adam.bf16_weights();
+  for (int64_t step = first_step; step < cfg.steps; ++step) {
     const auto t_step = Clock::now();
     GrpoStepMetrics met;
     met.step = step;
@@ -360,6 +456,10 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
     met.train_tokens_per_s = met.train_s > 0 ? double(train_tokens) / met.train_s : 0;
     met.weights_sha256 = weights_sha256(weights);
     met.step_s = seconds_since(t_step);
+    if (!cfg.checkpoint_dir.empty() &&
+        ((cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0) ||
+         step + 1 == cfg.steps))
+      save_checkpoint(cfg, mcfg, adam, weights, step + 1);
     if (hooks.on_step) hooks.on_step(met);
   }
   return weights;

@@ -42,6 +42,19 @@ struct GrpoConfig {
   int64_t micro_batch_tokens = 512;
   int64_t mini_batches = 1;  // optimizer steps per rollout batch (PPO mini-batches)
   bool baseline = false;     // ordinary (non-invariant) kernels for rollout and training forward
+  // Checkpoints: after every `checkpoint_every` GRPO steps (0: only after the last one) when
+  // checkpoint_dir is set, a directory <checkpoint_dir>/step-<N> (N steps done) holding
+  // config.json + model.safetensors (the bf16 weights, loadable by transformers and --model),
+  // optimizer.safetensors (the exact AdamW state) and trainer.txt (step, seed, settings), written
+  // as <checkpoint_dir>/.step-<N>.tmp and renamed (never half-written), then
+  // <checkpoint_dir>/latest (atomic) names it. Step N's prompts and sampling seeds are functions
+  // of (seed, step), so no RNG state is needed.
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  // Continue from a checkpoint directory (a step-<N> directory, or a checkpoint_dir with
+  // `latest`): the remaining steps give the bits an uninterrupted run gives (the warm-up is not
+  // repeated). The checkpoint's settings must equal this config's.
+  std::string resume;
   AdamWConfig optim;
   PolicyLossConfig loss;
   RolloutConfig rollout;

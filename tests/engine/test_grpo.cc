@@ -3,8 +3,11 @@
 // and simulated training TP 1 vs 2 give identical final weights; the baseline kernels show
 // mismatches.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <vector>
 
 #include "engine/default_model.h"
@@ -97,6 +100,45 @@ TEST(Grpo, TwoRunsMicroBatchSizeAndTrainingTpGiveTheSameWeights) {
   GrpoConfig rtp = g;
   rtp.rollout_tp = 4;
   EXPECT_EQ(a.final_sha, run(rtp).final_sha) << "rollout tp 4";
+}
+
+TEST(Grpo, ResumeFromACheckpointGivesTheUninterruptedBits) {
+  const GrpoConfig g = small_run();
+  const GrpoRun full = run(g);
+  const std::string dir = ::testing::TempDir() + "grpo_ckpt_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  GrpoConfig first = g;
+  first.steps = 1;
+  first.checkpoint_dir = dir;
+  const GrpoRun a = run(first);
+  ASSERT_TRUE(std::filesystem::exists(dir + "/step-1/model.safetensors"));
+  ASSERT_TRUE(std::filesystem::exists(dir + "/latest"));
+  GrpoConfig rest = g;
+  rest.resume = dir;
+  const GrpoRun b = run(rest);
+  ASSERT_EQ(b.steps.size(), 2u);
+  EXPECT_EQ(b.steps[0].step, 1);
+  EXPECT_EQ(b.final_sha, full.final_sha);
+  for (size_t i = 0; i < b.steps.size(); ++i)
+    EXPECT_EQ(b.steps[i].weights_sha256, full.steps[i + 1].weights_sha256) << "step " << i + 1;
+  // A reward command that fails stops the run with a clear error and writes no checkpoint.
+  GrpoConfig cmd = g;
+  cmd.steps = 1;
+  cmd.checkpoint_dir = dir + "_cmd";
+  cmd.reward_command = "cat >/dev/null; echo abc";
+  try {
+    run(cmd);
+    ADD_FAILURE() << "a non-number reward was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not a number"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir + "_cmd/latest")) << "a failed step wrote a checkpoint";
+  std::filesystem::remove_all(dir + "_cmd");
+  // Other settings than the checkpoint's are refused.
+  GrpoConfig other = rest;
+  other.optim.lr = 5e-3;
+  EXPECT_THROW(run(other), Error);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Grpo, BaselineKernelsShowMismatches) {
