@@ -2,6 +2,8 @@
 #include "tools/grpo_cmd.h"
 
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -12,6 +14,7 @@
 #include "engine/safetensors.h"
 #include "lockstep/error.h"
 #include "tools/engine_setup.h"
+#include "tools/plot_svg.h"
 
 namespace lockstep::tools {
 namespace {
@@ -21,7 +24,7 @@ struct GrpoFlags {
   engine::GrpoConfig cfg;
   std::string lr_text;
   bool json = false;
-  std::string metrics, out;
+  std::string metrics, out, plot, plot_with;
   int threads = 0;
 };
 
@@ -60,6 +63,33 @@ std::string json_line(const engine::GrpoStepMetrics& s) {
                 s.clip_fraction, s.kl, s.entropy_mean, s.loss, s.grad_norm, s.lr, s.rollout_s,
                 s.train_s, s.step_s, s.train_tokens_per_s, s.weights_sha256.c_str());
   return buf;
+}
+
+// step, reward_mean and logp_mismatches of a --metrics / --json JSONL file (another run, e.g.
+// --baseline's), for --plot-with.
+void read_metrics(const std::string& path, PlotSeries& reward, PlotSeries& mism) {
+  std::ifstream in(path);
+  LS_CHECK(in.good(), "lockstep grpo", "cannot read --plot-with ", path);
+  std::string line;
+  int64_t n = 0;
+  auto field = [&](const std::string& l, const char* key, double& v) {
+    const size_t at = l.find(std::string("\"") + key + "\": ");
+    if (at == std::string::npos) return false;
+    v = std::strtod(l.c_str() + at + std::strlen(key) + 4, nullptr);
+    return true;
+  };
+  while (std::getline(in, line)) {
+    double step, r, m;
+    if (!field(line, "step", step)) continue;  // warm-up lines
+    LS_CHECK(field(line, "reward_mean", r) && field(line, "logp_mismatches", m), "lockstep grpo",
+             "--plot-with ", path, ": a step line without reward_mean / logp_mismatches");
+    reward.x.push_back(step);
+    reward.y.push_back(r);
+    mism.x.push_back(step);
+    mism.y.push_back(m);
+    ++n;
+  }
+  LS_CHECK(n > 0, "lockstep grpo", "--plot-with ", path, " holds no step");
 }
 
 int run_grpo_cmd(GrpoFlags& f) {
@@ -102,8 +132,14 @@ int run_grpo_cmd(GrpoFlags& f) {
   };
   hooks.progress = [](const std::string& s) { std::fprintf(stderr, "[grpo] %s\n", s.c_str()); };
   bool header = false;
+  PlotSeries reward{cfg.baseline ? "baseline" : "lockstep", {}, {}};
+  PlotSeries mism = reward;
   hooks.on_step = [&](const engine::GrpoStepMetrics& s) {
     mismatches += s.logp_mismatches;
+    reward.x.push_back(double(s.step));
+    reward.y.push_back(s.reward_mean);
+    mism.x.push_back(double(s.step));
+    mism.y.push_back(double(s.logp_mismatches));
     if (!f.json && !header) {
       header = true;
       std::printf("\n%5s %8s %7s %10s %10s %20s %8s %9s %8s %9s %8s\n", "step", "reward", "std",
@@ -129,6 +165,18 @@ int run_grpo_cmd(GrpoFlags& f) {
   };
   const engine::Weights final = engine::run_grpo(cfg, mcfg, init, hooks);
   if (metrics) std::fclose(metrics);
+  if (!f.plot.empty()) {
+    std::vector<PlotPanel> panels = {{"reward (mean over the step's samples)", {reward}},
+                                     {"rollout vs trainer log-prob mismatches", {mism}}};
+    if (!f.plot_with.empty()) {
+      PlotSeries r2{f.plot_with, {}, {}}, m2 = r2;
+      read_metrics(f.plot_with, r2, m2);
+      panels[0].series.push_back(r2);
+      panels[1].series.push_back(m2);
+    }
+    write_svg_plot(f.plot, "lockstep grpo: " + cfg.task + ", " + desc, panels);
+    if (!f.json) std::printf("\nwrote %s\n", f.plot.c_str());
+  }
   if (!f.out.empty()) {
     engine::write_model_files(f.out, engine::serialize_qwen3_model(mcfg, final));
     if (!f.json) std::printf("\nwrote %s (config.json + model.safetensors)\n", f.out.c_str());
@@ -221,6 +269,10 @@ Command add_grpo_command(CLI::App& top) {
                 "ordinary (non-invariant) kernels for rollout and training forward");
   sub->add_flag("--json", f->json, "one JSON object per step (JSONL) on stdout");
   sub->add_option("--metrics", f->metrics, "also write the JSONL metrics to this file");
+  sub->add_option("--plot", f->plot,
+                  "draw reward and mismatches per step into this SVG file (atomic write)");
+  sub->add_option("--plot-with", f->plot_with,
+                  "add another run's --metrics JSONL to the plot (e.g. a --baseline run's)");
   sub->add_option("--out", f->out, "write the final weights here (config.json + safetensors)");
   return {sub, [f] {
             LS_CHECK(f->model.dir.empty() || f->model.shape == "default", "lockstep grpo",
