@@ -296,7 +296,8 @@ TEST(CliBinary, TopLevel) {
 }
 
 TEST(CliBinary, EverySubcommandHasHelpAndRejectsUnknownFlags) {
-  for (const char* cmd : {"audit", "bench-engine", "score", "selfcheck", "contract", "plan"}) {
+  for (const char* cmd :
+       {"audit", "bench-engine", "score", "selfcheck", "contract", "plan", "grpo"}) {
     EXPECT_RUN(lockstep(std::string(cmd) + " --help"), 0, std::string("Usage: lockstep ") + cmd);
     EXPECT_RUN(lockstep(std::string(cmd) + " --frob"), 2, "--frob");
   }
@@ -427,6 +428,42 @@ TEST(CliBinary, PlanPrintsTheKernelPlan) {
   EXPECT_RUN(lockstep("plan --model-shape qwen3-8b --rows 0"), 2, "--rows");
   EXPECT_RUN(lockstep("plan --model /x --model-shape qwen3-8b"), 2, "exclude");
   EXPECT_RUN(lockstep("plan --model /nonexistent"), 2, "/nonexistent");
+}
+
+TEST(CliBinary, GrpoRunsPlotsCheckpointsAndResumes) {
+  const TempDir d("grpo");
+  const std::string tiny = "grpo --steps 2 --sft-steps 2 --prompts 2 --group 2 --threads 1 ";
+  EXPECT_RUN(lockstep(tiny + "--metrics '" + d.str() + "/m.jsonl' --checkpoint-dir '" + d.str() +
+                      "/ck' --checkpoint-every 1"),
+             0, "PASS: 0 log-prob mismatches");
+  EXPECT_TRUE(fs::exists(d.path / "ck" / "step-1" / "optimizer.safetensors"));
+  EXPECT_TRUE(fs::exists(d.path / "ck" / "step-2" / "model.safetensors"));
+  EXPECT_RUN(lockstep(tiny + "--json --plot '" + d.str() + "/p.svg' --plot-with '" + d.str() +
+                      "/m.jsonl'"),
+             0, "\"logp_mismatches\": 0");
+  std::ifstream svg(d.path / "p.svg");
+  const std::string text((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("<svg"), std::string::npos);
+  EXPECT_NE(text.find("<polyline"), std::string::npos);
+  // Resume from step 1: the last step's weights equal the uninterrupted run's.
+  const Result a = lockstep(tiny + "--json");
+  const Result b = lockstep(tiny + "--json --resume '" + d.str() + "/ck/step-1'");
+  ASSERT_EQ(a.rc, 0) << a.out;
+  ASSERT_EQ(b.rc, 0) << b.out;
+  auto last_sha = [](const std::string& out) {
+    const size_t at = out.rfind("\"weights_sha256\": \"");
+    return at == std::string::npos ? std::string() : out.substr(at + 19, 64);
+  };
+  EXPECT_FALSE(last_sha(a.out).empty());
+  EXPECT_EQ(last_sha(a.out), last_sha(b.out));
+  EXPECT_RUN(lockstep("grpo --steps -1"), 2, "--steps");
+  EXPECT_RUN(
+      lockstep(tiny + "--plot '" + d.str() + "/q.svg' --plot-with '" + d.str() + "/absent.jsonl'"),
+      2, "cannot read --plot-with");
+  EXPECT_RUN(lockstep("grpo --task nope --steps 1 --sft-steps 0"), 2, "nope");
+  EXPECT_RUN(lockstep("grpo --reward-command 'cat >/dev/null; echo x' --steps 1 --sft-steps 0 "
+                      "--prompts 1 --group 2"),
+             2, "not a number");
 }
 
 TEST(CliBinary, SelfcheckPassesWithTheDefaultContract) {
