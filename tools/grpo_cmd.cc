@@ -198,8 +198,8 @@ int run_grpo_cmd(GrpoFlags& f) {
 Command add_grpo_command(CLI::App& top) {
   auto f = std::make_shared<GrpoFlags>();
   f->cfg.contract = default_contract();
-  // Defaults: the built-in model learns the copy task in ~20 supervised steps (token accuracy
-  // ~0.6), then GRPO raises the sampled reward (docs/training.md has a measured run).
+  // Defaults: a supervised warm-up, then GRPO at a smaller learning rate (docs/training.md: the
+  // measured default run and why these values).
   f->cfg.optim.lr = 3e-4;
   f->cfg.sft_steps = 20;
   f->cfg.steps = 30;

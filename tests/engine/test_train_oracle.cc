@@ -362,10 +362,9 @@ TEST(TrainOracle, GradientsMatchAnFp64OracleOfTheSameMath) {
   grads.finish();
 
   // Per tensor: relative L2 error. The forward rounds every activation to bf16 (and the backward
-  // its GEMM operands), so agreement is at bf16 level, not fp32 level: measured 0.021-0.044 (the
-  // worst tensor of a run; 40 seeds, 2026-12-01, mostly the 16-element q/k norm weights); the
-  // bound is twice that. A wrong formula (sign, missing term, wrong order of a chain rule) gives
-  // O(1) errors.
+  // its GEMM operands), so agreement is at bf16 level, not fp32 level; the bound is twice the
+  // worst measured (docs/engine-model.md §9). A wrong formula (sign, missing term, wrong order of
+  // a chain rule) gives O(1) errors.
   double worst = 0;
   std::string worst_name;
   for (const auto& [name, t] : grads.all()) {
