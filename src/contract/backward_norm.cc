@@ -6,15 +6,9 @@ namespace lockstep::contract {
 
 namespace {
 
-// t has exactly s's shape ([T, H] or [T, heads, D]) and dtype f32, last dim contiguous.
 void check_like_s(const char* op, Device dev, const char* arg, const TensorView& t,
                   const TensorView& s) {
-  if (s.ndim == 2) {
-    check_tensor(op, arg, t, DType::kF32, {s.shape[0], s.shape[1]}, dev);
-  } else {
-    check_tensor(op, arg, t, DType::kF32, {s.shape[0], s.shape[1], s.shape[2]}, dev);
-  }
-  check_inner_contiguous(op, arg, t);
+  check_norm_rows(op, dev, arg, t, s, DType::kF32);
 }
 
 bool same_view(const TensorView& a, const TensorView& b) {
@@ -31,15 +25,7 @@ int64_t check_rmsnorm_backward(const char* op, Device dev, const TensorView& s,
                                const TensorView& gy, const TensorView* gres, const TensorView& dx,
                                const TokenOrder* order, const TensorView* dweight) {
   cfg.validate();
-  LS_CHECK(s.ndim == 2 || s.ndim == 3, op,
-           "argument 's' expected shape [T, H] or [T, heads, D], got ", s.shape_string());
-  LS_CHECK(s.dtype == DType::kBF16, op, "argument 's' expected dtype bf16, got ",
-           dtype_name(s.dtype));
-  LS_CHECK(s.device == dev, op, "argument 's' expected device ", device_name(dev), ", got ",
-           device_name(s.device));
-  LS_CHECK(s.shape[s.ndim - 1] >= 1, op, "argument 's' expected a last dimension >= 1, got ",
-           s.shape_string());
-  check_inner_contiguous(op, "s", s);
+  check_norm_input(op, dev, "s", s);
   const int64_t H = s.shape[s.ndim - 1];
   check_tensor(op, "weight", weight, DType::kBF16, {H}, dev);
   check_inner_contiguous(op, "weight", weight);

@@ -73,6 +73,13 @@ void check_gemm_combine(const char* op, Device dev, const std::vector<TensorView
 
 // --- norm.cc -----------------------------------------------------------------------------------
 
+// t has exactly x's shape ([T, H] or [T, heads, D]) and `dtype`, last dim contiguous.
+void check_norm_rows(const char* op, Device dev, const char* arg, const TensorView& t,
+                     const TensorView& x, DType dtype);
+
+// x (argument `arg`): [T, H] or [T, heads, D] bf16 on `dev`, last dim >= 1 and contiguous.
+void check_norm_input(const char* op, Device dev, const char* arg, const TensorView& x);
+
 // Everything rmsnorm checks (cfg too): x [T, H] or [T, heads, D] bf16 on the CPU, weight [H],
 // y x's shape, all last dim contiguous. Returns H (x's last dimension).
 int64_t check_rmsnorm(const char* op, Device dev, const TensorView& x, const TensorView& weight,

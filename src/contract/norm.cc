@@ -24,30 +24,36 @@ std::string RmsNormConfig::to_string() const {
 
 namespace lockstep::contract {
 
-namespace {
-
-// x is [T, H] or [T, heads, D]; every other row tensor must have exactly x's shape.
-void check_rows_like(const char* op, Device dev, const char* arg, const TensorView& t,
-                     const TensorView& x) {
+void check_norm_rows(const char* op, Device dev, const char* arg, const TensorView& t,
+                     const TensorView& x, DType dtype) {
   if (x.ndim == 2) {
-    check_tensor(op, arg, t, DType::kBF16, {x.shape[0], x.shape[1]}, dev);
+    check_tensor(op, arg, t, dtype, {x.shape[0], x.shape[1]}, dev);
   } else {
-    check_tensor(op, arg, t, DType::kBF16, {x.shape[0], x.shape[1], x.shape[2]}, dev);
+    check_tensor(op, arg, t, dtype, {x.shape[0], x.shape[1], x.shape[2]}, dev);
   }
   check_inner_contiguous(op, arg, t);
 }
 
-void check_x(const char* op, Device dev, const TensorView& x) {
-  LS_CHECK(x.ndim == 2 || x.ndim == 3, op,
-           "argument 'x' expected shape [T, H] or [T, heads, D], got ", x.shape_string());
-  LS_CHECK(x.dtype == DType::kBF16, op, "argument 'x' expected dtype bf16, got ",
+void check_norm_input(const char* op, Device dev, const char* arg, const TensorView& x) {
+  LS_CHECK(x.ndim == 2 || x.ndim == 3, op, "argument '", arg,
+           "' expected shape [T, H] or [T, heads, D], got ", x.shape_string());
+  LS_CHECK(x.dtype == DType::kBF16, op, "argument '", arg, "' expected dtype bf16, got ",
            dtype_name(x.dtype));
-  LS_CHECK(x.device == dev, op, "argument 'x' expected device ", device_name(dev), ", got ",
+  LS_CHECK(x.device == dev, op, "argument '", arg, "' expected device ", device_name(dev), ", got ",
            device_name(x.device));
-  LS_CHECK(x.shape[x.ndim - 1] >= 1, op, "argument 'x' expected a last dimension >= 1, got ",
-           x.shape_string());
-  check_rows_like(op, dev, "x", x, x);
+  LS_CHECK(x.shape[x.ndim - 1] >= 1, op, "argument '", arg,
+           "' expected a last dimension >= 1, got ", x.shape_string());
+  check_norm_rows(op, dev, arg, x, x, DType::kBF16);
 }
+
+namespace {
+
+void check_rows_like(const char* op, Device dev, const char* arg, const TensorView& t,
+                     const TensorView& x) {
+  check_norm_rows(op, dev, arg, t, x, DType::kBF16);
+}
+
+void check_x(const char* op, Device dev, const TensorView& x) { check_norm_input(op, dev, "x", x); }
 
 void check_weight(const char* op, Device dev, const TensorView& w, int64_t H) {
   check_view(op, "weight", w, DType::kBF16, {H}, dev);
