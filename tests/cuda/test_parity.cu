@@ -21,6 +21,7 @@
 
 #include "cuda/gpu_harness.h"
 #include "lockstep/cuda/attention.h"
+#include "lockstep/cuda/backward.h"
 #include "lockstep/cuda/elementwise.h"
 #include "lockstep/cuda/gemm.h"
 #include "lockstep/cuda/logprob.h"
@@ -186,6 +187,73 @@ class CudaOps final : public Ops {
               const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
               const TensorView& entropy) override {
     cuda::sample(h, w, params, request_ids, positions, cfg, token_ids, logp, lse, entropy);
+    cuda::synchronize();
+  }
+  void gemm_dx(const TensorView& dy, const TensorView& w, const GemmConfig& cfg,
+               const TensorView& dx) override {
+    cuda::gemm_bf16_dx(dy, w, cfg, dx);
+    cuda::synchronize();
+  }
+  void gemm_dx_partial(const TensorView& dy_shard, const TensorView& w_shard, int64_t n_total,
+                       int tp, int rank, const GemmConfig& cfg,
+                       const TensorView& dx_partial) override {
+    cuda::gemm_bf16_dx_partial(dy_shard, w_shard, n_total, tp, rank, cfg, dx_partial);
+    cuda::synchronize();
+  }
+  void gemm_dw(const TensorView& dy, const TensorView& x, const TokenOrder& order,
+               const TensorView& dw) override {
+    cuda::gemm_bf16_dw(dy, x, order, dw);
+    cuda::synchronize();
+  }
+  void rmsnorm_backward(const TensorView& s, const TensorView& w, const RmsNormConfig& cfg,
+                        const TensorView& gy, const TensorView& dx, const TokenOrder* order,
+                        const TensorView* dweight) override {
+    cuda::rmsnorm_backward(s, w, cfg, gy, dx, order, dweight);
+    cuda::synchronize();
+  }
+  void rmsnorm_residual_backward(const TensorView& s, const TensorView& w, const RmsNormConfig& cfg,
+                                 const TensorView& gy, const TensorView& gres, const TensorView& ds,
+                                 const TokenOrder* order, const TensorView* dweight) override {
+    cuda::rmsnorm_residual_backward(s, w, cfg, gy, gres, ds, order, dweight);
+    cuda::synchronize();
+  }
+  void rope_backward(const TensorView& gy, const TensorView& pos, const RopeTable& table,
+                     const TensorView& dx) override {
+    const TensorView hc = table.cos_view(), hs = table.sin_view();
+    Tensor dc = cuda::empty(DType::kF32, {hc.shape[0], hc.shape[1]});
+    Tensor ds = cuda::empty(DType::kF32, {hs.shape[0], hs.shape[1]});
+    cuda::copy(dc.view(), hc);
+    cuda::copy(ds.view(), hs);
+    cuda::rope_backward(gy, pos, dc.view(), ds.view(), dx);
+    cuda::synchronize();
+  }
+  void silu_mul_backward(const TensorView& gate_up, const TensorView& ga,
+                         const TensorView& dgu) override {
+    cuda::silu_mul_backward(gate_up, ga, dgu);
+    cuda::synchronize();
+  }
+  void embedding_backward(const TensorView& ids, const TensorView& gh, const TokenOrder& order,
+                          const TensorView& dtable) override {
+    cuda::embedding_backward(ids, gh, order, dtable);
+    cuda::synchronize();
+  }
+  void linear_logprob_backward(const TensorView& h, const TensorView& w, const TensorView& targets,
+                               const LogprobParams& p, const ContractConfig& cfg,
+                               const TensorView& lse, const TensorView& entropy,
+                               const TensorView& g_lp, const TensorView* g_ent,
+                               const TensorView& dh, const TokenOrder& order,
+                               const TensorView& dw) override {
+    cuda::linear_logprob_backward(h, w, targets, p, cfg, lse, entropy, g_lp, g_ent, dh, order, dw);
+    cuda::synchronize();
+  }
+  // cu: the host view of the case (Mem::host); validated here as on the CPU.
+  void attention_backward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const TensorView& out, const TensorView& lse,
+                                 const TensorView& dout, const TensorView& cu,
+                                 const AttentionConfig& cfg, const TensorView& dq,
+                                 const TensorView& dk, const TensorView& dv) override {
+    const PackedSeqs seqs = PackedSeqs::validate("attention_backward_varlen", cu, q.shape[0]);
+    cuda::attention_backward_varlen(q, k, v, out, lse, dout, seqs, cfg, dq, dk, dv);
     cuda::synchronize();
   }
 };

@@ -55,4 +55,12 @@ std::unique_ptr<OpCase> attention_case(AttnMode mode, AttnDims d, int kv_chunk, 
                                        int64_t group = 1, int64_t prefix = 0,
                                        DataKind kind = DataKind::kNormal);
 
+// ---- Backward (docs/contract.md §B): each family appends its cases
+// (tests/ops/cases_backward_*.cc).
+using CaseList = std::vector<std::unique_ptr<OpCase>>;
+void add_backward_gemm_cases(CaseList& t);         // B.3: dX (+ TP partials), dW
+void add_backward_elementwise_cases(CaseList& t);  // B.4-B.7: RMSNorm, RoPE, SiLU, embedding
+void add_backward_logprob_cases(CaseList& t);      // B.8
+void add_backward_attention_cases(CaseList& t);    // B.9
+
 }  // namespace lockstep::cases

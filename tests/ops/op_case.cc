@@ -284,6 +284,57 @@ class CpuOps : public Ops {
               const TensorView& entropy) override {
     cpu::sample(h, w, params, request_ids, positions, cfg, token_ids, logp, lse, entropy);
   }
+  void gemm_dx(const TensorView& dy, const TensorView& w, const GemmConfig& cfg,
+               const TensorView& dx) override {
+    cpu::gemm_bf16_dx(dy, w, cfg, dx);
+  }
+  void gemm_dx_partial(const TensorView& dy_shard, const TensorView& w_shard, int64_t n_total,
+                       int tp, int rank, const GemmConfig& cfg,
+                       const TensorView& dx_partial) override {
+    cpu::gemm_bf16_dx_partial(dy_shard, w_shard, n_total, tp, rank, cfg, dx_partial);
+  }
+  void gemm_dw(const TensorView& dy, const TensorView& x, const TokenOrder& order,
+               const TensorView& dw) override {
+    cpu::gemm_bf16_dw(dy, x, order, dw);
+  }
+  void rmsnorm_backward(const TensorView& s, const TensorView& w, const RmsNormConfig& cfg,
+                        const TensorView& gy, const TensorView& dx, const TokenOrder* order,
+                        const TensorView* dweight) override {
+    cpu::rmsnorm_backward(s, w, cfg, gy, dx, order, dweight);
+  }
+  void rmsnorm_residual_backward(const TensorView& s, const TensorView& w, const RmsNormConfig& cfg,
+                                 const TensorView& gy, const TensorView& gres, const TensorView& ds,
+                                 const TokenOrder* order, const TensorView* dweight) override {
+    cpu::rmsnorm_residual_backward(s, w, cfg, gy, gres, ds, order, dweight);
+  }
+  void rope_backward(const TensorView& gy, const TensorView& pos, const RopeTable& table,
+                     const TensorView& dx) override {
+    cpu::rope_backward(gy, pos, table, dx);
+  }
+  void silu_mul_backward(const TensorView& gate_up, const TensorView& ga,
+                         const TensorView& dgu) override {
+    cpu::silu_mul_backward(gate_up, ga, dgu);
+  }
+  void embedding_backward(const TensorView& ids, const TensorView& gh, const TokenOrder& order,
+                          const TensorView& dtable) override {
+    cpu::embedding_backward(ids, gh, order, dtable);
+  }
+  void linear_logprob_backward(const TensorView& h, const TensorView& w, const TensorView& targets,
+                               const LogprobParams& p, const ContractConfig& cfg,
+                               const TensorView& lse, const TensorView& entropy,
+                               const TensorView& g_lp, const TensorView* g_ent,
+                               const TensorView& dh, const TokenOrder& order,
+                               const TensorView& dw) override {
+    cpu::linear_logprob_backward(h, w, targets, p, cfg, lse, entropy, g_lp, g_ent, dh, order, dw);
+  }
+  void attention_backward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const TensorView& out, const TensorView& lse,
+                                 const TensorView& dout, const TensorView& cu,
+                                 const AttentionConfig& cfg, const TensorView& dq,
+                                 const TensorView& dk, const TensorView& dv) override {
+    const PackedSeqs seqs = PackedSeqs::validate("attention_backward_varlen", cu, q.shape[0]);
+    cpu::attention_backward_varlen(q, k, v, out, lse, dout, seqs, cfg, dq, dk, dv);
+  }
 };
 
 // The scalar spec: GEMM through gemm_bf16_nt_scalar (one output at a time through the MMA model).

@@ -17,6 +17,7 @@
 #include "lockstep/contract.h"
 #include "lockstep/dtype.h"
 #include "lockstep/ops/attention.h"
+#include "lockstep/ops/backward.h"
 #include "lockstep/ops/embedding.h"
 #include "lockstep/ops/gemm.h"
 #include "lockstep/ops/logprob.h"
@@ -172,6 +173,41 @@ class Ops {
                       const TensorView& positions, const ContractConfig& cfg,
                       const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
                       const TensorView& entropy) = 0;
+
+  // ---- Backward (docs/contract.md §B): the cpu:: signatures of include/lockstep/ops/backward.h
+  // (attention takes the forward's cu_seqlens view; every backend validates it the same way).
+  virtual void gemm_dx(const TensorView& dy, const TensorView& w, const GemmConfig& cfg,
+                       const TensorView& dx) = 0;
+  virtual void gemm_dx_partial(const TensorView& dy_shard, const TensorView& w_shard,
+                               int64_t n_total, int tp, int rank, const GemmConfig& cfg,
+                               const TensorView& dx_partial) = 0;
+  virtual void gemm_dw(const TensorView& dy, const TensorView& x, const TokenOrder& order,
+                       const TensorView& dw) = 0;
+  virtual void rmsnorm_backward(const TensorView& s, const TensorView& w, const RmsNormConfig& cfg,
+                                const TensorView& gy, const TensorView& dx, const TokenOrder* order,
+                                const TensorView* dweight) = 0;
+  virtual void rmsnorm_residual_backward(const TensorView& s, const TensorView& w,
+                                         const RmsNormConfig& cfg, const TensorView& gy,
+                                         const TensorView& gres, const TensorView& ds,
+                                         const TokenOrder* order, const TensorView* dweight) = 0;
+  virtual void rope_backward(const TensorView& gy, const TensorView& pos, const RopeTable& table,
+                             const TensorView& dx) = 0;
+  virtual void silu_mul_backward(const TensorView& gate_up, const TensorView& ga,
+                                 const TensorView& dgu) = 0;
+  virtual void embedding_backward(const TensorView& ids, const TensorView& gh,
+                                  const TokenOrder& order, const TensorView& dtable) = 0;
+  virtual void linear_logprob_backward(const TensorView& h, const TensorView& w,
+                                       const TensorView& targets, const LogprobParams& p,
+                                       const ContractConfig& cfg, const TensorView& lse,
+                                       const TensorView& entropy, const TensorView& g_lp,
+                                       const TensorView* g_ent, const TensorView& dh,
+                                       const TokenOrder& order, const TensorView& dw) = 0;
+  virtual void attention_backward_varlen(const TensorView& q, const TensorView& k,
+                                         const TensorView& v, const TensorView& out,
+                                         const TensorView& lse, const TensorView& dout,
+                                         const TensorView& cu, const AttentionConfig& cfg,
+                                         const TensorView& dq, const TensorView& dk,
+                                         const TensorView& dv) = 0;
 };
 
 // The CPU backends: the reference (fast path) and the scalar spec (GEMM only: the other ops have

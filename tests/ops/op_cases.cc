@@ -175,6 +175,11 @@ std::vector<std::unique_ptr<OpCase>> op_cases() {
                              std::vector<int64_t>{200, 131, 300, 150, 129, 140}, 16, 1, 3, 130));
   t.push_back(attention_case(AttnMode::kCascade, d128, 128, 0.0,
                              std::vector<int64_t>{128, 300, 257, 200}, 37, 1, 2, 128));
+  // The backward ops (§B).
+  add_backward_gemm_cases(t);
+  add_backward_elementwise_cases(t);
+  add_backward_logprob_cases(t);
+  add_backward_attention_cases(t);
   return t;
 }
 
