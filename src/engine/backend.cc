@@ -90,6 +90,89 @@ void OpsBackend::attention_paged_cascade(const TensorView& q, const TensorView& 
   attention_paged_cascade(q, meta, kv.k_cache, kv.v_cache, cfg, out, lse);
 }
 
+// --- backward: a backend without one says so ---
+
+namespace {
+[[noreturn]] void no_backward(const OpsBackend& b, const char* op) {
+  LS_CHECK(false, op, "the '", b.name(),
+           "' backend has no backward yet (the invariant CPU and CUDA backends have one)");
+  throw;  // unreachable
+}
+}  // namespace
+
+void OpsBackend::round_bf16(const TensorView& src, const TensorView& dst) const {
+  const char* op = "OpsBackend::round_bf16";
+  LS_CHECK(device() == Device::kCPU, op, "the '", name(), "' backend does not implement it");
+  LS_CHECK(src.dtype == DType::kF32 && dst.dtype == DType::kBF16 && src.ndim == 2 &&
+               dst.ndim == 2 && src.shape[0] == dst.shape[0] && src.shape[1] == dst.shape[1] &&
+               (src.shape[1] <= 1 || (src.stride[1] == 1 && dst.stride[1] == 1)),
+           op, "expected f32 src and bf16 dst of one 2-D shape with contiguous rows, got ",
+           src.shape_string(), " -> ", dst.shape_string());
+  for (int64_t r = 0; r < src.shape[0]; ++r) {
+    const float* s = static_cast<const float*>(src.data) + r * src.stride[0];
+    bf16* d = static_cast<bf16*>(dst.data) + r * dst.stride[0];
+    for (int64_t c = 0; c < src.shape[1]; ++c) d[c] = f32_to_bf16(s[c]);
+  }
+}
+
+void OpsBackend::fill_zero(const TensorView& dst) const {
+  const char* op = "OpsBackend::fill_zero";
+  LS_CHECK(device() == Device::kCPU, op, "the '", name(), "' backend does not implement it");
+  LS_CHECK((dst.ndim == 1 && (dst.shape[0] <= 1 || dst.stride[0] == 1)) ||
+               (dst.ndim == 2 && (dst.shape[1] <= 1 || dst.stride[1] == 1)),
+           op, "expected a 1-D contiguous or 2-D row view, got ", dst.shape_string());
+  const int64_t rows = dst.ndim == 1 ? 1 : dst.shape[0];
+  const int64_t cols = dst.ndim == 1 ? dst.shape[0] : dst.shape[1];
+  const int64_t ld = dst.ndim == 1 ? cols : dst.stride[0], es = dtype_size(dst.dtype);
+  for (int64_t r = 0; r < rows; ++r)
+    std::memset(static_cast<char*>(dst.data) + r * ld * es, 0, size_t(cols * es));
+}
+
+void OpsBackend::gemm_dx(const TensorView&, const TensorView&, const GemmConfig&,
+                         const TensorView&) const {
+  no_backward(*this, "gemm_dx");
+}
+void OpsBackend::gemm_dw(const TensorView&, const TensorView&, const TokenOrder&,
+                         const TensorView&) const {
+  no_backward(*this, "gemm_dw");
+}
+void OpsBackend::rmsnorm_backward(const TensorView&, const TensorView&, const RmsNormConfig&,
+                                  const TensorView&, const TensorView&, const TokenOrder*,
+                                  const TensorView*) const {
+  no_backward(*this, "rmsnorm_backward");
+}
+void OpsBackend::rmsnorm_residual_backward(const TensorView&, const TensorView&,
+                                           const RmsNormConfig&, const TensorView&,
+                                           const TensorView&, const TensorView&, const TokenOrder*,
+                                           const TensorView*) const {
+  no_backward(*this, "rmsnorm_residual_backward");
+}
+void OpsBackend::rope_backward(const TensorView&, const TensorView&, const RopeTable&,
+                               const TensorView&) const {
+  no_backward(*this, "rope_backward");
+}
+void OpsBackend::silu_mul_backward(const TensorView&, const TensorView&, const TensorView&) const {
+  no_backward(*this, "silu_mul_backward");
+}
+void OpsBackend::embedding_backward(const TensorView&, const TensorView&, const TokenOrder&,
+                                    const TensorView&) const {
+  no_backward(*this, "embedding_backward");
+}
+void OpsBackend::linear_logprob_backward(const TensorView&, const TensorView&, const TensorView&,
+                                         const LogprobParams&, const ContractConfig&,
+                                         const TensorView&, const TensorView&, const TensorView&,
+                                         const TensorView*, const TensorView&, const TokenOrder&,
+                                         const TensorView&) const {
+  no_backward(*this, "linear_logprob_backward");
+}
+void OpsBackend::attention_backward_varlen(const TensorView&, const TensorView&, const TensorView&,
+                                           const TensorView&, const TensorView&, const TensorView&,
+                                           const PackedSeqs&, const AttentionConfig&,
+                                           const TensorView&, const TensorView&,
+                                           const TensorView&) const {
+  no_backward(*this, "attention_backward_varlen");
+}
+
 namespace {
 
 namespace ops = lockstep::cpu;
@@ -103,6 +186,10 @@ class InvariantBackend final : public InvariantOps<OpsBackend> {
   void rope(const TensorView& x, const TensorView& positions, const RopeTable& table,
             const TensorView& y) const override {
     cpu::rope(x, positions, table, y);
+  }
+  void rope_backward(const TensorView& gy, const TensorView& positions, const RopeTable& table,
+                     const TensorView& dx) const override {
+    cpu::rope_backward(gy, positions, table, dx);
   }
 };
 

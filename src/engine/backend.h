@@ -12,6 +12,7 @@
 
 #include "lockstep/contract.h"
 #include "lockstep/ops/attention.h"
+#include "lockstep/ops/backward.h"
 #include "lockstep/ops/embedding.h"
 #include "lockstep/ops/gemm.h"
 #include "lockstep/ops/logprob.h"
@@ -139,6 +140,44 @@ class OpsBackend {
                       const TensorView& positions, const ContractConfig& cfg,
                       const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
                       const TensorView& entropy) const = 0;
+
+  // --- backward (lockstep/ops/backward.h, docs/contract.md §B) ---
+  // The invariant backends run the contract's backward ops; a backend without a backward (the
+  // baselines today) throws lockstep::Error naming itself. rope_backward takes the host table (a
+  // device backend uploads it once, as rope()).
+  // dst (bf16) = round_bf16(src (f32)), 2-D, rows may be strided; and +0 fills (f32 / bf16).
+  virtual void round_bf16(const TensorView& src, const TensorView& dst) const;
+  virtual void fill_zero(const TensorView& dst) const;
+  virtual void gemm_dx(const TensorView& dy, const TensorView& w, const GemmConfig& cfg,
+                       const TensorView& dx) const;
+  virtual void gemm_dw(const TensorView& dy, const TensorView& x, const TokenOrder& order,
+                       const TensorView& dw) const;
+  virtual void rmsnorm_backward(const TensorView& s, const TensorView& weight,
+                                const RmsNormConfig& cfg, const TensorView& gy,
+                                const TensorView& dx, const TokenOrder* order,
+                                const TensorView* dweight) const;
+  virtual void rmsnorm_residual_backward(const TensorView& s, const TensorView& weight,
+                                         const RmsNormConfig& cfg, const TensorView& gy,
+                                         const TensorView& gres, const TensorView& ds,
+                                         const TokenOrder* order, const TensorView* dweight) const;
+  virtual void rope_backward(const TensorView& gy, const TensorView& positions,
+                             const RopeTable& table, const TensorView& dx) const;
+  virtual void silu_mul_backward(const TensorView& gate_up, const TensorView& ga,
+                                 const TensorView& dgu) const;
+  virtual void embedding_backward(const TensorView& ids, const TensorView& gh,
+                                  const TokenOrder& order, const TensorView& dtable) const;
+  virtual void linear_logprob_backward(const TensorView& h, const TensorView& w,
+                                       const TensorView& targets, const LogprobParams& params,
+                                       const ContractConfig& cfg, const TensorView& lse,
+                                       const TensorView& entropy, const TensorView& g_lp,
+                                       const TensorView* g_ent, const TensorView& dh,
+                                       const TokenOrder& order, const TensorView& dw) const;
+  virtual void attention_backward_varlen(const TensorView& q, const TensorView& k,
+                                         const TensorView& v, const TensorView& out,
+                                         const TensorView& lse, const TensorView& dout,
+                                         const PackedSeqs& seqs, const AttentionConfig& cfg,
+                                         const TensorView& dq, const TensorView& dk,
+                                         const TensorView& dv) const;
 };
 
 // The invariant CPU backend: every call is the lockstep::cpu op of the same name.

@@ -1,15 +1,18 @@
 // The Qwen3 backward (docs/contract.md §B.10): a packed training forward that keeps its
 // activations, and the backward through it into fp32 gradients for every parameter, by the
-// contract's backward ops (lockstep/ops/backward.h). CPU reference (the CUDA backward kernels are
-// not written yet: a model on another backend is refused with a clear error).
+// contract's backward ops through an OpsBackend (engine/backend.h): the invariant CPU backend
+// (lockstep/ops/backward.h) or the invariant CUDA backend (lockstep/cuda/backward.h), the same
+// bits. Weights, saved activations and gradients live on the backend's device.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "engine/backend.h"
 #include "engine/config.h"
 #include "engine/default_model.h"
 #include "engine/model.h"
@@ -26,7 +29,9 @@ namespace lockstep::engine {
 // micro-batch, before reading model.embed_tokens.weight.
 class Gradients {
  public:
-  explicit Gradients(const Qwen3Config& cfg);
+  explicit Gradients(const Qwen3Config& cfg);  // host buffers
+  // Buffers on `ops`'s device (kept: `ops` must outlive this object).
+  Gradients(const Qwen3Config& cfg, const OpsBackend& ops);
   void reset();
   TensorView operator[](const std::string& name) const;  // f32, the weight's shape
   const Weights& all() const { return grads_; }
@@ -37,6 +42,7 @@ class Gradients {
 
  private:
   Qwen3Config cfg_;
+  const OpsBackend* ops_ = nullptr;  // nullptr: host buffers
   Weights grads_;
   std::map<std::string, size_t> index_;
   Tensor tied_lm_;
@@ -44,11 +50,11 @@ class Gradients {
   bool finished_ = false;
 };
 
-// The activations of one packed micro-batch's forward that the backward reads (host copies; the
-// bytes per token are in docs/engine-model.md).
+// The activations of one packed micro-batch's forward that the backward reads, on the backend's
+// device (the bytes per token are in docs/engine-model.md); cu_seqlens stays on the host.
 struct SavedForward {
   Tensor tokens;      // [T] i32
-  Tensor cu_seqlens;  // [B+1] i32
+  Tensor cu_seqlens;  // [B+1] i32, host
   Tensor positions;   // [T] i32
   struct Layer {
     Tensor s1;        // [T, H] the stream into input_layernorm (layer 0: the embedding)
@@ -73,11 +79,16 @@ struct SavedForward {
 };
 
 // The backward of a model's packed forward. Built from the model's own weights (host bf16 views
-// with HF names, as given to Model) and options (contract, tp).
+// with HF names, as given to Model) and options (contract, tp), on a backend: the invariant CPU
+// backend (first form), or `ops` (kept: it must outlive this object; the model whose forward is
+// differentiated must run on a backend of the same device).
 class Backprop {
  public:
   Backprop(const Qwen3Config& cfg, const std::map<std::string, TensorView>& weights,
            const ModelOptions& opt);
+  Backprop(const Qwen3Config& cfg, const std::map<std::string, TensorView>& weights,
+           const ModelOptions& opt, const OpsBackend& ops);
+  const OpsBackend& ops() const { return *ops_; }
 
   // model.forward_packed(tokens, cu_seqlens) with its activations kept. The model must have been
   // built from the same weights and options (its outputs are what the backward differentiates).
@@ -96,10 +107,13 @@ class Backprop {
  private:
   Qwen3Config cfg_;
   ModelOptions opt_;
-  std::map<std::string, Tensor> w_;  // bf16 copies, HF names
+  std::unique_ptr<OpsBackend> own_;  // the CPU backend of the first constructor
+  const OpsBackend* ops_ = nullptr;
+  std::map<std::string, Tensor> w_;  // bf16 copies on ops_'s device, HF names
   // Per layer, the TP = S shards (B.2) of the fused column-parallel weights.
   std::vector<std::vector<Tensor>> qkv_shards_, gu_shards_;
   RopeTable rope_;
+  void init(const std::map<std::string, TensorView>& weights);
   const TensorView w(const std::string& name) const;
 };
 

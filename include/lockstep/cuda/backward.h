@@ -65,4 +65,11 @@ void attention_backward_varlen(const TensorView& q, const TensorView& k, const T
                                const TensorView& dq, const TensorView& dk, const TensorView& dv,
                                void* stream = nullptr);
 
+// ---- The backward's glue (src/cuda/backward/cast.cu) ------------------------------------------
+// dst = round_bf16(src) (RNE, canonical NaN, §B.0: the tensor-core operand); src f32, dst bf16,
+// the same 2-D shape, rows may be strided (last dim contiguous); dst must not overlap src.
+void round_bf16(const TensorView& src, const TensorView& dst, void* stream = nullptr);
+// Every element of a 1-D or 2-D f32 / bf16 view (rows may be strided) set to +0.
+void fill_zero(const TensorView& dst, void* stream = nullptr);
+
 }  // namespace lockstep::cuda

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/backend.h"
+#include "lockstep/cuda/backward.h"
 #include "lockstep/cuda/runtime.h"
 
 namespace lockstep::engine {
@@ -21,6 +22,10 @@ class CudaDeviceBackend : public OpsBackend {
     cuda::copy(dst, src, stream_);
   }
   void synchronize() const override { cuda::synchronize(stream_); }
+  void round_bf16(const TensorView& src, const TensorView& dst) const override {
+    cuda::round_bf16(src, dst, stream_);
+  }
+  void fill_zero(const TensorView& dst) const override { cuda::fill_zero(dst, stream_); }
 
  protected:
   void* stream_ = nullptr;  // the legacy default stream

@@ -12,6 +12,7 @@
 #include "engine/cuda/backends.h"
 #include "engine/cuda/device_backend.h"
 #include "lockstep/cuda/attention.h"
+#include "lockstep/cuda/backward.h"
 #include "lockstep/cuda/elementwise.h"
 #include "lockstep/cuda/gemm.h"
 #include "lockstep/cuda/logprob.h"
@@ -36,6 +37,11 @@ class CudaInvariantBackend final : public InvariantOps<CudaDeviceBackend> {
             const TensorView& y) const override {
     const DeviceTable& t = device_table(table);
     cuda::rope(x, positions, t.cos.view(), t.sin.view(), y, stream_);
+  }
+  void rope_backward(const TensorView& gy, const TensorView& positions, const RopeTable& table,
+                     const TensorView& dx) const override {
+    const DeviceTable& t = device_table(table);
+    cuda::rope_backward(gy, positions, t.cos.view(), t.sin.view(), dx, stream_);
   }
 
  private:
