@@ -1,0 +1,447 @@
+// CUDA attention backward kernels (docs/contract.md §B.9): packed varlen, causal, GQA, D ≤ 128.
+// Every output element is one MMA chain in the contract's order, owned by one thread:
+//   delta_kernel  δ = halving tree over d of dout ⊗ out (D padded to a power of two with +0) and
+//                 λ = lse ⊗ log2e_f, per (token, query head), one warp per row.
+//   dkdv_kernel   one CTA per (sequence, kv head, 64-key block j0): the group's query heads
+//                 ascending, for each the 64-row query blocks from j0 to the sequence end, in
+//                 16-row k-blocks ascending: dV += Pbᵀ·dO, dK += dSbᵀ·Q (one chain from +0).
+//   dq_kernel     one CTA per (sequence, query head, 64-row query block i0): the key blocks
+//                 0 … i0 ascending, in 16-key k-blocks ascending: dQ += dSb·K (one chain from +0).
+// Scores and dP are recomputed per tile with mma.sync m16n8k16 over D (k-blocks of 16 ascending
+// from +0), x = s ⊗ σ (the forward's score bits), P = exp2(x ⊖ λ), dS = P ⊗ (dP ⊖ δ). Masked
+// entries (key > row, or a row past the sequence end) are +0 with the real operands of their
+// 64-block, as §B.9 defines; rows and keys past the sequence end are zero-filled on load, so the
+// last 16-row / 16-key k-blocks may be skipped when they lie wholly past the end (a k-block of
+// zero products returns its accumulator unchanged, §M.1).
+// Layout (warp w of 4): dkdv — the warp owns keys 16w … 16w+15 of the block (Sᵀ = K·Qᵀ and
+// dPᵀ = V·dOᵀ as m16 × n16 tiles, whose accumulators are the A fragments of the dV / dK MMAs);
+// dq — the warp owns rows 16w … 16w+15 (S = Q·Kᵀ, dP = dO·Vᵀ, accumulators → A of dS·K). By
+// §M's a↔b symmetry every product set is the contract's k-block whatever the operand roles.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/math.h"
+#include "cuda/mma_sync.cuh"  // mma_16816, cp.async group steps
+#include "lockstep/dtype.h"
+
+namespace lockstep::cuda::attn_bwd_detail {
+
+using detail::cp_async_commit;
+using detail::cp_async_wait;
+using detail::mma_16816;
+
+// NOTE: the forward's attention.cuh defines non-template kernels, so it cannot be included by a
+// second translation unit; these few operand helpers are the same instructions it uses.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const uint16_t* p) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const uint16_t* p) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+}
+__device__ __forceinline__ float canon(float f) {
+  return is_nan_f32(f) ? __uint_as_float(kCanonicalNanF32) : f;
+}
+// Two bf16 (RNE) in one register: lo in the low half (the lower k index of an MMA fragment).
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  return uint32_t(f32_to_bf16(lo).bits) | (uint32_t(f32_to_bf16(hi).bits) << 16);
+}
+__device__ __forceinline__ uint4 load8_scalar(const uint16_t* p) {
+  uint4 v;
+  v.x = uint32_t(p[0]) | (uint32_t(p[1]) << 16);
+  v.y = uint32_t(p[2]) | (uint32_t(p[3]) << 16);
+  v.z = uint32_t(p[4]) | (uint32_t(p[5]) << 16);
+  v.w = uint32_t(p[6]) | (uint32_t(p[7]) << 16);
+  return v;
+}
+
+constexpr int kBlk = 64;                   // keys / rows per block (contract A.2)
+constexpr int kThreads = 128;              // 4 warps
+constexpr float kLog2ef = 0x1.715476p+0f;  // log2(e) rounded to fp32: λ = lse ⊗ log2e_f
+
+// One CTA's block: sequence tokens [t0, t0 + len), block blk (keys for dkdv, rows for dq).
+struct BwdItem {
+  int64_t t0;
+  int32_t len, blk;
+};
+
+struct BwdParams {
+  const uint16_t *q, *k, *v, *out, *dout;  // bf16 [T, H*, D]
+  int64_t q_s0, q_s1, k_s0, k_s1, v_s0, v_s1, o_s0, o_s1, do_s0, do_s1;
+  const float* lse;  // [T, Hq]
+  int64_t l_s0, l_s1;
+  float *dq, *dk, *dv;  // f32 [T, H*, D]
+  int64_t dq_s0, dq_s1, dk_s0, dk_s1, dv_s0, dv_s1;
+  float* delta;  // workspace [T, Hq] (t·Hq + h)
+  float* lam;    // workspace [T, Hq]
+  const BwdItem* items;
+  int64_t rows;  // T·Hq (delta_kernel)
+  int32_t Hq, G, D, Dp;
+  float sigma;    // σ = AttentionConfig::scale_log2(D)
+  float scale_f;  // fp32(resolved softmax_scale)
+  int32_t vec;    // q, k, v, dout rows 16-byte aligned (cp.async)
+};
+
+__device__ __forceinline__ float bf(uint16_t b) { return __uint_as_float(uint32_t(b) << 16); }
+
+// ------------------------------------------------------------------------------------------------
+// δ and λ, one warp per (token, query head). Lane l holds t[l + 32c]; the levels w ≥ 32 of the
+// halving tree add inside the thread, w = 16 … 1 are xor shuffles (fp32 + is commutative, so lane
+// l < w gets t[l] ⊕ t[l + w] bit for bit).
+__global__ void __launch_bounds__(256) delta_kernel(const BwdParams p) {
+  const int64_t row = int64_t(blockIdx.x) * 8 + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= p.rows) return;
+  const int64_t t = row / p.Hq, h = row - t * p.Hq;
+  const uint16_t* o = p.out + t * p.o_s0 + h * p.o_s1;
+  const uint16_t* g = p.dout + t * p.do_s0 + h * p.do_s1;
+  float v[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int d = lane + 32 * c;
+    v[c] = d < p.D ? __fmul_rn(bf(g[d]), bf(o[d])) : 0.0f;
+  }
+  if (p.Dp == 128) {
+    v[0] = __fadd_rn(v[0], v[2]);  // w = 64
+    v[1] = __fadd_rn(v[1], v[3]);
+  }
+  if (p.Dp >= 64) v[0] = __fadd_rn(v[0], v[1]);  // w = 32
+  for (int w = (p.Dp >= 32 ? 16 : p.Dp / 2); w >= 1; w /= 2)
+    v[0] = __fadd_rn(v[0], __shfl_xor_sync(0xffffffffu, v[0], w));
+  if (lane == 0) {
+    p.delta[row] = v[0];
+    p.lam[row] = __fmul_rn(p.lse[t * p.l_s0 + h * p.l_s1], kLog2ef);
+  }
+}
+
+// 64 rows [r0, r0 + 64) of a [T, H, D] bf16 tensor (head offset folded into src) into shared
+// memory (row stride lds); rows ≥ nvalid are zero-filled. cp.async when vec.
+__device__ __forceinline__ void load_rows(uint16_t* dst, int lds, const uint16_t* src, int64_t s0,
+                                          int nvalid, int D, int vec, int tid) {
+  const int cpr = D / 8;
+  for (int qi = tid; qi < kBlk * cpr; qi += kThreads) {
+    const int r = qi / cpr, ch = qi - r * cpr;
+    uint16_t* d = dst + r * lds + ch * 8;
+    if (r >= nvalid) {
+      *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
+    } else if (vec) {
+      cp_async16(d, src + r * s0 + ch * 8);
+    } else {
+      *reinterpret_cast<uint4*>(d) = load8_scalar(src + r * s0 + ch * 8);
+    }
+  }
+}
+
+template <int DP>
+struct BwdShape {
+  static constexpr int kLds = DP + 8;        // bf16; 16 B pad: ldmatrix conflict-free
+  static constexpr int kTile = kBlk * kLds;  // one [64, D] tile (elements)
+  static constexpr int kSmem =
+      6 * kTile * 2    // dkdv: K, V + 2 stages of Q, dO; dq: Q, dO + 2 x K, V
+      + 4 * kBlk * 4;  // dkdv: 2 stages of λ, δ
+};
+
+// ------------------------------------------------------------------------------------------------
+// dK, dV of one (sequence, kv head, 64-key block).
+template <int DP>
+__global__ void __launch_bounds__(kThreads) dkdv_kernel(const BwdParams p) {
+  using S = BwdShape<DP>;
+  constexpr int LDS = S::kLds, NKB = DP / 16;
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint16_t* k_s = reinterpret_cast<uint16_t*>(smem);
+  uint16_t* v_s = k_s + S::kTile;
+  uint16_t* qd_s = v_s + S::kTile;  // stage st: q at qd_s + 2·st·kTile, dout after it
+  float* ld_s = reinterpret_cast<float*>(smem + 6 * S::kTile * 2);  // stage st: λ[64], δ[64]
+
+  const BwdItem it = p.items[blockIdx.x];
+  const int kvh = blockIdx.y;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int L = it.len, j0 = it.blk * kBlk, D = p.D, nkd = D / 16;
+  const int nqb = (L + kBlk - 1) / kBlk;
+  const int per_head = nqb - it.blk;  // query blocks blk … nqb-1 of each head
+  const int nsteps = p.G * per_head;
+
+  load_rows(k_s, LDS, p.k + (it.t0 + j0) * p.k_s0 + kvh * p.k_s1, p.k_s0, min(kBlk, L - j0), D,
+            p.vec, tid);
+  load_rows(v_s, LDS, p.v + (it.t0 + j0) * p.v_s0 + kvh * p.v_s1, p.v_s0, min(kBlk, L - j0), D,
+            p.vec, tid);
+  auto load_step = [&](int s) {
+    const int st = s & 1;
+    const int e = s / per_head, qb = it.blk + s % per_head;
+    const int h = kvh * p.G + e, i0 = qb * kBlk, nv = min(kBlk, L - i0);
+    const int64_t t = it.t0 + i0;
+    uint16_t* q_s = qd_s + 2 * st * S::kTile;
+    load_rows(q_s, LDS, p.q + t * p.q_s0 + h * p.q_s1, p.q_s0, nv, D, p.vec, tid);
+    load_rows(q_s + S::kTile, LDS, p.dout + t * p.do_s0 + h * p.do_s1, p.do_s0, nv, D, p.vec, tid);
+    if (tid < kBlk) {
+      const bool in = tid < nv;
+      ld_s[st * 2 * kBlk + tid] = in ? p.lam[(t + tid) * p.Hq + h] : 0.0f;
+      ld_s[st * 2 * kBlk + kBlk + tid] = in ? p.delta[(t + tid) * p.Hq + h] : 0.0f;
+    }
+  };
+  load_step(0);
+  cp_async_commit();
+
+  float dv[2 * NKB][4], dk[2 * NKB][4];  // n-tiles of 8 d: key 16w + g + 8·(r>>1), d 8n + 2t4 + r&1
+#pragma unroll
+  for (int n = 0; n < 2 * NKB; ++n)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      dv[n][r] = 0.0f;
+      dk[n][r] = 0.0f;
+    }
+  const bool warp_live = j0 + 16 * warp < L;  // keys wholly past the end are never stored
+  const uint16_t* kw = k_s + (16 * warp + (lane & 15)) * LDS + (lane >> 4) * 8;
+  const uint16_t* vw = v_s + (16 * warp + (lane & 15)) * LDS + (lane >> 4) * 8;
+
+  for (int s = 0; s < nsteps; ++s) {
+    if (s + 1 < nsteps) load_step(s + 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const int st = s & 1;
+    const int i0 = (it.blk + s % per_head) * kBlk;
+    const uint16_t* q_s = qd_s + 2 * st * S::kTile;
+    const uint16_t* do_s = q_s + S::kTile;
+    const float* lam_s = ld_s + st * 2 * kBlk;
+    const float* del_s = lam_s + kBlk;
+    const int nr16 = min(4, (L - i0 + 15) / 16);
+    if (warp_live) {
+      for (int kr = 0; kr < nr16; ++kr) {
+        const int r0 = 16 * kr;
+        // Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ over D: [16 keys, 16 rows] each, chains from +0.
+        float sc[2][4], dp[2][4];
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            sc[n][r] = 0.0f;
+            dp[n][r] = 0.0f;
+          }
+        const int brow = (r0 + (lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8;
+#pragma unroll
+        for (int kb = 0; kb < NKB; ++kb) {
+          if (kb < nkd) {
+            uint32_t a[4], b[4];
+            ldsm_x4(a, kw + kb * 16);
+            ldsm_x4(b, q_s + brow + kb * 16);
+            mma_16816(sc[0], a, b[0], b[1]);
+            mma_16816(sc[1], a, b[2], b[3]);
+            ldsm_x4(a, vw + kb * 16);
+            ldsm_x4(b, do_s + brow + kb * 16);
+            mma_16816(dp[0], a, b[0], b[1]);
+            mma_16816(dp[1], a, b[2], b[3]);
+          }
+        }
+        // P, dS (masked: +0), rounded to bf16 as the A fragments [16 keys, 16 rows].
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const int jj = 16 * warp + g + 8 * (r >> 1);
+            const int ii = r0 + 8 * n + 2 * t4 + (r & 1);
+            const bool valid = j0 + jj <= i0 + ii && i0 + ii < L;
+            float pv = 0.0f, dsv = 0.0f;
+            if (valid) {
+              pv = ls_exp2f(__fsub_rn(__fmul_rn(sc[n][r], p.sigma), lam_s[ii]));
+              dsv = __fmul_rn(pv, __fsub_rn(dp[n][r], del_s[ii]));
+            }
+            sc[n][r] = pv;
+            dp[n][r] = dsv;
+          }
+        const uint32_t pa[4] = {pack_bf16(sc[0][0], sc[0][1]), pack_bf16(sc[0][2], sc[0][3]),
+                                pack_bf16(sc[1][0], sc[1][1]), pack_bf16(sc[1][2], sc[1][3])};
+        const uint32_t da[4] = {pack_bf16(dp[0][0], dp[0][1]), pack_bf16(dp[0][2], dp[0][3]),
+                                pack_bf16(dp[1][0], dp[1][1]), pack_bf16(dp[1][2], dp[1][3])};
+        // dV += Pbᵀ·dO, dK += dSbᵀ·Q: this 16-row k-block of every d.
+        const int trow = (r0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + (lane >> 4) * 8;
+#pragma unroll
+        for (int c = 0; c < NKB; ++c) {
+          if (c < nkd) {
+            uint32_t b[4];
+            ldsm_x4_t(b, do_s + trow + c * 16);
+            mma_16816(dv[2 * c], pa, b[0], b[1]);
+            mma_16816(dv[2 * c + 1], pa, b[2], b[3]);
+            ldsm_x4_t(b, q_s + trow + c * 16);
+            mma_16816(dk[2 * c], da, b[0], b[1]);
+            mma_16816(dk[2 * c + 1], da, b[2], b[3]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // stage st is reloaded by the next iteration's prefetch
+  }
+  cp_async_wait<0>();
+
+  if (!warp_live) return;
+#pragma unroll
+  for (int n = 0; n < 2 * NKB; ++n) {
+    if (n < 2 * nkd) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int j = j0 + 16 * warp + g + 8 * (r >> 1);
+        if (j >= L) continue;
+        const int d = 8 * n + 2 * t4 + (r & 1);
+        const int64_t tok = it.t0 + j;
+        p.dv[tok * p.dv_s0 + kvh * p.dv_s1 + d] = canon(dv[n][r]);
+        p.dk[tok * p.dk_s0 + kvh * p.dk_s1 + d] = canon(__fmul_rn(dk[n][r], p.scale_f));
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// dQ of one (sequence, query head, 64-row query block).
+template <int DP>
+__global__ void __launch_bounds__(kThreads) dq_kernel(const BwdParams p) {
+  using S = BwdShape<DP>;
+  constexpr int LDS = S::kLds, NKB = DP / 16;
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint16_t* q_s = reinterpret_cast<uint16_t*>(smem);
+  uint16_t* do_s = q_s + S::kTile;
+  uint16_t* kv_s = do_s + S::kTile;  // stage st: k at kv_s + 2·st·kTile, v after it
+
+  const BwdItem it = p.items[blockIdx.x];
+  const int h = blockIdx.y, kvh = h / p.G;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int L = it.len, i0 = it.blk * kBlk, D = p.D, nkd = D / 16;
+  const int nsteps = it.blk + 1;  // key blocks 0 … blk
+
+  {
+    const int64_t t = it.t0 + i0;
+    const int nv = min(kBlk, L - i0);
+    load_rows(q_s, LDS, p.q + t * p.q_s0 + h * p.q_s1, p.q_s0, nv, D, p.vec, tid);
+    load_rows(do_s, LDS, p.dout + t * p.do_s0 + h * p.do_s1, p.do_s0, nv, D, p.vec, tid);
+  }
+  auto load_step = [&](int s) {
+    uint16_t* k_s = kv_s + 2 * (s & 1) * S::kTile;
+    const int jb = s * kBlk, nv = min(kBlk, L - jb);
+    const int64_t t = it.t0 + jb;
+    load_rows(k_s, LDS, p.k + t * p.k_s0 + kvh * p.k_s1, p.k_s0, nv, D, p.vec, tid);
+    load_rows(k_s + S::kTile, LDS, p.v + t * p.v_s0 + kvh * p.v_s1, p.v_s0, nv, D, p.vec, tid);
+  };
+  load_step(0);
+  cp_async_commit();
+
+  // This thread's rows: i0 + 16w + g + 8·hh (hh = r >> 1 of the accumulators).
+  const bool warp_live = i0 + 16 * warp < L;
+  float lam[2], del[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int i = i0 + 16 * warp + g + 8 * hh;
+    const bool in = i < L;
+    lam[hh] = in ? p.lam[(it.t0 + i) * p.Hq + h] : 0.0f;
+    del[hh] = in ? p.delta[(it.t0 + i) * p.Hq + h] : 0.0f;
+  }
+  float acc[2 * NKB][4];  // n-tiles of 8 d: row 16w + g + 8·(r>>1), d 8n + 2t4 + r&1
+#pragma unroll
+  for (int n = 0; n < 2 * NKB; ++n)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[n][r] = 0.0f;
+  uint32_t qf[NKB][4], df[NKB][4];
+
+  for (int s = 0; s < nsteps; ++s) {
+    if (s + 1 < nsteps) load_step(s + 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    if (s == 0) {
+#pragma unroll
+      for (int kb = 0; kb < NKB; ++kb) {
+        if (kb < nkd) {
+          ldsm_x4(qf[kb], q_s + (16 * warp + (lane & 15)) * LDS + kb * 16 + (lane >> 4) * 8);
+          ldsm_x4(df[kb], do_s + (16 * warp + (lane & 15)) * LDS + kb * 16 + (lane >> 4) * 8);
+        }
+      }
+    }
+    const uint16_t* k_s = kv_s + 2 * (s & 1) * S::kTile;
+    const uint16_t* v_s = k_s + S::kTile;
+    const int j0 = s * kBlk;
+    const int nk16 = min(4, (L - j0 + 15) / 16);
+    if (warp_live) {
+      for (int kk = 0; kk < nk16; ++kk) {
+        // S = Q·Kᵀ, dP = dO·Vᵀ over D: [16 rows, 16 keys] each, chains from +0.
+        float sc[2][4], dp[2][4];
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            sc[n][r] = 0.0f;
+            dp[n][r] = 0.0f;
+          }
+        const int brow = (16 * kk + (lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8;
+#pragma unroll
+        for (int kb = 0; kb < NKB; ++kb) {
+          if (kb < nkd) {
+            uint32_t b[4];
+            ldsm_x4(b, k_s + brow + kb * 16);
+            mma_16816(sc[0], qf[kb], b[0], b[1]);
+            mma_16816(sc[1], qf[kb], b[2], b[3]);
+            ldsm_x4(b, v_s + brow + kb * 16);
+            mma_16816(dp[0], df[kb], b[0], b[1]);
+            mma_16816(dp[1], df[kb], b[2], b[3]);
+          }
+        }
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const int i = i0 + 16 * warp + g + 8 * (r >> 1);
+            const int j = j0 + 16 * kk + 8 * n + 2 * t4 + (r & 1);
+            float dsv = 0.0f;
+            if (j <= i && i < L) {
+              const int hh = r >> 1;
+              const float pv = ls_exp2f(__fsub_rn(__fmul_rn(sc[n][r], p.sigma), lam[hh]));
+              dsv = __fmul_rn(pv, __fsub_rn(dp[n][r], del[hh]));
+            }
+            dp[n][r] = dsv;
+          }
+        const uint32_t da[4] = {pack_bf16(dp[0][0], dp[0][1]), pack_bf16(dp[0][2], dp[0][3]),
+                                pack_bf16(dp[1][0], dp[1][1]), pack_bf16(dp[1][2], dp[1][3])};
+        // dQ += dSb·K: this 16-key k-block of every d.
+        const int trow = (16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + (lane >> 4) * 8;
+#pragma unroll
+        for (int c = 0; c < NKB; ++c) {
+          if (c < nkd) {
+            uint32_t b[4];
+            ldsm_x4_t(b, k_s + trow + c * 16);
+            mma_16816(acc[2 * c], da, b[0], b[1]);
+            mma_16816(acc[2 * c + 1], da, b[2], b[3]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // stage s & 1 is reloaded by the next iteration's prefetch
+  }
+  cp_async_wait<0>();
+
+  if (!warp_live) return;
+#pragma unroll
+  for (int n = 0; n < 2 * NKB; ++n) {
+    if (n < 2 * nkd) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int i = i0 + 16 * warp + g + 8 * (r >> 1);
+        if (i >= L) continue;
+        const int d = 8 * n + 2 * t4 + (r & 1);
+        p.dq[(it.t0 + i) * p.dq_s0 + h * p.dq_s1 + d] = canon(__fmul_rn(acc[n][r], p.scale_f));
+      }
+    }
+  }
+}
+
+}  // namespace lockstep::cuda::attn_bwd_detail
