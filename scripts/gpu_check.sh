@@ -7,7 +7,9 @@
 # OpenBLAS runtime into build-gpu-pack/gpu.tgz, which the device side unpacks into build-gpu/.)
 # Parts (default: tests bench): tests = every GPU test (build-gpu/test_*: each exits non-zero on
 # any mismatch) and the MMA probe (quick mode); bench = the GEMM, small-M GEMM, attention and
-# log-prob benchmarks, each beside its peer (cuBLAS, PyTorch SDPA, PyTorch log_softmax); sanitize = compute-sanitizer memcheck and racecheck over every test in
+# log-prob benchmarks, each beside its peer (cuBLAS, PyTorch SDPA, PyTorch log_softmax); bwdbench =
+# the backward's benchmarks beside theirs (cuBLAS, SDPA, torch / Liger / cut-cross-entropy: carry
+# .whl too); sanitize = compute-sanitizer memcheck and racecheck over every test in
 # --quick mode; audit = scripts/gpu_audit.sh (the engine on the GPU); after bench / audit,
 # scripts/perf_bars.py reports the issue's performance bars. Logs go under $OUT (./out by
 # hand): summary.txt and logs.tar.gz (re-packed after every step, so a run cut off at its time
@@ -113,21 +115,22 @@ else
 fi
 fi
 
+# Each lockstep benchmark beside its peer, measured in the same call (tables in logs/bench_*.md).
+L="$OUT/logs"
+bench() {  # bench NAME cmd...
+  local name=$1
+  shift
+  listed "$name" "${GPU_CHECK_BENCH:-}" || return 0
+  if "$@" >"$L/$name.md" 2>&1; then
+    log "BENCH $name: logs/$name.md"
+  else
+    fail=$((fail + 1))
+    log "FAIL bench $name (exit $?): $(tail -3 "$L/$name.md" | tr '\n' ' ')"
+  fi
+  pack
+}
+
 if has bench; then
-  # Each lockstep benchmark beside its peer, measured in the same call (tables in logs/bench_*.md).
-  L="$OUT/logs"
-  bench() {  # bench NAME cmd...
-    local name=$1
-    shift
-    listed "$name" "${GPU_CHECK_BENCH:-}" || return 0
-    if "$@" >"$L/$name.md" 2>&1; then
-      log "BENCH $name: logs/$name.md"
-    else
-      fail=$((fail + 1))
-      log "FAIL bench $name (exit $?): $(tail -3 "$L/$name.md" | tr '\n' ' ')"
-    fi
-    pack
-  }
   bench bench_gemm_cuda build-gpu/bench_gemm_cuda
   # --sweep: every compiled small-M tile on every shape too (sweep.csv; ~10 s): new tiles are
   # measured by the same call that checks their bits.
@@ -136,6 +139,19 @@ if has bench; then
     build-gpu/bench_attention --sdpa '$L/sdpa.csv'"
   bench bench_logprob bash -c "build-gpu/bench_logprob --json '$L/lp.json' &&
     PYTHONUNBUFFERED=1 python3 bench/cuda/logprob_torch.py --ours '$L/lp.json'"
+fi
+
+# The backward's benchmarks (issue 11), each beside its peers in the same call: the GEMM dX / dW
+# vs cuBLAS, attention forward + backward vs SDPA (cuDNN, flash), the log-prob head forward +
+# backward vs torch naive, Liger and cut-cross-entropy. The Python peers not in the GPU image
+# travel as wheels: carry .whl (README "GPU"), installed here into /tmp/site.
+if has bwdbench; then
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl >"$OUT/logs/pip.log" 2>&1 && export PYTHONPATH=/tmp/site
+  fi
+  bench bench_attention_bwd bash -c "PYTHONUNBUFFERED=1 python3 bench/cuda/attention_bwd_sdpa.py --out '$L/sdpa_bwd.csv' &&
+    build-gpu/bench_attention_bwd --sdpa '$L/sdpa_bwd.csv'"
 fi
 
 if has sanitize; then

@@ -122,12 +122,15 @@ struct Model::Impl {
   void build(const std::map<std::string, TensorView>& src, bool zero_copy,
              std::optional<Checkpoint> ckpt, std::vector<Tensor> keep);
 
-  // The decoder over T tokens at `positions` (device views); `attend(layer, rank, q, k, v, out)`
-  // runs attention of one rank (its head slices) and may write the KV cache first.
+  // The decoder over T tokens at `positions` (device views); `attend(layer, rank, q, k, v, out,
+  // lse)` runs attention of one rank (its head slices) and may write the KV cache first; lse is
+  // [T, the rank's heads] f32 to be written when a trace is set (the backward reads it: trace
+  // "attn_lse"), else an empty view.
   using AttendFn = std::function<void(int, int, const TensorView&, const TensorView&,
-                                      const TensorView&, const TensorView&)>;
+                                      const TensorView&, const TensorView&, const TensorView&)>;
+  // lse_out: `attend` writes lse (forward_packed), so a trace gets "attn_lse".
   void run(const TensorView& tokens, const TensorView& positions, const AttendFn& attend,
-           const TensorView& hidden_out) const;
+           const TensorView& hidden_out, bool lse_out = false) const;
   // tokens [T] i32 / i64, every id in the vocabulary; returns T.
   int64_t check_tokens(const char* op, const TensorView& tokens) const;
   // An activation argument: on the host or on the backend's device, with this dtype and shape.
@@ -397,7 +400,7 @@ void Model::Impl::check_activation(const char* op, const char* arg, const Tensor
 }
 
 void Model::Impl::run(const TensorView& tokens, const TensorView& positions, const AttendFn& attend,
-                      const TensorView& hidden_out) const {
+                      const TensorView& hidden_out, bool lse_out) const {
   const OpsBackend& op = *ops;
   const WeightStore& W = *ws;
   const int tp = opt.tp;
@@ -512,13 +515,26 @@ void Model::Impl::run(const TensorView& tokens, const TensorView& positions, con
     }
     trace_qkv("q_rope", l, 0);
     trace_qkv("k_rope", l, 1);
+    const bool keep_lse = trace && lse_out;
+    std::vector<Tensor> lse_r(size_t(keep_lse ? tp : 0));
     for (int r = 0; r < tp; ++r) {
       const RankShard& s = ranks[size_t(r)];
       const TensorView m = qkv[size_t(r)].view();
+      if (keep_lse) lse_r[size_t(r)] = op.empty(DType::kF32, {T, s.nq});
       attend(l, r, heads_of(m, 0, s.nq, D), heads_of(m, s.nq * D, s.nkv, D),
-             heads_of(m, (s.nq + s.nkv) * D, s.nkv, D), heads_of(attn.view(), s.q0 * D, s.nq, D));
+             heads_of(m, (s.nq + s.nkv) * D, s.nkv, D), heads_of(attn.view(), s.q0 * D, s.nq, D),
+             keep_lse ? lse_r[size_t(r)].view() : TensorView{});
     }
     emit("attn", l, attn.view());
+    if (keep_lse) {
+      Tensor lse(DType::kF32, {T, Hq});
+      for (int r = 0; r < tp; ++r) {
+        const RankShard& s = ranks[size_t(r)];
+        op.copy(cols(lse.view(), s.q0, s.q0 + s.nq), lse_r[size_t(r)].view());
+      }
+      op.synchronize();
+      emit("attn_lse", l, lse.view());
+    }
     row_parallel(attn.view(), L.wo, true);
     emit("o_proj", l, out.view());
 
@@ -591,10 +607,10 @@ void Model::forward_packed(const TensorView& tokens, const TensorView& cu_seqlen
   m.run(
       md[0], md[2],
       [&](int, int, const TensorView& q, const TensorView& k, const TensorView& v,
-          const TensorView& out) {
-        m.ops->attention_prefill_varlen(q, k, v, seqs, m.attn, out, TensorView{});
+          const TensorView& out, const TensorView& lse) {
+        m.ops->attention_prefill_varlen(q, k, v, seqs, m.attn, out, lse);
       },
-      hidden);
+      hidden, /*lse_out=*/true);
   stage.finish();
 }
 
@@ -719,7 +735,7 @@ void Model::forward_step(const TensorView& tokens, const TensorView& seq, const 
   m.run(
       md[0], md[2],
       [&](int l, int r, const TensorView& q, const TensorView& k, const TensorView& v,
-          const TensorView& out) {
+          const TensorView& out, const TensorView&) {
         const RankShard& s = m.ranks[size_t(r)];
         const TensorView kc = cache_heads(cache.k[size_t(l)], s.kv0, s.nkv);
         const TensorView vc = cache_heads(cache.v[size_t(l)], s.kv0, s.nkv);

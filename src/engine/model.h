@@ -62,10 +62,11 @@ struct StepOptions {
 
 // Activation capture at every op boundary (issue 3 item 7), in this order: "embed" (layer -1);
 // per layer "input_residual" (not in layer 0), "input_norm", "q", "k", "v", "q_norm", "k_norm",
-// "q_rope", "k_rope", "attn", "o_proj", "post_residual", "post_norm", "gate", "up", "act", "down";
-// then "final_residual", "final_norm" (layer -1). The tensor is the full (all-rank, contiguous)
-// activation, rows in the call's token order: [T, Hq·D] (q, q_norm, q_rope, attn), [T, Hkv·D]
-// (k, v, k_norm, k_rope), [T, I] (gate, up, act), else [T, H]. Valid only during the call.
+// "q_rope", "k_rope", "attn", "attn_lse" (forward_packed only), "o_proj", "post_residual",
+// "post_norm", "gate", "up", "act", "down"; then "final_residual", "final_norm" (layer -1). The
+// tensor is the full (all-rank, contiguous) activation, rows in the call's token order: [T, Hq·D]
+// (q, q_norm, q_rope, attn), [T, Hq] f32 (attn_lse), [T, Hkv·D] (k, v, k_norm, k_rope), [T, I]
+// (gate, up, act), else [T, H]. Valid only during the call.
 using TraceFn = std::function<void(const std::string& op, int layer, const TensorView& t)>;
 
 // Devices: every weight, activation and KV page lives on the backend's device (ops->device()).

@@ -45,15 +45,6 @@ Tensor to_backend(const OpsBackend& ops, Tensor host) {
   return t;
 }
 
-// A backend tensor's contents on the host (waits for the backend).
-Tensor to_host_copy(const OpsBackend& ops, const Tensor& t) {
-  if (ops.device() == Device::kCPU) return copy_of(t.view());
-  Tensor h(t.dtype(), t.shape());
-  ops.copy(h.view(), t.view());
-  ops.synchronize();
-  return h;
-}
-
 TensorView cols(const TensorView& m, int64_t c0, int64_t c1) {
   TensorView v = m;
   v.data = static_cast<char*>(m.data) + c0 * m.stride[1] * dtype_size(m.dtype);
@@ -158,8 +149,8 @@ int64_t SavedForward::bytes() const {
   int64_t b = tokens.nbytes() + cu_seqlens.nbytes() + positions.nbytes() + s_final.nbytes() +
               hidden.nbytes();
   for (const Layer& L : layers)
-    for (const Tensor* t : {&L.s1, &L.xn1, &L.q, &L.k, &L.v, &L.q_rope, &L.k_rope, &L.attn, &L.s2,
-                            &L.xn2, &L.gate, &L.up, &L.act})
+    for (const Tensor* t : {&L.s1, &L.xn1, &L.q, &L.k, &L.v, &L.q_rope, &L.k_rope, &L.attn, &L.lse,
+                            &L.s2, &L.xn2, &L.gate, &L.up, &L.act})
       b += t->nbytes();
   return b;
 }
@@ -276,6 +267,7 @@ SavedForward Backprop::forward(Model& model, const TensorView& tokens,
         {"q_rope", &SavedForward::Layer::q_rope},
         {"k_rope", &SavedForward::Layer::k_rope},
         {"attn", &SavedForward::Layer::attn},
+        {"attn_lse", &SavedForward::Layer::lse},
         {"post_residual", &SavedForward::Layer::s2},
         {"post_norm", &SavedForward::Layer::xn2},
         {"gate", &SavedForward::Layer::gate},
@@ -314,8 +306,10 @@ SavedForward Backprop::forward(Model& model, const TensorView& tokens,
   f.tokens = to_backend(ops, std::move(tok));
   f.positions = to_backend(ops, std::move(pos));
   for (int64_t l = 0; l < L; ++l)
-    LS_CHECK(f.layers[size_t(l)].act.numel() == T * cfg_.intermediate_size || T == 0, kOp,
-             "the forward's trace lacks layer ", l, "'s activations");
+    LS_CHECK((f.layers[size_t(l)].act.numel() == T * cfg_.intermediate_size &&
+              f.layers[size_t(l)].lse.numel() == T * cfg_.num_attention_heads) ||
+                 T == 0,
+             kOp, "the forward's trace lacks layer ", l, "'s activations");
   ops.synchronize();
   return f;
 }
@@ -459,21 +453,11 @@ void Backprop::backward(const SavedForward& f, const TensorView& targets,
     ops.gemm_dx(dy_o.view(), w(p + "self_attn.o_proj.weight"), one, d_attn.view());
     ops.gemm_dw(dy_o.view(), A.attn.view(), order, grads[p + "self_attn.o_proj.weight"]);
     const Tensor dout = to_bf16(d_attn);
-    // The forward's lse (recomputed: the same bits; the trace does not carry it) and out.
-    Tensor out = empty(DType::kBF16, {T, Hq, D}), lse_a = empty(DType::kF32, {T, Hq});
-    ops.attention_prefill_varlen(heads(A.q_rope, Hq, D), heads(A.k_rope, Hkv, D),
-                                 heads(A.v, Hkv, D), seqs, attn, out.view(), lse_a.view());
-    if (f.invariant) {
-      const Tensor got = to_host_copy(ops, out), want = to_host_copy(ops, A.attn);
-      LS_CHECK(std::memcmp(got.data(), want.data(), size_t(got.nbytes())) == 0, kOp, "layer ", l,
-               ": the recomputed attention differs from the saved forward's (weights or options "
-               "differ from the model's?)");
-    }
     Tensor dq = empty(DType::kF32, {T, Hq, D}), dk = empty(DType::kF32, {T, Hkv, D});
     Tensor dv = empty(DType::kF32, {T, Hkv, D});
     ops.attention_backward_varlen(heads(A.q_rope, Hq, D), heads(A.k_rope, Hkv, D),
-                                  heads(A.v, Hkv, D), out.view(), lse_a.view(), heads(dout, Hq, D),
-                                  seqs, attn, dq.view(), dk.view(), dv.view());
+                                  heads(A.v, Hkv, D), heads(A.attn, Hq, D), A.lse.view(),
+                                  heads(dout, Hq, D), seqs, attn, dq.view(), dk.view(), dv.view());
     ops.rope_backward(dq.view(), f.positions.view(), rope_, dq.view());
     ops.rope_backward(dk.view(), f.positions.view(), rope_, dk.view());
     const int64_t W = (Hq + 2 * Hkv) * D;

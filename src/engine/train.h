@@ -63,15 +63,15 @@ struct SavedForward {
     Tensor q_rope;    // [T, Hq·D] q after norm and RoPE (attention's q)
     Tensor k_rope;    // [T, Hkv·D]
     Tensor attn;      // [T, Hq·D] attention output (x of o_proj)
+    Tensor lse;       // [T, Hq] f32 attention's log-sum-exp (the backward's §B.9 input)
     Tensor s2;        // [T, H] the stream after the attention residual add
     Tensor xn2;       // [T, H] post_attention_layernorm output (x of gate|up)
     Tensor gate, up;  // [T, I] each
     Tensor act;       // [T, I] SiLU-and-mul output (x of down_proj)
   };
   std::vector<Layer> layers;
-  // The forward ran on the invariant backend: the backward's recomputed attention must equal its
-  // output bit for bit (checked). A baseline forward (ordinary kernels) is differentiated with the
-  // invariant recompute of attention, unchecked.
+  // The forward ran on the invariant backend (a baseline forward's activations, out and lse
+  // included, are differentiated as they are, by the backend's backward ops).
   bool invariant = true;
   Tensor s_final;  // [T, H] the stream into the final norm
   Tensor hidden;   // [T, H] the final norm's output (h of the log-prob head)

@@ -541,10 +541,26 @@ TEST(Model, TraceIsTheSameOnBothPathsAndAllTp) {
   auto capture = [](Model& m, std::vector<Rec>* out) {
     m.set_trace([out](const std::string& op, int layer, const TensorView& t) {
       ASSERT_TRUE(t.is_contiguous());
+      // attention's lse: the packed path's only (for the backward), checked below.
+      if (op == "attn_lse") return;
       const uint8_t* p = static_cast<const uint8_t*>(t.data);
       out->push_back({op, layer, std::vector<uint8_t>(p, p + t.numel() * dtype_size(t.dtype))});
     });
   };
+  {
+    auto m = make_model(tm, 2);
+    std::vector<int> lse_layers;
+    m->set_trace([&](const std::string& op, int layer, const TensorView& t) {
+      if (op != "attn_lse") return;
+      EXPECT_EQ(t.dtype, DType::kF32);
+      EXPECT_EQ(t.numel(), int64_t(seq.size()) * tm.cfg.num_attention_heads);
+      lse_layers.push_back(layer);
+    });
+    packed_hidden(*m, {seq}, {0});
+    std::vector<int> want(size_t(tm.cfg.num_hidden_layers));
+    std::iota(want.begin(), want.end(), 0);
+    EXPECT_EQ(lse_layers, want);
+  }
   std::vector<Rec> ref;
   for (int tp : {1, 2, 4}) {
     auto m = make_model(tm, tp);
