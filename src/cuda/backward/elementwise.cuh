@@ -146,6 +146,7 @@ static __global__ void rmsnorm_dweight_chain_kernel(const float* b, int64_t n, i
   const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= H) return;
   float acc = dw[k];
+#pragma unroll 8
   for (int64_t j = 0; j < n; ++j) acc = __fadd_rn(acc, b[j * H + k]);
   dw[k] = canonical(acc);
 }
