@@ -6,14 +6,15 @@
 //   W, n_k the real ones):
 //     logits z = the forward's GEMM contract (cuda::gemm_bf16_nt, fp32, gemm_segments) on
 //       [chunk rows × vocab columns] blocks (the GEMM is row- and column-invariant: the forward's
-//       bits), then G_k = round_bf16(gy ⊘ τ) into [rows, seg_pad] bf16 (columns ≥ n_k: +0);
-//     dh's segment value: cuda::gemm_bf16_nt(G_k, Wᵀ_k, segments = 1) over K = seg_pad — one MMA
-//       chain of ⌈seg_len/16⌉ k-blocks from +0, exactly §B.8's per-segment chain (Wᵀ_k re-laid out
-//       on the device, in hidden-column slices when it passes its budget: the GEMM is
-//       column-invariant) — into an fp32 partial;
+//       bits), then G_k = round_bf16(gy ⊘ τ) as [rows, seg_pad] bf16 (and its transpose);
+//     dh's segment value dh_k — one MMA chain over the segment's entries in k-blocks of 16 from +0,
+//       exactly §B.8's per-segment chain — by one of two paths (LogprobBwdPath, same bits):
+//       B.3's weight-gradient chain with the entries as tokens (cuda::gemm_bf16_dw on Gᵀ_k and W's
+//       rows in place; the default: no Wᵀ exists), or cuda::gemm_bf16_nt(G_k, Wᵀ_k, one segment)
+//       on a device re-layout of W_k;
 //     dW rows of segment k: cuda::gemm_bf16_dw(G_k's real columns, the chunk's h rows, the chunk's
 //       TokenOrder), which continues each dw element's chain over the chunk's blocks in order.
-//   dh = cuda::gemm_tree_combine of the S_v segment partials (the G.4 tree = §B.8's tree).
+//   dh = cuda::gemm_tree_combine of the S_v segment values (the G.4 tree = §B.8's tree).
 // The CPU computes the same per-segment chains and tree with one gemm_bf16_nt call on a
 // segment-padded layout of width S_v·seg_pad (its K segments are exactly these). Nothing depends
 // on the chunk sizes (tested on the CPU form), so the plan is free to follow the memory budget.
@@ -35,10 +36,10 @@ namespace lockstep::cuda {
 namespace detail {
 namespace {
 
-// NOTE: the workspace budget of one call (G, logits, Wᵀ, segment partials, gathered rows): with
-// dh itself ([T, H] f32) it keeps the training shape T = 8192, H = 4096, V = 151936 under 0.5 GiB
-// beyond the lm_head's fp32 gradient. Larger chunks of rows mean fewer re-layouts of Wᵀ (one full
-// pass over W per chunk) and wider GEMMs.
+// NOTE: the workspace budget of one call (G and Gᵀ or Wᵀ, logits, segment partials, gathered
+// rows): with dh itself ([T, H] f32) it keeps the training shape T = 8192, H = 4096, V = 151936
+// under 0.5 GiB beyond the lm_head's fp32 gradient. Larger chunks of rows mean fewer passes over W
+// and wider GEMMs.
 constexpr int64_t kWorkspaceBudget = int64_t(384) << 20;
 constexpr int64_t kMaxChunkRows = 1024;
 constexpr int64_t kLogitsBudget = int64_t(32) << 20;  // [rows, columns] f32 logits per GEMM call
@@ -103,8 +104,23 @@ std::vector<Chunk> make_chunks(const TokenOrder& order, int64_t T, int64_t max_r
 
 }  // namespace
 
-LogprobBwdPlan logprob_backward_plan(const LogprobVocabLayout& lay, int64_t H, int64_t T) {
+const char* logprob_bwd_path_name(LogprobBwdPath p) {
+  switch (p) {
+    case LogprobBwdPath::kAuto:
+      return "auto";
+    case LogprobBwdPath::kDwForm:
+      return "dh by gemm_bf16_dw on G^T and W in place";
+    case LogprobBwdPath::kWtGemm:
+      return "dh by gemm_bf16_nt on G and a re-laid-out W^T";
+  }
+  return "?";
+}
+
+LogprobBwdPlan logprob_backward_plan(const LogprobVocabLayout& lay, int64_t H, int64_t T,
+                                     LogprobBwdPath path) {
   LogprobBwdPlan pl;
+  pl.path = path == LogprobBwdPath::kWtGemm ? path : LogprobBwdPath::kDwForm;
+  const bool dw_form = pl.path == LogprobBwdPath::kDwForm;
   const int64_t S = lay.segments, L = lay.tile;
   pl.seg_pad = round_up(lay.segment_len, kTokenBlock);
   const int64_t wt_all = S * H * pl.seg_pad * 2;
@@ -115,66 +131,75 @@ LogprobBwdPlan logprob_backward_plan(const LogprobVocabLayout& lay, int64_t H, i
         std::clamp<int64_t>(kLogitsBudget / (rows * L * 4), 1, lay.tiles_per_segment);
     pl.zcols = tiles * L;
     pl.z_bytes = rows * pl.zcols * 4;
-    pl.g_bytes = rows * pl.seg_pad * 2;
+    pl.g_bytes = rows * pl.seg_pad * 2 * (dw_form ? 2 : 1);
     pl.partial_bytes = S > 1 ? S * rows * H * 4 : 0;
     pl.gather_bytes = rows * (round_up(H, 8) * 2 + H * 4);  // gathered h rows + dh rows
     const int64_t fixed = pl.g_bytes + pl.z_bytes + pl.partial_bytes + pl.gather_bytes;
     const int64_t left = kWorkspaceBudget - fixed;
-    if (wt_all <= left) {
+    if (dw_form) {
+      if (left >= 0 || rows <= kTokenBlock) return pl;
+    } else if (wt_all <= left) {
       pl.wt_once = true;
       pl.hc = H;
       pl.wt_bytes = wt_all;
       return pl;
+    } else {
+      int64_t hc = std::min(H, std::max<int64_t>(left, 0) / (pl.seg_pad * 2));
+      if (hc < H) hc = hc >= 64 ? hc / 64 * 64 : hc;
+      if (hc >= std::min<int64_t>(H, 256) || rows <= kTokenBlock) {
+        pl.hc = std::max<int64_t>(hc, 1);
+        pl.wt_bytes = pl.hc * pl.seg_pad * 2;
+        return pl;
+      }
     }
-    pl.wt_once = false;
-    int64_t hc = std::min(H, std::max<int64_t>(left, 0) / (pl.seg_pad * 2));
-    if (hc < H) hc = hc >= 64 ? hc / 64 * 64 : hc;
-    if (hc >= std::min<int64_t>(H, 256) || rows <= kTokenBlock) {
-      pl.hc = std::max<int64_t>(hc, 1);
-      pl.wt_bytes = pl.hc * pl.seg_pad * 2;
-      return pl;
-    }
-    rows = std::max<int64_t>(kTokenBlock, rows / 2 / kTokenBlock * kTokenBlock);
+    rows = std::max<int64_t>(kTokenBlock, (rows * 3 / 4) / kTokenBlock * kTokenBlock);
   }
 }
 
-std::string logprob_backward_plan_string(const ContractConfig& cfg, int64_t T, int64_t H,
-                                         int64_t V) {
+std::string logprob_backward_plan_string(const ContractConfig& cfg, int64_t T, int64_t H, int64_t V,
+                                         LogprobBwdPath path) {
   const LogprobVocabLayout lay = logprob_vocab_layout(cfg, V);
-  const LogprobBwdPlan pl = logprob_backward_plan(lay, H, T);
+  const LogprobBwdPlan pl = logprob_backward_plan(lay, H, T, path);
   auto mib = [](int64_t b) { return double(b) / double(1 << 20); };
-  char buf[768];
+  char wt[160] = "";
+  if (pl.path == LogprobBwdPath::kWtGemm)
+    std::snprintf(wt, sizeof wt, ", Wt hidden slice=%lld (%s)", (long long)pl.hc,
+                  pl.wt_once ? "built once per call" : "re-laid out per chunk and segment");
+  char buf[1024];
   std::snprintf(buf, sizeof buf,
                 "linear_logprob_backward: T=%lld H=%lld V=%lld S_v=%d seg_len=%lld seg_pad=%lld | "
-                "chunk rows=%lld, logits columns per GEMM=%lld, Wt hidden slice=%lld (%s) | "
-                "workspace %.1f MiB = G %.1f + logits %.1f + Wt %.1f + segment partials %.1f + "
-                "gathered rows %.1f (only when a chunk's rows are not consecutive)",
+                "%s | chunk rows=%lld (%lld chunks), logits columns per GEMM=%lld%s | workspace "
+                "%.1f MiB = G%s %.1f + logits %.1f + Wt %.1f + segment partials %.1f + gathered "
+                "rows %.1f (only when a chunk's rows are not consecutive in h) + the row table "
+                "%.3f",
                 (long long)T, (long long)H, (long long)V, lay.segments, (long long)lay.segment_len,
-                (long long)pl.seg_pad, (long long)pl.rows, (long long)pl.zcols, (long long)pl.hc,
-                pl.wt_once ? "built once per call" : "re-laid out per chunk and segment",
-                mib(pl.total_bytes()), mib(pl.g_bytes), mib(pl.z_bytes), mib(pl.wt_bytes),
-                mib(pl.partial_bytes), mib(pl.gather_bytes));
+                (long long)pl.seg_pad, logprob_bwd_path_name(pl.path), (long long)pl.rows,
+                (long long)((T + pl.rows - 1) / pl.rows), (long long)pl.zcols, wt,
+                mib(pl.total_bytes() + T * 8), pl.path == LogprobBwdPath::kDwForm ? " + G^T" : "",
+                mib(pl.g_bytes), mib(pl.z_bytes), mib(pl.wt_bytes), mib(pl.partial_bytes),
+                mib(pl.gather_bytes), mib(T * 8));
   return buf;
 }
 
-}  // namespace detail
-
-void linear_logprob_backward(const TensorView& h, const TensorView& w, const TensorView& targets,
-                             const LogprobParams& params, const ContractConfig& cfg,
-                             const TensorView& lse, const TensorView& entropy,
-                             const TensorView& g_lp, const TensorView* g_ent, const TensorView& dh,
-                             const TokenOrder& order, const TensorView& dw, void* stream) {
-  using namespace detail;
+LogprobBwdPath linear_logprob_backward_with_path(const TensorView& h, const TensorView& w,
+                                                 const TensorView& targets,
+                                                 const LogprobParams& params,
+                                                 const ContractConfig& cfg, const TensorView& lse,
+                                                 const TensorView& entropy, const TensorView& g_lp,
+                                                 const TensorView* g_ent, const TensorView& dh,
+                                                 const TokenOrder& order, const TensorView& dw,
+                                                 LogprobBwdPath path, void* stream) {
   const char* op = "cuda::linear_logprob_backward";
   const LogprobVocabLayout lay = contract::check_linear_logprob_backward(
       op, Device::kCUDA, h, w, targets, params, cfg, lse, entropy, g_lp, g_ent, dh, order, dw);
   const int64_t T = h.size(0), H = h.size(1), V = w.size(0);
-  if (T == 0) return;
+  const LogprobBwdPlan pl = logprob_backward_plan(lay, H, T, path);
+  if (T == 0) return pl.path;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const int S = lay.segments;
   const int64_t seg_len = lay.segment_len;
-  const LogprobBwdPlan pl = logprob_backward_plan(lay, H, T);
   const int64_t seg_pad = pl.seg_pad, R = pl.rows;
+  const bool dw_form = pl.path == LogprobBwdPath::kDwForm;
   const GemmConfig logits_cfg = GemmConfig::from_contract(cfg);
   const GemmConfig seg_cfg{1};  // one vocab segment: one chain over seg_pad entries
 
@@ -197,15 +222,22 @@ void linear_logprob_backward(const TensorView& h, const TensorView& w, const Ten
 
   float* z = scratch.alloc_n<float>(R * pl.zcols);
   uint16_t* G = scratch.alloc_n<uint16_t>(R * seg_pad);
-  uint16_t* wt = scratch.alloc_n<uint16_t>(pl.wt_bytes / 2);
+  uint16_t* Gt = dw_form ? scratch.alloc_n<uint16_t>(seg_pad * R) : nullptr;
+  uint16_t* wt = dw_form ? nullptr : scratch.alloc_n<uint16_t>(pl.wt_bytes / 2);
   float* partials = S > 1 ? scratch.alloc_n<float>(int64_t(S) * R * H) : nullptr;
   const int64_t ldh = round_up(H, 8);
   uint16_t* h_gather = nullptr;
   float* dh_gather = nullptr;
   auto n_of = [&](int k) { return std::clamp<int64_t>(V - int64_t(k) * seg_len, 0, seg_len); };
+  auto memset2d = [&](void* p, int64_t pitch_bytes, int64_t width_bytes, int64_t height,
+                      const char* what) {
+    const cudaError_t e =
+        cudaMemset2DAsync(p, size_t(pitch_bytes), 0, size_t(width_bytes), size_t(height), s);
+    LS_CHECK(e == cudaSuccess, op, "memset of ", what, " failed: ", cudaGetErrorString(e));
+  };
 
-  // Wᵀ_k hidden columns [h0, h0 + hc): wt_k[j·seg_pad + e] = W[k·seg_len + e, h0 + j] for e < n_k,
-  // +0 for e in [n_k, seg_pad).
+  // kWtGemm: Wᵀ_k hidden columns [h0, h0 + hc): wt_k[j·seg_pad + e] = W[k·seg_len + e, h0 + j]
+  // for e < n_k, +0 for e in [n_k, seg_pad).
   auto relayout = [&](int k, int64_t h0, int64_t hc, uint16_t* dst) {
     const int64_t nk = n_of(k);
     LpbRelayoutParams rp{};
@@ -216,16 +248,14 @@ void linear_logprob_backward(const TensorView& h, const TensorView& w, const Ten
     rp.hc = hc;
     rp.wt = dst;
     rp.ldt = seg_pad;
-    if (nk < seg_pad)
-      LS_CHECK(cudaMemsetAsync(dst, 0, size_t(hc * seg_pad * 2), s) == cudaSuccess, op,
-               "memset of the Wt padding failed");
+    if (nk < seg_pad) memset2d(dst, hc * seg_pad * 2, hc * seg_pad * 2, 1, "the Wt padding");
     if (nk == 0) return;
     const dim3 grid(unsigned((nk + kLpbTransposeTile - 1) / kLpbTransposeTile),
                     unsigned((hc + kLpbTransposeTile - 1) / kLpbTransposeTile));
     lpb_relayout_wt_kernel<<<grid, dim3(kLpbTransposeTile, 8), 0, s>>>(rp);
     check_launch(op);
   };
-  if (pl.wt_once)
+  if (!dw_form && pl.wt_once)
     for (int k = 0; k < S; ++k) relayout(k, 0, H, wt + int64_t(k) * H * seg_pad);
 
   LpbGradParams gp{};
@@ -241,13 +271,16 @@ void linear_logprob_backward(const TensorView& h, const TensorView& w, const Ten
   gp.targets = index_ref(targets);
   gp.ignore_index = params.ignore_index;
   gp.tau = params.temperature;
+  gp.z = z;
   gp.G = G;
   gp.ldg = seg_pad;
+  gp.Gt = Gt;
+  gp.ldgt = R;
 
   for (const Chunk& c : chunks) {
     const int64_t rows = c.rows;
-    // Consecutive rows of h (one micro-batch of packed sequences in order, typically): h and dh
-    // are used in place; otherwise gathered.
+    // Consecutive rows of h (one micro-batch of packed sequences in step order, typically): h
+    // and dh are used in place; otherwise gathered.
     bool direct = true;
     for (size_t i = 1; i < c.pieces.size(); ++i)
       direct = direct && c.pieces[i].src == c.pieces[i - 1].src + c.pieces[i - 1].n;
@@ -265,7 +298,7 @@ void linear_logprob_backward(const TensorView& h, const TensorView& w, const Ten
       hx = TensorView::contiguous(h_gather, DType::kBF16, {rows, H}, Device::kCUDA);
       hx.stride[0] = ldh;
     }
-    TensorView dh_out =
+    const TensorView dh_out =
         direct ? dh.rows(src0, src0 + rows)
                : TensorView::contiguous(dh_gather, DType::kF32, {rows, H}, Device::kCUDA);
     // The chunk's TokenOrder on its own rows: its pieces in canonical order (step indices
@@ -282,47 +315,50 @@ void linear_logprob_backward(const TensorView& h, const TensorView& w, const Ten
     std::vector<TensorView> parts;
     for (int k = 0; k < S; ++k) {
       const int64_t nk = n_of(k), v_seg = int64_t(k) * seg_len;
-      TensorView part = S > 1 ? TensorView::contiguous(partials + int64_t(k) * R * H, DType::kF32,
-                                                       {rows, H}, Device::kCUDA)
-                              : dh_out;
+      const TensorView part = S > 1 ? TensorView::contiguous(partials + int64_t(k) * R * H,
+                                                             DType::kF32, {rows, H}, Device::kCUDA)
+                                    : dh_out;
       if (S > 1) parts.push_back(part);
-      if (nk == 0) {  // all padding: G_k = +0, its chain is +0; no dW rows
-        // NOTE: only with S_v > 1 (segment 0 always holds entries): part is a contiguous partial.
-        LS_CHECK(cudaMemsetAsync(part.data, 0, size_t(rows * H * 4), s) == cudaSuccess, op,
-                 "memset of an all-padding segment's partial failed");
-        continue;
-      }
-      // G_k: logits per column block, then the gradient entries; columns [nk, seg_pad) +0.
-      if (nk < seg_pad)
-        LS_CHECK(cudaMemsetAsync(G, 0, size_t(rows * seg_pad * 2), s) == cudaSuccess, op,
-                 "memset of G's padding failed");
+      // A chain that starts from +0 (kDwForm: dh_k is the accumulator; an all-padding segment:
+      // its chain is +0 and it has no dW rows).
+      if (dw_form || nk == 0)
+        memset2d(part.data, part.stride[0] * 4, H * 4, rows, "a segment's dh partial");
+      if (nk == 0) continue;
+      // kWtGemm: G_k's columns [nk, seg_pad) are +0 (its K runs over seg_pad entries).
+      if (!dw_form && nk < seg_pad) memset2d(G, seg_pad * 2, seg_pad * 2, rows, "G's padding");
+      // G_k (and Gᵀ_k): the forward's logits per column block, then the gradient entries.
       for (int64_t e0 = 0; e0 < nk; e0 += pl.zcols) {
         const int64_t ncols = std::min(pl.zcols, nk - e0);
         TensorView zv = TensorView::contiguous(z, DType::kF32, {rows, ncols}, Device::kCUDA);
         zv.stride[0] = pl.zcols;
         gemm_bf16_nt(hx, w.rows(v_seg + e0, v_seg + e0 + ncols), nullptr, logits_cfg, zv, s);
-        gp.z = z;
         gp.e0 = e0;
         gp.ncols = ncols;
         gp.v_seg = v_seg;
-        const int64_t bx = std::min<int64_t>((ncols + kLpbThreads - 1) / kLpbThreads, 64);
-        lpb_grad_kernel<<<dim3(unsigned(bx), unsigned(rows)), kLpbThreads, 0, s>>>(gp);
+        const dim3 grid(unsigned((ncols + kLpbTransposeTile - 1) / kLpbTransposeTile),
+                        unsigned((rows + kLpbTransposeTile - 1) / kLpbTransposeTile));
+        lpb_grad_kernel<<<grid, dim3(kLpbTransposeTile, 8), 0, s>>>(gp);
         check_launch(op);
       }
-      const TensorView gk = TensorView::contiguous(G, DType::kBF16, {rows, seg_pad}, Device::kCUDA);
-      // dh's segment value: one chain over the segment's seg_pad entries (GEMM, one segment).
-      for (int64_t h0 = 0; h0 < H; h0 += pl.hc) {
-        const int64_t hc = std::min(pl.hc, H - h0);
-        uint16_t* wk = wt + (pl.wt_once ? int64_t(k) * H * seg_pad : 0);
-        if (!pl.wt_once)
-          relayout(k, h0, hc, wk);
-        else
-          wk += h0 * seg_pad;
-        TensorView y = TensorView::contiguous(static_cast<float*>(part.data) + h0, DType::kF32,
-                                              {rows, hc}, Device::kCUDA);
-        y.stride[0] = part.stride[0];
-        gemm_bf16_nt(gk, TensorView::contiguous(wk, DType::kBF16, {hc, seg_pad}, Device::kCUDA),
-                     nullptr, seg_cfg, y, s);
+      // dh's segment value: one chain over the segment's entries in k-blocks of 16 from +0.
+      if (dw_form) {
+        TensorView gt = TensorView::contiguous(Gt, DType::kBF16, {nk, rows}, Device::kCUDA);
+        gt.stride[0] = R;
+        const TokenOrder entries = TokenOrder::make(op, {{0, 0, nk}}, nk);
+        gemm_bf16_dw(gt, w.rows(v_seg, v_seg + nk), entries, part, s);
+      } else {
+        const TensorView gk =
+            TensorView::contiguous(G, DType::kBF16, {rows, seg_pad}, Device::kCUDA);
+        for (int64_t h0 = 0; h0 < H; h0 += pl.hc) {
+          const int64_t hc = std::min(pl.hc, H - h0);
+          uint16_t* wk = wt + (pl.wt_once ? int64_t(k) * H * seg_pad + h0 * seg_pad : 0);
+          if (!pl.wt_once) relayout(k, h0, hc, wk);
+          TensorView y = TensorView::contiguous(static_cast<float*>(part.data) + h0, DType::kF32,
+                                                {rows, hc}, Device::kCUDA);
+          y.stride[0] = part.stride[0];
+          gemm_bf16_nt(gk, TensorView::contiguous(wk, DType::kBF16, {hc, seg_pad}, Device::kCUDA),
+                       nullptr, seg_cfg, y, s);
+        }
       }
       // dW rows [v_seg, v_seg + nk): the chunk's blocks continue every element's chain.
       if (!corder.empty()) {
@@ -338,6 +374,19 @@ void linear_logprob_backward(const TensorView& h, const TensorView& w, const Ten
       check_launch(op);
     }
   }
+  return pl.path;
+}
+
+}  // namespace detail
+
+void linear_logprob_backward(const TensorView& h, const TensorView& w, const TensorView& targets,
+                             const LogprobParams& params, const ContractConfig& cfg,
+                             const TensorView& lse, const TensorView& entropy,
+                             const TensorView& g_lp, const TensorView* g_ent, const TensorView& dh,
+                             const TokenOrder& order, const TensorView& dw, void* stream) {
+  (void)detail::linear_logprob_backward_with_path(h, w, targets, params, cfg, lse, entropy, g_lp,
+                                                  g_ent, dh, order, dw,
+                                                  detail::LogprobBwdPath::kAuto, stream);
 }
 
 }  // namespace lockstep::cuda

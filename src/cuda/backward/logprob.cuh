@@ -19,7 +19,10 @@
 #include "core/math.h"  // ls_expf
 #include "cuda/elementwise_common.cuh"
 #include "lockstep/contract.h"
+#include "lockstep/contract/backward.h"
 #include "lockstep/contract/logprob.h"
+#include "lockstep/ops/logprob.h"
+#include "lockstep/tensor.h"
 
 namespace lockstep::cuda::detail {
 
@@ -47,30 +50,58 @@ struct LpbGradParams {
   float tau;
   uint16_t* G;  // [rows, ldg] bf16 bits: column = segment entry
   int64_t ldg;
+  uint16_t* Gt;  // nullptr, or [entries, ldgt] bf16 bits: Gᵀ (row = segment entry, column = row)
+  int64_t ldgt;
 };
 
-// Grid (ceil(ncols / 256) capped, rows), 256 threads, a grid-stride loop over the columns.
-static __global__ void __launch_bounds__(kLpbThreads) lpb_grad_kernel(const LpbGradParams p) {
-  const int64_t r = blockIdx.y;
-  const int64_t t = p.src[r];
-  const float lse = p.lse[t * p.lse_s];
-  const float mu = __fsub_rn(lse, p.entropy[t * p.entropy_s]);  // E_p[y]
-  const float g_lp = p.g_lp[t * p.g_lp_s];
-  const float g_ent = p.g_ent ? p.g_ent[t * p.g_ent_s] : 0.0f;
-  const int64_t target = p.targets[t];
-  const bool ignored = target == p.ignore_index;
-  const float* zr = p.z + r * p.ldz;
-  uint16_t* gr = p.G + r * p.ldg;
-  for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < p.ncols;
-       c += int64_t(gridDim.x) * blockDim.x) {
+// One entry of §B.8 from its forward logit z (the CPU's grad_entry, IEEE intrinsics).
+struct LpbToken {
+  float lse, mu, g_lp, g_ent;
+  int64_t target;
+  bool ignored;
+};
+__device__ __forceinline__ uint16_t lpb_entry(float z, int64_t v, const LpbToken& tk, bool with_ent,
+                                              float tau) {
+  const float y = __fdiv_rn(z, tau);
+  const float pr = ls_expf(__fsub_rn(y, tk.lse));
+  // NOTE: an ignored target's logp is the constant +0, so its a is +0 whatever g_lp holds.
+  const float a =
+      tk.ignored ? 0.0f : __fmul_rn(tk.g_lp, __fsub_rn(v == tk.target ? 1.0f : 0.0f, pr));
+  const float gy =
+      with_ent ? __fadd_rn(a, __fmul_rn(tk.g_ent, __fmul_rn(pr, __fsub_rn(tk.mu, y)))) : a;
+  return f32_to_bf16_bits(__fdiv_rn(gy, tau));
+}
+
+// Grid (ceil(ncols / 32), ceil(rows / 32)), 32 x 8 threads: a tile of 32 rows x 32 entries,
+// thread (x, y) computing entry x of rows y, y + 8, y + 16, y + 24; G written along the entries,
+// Gᵀ (if wanted) through shared memory along the rows.
+static __global__ void lpb_grad_kernel(const LpbGradParams p) {
+  __shared__ uint16_t tile[kLpbTransposeTile][kLpbTransposeTile + 1];
+  const int64_t c0 = int64_t(blockIdx.x) * kLpbTransposeTile;
+  const int64_t r0 = int64_t(blockIdx.y) * kLpbTransposeTile;
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t c = c0 + tx;
+  for (int i = ty; i < kLpbTransposeTile; i += blockDim.y) {
+    const int64_t r = r0 + i;
+    if (r >= p.rows || c >= p.ncols) continue;
+    const int64_t t = p.src[r];
+    LpbToken tk;
+    tk.lse = p.lse[t * p.lse_s];
+    tk.mu = __fsub_rn(tk.lse, p.entropy[t * p.entropy_s]);  // E_p[y]
+    tk.g_lp = p.g_lp[t * p.g_lp_s];
+    tk.g_ent = p.g_ent ? p.g_ent[t * p.g_ent_s] : 0.0f;
+    tk.target = p.targets[t];
+    tk.ignored = tk.target == p.ignore_index;
     const int64_t e = p.e0 + c;
-    const float y = __fdiv_rn(zr[c], p.tau);
-    const float pr = ls_expf(__fsub_rn(y, lse));
-    // NOTE: an ignored target's logp is the constant +0, so its a is +0 whatever g_lp holds.
-    const float a =
-        ignored ? 0.0f : __fmul_rn(g_lp, __fsub_rn(p.v_seg + e == target ? 1.0f : 0.0f, pr));
-    const float gy = p.g_ent ? __fadd_rn(a, __fmul_rn(g_ent, __fmul_rn(pr, __fsub_rn(mu, y)))) : a;
-    gr[e] = f32_to_bf16_bits(__fdiv_rn(gy, p.tau));
+    const uint16_t g = lpb_entry(p.z[r * p.ldz + c], p.v_seg + e, tk, p.g_ent != nullptr, p.tau);
+    p.G[r * p.ldg + e] = g;
+    tile[i][tx] = g;
+  }
+  if (!p.Gt) return;
+  __syncthreads();
+  for (int i = ty; i < kLpbTransposeTile; i += blockDim.y) {
+    const int64_t cc = c0 + i, r = r0 + tx;
+    if (r < p.rows && cc < p.ncols) p.Gt[(p.e0 + cc) * p.ldgt + r] = tile[tx][i];
   }
 }
 
@@ -126,22 +157,46 @@ static __global__ void lpb_scatter_rows_kernel(const float* src, int64_t lds, co
 
 // ---- host side ---------------------------------------------------------------------------------
 
+// How dh's segment values are computed (both give the same bits: each is one MMA chain of the
+// segment's k-blocks from +0; the benchmark compares them):
+//   kDwForm: dh_k[r, j] = Σ_e Gᵀ_k[e, r]·W[v_seg + e, j] is B.3's weight-gradient chain with the
+//            segment's entries as the "tokens" (one sequence of n_k entries from +0):
+//            cuda::gemm_bf16_dw(Gᵀ_k, W_k, that order, dh_k). W is read in place: no Wᵀ.
+//   kWtGemm: cuda::gemm_bf16_nt(G_k, Wᵀ_k, one segment) over K = seg_pad, Wᵀ_k re-laid out on the
+//            device (in hidden-column slices when it passes the budget).
+enum class LogprobBwdPath : int { kAuto = 0, kDwForm, kWtGemm };
+const char* logprob_bwd_path_name(LogprobBwdPath p);
+
 // The chunk plan of cuda::linear_logprob_backward: a pure function of T (only as a cap on the
-// chunk), H and the vocab layout; it never changes a bit.
+// chunk), H, the vocab layout and the path; it never changes a bit.
 struct LogprobBwdPlan {
-  int64_t rows = 0;      // token rows per chunk
+  LogprobBwdPath path = LogprobBwdPath::kDwForm;
+  int64_t rows = 0;      // token rows per chunk (a multiple of 16)
   int64_t seg_pad = 0;   // segment width of G_k / Wᵀ_k (seg_len rounded up to 16)
   int64_t zcols = 0;     // logits columns per GEMM call (a multiple of vocab_tile)
-  int64_t hc = 0;        // hidden columns of Wᵀ_k per re-layout
-  bool wt_once = false;  // every segment's Wᵀ_k built once per call (else per chunk and segment)
-  int64_t g_bytes = 0, z_bytes = 0, wt_bytes = 0, partial_bytes = 0, gather_bytes = 0;
+  int64_t hc = 0;        // kWtGemm: hidden columns of Wᵀ_k per re-layout
+  bool wt_once = false;  // kWtGemm: every segment's Wᵀ_k built once per call
+  int64_t g_bytes = 0;   // G_k (+ Gᵀ_k for kDwForm)
+  int64_t z_bytes = 0, wt_bytes = 0, partial_bytes = 0, gather_bytes = 0;
   int64_t total_bytes() const {
     return g_bytes + z_bytes + wt_bytes + partial_bytes + gather_bytes;
   }
 };
-LogprobBwdPlan logprob_backward_plan(const LogprobVocabLayout& lay, int64_t H, int64_t T);
+LogprobBwdPlan logprob_backward_plan(const LogprobVocabLayout& lay, int64_t H, int64_t T,
+                                     LogprobBwdPath path = LogprobBwdPath::kAuto);
 // The plan in words (benchmarks, audits).
-std::string logprob_backward_plan_string(const ContractConfig& cfg, int64_t T, int64_t H,
-                                         int64_t V);
+std::string logprob_backward_plan_string(const ContractConfig& cfg, int64_t T, int64_t H, int64_t V,
+                                         LogprobBwdPath path = LogprobBwdPath::kAuto);
+
+// cuda::linear_logprob_backward with the dh path as an option (kAuto: what the public function
+// runs). Returns the path that ran.
+LogprobBwdPath linear_logprob_backward_with_path(const TensorView& h, const TensorView& w,
+                                                 const TensorView& targets,
+                                                 const LogprobParams& params,
+                                                 const ContractConfig& cfg, const TensorView& lse,
+                                                 const TensorView& entropy, const TensorView& g_lp,
+                                                 const TensorView* g_ent, const TensorView& dh,
+                                                 const TokenOrder& order, const TensorView& dw,
+                                                 LogprobBwdPath path, void* stream = nullptr);
 
 }  // namespace lockstep::cuda::detail
