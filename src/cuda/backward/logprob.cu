@@ -27,6 +27,7 @@
 
 #include "contract/checks.h"
 #include "cuda/backward/logprob.cuh"
+#include "cuda/backward/logprob_plan.h"
 #include "cuda/logprob_internal.h"  // Scratch
 #include "lockstep/cuda/backward.h"
 #include "lockstep/cuda/gemm.h"
