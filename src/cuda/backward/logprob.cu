@@ -39,11 +39,14 @@ namespace {
 
 // NOTE: the workspace budget of one call (G and Gᵀ or Wᵀ, logits, segment partials, gathered
 // rows): with dh itself ([T, H] f32) it keeps the training shape T = 8192, H = 4096, V = 151936
-// under 0.5 GiB beyond the lm_head's fp32 gradient. Larger chunks of rows mean fewer passes over W
-// and wider GEMMs.
-constexpr int64_t kWorkspaceBudget = int64_t(384) << 20;
-constexpr int64_t kMaxChunkRows = 1024;
+// under 0.5 GiB beyond the lm_head's fp32 gradient, with room for the GEMMs' own workspace.
+// Larger chunks of rows mean fewer read-modify-write passes over dw (one per chunk) and fewer
+// passes over W; wider vocab slices mean fewer passes over dh's partials.
+constexpr int64_t kWorkspaceBudget = int64_t(352) << 20;
+constexpr int64_t kMaxChunkRows = 8192;
+constexpr int64_t kWtMaxChunkRows = 1024;             // kWtGemm: G holds whole segments
 constexpr int64_t kLogitsBudget = int64_t(32) << 20;  // [rows, columns] f32 logits per GEMM call
+constexpr int64_t kMinSlice = 512;                    // kDwForm: vocab entries per slice, at least
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -122,38 +125,51 @@ LogprobBwdPlan logprob_backward_plan(const LogprobVocabLayout& lay, int64_t H, i
   LogprobBwdPlan pl;
   pl.path = path == LogprobBwdPath::kWtGemm ? path : LogprobBwdPath::kDwForm;
   const bool dw_form = pl.path == LogprobBwdPath::kDwForm;
-  const int64_t S = lay.segments, L = lay.tile;
+  const int64_t S = lay.segments;
   pl.seg_pad = round_up(lay.segment_len, kTokenBlock);
   const int64_t wt_all = S * H * pl.seg_pad * 2;
-  int64_t rows = std::min(kMaxChunkRows, round_up(std::max<int64_t>(T, 1), kTokenBlock));
-  for (;;) {
+  int64_t rows = std::min(dw_form ? kMaxChunkRows : kWtMaxChunkRows,
+                          round_up(std::max<int64_t>(T, 1), kTokenBlock));
+  for (;; rows = std::max<int64_t>(kTokenBlock, (rows * 3 / 4) / kTokenBlock * kTokenBlock)) {
     pl.rows = rows;
-    const int64_t tiles =
-        std::clamp<int64_t>(kLogitsBudget / (rows * L * 4), 1, lay.tiles_per_segment);
-    pl.zcols = tiles * L;
-    pl.z_bytes = rows * pl.zcols * 4;
-    pl.g_bytes = rows * pl.seg_pad * 2 * (dw_form ? 2 : 1);
     pl.partial_bytes = S > 1 ? S * rows * H * 4 : 0;
     pl.gather_bytes = rows * (round_up(H, 8) * 2 + H * 4);  // gathered h rows + dh rows
-    const int64_t fixed = pl.g_bytes + pl.z_bytes + pl.partial_bytes + pl.gather_bytes;
-    const int64_t left = kWorkspaceBudget - fixed;
+    const int64_t zc = std::max<int64_t>(kTokenBlock, kLogitsBudget / (rows * 4) / 16 * 16);
     if (dw_form) {
-      if (left >= 0 || rows <= kTokenBlock) return pl;
-    } else if (wt_all <= left) {
+      // G [rows, slice] + Gᵀ [slice, rows] bf16 and the logits [rows, zcols] f32.
+      const int64_t left = kWorkspaceBudget - pl.partial_bytes - pl.gather_bytes;
+      pl.zcols = std::min(zc, pl.seg_pad);
+      int64_t slice = std::max<int64_t>(left - rows * pl.zcols * 4, 0) / (rows * 4);
+      slice = std::min(pl.seg_pad, slice / kTokenBlock * kTokenBlock);
+      if (slice >= std::min(pl.seg_pad, kMinSlice) || rows <= kTokenBlock) {
+        pl.slice = std::max<int64_t>(slice, kTokenBlock);
+        pl.zcols = std::min(pl.zcols, pl.slice);
+        pl.z_bytes = rows * pl.zcols * 4;
+        pl.g_bytes = rows * pl.slice * 2 * 2;
+        return pl;
+      }
+      continue;
+    }
+    // kWtGemm: G_k [rows, seg_pad] (whole segments), logits, Wᵀ (once, or hidden slices).
+    pl.slice = pl.seg_pad;
+    pl.zcols = std::min(zc, pl.seg_pad);
+    pl.z_bytes = rows * pl.zcols * 4;
+    pl.g_bytes = rows * pl.seg_pad * 2;
+    const int64_t left =
+        kWorkspaceBudget - (pl.g_bytes + pl.z_bytes + pl.partial_bytes + pl.gather_bytes);
+    if (wt_all <= left) {
       pl.wt_once = true;
       pl.hc = H;
       pl.wt_bytes = wt_all;
       return pl;
-    } else {
-      int64_t hc = std::min(H, std::max<int64_t>(left, 0) / (pl.seg_pad * 2));
-      if (hc < H) hc = hc >= 64 ? hc / 64 * 64 : hc;
-      if (hc >= std::min<int64_t>(H, 256) || rows <= kTokenBlock) {
-        pl.hc = std::max<int64_t>(hc, 1);
-        pl.wt_bytes = pl.hc * pl.seg_pad * 2;
-        return pl;
-      }
     }
-    rows = std::max<int64_t>(kTokenBlock, (rows * 3 / 4) / kTokenBlock * kTokenBlock);
+    int64_t hc = std::min(H, std::max<int64_t>(left, 0) / (pl.seg_pad * 2));
+    if (hc < H) hc = hc >= 64 ? hc / 64 * 64 : hc;
+    if (hc >= std::min<int64_t>(H, 256) || rows <= kTokenBlock) {
+      pl.hc = std::max<int64_t>(hc, 1);
+      pl.wt_bytes = pl.hc * pl.seg_pad * 2;
+      return pl;
+    }
   }
 }
 
@@ -167,18 +183,20 @@ std::string logprob_backward_plan_string(const ContractConfig& cfg, int64_t T, i
     std::snprintf(wt, sizeof wt, ", Wt hidden slice=%lld (%s)", (long long)pl.hc,
                   pl.wt_once ? "built once per call" : "re-laid out per chunk and segment");
   char buf[1024];
-  std::snprintf(buf, sizeof buf,
-                "linear_logprob_backward: T=%lld H=%lld V=%lld S_v=%d seg_len=%lld seg_pad=%lld | "
-                "%s | chunk rows=%lld (%lld chunks), logits columns per GEMM=%lld%s | workspace "
-                "%.1f MiB = G%s %.1f + logits %.1f + Wt %.1f + segment partials %.1f + gathered "
-                "rows %.1f (only when a chunk's rows are not consecutive in h) + the row table "
-                "%.3f",
-                (long long)T, (long long)H, (long long)V, lay.segments, (long long)lay.segment_len,
-                (long long)pl.seg_pad, logprob_bwd_path_name(pl.path), (long long)pl.rows,
-                (long long)((T + pl.rows - 1) / pl.rows), (long long)pl.zcols, wt,
-                mib(pl.total_bytes() + T * 8), pl.path == LogprobBwdPath::kDwForm ? " + G^T" : "",
-                mib(pl.g_bytes), mib(pl.z_bytes), mib(pl.wt_bytes), mib(pl.partial_bytes),
-                mib(pl.gather_bytes), mib(T * 8));
+  std::snprintf(
+      buf, sizeof buf,
+      "linear_logprob_backward: T=%lld H=%lld V=%lld S_v=%d seg_len=%lld seg_pad=%lld | "
+      "%s | chunk rows=%lld (%lld chunks), vocab slice=%lld, logits columns per GEMM=%lld%s | "
+      "workspace "
+      "%.1f MiB = G%s %.1f + logits %.1f + Wt %.1f + segment partials %.1f + gathered "
+      "rows %.1f (only when a chunk's rows are not consecutive in h) + the row table "
+      "%.3f",
+      (long long)T, (long long)H, (long long)V, lay.segments, (long long)lay.segment_len,
+      (long long)pl.seg_pad, logprob_bwd_path_name(pl.path), (long long)pl.rows,
+      (long long)((T + pl.rows - 1) / pl.rows), (long long)pl.slice, (long long)pl.zcols, wt,
+      mib(pl.total_bytes() + T * 8), pl.path == LogprobBwdPath::kDwForm ? " + G^T" : "",
+      mib(pl.g_bytes), mib(pl.z_bytes), mib(pl.wt_bytes), mib(pl.partial_bytes),
+      mib(pl.gather_bytes), mib(T * 8));
   return buf;
 }
 
@@ -221,9 +239,10 @@ LogprobBwdPath linear_logprob_backward_with_path(const TensorView& h, const Tens
     LS_CHECK(e == cudaSuccess, op, "copy of the row table failed: ", cudaGetErrorString(e));
   }
 
+  const int64_t slice = pl.slice;  // G columns per pass over a segment (kWtGemm: seg_pad)
   float* z = scratch.alloc_n<float>(R * pl.zcols);
-  uint16_t* G = scratch.alloc_n<uint16_t>(R * seg_pad);
-  uint16_t* Gt = dw_form ? scratch.alloc_n<uint16_t>(seg_pad * R) : nullptr;
+  uint16_t* G = scratch.alloc_n<uint16_t>(R * slice);
+  uint16_t* Gt = dw_form ? scratch.alloc_n<uint16_t>(slice * R) : nullptr;
   uint16_t* wt = dw_form ? nullptr : scratch.alloc_n<uint16_t>(pl.wt_bytes / 2);
   float* partials = S > 1 ? scratch.alloc_n<float>(int64_t(S) * R * H) : nullptr;
   const int64_t ldh = round_up(H, 8);
@@ -274,7 +293,7 @@ LogprobBwdPath linear_logprob_backward_with_path(const TensorView& h, const Tens
   gp.tau = params.temperature;
   gp.z = z;
   gp.G = G;
-  gp.ldg = seg_pad;
+  gp.ldg = slice;
   gp.Gt = Gt;
   gp.ldgt = R;
 
@@ -325,47 +344,53 @@ LogprobBwdPath linear_logprob_backward_with_path(const TensorView& h, const Tens
       if (dw_form || nk == 0)
         memset2d(part.data, part.stride[0] * 4, H * 4, rows, "a segment's dh partial");
       if (nk == 0) continue;
-      // kWtGemm: G_k's columns [nk, seg_pad) are +0 (its K runs over seg_pad entries).
-      if (!dw_form && nk < seg_pad) memset2d(G, seg_pad * 2, seg_pad * 2, rows, "G's padding");
-      // G_k (and Gᵀ_k): the forward's logits per column block, then the gradient entries.
-      for (int64_t e0 = 0; e0 < nk; e0 += pl.zcols) {
-        const int64_t ncols = std::min(pl.zcols, nk - e0);
-        TensorView zv = TensorView::contiguous(z, DType::kF32, {rows, ncols}, Device::kCUDA);
-        zv.stride[0] = pl.zcols;
-        gemm_bf16_nt(hx, w.rows(v_seg + e0, v_seg + e0 + ncols), nullptr, logits_cfg, zv, s);
-        gp.e0 = e0;
-        gp.ncols = ncols;
-        gp.v_seg = v_seg;
-        const dim3 grid(unsigned((ncols + kLpbTransposeTile - 1) / kLpbTransposeTile),
-                        unsigned((rows + kLpbTransposeTile - 1) / kLpbTransposeTile));
-        lpb_grad_kernel<<<grid, dim3(kLpbTransposeTile, 8), 0, s>>>(gp);
-        check_launch(op);
-      }
-      // dh's segment value: one chain over the segment's entries in k-blocks of 16 from +0.
-      if (dw_form) {
-        TensorView gt = TensorView::contiguous(Gt, DType::kBF16, {nk, rows}, Device::kCUDA);
-        gt.stride[0] = R;
-        const TokenOrder entries = TokenOrder::make(op, {{0, 0, nk}}, nk);
-        gemm_bf16_dw(gt, w.rows(v_seg, v_seg + nk), entries, part, s);
-      } else {
-        const TensorView gk =
-            TensorView::contiguous(G, DType::kBF16, {rows, seg_pad}, Device::kCUDA);
-        for (int64_t h0 = 0; h0 < H; h0 += pl.hc) {
-          const int64_t hc = std::min(pl.hc, H - h0);
-          uint16_t* wk = wt + (pl.wt_once ? int64_t(k) * H * seg_pad + h0 * seg_pad : 0);
-          if (!pl.wt_once) relayout(k, h0, hc, wk);
-          TensorView y = TensorView::contiguous(static_cast<float*>(part.data) + h0, DType::kF32,
-                                                {rows, hc}, Device::kCUDA);
-          y.stride[0] = part.stride[0];
-          gemm_bf16_nt(gk, TensorView::contiguous(wk, DType::kBF16, {hc, seg_pad}, Device::kCUDA),
-                       nullptr, seg_cfg, y, s);
+      // Slices of `slice` entries (a multiple of 16, so every chain continues at a k-block
+      // boundary; kWtGemm: the whole segment).
+      for (int64_t s0 = 0; s0 < nk; s0 += slice) {
+        const int64_t ns = std::min(slice, nk - s0), v0 = v_seg + s0;
+        // kWtGemm: G_k's columns [nk, seg_pad) are +0 (its K runs over seg_pad entries).
+        if (!dw_form && ns < seg_pad) memset2d(G, slice * 2, slice * 2, rows, "G's padding");
+        // G (and Gᵀ) of the slice: the forward's logits per column block, then the entries.
+        for (int64_t e0 = 0; e0 < ns; e0 += pl.zcols) {
+          const int64_t ncols = std::min(pl.zcols, ns - e0);
+          TensorView zv = TensorView::contiguous(z, DType::kF32, {rows, ncols}, Device::kCUDA);
+          zv.stride[0] = pl.zcols;
+          gemm_bf16_nt(hx, w.rows(v0 + e0, v0 + e0 + ncols), nullptr, logits_cfg, zv, s);
+          gp.e0 = e0;
+          gp.ncols = ncols;
+          gp.v_seg = v0;
+          const dim3 grid(unsigned((ncols + kLpbTransposeTile - 1) / kLpbTransposeTile),
+                          unsigned((rows + kLpbTransposeTile - 1) / kLpbTransposeTile));
+          lpb_grad_kernel<<<grid, dim3(kLpbTransposeTile, 8), 0, s>>>(gp);
+          check_launch(op);
         }
-      }
-      // dW rows [v_seg, v_seg + nk): the chunk's blocks continue every element's chain.
-      if (!corder.empty()) {
-        TensorView dy = TensorView::contiguous(G, DType::kBF16, {rows, nk}, Device::kCUDA);
-        dy.stride[0] = seg_pad;
-        gemm_bf16_dw(dy, hx, corder, dw.rows(v_seg, v_seg + nk), s);
+        // dh's segment value: one chain over the segment's entries in k-blocks of 16 from +0,
+        // continued slice by slice.
+        if (dw_form) {
+          TensorView gt = TensorView::contiguous(Gt, DType::kBF16, {ns, rows}, Device::kCUDA);
+          gt.stride[0] = R;
+          const TokenOrder entries = TokenOrder::make(op, {{0, 0, ns}}, ns);
+          gemm_bf16_dw(gt, w.rows(v0, v0 + ns), entries, part, s);
+        } else {
+          const TensorView gk =
+              TensorView::contiguous(G, DType::kBF16, {rows, seg_pad}, Device::kCUDA);
+          for (int64_t h0 = 0; h0 < H; h0 += pl.hc) {
+            const int64_t hc = std::min(pl.hc, H - h0);
+            uint16_t* wk = wt + (pl.wt_once ? int64_t(k) * H * seg_pad + h0 * seg_pad : 0);
+            if (!pl.wt_once) relayout(k, h0, hc, wk);
+            TensorView y = TensorView::contiguous(static_cast<float*>(part.data) + h0, DType::kF32,
+                                                  {rows, hc}, Device::kCUDA);
+            y.stride[0] = part.stride[0];
+            gemm_bf16_nt(gk, TensorView::contiguous(wk, DType::kBF16, {hc, seg_pad}, Device::kCUDA),
+                         nullptr, seg_cfg, y, s);
+          }
+        }
+        // dW rows [v0, v0 + ns): the chunk's blocks continue every element's chain.
+        if (!corder.empty()) {
+          TensorView dy = TensorView::contiguous(G, DType::kBF16, {rows, ns}, Device::kCUDA);
+          dy.stride[0] = slice;
+          gemm_bf16_dw(dy, hx, corder, dw.rows(v0, v0 + ns), s);
+        }
       }
     }
     if (S > 1) gemm_tree_combine(parts, nullptr, dh_out, s);

@@ -29,7 +29,8 @@ struct LogprobBwdPlan {
   LogprobBwdPath path = LogprobBwdPath::kDwForm;
   int64_t rows = 0;      // token rows per chunk (a multiple of 16)
   int64_t seg_pad = 0;   // segment width of G_k / Wᵀ_k (seg_len rounded up to 16)
-  int64_t zcols = 0;     // logits columns per GEMM call (a multiple of vocab_tile)
+  int64_t slice = 0;     // vocab entries of G_k per pass (a multiple of 16; kWtGemm: seg_pad)
+  int64_t zcols = 0;     // logits columns per GEMM call (<= slice)
   int64_t hc = 0;        // kWtGemm: hidden columns of Wᵀ_k per re-layout
   bool wt_once = false;  // kWtGemm: every segment's Wᵀ_k built once per call
   int64_t g_bytes = 0;   // G_k (+ Gᵀ_k for kDwForm)
