@@ -8,8 +8,10 @@
 // f32) and the [T] vectors: "extra beyond the lm_head's fp32 gradient" (inputs h, W excluded), and
 // cudaMemGetInfo before / after. Then: a rerun gives the same dh and dw bits, and the other dh
 // path (LogprobBwdPath: gemm_bf16_dw on Gᵀ vs gemm_bf16_nt on a re-laid-out Wᵀ) gives the same
-// bits (both compared on the device, word by word). Writes a JSON summary (--json PATH) that
-// bench/cuda/logprob_bwd_peers.py prints next to the peers' numbers:
+// bits (both compared on the device, word by word); first, a self-check of the chunk plan on a
+// small packed micro-batch (forced small chunks / slices / hidden slices: the same bits). Writes a
+// JSON summary (--json PATH) that bench/cuda/logprob_bwd_peers.py prints next to the peers'
+// numbers:
 //   ./build-gpu/bench_logprob_bwd --json /tmp/lpb.json && python3 bench/cuda/logprob_bwd_peers.py \
 //       --ours /tmp/lpb.json
 // Options: T H V (positional), --vseg S (vocab_segments, default 1 = the contract default),
@@ -125,6 +127,102 @@ double time_ms(int reps, const std::function<void()>& before, const std::functio
   return median(ms);
 }
 
+// Self-check of the chunk plan on a small packed micro-batch (sequences in shuffled rows with
+// padding rows between them, seg_len 8 mod 16, gemm_segments 2): the automatic plan, forced small
+// chunks and slices (several chunks, gathered rows, several slices per segment, narrow logits
+// blocks), and the W^T path with hidden slices give the same dh and dw bits. Returns true if so.
+bool plan_self_check() {
+  const int64_t H = 72, V = 5000;
+  ContractConfig cfg;
+  cfg.vocab_tile = 200;
+  cfg.vocab_segments = 4;
+  cfg.gemm_segments = 2;
+  const std::vector<int64_t> lens = {100, 5, 64, 37, 1, 17};
+  const std::vector<int> at_order = {3, 0, 5, 2, 4, 1};  // packing order of the sequences
+  std::vector<TokenSeq> seqs;
+  int64_t row = 3;
+  for (int i : at_order) {
+    seqs.push_back({int64_t(i), row, lens[size_t(i)]});
+    row += lens[size_t(i)] + 1 + i % 3;
+  }
+  const int64_t T = row + 2;
+  const TokenOrder order = TokenOrder::make("bench_logprob_bwd self-check", seqs, T);
+  uint16_t *h, *w;
+  int64_t* tg;
+  float *vec, *dh, *dw;
+  CK(cudaMalloc(&h, size_t(T * H) * 2));
+  CK(cudaMalloc(&w, size_t(V * H) * 2));
+  CK(cudaMalloc(&tg, size_t(T) * 8));
+  CK(cudaMalloc(&vec, size_t(5 * T) * 4));
+  CK(cudaMalloc(&dh, size_t(T * H) * 4));
+  CK(cudaMalloc(&dw, size_t(V * H) * 4));
+  fill_bf16_kernel<<<256, 256>>>(h, T * H, 11, 2.0f);
+  fill_bf16_kernel<<<256, 256>>>(w, V * H, 12, 0.25f);
+  fill_targets_kernel<<<8, 256>>>(tg, T, V, 13);
+  fill_f32_kernel<<<8, 256>>>(vec + 3 * T, 2 * T, 14, 1.0f);
+  CK(cudaGetLastError());
+  const TensorView vh = TensorView::contiguous(h, DType::kBF16, {T, H}, Device::kCUDA);
+  const TensorView vw = TensorView::contiguous(w, DType::kBF16, {V, H}, Device::kCUDA);
+  const TensorView vt = TensorView::contiguous(tg, DType::kI64, {T}, Device::kCUDA);
+  auto vv = [&](int i) {
+    return TensorView::contiguous(vec + int64_t(i) * T, DType::kF32, {T}, Device::kCUDA);
+  };
+  const TensorView lse = vv(1), ent = vv(2), glp = vv(3), gent = vv(4);
+  const LogprobParams prm{0.7f};
+  cuda::linear_logprob(vh, vw, vt, prm, cfg, vv(0), lse, ent);
+  using cuda::detail::LogprobBwdPath;
+  using cuda::detail::LogprobBwdPlan;
+  const LogprobVocabLayout lay = logprob_vocab_layout(cfg, V);
+  const int64_t seg_pad = (lay.segment_len + 15) / 16 * 16;
+  LogprobBwdPlan tiny;
+  tiny.path = LogprobBwdPath::kDwForm;
+  tiny.rows = 32;
+  tiny.slice = 48;
+  tiny.zcols = 40;
+  LogprobBwdPlan wt;
+  wt.path = LogprobBwdPath::kWtGemm;
+  wt.rows = 48;
+  wt.slice = seg_pad;
+  wt.zcols = 136;
+  wt.hc = 17;
+  const LogprobBwdPlan* plans[3] = {nullptr, &tiny, &wt};
+  const char* names[3] = {"automatic plan", "forced rows 32, slice 48, logits 40 columns",
+                          "W^T path, rows 48, hidden slices of 17"};
+  std::vector<float> ref_dh, ref_dw;
+  bool ok = true;
+  for (int i = 0; i < 3; ++i) {
+    CK(cudaMemset(dh, 0xA5, size_t(T * H) * 4));
+    fill_f32_kernel<<<256, 256>>>(dw, V * H, 15, 0.1f);  // a nonzero incoming dw
+    cuda::detail::linear_logprob_backward_with_path(
+        vh, vw, vt, prm, cfg, lse, ent, glp, &gent,
+        TensorView::contiguous(dh, DType::kF32, {T, H}, Device::kCUDA), order,
+        TensorView::contiguous(dw, DType::kF32, {V, H}, Device::kCUDA), LogprobBwdPath::kAuto,
+        nullptr, plans[i]);
+    CK(cudaDeviceSynchronize());
+    std::vector<float> a(size_t(T * H)), b(size_t(V * H));
+    CK(cudaMemcpy(a.data(), dh, a.size() * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(b.data(), dw, b.size() * 4, cudaMemcpyDeviceToHost));
+    if (i == 0) {
+      ref_dh = a;
+      ref_dw = b;
+      continue;
+    }
+    const bool same_dh = std::memcmp(a.data(), ref_dh.data(), a.size() * 4) == 0;
+    const bool same_dw = std::memcmp(b.data(), ref_dw.data(), b.size() * 4) == 0;
+    std::printf("plan self-check (T=%lld H=%lld V=%lld, %s): %s: dh %s, dw %s\n", (long long)T,
+                (long long)H, (long long)V, cfg.to_string().c_str(), names[i],
+                same_dh ? "identical" : "DIFFERS", same_dw ? "identical" : "DIFFERS");
+    ok = ok && same_dh && same_dw;
+  }
+  CK(cudaFree(h));
+  CK(cudaFree(w));
+  CK(cudaFree(tg));
+  CK(cudaFree(vec));
+  CK(cudaFree(dh));
+  CK(cudaFree(dw));
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -173,6 +271,7 @@ int main(int argc, char** argv) {
         "other path: %s\n",
         cuda::detail::logprob_backward_plan_string(cfg, T, H, V, LogprobBwdPath::kWtGemm).c_str());
 
+  const bool self_ok = plan_self_check();
   cudaMemPool_t pool;
   CK(cudaDeviceGetDefaultMemPool(&pool, 0));
   uint64_t keep = UINT64_MAX;
@@ -301,7 +400,7 @@ int main(int argc, char** argv) {
       double(V * H * 4) * mib, double(used_high) * mib, dh_mib, vec_mib, extra_mib,
       extra_mib / 1024.0, extra_mib <= 512.0 ? "met" : "NOT met", double(reserved_high) * mib,
       double(free0) * mib, double(free1) * mib);
-  const bool ok = rerun_dh == 0 && rerun_dw == 0 && other_dh == 0 && other_dw == 0;
+  const bool ok = self_ok && rerun_dh == 0 && rerun_dw == 0 && other_dh == 0 && other_dw == 0;
   if (!json.empty()) {
     FILE* f = std::fopen(json.c_str(), "w");
     if (f) {

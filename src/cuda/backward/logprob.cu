@@ -200,19 +200,33 @@ std::string logprob_backward_plan_string(const ContractConfig& cfg, int64_t T, i
   return buf;
 }
 
-LogprobBwdPath linear_logprob_backward_with_path(const TensorView& h, const TensorView& w,
-                                                 const TensorView& targets,
-                                                 const LogprobParams& params,
-                                                 const ContractConfig& cfg, const TensorView& lse,
-                                                 const TensorView& entropy, const TensorView& g_lp,
-                                                 const TensorView* g_ent, const TensorView& dh,
-                                                 const TokenOrder& order, const TensorView& dw,
-                                                 LogprobBwdPath path, void* stream) {
+LogprobBwdPath linear_logprob_backward_with_path(
+    const TensorView& h, const TensorView& w, const TensorView& targets,
+    const LogprobParams& params, const ContractConfig& cfg, const TensorView& lse,
+    const TensorView& entropy, const TensorView& g_lp, const TensorView* g_ent,
+    const TensorView& dh, const TokenOrder& order, const TensorView& dw, LogprobBwdPath path,
+    void* stream, const LogprobBwdPlan* force) {
   const char* op = "cuda::linear_logprob_backward";
   const LogprobVocabLayout lay = contract::check_linear_logprob_backward(
       op, Device::kCUDA, h, w, targets, params, cfg, lse, entropy, g_lp, g_ent, dh, order, dw);
   const int64_t T = h.size(0), H = h.size(1), V = w.size(0);
-  const LogprobBwdPlan pl = logprob_backward_plan(lay, H, T, path);
+  LogprobBwdPlan pl = logprob_backward_plan(lay, H, T, path);
+  if (force) {
+    pl = *force;
+    if (pl.path == LogprobBwdPath::kAuto) pl.path = LogprobBwdPath::kDwForm;
+    pl.seg_pad = round_up(lay.segment_len, kTokenBlock);
+    const bool wt = pl.path == LogprobBwdPath::kWtGemm;
+    LS_CHECK(pl.rows >= kTokenBlock && pl.rows % kTokenBlock == 0 && pl.slice >= kTokenBlock &&
+                 pl.slice % kTokenBlock == 0 && pl.zcols >= 1 && pl.zcols <= pl.slice &&
+                 (!wt || (pl.slice == pl.seg_pad && pl.hc >= 1 && pl.hc <= H)),
+             op,
+             "internal: a forced plan must have rows and slice multiples of 16 and 1 <= zcols "
+             "<= slice (kWtGemm: slice = seg_pad, hc in [1, H])");
+    if (wt) {
+      pl.wt_once = pl.hc == H;
+      pl.wt_bytes = (pl.wt_once ? int64_t(lay.segments) : 1) * pl.hc * pl.seg_pad * 2;
+    }
+  }
   if (T == 0) return pl.path;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const int S = lay.segments;

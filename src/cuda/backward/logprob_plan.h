@@ -46,14 +46,14 @@ std::string logprob_backward_plan_string(const ContractConfig& cfg, int64_t T, i
                                          LogprobBwdPath path = LogprobBwdPath::kAuto);
 
 // cuda::linear_logprob_backward with the dh path as an option (kAuto: what the public function
-// runs). Returns the path that ran.
-LogprobBwdPath linear_logprob_backward_with_path(const TensorView& h, const TensorView& w,
-                                                 const TensorView& targets,
-                                                 const LogprobParams& params,
-                                                 const ContractConfig& cfg, const TensorView& lse,
-                                                 const TensorView& entropy, const TensorView& g_lp,
-                                                 const TensorView* g_ent, const TensorView& dh,
-                                                 const TokenOrder& order, const TensorView& dw,
-                                                 LogprobBwdPath path, void* stream = nullptr);
+// runs) and, for self-checks, the chunk plan's sizes forced (`force`: rows and slice multiples of
+// 16, 1 <= zcols <= slice; kWtGemm needs slice == seg_pad and hc >= 1; path taken from it). The
+// bits never depend on either. Returns the path that ran.
+LogprobBwdPath linear_logprob_backward_with_path(
+    const TensorView& h, const TensorView& w, const TensorView& targets,
+    const LogprobParams& params, const ContractConfig& cfg, const TensorView& lse,
+    const TensorView& entropy, const TensorView& g_lp, const TensorView* g_ent,
+    const TensorView& dh, const TokenOrder& order, const TensorView& dw, LogprobBwdPath path,
+    void* stream = nullptr, const LogprobBwdPlan* force = nullptr);
 
 }  // namespace lockstep::cuda::detail
