@@ -15,7 +15,8 @@
 //   ./build-gpu/bench_logprob_bwd --json /tmp/lpb.json && python3 bench/cuda/logprob_bwd_peers.py \
 //       --ours /tmp/lpb.json
 // Options: T H V (positional), --vseg S (vocab_segments, default 1 = the contract default),
-// --gseg S (gemm_segments), --tile L (vocab_tile), --seq-len N, --ent, --reps N, --no-other-path.
+// --gseg S (gemm_segments), --tile L (vocab_tile), --seq-len N, --ent, --reps N, --no-other-path,
+// --self-check-only (the plan self-check alone: seconds; exit status 0 iff identical).
 // NOTE: the default pool's release threshold is raised so freed scratch stays reserved between
 // calls (as PyTorch's caching allocator keeps its blocks); the first, cold call is timed apart.
 #include <cuda_runtime.h>
@@ -228,7 +229,7 @@ bool plan_self_check() {
 int main(int argc, char** argv) {
   int64_t T = 8192, H = 4096, V = 151936, seq_len = 0;
   int reps = 3;
-  bool ent = false, other_path = true;
+  bool ent = false, other_path = true, self_check_only = false;
   ContractConfig cfg;  // defaults: gemm_segments 1, vocab_tile 256, vocab_segments 1
   std::string json;
   std::vector<int64_t> pos;
@@ -250,6 +251,8 @@ int main(int argc, char** argv) {
       ent = true;
     } else if (std::strcmp(argv[i], "--no-other-path") == 0) {
       other_path = false;
+    } else if (std::strcmp(argv[i], "--self-check-only") == 0) {
+      self_check_only = true;
     } else {
       pos.push_back(std::atoll(argv[i]));
     }
@@ -272,6 +275,7 @@ int main(int argc, char** argv) {
         cuda::detail::logprob_backward_plan_string(cfg, T, H, V, LogprobBwdPath::kWtGemm).c_str());
 
   const bool self_ok = plan_self_check();
+  if (self_check_only) return self_ok ? 0 : 1;
   cudaMemPool_t pool;
   CK(cudaDeviceGetDefaultMemPool(&pool, 0));
   uint64_t keep = UINT64_MAX;
