@@ -1,0 +1,432 @@
+// Benchmark of the CUDA LogP forward + backward (cuda::linear_logprob, then
+// cuda::linear_logprob_backward, docs/contract.md §L and §B.8) at a training shape: T tokens,
+// hidden H, vocab V (default 8192 x 4096 x 151936, bf16), a cross-entropy upstream gradient
+// (g_lp = -1/T; --ent adds a random g_ent), sequences of --seq-len tokens (default: one).
+// Time: median of --reps calls (cudaEvent pair around forward + backward; dw zeroed outside it),
+// also forward and backward alone. Memory: the stream-ordered pool's high-water mark of used
+// bytes (cudaMemPoolAttrUsedMemHigh, reset before the calls) = the ops' scratch, plus dh ([T, H]
+// f32) and the [T] vectors: "extra beyond the lm_head's fp32 gradient" (inputs h, W excluded), and
+// cudaMemGetInfo before / after. Then: a rerun gives the same dh and dw bits, and the other dh
+// path (LogprobBwdPath: gemm_bf16_dw on Gᵀ vs gemm_bf16_nt on a re-laid-out Wᵀ) gives the same
+// bits (both compared on the device, word by word); first, a self-check of the chunk plan on a
+// small packed micro-batch (forced small chunks / slices / hidden slices: the same bits). Writes a
+// JSON summary (--json PATH) that bench/cuda/logprob_bwd_peers.py prints next to the peers'
+// numbers:
+//   ./build-gpu/bench_logprob_bwd --json /tmp/lpb.json && python3 bench/cuda/logprob_bwd_peers.py \
+//       --ours /tmp/lpb.json
+// Options: T H V (positional), --vseg S (vocab_segments, default 1 = the contract default),
+// --gseg S (gemm_segments), --tile L (vocab_tile), --seq-len N, --ent, --reps N, --no-other-path,
+// --self-check-only (the plan self-check alone: seconds; exit status 0 iff identical).
+// NOTE: the default pool's release threshold is raised so freed scratch stays reserved between
+// calls (as PyTorch's caching allocator keeps its blocks); the first, cold call is timed apart.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cuda/backward/logprob_plan.h"  // LogprobBwdPath, the plan
+#include "cuda/cuda_ck.h"                // CK
+#include "lockstep/contract.h"
+#include "lockstep/cuda/backward.h"
+#include "lockstep/cuda/logprob.h"
+#include "lockstep/ops/logprob.h"
+
+using namespace lockstep;
+
+namespace {
+
+__device__ uint32_t mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return uint32_t(x);
+}
+
+// bf16 values uniform in [-scale, scale) (scale a power of two: exact).
+__global__ void fill_bf16_kernel(uint16_t* p, int64_t n, uint64_t seed, float scale) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float u =
+        (float(mix(seed * 0x9e3779b97f4a7c15ull + uint64_t(i)) >> 8) * 0x1p-24f) * 2.0f - 1.0f;
+    p[i] = f32_to_bf16(u * scale).bits;
+  }
+}
+
+__global__ void fill_f32_kernel(float* p, int64_t n, uint64_t seed, float scale) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    p[i] =
+        ((float(mix(seed * 0x9e3779b97f4a7c15ull + uint64_t(i)) >> 8) * 0x1p-24f) * 2.0f - 1.0f) *
+        scale;
+}
+
+__global__ void fill_const_kernel(float* p, int64_t n, float v) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    p[i] = v;
+}
+
+__global__ void fill_targets_kernel(int64_t* p, int64_t n, int64_t V, uint64_t seed) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    p[i] = int64_t(mix(seed + uint64_t(i)) % uint32_t(V));
+}
+
+// Counts the 32-bit words where a and b differ (a benchmark check, not a result reduction).
+__global__ void count_diff_kernel(const uint32_t* a, const uint32_t* b, int64_t n,
+                                  unsigned long long* count) {
+  unsigned long long local = 0;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    local += a[i] != b[i] ? 1 : 0;
+  if (local) atomicAdd(count, local);
+}
+
+unsigned long long count_diff(const void* a, const void* b, int64_t bytes) {
+  unsigned long long* d = nullptr;
+  CK(cudaMalloc(&d, sizeof(unsigned long long)));
+  CK(cudaMemset(d, 0, sizeof(unsigned long long)));
+  count_diff_kernel<<<4096, 256>>>(static_cast<const uint32_t*>(a), static_cast<const uint32_t*>(b),
+                                   bytes / 4, d);
+  CK(cudaGetLastError());
+  unsigned long long h = 0;
+  CK(cudaMemcpy(&h, d, sizeof h, cudaMemcpyDeviceToHost));
+  CK(cudaFree(d));
+  return h;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median milliseconds of `reps` calls of fn, `before` run outside the timed region.
+double time_ms(int reps, const std::function<void()>& before, const std::function<void()>& fn) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    before();
+    CK(cudaEventRecord(a));
+    fn();
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    float t = 0.0f;
+    CK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  return median(ms);
+}
+
+// Self-check of the chunk plan on a small packed micro-batch (sequences in shuffled rows with
+// padding rows between them, seg_len 8 mod 16, gemm_segments 2): the automatic plan, forced small
+// chunks and slices (several chunks, gathered rows, several slices per segment, narrow logits
+// blocks), and the W^T path with hidden slices give the same dh and dw bits. Returns true if so.
+bool plan_self_check() {
+  const int64_t H = 72, V = 5000;
+  ContractConfig cfg;
+  cfg.vocab_tile = 200;
+  cfg.vocab_segments = 4;
+  cfg.gemm_segments = 2;
+  const std::vector<int64_t> lens = {100, 5, 64, 37, 1, 17};
+  const std::vector<int> at_order = {3, 0, 5, 2, 4, 1};  // packing order of the sequences
+  std::vector<TokenSeq> seqs;
+  int64_t row = 3;
+  for (int i : at_order) {
+    seqs.push_back({int64_t(i), row, lens[size_t(i)]});
+    row += lens[size_t(i)] + 1 + i % 3;
+  }
+  const int64_t T = row + 2;
+  const TokenOrder order = TokenOrder::make("bench_logprob_bwd self-check", seqs, T);
+  uint16_t *h, *w;
+  int64_t* tg;
+  float *vec, *dh, *dw;
+  CK(cudaMalloc(&h, size_t(T * H) * 2));
+  CK(cudaMalloc(&w, size_t(V * H) * 2));
+  CK(cudaMalloc(&tg, size_t(T) * 8));
+  CK(cudaMalloc(&vec, size_t(5 * T) * 4));
+  CK(cudaMalloc(&dh, size_t(T * H) * 4));
+  CK(cudaMalloc(&dw, size_t(V * H) * 4));
+  fill_bf16_kernel<<<256, 256>>>(h, T * H, 11, 2.0f);
+  fill_bf16_kernel<<<256, 256>>>(w, V * H, 12, 0.25f);
+  fill_targets_kernel<<<8, 256>>>(tg, T, V, 13);
+  fill_f32_kernel<<<8, 256>>>(vec + 3 * T, 2 * T, 14, 1.0f);
+  CK(cudaGetLastError());
+  const TensorView vh = TensorView::contiguous(h, DType::kBF16, {T, H}, Device::kCUDA);
+  const TensorView vw = TensorView::contiguous(w, DType::kBF16, {V, H}, Device::kCUDA);
+  const TensorView vt = TensorView::contiguous(tg, DType::kI64, {T}, Device::kCUDA);
+  auto vv = [&](int i) {
+    return TensorView::contiguous(vec + int64_t(i) * T, DType::kF32, {T}, Device::kCUDA);
+  };
+  const TensorView lse = vv(1), ent = vv(2), glp = vv(3), gent = vv(4);
+  const LogprobParams prm{0.7f};
+  cuda::linear_logprob(vh, vw, vt, prm, cfg, vv(0), lse, ent);
+  using cuda::detail::LogprobBwdPath;
+  using cuda::detail::LogprobBwdPlan;
+  const LogprobVocabLayout lay = logprob_vocab_layout(cfg, V);
+  const int64_t seg_pad = (lay.segment_len + 15) / 16 * 16;
+  LogprobBwdPlan tiny;
+  tiny.path = LogprobBwdPath::kDwForm;
+  tiny.rows = 32;
+  tiny.slice = 48;
+  tiny.zcols = 40;
+  LogprobBwdPlan wt;
+  wt.path = LogprobBwdPath::kWtGemm;
+  wt.rows = 48;
+  wt.slice = seg_pad;
+  wt.zcols = 136;
+  wt.hc = 17;
+  const LogprobBwdPlan* plans[3] = {nullptr, &tiny, &wt};
+  const char* names[3] = {"automatic plan", "forced rows 32, slice 48, logits 40 columns",
+                          "W^T path, rows 48, hidden slices of 17"};
+  std::vector<float> ref_dh, ref_dw;
+  bool ok = true;
+  for (int i = 0; i < 3; ++i) {
+    CK(cudaMemset(dh, 0xA5, size_t(T * H) * 4));
+    fill_f32_kernel<<<256, 256>>>(dw, V * H, 15, 0.1f);  // a nonzero incoming dw
+    cuda::detail::linear_logprob_backward_with_path(
+        vh, vw, vt, prm, cfg, lse, ent, glp, &gent,
+        TensorView::contiguous(dh, DType::kF32, {T, H}, Device::kCUDA), order,
+        TensorView::contiguous(dw, DType::kF32, {V, H}, Device::kCUDA), LogprobBwdPath::kAuto,
+        nullptr, plans[i]);
+    CK(cudaDeviceSynchronize());
+    std::vector<float> a(size_t(T * H)), b(size_t(V * H));
+    CK(cudaMemcpy(a.data(), dh, a.size() * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(b.data(), dw, b.size() * 4, cudaMemcpyDeviceToHost));
+    if (i == 0) {
+      ref_dh = a;
+      ref_dw = b;
+      continue;
+    }
+    const bool same_dh = std::memcmp(a.data(), ref_dh.data(), a.size() * 4) == 0;
+    const bool same_dw = std::memcmp(b.data(), ref_dw.data(), b.size() * 4) == 0;
+    std::printf("plan self-check (T=%lld H=%lld V=%lld, %s): %s: dh %s, dw %s\n", (long long)T,
+                (long long)H, (long long)V, cfg.to_string().c_str(), names[i],
+                same_dh ? "identical" : "DIFFERS", same_dw ? "identical" : "DIFFERS");
+    ok = ok && same_dh && same_dw;
+  }
+  CK(cudaFree(h));
+  CK(cudaFree(w));
+  CK(cudaFree(tg));
+  CK(cudaFree(vec));
+  CK(cudaFree(dh));
+  CK(cudaFree(dw));
+  return ok;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t T = 8192, H = 4096, V = 151936, seq_len = 0;
+  int reps = 3;
+  bool ent = false, other_path = true, self_check_only = false;
+  ContractConfig cfg;  // defaults: gemm_segments 1, vocab_tile 256, vocab_segments 1
+  std::string json;
+  std::vector<int64_t> pos;
+  for (int i = 1; i < argc; ++i) {
+    auto next = [&] { return i + 1 < argc ? std::atoll(argv[++i]) : 0; };
+    if (std::strcmp(argv[i], "--reps") == 0) {
+      reps = int(next());
+    } else if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
+      json = argv[++i];
+    } else if (std::strcmp(argv[i], "--vseg") == 0) {
+      cfg.vocab_segments = int(next());
+    } else if (std::strcmp(argv[i], "--gseg") == 0) {
+      cfg.gemm_segments = int(next());
+    } else if (std::strcmp(argv[i], "--tile") == 0) {
+      cfg.vocab_tile = int(next());
+    } else if (std::strcmp(argv[i], "--seq-len") == 0) {
+      seq_len = next();
+    } else if (std::strcmp(argv[i], "--ent") == 0) {
+      ent = true;
+    } else if (std::strcmp(argv[i], "--no-other-path") == 0) {
+      other_path = false;
+    } else if (std::strcmp(argv[i], "--self-check-only") == 0) {
+      self_check_only = true;
+    } else {
+      pos.push_back(std::atoll(argv[i]));
+    }
+  }
+  if (pos.size() >= 3) T = pos[0], H = pos[1], V = pos[2];
+  if (seq_len <= 0) seq_len = T;
+  reps = std::max(reps, 1);
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("bench_logprob_bwd: %s, T=%lld H=%lld V=%lld bf16, sequences of %lld, %s, %s\n",
+              prop.name, (long long)T, (long long)H, (long long)V, (long long)seq_len,
+              ent ? "g_lp + g_ent" : "g_lp only (cross-entropy)", cfg.to_string().c_str());
+  using cuda::detail::LogprobBwdPath;
+  std::printf(
+      "plan: %s\n",
+      cuda::detail::logprob_backward_plan_string(cfg, T, H, V, LogprobBwdPath::kAuto).c_str());
+  if (other_path)
+    std::printf(
+        "other path: %s\n",
+        cuda::detail::logprob_backward_plan_string(cfg, T, H, V, LogprobBwdPath::kWtGemm).c_str());
+
+  const bool self_ok = plan_self_check();
+  if (self_check_only) return self_ok ? 0 : 1;
+  cudaMemPool_t pool;
+  CK(cudaDeviceGetDefaultMemPool(&pool, 0));
+  uint64_t keep = UINT64_MAX;
+  CK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+
+  uint16_t *h, *w;
+  int64_t* tg;
+  float *vec, *dh, *dw;
+  CK(cudaMalloc(&h, size_t(T * H) * 2));
+  CK(cudaMalloc(&w, size_t(V * H) * 2));
+  CK(cudaMalloc(&tg, size_t(T) * 8));
+  CK(cudaMalloc(&vec, size_t(5 * T) * 4));  // logp, lse, entropy, g_lp, g_ent
+  CK(cudaMalloc(&dh, size_t(T * H) * 4));
+  CK(cudaMalloc(&dw, size_t(V * H) * 4));
+  fill_bf16_kernel<<<4096, 256>>>(h, T * H, 1, 1.0f);
+  fill_bf16_kernel<<<4096, 256>>>(w, V * H, 2, 0.0625f);
+  fill_targets_kernel<<<64, 256>>>(tg, T, V, 3);
+  fill_const_kernel<<<64, 256>>>(vec + 3 * T, T, -1.0f / float(T));
+  fill_f32_kernel<<<64, 256>>>(vec + 4 * T, T, 4, 0.01f);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  const TensorView vh = TensorView::contiguous(h, DType::kBF16, {T, H}, Device::kCUDA);
+  const TensorView vw = TensorView::contiguous(w, DType::kBF16, {V, H}, Device::kCUDA);
+  const TensorView vt = TensorView::contiguous(tg, DType::kI64, {T}, Device::kCUDA);
+  auto vec_view = [&](int i) {
+    return TensorView::contiguous(vec + int64_t(i) * T, DType::kF32, {T}, Device::kCUDA);
+  };
+  const TensorView lp = vec_view(0), ls = vec_view(1), en = vec_view(2), glp = vec_view(3),
+                   gent = vec_view(4);
+  const TensorView vdh = TensorView::contiguous(dh, DType::kF32, {T, H}, Device::kCUDA);
+  const TensorView vdw = TensorView::contiguous(dw, DType::kF32, {V, H}, Device::kCUDA);
+  std::vector<TokenSeq> seqs;
+  for (int64_t r = 0, i = 0; r < T; r += seq_len, ++i)
+    seqs.push_back({i, r, std::min(seq_len, T - r)});
+  const TokenOrder order = TokenOrder::make("bench_logprob_bwd", seqs, T);
+  const LogprobParams prm{1.0f};
+
+  LogprobBwdPath path = LogprobBwdPath::kAuto, ran = LogprobBwdPath::kAuto;
+  auto fwd = [&] { cuda::linear_logprob(vh, vw, vt, prm, cfg, lp, ls, en); };
+  auto bwd = [&] {
+    ran = cuda::detail::linear_logprob_backward_with_path(
+        vh, vw, vt, prm, cfg, ls, en, glp, ent ? &gent : nullptr, vdh, order, vdw, path);
+  };
+  auto both = [&] {
+    fwd();
+    bwd();
+  };
+  auto zero_dw = [&] { CK(cudaMemsetAsync(dw, 0, size_t(V * H) * 4)); };
+  auto nothing = [] {};
+
+  size_t free0 = 0, total = 0;
+  CK(cudaMemGetInfo(&free0, &total));
+  uint64_t zero = 0;
+  CK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
+  CK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &zero));
+  const double cold = time_ms(1, zero_dw, both);
+  const double ms = time_ms(reps, zero_dw, both);
+  uint64_t used_high = 0, reserved_high = 0;
+  CK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &used_high));
+  CK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &reserved_high));
+  size_t free1 = 0;
+  CK(cudaMemGetInfo(&free1, &total));
+  const double fwd_ms = time_ms(reps, nothing, fwd);
+  const double bwd_ms = time_ms(reps, zero_dw, bwd);
+  const char* ran_name = cuda::detail::logprob_bwd_path_name(ran);
+
+  // Rerun from dw = 0: the same bits (on the device, word by word), and the other dh path.
+  float *dh2, *dw2;
+  CK(cudaMalloc(&dh2, size_t(T * H) * 4));
+  CK(cudaMalloc(&dw2, size_t(V * H) * 4));
+  zero_dw();
+  both();
+  CK(cudaMemcpy(dh2, dh, size_t(T * H) * 4, cudaMemcpyDeviceToDevice));
+  CK(cudaMemcpy(dw2, dw, size_t(V * H) * 4, cudaMemcpyDeviceToDevice));
+  CK(cudaMemset(dh, 0xA5, size_t(T * H) * 4));
+  zero_dw();
+  both();
+  CK(cudaDeviceSynchronize());
+  const unsigned long long rerun_dh = count_diff(dh, dh2, T * H * 4);
+  const unsigned long long rerun_dw = count_diff(dw, dw2, V * H * 4);
+  std::printf("rerun: dh %s (%llu words differ), dw %s (%llu words differ)\n",
+              rerun_dh ? "DIFFERS" : "identical", rerun_dh, rerun_dw ? "DIFFERS" : "identical",
+              rerun_dw);
+  double other_ms = 0;
+  uint64_t other_used = 0;
+  unsigned long long other_dh = 0, other_dw = 0;
+  if (other_path) {
+    path = LogprobBwdPath::kWtGemm;
+    CK(cudaMemset(dh, 0xA5, size_t(T * H) * 4));
+    zero_dw();
+    bwd();  // warm, and the outputs compared below
+    CK(cudaDeviceSynchronize());
+    other_dh = count_diff(dh, dh2, T * H * 4);
+    other_dw = count_diff(dw, dw2, V * H * 4);
+    CK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
+    other_ms = time_ms(reps, zero_dw, bwd);
+    CK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &other_used));
+    std::printf("other path (%s): dh %s (%llu words differ), dw %s (%llu words differ)\n",
+                cuda::detail::logprob_bwd_path_name(ran), other_dh ? "DIFFERS" : "identical",
+                other_dh, other_dw ? "DIFFERS" : "identical", other_dw);
+    path = LogprobBwdPath::kAuto;
+  }
+
+  const double mib = 1.0 / double(1 << 20);
+  const double dh_mib = double(T * H * 4) * mib, vec_mib = double(5 * T * 4) * mib;
+  const double extra_mib = double(used_high) * mib + dh_mib + vec_mib;
+  const double flop = 2.0 * double(T) * double(H) * double(V);
+  std::printf(
+      "\n| op | ms | TFLOP/s (model: 4 GEMMs of 2·T·H·V) | scratch MiB (pool used high) |\n");
+  std::printf("|---|---|---|---|\n");
+  std::printf("| lockstep forward + backward (steady; dh path: %s) | %.2f | %.1f | %.1f |\n",
+              ran_name, ms, 4 * flop / ms * 1e-9, double(used_high) * mib);
+  std::printf("| lockstep forward + backward (first call) | %.2f | %.1f | |\n", cold,
+              4 * flop / cold * 1e-9);
+  std::printf("| lockstep forward alone | %.2f | %.1f | |\n", fwd_ms, flop / fwd_ms * 1e-9);
+  std::printf("| lockstep backward alone | %.2f | %.1f | |\n", bwd_ms, 3 * flop / bwd_ms * 1e-9);
+  if (other_path)
+    std::printf(
+        "| lockstep backward alone, other dh path (W^T + gemm_bf16_nt) | %.2f | %.1f | "
+        "%.1f |\n",
+        other_ms, 3 * flop / other_ms * 1e-9, double(other_used) * mib);
+  std::printf(
+      "memory beyond the lm_head's fp32 gradient (%.1f MiB) and the inputs h, W: scratch "
+      "%.1f + dh (f32) %.1f + [T] vectors %.2f = %.1f MiB = %.3f GiB (target <= 0.5 GiB: "
+      "%s); pool reserved high %.1f MiB; cudaMemGetInfo free before %.1f, after %.1f MiB\n",
+      double(V * H * 4) * mib, double(used_high) * mib, dh_mib, vec_mib, extra_mib,
+      extra_mib / 1024.0, extra_mib <= 512.0 ? "met" : "NOT met", double(reserved_high) * mib,
+      double(free0) * mib, double(free1) * mib);
+  const bool ok = self_ok && rerun_dh == 0 && rerun_dw == 0 && other_dh == 0 && other_dw == 0;
+  if (!json.empty()) {
+    FILE* f = std::fopen(json.c_str(), "w");
+    if (f) {
+      std::fprintf(f,
+                   "{\"T\": %lld, \"H\": %lld, \"V\": %lld, \"vocab_segments\": %d, \"ms\": %.4f, "
+                   "\"cold_ms\": %.4f, \"fwd_ms\": %.4f, \"bwd_ms\": %.4f, \"other_path_ms\": "
+                   "%.4f, \"scratch_mib\": %.2f, \"extra_mib\": %.2f, \"rerun_identical\": %s, "
+                   "\"paths_identical\": %s}\n",
+                   (long long)T, (long long)H, (long long)V, cfg.vocab_segments, ms, cold, fwd_ms,
+                   bwd_ms, other_ms, double(used_high) * mib, extra_mib,
+                   rerun_dh == 0 && rerun_dw == 0 ? "true" : "false",
+                   other_dh == 0 && other_dw == 0 ? "true" : "false");
+      std::fclose(f);
+    }
+  }
+  CK(cudaFree(h));
+  CK(cudaFree(w));
+  CK(cudaFree(tg));
+  CK(cudaFree(vec));
+  CK(cudaFree(dh));
+  CK(cudaFree(dw));
+  CK(cudaFree(dh2));
+  CK(cudaFree(dw2));
+  return ok ? 0 : 1;
+}

@@ -1,0 +1,59 @@
+// Host-side pieces of the CUDA linear log-prob backward (src/cuda/backward/logprob.cu): the dh
+// path as an option, the chunk plan and its workspace (benchmarks and audits print them).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "lockstep/contract.h"
+#include "lockstep/contract/backward.h"
+#include "lockstep/contract/logprob.h"
+#include "lockstep/ops/logprob.h"
+#include "lockstep/tensor.h"
+
+namespace lockstep::cuda::detail {
+
+// How dh's segment values are computed (both give the same bits: each is one MMA chain of the
+// segment's k-blocks from +0; the benchmark compares them):
+//   kDwForm: dh_k[r, j] = Σ_e Gᵀ_k[e, r]·W[v_seg + e, j] is B.3's weight-gradient chain with the
+//            segment's entries as the "tokens" (one sequence of n_k entries from +0):
+//            cuda::gemm_bf16_dw(Gᵀ_k, W_k, that order, dh_k). W is read in place: no Wᵀ.
+//   kWtGemm: cuda::gemm_bf16_nt(G_k, Wᵀ_k, one segment) over K = seg_pad, Wᵀ_k re-laid out on the
+//            device (in hidden-column slices when it passes the budget).
+enum class LogprobBwdPath : int { kAuto = 0, kDwForm, kWtGemm };
+const char* logprob_bwd_path_name(LogprobBwdPath p);
+
+// The chunk plan of cuda::linear_logprob_backward: a pure function of T (only as a cap on the
+// chunk), H, the vocab layout and the path; it never changes a bit.
+struct LogprobBwdPlan {
+  LogprobBwdPath path = LogprobBwdPath::kDwForm;
+  int64_t rows = 0;      // token rows per chunk (a multiple of 16)
+  int64_t seg_pad = 0;   // segment width of G_k / Wᵀ_k (seg_len rounded up to 16)
+  int64_t slice = 0;     // vocab entries of G_k per pass (a multiple of 16; kWtGemm: seg_pad)
+  int64_t zcols = 0;     // logits columns per GEMM call (<= slice)
+  int64_t hc = 0;        // kWtGemm: hidden columns of Wᵀ_k per re-layout
+  bool wt_once = false;  // kWtGemm: every segment's Wᵀ_k built once per call
+  int64_t g_bytes = 0;   // G_k (+ Gᵀ_k for kDwForm)
+  int64_t z_bytes = 0, wt_bytes = 0, partial_bytes = 0, gather_bytes = 0;
+  int64_t total_bytes() const {
+    return g_bytes + z_bytes + wt_bytes + partial_bytes + gather_bytes;
+  }
+};
+LogprobBwdPlan logprob_backward_plan(const LogprobVocabLayout& lay, int64_t H, int64_t T,
+                                     LogprobBwdPath path = LogprobBwdPath::kAuto);
+// The plan in words (benchmarks, audits).
+std::string logprob_backward_plan_string(const ContractConfig& cfg, int64_t T, int64_t H, int64_t V,
+                                         LogprobBwdPath path = LogprobBwdPath::kAuto);
+
+// cuda::linear_logprob_backward with the dh path as an option (kAuto: what the public function
+// runs) and, for self-checks, the chunk plan's sizes forced (`force`: rows and slice multiples of
+// 16, 1 <= zcols <= slice; kWtGemm needs slice == seg_pad and hc >= 1; path taken from it). The
+// bits never depend on either. Returns the path that ran.
+LogprobBwdPath linear_logprob_backward_with_path(
+    const TensorView& h, const TensorView& w, const TensorView& targets,
+    const LogprobParams& params, const ContractConfig& cfg, const TensorView& lse,
+    const TensorView& entropy, const TensorView& g_lp, const TensorView* g_ent,
+    const TensorView& dh, const TokenOrder& order, const TensorView& dw, LogprobBwdPath path,
+    void* stream = nullptr, const LogprobBwdPlan* force = nullptr);
+
+}  // namespace lockstep::cuda::detail
