@@ -16,7 +16,8 @@
 # limit still returns what it did). GPU_CHECK_TESTS=NAME[,NAME...] limits the tests and
 # sanitize parts to those test binaries (e.g. GPU_CHECK_TESTS=test_baseline_cuda; the MMA probe
 # runs only if probe_mma is named), GPU_CHECK_BENCH=NAME[,NAME...] the bench part to those
-# benchmarks (bench_gemm_cuda, bench_gemm_small_m, bench_attention, bench_logprob).
+# benchmarks (bench_gemm_cuda, bench_gemm_small_m, bench_attention, bench_logprob; bwdbench:
+# bench_gemm_bwd, bench_attention_bwd, bench_logprob_bwd, bench_train).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -150,8 +151,15 @@ if has bwdbench; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/site .whl/*.whl >"$OUT/logs/pip.log" 2>&1 && export PYTHONPATH=/tmp/site
   fi
+  bench bench_gemm_bwd build-gpu/bench_gemm_bwd
   bench bench_attention_bwd bash -c "PYTHONUNBUFFERED=1 python3 bench/cuda/attention_bwd_sdpa.py --out '$L/sdpa_bwd.csv' &&
     build-gpu/bench_attention_bwd --sdpa '$L/sdpa_bwd.csv'"
+  # --self-check-only first: every dh plan of the kernel gives the same bits (exits non-zero if not).
+  bench bench_logprob_bwd bash -c "build-gpu/bench_logprob_bwd --self-check-only &&
+    build-gpu/bench_logprob_bwd --json '$L/lpb.json' &&
+    PYTHONUNBUFFERED=1 python3 bench/cuda/logprob_bwd_peers.py --ours '$L/lpb.json'"
+  bench bench_train bash -c "build-gpu/bench_train --json '$L/train.json' &&
+    PYTHONUNBUFFERED=1 python3 bench/cuda/train_torch.py --ours '$L/train.json'"
 fi
 
 if has sanitize; then
