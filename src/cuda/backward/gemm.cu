@@ -58,36 +58,57 @@ class StreamBuffer {
   cudaStream_t s_;
 };
 
-constexpr int kTrTile = 32;
-constexpr int kTrRowsPerPass = 8;
+constexpr int kTrTile = 64;  // tokens x columns per tile
+constexpr int kTrThreadsX = 32, kTrThreadsY = 8;
 
 // out[c · ldo + t] = src[r(t) · lds + c] for t < T, c < C, with r(t) = slots[t] (or t when slots
-// is null); r(t) < 0: +0 (a padding slot). A 32 x 32 tile through shared memory: reads along c,
-// writes along t, both coalesced. Pure data movement (bf16 bits copied).
-__global__ void gather_transpose_bf16_kernel(const uint16_t* __restrict__ src, int64_t lds,
-                                             const int32_t* __restrict__ slots, int64_t T,
-                                             int64_t C, uint16_t* __restrict__ out, int64_t ldo) {
-  __shared__ uint16_t tile[kTrTile][kTrTile + 1];
+// is null); r(t) < 0: +0 (a padding slot). A 64 x 64 tile through shared memory: each thread moves
+// pairs of elements, read along c and written along t (both coalesced); vec_in / vec_out: 4-byte
+// accesses allowed (even row strides, 4-byte aligned bases), else element by element. Pure data
+// movement (bf16 bits copied).
+__global__ void __launch_bounds__(kTrThreadsX* kTrThreadsY)
+    gather_transpose_bf16_kernel(const uint16_t* __restrict__ src, int64_t lds,
+                                 const int32_t* __restrict__ slots, int64_t T, int64_t C,
+                                 uint16_t* __restrict__ out, int64_t ldo, int vec_in, int vec_out) {
+  __shared__ __align__(4) uint16_t tile[kTrTile][kTrTile + 2];
   const int64_t t0 = int64_t(blockIdx.x) * kTrTile;
   const int64_t c0 = int64_t(blockIdx.y) * kTrTile;
   const int tx = threadIdx.x, ty = threadIdx.y;
 #pragma unroll
-  for (int i = ty; i < kTrTile; i += kTrRowsPerPass) {
-    const int64_t t = t0 + i, c = c0 + tx;
-    uint16_t v = 0;
+  for (int i = ty; i < kTrTile; i += kTrThreadsY) {
+    const int64_t t = t0 + i, c = c0 + 2 * tx;
+    uint32_t v = 0;
     if (t < T && c < C) {
       const int64_t r = slots ? int64_t(slots[t]) : t;
-      if (r >= 0) v = src[r * lds + c];
+      if (r >= 0) {
+        const uint16_t* row = src + r * lds;
+        if (vec_in && c + 1 < C) {
+          v = *reinterpret_cast<const uint32_t*>(row + c);
+        } else {
+          v = uint32_t(row[c]);
+          if (c + 1 < C) v |= uint32_t(row[c + 1]) << 16;
+        }
+      }
     }
-    tile[i][tx] = v;
+    *reinterpret_cast<uint32_t*>(&tile[i][2 * tx]) = v;
   }
   __syncthreads();
 #pragma unroll
-  for (int i = ty; i < kTrTile; i += kTrRowsPerPass) {
-    const int64_t c = c0 + i, t = t0 + tx;
-    if (c < C && t < T) out[c * ldo + t] = tile[tx][i];
+  for (int i = ty; i < kTrTile; i += kTrThreadsY) {
+    const int64_t c = c0 + i, t = t0 + 2 * tx;
+    if (c >= C || t >= T) continue;
+    const uint32_t v0 = tile[2 * tx][i], v1 = tile[2 * tx + 1][i];
+    uint16_t* o = out + c * ldo + t;
+    if (vec_out && t + 1 < T) {
+      *reinterpret_cast<uint32_t*>(o) = v0 | (v1 << 16);
+    } else {
+      o[0] = uint16_t(v0);
+      if (t + 1 < T) o[1] = uint16_t(v1);
+    }
   }
 }
+
+bool aligned4(const void* p) { return reinterpret_cast<uintptr_t>(p) % 4 == 0; }
 
 void gather_transpose(const char* op, const uint16_t* src, int64_t lds, const int32_t* slots,
                       int64_t T, int64_t C, uint16_t* out, int64_t ldo, cudaStream_t s) {
@@ -95,8 +116,10 @@ void gather_transpose(const char* op, const uint16_t* src, int64_t lds, const in
   const int64_t gy = (C + kTrTile - 1) / kTrTile;
   LS_CHECK(gy <= 65535, op, "the transposed operand has ", C, " columns (grid limit)");
   const dim3 grid(unsigned((T + kTrTile - 1) / kTrTile), unsigned(gy));
-  gather_transpose_bf16_kernel<<<grid, dim3(kTrTile, kTrRowsPerPass), 0, s>>>(src, lds, slots, T, C,
-                                                                              out, ldo);
+  const int vec_in = aligned4(src) && lds % 2 == 0 ? 1 : 0;
+  const int vec_out = aligned4(out) && ldo % 2 == 0 ? 1 : 0;
+  gather_transpose_bf16_kernel<<<grid, dim3(kTrThreadsX, kTrThreadsY), 0, s>>>(
+      src, lds, slots, T, C, out, ldo, vec_in, vec_out);
   const cudaError_t e = cudaGetLastError();
   LS_CHECK(e == cudaSuccess, op, "gather-transpose launch failed: ", cudaGetErrorString(e));
 }

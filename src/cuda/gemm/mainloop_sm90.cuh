@@ -150,8 +150,8 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
                 "ping-pong tile shape");
   static_assert(!Epi::kFused || LEVELS == 0, "a fused epilogue takes one segment");
   static_assert(kABytes % 1024 == 0 && kStageBytes % 1024 == 0, "stages 1024-aligned");
-  constexpr bool kAcc = sm90_accumulates<Epi>::value;
-  static_assert(!kAcc || (LEVELS == 0 && !PP && !Epi::kFused), "accumulate: one segment per job");
+  static_assert(!sm90_accumulates<Epi>::value || (LEVELS == 0 && !PP && !Epi::kFused),
+                "accumulate: one segment per job");
 
   extern __shared__ uint8_t sm90_smem[];
   const uint32_t raw = smem_u32(sm90_smem);
@@ -238,7 +238,8 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       const Sm90Job j = sm90_job<BM, BN>(job, num_m, num_n, job_segs);
       const int s_end = LEVELS > 0 ? p.nseg : j.s + 1;
       for (int sg = LEVELS > 0 ? 0 : j.s; sg < s_end; ++sg) {
-        if constexpr (kAcc) sm90_load_acc(p, acc, j.m0 + row_off + warp * 16, j.n0 + col_off, lane);
+        if constexpr (sm90_accumulates<Epi>::value)
+          sm90_load_acc(p, acc, j.m0 + row_off + warp * 16, j.n0 + col_off, lane);
         int prev = 0;
         for (int kt = 0; kt < nkt; ++kt) {
           mbar_wait(full_bar(stage), phase);
@@ -257,7 +258,9 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
             db[kb] = sw128_desc(b + 32u * kb);
             asm volatile("" : "+l"(da[kb]), "+l"(db[kb]));
           }
-          int sd0 = (kAcc || kt > 0) ? 1 : 0, sd1 = 1;  // accumulate: c = y's value
+          int sd0 = kt > 0 ? 1 : 0, sd1 = 1;
+          if constexpr (sm90_accumulates<Epi>::value)
+            sd0 = 1;  // accumulate: the chain's c is y's value
           asm volatile("" : "+r"(sd0), "+r"(sd1));
           fence_acc(acc);
           // The chain: scale-d = 0 only on the segment's first k-block; k-blocks in ascending k.
