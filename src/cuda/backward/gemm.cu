@@ -35,7 +35,7 @@ constexpr const char* kOpDw = "cuda::gemm_bf16_dw";
 // Token slots per dW chunk (a multiple of kTokenBlock), and the bound of a chunk's gathered
 // operands (16 slots at least).
 constexpr int64_t kDwChunkSlots = 8192;
-constexpr int64_t kDwChunkBytes = int64_t(512) << 20;
+constexpr int64_t kDwChunkBytes = int64_t(1) << 30;
 
 // One cudaMallocAsync'd buffer, freed in stream order when it goes out of scope (also on a throw).
 class StreamBuffer {
