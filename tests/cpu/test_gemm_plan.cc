@@ -404,19 +404,55 @@ TEST(GemmPlan, PureFunction) {
   }
 }
 
-TEST(GemmPlan, BackwardLayoutsNotImplemented) {
-  for (GemmLayout l : {GemmLayout::kNN, GemmLayout::kTN}) {
-    GemmProblem p = problem(64, 4096, 4096, 1);
-    p.layout = l;
-    try {
-      (void)plan_gemm(p);
-      ADD_FAILURE() << "no error for layout " << gemm_layout_name(l);
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("not implemented"), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find(gemm_layout_name(l)), std::string::npos) << e.what();
-    }
-    EXPECT_THROW((void)gemm_legal_plans(p), Error);
+TEST(GemmPlan, NnLayoutNotImplemented) {
+  GemmProblem p = problem(64, 4096, 4096, 1);
+  p.layout = GemmLayout::kNN;
+  try {
+    (void)plan_gemm(p);
+    ADD_FAILURE() << "no error for layout nn";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not implemented"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(gemm_layout_name(GemmLayout::kNN)), std::string::npos)
+        << e.what();
   }
+  EXPECT_THROW((void)gemm_legal_plans(p), Error);
+}
+
+// TN (dW, accumulate mode): only the kernels with an accumulate mode, one segment, no fold, no
+// ping-pong, whatever the sizes (small M included); the chosen plan is legal.
+TEST(GemmPlan, TnPlansAccumulateOnly) {
+  auto accumulates = [](const GemmPlan& q) {
+    const bool mma = q.mainloop == GemmMainloop::kMmaSync &&
+                     (q.tile == GemmTile{32, 64, 64, 8} || q.tile == GemmTile{128, 128, 64, 4});
+    const bool wg = q.mainloop == GemmMainloop::kWgmma && !q.ping_pong &&
+                    (q.tile == GemmTile{128, 256, 64, 4} || q.tile == GemmTile{128, 128, 64, 6} ||
+                     q.tile == GemmTile{64, 128, 64, 8});
+    return (mma || wg) && q.fold == GemmFold::kNone && q.tree_levels == 0;
+  };
+  const int64_t kSizes[][3] = {{1, 1, 16},       {3, 17, 16},         {64, 64, 64},
+                               {111, 989, 336},  {256, 256, 4096},    {6144, 4096, 8192},
+                               {4096, 4096, 16}, {24576, 4096, 8192}, {4096, 12288, 1024}};
+  for (const auto& sz : kSizes) {
+    for (bool tma : {true, false}) {
+      GemmProblem p = problem(sz[0], sz[1], sz[2], 1);
+      p.layout = GemmLayout::kTN;
+      p.tma_ok = tma;
+      const GemmPlan chosen = plan_gemm(p);
+      EXPECT_TRUE(accumulates(chosen)) << chosen.to_string();
+      EXPECT_TRUE(gemm_plan_legal(p, chosen)) << chosen.to_string();
+      EXPECT_EQ(tma, chosen.mainloop == GemmMainloop::kWgmma) << chosen.to_string();
+      const std::vector<GemmPlan> legal = gemm_legal_plans(p);
+      EXPECT_EQ(legal.size(), tma ? 5u : 2u);
+      for (const GemmPlan& q : legal) EXPECT_TRUE(accumulates(q)) << q.to_string();
+    }
+  }
+  GemmProblem p = problem(256, 256, 256, 2);
+  p.layout = GemmLayout::kTN;
+  EXPECT_THROW((void)plan_gemm(p), Error);
+  p = problem(256, 256, 256, 1);
+  p.layout = GemmLayout::kTN;
+  p.partial = true;
+  EXPECT_THROW((void)gemm_legal_plans(p), Error);
 }
 
 TEST(GemmPlan, BadProblemsThrow) {

@@ -1,18 +1,213 @@
-// PLACEHOLDER (being written): the CUDA GEMM backward (docs/contract.md §B.3).
+// CUDA GEMM backward (docs/contract.md §B.3), forward y = x·wᵀ, x [T, K], w [N, K]; the same bits
+// as the cpu functions of the same name (src/cpu/backward/gemm.cc), as layouts of the one GEMM
+// family (src/cuda/gemm/, docs/cuda-gemm.md "Backward"):
+//   dx = dy·w: w transposed once into a stream-ordered wᵀ [K, N] (row stride N rounded up to 8,
+//        so TMA can read it), then cuda::gemm_bf16_nt(dy, wᵀ) — the forward contract with N as the
+//        reduced axis, every kernel and plan of the forward; the TP partial likewise through
+//        cuda::gemm_bf16_nt_partial on the transposed shard.
+//   dw += dyᵀ·x: the host lists the canonical token slots (B.1: sequences by step index, then
+//        16-position blocks; -1 = a row past the sequence's end), the gather-transpose kernel
+//        writes a chunk of consecutive blocks token-major (dyᵀ [N, Tc], xᵀ [K, Tc], zeros for -1),
+//        and the TN layout's accumulate mode runs each dw element's chain over the chunk's blocks,
+//        in order, from dw's current value. Chunk after chunk, the chain continues through the
+//        stored fp32 value (the chain's state is that value): one chain over all blocks.
+// No atomics; every output is one fixed chain owned by one thread.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "contract/checks.h"
+#include "cuda/gemm/internal.h"
 #include "lockstep/cuda/backward.h"
+#include "lockstep/cuda/gemm.h"
 #include "lockstep/error.h"
 
 namespace lockstep::cuda {
-void gemm_bf16_dx(const TensorView&, const TensorView&, const GemmConfig&, const TensorView&,
-                  void*) {
-  LS_CHECK(false, "cuda::gemm_bf16_dx", "not implemented yet");
+
+namespace {
+
+constexpr const char* kOpDx = "cuda::gemm_bf16_dx";
+constexpr const char* kOpDxPartial = "cuda::gemm_bf16_dx_partial";
+constexpr const char* kOpDw = "cuda::gemm_bf16_dw";
+
+// Token slots per dW chunk (a multiple of kTokenBlock), and the bound of a chunk's gathered
+// operands (16 slots at least).
+constexpr int64_t kDwChunkSlots = 8192;
+constexpr int64_t kDwChunkBytes = int64_t(1) << 30;
+
+// One cudaMallocAsync'd buffer, freed in stream order when it goes out of scope (also on a throw).
+class StreamBuffer {
+ public:
+  StreamBuffer(const char* op, int64_t bytes, cudaStream_t s) : s_(s) {
+    const cudaError_t e = cudaMallocAsync(&p_, size_t(std::max<int64_t>(bytes, 16)), s);
+    LS_CHECK(e == cudaSuccess, op, "cudaMallocAsync of ", bytes,
+             " bytes of workspace failed: ", cudaGetErrorString(e));
+  }
+  StreamBuffer(const StreamBuffer&) = delete;
+  StreamBuffer& operator=(const StreamBuffer&) = delete;
+  ~StreamBuffer() { cudaFreeAsync(p_, s_); }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+
+ private:
+  void* p_ = nullptr;
+  cudaStream_t s_;
+};
+
+constexpr int kTrTile = 64;  // tokens x columns per tile
+constexpr int kTrThreadsX = 32, kTrThreadsY = 8;
+
+// out[c · ldo + t] = src[r(t) · lds + c] for t < T, c < C, with r(t) = slots[t] (or t when slots
+// is null); r(t) < 0: +0 (a padding slot). A 64 x 64 tile through shared memory: each thread moves
+// pairs of elements, read along c and written along t (both coalesced); vec_in / vec_out: 4-byte
+// accesses allowed (even row strides, 4-byte aligned bases), else element by element. Pure data
+// movement (bf16 bits copied).
+__global__ void __launch_bounds__(kTrThreadsX* kTrThreadsY)
+    gather_transpose_bf16_kernel(const uint16_t* __restrict__ src, int64_t lds,
+                                 const int32_t* __restrict__ slots, int64_t T, int64_t C,
+                                 uint16_t* __restrict__ out, int64_t ldo, int vec_in, int vec_out) {
+  __shared__ __align__(4) uint16_t tile[kTrTile][kTrTile + 2];
+  const int64_t t0 = int64_t(blockIdx.x) * kTrTile;
+  const int64_t c0 = int64_t(blockIdx.y) * kTrTile;
+  const int tx = threadIdx.x, ty = threadIdx.y;
+#pragma unroll
+  for (int i = ty; i < kTrTile; i += kTrThreadsY) {
+    const int64_t t = t0 + i, c = c0 + 2 * tx;
+    uint32_t v = 0;
+    if (t < T && c < C) {
+      const int64_t r = slots ? int64_t(slots[t]) : t;
+      if (r >= 0) {
+        const uint16_t* row = src + r * lds;
+        if (vec_in && c + 1 < C) {
+          v = *reinterpret_cast<const uint32_t*>(row + c);
+        } else {
+          v = uint32_t(row[c]);
+          if (c + 1 < C) v |= uint32_t(row[c + 1]) << 16;
+        }
+      }
+    }
+    *reinterpret_cast<uint32_t*>(&tile[i][2 * tx]) = v;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = ty; i < kTrTile; i += kTrThreadsY) {
+    const int64_t c = c0 + i, t = t0 + 2 * tx;
+    if (c >= C || t >= T) continue;
+    const uint32_t v0 = tile[2 * tx][i], v1 = tile[2 * tx + 1][i];
+    uint16_t* o = out + c * ldo + t;
+    if (vec_out && t + 1 < T) {
+      *reinterpret_cast<uint32_t*>(o) = v0 | (v1 << 16);
+    } else {
+      o[0] = uint16_t(v0);
+      if (t + 1 < T) o[1] = uint16_t(v1);
+    }
+  }
 }
-void gemm_bf16_dx_partial(const TensorView&, const TensorView&, int64_t, int, int,
-                          const GemmConfig&, const TensorView&, void*) {
-  LS_CHECK(false, "cuda::gemm_bf16_dx_partial", "not implemented yet");
+
+bool aligned4(const void* p) { return reinterpret_cast<uintptr_t>(p) % 4 == 0; }
+
+void gather_transpose(const char* op, const uint16_t* src, int64_t lds, const int32_t* slots,
+                      int64_t T, int64_t C, uint16_t* out, int64_t ldo, cudaStream_t s) {
+  if (T == 0 || C == 0) return;
+  const int64_t gy = (C + kTrTile - 1) / kTrTile;
+  LS_CHECK(gy <= 65535, op, "the transposed operand has ", C, " columns (grid limit)");
+  const dim3 grid(unsigned((T + kTrTile - 1) / kTrTile), unsigned(gy));
+  const int vec_in = aligned4(src) && lds % 2 == 0 ? 1 : 0;
+  const int vec_out = aligned4(out) && ldo % 2 == 0 ? 1 : 0;
+  gather_transpose_bf16_kernel<<<grid, dim3(kTrThreadsX, kTrThreadsY), 0, s>>>(
+      src, lds, slots, T, C, out, ldo, vec_in, vec_out);
+  const cudaError_t e = cudaGetLastError();
+  LS_CHECK(e == cudaSuccess, op, "gather-transpose launch failed: ", cudaGetErrorString(e));
 }
-void gemm_bf16_dw(const TensorView&, const TensorView&, const TokenOrder&, const TensorView&,
-                  void*) {
-  LS_CHECK(false, "cuda::gemm_bf16_dw", "not implemented yet");
+
+// wᵀ [K, N] of w [N, K] (rows may be strided) in `buf`, rows ld_wt = N rounded up to 8 apart
+// (16-byte aligned rows: TMA-readable); the columns past N are never read.
+int64_t wt_ld(int64_t N) { return std::max<int64_t>(8, (N + 7) / 8 * 8); }
+TensorView transpose_w(const char* op, const TensorView& w, const StreamBuffer& buf,
+                       cudaStream_t s) {
+  const int64_t N = w.size(0), K = w.size(1), ld = wt_ld(N);
+  gather_transpose(op, w.ptr<const uint16_t>(), w.stride[0], nullptr, N, K, buf.as<uint16_t>(), ld,
+                   s);
+  TensorView wt = TensorView::contiguous(buf.as<void>(), DType::kBF16, {K, N}, Device::kCUDA);
+  wt.stride[0] = ld;
+  return wt;
 }
+
+// The canonical token slots of `order` (B.1): per sequence by step index, per 16-position block,
+// the 16 packed rows (-1 past the sequence's end).
+std::vector<int32_t> canonical_slots(const TokenOrder& order) {
+  std::vector<int32_t> slots;
+  for (const TokenSeq& q : order.seqs())
+    for (int64_t p = 0; p < q.len; p += kTokenBlock)
+      for (int64_t i = 0; i < kTokenBlock; ++i)
+        slots.push_back(p + i < q.len ? int32_t(q.row + p + i) : int32_t(-1));
+  return slots;
+}
+
+}  // namespace
+
+void gemm_bf16_dx(const TensorView& dy, const TensorView& w, const GemmConfig& cfg,
+                  const TensorView& dx, void* stream) {
+  contract::check_gemm_dx(kOpDx, Device::kCUDA, dy, w, cfg, dx);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const int64_t N = w.size(0), K = w.size(1);
+  if (dy.size(0) == 0 || K == 0) return;  // dx has no element
+  const StreamBuffer buf(kOpDx, K * wt_ld(N) * 2, s);
+  const TensorView wt = transpose_w(kOpDx, w, buf, s);
+  gemm_bf16_nt(dy, wt, nullptr, cfg, dx, stream);
+}
+
+void gemm_bf16_dx_partial(const TensorView& dy_shard, const TensorView& w_shard, int64_t n_total,
+                          int tp_size, int tp_rank, const GemmConfig& cfg,
+                          const TensorView& dx_partial, void* stream) {
+  contract::check_gemm_dx_partial(kOpDxPartial, Device::kCUDA, dy_shard, w_shard, n_total, tp_size,
+                                  tp_rank, cfg, dx_partial);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const int64_t Nr = w_shard.size(0), K = w_shard.size(1);
+  if (dy_shard.size(0) == 0 || K == 0) return;  // dx_partial has no element
+  const StreamBuffer buf(kOpDxPartial, K * wt_ld(Nr) * 2, s);
+  const TensorView wt = transpose_w(kOpDxPartial, w_shard, buf, s);
+  gemm_bf16_nt_partial(dy_shard, wt, n_total, tp_size, tp_rank, cfg, dx_partial, stream);
+}
+
+void gemm_bf16_dw(const TensorView& dy, const TensorView& x, const TokenOrder& order,
+                  const TensorView& dw, void* stream) {
+  contract::check_gemm_dw(kOpDw, Device::kCUDA, dy, x, order, dw);
+  const int64_t N = dy.size(1), K = x.size(1);
+  if (N == 0 || K == 0) return;
+  LS_CHECK(order.rows() < (int64_t(1) << 31), kOpDw, "dy: ", order.rows(),
+           " rows exceed the token-slot table's int32 range");
+  const std::vector<int32_t> slots = canonical_slots(order);
+  if (slots.empty()) return;
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const int64_t total = int64_t(slots.size());
+  // Slots per chunk: whole token blocks, the gathered operands within kDwChunkBytes.
+  const int64_t by_bytes = kDwChunkBytes / ((N + K) * 2) / kTokenBlock * kTokenBlock;
+  const int64_t chunk =
+      std::min(total, std::max<int64_t>(kTokenBlock, std::min(kDwChunkSlots, by_bytes)));
+
+  const StreamBuffer dslots(kOpDw, total * 4, s);
+  const cudaError_t e = cudaMemcpyAsync(dslots.as<void>(), slots.data(), size_t(total) * 4,
+                                        cudaMemcpyHostToDevice, s);
+  LS_CHECK(e == cudaSuccess, kOpDw,
+           "upload of the token-slot table failed: ", cudaGetErrorString(e));
+  const StreamBuffer dyt(kOpDw, N * chunk * 2, s);
+  const StreamBuffer xt(kOpDw, K * chunk * 2, s);
+  for (int64_t c0 = 0; c0 < total; c0 += chunk) {
+    const int64_t tc = std::min(chunk, total - c0);  // a multiple of 16
+    const int32_t* sl = dslots.as<int32_t>() + c0;
+    gather_transpose(kOpDw, dy.ptr<const uint16_t>(), dy.stride[0], sl, tc, N, dyt.as<uint16_t>(),
+                     tc, s);
+    gather_transpose(kOpDw, x.ptr<const uint16_t>(), x.stride[0], sl, tc, K, xt.as<uint16_t>(), tc,
+                     s);
+    // The chunk's blocks are consecutive k-blocks of every dw element's chain, from its value.
+    detail::gemm_bf16_tn_accumulate(dyt.as<uint16_t>(), tc, xt.as<uint16_t>(), tc, N, K, tc,
+                                    dw.ptr<float>(), dw.stride[0], nullptr, stream);
+  }
+}
+
 }  // namespace lockstep::cuda

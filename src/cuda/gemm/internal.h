@@ -37,6 +37,18 @@ void gemm_bf16_nt_partial_with_plan(const TensorView& x_shard, const TensorView&
 bool gemm_operands_tma_ok(const void* x, int64_t M, int64_t ldx, const void* w, int64_t N,
                           int64_t ldw, int64_t K);
 
+// The TN layout (dW, docs/cuda-gemm.md "Backward"): y[M, N] (f32, rows ldy apart) +=
+// a[M, K] · b[N, K]ᵀ in accumulate mode: every output's chain over the k-blocks of 16 of
+// [0, K) (zero fill past K) starts from y's current value; the fp32 result is stored (canonical
+// NaN). a, b: bf16, rows lda / ldb apart (K-major: the caller gathered the token axis as K).
+// Runs `plan` (lockstep::Error unless one of gemm_legal_plans of gemm_tn_problem) or
+// plan_gemm's. M, N or K = 0: y untouched. Arguments are not checked beyond the sizes.
+GemmProblem gemm_tn_problem(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
+                            int64_t M, int64_t N, int64_t K);
+void gemm_bf16_tn_accumulate(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
+                             int64_t M, int64_t N, int64_t K, float* y, int64_t ldy,
+                             const GemmPlan* plan = nullptr, void* stream = nullptr);
+
 // The small-M launch (launch_small_m.cu) of a plan whose main loop is a small-M kind; throws if
 // no kernel of that tile is compiled or its launch fails.
 void run_small_m(const GemmParams& p, const GemmPlan& plan, cudaStream_t stream);

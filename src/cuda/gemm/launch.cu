@@ -79,20 +79,22 @@ GemmProblem problem_of(const GemmParams& c, bool partial) {
 }
 
 // ---- mma.sync (mainloop_mma_sync.cuh).
-template <int BM, int BN, int NS>
+// ACC: the accumulate mode of the TN layout (mainloop_mma_sync.cuh).
+template <int BM, int BN, int NS, bool ACC = false>
 void launch_mma(const GemmParams& p, cudaStream_t stream) {
   constexpr int kSmem = detail::gemm_smem_bytes<BM, BN, NS>();
-  detail::allow_dynamic_smem<detail::gemm_bf16_nt_kernel<BM, BN, NS>>(kOp, kSmem);
+  detail::allow_dynamic_smem<detail::gemm_bf16_nt_kernel<BM, BN, NS, ACC>>(kOp, kSmem);
   LS_CHECK(p.M <= int64_t(65535) * BM, kOp, "x: M = ", p.M, " exceeds the grid limit");
   dim3 grid(unsigned((p.N + BN - 1) / BN), unsigned((p.M + BM - 1) / BM));
-  detail::gemm_bf16_nt_kernel<BM, BN, NS><<<grid, detail::kGemmThreads, kSmem, stream>>>(p);
+  detail::gemm_bf16_nt_kernel<BM, BN, NS, ACC><<<grid, detail::kGemmThreads, kSmem, stream>>>(p);
 }
 
+template <bool ACC = false>
 void run_mma(const GemmParams& p, const GemmPlan& plan, cudaStream_t s) {
   if (plan.tile.bm == 32) {
-    launch_mma<32, 64, 8>(p, s);
+    launch_mma<32, 64, 8, ACC>(p, s);
   } else {
-    launch_mma<128, 128, 4>(p, s);
+    launch_mma<128, 128, 4, ACC>(p, s);
   }
   detail::check_gemm_launch(kOp);
 }
@@ -280,7 +282,7 @@ void run_plan(const GemmParams& c, const GemmPlan& plan, cudaStream_t s) {
       detail::run_small_m(c, plan, s);
       break;
     case GemmMainloop::kMmaSync:
-      run_mma(c, plan, s);
+      run_mma<>(c, plan, s);
       break;
     case GemmMainloop::kWgmma:
       run_sm90(c, plan, s);
@@ -361,6 +363,76 @@ void gemm_bf16_nt_partial_with_plan(const TensorView& x_shard, const TensorView&
 bool gemm_operands_tma_ok(const void* x, int64_t M, int64_t ldx, const void* w, int64_t N,
                           int64_t ldw, int64_t K) {
   return M >= 1 && N >= 1 && tma_compatible(x, M, ldx, w, N, ldw, K);
+}
+
+GemmProblem gemm_tn_problem(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
+                            int64_t M, int64_t N, int64_t K) {
+  return {M,
+          N,
+          K,
+          1,
+          (K + 15) / 16 * 16,
+          GemmLayout::kTN,
+          tma_compatible(a, M, lda, b, N, ldb, K),
+          /*partial=*/false};
+}
+
+void gemm_bf16_tn_accumulate(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
+                             int64_t M, int64_t N, int64_t K, float* y, int64_t ldy,
+                             const GemmPlan* plan, void* stream) {
+  const char* op = "cuda::gemm_bf16_tn_accumulate";
+  LS_CHECK(M >= 0 && N >= 0 && K >= 0 && lda >= K && ldb >= K && ldy >= N, op,
+           "internal: bad sizes M = ", M, ", N = ", N, ", K = ", K);
+  if (M == 0 || N == 0 || K == 0) return;  // no k-block: y unchanged
+  const GemmProblem q = gemm_tn_problem(a, lda, b, ldb, M, N, K);
+  LS_CHECK(!plan || gemm_plan_legal(q, *plan), op, "the plan '", plan ? plan->to_string() : "",
+           "' cannot run the tn layout M = ", M, ", N = ", N, ", K = ", K);
+  const GemmPlan pl = plan ? *plan : plan_gemm(q);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  GemmParams c{};
+  c.x = a;
+  c.w = b;
+  c.bias = nullptr;
+  c.y = y;
+  c.M = M;
+  c.N = N;
+  c.K = K;
+  c.ldx = lda;
+  c.ldw = ldb;
+  c.ldy = ldy;
+  c.seg_len = q.segment_len;
+  c.segments = 1;
+  c.y_f32 = 1;
+  c.x_vec = (aligned16(a) && (M <= 1 || lda % 8 == 0)) ? 1 : 0;
+  c.w_vec = (aligned16(b) && (N <= 1 || ldb % 8 == 0)) ? 1 : 0;
+  if (pl.mainloop == GemmMainloop::kMmaSync) {
+    run_mma</*ACC=*/true>(c, pl, s);
+    return;
+  }
+  LS_CHECK(pl.mainloop == GemmMainloop::kWgmma && pl.fold == GemmFold::kNone && !pl.ping_pong, op,
+           "internal: plan '", pl.to_string(), "' has no accumulate mode");
+  const GemmTile& t = pl.tile;
+  const CUtensorMap tw = tensor_map(b, N, K, ldb, t.bn);
+  const CUtensorMap tx = tensor_map(a, M, K, lda, t.bm);
+  Sm90Params p{};
+  p.M = M;
+  p.N = N;
+  p.seg_len = c.seg_len;
+  p.nseg = 1;
+  p.ws_mode = 0;
+  p.bias = nullptr;
+  p.y = y;
+  p.ldy = ldy;
+  p.y_f32 = 1;
+  p.y_pair = (reinterpret_cast<uintptr_t>(y) % 8 == 0 && (M <= 1 || ldy % 2 == 0)) ? 1 : 0;
+  using Acc = Sm90AccumulateEpilogue;
+  if (t.bm == 128 && t.bn == 128) {
+    launch_sm90_tile<128, 128, 6, 0, Acc>(op, tx, tw, p, s);
+  } else if (t.bm == 64) {
+    launch_sm90_tile<64, 128, 8, 0, Acc>(op, tx, tw, p, s);
+  } else {
+    launch_sm90_tile<128, 256, 4, 0, Acc>(op, tx, tw, p, s);
+  }
 }
 
 }  // namespace detail

@@ -6,7 +6,8 @@
 // (LEVELS > 0) a whole tile with all its segments.
 // Bits (docs/contract.md §G.3, §M.2): each output's segment is ONE wgmma chain, first k-block with
 // scale-d = 0 (= c = +0), then every k-block of 16 of the segment in ascending k, in order on the
-// same accumulator registers; k-blocks past the segment end are never issued, elements k >= K are
+// same accumulator registers (accumulate mode: every k-block scale-d = 1 on y's value); k-blocks
+// past the segment end are never issued, elements k >= K are
 // TMA zero fill (exact no-ops). Segments are combined by the G.4 tree either in registers
 // (LEVELS > 0, fold.cuh) or, one job per segment, through workspace planes and the tree kernel
 // (tree_combine.cuh, G.10); then bias once (fp32 RNE), one rounding, canonical NaN (epilogue.cuh).
@@ -87,6 +88,38 @@ struct Sm90StoreEpilogue {
   static constexpr bool kFused = false;
 };
 
+// The accumulate mode of the TN layout (dW, docs/cuda-gemm.md "Backward"): the store epilogue
+// into f32 y (final mode, one segment, no bias), and every job's chain starts from y's current
+// value (loaded into the accumulator fragments, scale-d = 1 on every k-block) instead of +0.
+struct Sm90AccumulateEpilogue : Sm90StoreEpilogue {
+  static constexpr bool kAccumulate = true;
+};
+
+// Epi::kAccumulate, false for an epilogue type without it (the forward's, the fused ones).
+template <typename Epi, typename = void>
+struct sm90_accumulates : std::false_type {};
+template <typename Epi>
+struct sm90_accumulates<Epi, std::void_t<decltype(Epi::kAccumulate)>>
+    : std::bool_constant<Epi::kAccumulate> {};
+
+// acc = y's values of this warp's fragment (acc[4i + 2h + c] is row row0 + lane/4 + 8h, column
+// col0 + 8i + 2(lane%4) + c); outside [0, M) x [0, N): +0, never stored.
+template <int R>
+__device__ __forceinline__ void sm90_load_acc(const Sm90Params& p, float (&acc)[R], int64_t row0,
+                                              int64_t col0, int lane) {
+  const float* y = static_cast<const float*>(p.y);
+#pragma unroll
+  for (int i = 0; i < R / 4; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int64_t row = row0 + (lane >> 2) + 8 * h;
+        const int64_t col = col0 + 8 * i + 2 * (lane & 3) + c;
+        acc[4 * i + 2 * h + c] = (row < p.M && col < p.N) ? y[row * p.ldy + col] : 0.0f;
+      }
+}
+
 // BM x BN tile per job; WGN = consumer warpgroups along N (1: they split the rows, 64 each;
 // 2: they split the columns, BM = 64); NS pipeline stages. LEVELS = 0: a job is one segment of a
 // tile (one segment: final values; several: workspace planes). LEVELS > 0: a job is a whole tile,
@@ -117,6 +150,8 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
                 "ping-pong tile shape");
   static_assert(!Epi::kFused || LEVELS == 0, "a fused epilogue takes one segment");
   static_assert(kABytes % 1024 == 0 && kStageBytes % 1024 == 0, "stages 1024-aligned");
+  static_assert(!sm90_accumulates<Epi>::value || (LEVELS == 0 && !PP && !Epi::kFused),
+                "accumulate: one segment per job");
 
   extern __shared__ uint8_t sm90_smem[];
   const uint32_t raw = smem_u32(sm90_smem);
@@ -203,6 +238,8 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       const Sm90Job j = sm90_job<BM, BN>(job, num_m, num_n, job_segs);
       const int s_end = LEVELS > 0 ? p.nseg : j.s + 1;
       for (int sg = LEVELS > 0 ? 0 : j.s; sg < s_end; ++sg) {
+        if constexpr (sm90_accumulates<Epi>::value)
+          sm90_load_acc(p, acc, j.m0 + row_off + warp * 16, j.n0 + col_off, lane);
         int prev = 0;
         for (int kt = 0; kt < nkt; ++kt) {
           mbar_wait(full_bar(stage), phase);
@@ -222,6 +259,8 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
             asm volatile("" : "+l"(da[kb]), "+l"(db[kb]));
           }
           int sd0 = kt > 0 ? 1 : 0, sd1 = 1;
+          if constexpr (sm90_accumulates<Epi>::value)
+            sd0 = 1;  // accumulate: the chain's c is y's value
           asm volatile("" : "+r"(sd0), "+r"(sd1));
           fence_acc(acc);
           // The chain: scale-d = 0 only on the segment's first k-block; k-blocks in ascending k.

@@ -146,6 +146,25 @@ int64_t tiles(const GemmProblem& p, int bm, int bn) {
 // at M = 1024 and with S = 4 / 8: large M, outputs wider than the reduction, one segment.
 bool ping_pong_wins(const GemmProblem& p) { return p.segments == 1 && p.M >= 4096 && p.N > p.K; }
 
+// Estimated time ∝ waves x tile area x relative cost per output of the tile shape (bigger wgmma
+// N reuses shared memory better); the cheapest of the job tiles wins, ties to the bigger tile.
+const GemmTile& wgmma_cost_tile(const GemmProblem& p) {
+  const GemmTile* kTiles[3] = {&kWg128x256, &kWg128x128, &kWg64x128};
+  constexpr double kRelCost[3] = {1.0, 1.1, 1.35};
+  const GemmTile* best = kTiles[0];
+  double best_cost = 0;
+  for (int i = 0; i < 3; ++i) {
+    const GemmTile& t = *kTiles[i];
+    const int64_t jobs = tiles(p, t.bm, t.bn) * p.segments;
+    const double cost = double((jobs + kPlanSMs - 1) / kPlanSMs) * t.bm * t.bn * kRelCost[i];
+    if (i == 0 || cost < best_cost) {
+      best = &t;
+      best_cost = cost;
+    }
+  }
+  return *best;
+}
+
 GemmPlan plan_wgmma(const GemmProblem& p) {
   const int S = p.segments;
   if (S > 1) {
@@ -156,27 +175,30 @@ GemmPlan plan_wgmma(const GemmProblem& p) {
     if (tiles64 >= kPlanSMs) return wgmma_tree(kWg64x128, 3);
   }
   if (ping_pong_wins(p)) return wgmma_jobs(kWg64x256, S, /*ping_pong=*/true);
-  // Estimated time ∝ waves x tile area x relative cost per output of the tile shape (bigger wgmma
-  // N reuses shared memory better); the cheapest wins, ties to the bigger tile.
-  const GemmTile* kTiles[3] = {&kWg128x256, &kWg128x128, &kWg64x128};
-  constexpr double kRelCost[3] = {1.0, 1.1, 1.35};
-  const GemmTile* best = kTiles[0];
-  double best_cost = 0;
-  for (int i = 0; i < 3; ++i) {
-    const GemmTile& t = *kTiles[i];
-    const int64_t jobs = tiles(p, t.bm, t.bn) * S;
-    const double cost = double((jobs + kPlanSMs - 1) / kPlanSMs) * t.bm * t.bn * kRelCost[i];
-    if (i == 0 || cost < best_cost) {
-      best = &t;
-      best_cost = cost;
-    }
-  }
-  return wgmma_jobs(*best, S);
+  return wgmma_jobs(wgmma_cost_tile(p), S);
+}
+
+// TN (accumulate mode): the kernels that can start a chain from y's value. mma.sync when TMA
+// cannot read the operands, else the cheapest wgmma job tile.
+GemmPlan plan_tn(const GemmProblem& p) {
+  if (!p.tma_ok) return GemmPlan{GemmMainloop::kMmaSync, p.M <= 64 ? kMma32x64 : kMma128x128};
+  return wgmma_jobs(wgmma_cost_tile(p), 1);
+}
+
+std::vector<GemmPlan> legal_tn_plans(const GemmProblem& p) {
+  std::vector<GemmPlan> v{GemmPlan{GemmMainloop::kMmaSync, kMma32x64},
+                          GemmPlan{GemmMainloop::kMmaSync, kMma128x128}};
+  if (p.tma_ok)
+    for (const GemmTile& t : {kWg128x256, kWg128x128, kWg64x128}) v.push_back(wgmma_jobs(t, 1));
+  return v;
 }
 
 void check_problem(const GemmProblem& p) {
-  LS_CHECK(p.layout == GemmLayout::kNT, kOp, "layout ", gemm_layout_name(p.layout),
-           " not implemented (only nt: y = x · wᵀ)");
+  LS_CHECK(p.layout != GemmLayout::kNN, kOp, "layout ", gemm_layout_name(p.layout),
+           " not implemented (nt: y = x · wᵀ; tn: y += aᵀ · b on gathered operands)");
+  LS_CHECK(p.layout != GemmLayout::kTN || (p.segments == 1 && !p.partial), kOp,
+           "layout tn (accumulate) takes one segment and no partial, got segments = ", p.segments,
+           p.partial ? " (partial)" : "");
   LS_CHECK(p.M >= 0 && p.N >= 0 && p.K >= 0, kOp, "sizes must be >= 0, got M = ", p.M,
            ", N = ", p.N, ", K = ", p.K);
   LS_CHECK(p.segments == 1 || p.segments == 2 || p.segments == 4 || p.segments == 8, kOp,
@@ -255,6 +277,7 @@ std::string GemmPlan::to_string() const {
 
 GemmPlan plan_gemm(const GemmProblem& p) {
   check_problem(p);
+  if (p.layout == GemmLayout::kTN) return plan_tn(p);
   const int S = p.segments;
   if (small_m_takes(p)) {
     // The TMA tiles when the operands allow them, else the ring tile (every layout).
@@ -271,6 +294,7 @@ GemmPlan plan_gemm(const GemmProblem& p) {
 
 std::vector<GemmPlan> gemm_legal_plans(const GemmProblem& p) {
   check_problem(p);
+  if (p.layout == GemmLayout::kTN) return legal_tn_plans(p);
   const int S = p.segments;
   std::vector<GemmPlan> v;
   v.push_back(with_fold(GemmMainloop::kMmaSync, kMma32x64, S, 3));

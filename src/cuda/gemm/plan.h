@@ -12,7 +12,11 @@
 namespace lockstep::cuda {
 
 // Operand layout of y = op(a) · op(b): "nt" is y[M, N] = x[M, K] · w[N, K]ᵀ (both K-major; the
-// forward). "nn" (dX = dY · W) and "tn" (dW = dYᵀ · X) are the backward's; not implemented yet.
+// forward). "tn" is the weight gradient dW += dYᵀ · X (docs/contract.md §B.3): the caller gathers
+// the token blocks into K-major operands dYᵀ [M, K] and Xᵀ [N, K] (K = tokens, a multiple of 16),
+// and the kernel runs the nt main loop in accumulate mode: y is f32 in/out, one segment, every
+// output's chain starts from y's current value (not +0), no tree, no bias, no rounding. "nn"
+// (dX = dY · W with W read N-major) is not implemented: dX transposes W and runs "nt".
 enum class GemmLayout { kNT, kNN, kTN };
 const char* gemm_layout_name(GemmLayout l);
 
@@ -69,8 +73,10 @@ struct GemmPlan {
   bool operator==(const GemmPlan&) const = default;
 };
 
-// The plan the launchers run. Throws lockstep::Error for a layout other than NT ("layout not
-// implemented") and for sizes or segments outside the contract.
+// The plan the launchers run. Throws lockstep::Error for the NN layout ("layout not implemented"),
+// for TN with segments != 1 or a partial, and for sizes or segments outside the contract. TN plans
+// are the accumulate-capable kernels only: mma.sync (32x64, 128x128) and the wgmma job tiles
+// (128x256, 128x128, 64x128), one segment, no fold, no ping-pong.
 GemmPlan plan_gemm(const GemmProblem& p);
 
 // Every plan the launchers can run for this problem (plan_gemm's among them): what the parity
