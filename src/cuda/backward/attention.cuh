@@ -58,6 +58,43 @@ __device__ __forceinline__ float canon(float f) {
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return uint32_t(f32_to_bf16(lo).bits) | (uint32_t(f32_to_bf16(hi).bits) << 16);
 }
+// The same bits as pack_bf16 for every input but NaN (cvt.rn is the RNE of f32_to_bf16, subnormals
+// and overflow to inf included); callers take pack_bf16 when any of their values is NaN, so the
+// NaN pattern stays the canonical one.
+__device__ __forceinline__ uint32_t pack_bf16_rn(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+// P = exp2(s ⊗ σ ⊖ λ), dS = P ⊗ (dP ⊖ δ): the unmasked entry of §B.9.
+__device__ __forceinline__ void p_ds(float s, float dpv, float sigma, float lam, float del,
+                                     float& pv, float& dsv) {
+  pv = ls_exp2f(__fsub_rn(__fmul_rn(s, sigma), lam));
+  dsv = __fmul_rn(pv, __fsub_rn(dpv, del));
+}
+// Four bf16 pairs of an m16 × n16 accumulator tile (c[n][r]) as an A fragment.
+__device__ __forceinline__ void pack_tile(uint32_t (&a)[4], const float (&c)[2][4], bool nan) {
+  if (nan) {
+    a[0] = pack_bf16(c[0][0], c[0][1]);
+    a[1] = pack_bf16(c[0][2], c[0][3]);
+    a[2] = pack_bf16(c[1][0], c[1][1]);
+    a[3] = pack_bf16(c[1][2], c[1][3]);
+  } else {
+    a[0] = pack_bf16_rn(c[0][0], c[0][1]);
+    a[1] = pack_bf16_rn(c[0][2], c[0][3]);
+    a[2] = pack_bf16_rn(c[1][0], c[1][1]);
+    a[3] = pack_bf16_rn(c[1][2], c[1][3]);
+  }
+}
+// Any NaN among the tile's dS (a NaN P makes its dS NaN too, so P needs no separate test).
+__device__ __forceinline__ bool any_nan(const float (&c)[2][4]) {
+  bool nan = false;
+#pragma unroll
+  for (int n = 0; n < 2; ++n)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) nan |= c[n][r] != c[n][r];
+  return nan;
+}
 __device__ __forceinline__ uint4 load8_scalar(const uint16_t* p) {
   uint4 v;
   v.x = uint32_t(p[0]) | (uint32_t(p[1]) << 16);
@@ -154,8 +191,9 @@ struct BwdShape {
 };
 
 // ------------------------------------------------------------------------------------------------
-// dK, dV of one (sequence, kv head, 64-key block).
-template <int DP>
+// dK, dV of one (sequence, kv head, 64-key block). DF: the head dim when it is DP (compile-time
+// trip counts), else 0 (p.D).
+template <int DP, int DF>
 __global__ void __launch_bounds__(kThreads) dkdv_kernel(const BwdParams p) {
   using S = BwdShape<DP>;
   constexpr int LDS = S::kLds, NKB = DP / 16;
@@ -169,7 +207,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const BwdParams p) {
   const int kvh = blockIdx.y;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
-  const int L = it.len, j0 = it.blk * kBlk, D = p.D, nkd = D / 16;
+  const int L = it.len, j0 = it.blk * kBlk, D = DF ? DF : p.D, nkd = D / 16;
   const int nqb = (L + kBlk - 1) / kBlk;
   const int per_head = nqb - it.blk;  // query blocks blk … nqb-1 of each head
   const int nsteps = p.G * per_head;
@@ -222,50 +260,64 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const BwdParams p) {
     if (warp_live) {
       for (int kr = 0; kr < nr16; ++kr) {
         const int r0 = 16 * kr;
-        // Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ over D: [16 keys, 16 rows] each, chains from +0.
-        float sc[2][4], dp[2][4];
+        // This warp's [16 keys, 16 rows] tile: wholly masked (every key past every row: P = dS =
+        // +0 whatever the scores), wholly unmasked, or mixed (the diagonal, the sequence end).
+        const int kmin = j0 + 16 * warp, rmin = i0 + r0;
+        const bool none = kmin > rmin + 15;
+        const bool full = kmin + 15 <= rmin && rmin + 16 <= L;
+        uint32_t pa[4] = {0u, 0u, 0u, 0u}, da[4] = {0u, 0u, 0u, 0u};
+        if (!none) {
+          // Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ over D: [16 keys, 16 rows] each, chains from +0.
+          float sc[2][4], dp[2][4];
 #pragma unroll
-        for (int n = 0; n < 2; ++n)
+          for (int n = 0; n < 2; ++n)
 #pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            sc[n][r] = 0.0f;
-            dp[n][r] = 0.0f;
-          }
-        const int brow = (r0 + (lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8;
-#pragma unroll
-        for (int kb = 0; kb < NKB; ++kb) {
-          if (kb < nkd) {
-            uint32_t a[4], b[4];
-            ldsm_x4(a, kw + kb * 16);
-            ldsm_x4(b, q_s + brow + kb * 16);
-            mma_16816(sc[0], a, b[0], b[1]);
-            mma_16816(sc[1], a, b[2], b[3]);
-            ldsm_x4(a, vw + kb * 16);
-            ldsm_x4(b, do_s + brow + kb * 16);
-            mma_16816(dp[0], a, b[0], b[1]);
-            mma_16816(dp[1], a, b[2], b[3]);
-          }
-        }
-        // P, dS (masked: +0), rounded to bf16 as the A fragments [16 keys, 16 rows].
-#pragma unroll
-        for (int n = 0; n < 2; ++n)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const int jj = 16 * warp + g + 8 * (r >> 1);
-            const int ii = r0 + 8 * n + 2 * t4 + (r & 1);
-            const bool valid = j0 + jj <= i0 + ii && i0 + ii < L;
-            float pv = 0.0f, dsv = 0.0f;
-            if (valid) {
-              pv = ls_exp2f(__fsub_rn(__fmul_rn(sc[n][r], p.sigma), lam_s[ii]));
-              dsv = __fmul_rn(pv, __fsub_rn(dp[n][r], del_s[ii]));
+            for (int r = 0; r < 4; ++r) {
+              sc[n][r] = 0.0f;
+              dp[n][r] = 0.0f;
             }
-            sc[n][r] = pv;
-            dp[n][r] = dsv;
+          const int brow = (r0 + (lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8;
+#pragma unroll
+          for (int kb = 0; kb < NKB; ++kb) {
+            if (kb < nkd) {
+              uint32_t a[4], b[4];
+              ldsm_x4(a, kw + kb * 16);
+              ldsm_x4(b, q_s + brow + kb * 16);
+              mma_16816(sc[0], a, b[0], b[1]);
+              mma_16816(sc[1], a, b[2], b[3]);
+              ldsm_x4(a, vw + kb * 16);
+              ldsm_x4(b, do_s + brow + kb * 16);
+              mma_16816(dp[0], a, b[0], b[1]);
+              mma_16816(dp[1], a, b[2], b[3]);
+            }
           }
-        const uint32_t pa[4] = {pack_bf16(sc[0][0], sc[0][1]), pack_bf16(sc[0][2], sc[0][3]),
-                                pack_bf16(sc[1][0], sc[1][1]), pack_bf16(sc[1][2], sc[1][3])};
-        const uint32_t da[4] = {pack_bf16(dp[0][0], dp[0][1]), pack_bf16(dp[0][2], dp[0][3]),
-                                pack_bf16(dp[1][0], dp[1][1]), pack_bf16(dp[1][2], dp[1][3])};
+          // P, dS (masked: +0), rounded to bf16 as the A fragments [16 keys, 16 rows].
+          if (full) {
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+              for (int r = 0; r < 4; ++r) {
+                const int ii = r0 + 8 * n + 2 * t4 + (r & 1);
+                p_ds(sc[n][r], dp[n][r], p.sigma, lam_s[ii], del_s[ii], sc[n][r], dp[n][r]);
+              }
+          } else {
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+              for (int r = 0; r < 4; ++r) {
+                const int jj = 16 * warp + g + 8 * (r >> 1);
+                const int ii = r0 + 8 * n + 2 * t4 + (r & 1);
+                const bool valid = j0 + jj <= i0 + ii && i0 + ii < L;
+                float pv = 0.0f, dsv = 0.0f;
+                if (valid) p_ds(sc[n][r], dp[n][r], p.sigma, lam_s[ii], del_s[ii], pv, dsv);
+                sc[n][r] = pv;
+                dp[n][r] = dsv;
+              }
+          }
+          const bool nan = any_nan(dp);
+          pack_tile(pa, sc, nan);
+          pack_tile(da, dp, nan);
+        }
         // dV += Pbᵀ·dO, dK += dSbᵀ·Q: this 16-row k-block of every d.
         const int trow = (r0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + (lane >> 4) * 8;
 #pragma unroll
@@ -304,8 +356,8 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const BwdParams p) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// dQ of one (sequence, query head, 64-row query block).
-template <int DP>
+// dQ of one (sequence, query head, 64-row query block). DF as in dkdv_kernel.
+template <int DP, int DF>
 __global__ void __launch_bounds__(kThreads) dq_kernel(const BwdParams p) {
   using S = BwdShape<DP>;
   constexpr int LDS = S::kLds, NKB = DP / 16;
@@ -318,7 +370,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(const BwdParams p) {
   const int h = blockIdx.y, kvh = h / p.G;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
-  const int L = it.len, i0 = it.blk * kBlk, D = p.D, nkd = D / 16;
+  const int L = it.len, i0 = it.blk * kBlk, D = DF ? DF : p.D, nkd = D / 16;
   const int nsteps = it.blk + 1;  // key blocks 0 … blk
 
   {
@@ -374,44 +426,59 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(const BwdParams p) {
     const int nk16 = min(4, (L - j0 + 15) / 16);
     if (warp_live) {
       for (int kk = 0; kk < nk16; ++kk) {
-        // S = Q·Kᵀ, dP = dO·Vᵀ over D: [16 rows, 16 keys] each, chains from +0.
-        float sc[2][4], dp[2][4];
+        // This warp's [16 rows, 16 keys] tile: wholly masked, wholly unmasked or mixed (as in
+        // dkdv_kernel).
+        const int rmin = i0 + 16 * warp, kmin = j0 + 16 * kk;
+        const bool none = kmin > rmin + 15;
+        const bool full = kmin + 15 <= rmin && rmin + 16 <= L;
+        uint32_t da[4] = {0u, 0u, 0u, 0u};
+        if (!none) {
+          // S = Q·Kᵀ, dP = dO·Vᵀ over D: [16 rows, 16 keys] each, chains from +0.
+          float sc[2][4], dp[2][4];
 #pragma unroll
-        for (int n = 0; n < 2; ++n)
+          for (int n = 0; n < 2; ++n)
 #pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            sc[n][r] = 0.0f;
-            dp[n][r] = 0.0f;
-          }
-        const int brow = (16 * kk + (lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8;
-#pragma unroll
-        for (int kb = 0; kb < NKB; ++kb) {
-          if (kb < nkd) {
-            uint32_t b[4];
-            ldsm_x4(b, k_s + brow + kb * 16);
-            mma_16816(sc[0], qf[kb], b[0], b[1]);
-            mma_16816(sc[1], qf[kb], b[2], b[3]);
-            ldsm_x4(b, v_s + brow + kb * 16);
-            mma_16816(dp[0], df[kb], b[0], b[1]);
-            mma_16816(dp[1], df[kb], b[2], b[3]);
-          }
-        }
-#pragma unroll
-        for (int n = 0; n < 2; ++n)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const int i = i0 + 16 * warp + g + 8 * (r >> 1);
-            const int j = j0 + 16 * kk + 8 * n + 2 * t4 + (r & 1);
-            float dsv = 0.0f;
-            if (j <= i && i < L) {
-              const int hh = r >> 1;
-              const float pv = ls_exp2f(__fsub_rn(__fmul_rn(sc[n][r], p.sigma), lam[hh]));
-              dsv = __fmul_rn(pv, __fsub_rn(dp[n][r], del[hh]));
+            for (int r = 0; r < 4; ++r) {
+              sc[n][r] = 0.0f;
+              dp[n][r] = 0.0f;
             }
-            dp[n][r] = dsv;
+          const int brow =
+              (16 * kk + (lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8;
+#pragma unroll
+          for (int kb = 0; kb < NKB; ++kb) {
+            if (kb < nkd) {
+              uint32_t b[4];
+              ldsm_x4(b, k_s + brow + kb * 16);
+              mma_16816(sc[0], qf[kb], b[0], b[1]);
+              mma_16816(sc[1], qf[kb], b[2], b[3]);
+              ldsm_x4(b, v_s + brow + kb * 16);
+              mma_16816(dp[0], df[kb], b[0], b[1]);
+              mma_16816(dp[1], df[kb], b[2], b[3]);
+            }
           }
-        const uint32_t da[4] = {pack_bf16(dp[0][0], dp[0][1]), pack_bf16(dp[0][2], dp[0][3]),
-                                pack_bf16(dp[1][0], dp[1][1]), pack_bf16(dp[1][2], dp[1][3])};
+          if (full) {
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+              for (int r = 0; r < 4; ++r) {
+                float pv;
+                p_ds(sc[n][r], dp[n][r], p.sigma, lam[r >> 1], del[r >> 1], pv, dp[n][r]);
+              }
+          } else {
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+              for (int r = 0; r < 4; ++r) {
+                const int i = i0 + 16 * warp + g + 8 * (r >> 1);
+                const int j = j0 + 16 * kk + 8 * n + 2 * t4 + (r & 1);
+                float pv, dsv = 0.0f;
+                if (j <= i && i < L)
+                  p_ds(sc[n][r], dp[n][r], p.sigma, lam[r >> 1], del[r >> 1], pv, dsv);
+                dp[n][r] = dsv;
+              }
+          }
+          pack_tile(da, dp, any_nan(dp));
+        }
         // dQ += dSb·K: this 16-key k-block of every d.
         const int trow = (16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + (lane >> 4) * 8;
 #pragma unroll
