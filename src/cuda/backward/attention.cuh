@@ -66,10 +66,29 @@ __device__ __forceinline__ uint32_t pack_bf16_rn(float lo, float hi) {
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 }
+// ls_exp2f (src/core/math.h) step for step, the same bits for every input: only the clamps are
+// fmaxf / fminf (one instruction each), which turn a NaN x into a number, but a NaN x returns
+// the canonical NaN at the end either way.
+__device__ __forceinline__ float exp2_bits(float x) {
+  using namespace math_detail;
+  const float xc = fminf(fmaxf(x, -151.0f), 129.0f);
+  const float kt = __fadd_rn(xc, kRoundMagic);
+  const float kf = __fsub_rn(kt, kRoundMagic);
+  const int32_t k = int32_t(__float_as_uint(kt) - kRoundMagicBits);
+  const float r = __fsub_rn(xc, kf);
+  float q = 0x1.41a702p-13f;
+  q = fmaf(q, r, 0x1.5f053ap-10f);
+  q = fmaf(q, r, 0x1.3b2d58p-7f);
+  q = fmaf(q, r, 0x1.c6af74p-5f);
+  q = fmaf(q, r, 0x1.ebfbdep-3f);
+  q = fmaf(q, r, 0x1.62e430p-1f);
+  const float y = scale_pow2(fmaf(q, r, 1.0f), k);
+  return x != x ? __uint_as_float(kCanonicalNanF32) : y;
+}
 // P = exp2(s ⊗ σ ⊖ λ), dS = P ⊗ (dP ⊖ δ): the unmasked entry of §B.9.
 __device__ __forceinline__ void p_ds(float s, float dpv, float sigma, float lam, float del,
                                      float& pv, float& dsv) {
-  pv = ls_exp2f(__fsub_rn(__fmul_rn(s, sigma), lam));
+  pv = exp2_bits(__fsub_rn(__fmul_rn(s, sigma), lam));
   dsv = __fmul_rn(pv, __fsub_rn(dpv, del));
 }
 // Four bf16 pairs of an m16 × n16 accumulator tile (c[n][r]) as an A fragment.
@@ -258,47 +277,66 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const BwdParams p) {
     const float* del_s = lam_s + kBlk;
     const int nr16 = min(4, (L - i0 + 15) / 16);
     if (warp_live) {
-      for (int kr = 0; kr < nr16; ++kr) {
-        const int r0 = 16 * kr;
-        // This warp's [16 keys, 16 rows] tile: wholly masked (every key past every row: P = dS =
-        // +0 whatever the scores), wholly unmasked, or mixed (the diagonal, the sequence end).
-        const int kmin = j0 + 16 * warp, rmin = i0 + r0;
-        const bool none = kmin > rmin + 15;
-        const bool full = kmin + 15 <= rmin && rmin + 16 <= L;
-        uint32_t pa[4] = {0u, 0u, 0u, 0u}, da[4] = {0u, 0u, 0u, 0u};
-        if (!none) {
-          // Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ over D: [16 keys, 16 rows] each, chains from +0.
-          float sc[2][4], dp[2][4];
+      // Two 16-row k-blocks at a time: their score MMAs share the K / V fragments (eight
+      // independent chains); dV / dK still take k-block kr before kr + 1.
+      for (int kr = 0; kr < nr16; kr += 2) {
+        // Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ over D: [16 keys, 16 rows] per k-block, chains from +0 (a second
+        // k-block wholly past the sequence end reads zero-filled rows and is not used).
+        float sc[2][2][4], dp[2][2][4];
+#pragma unroll
+        for (int u = 0; u < 2; ++u)
 #pragma unroll
           for (int n = 0; n < 2; ++n)
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
-              sc[n][r] = 0.0f;
-              dp[n][r] = 0.0f;
+              sc[u][n][r] = 0.0f;
+              dp[u][n][r] = 0.0f;
             }
-          const int brow = (r0 + (lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8;
+        const int brow = (16 * kr + (lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8;
 #pragma unroll
-          for (int kb = 0; kb < NKB; ++kb) {
-            if (kb < nkd) {
-              uint32_t a[4], b[4];
-              ldsm_x4(a, kw + kb * 16);
-              ldsm_x4(b, q_s + brow + kb * 16);
-              mma_16816(sc[0], a, b[0], b[1]);
-              mma_16816(sc[1], a, b[2], b[3]);
-              ldsm_x4(a, vw + kb * 16);
-              ldsm_x4(b, do_s + brow + kb * 16);
-              mma_16816(dp[0], a, b[0], b[1]);
-              mma_16816(dp[1], a, b[2], b[3]);
+        for (int kb = 0; kb < NKB; ++kb) {
+          if (kb < nkd) {
+            uint32_t a[4], b[4];
+            ldsm_x4(a, kw + kb * 16);
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+              ldsm_x4(b, q_s + brow + 16 * u * LDS + kb * 16);
+              mma_16816(sc[u][0], a, b[0], b[1]);
+              mma_16816(sc[u][1], a, b[2], b[3]);
+            }
+            ldsm_x4(a, vw + kb * 16);
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+              ldsm_x4(b, do_s + brow + 16 * u * LDS + kb * 16);
+              mma_16816(dp[u][0], a, b[0], b[1]);
+              mma_16816(dp[u][1], a, b[2], b[3]);
             }
           }
-          // P, dS (masked: +0), rounded to bf16 as the A fragments [16 keys, 16 rows].
-          if (full) {
+        }
+        // P, dS (masked: +0), rounded to bf16 as the A fragments [16 keys, 16 rows]. Each tile
+        // is wholly masked (every key past every row: P = dS = +0 whatever the scores), wholly
+        // unmasked, or mixed (the diagonal, the sequence end).
+        uint32_t pa[2][4], da[2][4];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int r0 = 16 * (kr + u);
+          const int kmin = j0 + 16 * warp, rmin = i0 + r0;
+          if (kmin > rmin + 15) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+              pa[u][r] = 0u;
+              da[u][r] = 0u;
+            }
+            continue;
+          }
+          if (kmin + 15 <= rmin && rmin + 16 <= L) {
 #pragma unroll
             for (int n = 0; n < 2; ++n)
 #pragma unroll
               for (int r = 0; r < 4; ++r) {
                 const int ii = r0 + 8 * n + 2 * t4 + (r & 1);
-                p_ds(sc[n][r], dp[n][r], p.sigma, lam_s[ii], del_s[ii], sc[n][r], dp[n][r]);
+                p_ds(sc[u][n][r], dp[u][n][r], p.sigma, lam_s[ii], del_s[ii], sc[u][n][r],
+                     dp[u][n][r]);
               }
           } else {
 #pragma unroll
@@ -309,27 +347,33 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const BwdParams p) {
                 const int ii = r0 + 8 * n + 2 * t4 + (r & 1);
                 const bool valid = j0 + jj <= i0 + ii && i0 + ii < L;
                 float pv = 0.0f, dsv = 0.0f;
-                if (valid) p_ds(sc[n][r], dp[n][r], p.sigma, lam_s[ii], del_s[ii], pv, dsv);
-                sc[n][r] = pv;
-                dp[n][r] = dsv;
+                if (valid) p_ds(sc[u][n][r], dp[u][n][r], p.sigma, lam_s[ii], del_s[ii], pv, dsv);
+                sc[u][n][r] = pv;
+                dp[u][n][r] = dsv;
               }
           }
-          const bool nan = any_nan(dp);
-          pack_tile(pa, sc, nan);
-          pack_tile(da, dp, nan);
+          const bool nan = any_nan(dp[u]);
+          pack_tile(pa[u], sc[u], nan);
+          pack_tile(da[u], dp[u], nan);
         }
-        // dV += Pbᵀ·dO, dK += dSbᵀ·Q: this 16-row k-block of every d.
-        const int trow = (r0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + (lane >> 4) * 8;
+        // dV += Pbᵀ·dO, dK += dSbᵀ·Q: the 16-row k-blocks kr, kr + 1 of every d.
 #pragma unroll
-        for (int c = 0; c < NKB; ++c) {
-          if (c < nkd) {
-            uint32_t b[4];
-            ldsm_x4_t(b, do_s + trow + c * 16);
-            mma_16816(dv[2 * c], pa, b[0], b[1]);
-            mma_16816(dv[2 * c + 1], pa, b[2], b[3]);
-            ldsm_x4_t(b, q_s + trow + c * 16);
-            mma_16816(dk[2 * c], da, b[0], b[1]);
-            mma_16816(dk[2 * c + 1], da, b[2], b[3]);
+        for (int u = 0; u < 2; ++u) {
+          if (kr + u < nr16) {
+            const int trow =
+                (16 * (kr + u) + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + (lane >> 4) * 8;
+#pragma unroll
+            for (int c = 0; c < NKB; ++c) {
+              if (c < nkd) {
+                uint32_t b[4];
+                ldsm_x4_t(b, do_s + trow + c * 16);
+                mma_16816(dv[2 * c], pa[u], b[0], b[1]);
+                mma_16816(dv[2 * c + 1], pa[u], b[2], b[3]);
+                ldsm_x4_t(b, q_s + trow + c * 16);
+                mma_16816(dk[2 * c], da[u], b[0], b[1]);
+                mma_16816(dk[2 * c + 1], da[u], b[2], b[3]);
+              }
+            }
           }
         }
       }
@@ -425,44 +469,55 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(const BwdParams p) {
     const int j0 = s * kBlk;
     const int nk16 = min(4, (L - j0 + 15) / 16);
     if (warp_live) {
-      for (int kk = 0; kk < nk16; ++kk) {
-        // This warp's [16 rows, 16 keys] tile: wholly masked, wholly unmasked or mixed (as in
-        // dkdv_kernel).
-        const int rmin = i0 + 16 * warp, kmin = j0 + 16 * kk;
-        const bool none = kmin > rmin + 15;
-        const bool full = kmin + 15 <= rmin && rmin + 16 <= L;
-        uint32_t da[4] = {0u, 0u, 0u, 0u};
-        if (!none) {
-          // S = Q·Kᵀ, dP = dO·Vᵀ over D: [16 rows, 16 keys] each, chains from +0.
-          float sc[2][4], dp[2][4];
+      // Two 16-key k-blocks at a time (eight independent score chains); dQ still takes k-block
+      // kk before kk + 1.
+      for (int kk = 0; kk < nk16; kk += 2) {
+        // S = Q·Kᵀ, dP = dO·Vᵀ over D: [16 rows, 16 keys] per k-block, chains from +0 (a second
+        // k-block wholly past the sequence end reads zero-filled keys and is not used).
+        float sc[2][2][4], dp[2][2][4];
+#pragma unroll
+        for (int u = 0; u < 2; ++u)
 #pragma unroll
           for (int n = 0; n < 2; ++n)
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
-              sc[n][r] = 0.0f;
-              dp[n][r] = 0.0f;
+              sc[u][n][r] = 0.0f;
+              dp[u][n][r] = 0.0f;
             }
-          const int brow =
-              (16 * kk + (lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8;
+        const int brow = (16 * kk + (lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8;
 #pragma unroll
-          for (int kb = 0; kb < NKB; ++kb) {
-            if (kb < nkd) {
+        for (int kb = 0; kb < NKB; ++kb) {
+          if (kb < nkd) {
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
               uint32_t b[4];
-              ldsm_x4(b, k_s + brow + kb * 16);
-              mma_16816(sc[0], qf[kb], b[0], b[1]);
-              mma_16816(sc[1], qf[kb], b[2], b[3]);
-              ldsm_x4(b, v_s + brow + kb * 16);
-              mma_16816(dp[0], df[kb], b[0], b[1]);
-              mma_16816(dp[1], df[kb], b[2], b[3]);
+              ldsm_x4(b, k_s + brow + 16 * u * LDS + kb * 16);
+              mma_16816(sc[u][0], qf[kb], b[0], b[1]);
+              mma_16816(sc[u][1], qf[kb], b[2], b[3]);
+              ldsm_x4(b, v_s + brow + 16 * u * LDS + kb * 16);
+              mma_16816(dp[u][0], df[kb], b[0], b[1]);
+              mma_16816(dp[u][1], df[kb], b[2], b[3]);
             }
           }
-          if (full) {
+        }
+        // dS (masked: +0) as the A fragments: each tile wholly masked, wholly unmasked or mixed
+        // (as in dkdv_kernel).
+        uint32_t da[2][4];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int rmin = i0 + 16 * warp, kmin = j0 + 16 * (kk + u);
+          if (kmin > rmin + 15) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) da[u][r] = 0u;
+            continue;
+          }
+          if (kmin + 15 <= rmin && rmin + 16 <= L) {
 #pragma unroll
             for (int n = 0; n < 2; ++n)
 #pragma unroll
               for (int r = 0; r < 4; ++r) {
                 float pv;
-                p_ds(sc[n][r], dp[n][r], p.sigma, lam[r >> 1], del[r >> 1], pv, dp[n][r]);
+                p_ds(sc[u][n][r], dp[u][n][r], p.sigma, lam[r >> 1], del[r >> 1], pv, dp[u][n][r]);
               }
           } else {
 #pragma unroll
@@ -470,24 +525,30 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(const BwdParams p) {
 #pragma unroll
               for (int r = 0; r < 4; ++r) {
                 const int i = i0 + 16 * warp + g + 8 * (r >> 1);
-                const int j = j0 + 16 * kk + 8 * n + 2 * t4 + (r & 1);
+                const int j = kmin + 8 * n + 2 * t4 + (r & 1);
                 float pv, dsv = 0.0f;
                 if (j <= i && i < L)
-                  p_ds(sc[n][r], dp[n][r], p.sigma, lam[r >> 1], del[r >> 1], pv, dsv);
-                dp[n][r] = dsv;
+                  p_ds(sc[u][n][r], dp[u][n][r], p.sigma, lam[r >> 1], del[r >> 1], pv, dsv);
+                dp[u][n][r] = dsv;
               }
           }
-          pack_tile(da, dp, any_nan(dp));
+          pack_tile(da[u], dp[u], any_nan(dp[u]));
         }
-        // dQ += dSb·K: this 16-key k-block of every d.
-        const int trow = (16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + (lane >> 4) * 8;
+        // dQ += dSb·K: the 16-key k-blocks kk, kk + 1 of every d.
 #pragma unroll
-        for (int c = 0; c < NKB; ++c) {
-          if (c < nkd) {
-            uint32_t b[4];
-            ldsm_x4_t(b, k_s + trow + c * 16);
-            mma_16816(acc[2 * c], da, b[0], b[1]);
-            mma_16816(acc[2 * c + 1], da, b[2], b[3]);
+        for (int u = 0; u < 2; ++u) {
+          if (kk + u < nk16) {
+            const int trow =
+                (16 * (kk + u) + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + (lane >> 4) * 8;
+#pragma unroll
+            for (int c = 0; c < NKB; ++c) {
+              if (c < nkd) {
+                uint32_t b[4];
+                ldsm_x4_t(b, k_s + trow + c * 16);
+                mma_16816(acc[2 * c], da[u], b[0], b[1]);
+                mma_16816(acc[2 * c + 1], da[u], b[2], b[3]);
+              }
+            }
           }
         }
       }
