@@ -17,6 +17,13 @@
 // dPᵀ = V·dOᵀ as m16 × n16 tiles, whose accumulators are the A fragments of the dV / dK MMAs);
 // dq — the warp owns rows 16w … 16w+15 (S = Q·Kᵀ, dP = dO·Vᵀ, accumulators → A of dS·K). By
 // §M's a↔b symmetry every product set is the contract's k-block whatever the operand roles.
+// Speed without a change of order: the kernels are instanced for D = 64 and D = 128 exactly
+// (compile-time trip counts; other D take the generic instances); the score pass takes two
+// 16-row (dkdv) / 16-key (dq) k-blocks at once, sharing the fragments of one operand, and each
+// [16 × 16] tile is classified per warp as wholly masked (no exp, P = dS = +0), wholly unmasked
+// (no per-entry mask) or mixed; Pb / dSb are rounded by cvt.rn.bf16x2 (the software rounding
+// only when a NaN is present, for the canonical NaN); full 64-row tiles are copied with one
+// pointer step per cp.async.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -183,9 +190,25 @@ __global__ void __launch_bounds__(256) delta_kernel(const BwdParams p) {
 }
 
 // 64 rows [r0, r0 + 64) of a [T, H, D] bf16 tensor (head offset folded into src) into shared
-// memory (row stride lds); rows ≥ nvalid are zero-filled. cp.async when vec.
+// memory (row stride lds); rows ≥ nvalid are zero-filled. cp.async when vec. With DF (D known at
+// compile time) and all 64 rows valid, each thread copies one fixed 16-byte column of every
+// kThreads / (D / 8)-th row (a pointer step per copy instead of the index arithmetic).
+template <int DF>
 __device__ __forceinline__ void load_rows(uint16_t* dst, int lds, const uint16_t* src, int64_t s0,
                                           int nvalid, int D, int vec, int tid) {
+  if constexpr (DF != 0) {
+    if (vec && nvalid >= kBlk) {
+      constexpr int kCpr = DF / 8, kStep = kThreads / kCpr;
+      static_assert(kThreads % kCpr == 0 && kBlk % kStep == 0, "load_rows: tile split");
+      const int r = tid / kCpr, ch = tid % kCpr;
+      const uint16_t* sp = src + r * s0 + ch * 8;
+      uint16_t* dp = dst + r * lds + ch * 8;
+      const int64_t sstep = kStep * s0;
+#pragma unroll
+      for (int m = 0; m < kBlk / kStep; ++m) cp_async16(dp + m * kStep * lds, sp + m * sstep);
+      return;
+    }
+  }
   const int cpr = D / 8;
   for (int qi = tid; qi < kBlk * cpr; qi += kThreads) {
     const int r = qi / cpr, ch = qi - r * cpr;
@@ -231,18 +254,19 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const BwdParams p) {
   const int per_head = nqb - it.blk;  // query blocks blk … nqb-1 of each head
   const int nsteps = p.G * per_head;
 
-  load_rows(k_s, LDS, p.k + (it.t0 + j0) * p.k_s0 + kvh * p.k_s1, p.k_s0, min(kBlk, L - j0), D,
-            p.vec, tid);
-  load_rows(v_s, LDS, p.v + (it.t0 + j0) * p.v_s0 + kvh * p.v_s1, p.v_s0, min(kBlk, L - j0), D,
-            p.vec, tid);
+  load_rows<DF>(k_s, LDS, p.k + (it.t0 + j0) * p.k_s0 + kvh * p.k_s1, p.k_s0, min(kBlk, L - j0), D,
+                p.vec, tid);
+  load_rows<DF>(v_s, LDS, p.v + (it.t0 + j0) * p.v_s0 + kvh * p.v_s1, p.v_s0, min(kBlk, L - j0), D,
+                p.vec, tid);
   auto load_step = [&](int s) {
     const int st = s & 1;
     const int e = s / per_head, qb = it.blk + s % per_head;
     const int h = kvh * p.G + e, i0 = qb * kBlk, nv = min(kBlk, L - i0);
     const int64_t t = it.t0 + i0;
     uint16_t* q_s = qd_s + 2 * st * S::kTile;
-    load_rows(q_s, LDS, p.q + t * p.q_s0 + h * p.q_s1, p.q_s0, nv, D, p.vec, tid);
-    load_rows(q_s + S::kTile, LDS, p.dout + t * p.do_s0 + h * p.do_s1, p.do_s0, nv, D, p.vec, tid);
+    load_rows<DF>(q_s, LDS, p.q + t * p.q_s0 + h * p.q_s1, p.q_s0, nv, D, p.vec, tid);
+    load_rows<DF>(q_s + S::kTile, LDS, p.dout + t * p.do_s0 + h * p.do_s1, p.do_s0, nv, D, p.vec,
+                  tid);
     if (tid < kBlk) {
       const bool in = tid < nv;
       ld_s[st * 2 * kBlk + tid] = in ? p.lam[(t + tid) * p.Hq + h] : 0.0f;
@@ -420,15 +444,15 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(const BwdParams p) {
   {
     const int64_t t = it.t0 + i0;
     const int nv = min(kBlk, L - i0);
-    load_rows(q_s, LDS, p.q + t * p.q_s0 + h * p.q_s1, p.q_s0, nv, D, p.vec, tid);
-    load_rows(do_s, LDS, p.dout + t * p.do_s0 + h * p.do_s1, p.do_s0, nv, D, p.vec, tid);
+    load_rows<DF>(q_s, LDS, p.q + t * p.q_s0 + h * p.q_s1, p.q_s0, nv, D, p.vec, tid);
+    load_rows<DF>(do_s, LDS, p.dout + t * p.do_s0 + h * p.do_s1, p.do_s0, nv, D, p.vec, tid);
   }
   auto load_step = [&](int s) {
     uint16_t* k_s = kv_s + 2 * (s & 1) * S::kTile;
     const int jb = s * kBlk, nv = min(kBlk, L - jb);
     const int64_t t = it.t0 + jb;
-    load_rows(k_s, LDS, p.k + t * p.k_s0 + kvh * p.k_s1, p.k_s0, nv, D, p.vec, tid);
-    load_rows(k_s + S::kTile, LDS, p.v + t * p.v_s0 + kvh * p.v_s1, p.v_s0, nv, D, p.vec, tid);
+    load_rows<DF>(k_s, LDS, p.k + t * p.k_s0 + kvh * p.k_s1, p.k_s0, nv, D, p.vec, tid);
+    load_rows<DF>(k_s + S::kTile, LDS, p.v + t * p.v_s0 + kvh * p.v_s1, p.v_s0, nv, D, p.vec, tid);
   };
   load_step(0);
   cp_async_commit();
