@@ -68,12 +68,13 @@ void launch(int smem, dim3 grid, cudaStream_t s, const BwdParams& p) {
   cuda_check(cudaGetLastError(), "kernel launch");
 }
 
-template <int DP>
+// DF: D when it equals DP (the kernels' trip counts become compile-time), else 0.
+template <int DP, int DF>
 void launch_grads(dim3 grid_kv, dim3 grid_q, const BwdParams& pkv, const BwdParams& pq,
                   cudaStream_t s) {
   constexpr int smem = BwdShape<DP>::kSmem;
-  if (grid_kv.x > 0) launch<dkdv_kernel<DP>>(smem, grid_kv, s, pkv);
-  if (grid_q.x > 0) launch<dq_kernel<DP>>(smem, grid_q, s, pq);
+  if (grid_kv.x > 0) launch<dkdv_kernel<DP, DF>>(smem, grid_kv, s, pkv);
+  if (grid_q.x > 0) launch<dq_kernel<DP, DF>>(smem, grid_q, s, pq);
 }
 
 }  // namespace
@@ -158,10 +159,14 @@ void attention_backward_varlen(const TensorView& q, const TensorView& k, const T
   pq.items = scr.upload(q_items);
   const dim3 grid_kv(unsigned(kv_items.size()), unsigned(Hkv));
   const dim3 grid_q(unsigned(q_items.size()), unsigned(Hq));
-  if (Dp <= 64)
-    launch_grads<64>(grid_kv, grid_q, pkv, pq, s);
+  if (D == 64)
+    launch_grads<64, 64>(grid_kv, grid_q, pkv, pq, s);
+  else if (Dp <= 64)
+    launch_grads<64, 0>(grid_kv, grid_q, pkv, pq, s);
+  else if (D == 128)
+    launch_grads<128, 128>(grid_kv, grid_q, pkv, pq, s);
   else
-    launch_grads<128>(grid_kv, grid_q, pkv, pq, s);
+    launch_grads<128, 0>(grid_kv, grid_q, pkv, pq, s);
 }
 
 }  // namespace lockstep::cuda

@@ -17,6 +17,13 @@
 // dPᵀ = V·dOᵀ as m16 × n16 tiles, whose accumulators are the A fragments of the dV / dK MMAs);
 // dq — the warp owns rows 16w … 16w+15 (S = Q·Kᵀ, dP = dO·Vᵀ, accumulators → A of dS·K). By
 // §M's a↔b symmetry every product set is the contract's k-block whatever the operand roles.
+// Speed without a change of order: the kernels are instanced for D = 64 and D = 128 exactly
+// (compile-time trip counts; other D take the generic instances); the score pass takes two
+// 16-row (dkdv) / 16-key (dq) k-blocks at once, sharing the fragments of one operand, and each
+// [16 × 16] tile is classified per warp as wholly masked (no exp, P = dS = +0), wholly unmasked
+// (no per-entry mask) or mixed; Pb / dSb are rounded by cvt.rn.bf16x2 (the software rounding
+// only when a NaN is present, for the canonical NaN); full 64-row tiles are copied with one
+// pointer step per cp.async.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -57,6 +64,62 @@ __device__ __forceinline__ float canon(float f) {
 // Two bf16 (RNE) in one register: lo in the low half (the lower k index of an MMA fragment).
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return uint32_t(f32_to_bf16(lo).bits) | (uint32_t(f32_to_bf16(hi).bits) << 16);
+}
+// The same bits as pack_bf16 for every input but NaN (cvt.rn is the RNE of f32_to_bf16, subnormals
+// and overflow to inf included); callers take pack_bf16 when any of their values is NaN, so the
+// NaN pattern stays the canonical one.
+__device__ __forceinline__ uint32_t pack_bf16_rn(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+// ls_exp2f (src/core/math.h) step for step, the same bits for every input: only the clamps are
+// fmaxf / fminf (one instruction each), which turn a NaN x into a number, but a NaN x returns
+// the canonical NaN at the end either way.
+__device__ __forceinline__ float exp2_bits(float x) {
+  using namespace math_detail;
+  const float xc = fminf(fmaxf(x, -151.0f), 129.0f);
+  const float kt = __fadd_rn(xc, kRoundMagic);
+  const float kf = __fsub_rn(kt, kRoundMagic);
+  const int32_t k = int32_t(__float_as_uint(kt) - kRoundMagicBits);
+  const float r = __fsub_rn(xc, kf);
+  float q = 0x1.41a702p-13f;
+  q = fmaf(q, r, 0x1.5f053ap-10f);
+  q = fmaf(q, r, 0x1.3b2d58p-7f);
+  q = fmaf(q, r, 0x1.c6af74p-5f);
+  q = fmaf(q, r, 0x1.ebfbdep-3f);
+  q = fmaf(q, r, 0x1.62e430p-1f);
+  const float y = scale_pow2(fmaf(q, r, 1.0f), k);
+  return x != x ? __uint_as_float(kCanonicalNanF32) : y;
+}
+// P = exp2(s ⊗ σ ⊖ λ), dS = P ⊗ (dP ⊖ δ): the unmasked entry of §B.9.
+__device__ __forceinline__ void p_ds(float s, float dpv, float sigma, float lam, float del,
+                                     float& pv, float& dsv) {
+  pv = exp2_bits(__fsub_rn(__fmul_rn(s, sigma), lam));
+  dsv = __fmul_rn(pv, __fsub_rn(dpv, del));
+}
+// Four bf16 pairs of an m16 × n16 accumulator tile (c[n][r]) as an A fragment.
+__device__ __forceinline__ void pack_tile(uint32_t (&a)[4], const float (&c)[2][4], bool nan) {
+  if (nan) {
+    a[0] = pack_bf16(c[0][0], c[0][1]);
+    a[1] = pack_bf16(c[0][2], c[0][3]);
+    a[2] = pack_bf16(c[1][0], c[1][1]);
+    a[3] = pack_bf16(c[1][2], c[1][3]);
+  } else {
+    a[0] = pack_bf16_rn(c[0][0], c[0][1]);
+    a[1] = pack_bf16_rn(c[0][2], c[0][3]);
+    a[2] = pack_bf16_rn(c[1][0], c[1][1]);
+    a[3] = pack_bf16_rn(c[1][2], c[1][3]);
+  }
+}
+// Any NaN among the tile's dS (a NaN P makes its dS NaN too, so P needs no separate test).
+__device__ __forceinline__ bool any_nan(const float (&c)[2][4]) {
+  bool nan = false;
+#pragma unroll
+  for (int n = 0; n < 2; ++n)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) nan |= c[n][r] != c[n][r];
+  return nan;
 }
 __device__ __forceinline__ uint4 load8_scalar(const uint16_t* p) {
   uint4 v;
@@ -127,9 +190,25 @@ __global__ void __launch_bounds__(256) delta_kernel(const BwdParams p) {
 }
 
 // 64 rows [r0, r0 + 64) of a [T, H, D] bf16 tensor (head offset folded into src) into shared
-// memory (row stride lds); rows ≥ nvalid are zero-filled. cp.async when vec.
+// memory (row stride lds); rows ≥ nvalid are zero-filled. cp.async when vec. With DF (D known at
+// compile time) and all 64 rows valid, each thread copies one fixed 16-byte column of every
+// kThreads / (D / 8)-th row (a pointer step per copy instead of the index arithmetic).
+template <int DF>
 __device__ __forceinline__ void load_rows(uint16_t* dst, int lds, const uint16_t* src, int64_t s0,
                                           int nvalid, int D, int vec, int tid) {
+  if constexpr (DF != 0) {
+    if (vec && nvalid >= kBlk) {
+      constexpr int kCpr = DF / 8, kStep = kThreads / kCpr;
+      static_assert(kThreads % kCpr == 0 && kBlk % kStep == 0, "load_rows: tile split");
+      const int r = tid / kCpr, ch = tid % kCpr;
+      const uint16_t* sp = src + r * s0 + ch * 8;
+      uint16_t* dp = dst + r * lds + ch * 8;
+      const int64_t sstep = kStep * s0;
+#pragma unroll
+      for (int m = 0; m < kBlk / kStep; ++m) cp_async16(dp + m * kStep * lds, sp + m * sstep);
+      return;
+    }
+  }
   const int cpr = D / 8;
   for (int qi = tid; qi < kBlk * cpr; qi += kThreads) {
     const int r = qi / cpr, ch = qi - r * cpr;
@@ -154,8 +233,9 @@ struct BwdShape {
 };
 
 // ------------------------------------------------------------------------------------------------
-// dK, dV of one (sequence, kv head, 64-key block).
-template <int DP>
+// dK, dV of one (sequence, kv head, 64-key block). DF: the head dim when it is DP (compile-time
+// trip counts), else 0 (p.D).
+template <int DP, int DF>
 __global__ void __launch_bounds__(kThreads) dkdv_kernel(const BwdParams p) {
   using S = BwdShape<DP>;
   constexpr int LDS = S::kLds, NKB = DP / 16;
@@ -169,23 +249,24 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const BwdParams p) {
   const int kvh = blockIdx.y;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
-  const int L = it.len, j0 = it.blk * kBlk, D = p.D, nkd = D / 16;
+  const int L = it.len, j0 = it.blk * kBlk, D = DF ? DF : p.D, nkd = D / 16;
   const int nqb = (L + kBlk - 1) / kBlk;
   const int per_head = nqb - it.blk;  // query blocks blk … nqb-1 of each head
   const int nsteps = p.G * per_head;
 
-  load_rows(k_s, LDS, p.k + (it.t0 + j0) * p.k_s0 + kvh * p.k_s1, p.k_s0, min(kBlk, L - j0), D,
-            p.vec, tid);
-  load_rows(v_s, LDS, p.v + (it.t0 + j0) * p.v_s0 + kvh * p.v_s1, p.v_s0, min(kBlk, L - j0), D,
-            p.vec, tid);
+  load_rows<DF>(k_s, LDS, p.k + (it.t0 + j0) * p.k_s0 + kvh * p.k_s1, p.k_s0, min(kBlk, L - j0), D,
+                p.vec, tid);
+  load_rows<DF>(v_s, LDS, p.v + (it.t0 + j0) * p.v_s0 + kvh * p.v_s1, p.v_s0, min(kBlk, L - j0), D,
+                p.vec, tid);
   auto load_step = [&](int s) {
     const int st = s & 1;
     const int e = s / per_head, qb = it.blk + s % per_head;
     const int h = kvh * p.G + e, i0 = qb * kBlk, nv = min(kBlk, L - i0);
     const int64_t t = it.t0 + i0;
     uint16_t* q_s = qd_s + 2 * st * S::kTile;
-    load_rows(q_s, LDS, p.q + t * p.q_s0 + h * p.q_s1, p.q_s0, nv, D, p.vec, tid);
-    load_rows(q_s + S::kTile, LDS, p.dout + t * p.do_s0 + h * p.do_s1, p.do_s0, nv, D, p.vec, tid);
+    load_rows<DF>(q_s, LDS, p.q + t * p.q_s0 + h * p.q_s1, p.q_s0, nv, D, p.vec, tid);
+    load_rows<DF>(q_s + S::kTile, LDS, p.dout + t * p.do_s0 + h * p.do_s1, p.do_s0, nv, D, p.vec,
+                  tid);
     if (tid < kBlk) {
       const bool in = tid < nv;
       ld_s[st * 2 * kBlk + tid] = in ? p.lam[(t + tid) * p.Hq + h] : 0.0f;
@@ -220,64 +301,103 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const BwdParams p) {
     const float* del_s = lam_s + kBlk;
     const int nr16 = min(4, (L - i0 + 15) / 16);
     if (warp_live) {
-      for (int kr = 0; kr < nr16; ++kr) {
-        const int r0 = 16 * kr;
-        // Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ over D: [16 keys, 16 rows] each, chains from +0.
-        float sc[2][4], dp[2][4];
+      // Two 16-row k-blocks at a time: their score MMAs share the K / V fragments (eight
+      // independent chains); dV / dK still take k-block kr before kr + 1.
+      for (int kr = 0; kr < nr16; kr += 2) {
+        // Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ over D: [16 keys, 16 rows] per k-block, chains from +0 (a second
+        // k-block wholly past the sequence end reads zero-filled rows and is not used).
+        float sc[2][2][4], dp[2][2][4];
 #pragma unroll
-        for (int n = 0; n < 2; ++n)
+        for (int u = 0; u < 2; ++u)
 #pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            sc[n][r] = 0.0f;
-            dp[n][r] = 0.0f;
-          }
-        const int brow = (r0 + (lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8;
+          for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+              sc[u][n][r] = 0.0f;
+              dp[u][n][r] = 0.0f;
+            }
+        const int brow = (16 * kr + (lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8;
 #pragma unroll
         for (int kb = 0; kb < NKB; ++kb) {
           if (kb < nkd) {
             uint32_t a[4], b[4];
             ldsm_x4(a, kw + kb * 16);
-            ldsm_x4(b, q_s + brow + kb * 16);
-            mma_16816(sc[0], a, b[0], b[1]);
-            mma_16816(sc[1], a, b[2], b[3]);
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+              ldsm_x4(b, q_s + brow + 16 * u * LDS + kb * 16);
+              mma_16816(sc[u][0], a, b[0], b[1]);
+              mma_16816(sc[u][1], a, b[2], b[3]);
+            }
             ldsm_x4(a, vw + kb * 16);
-            ldsm_x4(b, do_s + brow + kb * 16);
-            mma_16816(dp[0], a, b[0], b[1]);
-            mma_16816(dp[1], a, b[2], b[3]);
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+              ldsm_x4(b, do_s + brow + 16 * u * LDS + kb * 16);
+              mma_16816(dp[u][0], a, b[0], b[1]);
+              mma_16816(dp[u][1], a, b[2], b[3]);
+            }
           }
         }
-        // P, dS (masked: +0), rounded to bf16 as the A fragments [16 keys, 16 rows].
+        // P, dS (masked: +0), rounded to bf16 as the A fragments [16 keys, 16 rows]. Each tile
+        // is wholly masked (every key past every row: P = dS = +0 whatever the scores), wholly
+        // unmasked, or mixed (the diagonal, the sequence end).
+        uint32_t pa[2][4], da[2][4];
 #pragma unroll
-        for (int n = 0; n < 2; ++n)
+        for (int u = 0; u < 2; ++u) {
+          const int r0 = 16 * (kr + u);
+          const int kmin = j0 + 16 * warp, rmin = i0 + r0;
+          if (kmin > rmin + 15) {
 #pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const int jj = 16 * warp + g + 8 * (r >> 1);
-            const int ii = r0 + 8 * n + 2 * t4 + (r & 1);
-            const bool valid = j0 + jj <= i0 + ii && i0 + ii < L;
-            float pv = 0.0f, dsv = 0.0f;
-            if (valid) {
-              pv = ls_exp2f(__fsub_rn(__fmul_rn(sc[n][r], p.sigma), lam_s[ii]));
-              dsv = __fmul_rn(pv, __fsub_rn(dp[n][r], del_s[ii]));
+            for (int r = 0; r < 4; ++r) {
+              pa[u][r] = 0u;
+              da[u][r] = 0u;
             }
-            sc[n][r] = pv;
-            dp[n][r] = dsv;
+            continue;
           }
-        const uint32_t pa[4] = {pack_bf16(sc[0][0], sc[0][1]), pack_bf16(sc[0][2], sc[0][3]),
-                                pack_bf16(sc[1][0], sc[1][1]), pack_bf16(sc[1][2], sc[1][3])};
-        const uint32_t da[4] = {pack_bf16(dp[0][0], dp[0][1]), pack_bf16(dp[0][2], dp[0][3]),
-                                pack_bf16(dp[1][0], dp[1][1]), pack_bf16(dp[1][2], dp[1][3])};
-        // dV += Pbᵀ·dO, dK += dSbᵀ·Q: this 16-row k-block of every d.
-        const int trow = (r0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + (lane >> 4) * 8;
+          if (kmin + 15 <= rmin && rmin + 16 <= L) {
 #pragma unroll
-        for (int c = 0; c < NKB; ++c) {
-          if (c < nkd) {
-            uint32_t b[4];
-            ldsm_x4_t(b, do_s + trow + c * 16);
-            mma_16816(dv[2 * c], pa, b[0], b[1]);
-            mma_16816(dv[2 * c + 1], pa, b[2], b[3]);
-            ldsm_x4_t(b, q_s + trow + c * 16);
-            mma_16816(dk[2 * c], da, b[0], b[1]);
-            mma_16816(dk[2 * c + 1], da, b[2], b[3]);
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+              for (int r = 0; r < 4; ++r) {
+                const int ii = r0 + 8 * n + 2 * t4 + (r & 1);
+                p_ds(sc[u][n][r], dp[u][n][r], p.sigma, lam_s[ii], del_s[ii], sc[u][n][r],
+                     dp[u][n][r]);
+              }
+          } else {
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+              for (int r = 0; r < 4; ++r) {
+                const int jj = 16 * warp + g + 8 * (r >> 1);
+                const int ii = r0 + 8 * n + 2 * t4 + (r & 1);
+                const bool valid = j0 + jj <= i0 + ii && i0 + ii < L;
+                float pv = 0.0f, dsv = 0.0f;
+                if (valid) p_ds(sc[u][n][r], dp[u][n][r], p.sigma, lam_s[ii], del_s[ii], pv, dsv);
+                sc[u][n][r] = pv;
+                dp[u][n][r] = dsv;
+              }
+          }
+          const bool nan = any_nan(dp[u]);
+          pack_tile(pa[u], sc[u], nan);
+          pack_tile(da[u], dp[u], nan);
+        }
+        // dV += Pbᵀ·dO, dK += dSbᵀ·Q: the 16-row k-blocks kr, kr + 1 of every d.
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          if (kr + u < nr16) {
+            const int trow =
+                (16 * (kr + u) + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + (lane >> 4) * 8;
+#pragma unroll
+            for (int c = 0; c < NKB; ++c) {
+              if (c < nkd) {
+                uint32_t b[4];
+                ldsm_x4_t(b, do_s + trow + c * 16);
+                mma_16816(dv[2 * c], pa[u], b[0], b[1]);
+                mma_16816(dv[2 * c + 1], pa[u], b[2], b[3]);
+                ldsm_x4_t(b, q_s + trow + c * 16);
+                mma_16816(dk[2 * c], da[u], b[0], b[1]);
+                mma_16816(dk[2 * c + 1], da[u], b[2], b[3]);
+              }
+            }
           }
         }
       }
@@ -304,8 +424,8 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const BwdParams p) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// dQ of one (sequence, query head, 64-row query block).
-template <int DP>
+// dQ of one (sequence, query head, 64-row query block). DF as in dkdv_kernel.
+template <int DP, int DF>
 __global__ void __launch_bounds__(kThreads) dq_kernel(const BwdParams p) {
   using S = BwdShape<DP>;
   constexpr int LDS = S::kLds, NKB = DP / 16;
@@ -318,21 +438,21 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(const BwdParams p) {
   const int h = blockIdx.y, kvh = h / p.G;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
-  const int L = it.len, i0 = it.blk * kBlk, D = p.D, nkd = D / 16;
+  const int L = it.len, i0 = it.blk * kBlk, D = DF ? DF : p.D, nkd = D / 16;
   const int nsteps = it.blk + 1;  // key blocks 0 … blk
 
   {
     const int64_t t = it.t0 + i0;
     const int nv = min(kBlk, L - i0);
-    load_rows(q_s, LDS, p.q + t * p.q_s0 + h * p.q_s1, p.q_s0, nv, D, p.vec, tid);
-    load_rows(do_s, LDS, p.dout + t * p.do_s0 + h * p.do_s1, p.do_s0, nv, D, p.vec, tid);
+    load_rows<DF>(q_s, LDS, p.q + t * p.q_s0 + h * p.q_s1, p.q_s0, nv, D, p.vec, tid);
+    load_rows<DF>(do_s, LDS, p.dout + t * p.do_s0 + h * p.do_s1, p.do_s0, nv, D, p.vec, tid);
   }
   auto load_step = [&](int s) {
     uint16_t* k_s = kv_s + 2 * (s & 1) * S::kTile;
     const int jb = s * kBlk, nv = min(kBlk, L - jb);
     const int64_t t = it.t0 + jb;
-    load_rows(k_s, LDS, p.k + t * p.k_s0 + kvh * p.k_s1, p.k_s0, nv, D, p.vec, tid);
-    load_rows(k_s + S::kTile, LDS, p.v + t * p.v_s0 + kvh * p.v_s1, p.v_s0, nv, D, p.vec, tid);
+    load_rows<DF>(k_s, LDS, p.k + t * p.k_s0 + kvh * p.k_s1, p.k_s0, nv, D, p.vec, tid);
+    load_rows<DF>(k_s + S::kTile, LDS, p.v + t * p.v_s0 + kvh * p.v_s1, p.v_s0, nv, D, p.vec, tid);
   };
   load_step(0);
   cp_async_commit();
@@ -373,54 +493,86 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(const BwdParams p) {
     const int j0 = s * kBlk;
     const int nk16 = min(4, (L - j0 + 15) / 16);
     if (warp_live) {
-      for (int kk = 0; kk < nk16; ++kk) {
-        // S = Q·Kᵀ, dP = dO·Vᵀ over D: [16 rows, 16 keys] each, chains from +0.
-        float sc[2][4], dp[2][4];
+      // Two 16-key k-blocks at a time (eight independent score chains); dQ still takes k-block
+      // kk before kk + 1.
+      for (int kk = 0; kk < nk16; kk += 2) {
+        // S = Q·Kᵀ, dP = dO·Vᵀ over D: [16 rows, 16 keys] per k-block, chains from +0 (a second
+        // k-block wholly past the sequence end reads zero-filled keys and is not used).
+        float sc[2][2][4], dp[2][2][4];
 #pragma unroll
-        for (int n = 0; n < 2; ++n)
+        for (int u = 0; u < 2; ++u)
 #pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            sc[n][r] = 0.0f;
-            dp[n][r] = 0.0f;
-          }
+          for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+              sc[u][n][r] = 0.0f;
+              dp[u][n][r] = 0.0f;
+            }
         const int brow = (16 * kk + (lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8;
 #pragma unroll
         for (int kb = 0; kb < NKB; ++kb) {
           if (kb < nkd) {
-            uint32_t b[4];
-            ldsm_x4(b, k_s + brow + kb * 16);
-            mma_16816(sc[0], qf[kb], b[0], b[1]);
-            mma_16816(sc[1], qf[kb], b[2], b[3]);
-            ldsm_x4(b, v_s + brow + kb * 16);
-            mma_16816(dp[0], df[kb], b[0], b[1]);
-            mma_16816(dp[1], df[kb], b[2], b[3]);
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+              uint32_t b[4];
+              ldsm_x4(b, k_s + brow + 16 * u * LDS + kb * 16);
+              mma_16816(sc[u][0], qf[kb], b[0], b[1]);
+              mma_16816(sc[u][1], qf[kb], b[2], b[3]);
+              ldsm_x4(b, v_s + brow + 16 * u * LDS + kb * 16);
+              mma_16816(dp[u][0], df[kb], b[0], b[1]);
+              mma_16816(dp[u][1], df[kb], b[2], b[3]);
+            }
           }
         }
+        // dS (masked: +0) as the A fragments: each tile wholly masked, wholly unmasked or mixed
+        // (as in dkdv_kernel).
+        uint32_t da[2][4];
 #pragma unroll
-        for (int n = 0; n < 2; ++n)
+        for (int u = 0; u < 2; ++u) {
+          const int rmin = i0 + 16 * warp, kmin = j0 + 16 * (kk + u);
+          if (kmin > rmin + 15) {
 #pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const int i = i0 + 16 * warp + g + 8 * (r >> 1);
-            const int j = j0 + 16 * kk + 8 * n + 2 * t4 + (r & 1);
-            float dsv = 0.0f;
-            if (j <= i && i < L) {
-              const int hh = r >> 1;
-              const float pv = ls_exp2f(__fsub_rn(__fmul_rn(sc[n][r], p.sigma), lam[hh]));
-              dsv = __fmul_rn(pv, __fsub_rn(dp[n][r], del[hh]));
-            }
-            dp[n][r] = dsv;
+            for (int r = 0; r < 4; ++r) da[u][r] = 0u;
+            continue;
           }
-        const uint32_t da[4] = {pack_bf16(dp[0][0], dp[0][1]), pack_bf16(dp[0][2], dp[0][3]),
-                                pack_bf16(dp[1][0], dp[1][1]), pack_bf16(dp[1][2], dp[1][3])};
-        // dQ += dSb·K: this 16-key k-block of every d.
-        const int trow = (16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + (lane >> 4) * 8;
+          if (kmin + 15 <= rmin && rmin + 16 <= L) {
 #pragma unroll
-        for (int c = 0; c < NKB; ++c) {
-          if (c < nkd) {
-            uint32_t b[4];
-            ldsm_x4_t(b, k_s + trow + c * 16);
-            mma_16816(acc[2 * c], da, b[0], b[1]);
-            mma_16816(acc[2 * c + 1], da, b[2], b[3]);
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+              for (int r = 0; r < 4; ++r) {
+                float pv;
+                p_ds(sc[u][n][r], dp[u][n][r], p.sigma, lam[r >> 1], del[r >> 1], pv, dp[u][n][r]);
+              }
+          } else {
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+              for (int r = 0; r < 4; ++r) {
+                const int i = i0 + 16 * warp + g + 8 * (r >> 1);
+                const int j = kmin + 8 * n + 2 * t4 + (r & 1);
+                float pv, dsv = 0.0f;
+                if (j <= i && i < L)
+                  p_ds(sc[u][n][r], dp[u][n][r], p.sigma, lam[r >> 1], del[r >> 1], pv, dsv);
+                dp[u][n][r] = dsv;
+              }
+          }
+          pack_tile(da[u], dp[u], any_nan(dp[u]));
+        }
+        // dQ += dSb·K: the 16-key k-blocks kk, kk + 1 of every d.
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          if (kk + u < nk16) {
+            const int trow =
+                (16 * (kk + u) + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + (lane >> 4) * 8;
+#pragma unroll
+            for (int c = 0; c < NKB; ++c) {
+              if (c < nkd) {
+                uint32_t b[4];
+                ldsm_x4_t(b, k_s + trow + c * 16);
+                mma_16816(acc[2 * c], da[u], b[0], b[1]);
+                mma_16816(acc[2 * c + 1], da[u], b[2], b[3]);
+              }
+            }
           }
         }
       }
