@@ -107,16 +107,16 @@ int main(int argc, char** argv) {
   std::mt19937_64 g(7);
   std::uniform_int_distribution<int32_t> id(0, int32_t(cfg.vocab_size - 1));
   std::normal_distribution<float> nd(0.0f, 1.0f / float(T));
-  std::vector<int32_t> tokens(size_t(T)), cu;
+  std::vector<int32_t> tokens(static_cast<size_t>(T)), cu;
   for (auto& x : tokens) x = id(g);
   for (int64_t b = 0; b <= batch; ++b) cu.push_back(int32_t(b * seq));
-  std::vector<int64_t> targets(size_t(T));
-  std::vector<float> g_lp(size_t(T));
+  std::vector<int64_t> targets(static_cast<size_t>(T));
+  std::vector<float> g_lp(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) {
     targets[size_t(t)] = (t + 1) % seq == 0 ? -1 : tokens[size_t(t + 1)];
     g_lp[size_t(t)] = nd(g);
   }
-  std::vector<int64_t> step(size_t(batch));
+  std::vector<int64_t> step(static_cast<size_t>(batch));
   std::iota(step.begin(), step.end(), 0);
   const TensorView tv = TensorView::contiguous(tokens.data(), DType::kI32, {T});
   const TensorView cv = TensorView::contiguous(cu.data(), DType::kI32, {batch + 1});

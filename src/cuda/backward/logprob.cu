@@ -320,8 +320,10 @@ LogprobBwdPath linear_logprob_backward_with_path(
       direct = direct && c.pieces[i].src == c.pieces[i - 1].src + c.pieces[i - 1].n;
     const int64_t src0 = c.pieces.front().src;
     const int64_t* rmap = rowmap_d + c.row0;
-    TensorView hx = h.rows(src0, src0 + rows);
-    if (!direct) {
+    TensorView hx;  // the chunk's rows of h: in place when consecutive, else gathered
+    if (direct) {
+      hx = h.rows(src0, src0 + rows);
+    } else {
       if (!h_gather) {
         h_gather = scratch.alloc_n<uint16_t>(R * ldh);
         dh_gather = scratch.alloc_n<float>(R * H);
