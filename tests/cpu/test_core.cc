@@ -115,7 +115,7 @@ TEST(Contract, ValidatesAndPrints) {
   EXPECT_NO_THROW(c.validate());
   c.gemm_segments = 3;
   EXPECT_THROW(c.validate(), Error);
-  EXPECT_NE(ContractConfig().to_string().find("contract 0.1"), std::string::npos);
+  EXPECT_NE(ContractConfig().to_string().find("contract 0.2"), std::string::npos);
 }
 
 }  // namespace

@@ -7,7 +7,7 @@
 
 namespace lockstep {
 
-constexpr const char* kContractVersion = "0.1";
+constexpr const char* kContractVersion = "0.2";
 
 struct ContractConfig {
   // GEMM: K is cut into `gemm_segments` equal segments (1, 2, 4 or 8: the deployment's maximum
@@ -20,7 +20,7 @@ struct ContractConfig {
   int vocab_segments = 1;
 
   void validate() const;          // throws lockstep::Error on a bad setting
-  std::string to_string() const;  // one line, e.g. "contract 0.1: gemm_segments=1 ..."
+  std::string to_string() const;  // one line, e.g. "contract 0.2: gemm_segments=1 ..."
 };
 
 }  // namespace lockstep
