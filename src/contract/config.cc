@@ -6,6 +6,8 @@
 
 namespace lockstep {
 
+const char* const kContractVersion = "0.2";
+
 void ContractConfig::validate() const {
   auto pow2_upto8 = [](int s) { return s == 1 || s == 2 || s == 4 || s == 8; };
   LS_CHECK(pow2_upto8(gemm_segments), "ContractConfig", "gemm_segments must be 1, 2, 4 or 8, got ",

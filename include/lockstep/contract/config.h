@@ -7,7 +7,9 @@
 
 namespace lockstep {
 
-constexpr const char* kContractVersion = "0.2";
+// The contract's version (docs/contract.md "Versions"), defined in src/contract/config.cc so that
+// a bump rebuilds one file.
+extern const char* const kContractVersion;
 
 struct ContractConfig {
   // GEMM: K is cut into `gemm_segments` equal segments (1, 2, 4 or 8: the deployment's maximum
