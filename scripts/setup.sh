@@ -32,7 +32,7 @@ while [ $# -gt 0 ]; do
 done
 build=${LOCKSTEP_BUILD_DIR:-build}
 
-pkgs=(cmake make g++ python3 libgtest-dev libbenchmark-dev libopenblas-dev nlohmann-json3-dev libcli11-dev clang-format)
+pkgs=(cmake make g++ python3 libgtest-dev libbenchmark-dev libopenblas-dev nlohmann-json3-dev libcli11-dev clang-format librsvg2-bin)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -105,6 +105,7 @@ int run_grpo_cmd(GrpoFlags& f) {
   cfg.rollout.scheduler.max_batched_tokens = 512;
   cfg.rollout.scheduler.prefix_sharing = true;
   cfg.validate();
+  if (is_png_path(f.plot)) check_png_plot_tool("lockstep grpo --plot");  // before the run
   std::FILE* metrics = nullptr;
   if (!f.metrics.empty()) {
     metrics = std::fopen(f.metrics.c_str(), "w");
@@ -174,7 +175,11 @@ int run_grpo_cmd(GrpoFlags& f) {
       panels[0].series.push_back(r2);
       panels[1].series.push_back(m2);
     }
-    write_svg_plot(f.plot, "lockstep grpo: " + cfg.task + ", " + desc, panels);
+    const std::string title = "lockstep grpo: " + cfg.task + ", " + desc;
+    if (is_png_path(f.plot))
+      write_png_plot(f.plot, title, panels);
+    else
+      write_svg_plot(f.plot, title, panels);
     if (!f.json) std::printf("\nwrote %s\n", f.plot.c_str());
   }
   if (!f.out.empty()) {
@@ -270,7 +275,8 @@ Command add_grpo_command(CLI::App& top) {
   sub->add_flag("--json", f->json, "one JSON object per step (JSONL) on stdout");
   sub->add_option("--metrics", f->metrics, "also write the JSONL metrics to this file");
   sub->add_option("--plot", f->plot,
-                  "draw reward and mismatches per step into this SVG file (atomic write)");
+                  "draw reward and mismatches per step into this file: .svg, or .png (rasterized "
+                  "by rsvg-convert; atomic write)");
   sub->add_option("--plot-with", f->plot_with,
                   "add another run's --metrics JSONL to the plot (e.g. a --baseline run's)");
   sub->add_option("--out", f->out, "write the final weights here (config.json + safetensors)");

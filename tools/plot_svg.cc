@@ -1,12 +1,22 @@
 // tools/plot_svg.h.
 #include "tools/plot_svg.h"
 
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <sstream>
 
 #include "engine/file_io.h"
+#include "lockstep/error.h"
+
+extern char** environ;
 
 namespace lockstep::tools {
 namespace {
@@ -88,6 +98,57 @@ void write_svg_plot(const std::string& path, const std::string& title,
   o << "</svg>\n";
   const std::string svg = o.str();
   engine::write_file_atomic(path, svg.data(), svg.size());
+}
+
+namespace {
+
+// Runs argv (searched in PATH) with stdin / stdout / stderr inherited; its exit status, or -1 when
+// it could not be started.
+int run_tool(std::vector<std::string> args) {
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  // Quiet: the tool's own messages are replaced by ours.
+  posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
+  const int rc = posix_spawnp(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) return -1;
+  int status = 0;
+  if (waitpid(pid, &status, 0) < 0) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace
+
+bool is_png_path(const std::string& path) {
+  if (path.size() < 4) return false;
+  std::string ext = path.substr(path.size() - 4);
+  for (char& c : ext) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return ext == ".png";
+}
+
+void check_png_plot_tool(const char* op) {
+  LS_CHECK(run_tool({"rsvg-convert", "--version"}) == 0, op,
+           "a .png plot is rasterized by rsvg-convert, which is not installed (apt-get install "
+           "librsvg2-bin, or scripts/setup.sh); or write an SVG: --plot FILE.svg");
+}
+
+void write_png_plot(const std::string& path, const std::string& title,
+                    const std::vector<PlotPanel>& panels) {
+  const std::string svg = path + ".tmp.svg", png = path + ".tmp.png";
+  write_svg_plot(svg, title, panels);
+  const int rc = run_tool({"rsvg-convert", "--format", "png", "--output", png, svg});
+  std::error_code ec;
+  std::filesystem::remove(svg, ec);
+  if (rc != 0) std::filesystem::remove(png, ec);
+  LS_CHECK(rc == 0, "write_png_plot", "rsvg-convert failed (exit ", rc,
+           ") rasterizing the plot for ", path);
+  std::filesystem::rename(png, path, ec);
+  LS_CHECK(!ec, "write_png_plot", "cannot rename ", png, " to ", path, ": ", ec.message());
 }
 
 }  // namespace lockstep::tools

@@ -445,6 +445,15 @@ TEST(CliBinary, GrpoRunsPlotsCheckpointsAndResumes) {
   const std::string text((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("<svg"), std::string::npos);
   EXPECT_NE(text.find("<polyline"), std::string::npos);
+  // A .png plot: the same chart rasterized (rsvg-convert: scripts/setup.sh installs it).
+  EXPECT_RUN(lockstep(tiny + "--plot '" + d.str() + "/p.png' --plot-with '" + d.str() +
+                      "/m.jsonl'"),
+             0, "p.png");
+  std::ifstream png(d.path / "p.png", std::ios::binary);
+  char sig[8] = {};
+  png.read(sig, 8);
+  EXPECT_EQ(std::string(sig, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  EXPECT_FALSE(fs::exists(d.path / "p.png.tmp.svg"));
   // Resume from step 1: the last step's weights equal the uninterrupted run's.
   const Result a = lockstep(tiny + "--json");
   const Result b = lockstep(tiny + "--json --resume '" + d.str() + "/ck/step-1'");
