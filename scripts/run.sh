@@ -33,7 +33,7 @@ if [ ! -s "$out/baseline.jsonl" ]; then
   echo "[run] the baseline run failed (no $out/baseline.jsonl)" >&2
   exit 1
 fi
-echo "baseline (ordinary kernels): $(grep -E '^(PASS|FAIL)' "$out/baseline.txt" | tail -1)"
+grep -E '^(PASS|FAIL|BASELINE)' "$out/baseline.txt" | tail -1
 echo
 exec "$bin" grpo --metrics "$out/grpo.jsonl" --plot "$out/grpo.png" \
   --plot-with "$out/baseline.jsonl" "$@"
