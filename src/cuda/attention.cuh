@@ -29,11 +29,18 @@
 #include <cstdint>
 
 #include "core/math.h"
-#include "cuda/mma_sync.cuh"  // mma_16816, cp.async group steps
+#include "cuda/attention_common.cuh"  // ldmatrix, cp.async, bf16 pairs
+#include "cuda/mma_sync.cuh"          // mma_16816, cp.async group steps
 #include "lockstep/dtype.h"
 
 namespace lockstep::cuda::attn_detail {
 
+using attn_common::canon;
+using attn_common::cp_async16;
+using attn_common::ldsm_x4;
+using attn_common::ldsm_x4_t;
+using attn_common::load8_scalar;
+using attn_common::pack_bf16;
 using detail::cp_async_commit;
 using detail::cp_async_wait;
 using detail::mma_16816;
@@ -97,18 +104,6 @@ struct AttnParams {
 // ------------------------------------------------------------------------------------------------
 // Small device helpers.
 
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const uint16_t* p) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const uint16_t* p) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
 __device__ __forceinline__ void ldsm_x2(uint32_t (&r)[2], const uint16_t* p) {
   const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
@@ -120,10 +115,6 @@ __device__ __forceinline__ uint32_t movtrans(uint32_t x) {
   asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
   return y;
 }
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
-}
 
 // The contract's max: b > a ? b : a, a zero result is +0 (NaN b never wins; the running max is
 // never NaN, so the order of a max over a set does not matter).
@@ -131,22 +122,8 @@ __device__ __forceinline__ float max_rule(float a, float b) {
   const float m = b > a ? b : a;
   return m == 0.0f ? 0.0f : m;
 }
-__device__ __forceinline__ float canon(float f) {
-  return is_nan_f32(f) ? __uint_as_float(kCanonicalNanF32) : f;
-}
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  return uint32_t(f32_to_bf16(lo).bits) | (uint32_t(f32_to_bf16(hi).bits) << 16);
-}
 __device__ __forceinline__ bool nonfinite_pair(uint32_t u) {
   return (u & 0x7f80u) == 0x7f80u || (u & 0x7f800000u) == 0x7f800000u;
-}
-__device__ __forceinline__ uint4 load8_scalar(const uint16_t* p) {
-  uint4 v;
-  v.x = uint32_t(p[0]) | (uint32_t(p[1]) << 16);
-  v.y = uint32_t(p[2]) | (uint32_t(p[3]) << 16);
-  v.z = uint32_t(p[4]) | (uint32_t(p[5]) << 16);
-  v.w = uint32_t(p[6]) | (uint32_t(p[7]) << 16);
-  return v;
 }
 // Zero the bf16 halves of an A fragment (V^T, k = key) whose key index is >= t (slow path).
 __device__ __forceinline__ void mask_keys(uint32_t (&a)[4], int kb, int lane, int t) {

@@ -31,40 +31,22 @@
 #include <cstdint>
 
 #include "core/math.h"
-#include "cuda/mma_sync.cuh"  // mma_16816, cp.async group steps
+#include "cuda/attention_common.cuh"  // ldmatrix, cp.async, bf16 pairs
+#include "cuda/mma_sync.cuh"          // mma_16816, cp.async group steps
 #include "lockstep/dtype.h"
 
 namespace lockstep::cuda::attn_bwd_detail {
 
+using attn_common::canon;
+using attn_common::cp_async16;
+using attn_common::ldsm_x4;
+using attn_common::ldsm_x4_t;
+using attn_common::load8_scalar;
+using attn_common::pack_bf16;
 using detail::cp_async_commit;
 using detail::cp_async_wait;
 using detail::mma_16816;
 
-// NOTE: the forward's attention.cuh defines non-template kernels, so it cannot be included by a
-// second translation unit; these few operand helpers are the same instructions it uses.
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const uint16_t* p) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const uint16_t* p) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
-}
-__device__ __forceinline__ float canon(float f) {
-  return is_nan_f32(f) ? __uint_as_float(kCanonicalNanF32) : f;
-}
-// Two bf16 (RNE) in one register: lo in the low half (the lower k index of an MMA fragment).
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  return uint32_t(f32_to_bf16(lo).bits) | (uint32_t(f32_to_bf16(hi).bits) << 16);
-}
 // The same bits as pack_bf16 for every input but NaN (cvt.rn is the RNE of f32_to_bf16, subnormals
 // and overflow to inf included); callers take pack_bf16 when any of their values is NaN, so the
 // NaN pattern stays the canonical one.
@@ -120,14 +102,6 @@ __device__ __forceinline__ bool any_nan(const float (&c)[2][4]) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) nan |= c[n][r] != c[n][r];
   return nan;
-}
-__device__ __forceinline__ uint4 load8_scalar(const uint16_t* p) {
-  uint4 v;
-  v.x = uint32_t(p[0]) | (uint32_t(p[1]) << 16);
-  v.y = uint32_t(p[2]) | (uint32_t(p[3]) << 16);
-  v.z = uint32_t(p[4]) | (uint32_t(p[5]) << 16);
-  v.w = uint32_t(p[6]) | (uint32_t(p[7]) << 16);
-  return v;
 }
 
 constexpr int kBlk = 64;                   // keys / rows per block (contract A.2)
