@@ -446,9 +446,9 @@ TEST(CliBinary, GrpoRunsPlotsCheckpointsAndResumes) {
   EXPECT_NE(text.find("<svg"), std::string::npos);
   EXPECT_NE(text.find("<polyline"), std::string::npos);
   // A .png plot: the same chart rasterized (rsvg-convert: scripts/setup.sh installs it).
-  EXPECT_RUN(lockstep(tiny + "--plot '" + d.str() + "/p.png' --plot-with '" + d.str() +
-                      "/m.jsonl'"),
-             0, "p.png");
+  EXPECT_RUN(
+      lockstep(tiny + "--plot '" + d.str() + "/p.png' --plot-with '" + d.str() + "/m.jsonl'"), 0,
+      "p.png");
   std::ifstream png(d.path / "p.png", std::ios::binary);
   char sig[8] = {};
   png.read(sig, 8);
