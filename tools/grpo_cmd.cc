@@ -56,12 +56,14 @@ std::string json_line(const engine::GrpoStepMetrics& s) {
                 "%lld, \"max_abs_dlogp\": %.9g, \"ratio_min\": %.17g, \"ratio_max\": %.17g, "
                 "\"clip_fraction\": %.9g, \"kl\": %.9g, \"entropy_mean\": %.9g, \"loss\": %.9g, "
                 "\"grad_norm\": %.9g, \"lr\": %.9g, \"rollout_s\": %.4f, \"train_s\": %.4f, "
-                "\"step_s\": %.4f, \"train_tokens_per_s\": %.1f, \"weights_sha256\": \"%s\"}",
+                "\"step_s\": %.4f, \"train_tokens_per_s\": %.1f, \"rollout_weight_version\": "
+                "%lld, \"max_staleness\": %lld, \"weights_sha256\": \"%s\"}",
                 (long long)s.step, s.reward_mean, s.reward_std, (long long)s.sequences,
                 (long long)s.generated_tokens, (long long)s.logp_compared,
                 (long long)s.logp_mismatches, s.max_abs_dlogp, s.ratio_min, s.ratio_max,
                 s.clip_fraction, s.kl, s.entropy_mean, s.loss, s.grad_norm, s.lr, s.rollout_s,
-                s.train_s, s.step_s, s.train_tokens_per_s, s.weights_sha256.c_str());
+                s.train_s, s.step_s, s.train_tokens_per_s, (long long)s.rollout_weight_version,
+                (long long)s.max_staleness, s.weights_sha256.c_str());
   return buf;
 }
 

@@ -1,6 +1,7 @@
 // The GRPO loop (docs/training.md).
 #include "engine/grpo.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -43,6 +44,7 @@ struct TrainSeq {
   int64_t prompt_len = 0;
   const Completion* c = nullptr;
   double advantage = 0;
+  int64_t weight_version = 0;  // of the weights that generated it (Sample::weight_version)
   // Filled by the forward of its micro-batch: per completion token.
   std::vector<float> logp, entropy;
 };
@@ -278,6 +280,9 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
     return AdamW::from_state(r.state, cfg.optim);
   }();
   if (!cfg.resume.empty()) weights = adam.bf16_weights();
+  // Optimizer steps applied to the policy: the warm-up's, then one per mini-batch (a resumed run
+  // has the same settings as its checkpoint, so the count is a function of steps done).
+  int64_t weight_version = cfg.sft_steps + first_step * cfg.mini_batches;
   for (int64_t step = first_step; step < cfg.steps; ++step) {
     const auto t_step = Clock::now();
     GrpoStepMetrics met;
@@ -315,9 +320,10 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
     std::vector<int64_t> groups;
     for (const Completion& c : roll.completions) {
       const int64_t p = c.id / cfg.group;
-      samples.push_back({c.id, c.prompt, c.tokens, prompts[size_t(p)].answer});
+      samples.push_back({c.id, c.prompt, c.tokens, prompts[size_t(p)].answer, weight_version});
       groups.push_back(p);
     }
+    met.rollout_weight_version = weight_version;
     const std::vector<double> rewards = task->score(samples);
     LS_CHECK(rewards.size() == samples.size(), kOp, "the task returned ", rewards.size(),
              " rewards for ", samples.size(), " samples");
@@ -338,6 +344,7 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
       s.prompt_len = int64_t(c.prompt.size());
       s.c = &c;
       s.advantage = adv[i];
+      s.weight_version = samples[i].weight_version;
     }
     met.sequences = int64_t(seqs.size());
 
@@ -347,6 +354,15 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
     const int64_t n = int64_t(seqs.size());
     for (int64_t mb = 0; mb < cfg.mini_batches; ++mb) {
       const int64_t m0 = n * mb / cfg.mini_batches, m1 = n * (mb + 1) / cfg.mini_batches;
+      for (int64_t s = m0; s < m1; ++s) {
+        const int64_t lag = weight_version - seqs[size_t(s)].weight_version;
+        // The first mini-batch trains on the rollout's own weights (the ratios are exactly 1
+        // there); a sample from newer weights than the trainer's is impossible.
+        LS_CHECK(lag >= 0 && (mb > 0 || lag == 0), kOp, "step ", step, " mini-batch ", mb,
+                 ": the trainer's weights (version ", weight_version, ") vs sample ",
+                 seqs[size_t(s)].c->id, "'s (version ", seqs[size_t(s)].weight_version, ")");
+        met.max_staleness = std::max(met.max_staleness, lag);
+      }
       Model train_model(mcfg, views_of(weights), topt, backend(cfg.baseline));
       const Backprop bp(mcfg, views_of(weights), topt);
       // Forwards of the micro-batches (consecutive runs of at most micro_batch_tokens tokens).
@@ -451,6 +467,7 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
       met.grad_norm = st.grad_norm;
       met.lr = st.lr;
       weights = adam.bf16_weights();
+      ++weight_version;
     }
     met.train_s = seconds_since(t_train);
     met.train_tokens_per_s = met.train_s > 0 ? double(train_tokens) / met.train_s : 0;

@@ -74,6 +74,10 @@ struct GrpoStepMetrics {
   double rollout_s = 0, train_s = 0, step_s = 0;
   double train_tokens_per_s = 0;
   std::string weights_sha256;  // of the bf16 weights after the step
+  // The weights' version (optimizer steps applied to the policy, warm-up included) that generated
+  // the step's samples, and the largest lag of the trainer's weights behind it over the step's
+  // mini-batches (0: on-policy; mini-batch m trains on version rollout + m).
+  int64_t rollout_weight_version = 0, max_staleness = 0;
 };
 
 struct SftStepMetrics {

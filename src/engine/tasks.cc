@@ -133,7 +133,7 @@ std::string samples_jsonl(const std::vector<Sample>& samples) {
     append_array(out, s.completion);
     out += ",\"answer\":";
     append_array(out, s.answer);
-    out += "}\n";
+    out += ",\"weight_version\":" + std::to_string(s.weight_version) + "}\n";
   }
   return out;
 }

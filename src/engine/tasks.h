@@ -19,6 +19,9 @@ struct TaskPrompt {
 struct Sample {
   int64_t id = 0;
   std::vector<int32_t> prompt, completion, answer;
+  // The version of the weights that generated it: optimizer steps applied to the policy so far
+  // (warm-up steps included). The reward command sees it as "weight_version".
+  int64_t weight_version = 0;
 };
 
 class Task {

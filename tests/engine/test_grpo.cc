@@ -84,6 +84,25 @@ TEST(Grpo, EveryStepZeroMismatchesRatiosExactlyOneAndWeightsMove) {
     EXPECT_TRUE(std::isfinite(m.grad_norm));
     EXPECT_NE(m.weights_sha256, prev) << "the weights did not change at step " << m.step;
     prev = m.weights_sha256;
+    // One optimizer step per step (no warm-up here): on-policy, no staleness.
+    EXPECT_EQ(m.rollout_weight_version, m.step) << "step " << m.step;
+    EXPECT_EQ(m.max_staleness, 0) << "step " << m.step;
+  }
+}
+
+// Several mini-batches per rollout batch: mini-batch m trains on the rollout's version + m, which
+// the metrics show; the warm-up's steps count.
+TEST(Grpo, WeightVersionsShowTheMiniBatchStaleness) {
+  GrpoConfig g = small_run();
+  g.steps = 2;
+  g.mini_batches = 3;
+  g.sft_steps = 2;
+  const GrpoRun r = run(g);
+  ASSERT_EQ(r.steps.size(), 2u);
+  for (const GrpoStepMetrics& m : r.steps) {
+    EXPECT_EQ(m.rollout_weight_version, 2 + 3 * m.step) << "step " << m.step;
+    EXPECT_EQ(m.max_staleness, 2) << "step " << m.step;
+    EXPECT_EQ(m.logp_mismatches, 0) << "step " << m.step;
   }
 }
 

@@ -182,12 +182,15 @@ TEST(CommandTask, SeesTheSamplesAsJsonl) {
   std::vector<Sample> s = samples(2);
   s[1].id = 41;
   s[1].completion = {};
+  s[1].weight_version = 7;
   task->score(s);
   std::ifstream f(path);
   std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   EXPECT_EQ(text,
-            "{\"id\":0,\"prompt\":[1,3,4,5,13],\"completion\":[3,4,5,2],\"answer\":[3,4,5]}\n"
-            "{\"id\":41,\"prompt\":[1,3,4,5,13],\"completion\":[],\"answer\":[3,4,5]}\n");
+            "{\"id\":0,\"prompt\":[1,3,4,5,13],\"completion\":[3,4,5,2],\"answer\":[3,4,5],"
+            "\"weight_version\":0}\n"
+            "{\"id\":41,\"prompt\":[1,3,4,5,13],\"completion\":[],\"answer\":[3,4,5],"
+            "\"weight_version\":7}\n");
   std::remove(path.c_str());
 }
 
