@@ -290,7 +290,6 @@ SavedForward Backprop::forward(Model& model, const TensorView& tokens,
   }
   model.set_trace(nullptr);
   f.hidden = std::move(hidden);
-  f.invariant = model.ops().name() == "invariant";
   Tensor tok(DType::kI32, {T});
   for (int64_t t = 0; t < T; ++t) {
     tok.ptr<int32_t>()[t] =

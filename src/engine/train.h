@@ -70,9 +70,6 @@ struct SavedForward {
     Tensor act;       // [T, I] SiLU-and-mul output (x of down_proj)
   };
   std::vector<Layer> layers;
-  // The forward ran on the invariant backend (a baseline forward's activations, out and lse
-  // included, are differentiated as they are, by the backend's backward ops).
-  bool invariant = true;
   Tensor s_final;  // [T, H] the stream into the final norm
   Tensor hidden;   // [T, H] the final norm's output (h of the log-prob head)
   int64_t bytes() const;
