@@ -49,9 +49,13 @@ Tensor upload(const Tensor& host) {
   return d;
 }
 
+// Zeros as [numel / last, last] rows (one 2-D memset whose pitch is one row, not the tensor).
 Tensor zeros_f32(const std::vector<int64_t>& shape) {
   Tensor d = cuda::empty(DType::kF32, shape);
-  if (d.numel() > 0) cuda::fill_zero(flat(d));
+  if (d.numel() == 0) return d;
+  const int64_t last = shape.empty() ? 1 : shape.back();
+  cuda::fill_zero(
+      TensorView::contiguous(d.data(), DType::kF32, {d.numel() / last, last}, Device::kCUDA));
   return d;
 }
 
