@@ -24,6 +24,7 @@
 #include "engine/cuda/optim.h"
 #include "engine/default_model.h"
 #include "engine/optim.h"
+#include "lockstep/cuda/optim.h"
 #include "lockstep/cuda/runtime.h"
 
 namespace lockstep::engine {
@@ -176,6 +177,37 @@ void step_both(const std::string& what, CudaAdamW& gpu, AdamW& cpu, const Weight
   const StepStats g = gpu.step(to_device(host_grads));
   same_stats(what + ": stats", g, c);
   compare(what, gpu, cpu);
+}
+
+// The kernel alone: every chunk's sum equals the sequential host chain (a named first failure when
+// the norm is wrong, before the optimizer's comparisons).
+void test_chunk_sums() {
+  gpu_test::section("chunk sums", [] {
+    std::mt19937_64 rng(gpu_test::g_seed + 3);
+    const Weights w = make_weights(rng);
+    const Weights g = make_grads(w, rng, 1.0f);
+    const Weights dg = to_device(g);
+    std::vector<TensorView> views;
+    for (const auto& [name, t] : dg) views.push_back(t.view());
+    const std::vector<double> got = cuda::sum_of_squares_chunks(views);
+    std::vector<double> want;
+    for (const auto& [name, t] : g) {
+      const float* p = t.ptr<float>();
+      for (int64_t begin = 0; begin < t.numel(); begin += cuda::kNormChunk) {
+        const int64_t end = std::min(t.numel(), begin + cuda::kNormChunk);
+        double sum = 0.0;
+        for (int64_t i = begin; i < end; ++i) {
+          const double x = p[i];
+          sum = sum + x * x;
+        }
+        want.push_back(sum);
+      }
+    }
+    report(got.size() == want.size(),
+           "chunk count " + std::to_string(got.size()) + " vs " + std::to_string(want.size()));
+    if (got.size() == want.size())
+      gpu_test::bitwise("every chunk's chain", got.data(), want.data(), got.size(), 8);
+  });
 }
 
 struct Schedule {
@@ -465,6 +497,7 @@ int main(int argc, char** argv) {
   using namespace lockstep;
   if (!gpu_test::start("test_optim_cuda", argc, argv)) return 2;
   std::printf("%s\n", cuda::device_summary().c_str());
+  engine::test_chunk_sums();
   engine::test_schedules();
   engine::test_non_finite();
   engine::test_checkpoints();
