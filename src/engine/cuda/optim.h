@@ -34,7 +34,9 @@ class CudaAdamW {
   StepStats step(const Weights& grads);
 
   // The bf16 compute weights on the device (round to nearest even of the masters, canonical NaN),
-  // refreshed by every step: the rollout engine's weights. Valid in stream order.
+  // rewritten in place by every step (the same buffers for the optimizer's lifetime): the
+  // rollout engine's weights (a Model built over their views copies them on the device). Valid
+  // in stream order.
   const Weights& bf16_weights() const { return bf16_; }
   Weights bf16_weights_host() const;  // AdamW::bf16_weights(), copied to the host
   // The fp32 state on the device.
