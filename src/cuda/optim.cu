@@ -39,18 +39,19 @@ __device__ __forceinline__ int find_tensor(const int64_t* begin, int count, int6
   return lo;
 }
 
-// ---- sum of squares
-// ------------------------------------------------------------------------------
+// ---- sum of squares ----------------------------------------------------------------------------
 
 // NOTE: one lane per chunk, so that every FP64 instruction of the chains does 32 useful adds: the
 // warp's lane j runs the chain of the warp's chunk j. Per tile the warp stages kSumTile elements
-// of each of its 32 chunks (one coalesced row per chunk) in shared memory, each row padded to 33
-// words so that the 32 lanes, each reading its own row, hit 32 different banks. Elements past a
-// chunk's end are staged as +0: s + (+0)·(+0) = s for every s >= +0, +inf or NaN, so the padding
-// changes no bit of any chain.
-constexpr int kSumWarps = 2;  // warps per block
-constexpr int kSumTile = 32;  // elements of each chunk per staged tile
+// of each of its 32 chunks (kRowLoads coalesced 32-element rows per chunk) in shared memory, each
+// chunk's row padded to kSumTile + 1 words so that the 32 lanes, each reading its own row, hit 32
+// different banks; the next tile's loads are in flight while the lanes run the current one.
+// Elements past a chunk's end are staged as +0: s + (+0)·(+0) = s for every s >= +0, +inf or
+// NaN, so the padding changes no bit of any chain.
 constexpr int kLanes = 32;
+constexpr int kSumWarps = 2;                  // warps per block
+constexpr int kRowLoads = 2;                  // loads per lane per chunk per tile
+constexpr int kSumTile = kRowLoads * kLanes;  // elements of each chunk per staged tile
 
 struct SumBatch {
   int count = 0;
@@ -83,31 +84,36 @@ __global__ void __launch_bounds__(kSumWarps* kLanes)
   __syncwarp();
 
   float(*t)[kSumTile + 1] = tile[warp];
-  float x[kLanes];  // element base + lane of each of the warp's rows
+  float x[kRowLoads][kLanes];  // x[q][r]: element base + 32·q + lane of the warp's chunk r
   auto load = [&](int base) {
-    const int i = base + lane;
 #pragma unroll
-    for (int r = 0; r < kLanes; ++r) x[r] = i < row_len[warp][r] ? row_ptr[warp][r][i] : 0.0f;
+    for (int q = 0; q < kRowLoads; ++q) {
+      const int i = base + q * kLanes + lane;
+#pragma unroll
+      for (int r = 0; r < kLanes; ++r) x[q][r] = i < row_len[warp][r] ? row_ptr[warp][r][i] : 0.0f;
+    }
   };
   double s = 0.0;
   if (longest > 0) load(0);
   for (int base = 0; base < longest; base += kSumTile) {
     __syncwarp();  // the previous tile's reads are done
 #pragma unroll
-    for (int r = 0; r < kLanes; ++r) t[r][lane] = x[r];
+    for (int q = 0; q < kRowLoads; ++q) {
+#pragma unroll
+      for (int r = 0; r < kLanes; ++r) t[r][q * kLanes + lane] = x[q][r];
+    }
     __syncwarp();
     if (base + kSumTile < longest) load(base + kSumTile);  // in flight during the chain
 #pragma unroll
     for (int i = 0; i < kSumTile; ++i) {
-      const double d = double(t[lane][i]);
-      s = __dadd_rn(s, __dmul_rn(d, d));  // d·d is exact in double
+      const double d = double(t[lane][i]);  // element base + i of this lane's chunk
+      s = __dadd_rn(s, __dmul_rn(d, d));    // d·d is exact in double
     }
   }
   if (chunk < total) out[chunk] = s;
 }
 
-// ---- update
-// --------------------------------------------------------------------------------------
+// ---- update ------------------------------------------------------------------------------------
 
 constexpr int kUpdateThreads = 256;
 constexpr int kUpdatePerThread = 4;
@@ -160,8 +166,7 @@ __global__ void __launch_bounds__(kUpdateThreads)
   }
 }
 
-// ---- host side
-// -----------------------------------------------------------------------------------
+// ---- host side ---------------------------------------------------------------------------------
 
 void check_cuda(cudaError_t e, const char* op, const char* what) {
   LS_CHECK(e == cudaSuccess, op, what, ": ", cudaGetErrorString(e));
