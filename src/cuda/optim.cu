@@ -136,12 +136,24 @@ __global__ void __launch_bounds__(kUpdateThreads)
   const int k = find_tensor(b.block_begin, b.count, int64_t(blockIdx.x));
   const int64_t n = b.numel[k];
   const int64_t first = (int64_t(blockIdx.x) - b.block_begin[k]) * kUpdateBlockElems;
-  const float* g = b.grad[k];
-  float* w = b.master[k];
-  float* m = b.m[k];
-  float* v = b.v[k];
-  uint16_t* out = b.weight[k];
+  const float* __restrict__ g = b.grad[k];
+  float* __restrict__ w = b.master[k];
+  float* __restrict__ m = b.m[k];
+  float* __restrict__ v = b.v[k];
+  uint16_t* __restrict__ out = b.weight[k];
   const double wd = b.weight_decay[k];
+  // All of this thread's loads first (kUpdatePerThread elements in flight), then the math.
+  float gf[kUpdatePerThread], wf[kUpdatePerThread], mf[kUpdatePerThread], vf[kUpdatePerThread];
+#pragma unroll
+  for (int j = 0; j < kUpdatePerThread; ++j) {
+    const int64_t i = first + int64_t(j) * kUpdateThreads + threadIdx.x;
+    if (i < n) {
+      gf[j] = g[i];
+      wf[j] = w[i];
+      mf[j] = m[i];
+      vf[j] = v[i];
+    }
+  }
 #pragma unroll
   for (int j = 0; j < kUpdatePerThread; ++j) {
     const int64_t i = first + int64_t(j) * kUpdateThreads + threadIdx.x;
@@ -150,12 +162,13 @@ __global__ void __launch_bounds__(kUpdateThreads)
     //   gi = g·scale; mi = b1·m + (1−b1)·gi; vi = b2·v + (1−b2)·(gi·gi);
     //   m_hat = mi/c1; v_hat = vi/c2; update = m_hat/(sqrt(v_hat) + eps) + wd·wi;
     //   w = float(wi − lr·update); m = float(mi); v = float(vi)
-    const double gi = __dmul_rn(double(g[i]), c.clip_scale);
-    const double mi = __dadd_rn(__dmul_rn(c.beta1, double(m[i])), __dmul_rn(c.one_minus_beta1, gi));
-    const double vi = __dadd_rn(__dmul_rn(c.beta2, double(v[i])),
+    const double gi = __dmul_rn(double(gf[j]), c.clip_scale);
+    const double mi =
+        __dadd_rn(__dmul_rn(c.beta1, double(mf[j])), __dmul_rn(c.one_minus_beta1, gi));
+    const double vi = __dadd_rn(__dmul_rn(c.beta2, double(vf[j])),
                                 __dmul_rn(c.one_minus_beta2, __dmul_rn(gi, gi)));
     const double m_hat = __ddiv_rn(mi, c.c1), v_hat = __ddiv_rn(vi, c.c2);
-    const double wi = double(w[i]);
+    const double wi = double(wf[j]);
     const double update =
         __dadd_rn(__ddiv_rn(m_hat, __dadd_rn(__dsqrt_rn(v_hat), c.eps)), __dmul_rn(wd, wi));
     const float w_new = __double2float_rn(__dsub_rn(wi, __dmul_rn(c.lr, update)));
