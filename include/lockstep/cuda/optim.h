@@ -33,7 +33,8 @@ struct AdamWStepConsts {
   double clip_scale = 1, lr = 0;
 };
 
-// One tensor of the update: all views contiguous, on the device, with the same element count.
+// One tensor of the update: all views contiguous, on the device, with the same element count, and
+// no two of them (nor two tensors' views) overlapping.
 struct AdamWTensor {
   TensorView grad;          // f32, read
   TensorView master, m, v;  // f32, updated in place
