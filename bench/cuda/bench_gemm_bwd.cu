@@ -2,12 +2,12 @@
 // docs/contract.md §B.3) vs cuBLAS, side by side in one process, on the Qwen3-8B layer shapes
 // (forward y = x·wᵀ, x [T, K], w [N, K]):
 //   dX  dx[T, K] = dy[T, N] · w[N, K], bf16 in, f32 or bf16 out, one segment (a row-parallel
-//       layer's setting; cuBLAS: cublasGemmEx OP_N/OP_N, CUBLAS_COMPUTE_32F). lockstep's time
-//       includes its transpose of w.
+//       layer's setting; cuBLAS: cublasGemmEx OP_N/OP_N, CUBLAS_COMPUTE_32F). lockstep reads w
+//       in place (the nn layout).
 //   dW  dw[N, K] += dy[T, N]ᵀ · x[T, K], bf16 in, f32 accumulated in place (cuBLAS: OP_N/OP_T,
 //       beta = 1, CUBLAS_COMPUTE_32F). lockstep's time includes the host token-slot table, its
-//       upload and the gather-transposes of dy and x. The tokens are sequences of 1024 (no padding
-//       slots), one micro-batch.
+//       upload and (sequences of 1000: padding slots) the row gathers of dy and x; sequences of
+//       1024 (no padding slots) read dy and x in place. One micro-batch.
 // Each point: 2 warm-up calls, then the median of 10 timed calls (one cudaEvent pair around each
 // call, host-side checks inside). Operands: random bf16 in ±[0.5, 2)·2^-6 (dw stays finite).
 // Prints a markdown table; writes nothing else. Usage: bench_gemm_bwd [--quick] (--quick:
@@ -23,7 +23,9 @@
 #include <exception>
 #include <vector>
 
-#include "cuda/cuda_ck.h"  // CK
+#include "cuda/cuda_ck.h"        // CK
+#include "cuda/gemm/internal.h"  // gemm_bf16_tn_accumulate (the TN plans table)
+#include "cuda/gemm/plan.h"
 #include "lockstep/contract/backward.h"
 #include "lockstep/cuda/backward.h"
 
@@ -167,10 +169,13 @@ int main(int argc, char** argv) {
         CK(cudaGetLastError());
         report("dX", s, T, dt == DType::kF32 ? "f32" : "bf16", tl, ok, tc, cok);
       }
-      // dW (f32, accumulated): sequences of 1024 tokens in one micro-batch.
-      {
+      // dW (f32, accumulated): sequences of 1024 tokens in one micro-batch (the token slots are
+      // consecutive rows: dy and x read in place), then sequences of 1000 (8 padding slots each:
+      // the rows are gathered).
+      for (const int64_t len : {int64_t(1024), int64_t(1000)}) {
         std::vector<int64_t> cu;
-        for (int64_t r = 0; r <= T; r += 1024) cu.push_back(r);
+        for (int64_t r = 0; r < T; r += len) cu.push_back(r);
+        cu.push_back(T);
         const TokenOrder order = TokenOrder::packed(cu, 0);
         const TensorView dwv = TensorView::contiguous(dw, DType::kF32, {s.N, s.K}, Device::kCUDA);
         bool ok = true, cok = true;
@@ -193,10 +198,50 @@ int main(int argc, char** argv) {
         };
         const float tl = time(ours), tc = time(theirs);
         CK(cudaGetLastError());
-        report("dW", s, T, "f32 +=", tl, ok, tc, cok);
+        report("dW", s, T, len == 1024 ? "f32 +=, in place" : "f32 +=, gathered", tl, ok, tc, cok);
       }
     }
   }
+  // The TN layout's plans, each forced (detail::gemm_bf16_tn_accumulate on dy and x in place, all
+  // T tokens in one launch): which tile the planner should pick (speed only: same bits).
+  std::printf(
+      "\nTN (dW) plans forced, one launch over all T tokens in place: lockstep TFLOP/s per plan "
+      "(planner's choice marked *)\n\n| shape | T |");
+  const lockstep::cuda::GemmProblem q0 = lockstep::cuda::detail::gemm_tn_problem(
+      static_cast<const uint16_t*>(dy), 8, static_cast<const uint16_t*>(x), 8, 8, 8, 16);
+  const std::vector<lockstep::cuda::GemmPlan> tn_plans = lockstep::cuda::gemm_legal_plans(q0);
+  for (const auto& pl : tn_plans)
+    std::printf(" %s%s |", pl.tile.to_string().c_str(), pl.ping_pong ? " pp" : "");
+  std::printf("\n|---|---|");
+  for (size_t i = 0; i < tn_plans.size(); ++i) std::printf("---|");
+  std::printf("\n");
+  for (const Shape& s : shapes) {
+    for (const int64_t T :
+         quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{1024, 2048, 4096, 8192, 16384}) {
+      const auto* dyp = static_cast<const uint16_t*>(dy);
+      const auto* xp = static_cast<const uint16_t*>(x);
+      const lockstep::cuda::GemmProblem q =
+          lockstep::cuda::detail::gemm_tn_problem(dyp, s.N, xp, s.K, s.N, s.K, T);
+      const lockstep::cuda::GemmPlan chosen = lockstep::cuda::plan_gemm(q);
+      std::printf("| %s | %lld |", s.name, (long long)T);
+      for (const auto& pl : tn_plans) {
+        bool ok = true;
+        const float t = time([&] {
+          try {
+            lockstep::cuda::detail::gemm_bf16_tn_accumulate(dyp, s.N, xp, s.K, s.N, s.K, T,
+                                                            static_cast<float*>(dw), s.K, &pl);
+          } catch (const std::exception& e) {
+            if (ok) std::printf(" error: %s", e.what());
+            ok = false;
+          }
+        });
+        const double tf = 2.0 * double(T) * double(s.N) * double(s.K) / (t * 1e-3) / 1e12;
+        std::printf(" %.1f%s |", tf, pl == chosen ? "*" : "");
+      }
+      std::printf("\n");
+    }
+  }
+  CK(cudaGetLastError());
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   cublasDestroy(h);

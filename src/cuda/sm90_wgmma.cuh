@@ -23,6 +23,18 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
   return d;
 }
 
+// The same for an MN-major operand (the rows of the k-tile are k, 128 bytes = 64 M or N elements
+// each, as TMA wrote a box of 64 columns x 64 rows with 128B swizzle): 8-row k groups 1024 bytes
+// apart (SBO), 64-element M / N blocks 8192 bytes apart (LBO: the next box); one k-block of 16 is
+// two k groups, its start address advances 2048 bytes per k-block.
+__device__ __forceinline__ uint64_t sw128_mn_desc(uint32_t addr) {
+  uint64_t d = uint64_t((addr & 0x3FFFFu) >> 4);  // start address, bits 0-13
+  d |= uint64_t(8192 >> 4) << 16;                 // LBO, bits 16-29
+  d |= uint64_t(1024 >> 4) << 32;                 // SBO, bits 32-45
+  d |= uint64_t(1) << 62;                         // 128B swizzle
+  return d;
+}
+
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }
@@ -44,6 +56,8 @@ __device__ __forceinline__ void fence_acc(float (&d)[R]) {
 // d = A·B + (scale_d ? d : +0) over one k-block of 16 (the contract's mma_kblock_bf16 per output):
 // wgmma.m64nNk16 with R = N / 2 accumulators per thread (asm operands %0 .. %R-1), then desc_a,
 // desc_b, scale_d. N = 32, 48: the small-M wgmma tiles; N = 64, 128, 256: the large-M tiles.
+// TA / TB = 1: A / B is MN-major in shared memory (the instruction's transpose bits; bf16 allows
+// them): the same products and the same k-block arithmetic, only the operand's layout differs.
 // NOTE: inline asm takes one operand per register: the register list and the accumulator
 // operands are spelled out once here (LS_WGMMA_R*, LS_WGMMA_D*), each instruction is one line.
 #define LS_WGMMA_R16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
@@ -65,7 +79,8 @@ __device__ __forceinline__ void fence_acc(float (&d)[R]) {
 #define LS_WGMMA_D32(i) \
   LS_WGMMA_D8(4 * (i)), LS_WGMMA_D8(4 * (i) + 1), LS_WGMMA_D8(4 * (i) + 2), LS_WGMMA_D8(4 * (i) + 3)
 // N, R, the register list, the operand numbers of desc_a, desc_b and scale_d, the accumulators.
-#define LS_WGMMA(N, R, REGS, A, B, SD, ...)                                                    \
+#define LS_WGMMA(N, R, REGS, A, B, SD, TA, TB, ...)                                            \
+  template <int kTA, int kTB>                                                                  \
   __device__ __forceinline__ void wgmma_m64k16(float(&d)[R], uint64_t desc_a, uint64_t desc_b, \
                                                int scale_d) {                                  \
     asm volatile(                                                                              \
@@ -73,16 +88,16 @@ __device__ __forceinline__ void fence_acc(float (&d)[R]) {
         "setp.ne.b32 p, %" #SD                                                                 \
         ", 0;\n"                                                                               \
         "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.bf16.bf16 {" REGS "}, %" #A ", %" #B   \
-        ", p, 1, 1, 0, 0;\n}\n"                                                                \
+        ", p, 1, 1, %" #TA ", %" #TB ";\n}\n"                                                  \
         : __VA_ARGS__                                                                          \
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                             \
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTA), "n"(kTB));                         \
   }
-LS_WGMMA(32, 16, LS_WGMMA_R16, 16, 17, 18, LS_WGMMA_D8(0), LS_WGMMA_D8(1))
-LS_WGMMA(48, 24, LS_WGMMA_R24, 24, 25, 26, LS_WGMMA_D8(0), LS_WGMMA_D8(1), LS_WGMMA_D8(2))
-LS_WGMMA(64, 32, LS_WGMMA_R32, 32, 33, 34, LS_WGMMA_D32(0))
-LS_WGMMA(128, 64, LS_WGMMA_R64, 64, 65, 66, LS_WGMMA_D32(0), LS_WGMMA_D32(1))
-LS_WGMMA(256, 128, LS_WGMMA_R128, 128, 129, 130, LS_WGMMA_D32(0), LS_WGMMA_D32(1), LS_WGMMA_D32(2),
-         LS_WGMMA_D32(3))
+LS_WGMMA(32, 16, LS_WGMMA_R16, 16, 17, 18, 19, 20, LS_WGMMA_D8(0), LS_WGMMA_D8(1))
+LS_WGMMA(48, 24, LS_WGMMA_R24, 24, 25, 26, 27, 28, LS_WGMMA_D8(0), LS_WGMMA_D8(1), LS_WGMMA_D8(2))
+LS_WGMMA(64, 32, LS_WGMMA_R32, 32, 33, 34, 35, 36, LS_WGMMA_D32(0))
+LS_WGMMA(128, 64, LS_WGMMA_R64, 64, 65, 66, 67, 68, LS_WGMMA_D32(0), LS_WGMMA_D32(1))
+LS_WGMMA(256, 128, LS_WGMMA_R128, 128, 129, 130, 131, 132, LS_WGMMA_D32(0), LS_WGMMA_D32(1),
+         LS_WGMMA_D32(2), LS_WGMMA_D32(3))
 #undef LS_WGMMA
 #undef LS_WGMMA_D32
 #undef LS_WGMMA_D8
@@ -92,10 +107,11 @@ LS_WGMMA(256, 128, LS_WGMMA_R128, 128, 129, 130, LS_WGMMA_D32(0), LS_WGMMA_D32(1
 #undef LS_WGMMA_R24
 #undef LS_WGMMA_R16
 
-// The wgmma of N = WN (one overload per N above, told apart by the accumulator count).
-template <int WN>
+// The wgmma of N = WN (one overload per N above, told apart by the accumulator count); TA / TB:
+// MN-major A / B.
+template <int WN, int TA = 0, int TB = 0>
 __device__ __forceinline__ void wgmma_k16(float (&d)[WN / 2], uint64_t da, uint64_t db, int sd) {
-  wgmma_m64k16(d, da, db, sd);
+  wgmma_m64k16<TA, TB>(d, da, db, sd);
 }
 
 }  // namespace lockstep::cuda::detail

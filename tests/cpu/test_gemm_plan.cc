@@ -404,47 +404,71 @@ TEST(GemmPlan, PureFunction) {
   }
 }
 
-TEST(GemmPlan, NnLayoutNotImplemented) {
-  GemmProblem p = problem(64, 4096, 4096, 1);
-  p.layout = GemmLayout::kNN;
-  try {
-    (void)plan_gemm(p);
-    ADD_FAILURE() << "no error for layout nn";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("not implemented"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find(gemm_layout_name(GemmLayout::kNN)), std::string::npos)
-        << e.what();
+// NN (dX, w read in place) and TN (dW): the wgmma kernel only, so TMA-readable operands only; a
+// problem TMA cannot read throws naming the layout.
+TEST(GemmPlan, NnAndTnNeedTma) {
+  for (GemmLayout l : {GemmLayout::kNN, GemmLayout::kTN}) {
+    GemmProblem p = problem(256, 4096, 4096, 1);
+    p.layout = l;
+    p.tma_ok = false;
+    try {
+      (void)plan_gemm(p);
+      ADD_FAILURE() << "no error for layout " << gemm_layout_name(l) << " without TMA";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("TMA-readable"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(gemm_layout_name(l)), std::string::npos) << e.what();
+    }
+    EXPECT_THROW((void)gemm_legal_plans(p), Error);
   }
-  EXPECT_THROW((void)gemm_legal_plans(p), Error);
 }
 
-// TN (dW, accumulate mode): only the kernels with an accumulate mode, one segment, no fold, no
-// ping-pong, whatever the sizes (small M included); the chosen plan is legal.
+// NN: the NT layout's wgmma plans (same cost model: the same choice as NT where NT picks wgmma),
+// every segment count; the chosen plan is legal.
+TEST(GemmPlan, NnPlansAreTheWgmmaPlans) {
+  const int64_t kSizes[][3] = {{65, 4096, 6144},     {1024, 4096, 6144},  {1024, 4096, 24576},
+                               {4096, 12288, 4096},  {16384, 4096, 4096}, {333, 989, 1000},
+                               {16384, 4096, 12288}, {1, 128, 64}};
+  for (const auto& sz : kSizes) {
+    for (int S : {1, 2, 4, 8}) {
+      GemmProblem p = problem(sz[0], sz[1], sz[2], S);
+      GemmProblem nt = p;
+      p.layout = GemmLayout::kNN;
+      const GemmPlan chosen = plan_gemm(p);
+      EXPECT_EQ(chosen.mainloop, GemmMainloop::kWgmma) << chosen.to_string();
+      EXPECT_TRUE(gemm_plan_legal(p, chosen)) << chosen.to_string();
+      const GemmPlan nt_plan = plan_gemm(nt);
+      if (nt_plan.mainloop == GemmMainloop::kWgmma) EXPECT_EQ(chosen, nt_plan);
+      for (const GemmPlan& q : gemm_legal_plans(p)) {
+        EXPECT_EQ(q.mainloop, GemmMainloop::kWgmma) << q.to_string();
+        EXPECT_TRUE(gemm_plan_legal(nt, q)) << q.to_string();  // an NT plan too
+      }
+    }
+  }
+}
+
+// TN (dW, accumulate mode): the wgmma job tiles and the ping-pong tile, one segment, no fold,
+// whatever the sizes (small M included); the chosen plan is legal.
 TEST(GemmPlan, TnPlansAccumulateOnly) {
   auto accumulates = [](const GemmPlan& q) {
-    const bool mma = q.mainloop == GemmMainloop::kMmaSync &&
-                     (q.tile == GemmTile{32, 64, 64, 8} || q.tile == GemmTile{128, 128, 64, 4});
-    const bool wg = q.mainloop == GemmMainloop::kWgmma && !q.ping_pong &&
-                    (q.tile == GemmTile{128, 256, 64, 4} || q.tile == GemmTile{128, 128, 64, 6} ||
-                     q.tile == GemmTile{64, 128, 64, 8});
-    return (mma || wg) && q.fold == GemmFold::kNone && q.tree_levels == 0;
+    const bool jobs =
+        !q.ping_pong && (q.tile == GemmTile{128, 256, 64, 4} ||
+                         q.tile == GemmTile{128, 128, 64, 6} || q.tile == GemmTile{64, 128, 64, 8});
+    const bool pp = q.ping_pong && q.tile == GemmTile{64, 256, 64, 5};
+    return q.mainloop == GemmMainloop::kWgmma && (jobs || pp) && q.fold == GemmFold::kNone &&
+           q.tree_levels == 0;
   };
   const int64_t kSizes[][3] = {{1, 1, 16},       {3, 17, 16},         {64, 64, 64},
                                {111, 989, 336},  {256, 256, 4096},    {6144, 4096, 8192},
                                {4096, 4096, 16}, {24576, 4096, 8192}, {4096, 12288, 1024}};
   for (const auto& sz : kSizes) {
-    for (bool tma : {true, false}) {
-      GemmProblem p = problem(sz[0], sz[1], sz[2], 1);
-      p.layout = GemmLayout::kTN;
-      p.tma_ok = tma;
-      const GemmPlan chosen = plan_gemm(p);
-      EXPECT_TRUE(accumulates(chosen)) << chosen.to_string();
-      EXPECT_TRUE(gemm_plan_legal(p, chosen)) << chosen.to_string();
-      EXPECT_EQ(tma, chosen.mainloop == GemmMainloop::kWgmma) << chosen.to_string();
-      const std::vector<GemmPlan> legal = gemm_legal_plans(p);
-      EXPECT_EQ(legal.size(), tma ? 5u : 2u);
-      for (const GemmPlan& q : legal) EXPECT_TRUE(accumulates(q)) << q.to_string();
-    }
+    GemmProblem p = problem(sz[0], sz[1], sz[2], 1);
+    p.layout = GemmLayout::kTN;
+    const GemmPlan chosen = plan_gemm(p);
+    EXPECT_TRUE(accumulates(chosen)) << chosen.to_string();
+    EXPECT_TRUE(gemm_plan_legal(p, chosen)) << chosen.to_string();
+    const std::vector<GemmPlan> legal = gemm_legal_plans(p);
+    EXPECT_EQ(legal.size(), 4u);
+    for (const GemmPlan& q : legal) EXPECT_TRUE(accumulates(q)) << q.to_string();
   }
   GemmProblem p = problem(256, 256, 256, 2);
   p.layout = GemmLayout::kTN;

@@ -1,14 +1,17 @@
-// GPU parity of the GEMM's TN layout in accumulate mode (dW, docs/cuda-gemm.md "Backward") with
-// the CPU weight gradient lockstep::cpu::gemm_bf16_dw, bit for bit (docs/contract.md §B.3), for
-// EVERY legal TN plan (detail::gemm_bf16_tn_accumulate with each of gemm_legal_plans: the wgmma
-// job tiles 128x256 / 128x128 / 64x128 and both mma.sync tiles), not only the one the planner
-// picks (which test_parity's op-case rows reach through cuda::gemm_bf16_dw). The operands are
-// gathered on the host exactly as the op's gather-transpose does (canonical token slots, zeros past
-// a sequence's end): K-major dyᵀ [N, Tc] and xᵀ [K, Tc]; row strides Tc (TMA-readable) or Tc + 1
-// (only the mma.sync plans are legal: the test checks that). Also: the chain continued over two
-// launches (the slots split at a block boundary) == one launch, and the public cuda::gemm_bf16_dw.
-// dw starts nonzero (with NaN / inf among its values); dy and x hold ±0, subnormals and rare
-// inf / NaN. Fresh seed each run (printed; pass a number to repeat one). --quick: small sizes.
+// GPU parity of the GEMM backward layouts with the CPU, bit for bit (docs/contract.md §B.3), for
+// EVERY legal plan, not only the one the planner picks (which test_parity's op-case rows reach
+// through cuda::gemm_bf16_dw / gemm_bf16_dx):
+//   tn (dW, accumulate mode): detail::gemm_bf16_tn_accumulate with each of gemm_legal_plans (the
+//     wgmma job tiles 128x256 / 128x128 / 64x128 and the 64x256 ping-pong tile) vs
+//     cpu::gemm_bf16_dw. The operands are gathered on the host exactly as the op's row gather does
+//     (canonical token slots, zeros past a sequence's end): token-major dy [Tc, N] and x [Tc, K],
+//     rows N / K rounded up to 8 apart, or 8 more (strided). Also: the chain continued over two
+//     launches (the slots split at a block boundary) == one launch, and the public
+//     cuda::gemm_bf16_dw (gathered and in-place chunks). dw starts nonzero (with NaN / inf among
+//     its values); dy and x hold ±0, subnormals and rare inf / NaN.
+//   nn (dX, w read in place): detail::gemm_bf16_nn / _partial with each legal plan vs
+//     cpu::gemm_bf16_dx / _partial, S = 1, 2, 4, 8, dx f32 and bf16, strided w rows.
+// Fresh seed each run (printed; pass a number to repeat one). --quick: small sizes.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -76,7 +79,7 @@ void run_case(const Case& c) {
                     TensorView::contiguous(x.data(), DType::kBF16, {rows, K}), order,
                     TensorView::contiguous(ref.data(), DType::kF32, {N, K}));
 
-  // Host gather (canonical slots), K-major over the tokens, row stride ld.
+  // Host gather (canonical slots), token-major, row stride ld.
   std::vector<int64_t> slots;
   for (const TokenSeq& q : order.seqs())
     for (int64_t p = 0; p < q.len; p += kTokenBlock)
@@ -85,45 +88,44 @@ void run_case(const Case& c) {
   const std::string name =
       "N" + std::to_string(N) + " K" + std::to_string(K) + " slots " + std::to_string(Tc);
   auto gather = [&](const std::vector<uint16_t>& m, int64_t cols, int64_t ld) {
-    std::vector<uint16_t> o(size_t(cols * ld), 0xFFFF);  // columns past Tc: NaN, never read
-    for (int64_t col = 0; col < cols; ++col)
-      for (int64_t t = 0; t < Tc; ++t)
-        o[size_t(col * ld + t)] =
+    std::vector<uint16_t> o(size_t(Tc * ld), 0xFFFF);  // columns past cols: NaN, never read
+    for (int64_t t = 0; t < Tc; ++t)
+      for (int64_t col = 0; col < cols; ++col)
+        o[size_t(t * ld + col)] =
             slots[size_t(t)] < 0 ? uint16_t(0) : m[size_t(slots[size_t(t)] * cols + col)];
     return o;
   };
-  for (int64_t pad : {int64_t(0), int64_t(1)}) {
-    const int64_t ld = Tc + pad;
+  auto ld8 = [](int64_t n) { return (n + 7) / 8 * 8; };
+  for (int64_t pad : {int64_t(0), int64_t(8)}) {
+    const int64_t lda = ld8(N) + pad, ldb = ld8(K) + pad;
     DevPool pool;
-    const std::vector<uint16_t> a = gather(dy, N, ld), b = gather(x, K, ld);
+    const std::vector<uint16_t> a = gather(dy, N, lda), b = gather(x, K, ldb);
     auto* da = static_cast<uint16_t*>(pool.upload(a.data(), a.size() * 2));
     auto* db = static_cast<uint16_t*>(pool.upload(b.data(), b.size() * 2));
     auto* dw = static_cast<float*>(pool.alloc(dw0.size() * 4));
-    const cuda::GemmProblem q = cuda::detail::gemm_tn_problem(da, ld, db, ld, N, K, Tc);
-    // (One-row operands need no row stride.)
-    report(q.tma_ok == (pad == 0 || (N <= 1 && K <= 1)),
-           name + ": TMA-readable iff the row stride is Tc");
+    const cuda::GemmProblem q = cuda::detail::gemm_tn_problem(da, lda, db, ldb, N, K, Tc);
+    report(q.tma_ok, name + ": TMA-readable");
     const std::vector<cuda::GemmPlan> plans = cuda::gemm_legal_plans(q);
-    report(plans.size() == (q.tma_ok ? 5u : 2u), name + ": legal TN plans");
+    report(plans.size() == 4u, name + ": legal TN plans");
     for (const cuda::GemmPlan& pl : plans) {
-      const std::string what = name + " ld " + std::to_string(ld) + " [" + pl.to_string() + "]";
+      const std::string what = name + " ld +" + std::to_string(pad) + " [" + pl.to_string() + "]";
       CK(cudaMemcpy(dw, dw0.data(), dw0.size() * 4, cudaMemcpyHostToDevice));
-      cuda::detail::gemm_bf16_tn_accumulate(da, ld, db, ld, N, K, Tc, dw, K, &pl);
+      cuda::detail::gemm_bf16_tn_accumulate(da, lda, db, ldb, N, K, Tc, dw, K, &pl);
       CK(cudaGetLastError());
       const std::vector<uint8_t> got = download(dw, dw0.size() * 4);
       bitwise(what, got.data(), ref.data(), dw0.size(), 4);
     }
     // The chain over two launches (slots split at a block boundary) == one, the planner's plans.
     const int64_t half = (Tc / kTokenBlock / 2) * kTokenBlock;
-    if (half > 0 && pad == 0) {
-      // The second launch reads columns [half, Tc): operands starting there (16-byte aligned).
+    if (half > 0) {
       CK(cudaMemcpy(dw, dw0.data(), dw0.size() * 4, cudaMemcpyHostToDevice));
-      cuda::detail::gemm_bf16_tn_accumulate(da, ld, db, ld, N, K, half, dw, K, nullptr);
-      cuda::detail::gemm_bf16_tn_accumulate(da + half, ld, db + half, ld, N, K, Tc - half, dw, K,
-                                            nullptr);
+      cuda::detail::gemm_bf16_tn_accumulate(da, lda, db, ldb, N, K, half, dw, K, nullptr);
+      cuda::detail::gemm_bf16_tn_accumulate(da + half * lda, lda, db + half * ldb, ldb, N, K,
+                                            Tc - half, dw, K, nullptr);
       CK(cudaGetLastError());
       const std::vector<uint8_t> two = download(dw, dw0.size() * 4);
-      bitwise(name + " in two launches", two.data(), ref.data(), dw0.size(), 4);
+      bitwise(name + " ld +" + std::to_string(pad) + " in two launches", two.data(), ref.data(),
+              dw0.size(), 4);
     }
   }
   // The public op.
@@ -140,6 +142,86 @@ void run_case(const Case& c) {
   }
 }
 
+// dX through the nn layout, every legal plan, vs the CPU; w's rows ldw apart (>= K).
+void run_nn_case(int64_t T, int64_t N, int64_t K, int64_t ldw, int S, DType dx_dtype) {
+  std::mt19937_64 g(g_rng());
+  std::vector<uint16_t> dy(size_t(T * N)), w(size_t(N * ldw));
+  for (auto& v : dy) v = random_bf16(g);
+  for (auto& v : w) v = random_bf16(g);
+  const GemmConfig cfg{S};
+  const size_t esz = dx_dtype == DType::kF32 ? 4 : 2;
+  std::vector<uint8_t> ref(size_t(T * K) * esz);
+  TensorView wv = TensorView::contiguous(w.data(), DType::kBF16, {N, K});
+  wv.stride[0] = ldw;
+  cpu::gemm_bf16_dx(TensorView::contiguous(dy.data(), DType::kBF16, {T, N}), wv, cfg,
+                    TensorView::contiguous(ref.data(), dx_dtype, {T, K}));
+  DevPool pool;
+  void* ddy = pool.upload(dy.data(), dy.size() * 2);
+  void* dw = pool.upload(w.data(), w.size() * 2);
+  void* ddx = pool.alloc(ref.size());
+  const TensorView dyv = view(ddy, DType::kBF16, {T, N});
+  TensorView wd = view(dw, DType::kBF16, {N, K});
+  wd.stride[0] = ldw;
+  const TensorView dxv = view(ddx, dx_dtype, {T, K});
+  const std::string name = "T" + std::to_string(T) + " N" + std::to_string(N) + " K" +
+                           std::to_string(K) + " ldw " + std::to_string(ldw) + " S" +
+                           std::to_string(S) + (dx_dtype == DType::kF32 ? " f32" : " bf16");
+  const cuda::GemmProblem q = cuda::detail::gemm_nn_problem(dyv, wd, cfg);
+  // TMA-readable iff both row strides are multiples of 8 (the bases are aligned here); if not, no
+  // nn plan exists and the public op takes the transposed path.
+  const bool tma = N % 8 == 0 && ldw % 8 == 0;
+  report(q.layout == cuda::GemmLayout::kNN && q.tma_ok == tma,
+         name + ": nn problem, TMA-readable iff the row strides allow it");
+  if (!tma)
+    expect_error(
+        name + ": no nn plan", [&] { (void)cuda::gemm_legal_plans(q); }, "TMA-readable");
+  for (const cuda::GemmPlan& pl : tma ? cuda::gemm_legal_plans(q) : std::vector<cuda::GemmPlan>{}) {
+    CK(cudaMemset(ddx, 0xFF, ref.size()));
+    cuda::detail::gemm_bf16_nn(dyv, wd, cfg, dxv, &pl);
+    CK(cudaGetLastError());
+    const std::vector<uint8_t> got = download(ddx, ref.size());
+    bitwise(name + " [" + pl.to_string() + "]", got.data(), ref.data(), T * K, esz);
+  }
+  // The public op (nn for T > 64, else the transposed w).
+  CK(cudaMemset(ddx, 0xFF, ref.size()));
+  cuda::gemm_bf16_dx(dyv, wd, cfg, dxv);
+  CK(cudaGetLastError());
+  const std::vector<uint8_t> got = download(ddx, ref.size());
+  bitwise(name + " cuda::gemm_bf16_dx", got.data(), ref.data(), T * K, esz);
+  // TP partials: rank r's f32 partial through nn (each legal plan) == the CPU's.
+  for (int t = 2; t <= S; t *= 2) {
+    for (int r = 0; r < t; ++r) {
+      const GemmKRange kr = gemm_tp_k_range(cfg, N, t, r);
+      const int64_t nr = kr.end - kr.begin;
+      if (nr <= 0) continue;
+      std::vector<float> pref(size_t(T * K));
+      TensorView dys = TensorView::contiguous(dy.data() + kr.begin, DType::kBF16, {T, nr});
+      dys.stride[0] = N;
+      TensorView ws = TensorView::contiguous(w.data() + kr.begin * ldw, DType::kBF16, {nr, K});
+      ws.stride[0] = ldw;
+      cpu::gemm_bf16_dx_partial(dys, ws, N, t, r, cfg,
+                                TensorView::contiguous(pref.data(), DType::kF32, {T, K}));
+      TensorView dysd = view(static_cast<uint16_t*>(ddy) + kr.begin, DType::kBF16, {T, nr});
+      dysd.stride[0] = N;
+      TensorView wsd = view(static_cast<uint16_t*>(dw) + kr.begin * ldw, DType::kBF16, {nr, K});
+      wsd.stride[0] = ldw;
+      void* dp = pool.alloc(pref.size() * 4);
+      const TensorView pv = view(dp, DType::kF32, {T, K});
+      const cuda::GemmProblem qp = cuda::detail::gemm_nn_partial_problem(dysd, wsd, N, t, cfg);
+      if (!qp.tma_ok) continue;  // a shard starting off a 16-byte boundary: the transposed path
+      for (const cuda::GemmPlan& pl : cuda::gemm_legal_plans(qp)) {
+        CK(cudaMemset(dp, 0xFF, pref.size() * 4));
+        cuda::detail::gemm_bf16_nn_partial(dysd, wsd, N, t, cfg, pv, &pl);
+        CK(cudaGetLastError());
+        const std::vector<uint8_t> pg = download(dp, pref.size() * 4);
+        bitwise(name + " partial t" + std::to_string(t) + " r" + std::to_string(r) + " [" +
+                    pl.to_string() + "]",
+                pg.data(), pref.data(), T * K, 4);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -153,5 +235,17 @@ int main(int argc, char** argv) {
   }
   for (const Case& c : cases)
     section("tn N" + std::to_string(c.N) + " K" + std::to_string(c.K), [&] { run_case(c); });
+  struct NnCase {
+    int64_t T, N, K, ldw;
+  };
+  std::vector<NnCase> nn = {
+      {65, 64, 64, 64}, {100, 333, 136, 144}, {100, 336, 136, 144}, {200, 1000, 520, 520}};
+  if (!g_quick) nn.push_back({1024, 3072, 1024, 1024});
+  for (const NnCase& c : nn)
+    for (int S : {1, 2, 4, 8})
+      for (DType dt : {DType::kF32, DType::kBF16})
+        section(
+            "nn T" + std::to_string(c.T) + " N" + std::to_string(c.N) + " S" + std::to_string(S),
+            [&] { run_nn_case(c.T, c.N, c.K, c.ldw, S, dt); });
   return finish("test_gemm_bwd_plans");
 }

@@ -1,21 +1,25 @@
 // CUDA GEMM backward (docs/contract.md §B.3), forward y = x·wᵀ, x [T, K], w [N, K]; the same bits
 // as the cpu functions of the same name (src/cpu/backward/gemm.cc), as layouts of the one GEMM
 // family (src/cuda/gemm/, docs/cuda-gemm.md "Backward"):
-//   dx = dy·w: w transposed once into a stream-ordered wᵀ [K, N] (row stride N rounded up to 8,
-//        so TMA can read it), then cuda::gemm_bf16_nt(dy, wᵀ) — the forward contract with N as the
-//        reduced axis, every kernel and plan of the forward; the TP partial likewise through
-//        cuda::gemm_bf16_nt_partial on the transposed shard.
+//   dx = dy·w: the "nn" layout — w [N, K] read in place as the MN-major operand (the wgmma B
+//        transpose bit), the forward contract with N as the reduced axis (segments, tree, one
+//        rounding); the TP partial likewise. When the nn layout cannot run (operands TMA cannot
+//        read) or for T <= 64 (the small-M kernels): w transposed once into a stream-ordered
+//        wᵀ [K, N], then cuda::gemm_bf16_nt(dy, wᵀ) — the same bits.
 //   dw += dyᵀ·x: the host lists the canonical token slots (B.1: sequences by step index, then
-//        16-position blocks; -1 = a row past the sequence's end), the gather-transpose kernel
-//        writes a chunk of consecutive blocks token-major (dyᵀ [N, Tc], xᵀ [K, Tc], zeros for -1),
-//        and the TN layout's accumulate mode runs each dw element's chain over the chunk's blocks,
-//        in order, from dw's current value. Chunk after chunk, the chain continues through the
-//        stored fp32 value (the chain's state is that value): one chain over all blocks.
+//        16-position blocks; -1 = a row past the sequence's end). Per chunk of consecutive blocks
+//        the "tn" layout's accumulate mode runs each dw element's chain over the chunk's blocks,
+//        in order, from dw's current value, on token-major (MN-major) operands: dy and x read in
+//        place when the chunk is one run of consecutive rows (one sequence's blocks; the rows past
+//        its end are TMA zero fill), else the chunk's rows gathered into token-major copies
+//        (zeros for -1). Chunk after chunk, the chain continues through the stored fp32 value
+//        (the chain's state is that value): one chain over all blocks.
 // No atomics; every output is one fixed chain owned by one thread.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "contract/checks.h"
@@ -124,6 +128,83 @@ void gather_transpose(const char* op, const uint16_t* src, int64_t lds, const in
   LS_CHECK(e == cudaSuccess, op, "gather-transpose launch failed: ", cudaGetErrorString(e));
 }
 
+constexpr int kGatherThreads = 256;
+constexpr int kGatherUnroll = 4;  // 16-byte moves in flight per thread
+
+// out[t · ldo + c] = src[slots[t] · lds + c] for t < T, c < C; slots[t] < 0: +0 (a padding slot).
+// vec: 16-byte moves (8-element aligned bases and strides; the grid strides over (slot, 8-column
+// group) pairs, kGatherUnroll loads in flight per thread), else one element per step. Pure data
+// movement (bf16 bits copied).
+__global__ void __launch_bounds__(kGatherThreads)
+    gather_rows_bf16_kernel(const uint16_t* __restrict__ src, int64_t lds,
+                            const int32_t* __restrict__ slots, int64_t T, int64_t C,
+                            uint16_t* __restrict__ out, int64_t ldo, int vec) {
+  const int64_t stride = int64_t(gridDim.x) * kGatherThreads;
+  const int64_t first = int64_t(blockIdx.x) * kGatherThreads + threadIdx.x;
+  if (!vec) {
+    for (int64_t e = first; e < T * C; e += stride) {
+      const int64_t t = e / C, c = e - t * C;
+      const int64_t r = slots[t];
+      out[t * ldo + c] = r >= 0 ? src[r * lds + c] : uint16_t(0);
+    }
+    return;
+  }
+  const int64_t groups = (C + 7) / 8;  // 8-column groups per row (the last one may be partial)
+  const int64_t n = T * groups;
+  for (int64_t e0 = first; e0 < n; e0 += stride * kGatherUnroll) {
+    uint4 v[kGatherUnroll];
+#pragma unroll
+    for (int u = 0; u < kGatherUnroll; ++u) {
+      const int64_t e = e0 + u * stride;
+      v[u] = make_uint4(0u, 0u, 0u, 0u);
+      if (e >= n) continue;
+      const int64_t t = e / groups, c = (e - t * groups) * 8;
+      const int64_t r = slots[t];
+      if (r < 0) continue;
+      if (c + 8 <= C) {
+        v[u] = *reinterpret_cast<const uint4*>(src + r * lds + c);
+      } else {
+        uint16_t tmp[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int64_t i = c; i < C; ++i) tmp[i - c] = src[r * lds + i];
+        v[u] = *reinterpret_cast<const uint4*>(tmp);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kGatherUnroll; ++u) {
+      const int64_t e = e0 + u * stride;
+      if (e >= n) continue;
+      const int64_t t = e / groups, c = (e - t * groups) * 8;
+      // The row stride is a multiple of 8 covering C rounded up to 8: the group fits the row.
+      *reinterpret_cast<uint4*>(out + t * ldo + c) = v[u];
+    }
+  }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Rows are kept 8 elements apart at least (16-byte aligned: TMA-readable).
+int64_t ld8(int64_t n) { return std::max<int64_t>(8, (n + 7) / 8 * 8); }
+
+int gather_grid() {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0)
+    sms = 132;
+  return sms * 8;
+}
+
+// out (rows ldo apart, ldo = ld8(C)) = the rows slots[0, T) of src, zeros for padding slots.
+void gather_rows(const char* op, const uint16_t* src, int64_t lds, const int32_t* slots, int64_t T,
+                 int64_t C, uint16_t* out, int64_t ldo, cudaStream_t s) {
+  if (T == 0 || C == 0) return;
+  static const int grid = gather_grid();
+  const int vec = aligned16(src) && lds % 8 == 0 && aligned16(out) && ldo % 8 == 0 ? 1 : 0;
+  gather_rows_bf16_kernel<<<unsigned(grid), kGatherThreads, 0, s>>>(src, lds, slots, T, C, out, ldo,
+                                                                    vec);
+  const cudaError_t e = cudaGetLastError();
+  LS_CHECK(e == cudaSuccess, op, "row gather launch failed: ", cudaGetErrorString(e));
+}
+
 // wᵀ [K, N] of w [N, K] (rows may be strided) in `buf`, rows ld_wt = N rounded up to 8 apart
 // (16-byte aligned rows: TMA-readable); the columns past N are never read.
 int64_t wt_ld(int64_t N) { return std::max<int64_t>(8, (N + 7) / 8 * 8); }
@@ -148,6 +229,22 @@ std::vector<int32_t> canonical_slots(const TokenOrder& order) {
   return slots;
 }
 
+// dX reads w in place (the nn layout) when TMA can read the operands and T > 64 (smaller T: the
+// forward's small-M kernels on wᵀ).
+bool nn_runs(const GemmProblem& q) { return q.tma_ok && q.M > 64; }
+
+// The slots [0, n) as one run of consecutive rows followed only by padding slots (a piece that
+// reads dy and x in place): its length in slots (whole blocks: the padding ends a block) and, in
+// *valid, its real rows; 0 when slots[0] is padding.
+int64_t in_place_piece(const int32_t* slots, int64_t n, int64_t* valid) {
+  int64_t v = 0;
+  while (v < n && slots[v] >= 0 && slots[v] == slots[0] + v) ++v;
+  int64_t len = v;
+  while (len < n && slots[len] < 0) ++len;
+  *valid = v;
+  return v == 0 ? 0 : len;
+}
+
 }  // namespace
 
 void gemm_bf16_dx(const TensorView& dy, const TensorView& w, const GemmConfig& cfg,
@@ -156,6 +253,10 @@ void gemm_bf16_dx(const TensorView& dy, const TensorView& w, const GemmConfig& c
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const int64_t N = w.size(0), K = w.size(1);
   if (dy.size(0) == 0 || K == 0) return;  // dx has no element
+  if (nn_runs(detail::gemm_nn_problem(dy, w, cfg))) {
+    detail::gemm_bf16_nn(dy, w, cfg, dx, nullptr, stream);
+    return;
+  }
   const StreamBuffer buf(kOpDx, K * wt_ld(N) * 2, s);
   const TensorView wt = transpose_w(kOpDx, w, buf, s);
   gemm_bf16_nt(dy, wt, nullptr, cfg, dx, stream);
@@ -169,6 +270,11 @@ void gemm_bf16_dx_partial(const TensorView& dy_shard, const TensorView& w_shard,
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const int64_t Nr = w_shard.size(0), K = w_shard.size(1);
   if (dy_shard.size(0) == 0 || K == 0) return;  // dx_partial has no element
+  if (nn_runs(detail::gemm_nn_partial_problem(dy_shard, w_shard, n_total, tp_size, cfg))) {
+    detail::gemm_bf16_nn_partial(dy_shard, w_shard, n_total, tp_size, cfg, dx_partial, nullptr,
+                                 stream);
+    return;
+  }
   const StreamBuffer buf(kOpDxPartial, K * wt_ld(Nr) * 2, s);
   const TensorView wt = transpose_w(kOpDxPartial, w_shard, buf, s);
   gemm_bf16_nt_partial(dy_shard, wt, n_total, tp_size, tp_rank, cfg, dx_partial, stream);
@@ -190,23 +296,46 @@ void gemm_bf16_dw(const TensorView& dy, const TensorView& x, const TokenOrder& o
   const int64_t chunk =
       std::min(total, std::max<int64_t>(kTokenBlock, std::min(kDwChunkSlots, by_bytes)));
 
-  const StreamBuffer dslots(kOpDw, total * 4, s);
-  const cudaError_t e = cudaMemcpyAsync(dslots.as<void>(), slots.data(), size_t(total) * 4,
-                                        cudaMemcpyHostToDevice, s);
-  LS_CHECK(e == cudaSuccess, kOpDw,
-           "upload of the token-slot table failed: ", cudaGetErrorString(e));
-  const StreamBuffer dyt(kOpDw, N * chunk * 2, s);
-  const StreamBuffer xt(kOpDw, K * chunk * 2, s);
-  for (int64_t c0 = 0; c0 < total; c0 += chunk) {
-    const int64_t tc = std::min(chunk, total - c0);  // a multiple of 16
-    const int32_t* sl = dslots.as<int32_t>() + c0;
-    gather_transpose(kOpDw, dy.ptr<const uint16_t>(), dy.stride[0], sl, tc, N, dyt.as<uint16_t>(),
-                     tc, s);
-    gather_transpose(kOpDw, x.ptr<const uint16_t>(), x.stride[0], sl, tc, K, xt.as<uint16_t>(), tc,
-                     s);
-    // The chunk's blocks are consecutive k-blocks of every dw element's chain, from its value.
-    detail::gemm_bf16_tn_accumulate(dyt.as<uint16_t>(), tc, xt.as<uint16_t>(), tc, N, K, tc,
-                                    dw.ptr<float>(), dw.stride[0], nullptr, stream);
+  const int64_t ldn = ld8(N), ldk = ld8(K);
+  // Made when a window needs them: the slot table on the device and the gathered copies.
+  std::optional<StreamBuffer> dslots, dyg, xg;
+  const uint16_t* dyp = dy.ptr<const uint16_t>();
+  const uint16_t* xp = x.ptr<const uint16_t>();
+  float* const dwp = dw.ptr<float>();
+  for (int64_t pos = 0; pos < total;) {
+    // A run of consecutive rows that covers a whole window (or the rest) is read in place, in one
+    // launch however long (TMA zero fill past its last real row).
+    int64_t valid = 0;
+    const int64_t piece = in_place_piece(slots.data() + pos, total - pos, &valid);
+    if (piece >= std::min(chunk, total - pos)) {
+      const int64_t r0 = slots[size_t(pos)];
+      const uint16_t* a = dyp + r0 * dy.stride[0];
+      const uint16_t* b = xp + r0 * x.stride[0];
+      if (detail::gemm_tn_problem(a, dy.stride[0], b, x.stride[0], N, K, valid).tma_ok) {
+        detail::gemm_bf16_tn_accumulate(a, dy.stride[0], b, x.stride[0], N, K, valid, dwp,
+                                        dw.stride[0], nullptr, stream);
+        pos += piece;
+        continue;
+      }
+    }
+    // Else a window of at most `chunk` slots (whole blocks) gathered token-major.
+    const int64_t tc = std::min(chunk, total - pos);
+    if (!dslots) {
+      dslots.emplace(kOpDw, total * 4, s);
+      const cudaError_t e = cudaMemcpyAsync(dslots->as<void>(), slots.data(), size_t(total) * 4,
+                                            cudaMemcpyHostToDevice, s);
+      LS_CHECK(e == cudaSuccess, kOpDw,
+               "upload of the token-slot table failed: ", cudaGetErrorString(e));
+      dyg.emplace(kOpDw, chunk * ldn * 2, s);
+      xg.emplace(kOpDw, chunk * ldk * 2, s);
+    }
+    const int32_t* sl = dslots->as<int32_t>() + pos;
+    gather_rows(kOpDw, dyp, dy.stride[0], sl, tc, N, dyg->as<uint16_t>(), ldn, s);
+    gather_rows(kOpDw, xp, x.stride[0], sl, tc, K, xg->as<uint16_t>(), ldk, s);
+    // The window's blocks are consecutive k-blocks of every dw element's chain, from its value.
+    detail::gemm_bf16_tn_accumulate(dyg->as<uint16_t>(), ldn, xg->as<uint16_t>(), ldk, N, K, tc,
+                                    dwp, dw.stride[0], nullptr, stream);
+    pos += tc;
   }
 }
 

@@ -37,17 +37,34 @@ void gemm_bf16_nt_partial_with_plan(const TensorView& x_shard, const TensorView&
 bool gemm_operands_tma_ok(const void* x, int64_t M, int64_t ldx, const void* w, int64_t N,
                           int64_t ldw, int64_t K);
 
-// The TN layout (dW, docs/cuda-gemm.md "Backward"): y[M, N] (f32, rows ldy apart) +=
-// a[M, K] · b[N, K]ᵀ in accumulate mode: every output's chain over the k-blocks of 16 of
-// [0, K) (zero fill past K) starts from y's current value; the fp32 result is stored (canonical
-// NaN). a, b: bf16, rows lda / ldb apart (K-major: the caller gathered the token axis as K).
-// Runs `plan` (lockstep::Error unless one of gemm_legal_plans of gemm_tn_problem) or
-// plan_gemm's. M, N or K = 0: y untouched. Arguments are not checked beyond the sizes.
+// The TN layout (dW, plan.h, docs/cuda-gemm.md "Backward"): y[M, N] (f32, rows ldy apart) +=
+// a[K, M]ᵀ · b[K, N] in accumulate mode: every output's chain over the k-blocks of 16 of [0, K)
+// (zero fill past K) starts from y's current value; the fp32 result is stored (canonical NaN).
+// a, b: bf16, MN-major (row k holds token slot k), rows lda / ldb apart, TMA-readable (an
+// internal error otherwise). Runs `plan` (lockstep::Error unless one of gemm_legal_plans of
+// gemm_tn_problem) or plan_gemm's. M, N or K = 0: y untouched. Arguments are not checked beyond
+// the sizes.
 GemmProblem gemm_tn_problem(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
                             int64_t M, int64_t N, int64_t K);
 void gemm_bf16_tn_accumulate(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
                              int64_t M, int64_t N, int64_t K, float* y, int64_t ldy,
                              const GemmPlan* plan = nullptr, void* stream = nullptr);
+
+// The NN layout (dX = dY · W with W read in place, plan.h): y [M, N] = the GEMM contract of cfg
+// (§G: segments over K, tree, one rounding to y's dtype) of x [M, K] and w [K, N] (MN-major, rows
+// w.stride[0] apart): the bits of cuda::gemm_bf16_nt(x, wᵀ, cfg). The partial: a TP rank's f32
+// subtree of its cfg.segments / tp_size segments of the k_total layout (gemm_bf16_nt_partial's
+// bits on wᵀ's shard). Needs TMA-readable operands (gemm_nn_problem(...).tma_ok; lockstep::Error
+// otherwise); runs `plan` (one of gemm_legal_plans) or plan_gemm's. Arguments are not checked:
+// the caller has (contract::check_gemm_dx / _partial).
+GemmProblem gemm_nn_problem(const TensorView& x, const TensorView& w, const GemmConfig& cfg);
+GemmProblem gemm_nn_partial_problem(const TensorView& x_shard, const TensorView& w_shard,
+                                    int64_t k_total, int tp_size, const GemmConfig& cfg);
+void gemm_bf16_nn(const TensorView& x, const TensorView& w, const GemmConfig& cfg,
+                  const TensorView& y, const GemmPlan* plan = nullptr, void* stream = nullptr);
+void gemm_bf16_nn_partial(const TensorView& x_shard, const TensorView& w_shard, int64_t k_total,
+                          int tp_size, const GemmConfig& cfg, const TensorView& y_partial,
+                          const GemmPlan* plan = nullptr, void* stream = nullptr);
 
 // The small-M launch (launch_small_m.cu) of a plan whose main loop is a small-M kind; throws if
 // no kernel of that tile is compiled or its launch fails.

@@ -29,6 +29,7 @@ using detail::GemmParams;
 constexpr const char* kOp = "cuda::gemm_bf16_nt";
 constexpr const char* kOpPartial = "cuda::gemm_bf16_nt_partial";
 constexpr const char* kOpCombine = "cuda::gemm_tree_combine";
+constexpr const char* kOpNN = "cuda::gemm_bf16_nn";
 
 // Upper bound of the fp32 workspace of a multi-segment wgmma launch (rows are processed in chunks).
 constexpr int64_t kWorkspaceBytes = int64_t(1) << 30;
@@ -61,67 +62,92 @@ GemmParams core_params(const TensorView& x, const TensorView& w, const TensorVie
   return p;
 }
 
-// TMA needs 16-byte aligned bases and row strides (and a row stride that covers the row).
+// TMA needs 16-byte aligned bases and row strides (and a row stride that covers the row): a bf16
+// matrix of `rows` rows of `cols` elements, rows ld apart.
+bool tma_matrix_ok(const void* p, int64_t rows, int64_t cols, int64_t ld) {
+  return aligned16(p) && (rows <= 1 || (ld % 8 == 0 && ld >= cols && ld < (int64_t(1) << 38)));
+}
 bool tma_compatible(const void* x, int64_t M, int64_t ldx, const void* w, int64_t N, int64_t ldw,
                     int64_t K) {
-  auto ok = [&](const void* p, int64_t rows, int64_t ld) {
-    return aligned16(p) && (rows <= 1 || (ld % 8 == 0 && ld >= K && ld < (int64_t(1) << 38)));
-  };
   return K >= 1 && K < (int64_t(1) << 31) && M < (int64_t(1) << 31) && N < (int64_t(1) << 31) &&
-         ok(x, M, ldx) && ok(w, N, ldw);
+         tma_matrix_ok(x, M, K, ldx) && tma_matrix_ok(w, N, K, ldw);
 }
+// Any layout (x stored [K, M] when x_mn, w stored [K, N] when w_mn).
 bool tma_compatible(const GemmParams& c) {
-  return tma_compatible(c.x, c.M, c.ldx, c.w, c.N, c.ldw, c.K);
+  const bool sizes =
+      c.K >= 1 && c.K < (int64_t(1) << 31) && c.M < (int64_t(1) << 31) && c.N < (int64_t(1) << 31);
+  const bool x_ok =
+      c.x_mn ? tma_matrix_ok(c.x, c.K, c.M, c.ldx) : tma_matrix_ok(c.x, c.M, c.K, c.ldx);
+  const bool w_ok =
+      c.w_mn ? tma_matrix_ok(c.w, c.K, c.N, c.ldw) : tma_matrix_ok(c.w, c.N, c.K, c.ldw);
+  return sizes && x_ok && w_ok;
+}
+
+GemmLayout layout_of(const GemmParams& c) {
+  return c.w_mn ? (c.x_mn ? GemmLayout::kTN : GemmLayout::kNN) : GemmLayout::kNT;
 }
 
 GemmProblem problem_of(const GemmParams& c, bool partial) {
-  return {c.M, c.N, c.K, c.segments, c.seg_len, GemmLayout::kNT, tma_compatible(c), partial};
+  return {c.M, c.N, c.K, c.segments, c.seg_len, layout_of(c), tma_compatible(c), partial};
 }
 
 // ---- mma.sync (mainloop_mma_sync.cuh).
-// ACC: the accumulate mode of the TN layout (mainloop_mma_sync.cuh).
-template <int BM, int BN, int NS, bool ACC = false>
+template <int BM, int BN, int NS>
 void launch_mma(const GemmParams& p, cudaStream_t stream) {
   constexpr int kSmem = detail::gemm_smem_bytes<BM, BN, NS>();
-  detail::allow_dynamic_smem<detail::gemm_bf16_nt_kernel<BM, BN, NS, ACC>>(kOp, kSmem);
+  detail::allow_dynamic_smem<detail::gemm_bf16_nt_kernel<BM, BN, NS>>(kOp, kSmem);
   LS_CHECK(p.M <= int64_t(65535) * BM, kOp, "x: M = ", p.M, " exceeds the grid limit");
   dim3 grid(unsigned((p.N + BN - 1) / BN), unsigned((p.M + BM - 1) / BM));
-  detail::gemm_bf16_nt_kernel<BM, BN, NS, ACC><<<grid, detail::kGemmThreads, kSmem, stream>>>(p);
+  detail::gemm_bf16_nt_kernel<BM, BN, NS><<<grid, detail::kGemmThreads, kSmem, stream>>>(p);
 }
 
-template <bool ACC = false>
 void run_mma(const GemmParams& p, const GemmPlan& plan, cudaStream_t s) {
   if (plan.tile.bm == 32) {
-    launch_mma<32, 64, 8, ACC>(p, s);
+    launch_mma<32, 64, 8>(p, s);
   } else {
-    launch_mma<128, 128, 4, ACC>(p, s);
+    launch_mma<128, 128, 4>(p, s);
   }
   detail::check_gemm_launch(kOp);
 }
 
-// ---- Hopper (mainloop_sm90.cuh): the instantiation of a wgmma plan.
-void launch_sm90(const GemmPlan& plan, const CUtensorMap& tx, const CUtensorMap& tw,
-                 const detail::Sm90Params& p, cudaStream_t s) {
+// ---- Hopper (mainloop_sm90.cuh): the instantiation of a wgmma plan; BT: w MN-major ("nn").
+template <bool BT>
+void launch_sm90_plan(const GemmPlan& plan, const CUtensorMap& tx, const CUtensorMap& tw,
+                      const detail::Sm90Params& p, cudaStream_t s) {
   using detail::launch_sm90_tile;
-  using detail::Sm90StoreEpilogue;
+  using Store = detail::Sm90StoreEpilogue;
   const GemmTile& t = plan.tile;
   if (plan.ping_pong) {
-    launch_sm90_tile<64, 256, 5, 0, Sm90StoreEpilogue, true>(kOp, tx, tw, p, s);
+    launch_sm90_tile<64, 256, 5, 0, Store, true, false, BT>(kOp, tx, tw, p, s);
   } else if (plan.tree_levels == 1) {  // the register tree (S <= 2), or one segment pair
-    launch_sm90_tile<128, 128, 6, 1>(kOp, tx, tw, p, s);
+    launch_sm90_tile<128, 128, 6, 1, Store, false, false, BT>(kOp, tx, tw, p, s);
   } else if (plan.tree_levels == 3) {
-    launch_sm90_tile<64, 128, 8, 3>(kOp, tx, tw, p, s);
+    launch_sm90_tile<64, 128, 8, 3, Store, false, false, BT>(kOp, tx, tw, p, s);
   } else if (t.bm == 128 && t.bn == 128) {
-    launch_sm90_tile<128, 128, 6, 0>(kOp, tx, tw, p, s);
+    launch_sm90_tile<128, 128, 6, 0, Store, false, false, BT>(kOp, tx, tw, p, s);
   } else if (t.bm == 64) {
-    launch_sm90_tile<64, 128, 8, 0>(kOp, tx, tw, p, s);
+    launch_sm90_tile<64, 128, 8, 0, Store, false, false, BT>(kOp, tx, tw, p, s);
   } else {
-    launch_sm90_tile<128, 256, 4, 0>(kOp, tx, tw, p, s);
+    launch_sm90_tile<128, 256, 4, 0, Store, false, false, BT>(kOp, tx, tw, p, s);
+  }
+}
+void launch_sm90(const GemmParams& c, const GemmPlan& plan, const CUtensorMap& tx,
+                 const CUtensorMap& tw, const detail::Sm90Params& p, cudaStream_t s) {
+  if (c.w_mn) {
+    launch_sm90_plan<true>(plan, tx, tw, p, s);
+  } else {
+    launch_sm90_plan<false>(plan, tx, tw, p, s);
   }
 }
 
 CUtensorMap tensor_map(const uint16_t* p, int64_t rows, int64_t K, int64_t ld, int box_rows) {
   return detail::sm90_tensor_map(kOp, p, rows, K, ld, box_rows);
+}
+// The tensor map of w's k range [k0, k0 + kn) (kn >= 1): K-major w [N, K] in boxes of 64 k x
+// box_rows rows, or (w_mn) MN-major w [K, N] in boxes of 64 columns x 64 k rows.
+CUtensorMap w_tensor_map(const GemmParams& c, int64_t k0, int64_t kn, int box_rows) {
+  if (c.w_mn) return tensor_map(c.w + k0 * c.ldw, kn, c.N, c.ldw, detail::kSm90BK);
+  return tensor_map(c.w + k0, c.N, kn, c.ldw, box_rows);
 }
 
 void launch_combine(const detail::CombineParams& p, cudaStream_t s) {
@@ -203,7 +229,7 @@ void run_sm90_pairs(const GemmParams& c, const GemmPlan& plan, cudaStream_t s) {
   for (int i = 0; i < npairs; ++i) {
     const int64_t k0 = 2 * int64_t(i) * c.seg_len;
     kq[i] = std::min(c.K - k0, 2 * c.seg_len);
-    if (kq[i] > 0) tw[i] = tensor_map(c.w + k0, c.N, kq[i], c.ldw, t.bn);
+    if (kq[i] > 0) tw[i] = w_tensor_map(c, k0, kq[i], t.bn);
   }
   in_workspace_chunks(c, t.bm, npairs, s, [&](float* ws, int64_t m, int64_t rows) {
     for (int i = 0; i < npairs; ++i) {
@@ -226,7 +252,7 @@ void run_sm90_pairs(const GemmParams& c, const GemmPlan& plan, cudaStream_t s) {
       p.y_pair = 1;  // planes are 16-byte aligned, ld_ws is even
       const int64_t k0 = 2 * int64_t(i) * c.seg_len;
       const CUtensorMap tx = tensor_map(c.x + m * c.ldx + k0, rows, kq[i], c.ldx, t.bm);
-      launch_sm90(plan, tx, tw[i], p, s);
+      launch_sm90(c, plan, tx, tw[i], p, s);
     }
     launch_combine(combine_params(c, ws, npairs, m, rows), s);
   });
@@ -238,7 +264,7 @@ void run_sm90(const GemmParams& c, const GemmPlan& plan, cudaStream_t s) {
     return;
   }
   const GemmTile& t = plan.tile;
-  const CUtensorMap tw = tensor_map(c.w, c.N, c.K, c.ldw, t.bn);
+  const CUtensorMap tw = w_tensor_map(c, 0, c.K, t.bn);
   detail::Sm90Params p{};
   p.N = c.N;
   p.seg_len = c.seg_len;
@@ -257,7 +283,7 @@ void run_sm90(const GemmParams& c, const GemmPlan& plan, cudaStream_t s) {
                    ? 1
                    : 0;
     const CUtensorMap tx = tensor_map(c.x, c.M, c.K, c.ldx, t.bm);
-    launch_sm90(plan, tx, tw, p, s);
+    launch_sm90(c, plan, tx, tw, p, s);
     return;
   }
   // Several segments: per-segment fp32 planes, then the tree (+ bias, one rounding) per row chunk.
@@ -268,7 +294,7 @@ void run_sm90(const GemmParams& c, const GemmPlan& plan, cudaStream_t s) {
     p.ld_ws = ws_ld(c);
     p.ws_plane = rows * p.ld_ws;
     const CUtensorMap tx = tensor_map(c.x + m * c.ldx, rows, c.K, c.ldx, t.bm);
-    launch_sm90(plan, tx, tw, p, s);
+    launch_sm90(c, plan, tx, tw, p, s);
     launch_combine(combine_params(c, ws, c.segments, m, rows), s);
   });
 }
@@ -282,7 +308,7 @@ void run_plan(const GemmParams& c, const GemmPlan& plan, cudaStream_t s) {
       detail::run_small_m(c, plan, s);
       break;
     case GemmMainloop::kMmaSync:
-      run_mma<>(c, plan, s);
+      run_mma(c, plan, s);
       break;
     case GemmMainloop::kWgmma:
       run_sm90(c, plan, s);
@@ -311,6 +337,36 @@ GemmParams partial_params(const TensorView& x_shard, const TensorView& w_shard, 
                           int tp_size, const GemmConfig& cfg, const TensorView& y_partial) {
   const GemmKLayout kl = gemm_k_layout(cfg, k_total);
   return core_params(x_shard, w_shard, nullptr, cfg.segments / tp_size, kl.segment_len, y_partial);
+}
+
+// The NN layout (internal.h): x [M, K], w [K, N] MN-major, y [M, N]; K = x's columns = w's rows.
+GemmParams nn_core_params(const TensorView& x, const TensorView& w, int nseg, int64_t seg_len,
+                          const TensorView& y) {
+  GemmParams p{};
+  p.x = static_cast<const uint16_t*>(x.data);
+  p.w = static_cast<const uint16_t*>(w.data);
+  p.y = y.data;
+  p.M = x.shape[0];
+  p.N = w.shape[1];
+  p.K = x.shape[1];
+  p.ldx = x.stride[0];
+  p.ldw = w.stride[0];
+  p.ldy = y.stride[0];
+  p.seg_len = seg_len;
+  p.segments = nseg;
+  p.y_f32 = y.dtype == DType::kF32 ? 1 : 0;
+  p.w_mn = 1;
+  return p;
+}
+GemmParams nn_params(const TensorView& x, const TensorView& w, const GemmConfig& cfg,
+                     const TensorView& y) {
+  const GemmKLayout kl = gemm_k_layout(cfg, x.shape[1]);
+  return nn_core_params(x, w, kl.segments, kl.segment_len, y);
+}
+GemmParams nn_partial_params(const TensorView& x_shard, const TensorView& w_shard, int64_t k_total,
+                             int tp_size, const GemmConfig& cfg, const TensorView& y_partial) {
+  const GemmKLayout kl = gemm_k_layout(cfg, k_total);
+  return nn_core_params(x_shard, w_shard, cfg.segments / tp_size, kl.segment_len, y_partial);
 }
 
 void run_gemm(const TensorView& x, const TensorView& w, const TensorView* bias,
@@ -367,57 +423,41 @@ bool gemm_operands_tma_ok(const void* x, int64_t M, int64_t ldx, const void* w, 
 
 GemmProblem gemm_tn_problem(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
                             int64_t M, int64_t N, int64_t K) {
-  return {M,
-          N,
-          K,
-          1,
-          (K + 15) / 16 * 16,
-          GemmLayout::kTN,
-          tma_compatible(a, M, lda, b, N, ldb, K),
-          /*partial=*/false};
+  GemmParams c{};
+  c.x = a;
+  c.w = b;
+  c.M = M;
+  c.N = N;
+  c.K = K;
+  c.ldx = lda;
+  c.ldw = ldb;
+  c.seg_len = (K + 15) / 16 * 16;
+  c.segments = 1;
+  c.x_mn = 1;
+  c.w_mn = 1;
+  return problem_of(c, /*partial=*/false);
 }
 
 void gemm_bf16_tn_accumulate(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
                              int64_t M, int64_t N, int64_t K, float* y, int64_t ldy,
                              const GemmPlan* plan, void* stream) {
   const char* op = "cuda::gemm_bf16_tn_accumulate";
-  LS_CHECK(M >= 0 && N >= 0 && K >= 0 && lda >= K && ldb >= K && ldy >= N, op,
+  LS_CHECK(M >= 0 && N >= 0 && K >= 0 && lda >= M && ldb >= N && ldy >= N, op,
            "internal: bad sizes M = ", M, ", N = ", N, ", K = ", K);
   if (M == 0 || N == 0 || K == 0) return;  // no k-block: y unchanged
   const GemmProblem q = gemm_tn_problem(a, lda, b, ldb, M, N, K);
+  LS_CHECK(q.tma_ok, op, "internal: operands not TMA-readable (lda = ", lda, ", ldb = ", ldb, ")");
   LS_CHECK(!plan || gemm_plan_legal(q, *plan), op, "the plan '", plan ? plan->to_string() : "",
            "' cannot run the tn layout M = ", M, ", N = ", N, ", K = ", K);
   const GemmPlan pl = plan ? *plan : plan_gemm(q);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  GemmParams c{};
-  c.x = a;
-  c.w = b;
-  c.bias = nullptr;
-  c.y = y;
-  c.M = M;
-  c.N = N;
-  c.K = K;
-  c.ldx = lda;
-  c.ldw = ldb;
-  c.ldy = ldy;
-  c.seg_len = q.segment_len;
-  c.segments = 1;
-  c.y_f32 = 1;
-  c.x_vec = (aligned16(a) && (M <= 1 || lda % 8 == 0)) ? 1 : 0;
-  c.w_vec = (aligned16(b) && (N <= 1 || ldb % 8 == 0)) ? 1 : 0;
-  if (pl.mainloop == GemmMainloop::kMmaSync) {
-    run_mma</*ACC=*/true>(c, pl, s);
-    return;
-  }
-  LS_CHECK(pl.mainloop == GemmMainloop::kWgmma && pl.fold == GemmFold::kNone && !pl.ping_pong, op,
-           "internal: plan '", pl.to_string(), "' has no accumulate mode");
-  const GemmTile& t = pl.tile;
-  const CUtensorMap tw = tensor_map(b, N, K, ldb, t.bn);
-  const CUtensorMap tx = tensor_map(a, M, K, lda, t.bm);
+  // Both operands MN-major: [K, M] and [K, N] in boxes of 64 columns x 64 k rows (zero past K).
+  const CUtensorMap tx = tensor_map(a, K, M, lda, kSm90BK);
+  const CUtensorMap tw = tensor_map(b, K, N, ldb, kSm90BK);
   Sm90Params p{};
   p.M = M;
   p.N = N;
-  p.seg_len = c.seg_len;
+  p.seg_len = q.segment_len;
   p.nseg = 1;
   p.ws_mode = 0;
   p.bias = nullptr;
@@ -426,13 +466,44 @@ void gemm_bf16_tn_accumulate(const uint16_t* a, int64_t lda, const uint16_t* b, 
   p.y_f32 = 1;
   p.y_pair = (reinterpret_cast<uintptr_t>(y) % 8 == 0 && (M <= 1 || ldy % 2 == 0)) ? 1 : 0;
   using Acc = Sm90AccumulateEpilogue;
-  if (t.bm == 128 && t.bn == 128) {
-    launch_sm90_tile<128, 128, 6, 0, Acc>(op, tx, tw, p, s);
+  const GemmTile& t = pl.tile;
+  if (pl.ping_pong) {
+    launch_sm90_tile<64, 256, 5, 0, Acc, true, true, true>(op, tx, tw, p, s);
+  } else if (t.bm == 128 && t.bn == 128) {
+    launch_sm90_tile<128, 128, 6, 0, Acc, false, true, true>(op, tx, tw, p, s);
   } else if (t.bm == 64) {
-    launch_sm90_tile<64, 128, 8, 0, Acc>(op, tx, tw, p, s);
+    launch_sm90_tile<64, 128, 8, 0, Acc, false, true, true>(op, tx, tw, p, s);
   } else {
-    launch_sm90_tile<128, 256, 4, 0, Acc>(op, tx, tw, p, s);
+    launch_sm90_tile<128, 256, 4, 0, Acc, false, true, true>(op, tx, tw, p, s);
   }
+}
+
+GemmProblem gemm_nn_problem(const TensorView& x, const TensorView& w, const GemmConfig& cfg) {
+  const TensorView y =
+      TensorView::contiguous(nullptr, DType::kF32, {x.shape[0], w.shape[1]}, Device::kCUDA);
+  return problem_of(nn_params(x, w, cfg, y), /*partial=*/false);
+}
+
+GemmProblem gemm_nn_partial_problem(const TensorView& x_shard, const TensorView& w_shard,
+                                    int64_t k_total, int tp_size, const GemmConfig& cfg) {
+  const TensorView y = TensorView::contiguous(nullptr, DType::kF32,
+                                              {x_shard.shape[0], w_shard.shape[1]}, Device::kCUDA);
+  return problem_of(nn_partial_params(x_shard, w_shard, k_total, tp_size, cfg, y),
+                    /*partial=*/true);
+}
+
+void gemm_bf16_nn(const TensorView& x, const TensorView& w, const GemmConfig& cfg,
+                  const TensorView& y, const GemmPlan* plan, void* stream) {
+  if (x.shape[0] == 0 || w.shape[1] == 0) return;
+  run_checked(kOpNN, nn_params(x, w, cfg, y), /*partial=*/false, plan, stream);
+}
+
+void gemm_bf16_nn_partial(const TensorView& x_shard, const TensorView& w_shard, int64_t k_total,
+                          int tp_size, const GemmConfig& cfg, const TensorView& y_partial,
+                          const GemmPlan* plan, void* stream) {
+  if (x_shard.shape[0] == 0 || w_shard.shape[1] == 0) return;
+  run_checked(kOpNN, nn_partial_params(x_shard, w_shard, k_total, tp_size, cfg, y_partial),
+              /*partial=*/true, plan, stream);
 }
 
 }  // namespace detail

@@ -116,10 +116,7 @@ constexpr int gemm_smem_bytes() {
   return NS * (BM + BN) * kGemmLds * 2;
 }
 
-// ACC = true: the accumulate mode of the TN layout (dW, docs/cuda-gemm.md "Backward"): y is f32
-// in/out, one segment, no bias, and every output's chain starts from y's current value instead of
-// +0; the epilogue stores the chain's fp32 value (canonical NaN). ACC = false is the forward.
-template <int BM, int BN, int NS, bool ACC = false>
+template <int BM, int BN, int NS>
 __global__ void __launch_bounds__(kGemmThreads) gemm_bf16_nt_kernel(const GemmParams p) {
   constexpr int MT = BM / 32;  // m16 tiles per warp (2 warps along M)
   constexpr int NT = BN / 32;  // n8 tiles per warp (4 warps along N)
@@ -144,24 +141,7 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_bf16_nt_kernel(const GemmPa
   const int64_t total_tiles = tiles_per_seg * p.segments;
 
   float acc[MT][NT][4];
-  if constexpr (ACC) {
-    // The chain's c: y's value (the fragment layout of store_mma_frags); outside y: +0, never
-    // stored.
-    const int g = lane >> 2, tq = lane & 3;
-    const float* yf = static_cast<const float*>(p.y);
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-      for (int jn = 0; jn < NT; ++jn)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int64_t m = m0 + wm * (BM / 2) + i * 16 + g + (c >> 1) * 8;
-          const int64_t n = n0 + wn * (BN / 4) + jn * 8 + tq * 2 + (c & 1);
-          acc[i][jn][c] = (m < p.M && n < p.N) ? yf[m * p.ldy + n] : 0.0f;
-        }
-  } else {
-    zero_all(acc);
-  }
+  zero_all(acc);
   float stack[3][MT][NT][4];  // pending left subtrees (fold.cuh; S <= 8)
 
   // Issues the loads of k-tile t into stage t % NS (cp.async, or plain stores at the edges).

@@ -103,7 +103,9 @@ struct sm90_accumulates<Epi, std::void_t<decltype(Epi::kAccumulate)>>
     : std::bool_constant<Epi::kAccumulate> {};
 
 // acc = y's values of this warp's fragment (acc[4i + 2h + c] is row row0 + lane/4 + 8h, column
-// col0 + 8i + 2(lane%4) + c); outside [0, M) x [0, N): +0, never stored.
+// col0 + 8i + 2(lane%4) + c); outside [0, M) x [0, N): +0, never stored. NOTE: scalar loads; a
+// version with 8-byte loads of the column pairs ran the accumulate kernels markedly slower on the
+// H200 (docs/perf.md).
 template <int R>
 __device__ __forceinline__ void sm90_load_acc(const Sm90Params& p, float (&acc)[R], int64_t row0,
                                               int64_t col0, int lane) {
@@ -134,9 +136,14 @@ __device__ __forceinline__ void sm90_load_acc(const Sm90Params& p, float (&acc)[
 // position over the other's jobs, and starts a k-loop only after the other warpgroup has finished
 // the previous job's (named barriers 1 and 2): every ring slot before its first one has then been
 // waited on, so each mbarrier parity wait is on the right phase. The same chains in the same
-// order as every other tile: the bits do not change.
+// order as every other tile: the bits do not change. In accumulate mode a ping-pong warpgroup
+// loads y's values before it waits for the other's k-loop (the load overlaps those MMAs).
+// AT / BT ("nn", "tn" layouts: docs/cuda-gemm.md "Backward"): x / w is MN-major in memory — x
+// stored [K, M] (rows = k), w stored [K, N] — and is read by TMA in boxes of 64 columns x 64 k
+// rows (BM / 64 or BN / 64 boxes per stage, 8192 bytes apart), fed to wgmma with the transpose bit
+// (sw128_mn_desc). The same products in the same k-block order: the bits do not change.
 template <int BM, int BN, int WGN, int NS, int LEVELS, typename Epi = Sm90StoreEpilogue,
-          bool PP = false>
+          bool PP = false, bool AT = false, bool BT = false>
 __global__ void __launch_bounds__(kSm90Threads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap tm_x,
                      const __grid_constant__ CUtensorMap tm_w, const typename Epi::Params p) {
@@ -150,7 +157,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
                 "ping-pong tile shape");
   static_assert(!Epi::kFused || LEVELS == 0, "a fused epilogue takes one segment");
   static_assert(kABytes % 1024 == 0 && kStageBytes % 1024 == 0, "stages 1024-aligned");
-  static_assert(!sm90_accumulates<Epi>::value || (LEVELS == 0 && !PP && !Epi::kFused),
+  static_assert(!sm90_accumulates<Epi>::value || (LEVELS == 0 && !Epi::kFused),
                 "accumulate: one segment per job");
 
   extern __shared__ uint8_t sm90_smem[];
@@ -197,8 +204,21 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
             mbar_arrive_expect_tx(full_bar(stage), uint32_t(kStageBytes));
             const int32_t k = int32_t(kseg + int64_t(kt) * kSm90BK);
             const uint32_t dst = base + uint32_t(stage) * kStageBytes;
-            tma_load_2d(dst, &tm_x, k, int32_t(j.m0), full_bar(stage));
-            tma_load_2d(dst + kABytes, &tm_w, k, int32_t(j.n0), full_bar(stage));
+            if constexpr (AT) {
+#pragma unroll
+              for (int i = 0; i < BM / 64; ++i)
+                tma_load_2d(dst + 8192u * i, &tm_x, int32_t(j.m0) + 64 * i, k, full_bar(stage));
+            } else {
+              tma_load_2d(dst, &tm_x, k, int32_t(j.m0), full_bar(stage));
+            }
+            if constexpr (BT) {
+#pragma unroll
+              for (int i = 0; i < BN / 64; ++i)
+                tma_load_2d(dst + kABytes + 8192u * i, &tm_w, int32_t(j.n0) + 64 * i, k,
+                            full_bar(stage));
+            } else {
+              tma_load_2d(dst + kABytes, &tm_w, k, int32_t(j.n0), full_bar(stage));
+            }
             if (++stage == NS) {
               stage = 0;
               phase ^= 1u;
@@ -233,12 +253,16 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
           if (s2 >= NS) phase ^= 1u;
           continue;
         }
-        if (local > 0) named_bar_sync(1 + cw, 256);  // the other's previous k-loop is done
       }
       const Sm90Job j = sm90_job<BM, BN>(job, num_m, num_n, job_segs);
+      if constexpr (PP) {
+        if constexpr (sm90_accumulates<Epi>::value)
+          sm90_load_acc(p, acc, j.m0 + warp * 16, j.n0, lane);  // while the other computes
+        if (local > 0) named_bar_sync(1 + cw, 256);  // the other's previous k-loop is done
+      }
       const int s_end = LEVELS > 0 ? p.nseg : j.s + 1;
       for (int sg = LEVELS > 0 ? 0 : j.s; sg < s_end; ++sg) {
-        if constexpr (sm90_accumulates<Epi>::value)
+        if constexpr (sm90_accumulates<Epi>::value && !PP)
           sm90_load_acc(p, acc, j.m0 + row_off + warp * 16, j.n0 + col_off, lane);
         int prev = 0;
         for (int kt = 0; kt < nkt; ++kt) {
@@ -254,8 +278,8 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
           uint64_t da[4], db[4];
 #pragma unroll
           for (int kb = 0; kb < 4; ++kb) {
-            da[kb] = sw128_desc(a + 32u * kb);
-            db[kb] = sw128_desc(b + 32u * kb);
+            da[kb] = AT ? sw128_mn_desc(a + 2048u * kb) : sw128_desc(a + 32u * kb);
+            db[kb] = BT ? sw128_mn_desc(b + 2048u * kb) : sw128_desc(b + 32u * kb);
             asm volatile("" : "+l"(da[kb]), "+l"(db[kb]));
           }
           int sd0 = kt > 0 ? 1 : 0, sd1 = 1;
@@ -268,16 +292,16 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
           // a wgmma that follows a branch inside the fenced region.
           if (nkb == 4) {
             wgmma_fence();
-            wgmma_k16<WN>(acc, da[0], db[0], sd0);
-            wgmma_k16<WN>(acc, da[1], db[1], sd1);
-            wgmma_k16<WN>(acc, da[2], db[2], sd1);
-            wgmma_k16<WN>(acc, da[3], db[3], sd1);
+            wgmma_k16<WN, AT, BT>(acc, da[0], db[0], sd0);
+            wgmma_k16<WN, AT, BT>(acc, da[1], db[1], sd1);
+            wgmma_k16<WN, AT, BT>(acc, da[2], db[2], sd1);
+            wgmma_k16<WN, AT, BT>(acc, da[3], db[3], sd1);
             wgmma_commit();
           } else {  // the segment's last k-tile when Ls is not a multiple of 64 (rare)
             wgmma_fence();
-            wgmma_k16<WN>(acc, da[0], db[0], sd0);
-            if (nkb > 1) wgmma_k16<WN>(acc, da[1], db[1], sd1);
-            if (nkb > 2) wgmma_k16<WN>(acc, da[2], db[2], sd1);
+            wgmma_k16<WN, AT, BT>(acc, da[0], db[0], sd0);
+            if (nkb > 1) wgmma_k16<WN, AT, BT>(acc, da[1], db[1], sd1);
+            if (nkb > 2) wgmma_k16<WN, AT, BT>(acc, da[2], db[2], sd1);
             wgmma_commit();
           }
           fence_acc(acc);

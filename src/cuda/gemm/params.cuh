@@ -22,6 +22,9 @@ struct GemmParams {
   int bias_f32;                        // 1: bias is f32, 0: bf16
   int y_f32;                           // 1: y is f32, 0: bf16
   int x_vec, w_vec;                    // 16-byte loads allowed (base and row stride aligned)
+  // 1: x is stored [K, M] (rows ldx apart) / w is stored [K, N] (rows ldw apart): MN-major, the
+  // "tn" / "nn" layouts (plan.h), which only the wgmma kernel reads.
+  int x_mn, w_mn;
 };
 
 struct TmaGemmParams {

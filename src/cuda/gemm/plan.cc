@@ -178,24 +178,40 @@ GemmPlan plan_wgmma(const GemmProblem& p) {
   return wgmma_jobs(wgmma_cost_tile(p), S);
 }
 
-// TN (accumulate mode): the kernels that can start a chain from y's value. mma.sync when TMA
-// cannot read the operands, else the cheapest wgmma job tile.
+// TN (accumulate mode, MN-major operands): the ping-pong tile for short token runs (K <= 4096:
+// each tile's accumulator load and store are then a large share of its time, and ping-pong
+// overlaps them with the other warpgroup's MMAs), else the cheapest wgmma job tile. NOTE: measured
+// on the H200 (docs/perf.md, bench_gemm_bwd's forced TN plans): ping-pong won every Qwen3-8B
+// shape at T = 1024 and 4096, 128x256 at 16384.
 GemmPlan plan_tn(const GemmProblem& p) {
-  if (!p.tma_ok) return GemmPlan{GemmMainloop::kMmaSync, p.M <= 64 ? kMma32x64 : kMma128x128};
+  if (p.K <= 4096 && tiles(p, 64, 256) >= kPlanSMs) return wgmma_jobs(kWg64x256, 1, true);
   return wgmma_jobs(wgmma_cost_tile(p), 1);
 }
 
-std::vector<GemmPlan> legal_tn_plans(const GemmProblem& p) {
-  std::vector<GemmPlan> v{GemmPlan{GemmMainloop::kMmaSync, kMma32x64},
-                          GemmPlan{GemmMainloop::kMmaSync, kMma128x128}};
-  if (p.tma_ok)
-    for (const GemmTile& t : {kWg128x256, kWg128x128, kWg64x128}) v.push_back(wgmma_jobs(t, 1));
+std::vector<GemmPlan> legal_tn_plans() {
+  std::vector<GemmPlan> v;
+  for (const GemmTile& t : {kWg128x256, kWg128x128, kWg64x128}) v.push_back(wgmma_jobs(t, 1));
+  v.push_back(wgmma_jobs(kWg64x256, 1, /*ping_pong=*/true));
+  return v;
+}
+
+// The wgmma plans of a problem's segments (NT and NN).
+std::vector<GemmPlan> legal_wgmma_plans(int S) {
+  std::vector<GemmPlan> v;
+  v.push_back(wgmma_jobs(kWg128x256, S));
+  v.push_back(wgmma_jobs(kWg128x128, S));
+  v.push_back(wgmma_jobs(kWg64x128, S));
+  v.push_back(wgmma_jobs(kWg64x256, S, /*ping_pong=*/true));
+  if (S <= 2) v.push_back(wgmma_tree(kWg128x128, 1));
+  v.push_back(wgmma_tree(kWg64x128, 3));
+  if (S == 4 || S == 8) v.push_back(wgmma_pairs());
   return v;
 }
 
 void check_problem(const GemmProblem& p) {
-  LS_CHECK(p.layout != GemmLayout::kNN, kOp, "layout ", gemm_layout_name(p.layout),
-           " not implemented (nt: y = x · wᵀ; tn: y += aᵀ · b on gathered operands)");
+  LS_CHECK(p.layout == GemmLayout::kNT || p.tma_ok, kOp, "layout ", gemm_layout_name(p.layout),
+           " runs on the wgmma kernel only: its operands must be TMA-readable (16-byte aligned "
+           "bases, row strides a multiple of 8 elements)");
   LS_CHECK(p.layout != GemmLayout::kTN || (p.segments == 1 && !p.partial), kOp,
            "layout tn (accumulate) takes one segment and no partial, got segments = ", p.segments,
            p.partial ? " (partial)" : "");
@@ -278,6 +294,7 @@ std::string GemmPlan::to_string() const {
 GemmPlan plan_gemm(const GemmProblem& p) {
   check_problem(p);
   if (p.layout == GemmLayout::kTN) return plan_tn(p);
+  if (p.layout == GemmLayout::kNN) return plan_wgmma(p);
   const int S = p.segments;
   if (small_m_takes(p)) {
     // The TMA tiles when the operands allow them, else the ring tile (every layout).
@@ -294,19 +311,15 @@ GemmPlan plan_gemm(const GemmProblem& p) {
 
 std::vector<GemmPlan> gemm_legal_plans(const GemmProblem& p) {
   check_problem(p);
-  if (p.layout == GemmLayout::kTN) return legal_tn_plans(p);
+  if (p.layout == GemmLayout::kTN) return legal_tn_plans();
   const int S = p.segments;
+  if (p.layout == GemmLayout::kNN) return legal_wgmma_plans(S);
   std::vector<GemmPlan> v;
   v.push_back(with_fold(GemmMainloop::kMmaSync, kMma32x64, S, 3));
   v.push_back(with_fold(GemmMainloop::kMmaSync, kMma128x128, S, 3));
   if (p.tma_ok) {
-    v.push_back(wgmma_jobs(kWg128x256, S));
-    v.push_back(wgmma_jobs(kWg128x128, S));
-    v.push_back(wgmma_jobs(kWg64x128, S));
-    v.push_back(wgmma_jobs(kWg64x256, S, /*ping_pong=*/true));
-    if (S <= 2) v.push_back(wgmma_tree(kWg128x128, 1));
-    v.push_back(wgmma_tree(kWg64x128, 3));
-    if (S == 4 || S == 8) v.push_back(wgmma_pairs());
+    const std::vector<GemmPlan> wg = legal_wgmma_plans(S);
+    v.insert(v.end(), wg.begin(), wg.end());
   }
   if (small_m_takes(p)) {
     for (const GemmTile& t : gemm_small_m_tiles(GemmMainloop::kSmallMRing))

@@ -11,12 +11,15 @@
 
 namespace lockstep::cuda {
 
-// Operand layout of y = op(a) · op(b): "nt" is y[M, N] = x[M, K] · w[N, K]ᵀ (both K-major; the
-// forward). "tn" is the weight gradient dW += dYᵀ · X (docs/contract.md §B.3): the caller gathers
-// the token blocks into K-major operands dYᵀ [M, K] and Xᵀ [N, K] (K = tokens, a multiple of 16),
-// and the kernel runs the nt main loop in accumulate mode: y is f32 in/out, one segment, every
-// output's chain starts from y's current value (not +0), no tree, no bias, no rounding. "nn"
-// (dX = dY · W with W read N-major) is not implemented: dX transposes W and runs "nt".
+// Operand layout of y = op(a) · op(b), K the reduced axis:
+//   "nt": y[M, N] = x[M, K] · w[N, K]ᵀ, both K-major (the forward).
+//   "nn": y[M, N] = x[M, K] · w[K, N], w MN-major: dX = dY · W with W [N, K] read in place
+//         (docs/contract.md §B.3; the wgmma kernel with its B transpose bit).
+//   "tn": y[M, N] += a[K, M]ᵀ · b[K, N], both MN-major (rows = k = the token slots): the weight
+//         gradient dW += dYᵀ · X on token-major operands (§B.3), in accumulate mode — y is f32
+//         in/out, one segment, every output's chain starts from y's current value (not +0), no
+//         tree, no bias, no rounding; rows past K are zero (TMA fill).
+// "nn" and "tn" run on the wgmma kernel only (TMA-readable operands).
 enum class GemmLayout { kNT, kNN, kTN };
 const char* gemm_layout_name(GemmLayout l);
 
@@ -73,10 +76,10 @@ struct GemmPlan {
   bool operator==(const GemmPlan&) const = default;
 };
 
-// The plan the launchers run. Throws lockstep::Error for the NN layout ("layout not implemented"),
-// for TN with segments != 1 or a partial, and for sizes or segments outside the contract. TN plans
-// are the accumulate-capable kernels only: mma.sync (32x64, 128x128) and the wgmma job tiles
-// (128x256, 128x128, 64x128), one segment, no fold, no ping-pong.
+// The plan the launchers run. Throws lockstep::Error for NN or TN operands TMA cannot read, for
+// TN with segments != 1 or a partial, and for sizes or segments outside the contract. NN plans are
+// the wgmma plans of the NT layout (the same cost model); TN plans are the wgmma job tiles
+// (128x256, 128x128, 64x128) and the 64x256 ping-pong tile, one segment, no fold.
 GemmPlan plan_gemm(const GemmProblem& p);
 
 // Every plan the launchers can run for this problem (plan_gemm's among them): what the parity

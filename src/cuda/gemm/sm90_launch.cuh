@@ -53,18 +53,21 @@ inline int sm90_sm_count() {
   return n;
 }
 
-template <int BM, int BN, int NS, int LEVELS, typename Epi = Sm90StoreEpilogue, bool PP = false>
+// AT / BT: x / w MN-major (their tensor maps are [K, M] / [K, N] with 64 x 64 boxes).
+template <int BM, int BN, int NS, int LEVELS, typename Epi = Sm90StoreEpilogue, bool PP = false,
+          bool AT = false, bool BT = false>
 void launch_sm90_tile(const char* op, const CUtensorMap& tx, const CUtensorMap& tw,
                       const typename Epi::Params& p, cudaStream_t s) {
   constexpr int WGN = (BM == 64 && !PP) ? 2 : 1;
   constexpr int kSmem = sm90_smem_bytes<BM, BN, NS>();
-  allow_dynamic_smem<gemm_sm90_kernel<BM, BN, WGN, NS, LEVELS, Epi, PP>>(op, kSmem);
+  allow_dynamic_smem<gemm_sm90_kernel<BM, BN, WGN, NS, LEVELS, Epi, PP, AT, BT>>(op, kSmem);
   LS_CHECK(LEVELS == 0 || p.nseg <= (1 << LEVELS), op, "internal: ", p.nseg,
            " segments for an in-CTA tree of ", LEVELS, " levels");
   const int64_t jobs = ((p.M + BM - 1) / BM) * ((p.N + BN - 1) / BN) * (LEVELS > 0 ? 1 : p.nseg);
   // Persistent grid: one CTA per multiprocessor at most.
   const unsigned grid = unsigned(std::min<int64_t>(jobs, sm90_sm_count()));
-  gemm_sm90_kernel<BM, BN, WGN, NS, LEVELS, Epi, PP><<<grid, kSm90Threads, kSmem, s>>>(tx, tw, p);
+  gemm_sm90_kernel<BM, BN, WGN, NS, LEVELS, Epi, PP, AT, BT>
+      <<<grid, kSm90Threads, kSmem, s>>>(tx, tw, p);
   check_gemm_launch(op);
 }
 
