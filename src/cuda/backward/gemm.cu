@@ -129,53 +129,47 @@ void gather_transpose(const char* op, const uint16_t* src, int64_t lds, const in
 }
 
 constexpr int kGatherThreads = 256;
-constexpr int kGatherUnroll = 4;  // 16-byte moves in flight per thread
+constexpr int kGatherRows = 4;  // rows per block step: 16-byte moves in flight per thread
 
 // out[t · ldo + c] = src[slots[t] · lds + c] for t < T, c < C; slots[t] < 0: +0 (a padding slot).
-// vec: 16-byte moves (8-element aligned bases and strides; the grid strides over (slot, 8-column
-// group) pairs, kGatherUnroll loads in flight per thread), else one element per step. Pure data
-// movement (bf16 bits copied).
+// Blocks step over groups of kGatherRows rows, threads over a row's 8-column groups (no integer
+// division). vec: 16-byte moves (8-element aligned bases and strides; a partial last group is
+// copied element by element), else one element per step. Pure data movement (bf16 bits copied).
 __global__ void __launch_bounds__(kGatherThreads)
     gather_rows_bf16_kernel(const uint16_t* __restrict__ src, int64_t lds,
                             const int32_t* __restrict__ slots, int64_t T, int64_t C,
                             uint16_t* __restrict__ out, int64_t ldo, int vec) {
-  const int64_t stride = int64_t(gridDim.x) * kGatherThreads;
-  const int64_t first = int64_t(blockIdx.x) * kGatherThreads + threadIdx.x;
-  if (!vec) {
-    for (int64_t e = first; e < T * C; e += stride) {
-      const int64_t t = e / C, c = e - t * C;
-      const int64_t r = slots[t];
-      out[t * ldo + c] = r >= 0 ? src[r * lds + c] : uint16_t(0);
-    }
-    return;
-  }
-  const int64_t groups = (C + 7) / 8;  // 8-column groups per row (the last one may be partial)
-  const int64_t n = T * groups;
-  for (int64_t e0 = first; e0 < n; e0 += stride * kGatherUnroll) {
-    uint4 v[kGatherUnroll];
+  const int64_t groups = vec ? (C + 7) / 8 : C;  // units per row
+  for (int64_t t0 = int64_t(blockIdx.x) * kGatherRows; t0 < T;
+       t0 += int64_t(gridDim.x) * kGatherRows) {
+    int64_t r[kGatherRows];
 #pragma unroll
-    for (int u = 0; u < kGatherUnroll; ++u) {
-      const int64_t e = e0 + u * stride;
-      v[u] = make_uint4(0u, 0u, 0u, 0u);
-      if (e >= n) continue;
-      const int64_t t = e / groups, c = (e - t * groups) * 8;
-      const int64_t r = slots[t];
-      if (r < 0) continue;
-      if (c + 8 <= C) {
-        v[u] = *reinterpret_cast<const uint4*>(src + r * lds + c);
-      } else {
-        uint16_t tmp[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int64_t i = c; i < C; ++i) tmp[i - c] = src[r * lds + i];
-        v[u] = *reinterpret_cast<const uint4*>(tmp);
+    for (int u = 0; u < kGatherRows; ++u) r[u] = t0 + u < T ? int64_t(slots[t0 + u]) : -1;
+    for (int64_t g = threadIdx.x; g < groups; g += kGatherThreads) {
+      if (!vec) {
+#pragma unroll
+        for (int u = 0; u < kGatherRows; ++u)
+          if (t0 + u < T) out[(t0 + u) * ldo + g] = r[u] >= 0 ? src[r[u] * lds + g] : uint16_t(0);
+        continue;
       }
-    }
+      const int64_t c = 8 * g;
+      uint4 v[kGatherRows];
 #pragma unroll
-    for (int u = 0; u < kGatherUnroll; ++u) {
-      const int64_t e = e0 + u * stride;
-      if (e >= n) continue;
-      const int64_t t = e / groups, c = (e - t * groups) * 8;
+      for (int u = 0; u < kGatherRows; ++u) {
+        v[u] = make_uint4(0u, 0u, 0u, 0u);
+        if (r[u] < 0) continue;
+        if (c + 8 <= C) {
+          v[u] = *reinterpret_cast<const uint4*>(src + r[u] * lds + c);
+        } else {
+          uint16_t tmp[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+          for (int64_t i = c; i < C; ++i) tmp[i - c] = src[r[u] * lds + i];
+          v[u] = *reinterpret_cast<const uint4*>(tmp);
+        }
+      }
       // The row stride is a multiple of 8 covering C rounded up to 8: the group fits the row.
-      *reinterpret_cast<uint4*>(out + t * ldo + c) = v[u];
+#pragma unroll
+      for (int u = 0; u < kGatherRows; ++u)
+        if (t0 + u < T) *reinterpret_cast<uint4*>(out + (t0 + u) * ldo + c) = v[u];
     }
   }
 }
@@ -318,8 +312,11 @@ void gemm_bf16_dw(const TensorView& dy, const TensorView& x, const TokenOrder& o
         continue;
       }
     }
-    // Else a window of at most `chunk` slots (whole blocks) gathered token-major.
-    const int64_t tc = std::min(chunk, total - pos);
+    // Else a window of at most `chunk` slots gathered token-major: the rest cut into equal
+    // windows of whole blocks (no short last launch, which would read and write dw for little).
+    const int64_t rest = total - pos, windows = (rest + chunk - 1) / chunk;
+    const int64_t tc = std::min(
+        rest, ((rest + windows - 1) / windows + kTokenBlock - 1) / kTokenBlock * kTokenBlock);
     if (!dslots) {
       dslots.emplace(kOpDw, total * 4, s);
       const cudaError_t e = cudaMemcpyAsync(dslots->as<void>(), slots.data(), size_t(total) * 4,
