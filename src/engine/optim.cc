@@ -43,13 +43,6 @@ std::string fmt(double x) {
   return std::string(buf, r.ptr);
 }
 
-// β^t as t sequential double multiplications (std::pow is not guaranteed correctly rounded).
-double power(double beta, int64_t t) {
-  double p = 1.0;
-  for (int64_t i = 0; i < t; ++i) p = p * beta;
-  return p;
-}
-
 // 0.5·(1 + cos(π·p)) for p in [0, 1], without libm (its cos differs between libraries): with
 // x = π·|p − 1/2| in [0, π/2], cos(π·p) = ∓sin(x) (− for p < 1/2), and sin(x) is its Taylor
 // series to x^23/23! (truncation error < 1e-18), evaluated by Horner in a fixed order.
@@ -182,36 +175,57 @@ AdamW::AdamW(const Weights& weights, const AdamWConfig& cfg) : cfg_(cfg) {
   }
 }
 
-StepStats AdamW::step(const Weights& grads) {
-  LS_CHECK(grads.size() == master_.size(), kOp, "step: expected ", master_.size(),
-           " gradients, got ", grads.size());
+double adamw_power(double beta, int64_t t) {
+  double p = 1.0;
+  for (int64_t i = 0; i < t; ++i) p = p * beta;
+  return p;
+}
+
+void check_step_gradients(const Weights& master, const Weights& grads, Device device,
+                          const char* where, int64_t steps_done) {
+  LS_CHECK(grads.size() == master.size(), kOp, "step: expected ", master.size(), " gradients, got ",
+           grads.size());
   for (size_t k = 0; k < grads.size(); ++k) {
     const auto& [name, g] = grads[k];
-    const auto& [wname, w] = master_[k];
+    const auto& [wname, w] = master[k];
     LS_CHECK(name == wname, kOp, "step: gradient ", k, " is '", name, "', expected '", wname, "'");
-    LS_CHECK(g.device() == Device::kCPU && g.dtype() == DType::kF32, kOp, "step: gradient '", name,
-             "' must be f32 on the CPU, got ", dtype_name(g.dtype()), " on ",
+    LS_CHECK(g.device() == device && g.dtype() == DType::kF32, kOp, "step: gradient '", name,
+             "' must be f32 on ", where, ", got ", dtype_name(g.dtype()), " on ",
              device_name(g.device()));
     LS_CHECK(g.shape() == w.shape(), kOp, "step: gradient '", name, "' has shape ",
              shape_str(g.shape()), ", expected ", shape_str(w.shape()));
   }
-  LS_CHECK(t_ + 1 < kMaxSteps, kOp, "step: more than ", kMaxSteps - 1, " steps");
+  LS_CHECK(steps_done + 1 < kMaxSteps, kOp, "step: more than ", kMaxSteps - 1, " steps");
+}
 
-  // Global norm. No finite fp32 gradient overflows the double sum (|g|² < 2^256), so the sum is
-  // finite exactly when every gradient is.
+StepStats adamw_step_stats(const AdamWConfig& cfg, int64_t steps_done, const Weights& grads,
+                           const std::vector<double>& tensor_sums) {
+  LS_CHECK(tensor_sums.size() == grads.size(), kOp, "internal: ", tensor_sums.size(), " sums for ",
+           grads.size(), " gradients");
+  // No finite fp32 gradient overflows the double sum (|g|² < 2^256), so the sum is finite
+  // exactly when every gradient is.
   double sum = 0.0;
-  for (const auto& [name, g] : grads) {
-    const double s = sum_of_squares(g.ptr<float>(), g.numel());
-    LS_CHECK(std::isfinite(s), kOp, "step: non-finite gradient in '", name,
+  for (size_t k = 0; k < grads.size(); ++k) {
+    LS_CHECK(std::isfinite(tensor_sums[k]), kOp, "step: non-finite gradient in '", grads[k].first,
              "' (nothing was updated)");
-    sum = sum + s;
+    sum = sum + tensor_sums[k];
   }
   StepStats stats;
   stats.grad_norm = std::sqrt(sum);
-  if (cfg_.max_grad_norm > 0) {
-    stats.clip_scale = std::min(1.0, cfg_.max_grad_norm / (stats.grad_norm + 1e-6));
+  if (cfg.max_grad_norm > 0) {
+    stats.clip_scale = std::min(1.0, cfg.max_grad_norm / (stats.grad_norm + 1e-6));
   }
-  stats.lr = learning_rate(cfg_, t_);
+  stats.lr = learning_rate(cfg, steps_done);
+  return stats;
+}
+
+StepStats AdamW::step(const Weights& grads) {
+  check_step_gradients(master_, grads, Device::kCPU, "the CPU", t_);
+
+  std::vector<double> sums;
+  sums.reserve(grads.size());
+  for (const auto& [name, g] : grads) sums.push_back(sum_of_squares(g.ptr<float>(), g.numel()));
+  const StepStats stats = adamw_step_stats(cfg_, t_, grads, sums);
 
   // The update, per element, all in double from the fp32 state, stored as fp32 (optim.h):
   //   g' = g·clip_scale; m = β1·m + (1−β1)·g'; v = β2·v + (1−β2)·g'²;
@@ -220,7 +234,7 @@ StepStats AdamW::step(const Weights& grads) {
   const int64_t t = t_ + 1;
   const double b1 = cfg_.beta1, b2 = cfg_.beta2, eps = cfg_.eps;
   const double one_m_b1 = 1.0 - b1, one_m_b2 = 1.0 - b2;
-  const double c1 = 1.0 - power(b1, t), c2 = 1.0 - power(b2, t);
+  const double c1 = 1.0 - adamw_power(b1, t), c2 = 1.0 - adamw_power(b2, t);
   const double scale = stats.clip_scale, lr = stats.lr;
   for (size_t k = 0; k < grads.size(); ++k) {
     const float* g = grads[k].second.ptr<float>();

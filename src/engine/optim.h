@@ -38,6 +38,23 @@ struct StepStats {
   double lr = 0;
 };
 
+// β^t as t sequential double multiplications (the update's bias corrections; std::pow is not
+// guaranteed correctly rounded).
+double adamw_power(double beta, int64_t t);
+
+// The argument checks of a step (AdamW::step and the GPU's CudaAdamW::step: the same errors):
+// grads has the masters' names, order and shapes, every one f32 on `device` (named `where` in
+// the message, e.g. "the CPU"), and another step fits the checkpoint's exact step count.
+void check_step_gradients(const Weights& master, const Weights& grads, Device device,
+                          const char* where, int64_t steps_done);
+
+// The step's scalars from each gradient tensor's canonical sum of squares (tensor_sums, weight
+// order; step()'s chunked chains): grad_norm = sqrt of their sum in weight order from +0,
+// clip_scale, the learning rate of step steps_done. A non-finite sum throws naming the first such
+// tensor ("nothing was updated").
+StepStats adamw_step_stats(const AdamWConfig& cfg, int64_t steps_done, const Weights& grads,
+                           const std::vector<double>& tensor_sums);
+
 class AdamW {
  public:
   // From bf16 (or f32) weights, HF names: master = fp32 copies, moments zero.

@@ -38,16 +38,16 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 // One launch's operands: y = tree over nseg segments of length seg_len of the chains over
 // x[:, 0..K) · w[:, 0..K) (zero beyond K), + bias, rounded once (the kernels' GemmParams; bias
-// and y as given).
+// and y as given). w_mn: w is stored [K, N] (the nn layout), else [N, K].
 GemmParams core_params(const TensorView& x, const TensorView& w, const TensorView* bias, int nseg,
-                       int64_t seg_len, const TensorView& y) {
+                       int64_t seg_len, const TensorView& y, bool w_mn = false) {
   GemmParams p{};
   p.x = static_cast<const uint16_t*>(x.data);
   p.w = static_cast<const uint16_t*>(w.data);
   p.bias = bias ? bias->data : nullptr;
   p.y = y.data;
   p.M = x.shape[0];
-  p.N = w.shape[0];
+  p.N = w.shape[w_mn ? 1 : 0];
   p.K = x.shape[1];
   p.ldx = x.stride[0];
   p.ldw = w.stride[0];
@@ -59,6 +59,7 @@ GemmParams core_params(const TensorView& x, const TensorView& w, const TensorVie
   p.y_f32 = y.dtype == DType::kF32 ? 1 : 0;
   p.x_vec = (aligned16(p.x) && (p.M <= 1 || p.ldx % 8 == 0)) ? 1 : 0;
   p.w_vec = (aligned16(p.w) && (p.N <= 1 || p.ldw % 8 == 0)) ? 1 : 0;
+  p.w_mn = w_mn ? 1 : 0;
   return p;
 }
 
@@ -326,47 +327,20 @@ void run_checked(const char* op, const GemmParams& c, bool partial, const GemmPl
   run_plan(c, plan ? *plan : plan_gemm(q), static_cast<cudaStream_t>(stream));
 }
 
+// The launch of cfg's K layout (w_mn: the nn layout, w [K, N]).
 GemmParams gemm_params(const TensorView& x, const TensorView& w, const TensorView* bias,
-                       const GemmConfig& cfg, const TensorView& y) {
+                       const GemmConfig& cfg, const TensorView& y, bool w_mn = false) {
   const GemmKLayout kl = gemm_k_layout(cfg, x.shape[1]);
-  return core_params(x, w, bias, kl.segments, kl.segment_len, y);
+  return core_params(x, w, bias, kl.segments, kl.segment_len, y, w_mn);
 }
 
 // A TP rank's launch: its S / tp segments of the global layout's length, no bias, f32 out.
 GemmParams partial_params(const TensorView& x_shard, const TensorView& w_shard, int64_t k_total,
-                          int tp_size, const GemmConfig& cfg, const TensorView& y_partial) {
+                          int tp_size, const GemmConfig& cfg, const TensorView& y_partial,
+                          bool w_mn = false) {
   const GemmKLayout kl = gemm_k_layout(cfg, k_total);
-  return core_params(x_shard, w_shard, nullptr, cfg.segments / tp_size, kl.segment_len, y_partial);
-}
-
-// The NN layout (internal.h): x [M, K], w [K, N] MN-major, y [M, N]; K = x's columns = w's rows.
-GemmParams nn_core_params(const TensorView& x, const TensorView& w, int nseg, int64_t seg_len,
-                          const TensorView& y) {
-  GemmParams p{};
-  p.x = static_cast<const uint16_t*>(x.data);
-  p.w = static_cast<const uint16_t*>(w.data);
-  p.y = y.data;
-  p.M = x.shape[0];
-  p.N = w.shape[1];
-  p.K = x.shape[1];
-  p.ldx = x.stride[0];
-  p.ldw = w.stride[0];
-  p.ldy = y.stride[0];
-  p.seg_len = seg_len;
-  p.segments = nseg;
-  p.y_f32 = y.dtype == DType::kF32 ? 1 : 0;
-  p.w_mn = 1;
-  return p;
-}
-GemmParams nn_params(const TensorView& x, const TensorView& w, const GemmConfig& cfg,
-                     const TensorView& y) {
-  const GemmKLayout kl = gemm_k_layout(cfg, x.shape[1]);
-  return nn_core_params(x, w, kl.segments, kl.segment_len, y);
-}
-GemmParams nn_partial_params(const TensorView& x_shard, const TensorView& w_shard, int64_t k_total,
-                             int tp_size, const GemmConfig& cfg, const TensorView& y_partial) {
-  const GemmKLayout kl = gemm_k_layout(cfg, k_total);
-  return nn_core_params(x_shard, w_shard, cfg.segments / tp_size, kl.segment_len, y_partial);
+  return core_params(x_shard, w_shard, nullptr, cfg.segments / tp_size, kl.segment_len, y_partial,
+                     w_mn);
 }
 
 void run_gemm(const TensorView& x, const TensorView& w, const TensorView* bias,
@@ -481,28 +455,30 @@ void gemm_bf16_tn_accumulate(const uint16_t* a, int64_t lda, const uint16_t* b, 
 GemmProblem gemm_nn_problem(const TensorView& x, const TensorView& w, const GemmConfig& cfg) {
   const TensorView y =
       TensorView::contiguous(nullptr, DType::kF32, {x.shape[0], w.shape[1]}, Device::kCUDA);
-  return problem_of(nn_params(x, w, cfg, y), /*partial=*/false);
+  return problem_of(gemm_params(x, w, nullptr, cfg, y, /*w_mn=*/true), /*partial=*/false);
 }
 
 GemmProblem gemm_nn_partial_problem(const TensorView& x_shard, const TensorView& w_shard,
                                     int64_t k_total, int tp_size, const GemmConfig& cfg) {
   const TensorView y = TensorView::contiguous(nullptr, DType::kF32,
                                               {x_shard.shape[0], w_shard.shape[1]}, Device::kCUDA);
-  return problem_of(nn_partial_params(x_shard, w_shard, k_total, tp_size, cfg, y),
+  return problem_of(partial_params(x_shard, w_shard, k_total, tp_size, cfg, y, /*w_mn=*/true),
                     /*partial=*/true);
 }
 
 void gemm_bf16_nn(const TensorView& x, const TensorView& w, const GemmConfig& cfg,
                   const TensorView& y, const GemmPlan* plan, void* stream) {
   if (x.shape[0] == 0 || w.shape[1] == 0) return;
-  run_checked(kOpNN, nn_params(x, w, cfg, y), /*partial=*/false, plan, stream);
+  run_checked(kOpNN, gemm_params(x, w, nullptr, cfg, y, /*w_mn=*/true), /*partial=*/false, plan,
+              stream);
 }
 
 void gemm_bf16_nn_partial(const TensorView& x_shard, const TensorView& w_shard, int64_t k_total,
                           int tp_size, const GemmConfig& cfg, const TensorView& y_partial,
                           const GemmPlan* plan, void* stream) {
   if (x_shard.shape[0] == 0 || w_shard.shape[1] == 0) return;
-  run_checked(kOpNN, nn_partial_params(x_shard, w_shard, k_total, tp_size, cfg, y_partial),
+  run_checked(kOpNN,
+              partial_params(x_shard, w_shard, k_total, tp_size, cfg, y_partial, /*w_mn=*/true),
               /*partial=*/true, plan, stream);
 }
 

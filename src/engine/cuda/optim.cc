@@ -21,22 +21,6 @@ namespace lockstep::engine {
 namespace {
 
 constexpr const char* kOp = "adamw";  // the CPU optimizer's name: the same errors
-// As engine::AdamW: the step is checkpointed as an exact integer-valued float.
-constexpr int64_t kMaxSteps = int64_t(1) << 24;
-
-// β^t as t sequential double multiplications: optim.cc's power(), the same operations.
-double power(double beta, int64_t t) {
-  double p = 1.0;
-  for (int64_t i = 0; i < t; ++i) p = p * beta;
-  return p;
-}
-
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 // A tensor as one contiguous row (the kernels see elements, not shapes).
 TensorView flat(const Tensor& t) {
   return TensorView::contiguous(t.data(), t.dtype(), {t.numel()}, t.device());
@@ -124,19 +108,7 @@ void CudaAdamW::refresh_bf16() {
 }
 
 StepStats CudaAdamW::step(const Weights& grads) {
-  LS_CHECK(grads.size() == master_.size(), kOp, "step: expected ", master_.size(),
-           " gradients, got ", grads.size());
-  for (size_t k = 0; k < grads.size(); ++k) {
-    const auto& [name, g] = grads[k];
-    const auto& [wname, w] = master_[k];
-    LS_CHECK(name == wname, kOp, "step: gradient ", k, " is '", name, "', expected '", wname, "'");
-    LS_CHECK(g.device() == Device::kCUDA && g.dtype() == DType::kF32, kOp, "step: gradient '", name,
-             "' must be f32 on the GPU, got ", dtype_name(g.dtype()), " on ",
-             device_name(g.device()));
-    LS_CHECK(g.shape() == w.shape(), kOp, "step: gradient '", name, "' has shape ",
-             shape_str(g.shape()), ", expected ", shape_str(w.shape()));
-  }
-  LS_CHECK(t_ + 1 < kMaxSteps, kOp, "step: more than ", kMaxSteps - 1, " steps");
+  check_step_gradients(master_, grads, Device::kCUDA, "the GPU", t_);
 
   // Global norm: the chunk chains on the device, then (as optim.cc) each tensor's chunk sums in
   // chunk order from +0, the tensors' sums in weight order from +0, the sqrt.
@@ -144,22 +116,16 @@ StepStats CudaAdamW::step(const Weights& grads) {
   views.reserve(grads.size());
   for (const auto& [name, g] : grads) views.push_back(flat(g));
   const std::vector<double> chunks = cuda::sum_of_squares_chunks(views);
-  double sum = 0.0;
+  std::vector<double> sums;
+  sums.reserve(grads.size());
   size_t c = 0;
   for (const auto& [name, g] : grads) {
     const int64_t n = (g.numel() + cuda::kNormChunk - 1) / cuda::kNormChunk;
     double s = 0.0;
     for (int64_t j = 0; j < n; ++j) s = s + chunks[c++];
-    LS_CHECK(std::isfinite(s), kOp, "step: non-finite gradient in '", name,
-             "' (nothing was updated)");
-    sum = sum + s;
+    sums.push_back(s);
   }
-  StepStats stats;
-  stats.grad_norm = std::sqrt(sum);
-  if (cfg_.max_grad_norm > 0) {
-    stats.clip_scale = std::min(1.0, cfg_.max_grad_norm / (stats.grad_norm + 1e-6));
-  }
-  stats.lr = learning_rate(cfg_, t_);
+  const StepStats stats = adamw_step_stats(cfg_, t_, grads, sums);
 
   // The step's constants, as optim.cc computes them (t = steps_done() + 1).
   const int64_t t = t_ + 1;
@@ -169,8 +135,8 @@ StepStats CudaAdamW::step(const Weights& grads) {
   k.eps = cfg_.eps;
   k.one_minus_beta1 = 1.0 - cfg_.beta1;
   k.one_minus_beta2 = 1.0 - cfg_.beta2;
-  k.c1 = 1.0 - power(cfg_.beta1, t);
-  k.c2 = 1.0 - power(cfg_.beta2, t);
+  k.c1 = 1.0 - adamw_power(cfg_.beta1, t);
+  k.c2 = 1.0 - adamw_power(cfg_.beta2, t);
   k.clip_scale = stats.clip_scale;
   k.lr = stats.lr;
   std::vector<cuda::AdamWTensor> tensors(grads.size());
