@@ -10,8 +10,11 @@ Hq/Hkv heads, D head_dim, B sequences (``cu_seqlens`` [B+1] int32 on the host, 0
 <= cu[B] = T).
 
 Gradients (§B.0): the library's gradients are fp32; autograd hands each input a gradient of the
-input's dtype, so a bf16 input gets the fp32 gradient rounded once (RNE). The incoming gradient
-of a bf16 output is bf16. Weight gradients are one chain over the token blocks in the canonical
+input's dtype, so a bf16 input gets the fp32 gradient rounded once by the library's rounding (RNE,
+canonical NaN), inside the backward op: torch.compile cannot fuse that rounding away. The
+incoming gradient of a bf16 output is bf16 (and where autograd sums the gradients of an input used
+twice, the sum is torch's bf16 addition; under torch.compile set
+``torch._inductor.config.emulate_precision_casts = True`` to keep eager's bits there). Weight gradients are one chain over the token blocks in the canonical
 order of (``cu_seqlens``, ``step_indices``) (B.1; without ``cu_seqlens`` all rows are one
 sequence), from +0 on each backward call.
 
@@ -70,9 +73,14 @@ def _grad(g: Optional[Tensor], like: Tensor) -> Tensor:
     return g.to(torch.float32).contiguous()
 
 
-def _bf16(g: Tensor) -> Tensor:
-    """round_bf16 of a gradient where it becomes a tensor-core operand (B.0), contiguous."""
-    return g.to(torch.bfloat16).contiguous()
+def _rounded(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """An fp32 result of the library as `dtype`: bf16 by the library's rounding (RNE, canonical
+    NaN; B.0). Called inside the ops, so torch.compile cannot fuse the rounding away."""
+    if dtype == torch.float32 or t.dtype != torch.float32:
+        return t
+    out = torch.empty(t.shape, dtype=dtype, device=t.device)
+    _C.round_bf16(_arg(t).contiguous(), out, _stream(t))
+    return out
 
 
 def _contract_c(gemm_segments: int, kv_chunk: int, vocab_tile: int, vocab_segments: int):
@@ -119,24 +127,26 @@ def _(x, w, bias, segments, out_f32, dx_segments, cu_seqlens, step_indices):
 
 @torch.library.custom_op("lockstep::linear_backward", mutates_args=())
 def _linear_backward(
-    dy: Tensor,
+    gy: Tensor,
     x: Tensor,
     w: Tensor,
     dx_segments: int,
     cu_seqlens: Optional[Tensor],
     step_indices: Optional[Tensor],
 ) -> Tuple[Tensor, Tensor]:
-    """dx [T, K] f32 = dy·w (dx_segments N segments); dw [N, K] f32 = dyᵀ·x from +0."""
-    dx = x.new_empty(x.shape, dtype=torch.float32)
+    """dy = round_bf16(gy) (B.0); dx [T, K] = dy·w (dx_segments N segments) in x's dtype; dw
+    [N, K] = dyᵀ·x from +0, fp32 rounded once to w's dtype."""
+    dy = _rounded(gy.contiguous(), torch.bfloat16)
+    dx = x.new_empty(x.shape)
     dw = torch.zeros(w.shape, dtype=torch.float32, device=w.device)
     _C.gemm_dx(_arg(dy), _arg(w), dx, dx_segments, _stream(dy))
     _C.gemm_dw(_arg(dy), _arg(x), dw, _opt(cu_seqlens), _opt(step_indices), _stream(dy))
-    return dx, dw
+    return dx, _rounded(dw, w.dtype)
 
 
 @_linear_backward.register_fake
-def _(dy, x, w, dx_segments, cu_seqlens, step_indices):
-    return x.new_empty(x.shape, dtype=torch.float32), w.new_empty(w.shape, dtype=torch.float32)
+def _(gy, x, w, dx_segments, cu_seqlens, step_indices):
+    return x.new_empty(x.shape), w.new_empty(w.shape)
 
 
 def _linear_setup(ctx, inputs, output):
@@ -151,9 +161,9 @@ def _linear_bwd(ctx, gy):
     if ctx.bias_needs_grad:
         raise RuntimeError("lockstep.linear: the contract has no bias gradient (§B.3)")
     dx, dw = torch.ops.lockstep.linear_backward(
-        _bf16(gy), x, w, ctx.dx_segments, cu_seqlens, step_indices
+        gy, x, w, ctx.dx_segments, cu_seqlens, step_indices
     )
-    return dx.to(x.dtype), dw.to(w.dtype), None, None, None, None, None, None
+    return dx, dw, None, None, None, None, None, None
 
 
 _linear.register_autograd(_linear_bwd, setup_context=_linear_setup)
@@ -215,21 +225,20 @@ def _rmsnorm_backward(
     cu_seqlens: Optional[Tensor],
     step_indices: Optional[Tensor],
 ) -> Tuple[Tensor, Tensor]:
-    """dx (f32, s's shape) and dweight (f32 [last dim], from +0)."""
+    """dx (s's shape and dtype) and dweight ([last dim], from +0, weight's dtype), each the fp32
+    result rounded once."""
     dx = s.new_empty(s.shape, dtype=torch.float32)
     dweight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
     _C.rmsnorm_backward(
         _arg(s), _arg(weight), _arg(gy), dx, dweight, _opt(cu_seqlens), _opt(step_indices), eps,
         _stream(s),
     )
-    return dx, dweight
+    return _rounded(dx, s.dtype), _rounded(dweight, weight.dtype)
 
 
 @_rmsnorm_backward.register_fake
 def _(gy, s, weight, eps, cu_seqlens, step_indices):
-    return s.new_empty(s.shape, dtype=torch.float32), weight.new_empty(
-        weight.shape, dtype=torch.float32
-    )
+    return s.new_empty(s.shape), weight.new_empty(weight.shape)
 
 
 def _rmsnorm_setup(ctx, inputs, output):
@@ -243,7 +252,7 @@ def _rmsnorm_bwd(ctx, gy):
     dx, dweight = torch.ops.lockstep.rmsnorm_backward(
         _grad(gy, x), x, weight, ctx.eps, cu_seqlens, step_indices
     )
-    return dx.to(x.dtype), dweight.to(weight.dtype), None, None, None
+    return dx, dweight, None, None, None
 
 
 _rmsnorm.register_autograd(_rmsnorm_bwd, setup_context=_rmsnorm_setup)
@@ -297,28 +306,26 @@ def _rmsnorm_residual_backward(
     cu_seqlens: Optional[Tensor],
     step_indices: Optional[Tensor],
 ) -> Tuple[Tensor, Tensor]:
-    """ds = gres + dnorm (f32, s's shape: the gradient of x and of residual) and dweight."""
+    """ds = gres + dnorm (s's shape and dtype: the gradient of x and of residual) and dweight
+    (weight's dtype), each the fp32 result rounded once."""
     ds = s.new_empty(s.shape, dtype=torch.float32)
     dweight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
     _C.rmsnorm_residual_backward(
         _arg(s), _arg(weight), _arg(gy), _arg(gres), ds, dweight, _opt(cu_seqlens),
         _opt(step_indices), eps, _stream(s),
     )
-    return ds, dweight
+    return _rounded(ds, s.dtype), _rounded(dweight, weight.dtype)
 
 
 @_rmsnorm_residual_backward.register_fake
 def _(gy, gres, s, weight, eps, cu_seqlens, step_indices):
-    return s.new_empty(s.shape, dtype=torch.float32), weight.new_empty(
-        weight.shape, dtype=torch.float32
-    )
+    return s.new_empty(s.shape), weight.new_empty(weight.shape)
 
 
 def _rmsnorm_residual_setup(ctx, inputs, output):
     x, residual, weight, eps, cu_seqlens, step_indices = inputs
     ctx.save_for_backward(output[1], weight, cu_seqlens, step_indices)
     ctx.eps = eps
-    ctx.dtypes = (x.dtype, residual.dtype)
 
 
 def _rmsnorm_residual_bwd(ctx, gy, gres):
@@ -326,7 +333,8 @@ def _rmsnorm_residual_bwd(ctx, gy, gres):
     ds, dweight = torch.ops.lockstep.rmsnorm_residual_backward(
         _grad(gy, s), _grad(gres, s), s, weight, ctx.eps, cu_seqlens, step_indices
     )
-    return ds.to(ctx.dtypes[0]), ds.to(ctx.dtypes[1]), dweight.to(weight.dtype), None, None, None
+    # x and residual are bf16 like s (the op's contract): both get ds.
+    return ds, ds, dweight, None, None, None
 
 
 _rmsnorm_residual.register_autograd(_rmsnorm_residual_bwd, setup_context=_rmsnorm_residual_setup)
@@ -363,16 +371,18 @@ def _(x, positions, theta, max_positions):
 
 
 @torch.library.custom_op("lockstep::rope_backward", mutates_args=())
-def _rope_backward(gy: Tensor, positions: Tensor, theta: float, max_positions: int) -> Tensor:
-    """dx [T, heads, D] f32 from gy [T, heads, D] f32."""
+def _rope_backward(
+    gy: Tensor, positions: Tensor, theta: float, max_positions: int, dtype: torch.dtype
+) -> Tensor:
+    """dx [T, heads, D] from gy [T, heads, D] f32: the fp32 result rounded once to `dtype`."""
     dx = torch.empty_like(gy, dtype=torch.float32, memory_format=torch.contiguous_format)
     _C.rope_backward(_arg(gy), _arg(positions), dx, theta, max_positions, _stream(gy))
-    return dx
+    return _rounded(dx, dtype)
 
 
 @_rope_backward.register_fake
-def _(gy, positions, theta, max_positions):
-    return torch.empty_like(gy, dtype=torch.float32, memory_format=torch.contiguous_format)
+def _(gy, positions, theta, max_positions, dtype):
+    return torch.empty_like(gy, dtype=dtype, memory_format=torch.contiguous_format)
 
 
 def _rope_setup(ctx, inputs, output):
@@ -384,8 +394,8 @@ def _rope_setup(ctx, inputs, output):
 def _rope_bwd(ctx, gy):
     (positions,) = ctx.saved_tensors
     theta, max_positions, dtype = ctx.args
-    dx = torch.ops.lockstep.rope_backward(_grad(gy, gy), positions, theta, max_positions)
-    return dx.to(dtype), None, None, None
+    dx = torch.ops.lockstep.rope_backward(_grad(gy, gy), positions, theta, max_positions, dtype)
+    return dx, None, None, None
 
 
 _rope.register_autograd(_rope_bwd, setup_context=_rope_setup)
@@ -415,15 +425,16 @@ def _(gate, up):
 
 @torch.library.custom_op("lockstep::silu_mul_backward", mutates_args=())
 def _silu_mul_backward(ga: Tensor, gate_up: Tensor) -> Tensor:
-    """dgu [T, 2I] f32 (dgate columns, then dup columns) from gate_up [T, 2I] bf16, ga [T, I]."""
+    """dgu [T, 2I] (dgate columns, then dup columns; gate_up's dtype, the fp32 result rounded
+    once) from gate_up [T, 2I] bf16 and ga [T, I] f32."""
     dgu = gate_up.new_empty(gate_up.shape, dtype=torch.float32)
     _C.silu_mul_backward(_arg(gate_up), _arg(ga), dgu, _stream(gate_up))
-    return dgu
+    return _rounded(dgu, gate_up.dtype)
 
 
 @_silu_mul_backward.register_fake
 def _(ga, gate_up):
-    return gate_up.new_empty(gate_up.shape, dtype=torch.float32)
+    return gate_up.new_empty(gate_up.shape)
 
 
 def _silu_mul_setup(ctx, inputs, output):
@@ -436,7 +447,7 @@ def _silu_mul_bwd(ctx, ga):
     gate_up = torch.cat([gate, up], dim=-1)  # the forward's fused layout (§E.3), an exact copy
     dgu = torch.ops.lockstep.silu_mul_backward(_grad(ga, gate), gate_up)
     i = gate.shape[-1]
-    return dgu[..., :i].to(gate.dtype), dgu[..., i:].to(up.dtype)
+    return dgu[..., :i], dgu[..., i:]
 
 
 _silu_mul.register_autograd(_silu_mul_bwd, setup_context=_silu_mul_setup)
@@ -471,17 +482,19 @@ def _embedding_backward(
     vocab: int,
     cu_seqlens: Optional[Tensor],
     step_indices: Optional[Tensor],
+    dtype: torch.dtype,
 ) -> Tensor:
-    """dtable [vocab, H] f32: the gh rows added by id, tokens in canonical order, from +0."""
+    """dtable [vocab, H]: the gh rows added by id, tokens in canonical order, from +0 (fp32,
+    rounded once to `dtype`)."""
     dtable = torch.zeros((vocab, _size(gh, 1)), dtype=torch.float32, device=gh.device)
     _C.embedding_backward(_arg(ids), _arg(gh), dtable, _opt(cu_seqlens), _opt(step_indices),
                           _stream(gh))
-    return dtable
+    return _rounded(dtable, dtype)
 
 
 @_embedding_backward.register_fake
-def _(gh, ids, vocab, cu_seqlens, step_indices):
-    return gh.new_empty((vocab, _size(gh, 1)), dtype=torch.float32)
+def _(gh, ids, vocab, cu_seqlens, step_indices, dtype):
+    return gh.new_empty((vocab, _size(gh, 1)), dtype=dtype)
 
 
 def _embedding_setup(ctx, inputs, output):
@@ -494,9 +507,9 @@ def _embedding_bwd(ctx, gh):
     ids, cu_seqlens, step_indices = ctx.saved_tensors
     vocab, dtype = ctx.table
     dtable = torch.ops.lockstep.embedding_backward(
-        _grad(gh, gh), ids, vocab, cu_seqlens, step_indices
+        _grad(gh, gh), ids, vocab, cu_seqlens, step_indices, dtype
     )
-    return None, dtable.to(dtype), None, None
+    return None, dtable, None, None
 
 
 _embedding.register_autograd(_embedding_bwd, setup_context=_embedding_setup)
@@ -549,7 +562,8 @@ def _attention_varlen_backward(
     kv_chunk: int,
     softmax_scale: float,
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    """dq [T, Hq, D], dk, dv [T, Hkv, D] f32 from dout [T, Hq, D] bf16 and the forward's lse."""
+    """dq [T, Hq, D], dk, dv [T, Hkv, D] (q's, k's, v's dtypes: the fp32 results rounded once)
+    from dout [T, Hq, D] bf16 and the forward's lse."""
     dq = q.new_empty(q.shape, dtype=torch.float32)
     dk = k.new_empty(k.shape, dtype=torch.float32)
     dv = v.new_empty(v.shape, dtype=torch.float32)
@@ -557,16 +571,12 @@ def _attention_varlen_backward(
         _arg(q), _arg(k), _arg(v), _arg(out), _arg(lse), _arg(dout), _arg(cu_seqlens), dq, dk,
         dv, kv_chunk, softmax_scale, _stream(q),
     )
-    return dq, dk, dv
+    return _rounded(dq, q.dtype), _rounded(dk, k.dtype), _rounded(dv, v.dtype)
 
 
 @_attention_varlen_backward.register_fake
 def _(dout, q, k, v, out, lse, cu_seqlens, kv_chunk, softmax_scale):
-    return (
-        q.new_empty(q.shape, dtype=torch.float32),
-        k.new_empty(k.shape, dtype=torch.float32),
-        v.new_empty(v.shape, dtype=torch.float32),
-    )
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _attention_setup(ctx, inputs, output):
@@ -580,9 +590,9 @@ def _attention_setup(ctx, inputs, output):
 def _attention_bwd(ctx, gout, glse):
     q, k, v, out, lse, cu_seqlens = ctx.saved_tensors
     dq, dk, dv = torch.ops.lockstep.attention_varlen_backward(
-        _bf16(gout), q, k, v, out, lse, cu_seqlens, *ctx.args
+        _rounded(gout.contiguous(), torch.bfloat16), q, k, v, out, lse, cu_seqlens, *ctx.args
     )
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+    return dq, dk, dv, None, None, None
 
 
 _attention_varlen.register_autograd(_attention_bwd, setup_context=_attention_setup)
@@ -647,7 +657,8 @@ def _linear_logprob_backward(
     cu_seqlens: Optional[Tensor],
     step_indices: Optional[Tensor],
 ) -> Tuple[Tensor, Tensor]:
-    """dh [T, H] f32 and dw [V, H] f32 (from +0) from g_lp [T] f32 and g_ent [T] f32 or None."""
+    """dh [T, H] and dw [V, H] (from +0), in h's and w's dtypes (the fp32 results rounded once),
+    from g_lp [T] f32 and g_ent [T] f32 or None."""
     dh = h.new_empty(h.shape, dtype=torch.float32)
     dw = torch.zeros(w.shape, dtype=torch.float32, device=w.device)
     _C.linear_logprob_backward(
@@ -655,13 +666,13 @@ def _linear_logprob_backward(
         dw, temperature, ignore_index, _contract_c(*contract), _opt(cu_seqlens),
         _opt(step_indices), _stream(h),
     )
-    return dh, dw
+    return _rounded(dh, h.dtype), _rounded(dw, w.dtype)
 
 
 @_linear_logprob_backward.register_fake
 def _(g_lp, g_ent, h, w, targets, lse, entropy, temperature, ignore_index, contract, cu_seqlens,
       step_indices):
-    return h.new_empty(h.shape, dtype=torch.float32), w.new_empty(w.shape, dtype=torch.float32)
+    return h.new_empty(h.shape), w.new_empty(w.shape)
 
 
 def _linear_logprob_setup(ctx, inputs, output):
@@ -679,7 +690,7 @@ def _linear_logprob_bwd(ctx, g_lp, g_lse, g_ent):
         _grad(g_lp, lse), _grad(g_ent, lse), h, w, targets, lse, entropy, temperature,
         ignore_index, contract, cu_seqlens, step_indices,
     )
-    return dh.to(h.dtype), dw.to(w.dtype), None, None, None, None, None, None
+    return dh, dw, None, None, None, None, None, None
 
 
 _linear_logprob.register_autograd(_linear_logprob_bwd, setup_context=_linear_logprob_setup)

@@ -151,6 +151,26 @@ void attention_backward_varlen(const Array& q, const Array& k, const Array& v, c
       [&] { cpu::attention_backward_varlen(qv, kv, vv, ov, lv, gv, seqs, cfg, dqv, dkv, dvv); });
 }
 
+// dst = round_bf16(src) elementwise (RNE, canonical NaN 0x7FC0: dtype.h's f32_to_bf16), the
+// rounding point of B.0. src f32 and dst bf16, the same shape, both contiguous.
+void round_bf16(const Array& src, const Array& dst, uint64_t stream) {
+  constexpr const char* kOp = "round_bf16";
+  const TensorView sv = view_of(kOp, "src", src), dv = view_of(kOp, "dst", dst);
+  place(kOp, {&sv, &dv}, stream);
+  LS_CHECK(sv.dtype == DType::kF32 && dv.dtype == DType::kBF16, kOp,
+           "expected src f32 and dst bf16, got ", dtype_name(sv.dtype), " and ",
+           dtype_name(dv.dtype));
+  LS_CHECK(sv.shape_string() == dv.shape_string(), kOp, "src ", sv.shape_string(), " and dst ",
+           dv.shape_string(), " differ in shape");
+  LS_CHECK(sv.is_contiguous() && dv.is_contiguous(), kOp, "src and dst must be contiguous, got ",
+           sv.describe(), " and ", dv.describe());
+  released([&] {
+    const float* in = sv.ptr<const float>();
+    bf16* out = dv.ptr<bf16>();
+    for (int64_t i = 0, n = sv.numel(); i < n; ++i) out[i] = f32_to_bf16(in[i]);
+  });
+}
+
 }  // namespace
 
 void bind_backward(nb::module_& m) {
@@ -188,6 +208,8 @@ void bind_backward(nb::module_& m) {
         arg("out"), arg("lse"), arg("dout"), arg("cu_seqlens"), arg("dq"), arg("dk"), arg("dv"),
         arg("kv_chunk") = 1024, arg("softmax_scale") = 0.0, arg("stream") = 0,
         "Varlen causal attention backward (B.9). dout bf16; dq, dk, dv f32 (written).");
+  m.def("round_bf16", &round_bf16, arg("src"), arg("dst"), arg("stream") = 0,
+        "dst = round_bf16(src) (RNE, canonical NaN): the gradients' rounding point (B.0).");
 }
 
 }  // namespace lockstep::python

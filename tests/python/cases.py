@@ -70,7 +70,7 @@ def op_cases(gen):
     pos = positions((2, 4))
     cases.append(("rope", ops.rope, (xr, pos, 1e6, 64)))
     cases.append(("rope_backward", ops.rope_backward,
-                  (randn(gen, 6, 3, 16, dtype=torch.float32), pos, 1e6, 64)))
+                  (randn(gen, 6, 3, 16, dtype=torch.float32), pos, 1e6, 64, torch.bfloat16)))
 
     g, u = randn(gen, 5, 24, requires_grad=True), randn(gen, 5, 24, requires_grad=True)
     cases.append(("silu_mul", ops.silu_mul, (g, u)))
@@ -81,7 +81,7 @@ def op_cases(gen):
     table = randn(gen, 50, 24, requires_grad=True)
     cases.append(("embedding", ops.embedding, (ids, table, cu(2, 3), None)))
     cases.append(("embedding_backward", ops.embedding_backward,
-                  (randn(gen, 5, 24, dtype=torch.float32), ids, 50, None, None)))
+                  (randn(gen, 5, 24, dtype=torch.float32), ids, 50, None, None, torch.bfloat16)))
 
     A = attention(gen)
     cases.append(("attention_varlen", ops.attention_varlen,
