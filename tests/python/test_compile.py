@@ -57,18 +57,18 @@ def test_compiled_mlp_block_same_bits(gen):
         assert_bitwise(b, a, f"grad {i}")
 
 
-def test_compiled_attention_logprob_same_bits(gen, monkeypatch):
+def test_compiled_attention_logprob_same_bits(gen):
     # x feeds three linears: autograd sums their bf16 dx. Eager rounds each partial sum to bf16;
     # inductor fuses the sum in fp32 unless told to emulate the casts (torch's own arithmetic,
     # not lockstep's).
-    monkeypatch.setattr(torch._inductor.config, "emulate_precision_casts", True)
     lens = (3, 6)
     T = sum(lens)
     inputs = [randn(gen, T, 32), randn(gen, 32, 32, scale=0.2), randn(gen, 16, 32, scale=0.2),
               randn(gen, 16, 32, scale=0.2), randn(gen, 70, 32, scale=0.3)]
     positions = torch.cat([torch.arange(n) for n in lens])
     consts = (positions, cu(*lens), torch.randint(0, 70, (T,), generator=gen))
-    (eo, eg), (co, cg) = eager_and_compiled(attention_head, inputs, consts)
+    with torch._inductor.config.patch(emulate_precision_casts=True):
+        (eo, eg), (co, cg) = eager_and_compiled(attention_head, inputs, consts)
     assert_bitwise(co[0], eo[0], "loss")
     for i, (a, b) in enumerate(zip(eg, cg)):
         assert_bitwise(b, a, f"grad {i}")
