@@ -4,9 +4,9 @@
 // sequence). Every check is the library's.
 #include <nanobind/stl/optional.h>
 
-#include "bindings.h"
 #include "lockstep/ops/backward.h"
-#include "tensor_args.h"
+#include "python/bindings.h"
+#include "python/tensor_args.h"
 
 namespace lockstep::python {
 

@@ -6,7 +6,6 @@
 
 #include <vector>
 
-#include "bindings.h"
 #include "lockstep/ops/activation.h"
 #include "lockstep/ops/attention.h"
 #include "lockstep/ops/embedding.h"
@@ -15,7 +14,8 @@
 #include "lockstep/ops/norm.h"
 #include "lockstep/ops/rope.h"
 #include "lockstep/ops/sampling.h"
-#include "tensor_args.h"
+#include "python/bindings.h"
+#include "python/tensor_args.h"
 
 namespace lockstep::python {
 

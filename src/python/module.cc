@@ -4,10 +4,10 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
-#include "bindings.h"
 #include "core/thread_pool.h"
 #include "lockstep/contract.h"
 #include "lockstep/error.h"
+#include "python/bindings.h"
 
 namespace nb = nanobind;
 

@@ -1,5 +1,5 @@
 // DLPack arrays as TensorViews, placement, and the host-side objects the bindings build.
-#include "tensor_args.h"
+#include "python/tensor_args.h"
 
 #include <bit>
 #include <map>
