@@ -680,14 +680,17 @@ def _linear_logprob_setup(ctx, inputs, output):
     _, lse, entropy = output
     ctx.save_for_backward(h, w, targets, lse, entropy, cu_seqlens, step_indices)
     ctx.mark_non_differentiable(lse)
+    # An unused entropy gets g_ent = None (the op's "no entropy gradient"), not zeros.
+    ctx.set_materialize_grads(False)
     ctx.args = (temperature, ignore_index, list(contract))
 
 
 def _linear_logprob_bwd(ctx, g_lp, g_lse, g_ent):
     h, w, targets, lse, entropy, cu_seqlens, step_indices = ctx.saved_tensors
     temperature, ignore_index, contract = ctx.args
+    g_ent = None if g_ent is None else _grad(g_ent, lse)
     dh, dw = torch.ops.lockstep.linear_logprob_backward(
-        _grad(g_lp, lse), _grad(g_ent, lse), h, w, targets, lse, entropy, temperature,
+        _grad(g_lp, lse), g_ent, h, w, targets, lse, entropy, temperature,
         ignore_index, contract, cu_seqlens, step_indices,
     )
     return dh, dw, None, None, None, None, None, None

@@ -229,3 +229,34 @@ def test_linear_bias_has_no_gradient(gen):
     y = lt.linear(d["x"], d["w"], bias)
     with pytest.raises(RuntimeError, match="no bias gradient"):
         y.float().sum().backward()
+
+
+def test_logprob_without_entropy_gradient(gen):
+    """logp alone: the backward gets g_ent = None, as the C++ call without an entropy gradient."""
+    p = cases.logprob(gen)
+    h, w = p["h"], p["w"]
+    logp, lse, ent = lt.linear_logprob(h, w, p["targets"])
+    g = randn(gen, *logp.shape, dtype=torch.float32)
+    logp.backward(g)
+    dh, dw = torch.empty(h.shape), torch.zeros(w.shape)
+    _C.linear_logprob_backward(h.detach(), w.detach(), p["targets"], lse, ent.detach(), g, None,
+                               dh, dw)
+    assert_bitwise(h.grad, dh.bfloat16(), "dh")
+    assert_bitwise(w.grad, dw.bfloat16(), "dw")
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_broadcast_upstream_gradients(name):
+    """out.sum().backward() hands the ops expanded (stride 0) gradients: they are made contiguous
+    before they reach the library, with the same bits as a contiguous ones tensor."""
+    gen = torch.Generator().manual_seed(5)
+    d, forward, _ = CASES[name](gen)
+    outs = forward(d)
+    sum(o.sum() for o in outs).backward()
+    got = {k: v.grad for k, v in d.items()}
+    gen = torch.Generator().manual_seed(5)
+    d, forward, _ = CASES[name](gen)
+    outs = forward(d)
+    torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+    for k, v in d.items():
+        assert_bitwise(got[k], v.grad, f"{name} d{k}")

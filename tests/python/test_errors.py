@@ -143,3 +143,26 @@ def test_numpy_arrays_work_without_torch():
 def test_wrong_argument_type_is_a_type_error():
     with pytest.raises(TypeError):
         _C.gemm([1, 2], None, None, None)
+
+
+def test_round_bf16_is_the_library_rounding():
+    src = torch.tensor([1.0, 1.00390625, 1.01171875, -0.0, float("inf"), 3e38, 1e-40])
+    nan = torch.tensor([0x7FA00001, -1], dtype=torch.int32).view(torch.float32)  # NaN payloads
+    src = torch.cat([src, nan])
+    dst = torch.empty(src.shape, dtype=torch.bfloat16)
+    _C.round_bf16(src, dst)
+    got = dst.view(torch.int16).tolist()
+    assert got[:7] == src[:7].bfloat16().view(torch.int16).tolist()  # RNE, as torch for non-NaN
+    assert got[7:] == [0x7FC0, 0x7FC0]  # every NaN canonical (dtype.h)
+    with pytest.raises(lockstep.Error, match="round_bf16"):
+        _C.round_bf16(src, torch.empty(3, dtype=torch.bfloat16))
+
+
+def test_import_lockstep_needs_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['torch'] = None; import lockstep; "
+            "print(lockstep.Contract(gemm_segments=4))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "gemm_segments=4" in out.stdout

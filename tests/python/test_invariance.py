@@ -152,3 +152,27 @@ def test_weight_grads_independent_of_packing(gen):
                [1, 0])
     for name, a, b in zip(("linear dw", "rmsnorm dweight", "embedding dtable"), ab, ba):
         assert_bitwise(a, b, name)
+
+
+def test_row_strided_inputs_same_bits(gen):
+    """Views with strided rows (the library takes any row stride, last dim contiguous), e.g. the
+    halves of a fused gate|up buffer, give the bits of contiguous copies."""
+    wide = randn(gen, 9, 64)
+    x = wide[:, 8:48]  # [9, 40], row stride 64
+    w = randn(gen, 24, 40, scale=0.2)
+    assert not x.is_contiguous()
+    assert_bitwise(lt.linear(x, w), lt.linear(x.contiguous(), w), "linear")
+    nw = randn(gen, 40)
+    assert_bitwise(lt.rmsnorm(x, nw), lt.rmsnorm(x.contiguous(), nw), "rmsnorm")
+    gu = randn(gen, 9, 48)
+    assert_bitwise(lt.silu_mul(gu[:, :24], gu[:, 24:]),
+                   lt.silu_mul(gu[:, :24].contiguous(), gu[:, 24:].contiguous()), "silu_mul")
+    qkv = randn(gen, 9, 4 * 16)  # fused q|k|v, Hq = 2, Hkv = 1
+    q, k, v = (qkv[:, a:b].view(9, -1, 16) for a, b in ((0, 32), (32, 48), (48, 64)))
+    seqs = cu(4, 5)
+    strided = lt.attention_varlen(q, k, v, seqs)
+    contiguous = lt.attention_varlen(q.contiguous(), k.contiguous(), v.contiguous(), seqs)
+    for a, b, name in zip(strided, contiguous, ("out", "lse")):
+        assert_bitwise(a, b, f"attention {name}")
+    pos = torch.arange(9)
+    assert_bitwise(lt.rope(q, pos, 1e6, 64), lt.rope(q.contiguous(), pos, 1e6, 64), "rope")
