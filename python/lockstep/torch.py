@@ -94,7 +94,6 @@ def _contract_args(contract: Optional[Contract]) -> Tuple[int, int, int, int]:
     return c.gemm_segments, c.kv_chunk, c.vocab_tile, c.vocab_segments
 
 
-
 def _rows_out(x: Tensor, n: int, dtype: torch.dtype) -> Tensor:
     return x.new_empty((_size(x, 0), n), dtype=dtype)
 
@@ -160,9 +159,7 @@ def _linear_bwd(ctx, gy):
     x, w, cu_seqlens, step_indices = ctx.saved_tensors
     if ctx.bias_needs_grad:
         raise RuntimeError("lockstep.linear: the contract has no bias gradient (§B.3)")
-    dx, dw = torch.ops.lockstep.linear_backward(
-        gy, x, w, ctx.dx_segments, cu_seqlens, step_indices
-    )
+    dx, dw = torch.ops.lockstep.linear_backward(gy, x, w, ctx.dx_segments, cu_seqlens, step_indices)
     return dx, dw, None, None, None, None, None, None
 
 
@@ -230,7 +227,14 @@ def _rmsnorm_backward(
     dx = s.new_empty(s.shape, dtype=torch.float32)
     dweight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
     _C.rmsnorm_backward(
-        _arg(s), _arg(weight), _arg(gy), dx, dweight, _opt(cu_seqlens), _opt(step_indices), eps,
+        _arg(s),
+        _arg(weight),
+        _arg(gy),
+        dx,
+        dweight,
+        _opt(cu_seqlens),
+        _opt(step_indices),
+        eps,
         _stream(s),
     )
     return _rounded(dx, s.dtype), _rounded(dweight, weight.dtype)
@@ -282,9 +286,7 @@ def _rmsnorm_residual(
 ) -> Tuple[Tensor, Tensor]:
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     residual_out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    _C.rmsnorm_residual(
-        _arg(x), _arg(residual), _arg(weight), residual_out, y, eps, _stream(x)
-    )
+    _C.rmsnorm_residual(_arg(x), _arg(residual), _arg(weight), residual_out, y, eps, _stream(x))
     return y, residual_out
 
 
@@ -311,8 +313,16 @@ def _rmsnorm_residual_backward(
     ds = s.new_empty(s.shape, dtype=torch.float32)
     dweight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
     _C.rmsnorm_residual_backward(
-        _arg(s), _arg(weight), _arg(gy), _arg(gres), ds, dweight, _opt(cu_seqlens),
-        _opt(step_indices), eps, _stream(s),
+        _arg(s),
+        _arg(weight),
+        _arg(gy),
+        _arg(gres),
+        ds,
+        dweight,
+        _opt(cu_seqlens),
+        _opt(step_indices),
+        eps,
+        _stream(s),
     )
     return _rounded(ds, s.dtype), _rounded(dweight, weight.dtype)
 
@@ -487,8 +497,9 @@ def _embedding_backward(
     """dtable [vocab, H]: the gh rows added by id, tokens in canonical order, from +0 (fp32,
     rounded once to `dtype`)."""
     dtable = torch.zeros((vocab, _size(gh, 1)), dtype=torch.float32, device=gh.device)
-    _C.embedding_backward(_arg(ids), _arg(gh), dtable, _opt(cu_seqlens), _opt(step_indices),
-                          _stream(gh))
+    _C.embedding_backward(
+        _arg(ids), _arg(gh), dtable, _opt(cu_seqlens), _opt(step_indices), _stream(gh)
+    )
     return _rounded(dtable, dtype)
 
 
@@ -536,7 +547,14 @@ def _attention_varlen(
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = q.new_empty((_size(q, 0), _size(q, 1)), dtype=torch.float32)
     _C.attention_varlen(
-        _arg(q), _arg(k), _arg(v), _arg(cu_seqlens), out, lse, kv_chunk, softmax_scale,
+        _arg(q),
+        _arg(k),
+        _arg(v),
+        _arg(cu_seqlens),
+        out,
+        lse,
+        kv_chunk,
+        softmax_scale,
         _stream(q),
     )
     return out, lse
@@ -568,8 +586,19 @@ def _attention_varlen_backward(
     dk = k.new_empty(k.shape, dtype=torch.float32)
     dv = v.new_empty(v.shape, dtype=torch.float32)
     _C.attention_backward_varlen(
-        _arg(q), _arg(k), _arg(v), _arg(out), _arg(lse), _arg(dout), _arg(cu_seqlens), dq, dk,
-        dv, kv_chunk, softmax_scale, _stream(q),
+        _arg(q),
+        _arg(k),
+        _arg(v),
+        _arg(out),
+        _arg(lse),
+        _arg(dout),
+        _arg(cu_seqlens),
+        dq,
+        dk,
+        dv,
+        kv_chunk,
+        softmax_scale,
+        _stream(q),
     )
     return _rounded(dq, q.dtype), _rounded(dk, k.dtype), _rounded(dv, v.dtype)
 
@@ -631,8 +660,16 @@ def _linear_logprob(
     t = _size(h, 0)
     logp, lse, entropy = (h.new_empty((t,), dtype=torch.float32) for _ in range(3))
     _C.linear_logprob(
-        _arg(h), _arg(w), _arg(targets), logp, lse, entropy, temperature, ignore_index,
-        _contract_c(*contract), _stream(h),
+        _arg(h),
+        _arg(w),
+        _arg(targets),
+        logp,
+        lse,
+        entropy,
+        temperature,
+        ignore_index,
+        _contract_c(*contract),
+        _stream(h),
     )
     return logp, lse, entropy
 
@@ -662,16 +699,40 @@ def _linear_logprob_backward(
     dh = h.new_empty(h.shape, dtype=torch.float32)
     dw = torch.zeros(w.shape, dtype=torch.float32, device=w.device)
     _C.linear_logprob_backward(
-        _arg(h), _arg(w), _arg(targets), _arg(lse), _arg(entropy), _arg(g_lp), _opt(g_ent), dh,
-        dw, temperature, ignore_index, _contract_c(*contract), _opt(cu_seqlens),
-        _opt(step_indices), _stream(h),
+        _arg(h),
+        _arg(w),
+        _arg(targets),
+        _arg(lse),
+        _arg(entropy),
+        _arg(g_lp),
+        _opt(g_ent),
+        dh,
+        dw,
+        temperature,
+        ignore_index,
+        _contract_c(*contract),
+        _opt(cu_seqlens),
+        _opt(step_indices),
+        _stream(h),
     )
     return _rounded(dh, h.dtype), _rounded(dw, w.dtype)
 
 
 @_linear_logprob_backward.register_fake
-def _(g_lp, g_ent, h, w, targets, lse, entropy, temperature, ignore_index, contract, cu_seqlens,
-      step_indices):
+def _(
+    g_lp,
+    g_ent,
+    h,
+    w,
+    targets,
+    lse,
+    entropy,
+    temperature,
+    ignore_index,
+    contract,
+    cu_seqlens,
+    step_indices,
+):
     return h.new_empty(h.shape), w.new_empty(w.shape)
 
 
@@ -690,8 +751,18 @@ def _linear_logprob_bwd(ctx, g_lp, g_lse, g_ent):
     temperature, ignore_index, contract = ctx.args
     g_ent = None if g_ent is None else _grad(g_ent, lse)
     dh, dw = torch.ops.lockstep.linear_logprob_backward(
-        _grad(g_lp, lse), g_ent, h, w, targets, lse, entropy, temperature,
-        ignore_index, contract, cu_seqlens, step_indices,
+        _grad(g_lp, lse),
+        g_ent,
+        h,
+        w,
+        targets,
+        lse,
+        entropy,
+        temperature,
+        ignore_index,
+        contract,
+        cu_seqlens,
+        step_indices,
     )
     return dh, dw, None, None, None, None, None, None
 
@@ -714,7 +785,13 @@ def linear_logprob(
     buffer (§L). h [T, H], w [V, H] bf16; targets [T] int32/int64 in [0, V) or ignore_index
     (logp +0). lse has no gradient; logp and entropy do (§B.8)."""
     return _linear_logprob(
-        h, w, targets, temperature, ignore_index, list(_contract_args(contract)), cu_seqlens,
+        h,
+        w,
+        targets,
+        temperature,
+        ignore_index,
+        list(_contract_args(contract)),
+        cu_seqlens,
         step_indices,
     )
 
@@ -739,9 +816,21 @@ def _sample(
     token_ids = h.new_empty((t,), dtype=torch.int64)
     logp, lse, entropy = (h.new_empty((t,), dtype=torch.float32) for _ in range(3))
     _C.sample(
-        _arg(h), _arg(w), _arg(seed), _arg(temperature), _arg(top_k), _arg(top_p), _arg(min_p),
-        _arg(request_ids), _arg(positions), token_ids, logp, lse, entropy,
-        _contract_c(*contract), _stream(h),
+        _arg(h),
+        _arg(w),
+        _arg(seed),
+        _arg(temperature),
+        _arg(top_k),
+        _arg(top_p),
+        _arg(min_p),
+        _arg(request_ids),
+        _arg(positions),
+        token_ids,
+        logp,
+        lse,
+        entropy,
+        _contract_c(*contract),
+        _stream(h),
     )
     return token_ids, logp, lse, entropy
 
@@ -782,7 +871,10 @@ def sample(
     if isinstance(seed, int) and not isinstance(seed, bool) and seed >= 2**63:
         seed -= 2**64  # the uint64 seed's bit pattern as an int64
     return _sample(
-        h, w, request_ids, positions,
+        h,
+        w,
+        request_ids,
+        positions,
         _per_row(seed, rows, torch.int64),
         _per_row(temperature, rows, torch.float32),
         _per_row(top_k, rows, torch.int64),

@@ -40,8 +40,7 @@ def linear_case(gen):
 
 
 def rmsnorm_case(gen):
-    d = {"x": randn(gen, 6, 3, 16, requires_grad=True),
-         "w": randn(gen, 16, requires_grad=True)}
+    d = {"x": randn(gen, 6, 3, 16, requires_grad=True), "w": randn(gen, 16, requires_grad=True)}
     order = cu(2, 4)
 
     def forward(d):
@@ -57,9 +56,11 @@ def rmsnorm_case(gen):
 
 
 def rmsnorm_residual_case(gen):
-    d = {"x": randn(gen, 7, 40, requires_grad=True),
-         "r": randn(gen, 7, 40, requires_grad=True),
-         "w": randn(gen, 40, requires_grad=True)}
+    d = {
+        "x": randn(gen, 7, 40, requires_grad=True),
+        "r": randn(gen, 7, 40, requires_grad=True),
+        "w": randn(gen, 40, requires_grad=True),
+    }
 
     def forward(d):
         return list(lt.rmsnorm_residual(d["x"], d["r"], d["w"], EPS))
@@ -68,8 +69,9 @@ def rmsnorm_residual_case(gen):
         y, s = lt.rmsnorm_residual(d["x"].detach(), d["r"].detach(), d["w"].detach(), EPS)
         ds = torch.empty(s.shape)
         dw = torch.zeros(40)
-        _C.rmsnorm_residual_backward(s, d["w"].detach(), f32(g[0]), f32(g[1]), ds, dw, None, None,
-                                     EPS)
+        _C.rmsnorm_residual_backward(
+            s, d["w"].detach(), f32(g[0]), f32(g[1]), ds, dw, None, None, EPS
+        )
         return {"x": ds.bfloat16(), "r": ds.bfloat16(), "w": dw.bfloat16()}
 
     return d, forward, expected
@@ -145,16 +147,18 @@ def logprob_case(gen):
     order = cu(2, 4)
 
     def forward(d):
-        logp, _, ent = lt.linear_logprob(d["h"], d["w"], targets, temperature=0.7,
-                                         contract=contract, cu_seqlens=order)
+        logp, _, ent = lt.linear_logprob(
+            d["h"], d["w"], targets, temperature=0.7, contract=contract, cu_seqlens=order
+        )
         return [logp, ent]
 
     def expected(d, g):
         h, w = d["h"].detach(), d["w"].detach()
         _, lse, ent = lt.linear_logprob(h, w, targets, temperature=0.7, contract=contract)
         dh, dw = torch.empty(h.shape), torch.zeros(w.shape)
-        _C.linear_logprob_backward(h, w, targets, lse, ent, g[0], g[1], dh, dw, 0.7, -1,
-                                   contract.to_c(), order)
+        _C.linear_logprob_backward(
+            h, w, targets, lse, ent, g[0], g[1], dh, dw, 0.7, -1, contract.to_c(), order
+        )
         return {"h": dh.bfloat16(), "w": dw.bfloat16()}
 
     return d, forward, expected
@@ -210,8 +214,12 @@ def test_linear_forward_equals_binding(gen):
     d = cases.linear(gen, rg=False)
     y = torch.empty(5, 24)
     _C.gemm(d["x"], d["w"], None, y, 2)
-    assert_bitwise(lt.linear(d["x"], d["w"], contract=lockstep.Contract(gemm_segments=2),
-                             out_dtype=torch.float32), y)
+    assert_bitwise(
+        lt.linear(
+            d["x"], d["w"], contract=lockstep.Contract(gemm_segments=2), out_dtype=torch.float32
+        ),
+        y,
+    )
 
 
 def test_lse_has_no_gradient(gen):
@@ -239,8 +247,9 @@ def test_logprob_without_entropy_gradient(gen):
     g = randn(gen, *logp.shape, dtype=torch.float32)
     logp.backward(g)
     dh, dw = torch.empty(h.shape), torch.zeros(w.shape)
-    _C.linear_logprob_backward(h.detach(), w.detach(), p["targets"], lse, ent.detach(), g, None,
-                               dh, dw)
+    _C.linear_logprob_backward(
+        h.detach(), w.detach(), p["targets"], lse, ent.detach(), g, None, dh, dw
+    )
     assert_bitwise(h.grad, dh.bfloat16(), "dh")
     assert_bitwise(w.grad, dw.bfloat16(), "dw")
 

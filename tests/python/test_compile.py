@@ -47,8 +47,13 @@ def fresh_dynamo():
 
 def test_compiled_mlp_block_same_bits(gen):
     T, H = 9, 40
-    inputs = [randn(gen, T, H), randn(gen, H), randn(gen, 2 * I, H, scale=0.2),
-              randn(gen, H, I, scale=0.2), randn(gen, T, H)]
+    inputs = [
+        randn(gen, T, H),
+        randn(gen, H),
+        randn(gen, 2 * I, H, scale=0.2),
+        randn(gen, H, I, scale=0.2),
+        randn(gen, T, H),
+    ]
     grads = [randn(gen, T, H), randn(gen, T, H)]
     (eo, eg), (co, cg) = eager_and_compiled(mlp_block, inputs, grads=grads)
     for i, (a, b) in enumerate(zip(eo, co)):
@@ -63,8 +68,13 @@ def test_compiled_attention_logprob_same_bits(gen):
     # not lockstep's).
     lens = (3, 6)
     T = sum(lens)
-    inputs = [randn(gen, T, 32), randn(gen, 32, 32, scale=0.2), randn(gen, 16, 32, scale=0.2),
-              randn(gen, 16, 32, scale=0.2), randn(gen, 70, 32, scale=0.3)]
+    inputs = [
+        randn(gen, T, 32),
+        randn(gen, 32, 32, scale=0.2),
+        randn(gen, 16, 32, scale=0.2),
+        randn(gen, 16, 32, scale=0.2),
+        randn(gen, 70, 32, scale=0.3),
+    ]
     positions = torch.cat([torch.arange(n) for n in lens])
     consts = (positions, cu(*lens), torch.randint(0, 70, (T,), generator=gen))
     with torch._inductor.config.patch(emulate_precision_casts=True):

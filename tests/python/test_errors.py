@@ -20,34 +20,61 @@ def test_error_is_a_runtime_error():
 @pytest.mark.parametrize(
     "call,message",
     [
-        (lambda g: lt.linear(randn(g, 4, 8, dtype=torch.float32), randn(g, 3, 8)),
-         "gemm_bf16_nt: argument 'x' expected dtype bf16, got f32"),
+        (
+            lambda g: lt.linear(randn(g, 4, 8, dtype=torch.float32), randn(g, 3, 8)),
+            "gemm_bf16_nt: argument 'x' expected dtype bf16, got f32",
+        ),
         (lambda g: lt.linear(randn(g, 4, 8), randn(g, 3, 9)), "gemm_bf16_nt"),
         (lambda g: lt.linear(randn(g, 4), randn(g, 3, 8)), "gemm_bf16_nt"),
         (lambda g: lt.linear(randn(g, 8, 4).t(), randn(g, 3, 8)), "stride 1 in its last dim"),
         (lambda g: lt.linear(randn(g, 1, 8).expand(4, 8), randn(g, 3, 8)), "positive strides"),
         (lambda g: lt.rmsnorm(randn(g, 4, 8), randn(g, 7)), "rmsnorm"),
         (lambda g: lt.rmsnorm(randn(g, 4, 8), randn(g, 8), eps=-1.0), "eps"),
-        (lambda g: lt.rope(randn(g, 4, 2, 16), torch.tensor([0, 1, 2, 99]), 1e6, 64),
-         "rope"),
-        (lambda g: lt.rope(randn(g, 4, 2, 16), torch.arange(4, dtype=torch.float32), 1e6, 64),
-         "positions"),
+        (lambda g: lt.rope(randn(g, 4, 2, 16), torch.tensor([0, 1, 2, 99]), 1e6, 64), "rope"),
+        (
+            lambda g: lt.rope(randn(g, 4, 2, 16), torch.arange(4, dtype=torch.float32), 1e6, 64),
+            "positions",
+        ),
         (lambda g: lt.silu_mul(randn(g, 4, 8), randn(g, 4, 9)), "silu_mul"),
         (lambda g: lt.embedding(torch.tensor([0, 50]), randn(g, 50, 8)), "embedding"),
-        (lambda g: lt.attention_varlen(randn(g, 5, 2, 16), randn(g, 5, 2, 16),
-                                       randn(g, 5, 2, 16), cu(2, 2)), "cu_seqlens"),
-        (lambda g: lt.attention_varlen(randn(g, 5, 3, 16), randn(g, 5, 2, 16),
-                                       randn(g, 5, 2, 16), cu(5)), "attention"),
-        (lambda g: lt.attention_varlen(randn(g, 5, 2, 12), randn(g, 5, 2, 12),
-                                       randn(g, 5, 2, 12), cu(5)), "attention"),
-        (lambda g: lt.linear_logprob(randn(g, 3, 8), randn(g, 20, 8), torch.tensor([0, 1, 20])),
-         "linear_logprob"),
-        (lambda g: lt.linear_logprob(randn(g, 3, 8), randn(g, 20, 8), torch.tensor([0, 1, 2]),
-                                     temperature=0.0), "temperature"),
-        (lambda g: lt.sample(randn(g, 2, 8), randn(g, 20, 8), torch.arange(2),
-                             torch.arange(2), top_p=0.0), "top_p"),
-        (lambda g: lt.linear(randn(g, 4, 8), randn(g, 3, 8), cu_seqlens=cu(1, 2)),
-         None),  # the forward ignores the token order; its backward checks it (below)
+        (
+            lambda g: lt.attention_varlen(
+                randn(g, 5, 2, 16), randn(g, 5, 2, 16), randn(g, 5, 2, 16), cu(2, 2)
+            ),
+            "cu_seqlens",
+        ),
+        (
+            lambda g: lt.attention_varlen(
+                randn(g, 5, 3, 16), randn(g, 5, 2, 16), randn(g, 5, 2, 16), cu(5)
+            ),
+            "attention",
+        ),
+        (
+            lambda g: lt.attention_varlen(
+                randn(g, 5, 2, 12), randn(g, 5, 2, 12), randn(g, 5, 2, 12), cu(5)
+            ),
+            "attention",
+        ),
+        (
+            lambda g: lt.linear_logprob(randn(g, 3, 8), randn(g, 20, 8), torch.tensor([0, 1, 20])),
+            "linear_logprob",
+        ),
+        (
+            lambda g: lt.linear_logprob(
+                randn(g, 3, 8), randn(g, 20, 8), torch.tensor([0, 1, 2]), temperature=0.0
+            ),
+            "temperature",
+        ),
+        (
+            lambda g: lt.sample(
+                randn(g, 2, 8), randn(g, 20, 8), torch.arange(2), torch.arange(2), top_p=0.0
+            ),
+            "top_p",
+        ),
+        (
+            lambda g: lt.linear(randn(g, 4, 8), randn(g, 3, 8), cu_seqlens=cu(1, 2)),
+            None,
+        ),  # the forward ignores the token order; its backward checks it (below)
     ],
 )
 def test_bad_input_raises_library_message(call, message):
@@ -72,8 +99,11 @@ def test_bad_contract_raises_value_error():
     with pytest.raises(ValueError, match="must be an int"):
         lockstep.Contract(kv_chunk=64.0)
     with pytest.raises(ValueError, match="out_dtype"):
-        lt.linear(torch.zeros(2, 8, dtype=torch.bfloat16), torch.zeros(2, 8, dtype=torch.bfloat16),
-                  out_dtype=torch.float16)
+        lt.linear(
+            torch.zeros(2, 8, dtype=torch.bfloat16),
+            torch.zeros(2, 8, dtype=torch.bfloat16),
+            out_dtype=torch.float16,
+        )
 
 
 class _DLDevice(ctypes.Structure):
@@ -85,14 +115,23 @@ class _DLDataType(ctypes.Structure):
 
 
 class _DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int),
-                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
 
 
 class _DLManagedTensor(ctypes.Structure):
-    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
-                ("deleter", ctypes.c_void_p)]
+    _fields_ = [
+        ("dl_tensor", _DLTensor),
+        ("manager_ctx", ctypes.c_void_p),
+        ("deleter", ctypes.c_void_p),
+    ]
 
 
 def fake_cuda_array(keep, rows, cols):
@@ -104,7 +143,10 @@ def fake_cuda_array(keep, rows, cols):
     t.dl_tensor = _DLTensor(0x1000, _DLDevice(2, 0), 2, _DLDataType(4, 16, 1), shape, strides, 0)
     keep += [shape, strides, t]
     new = ctypes.pythonapi.PyCapsule_New
-    new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    new.restype, new.argtypes = (
+        ctypes.py_object,
+        [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p],
+    )
     return new(ctypes.addressof(t), b"dltensor", None)
 
 
@@ -162,7 +204,9 @@ def test_import_lockstep_needs_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys; sys.modules['torch'] = None; import lockstep; "
-            "print(lockstep.Contract(gemm_segments=4))")
+    code = (
+        "import sys; sys.modules['torch'] = None; import lockstep; "
+        "print(lockstep.Contract(gemm_segments=4))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "gemm_segments=4" in out.stdout

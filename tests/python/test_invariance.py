@@ -18,13 +18,13 @@ def rows_alone_vs_batch(fn, inputs, gy, what):
     y = fn(*batch)
     y.backward(gy)
     for r in ROWS:
-        alone = [t.detach()[r:r + 1].requires_grad_(t.is_floating_point()) for t in inputs]
+        alone = [t.detach()[r : r + 1].requires_grad_(t.is_floating_point()) for t in inputs]
         ya = fn(*alone)
-        ya.backward(gy[r:r + 1])
-        assert_bitwise(ya, y[r:r + 1], f"{what} y row {r}")
+        ya.backward(gy[r : r + 1])
+        assert_bitwise(ya, y[r : r + 1], f"{what} y row {r}")
         for i, (a, b) in enumerate(zip(alone, batch)):
             if a.grad is not None and b.dim() > 0 and a.shape[0] == 1 and b.shape[0] == 17:
-                assert_bitwise(a.grad, b.grad[r:r + 1], f"{what} d(input {i}) row {r}")
+                assert_bitwise(a.grad, b.grad[r : r + 1], f"{what} d(input {i}) row {r}")
 
 
 def test_linear_rows(gen):
@@ -40,8 +40,9 @@ def test_rmsnorm_rows(gen):
 
 def test_rmsnorm_residual_rows(gen):
     x, r, w = randn(gen, 17, 40), randn(gen, 17, 40), randn(gen, 40)
-    rows_alone_vs_batch(lambda x, r: lt.rmsnorm_residual(x, r, w)[0], [x, r],
-                        randn(gen, 17, 40), "rmsnorm_residual")
+    rows_alone_vs_batch(
+        lambda x, r: lt.rmsnorm_residual(x, r, w)[0], [x, r], randn(gen, 17, 40), "rmsnorm_residual"
+    )
 
 
 def test_rope_rows(gen):
@@ -61,19 +62,19 @@ def test_logprob_rows(gen):
     targets = torch.randint(0, 300, (17,), generator=gen)
     batch = lt.linear_logprob(h, w, targets)
     for r in ROWS:
-        alone = lt.linear_logprob(h[r:r + 1], w, targets[r:r + 1])
+        alone = lt.linear_logprob(h[r : r + 1], w, targets[r : r + 1])
         for name, a, b in zip(("logp", "lse", "entropy"), alone, batch):
-            assert_bitwise(a, b[r:r + 1], f"linear_logprob {name} row {r}")
+            assert_bitwise(a, b[r : r + 1], f"linear_logprob {name} row {r}")
     # dh of a row depends only on that row (its own g_lp, g_ent).
     g_lp, g_ent = randn(gen, 17, dtype=torch.float32), randn(gen, 17, dtype=torch.float32)
     hb = h.clone().requires_grad_()
     logp, _, ent = lt.linear_logprob(hb, w, targets)
     torch.autograd.backward([logp, ent], [g_lp, g_ent])
     for r in ROWS:
-        ha = h[r:r + 1].clone().requires_grad_()
-        logp, _, ent = lt.linear_logprob(ha, w, targets[r:r + 1])
-        torch.autograd.backward([logp, ent], [g_lp[r:r + 1], g_ent[r:r + 1]])
-        assert_bitwise(ha.grad, hb.grad[r:r + 1], f"linear_logprob dh row {r}")
+        ha = h[r : r + 1].clone().requires_grad_()
+        logp, _, ent = lt.linear_logprob(ha, w, targets[r : r + 1])
+        torch.autograd.backward([logp, ent], [g_lp[r : r + 1], g_ent[r : r + 1]])
+        assert_bitwise(ha.grad, hb.grad[r : r + 1], f"linear_logprob dh row {r}")
 
 
 def test_sample_rows(gen):
@@ -83,10 +84,18 @@ def test_sample_rows(gen):
     temp = torch.linspace(0.0, 1.5, 17)
     batch = lt.sample(h, w, req, pos, seed=2**64 - 3, temperature=temp, top_k=20, top_p=0.95)
     for r in ROWS:
-        alone = lt.sample(h[r:r + 1], w, req[r:r + 1], pos[r:r + 1], seed=2**64 - 3,
-                          temperature=temp[r:r + 1], top_k=20, top_p=0.95)
+        alone = lt.sample(
+            h[r : r + 1],
+            w,
+            req[r : r + 1],
+            pos[r : r + 1],
+            seed=2**64 - 3,
+            temperature=temp[r : r + 1],
+            top_k=20,
+            top_p=0.95,
+        )
         for name, a, b in zip(("token_ids", "logp", "lse", "entropy"), alone, batch):
-            assert_bitwise(a, b[r:r + 1], f"sample {name} row {r}")
+            assert_bitwise(a, b[r : r + 1], f"sample {name} row {r}")
     again = lt.sample(h, w, req, pos, seed=2**64 - 3, temperature=temp, top_k=20, top_p=0.95)
     for a, b in zip(again, batch):
         assert_bitwise(a, b, "sample rerun")
@@ -94,8 +103,9 @@ def test_sample_rows(gen):
 
 def test_sample_matches_logprob(gen):
     h, w = randn(gen, 9, 32), randn(gen, 300, 32, scale=0.3)
-    ids, logp, lse, ent = lt.sample(h, w, torch.arange(9), torch.zeros(9, dtype=torch.int32),
-                                    seed=11, temperature=0.8)
+    ids, logp, lse, ent = lt.sample(
+        h, w, torch.arange(9), torch.zeros(9, dtype=torch.int32), seed=11, temperature=0.8
+    )
     want = lt.linear_logprob(h, w, ids, temperature=0.8)
     for name, a, b in zip(("logp", "lse", "entropy"), (logp, lse, ent), want):
         assert_bitwise(a, b, f"sample {name} vs linear_logprob")
@@ -118,11 +128,11 @@ def test_attention_sequence_alone_vs_packed():
     for n, s in zip(lens, seqs):
         alone = {k: s[k].clone().requires_grad_() for k in ("q", "k", "v")}
         oa, la = lt.attention_varlen(alone["q"], alone["k"], alone["v"], cu(n))
-        oa.backward(dout[row:row + n])
-        assert_bitwise(oa, out[row:row + n], f"attention out, sequence of {n}")
-        assert_bitwise(la, lse[row:row + n], f"attention lse, sequence of {n}")
+        oa.backward(dout[row : row + n])
+        assert_bitwise(oa, out[row : row + n], f"attention out, sequence of {n}")
+        assert_bitwise(la, lse[row : row + n], f"attention lse, sequence of {n}")
         for k in ("q", "k", "v"):
-            assert_bitwise(alone[k].grad, packed[k].grad[row:row + n], f"attention d{k} ({n})")
+            assert_bitwise(alone[k].grad, packed[k].grad[row : row + n], f"attention d{k} ({n})")
         row += n
 
 
@@ -146,10 +156,12 @@ def test_weight_grads_independent_of_packing(gen):
         torch.autograd.backward([y, n, e], [gy, x, x])
         return wl.grad, wn.grad, wt.grad
 
-    ab = grads(torch.cat([xa, xb]), torch.cat([ga, gb]), torch.cat([ids_a, ids_b]), (la, lb),
-               [0, 1])
-    ba = grads(torch.cat([xb, xa]), torch.cat([gb, ga]), torch.cat([ids_b, ids_a]), (lb, la),
-               [1, 0])
+    ab = grads(
+        torch.cat([xa, xb]), torch.cat([ga, gb]), torch.cat([ids_a, ids_b]), (la, lb), [0, 1]
+    )
+    ba = grads(
+        torch.cat([xb, xa]), torch.cat([gb, ga]), torch.cat([ids_b, ids_a]), (lb, la), [1, 0]
+    )
     for name, a, b in zip(("linear dw", "rmsnorm dweight", "embedding dtable"), ab, ba):
         assert_bitwise(a, b, name)
 
@@ -165,8 +177,11 @@ def test_row_strided_inputs_same_bits(gen):
     nw = randn(gen, 40)
     assert_bitwise(lt.rmsnorm(x, nw), lt.rmsnorm(x.contiguous(), nw), "rmsnorm")
     gu = randn(gen, 9, 48)
-    assert_bitwise(lt.silu_mul(gu[:, :24], gu[:, 24:]),
-                   lt.silu_mul(gu[:, :24].contiguous(), gu[:, 24:].contiguous()), "silu_mul")
+    assert_bitwise(
+        lt.silu_mul(gu[:, :24], gu[:, 24:]),
+        lt.silu_mul(gu[:, :24].contiguous(), gu[:, 24:].contiguous()),
+        "silu_mul",
+    )
     qkv = randn(gen, 9, 4 * 16)  # fused q|k|v, Hq = 2, Hkv = 1
     q, k, v = (qkv[:, a:b].view(9, -1, 16) for a, b in ((0, 32), (32, 48), (48, 64)))
     seqs = cu(4, 5)
