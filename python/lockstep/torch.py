@@ -12,11 +12,12 @@ Hq/Hkv heads, D head_dim, B sequences (``cu_seqlens`` [B+1] int32 on the host, 0
 Gradients (§B.0): the library's gradients are fp32; autograd hands each input a gradient of the
 input's dtype, so a bf16 input gets the fp32 gradient rounded once by the library's rounding (RNE,
 canonical NaN), inside the backward op: torch.compile cannot fuse that rounding away. The
-incoming gradient of a bf16 output is bf16 (and where autograd sums the gradients of an input used
+incoming gradient of a bf16 output is bf16. Where autograd sums the gradients of an input used
 twice, the sum is torch's bf16 addition; under torch.compile set
-``torch._inductor.config.emulate_precision_casts = True`` to keep eager's bits there). Weight gradients are one chain over the token blocks in the canonical
-order of (``cu_seqlens``, ``step_indices``) (B.1; without ``cu_seqlens`` all rows are one
-sequence), from +0 on each backward call.
+``torch._inductor.config.emulate_precision_casts = True`` to keep eager's bits there. Weight
+gradients are one chain over the token blocks in the canonical order of (``cu_seqlens``,
+``step_indices``) (B.1; without ``cu_seqlens`` all rows are one sequence), from +0 on each
+backward call.
 
 The lse outputs of ``attention_varlen`` and ``linear_logprob`` are non-differentiable (the
 contract's backward takes no lse gradient): they come back with ``requires_grad=False``.
@@ -870,9 +871,10 @@ def sample(
     rows = _size(h, 0)
     if isinstance(seed, int) and not isinstance(seed, bool) and seed >= 2**63:
         seed -= 2**64  # the uint64 seed's bit pattern as an int64
+    # No gradient flows through sampling: the inputs are taken detached.
     return _sample(
-        h,
-        w,
+        h.detach(),
+        w.detach(),
         request_ids,
         positions,
         _per_row(seed, rows, torch.int64),

@@ -191,3 +191,13 @@ def test_row_strided_inputs_same_bits(gen):
         assert_bitwise(a, b, f"attention {name}")
     pos = torch.arange(9)
     assert_bitwise(lt.rope(q, pos, 1e6, 64), lt.rope(q.contiguous(), pos, 1e6, 64), "rope")
+
+
+def test_sample_takes_inputs_that_require_grad(gen):
+    h = randn(gen, 3, 32, requires_grad=True)
+    w = randn(gen, 300, 32, scale=0.3, requires_grad=True)
+    ids, logp, _, _ = lt.sample(h, w, torch.arange(3), torch.arange(3), seed=1)
+    assert not logp.requires_grad
+    assert_bitwise(
+        ids, lt.sample(h.detach(), w.detach(), torch.arange(3), torch.arange(3), seed=1)[0]
+    )
