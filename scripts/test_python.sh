@@ -27,8 +27,10 @@ if [ ! -x "$venv/bin/python" ]; then
     fi
   fi
 fi
-py=$root/$venv/bin/python
-[ "${venv#/}" != "$venv" ] && py=$venv/bin/python
+case $venv in
+  /*) py=$venv/bin/python ;;
+  *) py=$root/$venv/bin/python ;;
+esac
 
 t=$SECONDS
 step "build requirements (scikit-build-core, nanobind)"
@@ -45,6 +47,7 @@ fi
 # shellcheck disable=SC2206  # word splitting intended
 cmake_args+=(${LOCKSTEP_PY_CMAKE:-})
 t=$SECONDS
+mkdir -p build
 step "pip install .[torch,test]"
 if ! "$py" -m pip install -q --disable-pip-version-check --no-build-isolation \
     "${cmake_args[@]}" ".[torch,test]" >build/test_python_install.log 2>&1; then
