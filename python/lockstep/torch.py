@@ -181,9 +181,12 @@ def linear(
     """y = x·wᵀ (+ bias) by the GEMM contract: K in ``contract.gemm_segments`` segments.
 
     x [T, K], w [N, K] bf16; bias [N] bf16/f32 (no gradient); y [T, N] ``out_dtype`` (bf16 or
-    f32). Backward (§B.3): dx = round_bf16(gy)·w over N in ``dx_segments`` segments (1 for a
-    row-parallel layer, the contract's gemm_segments for a column-parallel one), dw in the token
-    order of (``cu_seqlens``, ``step_indices``).
+    f32). Backward (§B.3): dx = round_bf16(gy)·w over N in ``dx_segments`` equal segments (§G's
+    K layout applied to N), dw in the token order of (``cu_seqlens``, ``step_indices``). A
+    row-parallel layer (o_proj, down) uses 1 segment. A column-parallel layer uses the TP = S
+    shards of B.2 as its segments: for one projection whose N/S is a multiple of 16 those are the
+    equal cuts (``dx_segments`` = S); fused q|k|v or gate|up shards are not, and need the
+    per-shard form (not in this module yet).
     """
     if out_dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"lockstep.linear: out_dtype must be bfloat16 or float32, got {out_dtype}")

@@ -269,3 +269,17 @@ def test_broadcast_upstream_gradients(name):
     torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
     for k, v in d.items():
         assert_bitwise(got[k], v.grad, f"{name} d{k}")
+
+
+def test_nan_is_canonical_through_autograd(gen):
+    """A NaN with a payload in x gives the canonical NaN (0x7FC0) in y and in the gradients, as the
+    library stores every NaN (dtype.h)."""
+    x = randn(gen, 3, 16)
+    x.view(torch.int16)[1, 2] = 0x7F81  # a signalling-payload NaN
+    x.requires_grad_()
+    w = randn(gen, 4, 16, requires_grad=True)
+    y = lt.linear(x, w)
+    y.backward(torch.ones_like(y))
+    assert set(y[1].view(torch.int16).tolist()) == {0x7FC0}
+    assert set(w.grad[:, 2].view(torch.int16).tolist()) == {0x7FC0}
+    assert not torch.isnan(y[0]).any() and not torch.isnan(x.grad).any()
