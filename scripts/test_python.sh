@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds and installs the Python package (pip install .[torch,test]: lockstep._C + lockstep.torch)
 # into a virtual environment and runs its pytest suite (tests/python), printing the time of each
-# step. CPU only; the C++ packages of scripts/setup.sh must be installed (the build configures
-# this CMake project).
+# step. CPU only. Needs python3 (with venv) and a C++20 compiler; CMake comes from PyPI when the
+# system's is missing or older than 3.25 (scikit-build-core).
 #   scripts/test_python.sh [pytest arguments...]
 #   LOCKSTEP_PY_VENV   the virtual environment (default: build/venv-py; created when missing)
 #   LOCKSTEP_PY_CMAKE  extra -C settings for the build, e.g. "-C cmake.define.LOCKSTEP_NATIVE=ON"
