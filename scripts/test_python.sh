@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds and installs the Python package (pip install .[torch,test]: lockstep._C + lockstep.torch)
 # into a virtual environment and runs its pytest suite (tests/python), printing the time of each
-# step. CPU only. Needs python3 (with venv) and a C++20 compiler; CMake comes from PyPI when the
-# system's is missing or older than 3.25 (scikit-build-core).
+# step. CPU only. Needs python3 (with venv) and a C++20 compiler; CMake comes from PyPI (into the
+# venv) when the system's is missing or older than 3.25.
 #   scripts/test_python.sh [pytest arguments...]
 #   LOCKSTEP_PY_VENV   the virtual environment (default: build/venv-py; created when missing)
 #   LOCKSTEP_PY_CMAKE  extra -C settings for the build, e.g. "-C cmake.define.LOCKSTEP_NATIVE=ON"
@@ -34,7 +34,14 @@ esac
 
 t=$SECONDS
 step "build requirements (scikit-build-core, nanobind)"
-"$py" -m pip install -q --disable-pip-version-check "scikit-build-core>=0.10" "nanobind>=2.0"
+reqs=("scikit-build-core>=0.10" "nanobind>=2.0")
+cmake_version=$(cmake --version 2>/dev/null | awk 'NR == 1 {print $3}' || true)
+if [ -z "$cmake_version" ] || [ "$(printf '3.25\n%s\n' "$cmake_version" | sort -V | head -1)" != 3.25 ]; then
+  reqs+=("cmake>=3.25")  # the build runs without isolation: it uses the cmake on PATH
+fi
+"$py" -m pip install -q --disable-pip-version-check "${reqs[@]}"
+venv_bin=$(dirname "$py")
+export PATH=$venv_bin:$PATH
 echo "[test_python] requirements: $((SECONDS - t)) s"
 
 # NOTE: --no-build-isolation keeps the nanobind sources at one path, so ccache hits across
