@@ -30,6 +30,8 @@ ALLOWED = {
     "src/baseline": ("lockstep/", "core/", "contract/", "engine/"),
     "src/baseline/cpu": ("lockstep/", "core/", "contract/", "engine/", "baseline/"),
     "src/baseline/cuda": ("lockstep/", "core/", "contract/", "engine/", "baseline/"),
+    # the Python bindings (lockstep._C): the public ops over DLPack views
+    "src/python": ("lockstep/", "core/", "python/"),
 }
 
 

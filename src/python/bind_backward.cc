@@ -1,0 +1,215 @@
+// Bindings of the backward ops (lockstep/ops/backward.h, docs/contract.md §B). Activation
+// gradients are f32 arrays the ops write; weight gradients are f32 arrays the ops ADD to, in the
+// canonical token order of (cu_seqlens, step_indices) (B.1; without cu_seqlens all rows are one
+// sequence). Every check is the library's.
+#include <nanobind/stl/optional.h>
+
+#include "lockstep/ops/backward.h"
+#include "python/bindings.h"
+#include "python/tensor_args.h"
+
+namespace lockstep::python {
+
+namespace {
+
+using nb::arg;
+
+// Rows of the packed buffer a weight gradient reduces over: dimension 0 of `v`.
+int64_t rows_of(const char* op, const char* arg, const TensorView& v) {
+  LS_CHECK(v.ndim >= 1, op, "argument '", arg, "' expected at least 1 dimension, got ",
+           v.shape_string());
+  return v.shape[0];
+}
+
+void gemm_dx(const Array& dy, const Array& w, const Array& dx, int segments, uint64_t stream) {
+  constexpr const char* kOp = "gemm_bf16_dx";
+  const TensorView dyv = view_of(kOp, "dy", dy), wv = view_of(kOp, "w", w);
+  const TensorView dxv = view_of(kOp, "dx", dx);
+  place(kOp, {&dyv, &wv, &dxv}, stream);
+  const GemmConfig cfg{segments};
+  released([&] { cpu::gemm_bf16_dx(dyv, wv, cfg, dxv); });
+}
+
+void gemm_dw(const Array& dy, const Array& x, const Array& dw, const OptArray& cu_seqlens,
+             const OptArray& step_indices, uint64_t stream) {
+  constexpr const char* kOp = "gemm_bf16_dw";
+  const TensorView dyv = view_of(kOp, "dy", dy), xv = view_of(kOp, "x", x);
+  const TensorView dwv = view_of(kOp, "dw", dw);
+  place(kOp, {&dyv, &xv, &dwv}, stream);
+  const TokenOrder order = token_order(kOp, cu_seqlens, step_indices, rows_of(kOp, "dy", dyv));
+  released([&] { cpu::gemm_bf16_dw(dyv, xv, order, dwv); });
+}
+
+void rmsnorm_backward(const Array& s, const Array& weight, const Array& gy, const Array& dx,
+                      const OptArray& dweight, const OptArray& cu_seqlens,
+                      const OptArray& step_indices, float eps, uint64_t stream) {
+  constexpr const char* kOp = "rmsnorm_backward";
+  const TensorView sv = view_of(kOp, "s", s), wv = view_of(kOp, "weight", weight);
+  const TensorView gv = view_of(kOp, "gy", gy), dxv = view_of(kOp, "dx", dx);
+  const TensorView dwv = view_of(kOp, "dweight", dweight);
+  place(kOp, {&sv, &wv, &gv, &dxv, &dwv}, stream);
+  RmsNormConfig cfg;
+  cfg.eps = eps;
+  TokenOrder order;
+  if (dweight) order = token_order(kOp, cu_seqlens, step_indices, rows_of(kOp, "s", sv));
+  released([&] {
+    cpu::rmsnorm_backward(sv, wv, cfg, gv, dxv, dweight ? &order : nullptr,
+                          dweight ? &dwv : nullptr);
+  });
+}
+
+void rmsnorm_residual_backward(const Array& s, const Array& weight, const Array& gy,
+                               const Array& gres, const Array& ds, const OptArray& dweight,
+                               const OptArray& cu_seqlens, const OptArray& step_indices, float eps,
+                               uint64_t stream) {
+  constexpr const char* kOp = "rmsnorm_residual_backward";
+  const TensorView sv = view_of(kOp, "s", s), wv = view_of(kOp, "weight", weight);
+  const TensorView gv = view_of(kOp, "gy", gy), rv = view_of(kOp, "gres", gres);
+  const TensorView dsv = view_of(kOp, "ds", ds), dwv = view_of(kOp, "dweight", dweight);
+  place(kOp, {&sv, &wv, &gv, &rv, &dsv, &dwv}, stream);
+  RmsNormConfig cfg;
+  cfg.eps = eps;
+  TokenOrder order;
+  if (dweight) order = token_order(kOp, cu_seqlens, step_indices, rows_of(kOp, "s", sv));
+  released([&] {
+    cpu::rmsnorm_residual_backward(sv, wv, cfg, gv, rv, dsv, dweight ? &order : nullptr,
+                                   dweight ? &dwv : nullptr);
+  });
+}
+
+void rope_backward(const Array& gy, const Array& positions, const Array& dx, double theta,
+                   int64_t max_positions, uint64_t stream) {
+  constexpr const char* kOp = "rope_backward";
+  const TensorView gv = view_of(kOp, "gy", gy), pv = view_of(kOp, "positions", positions);
+  const TensorView dxv = view_of(kOp, "dx", dx);
+  place(kOp, {&gv, &pv, &dxv}, stream);
+  LS_CHECK(gv.ndim == 3, kOp, "argument 'gy' expected shape [T, heads, D], got ",
+           gv.shape_string());
+  released([&] {
+    const auto table = rope_table(gv.shape[2], theta, max_positions);
+    cpu::rope_backward(gv, pv, *table, dxv);
+  });
+}
+
+void silu_mul_backward(const Array& gate_up, const Array& ga, const Array& dgu, uint64_t stream) {
+  constexpr const char* kOp = "silu_mul_backward";
+  const TensorView gv = view_of(kOp, "gate_up", gate_up), av = view_of(kOp, "ga", ga);
+  const TensorView dv = view_of(kOp, "dgu", dgu);
+  place(kOp, {&gv, &av, &dv}, stream);
+  released([&] { cpu::silu_mul_backward(gv, av, dv); });
+}
+
+void embedding_backward(const Array& ids, const Array& gh, const Array& dtable,
+                        const OptArray& cu_seqlens, const OptArray& step_indices, uint64_t stream) {
+  constexpr const char* kOp = "embedding_backward";
+  const TensorView iv = view_of(kOp, "ids", ids), gv = view_of(kOp, "gh", gh);
+  const TensorView dv = view_of(kOp, "dtable", dtable);
+  place(kOp, {&iv, &gv, &dv}, stream);
+  const TokenOrder order = token_order(kOp, cu_seqlens, step_indices, rows_of(kOp, "ids", iv));
+  released([&] { cpu::embedding_backward(iv, gv, order, dv); });
+}
+
+void linear_logprob_backward(const Array& h, const Array& w, const Array& targets, const Array& lse,
+                             const Array& entropy, const Array& g_lp, const OptArray& g_ent,
+                             const Array& dh, const Array& dw, float temperature,
+                             int64_t ignore_index, const ContractConfig& cfg,
+                             const OptArray& cu_seqlens, const OptArray& step_indices,
+                             uint64_t stream) {
+  constexpr const char* kOp = "linear_logprob_backward";
+  const TensorView hv = view_of(kOp, "h", h), wv = view_of(kOp, "w", w);
+  const TensorView tv = view_of(kOp, "targets", targets), lv = view_of(kOp, "lse", lse);
+  const TensorView ev = view_of(kOp, "entropy", entropy), gv = view_of(kOp, "g_lp", g_lp);
+  const TensorView gev = view_of(kOp, "g_ent", g_ent), dhv = view_of(kOp, "dh", dh);
+  const TensorView dwv = view_of(kOp, "dw", dw);
+  place(kOp, {&hv, &wv, &tv, &lv, &ev, &gv, &gev, &dhv, &dwv}, stream);
+  LogprobParams params;
+  params.temperature = temperature;
+  params.ignore_index = ignore_index;
+  const TokenOrder order = token_order(kOp, cu_seqlens, step_indices, rows_of(kOp, "h", hv));
+  released([&] {
+    cpu::linear_logprob_backward(hv, wv, tv, params, cfg, lv, ev, gv, g_ent ? &gev : nullptr, dhv,
+                                 order, dwv);
+  });
+}
+
+void attention_backward_varlen(const Array& q, const Array& k, const Array& v, const Array& out,
+                               const Array& lse, const Array& dout, const Array& cu_seqlens,
+                               const Array& dq, const Array& dk, const Array& dv, int kv_chunk,
+                               double softmax_scale, uint64_t stream) {
+  constexpr const char* kOp = "attention_backward_varlen";
+  const TensorView qv = view_of(kOp, "q", q), kv = view_of(kOp, "k", k);
+  const TensorView vv = view_of(kOp, "v", v), ov = view_of(kOp, "out", out);
+  const TensorView lv = view_of(kOp, "lse", lse), gv = view_of(kOp, "dout", dout);
+  const TensorView dqv = view_of(kOp, "dq", dq), dkv = view_of(kOp, "dk", dk);
+  const TensorView dvv = view_of(kOp, "dv", dv);
+  place(kOp, {&qv, &kv, &vv, &ov, &lv, &gv, &dqv, &dkv, &dvv}, stream);
+  const PackedSeqs seqs = packed_seqs(kOp, cu_seqlens, rows_of(kOp, "q", qv));
+  AttentionConfig cfg;
+  cfg.kv_chunk = kv_chunk;
+  cfg.softmax_scale = softmax_scale;
+  released(
+      [&] { cpu::attention_backward_varlen(qv, kv, vv, ov, lv, gv, seqs, cfg, dqv, dkv, dvv); });
+}
+
+// dst = round_bf16(src) elementwise (RNE, canonical NaN 0x7FC0: dtype.h's f32_to_bf16), the
+// rounding point of B.0. src f32 and dst bf16, the same shape, both contiguous.
+void round_bf16(const Array& src, const Array& dst, uint64_t stream) {
+  constexpr const char* kOp = "round_bf16";
+  const TensorView sv = view_of(kOp, "src", src), dv = view_of(kOp, "dst", dst);
+  place(kOp, {&sv, &dv}, stream);
+  LS_CHECK(sv.dtype == DType::kF32 && dv.dtype == DType::kBF16, kOp,
+           "expected src f32 and dst bf16, got ", dtype_name(sv.dtype), " and ",
+           dtype_name(dv.dtype));
+  LS_CHECK(sv.shape_string() == dv.shape_string(), kOp, "src ", sv.shape_string(), " and dst ",
+           dv.shape_string(), " differ in shape");
+  LS_CHECK(sv.is_contiguous() && dv.is_contiguous(), kOp, "src and dst must be contiguous, got ",
+           sv.describe(), " and ", dv.describe());
+  released([&] {
+    const float* in = sv.ptr<const float>();
+    bf16* out = dv.ptr<bf16>();
+    for (int64_t i = 0, n = sv.numel(); i < n; ++i) out[i] = f32_to_bf16(in[i]);
+  });
+}
+
+}  // namespace
+
+void bind_backward(nb::module_& m) {
+  m.def("gemm_dx", &gemm_dx, arg("dy"), arg("w"), arg("dx"), arg("segments") = 1, arg("stream") = 0,
+        "dx = dy·w (B.3) with `segments` N segments. dy [T, N] bf16, w [N, K] bf16, dx [T, K] "
+        "f32/bf16 (written).");
+  m.def("gemm_dw", &gemm_dw, arg("dy"), arg("x"), arg("dw"), arg("cu_seqlens").none() = nb::none(),
+        arg("step_indices").none() = nb::none(), arg("stream") = 0,
+        "dw += dyᵀ·x over the token blocks in canonical order (B.3). dy [T, N], x [T, K] bf16; dw "
+        "[N, K] f32 (in/out).");
+  m.def("rmsnorm_backward", &rmsnorm_backward, arg("s"), arg("weight"), arg("gy"), arg("dx"),
+        arg("dweight").none() = nb::none(), arg("cu_seqlens").none() = nb::none(),
+        arg("step_indices").none() = nb::none(), arg("eps") = 1e-6f, arg("stream") = 0,
+        "RMSNorm backward (B.4): dx (f32, written) and, with dweight, dweight += (f32).");
+  m.def("rmsnorm_residual_backward", &rmsnorm_residual_backward, arg("s"), arg("weight"), arg("gy"),
+        arg("gres"), arg("ds"), arg("dweight").none() = nb::none(),
+        arg("cu_seqlens").none() = nb::none(), arg("step_indices").none() = nb::none(),
+        arg("eps") = 1e-6f, arg("stream") = 0,
+        "Fused residual RMSNorm backward (B.4): ds = gres + dnorm (f32, written).");
+  m.def("rope_backward", &rope_backward, arg("gy"), arg("positions"), arg("dx"), arg("theta"),
+        arg("max_positions"), arg("stream") = 0, "RoPE backward (B.5). gy, dx [T, heads, D] f32.");
+  m.def("silu_mul_backward", &silu_mul_backward, arg("gate_up"), arg("ga"), arg("dgu"),
+        arg("stream") = 0,
+        "SiLU-and-mul backward (B.6). gate_up [T, 2I] bf16, ga [T, I] f32, dgu [T, 2I] f32.");
+  m.def("embedding_backward", &embedding_backward, arg("ids"), arg("gh"), arg("dtable"),
+        arg("cu_seqlens").none() = nb::none(), arg("step_indices").none() = nb::none(),
+        arg("stream") = 0, "dtable += gh rows by id in canonical order (B.7); f32.");
+  m.def("linear_logprob_backward", &linear_logprob_backward, arg("h"), arg("w"), arg("targets"),
+        arg("lse"), arg("entropy"), arg("g_lp"), arg("g_ent").none(), arg("dh"), arg("dw"),
+        arg("temperature") = 1.0f, arg("ignore_index") = -1, arg("contract") = ContractConfig{},
+        arg("cu_seqlens").none() = nb::none(), arg("step_indices").none() = nb::none(),
+        arg("stream") = 0,
+        "Linear log-prob backward (B.8): dh [T, H] f32 (written), dw [V, H] f32 (in/out).");
+  m.def("attention_backward_varlen", &attention_backward_varlen, arg("q"), arg("k"), arg("v"),
+        arg("out"), arg("lse"), arg("dout"), arg("cu_seqlens"), arg("dq"), arg("dk"), arg("dv"),
+        arg("kv_chunk") = 1024, arg("softmax_scale") = 0.0, arg("stream") = 0,
+        "Varlen causal attention backward (B.9). dout bf16; dq, dk, dv f32 (written).");
+  m.def("round_bf16", &round_bf16, arg("src"), arg("dst"), arg("stream") = 0,
+        "dst = round_bf16(src) (RNE, canonical NaN): the gradients' rounding point (B.0).");
+}
+
+}  // namespace lockstep::python
