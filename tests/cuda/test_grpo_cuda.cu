@@ -44,6 +44,20 @@ Qwen3Config tiny_config() {
   return c;
 }
 
+// Closer to the real shapes: D=64 with 2 query heads per KV head (the grouped attention kernels),
+// an untied lm_head. V=256 H=128 I=256 L=2 Hq=8 Hkv=4.
+Qwen3Config small_config() {
+  Qwen3Config c = tiny_config();
+  c.vocab_size = 256;
+  c.hidden_size = 128;
+  c.intermediate_size = 256;
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 4;
+  c.head_dim = 64;
+  c.tie_word_embeddings = false;
+  return c;
+}
+
 // 3 steps of 4 prompts x G=4 after 2 warm-up steps; 2 mini-batches per step (the second one
 // trains on weights one version newer than the samples'); micro-batches of at most 40 tokens;
 // rollout TP 2 vs training TP 1; the command line's rollout settings (16-token pages, prefix
@@ -82,8 +96,7 @@ struct Run {
   std::string final_sha;
 };
 
-Run run(const GrpoConfig& g) {
-  const Qwen3Config c = tiny_config();
+Run run(const GrpoConfig& g, const Qwen3Config& c = tiny_config()) {
   const Weights w0 = random_qwen3_weights(c, 3);
   Run r;
   GrpoHooks h;
@@ -147,9 +160,20 @@ void compare_runs(const Run& gpu, const Run& cpu, const std::string& what) {
         a.weight_sync_s);
   }
   report(gpu.final_sha == cpu.final_sha, what + ": final weights cuda == cpu");
+  // Not vacuous: some GRPO step has a non-zero gradient (non-zero advantages).
+  bool moved = false;
+  for (const GrpoStepMetrics& m : gpu.steps) moved = moved || m.grad_norm > 0;
+  report(moved, what + ": some GRPO step has a non-zero gradient");
 }
 
 void test_cuda_equals_cpu() {
+  {
+    GrpoConfig g = tiny_run(Device::kCPU);
+    g.contract.vocab_tile = 32;
+    const Run cpu_small = run(g, small_config());
+    g.device = Device::kCUDA;
+    compare_runs(run(g, small_config()), cpu_small, "small");
+  }
   const Run cpu = run(tiny_run(Device::kCPU));
   const Run gpu = run(tiny_run(Device::kCUDA));
   compare_runs(gpu, cpu, "tiny");
