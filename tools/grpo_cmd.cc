@@ -58,6 +58,7 @@ engine::Weights load_weights(const ModelFlags& m, engine::Qwen3Config& cfg, std:
     desc = m.shape == "default" && m.weight_seed == 0
                ? "built-in default model"
                : "random " + m.shape + " weights (seed " + std::to_string(seed) + ")";
+    if (m.shape != "default") std::fprintf(stderr, "[grpo] generating %s\n", desc.c_str());
     return engine::random_qwen3_weights(cfg, seed);
   }
   engine::LoadOptions lo;
@@ -314,7 +315,8 @@ Command add_grpo_command(CLI::App& top) {
                   "continue from a checkpoint (a step-<N> directory or a --checkpoint-dir): the "
                   "remaining steps give the bits of an uninterrupted run");
   sub->add_flag("--baseline", f->cfg.baseline,
-                "ordinary (non-invariant) kernels for rollout and training forward");
+                "ordinary (non-invariant) kernels for rollout and training forward (cuda: cuBLAS "
+                "and the baseline kernels; the backward stays invariant: the baselines have none)");
   sub->add_flag("--json", f->json, "one JSON object per step (JSONL) on stdout");
   sub->add_option("--metrics", f->metrics, "also write the JSONL metrics to this file");
   sub->add_option("--plot", f->plot,
