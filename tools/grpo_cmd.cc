@@ -16,6 +16,11 @@
 #include "tools/engine_setup.h"
 #include "tools/plot_svg.h"
 
+#ifdef LOCKSTEP_WITH_CUDA
+#include "engine/cuda/grpo_device.h"
+#include "lockstep/cuda/runtime.h"
+#endif
+
 namespace lockstep::tools {
 namespace {
 
@@ -25,17 +30,36 @@ struct GrpoFlags {
   std::string lr_text;
   bool json = false;
   std::string metrics, out, plot, plot_with;
+  std::string device = "cpu";
   int threads = 0;
 };
 
+// The device's backends and AdamW; a clear error (before any model work) when the device is not
+// built in or absent, never a CPU run in its place.
+engine::GrpoDevice grpo_device(const std::string& device) {
+  if (device == "cpu") return engine::cpu_grpo_device();
+  LS_CHECK(device == "cuda", "device", "unknown device '", device, "' (expected cpu or cuda)");
+#ifdef LOCKSTEP_WITH_CUDA
+  LS_CHECK(cuda::available(), "device",
+           "--device cuda: no usable CUDA device on this machine (the build has CUDA support)");
+  return engine::cuda_grpo_device();
+#else
+  throw Error(
+      "device: --device cuda: this lockstep binary was built without CUDA (configure with "
+      "-DLOCKSTEP_CUDA=ON where nvcc is installed); only --device cpu is available");
+#endif
+}
+
 engine::Weights load_weights(const ModelFlags& m, engine::Qwen3Config& cfg, std::string& desc) {
   if (m.dir.empty()) {
-    LS_CHECK(m.shape == "default", "lockstep grpo",
-             "--model-shape other than default is not supported by grpo yet (the backward runs "
-             "on the CPU; use --model DIR for a checkpoint)");
-    cfg = engine::default_model_config();
-    desc = "built-in default model";
-    return engine::random_qwen3_weights(cfg, engine::kDefaultModelSeed);
+    // The built-in model's weights, or random weights of a named shape (--weight-seed).
+    cfg = engine::qwen3_shape_config(m.shape);
+    const uint64_t seed = m.weight_seed == 0 ? engine::kDefaultModelSeed : m.weight_seed;
+    desc = m.shape == "default" && m.weight_seed == 0
+               ? "built-in default model"
+               : "random " + m.shape + " weights (seed " + std::to_string(seed) + ")";
+    if (m.shape != "default") std::fprintf(stderr, "[grpo] generating %s\n", desc.c_str());
+    return engine::random_qwen3_weights(cfg, seed);
   }
   engine::LoadOptions lo;
   lo.strict = m.strict;
@@ -49,20 +73,23 @@ engine::Weights load_weights(const ModelFlags& m, engine::Qwen3Config& cfg, std:
 }
 
 std::string json_line(const engine::GrpoStepMetrics& s) {
-  char buf[1024];
+  char buf[2048];
   std::snprintf(buf, sizeof buf,
                 "{\"step\": %lld, \"reward_mean\": %.9g, \"reward_std\": %.9g, \"sequences\": "
                 "%lld, \"generated_tokens\": %lld, \"logp_compared\": %lld, \"logp_mismatches\": "
                 "%lld, \"max_abs_dlogp\": %.9g, \"ratio_min\": %.17g, \"ratio_max\": %.17g, "
                 "\"clip_fraction\": %.9g, \"kl\": %.9g, \"entropy_mean\": %.9g, \"loss\": %.9g, "
                 "\"grad_norm\": %.9g, \"lr\": %.9g, \"rollout_s\": %.4f, \"train_s\": %.4f, "
-                "\"step_s\": %.4f, \"train_tokens_per_s\": %.1f, \"rollout_weight_version\": "
-                "%lld, \"max_staleness\": %lld, \"weights_sha256\": \"%s\"}",
+                "\"step_s\": %.4f, \"reward_s\": %.4f, \"forward_s\": %.4f, \"backward_s\": %.4f, "
+                "\"optimizer_s\": %.4f, \"weight_sync_s\": %.4f, \"train_tokens_per_s\": %.1f, "
+                "\"rollout_weight_version\": %lld, \"max_staleness\": %lld, \"weights_sha256\": "
+                "\"%s\"}",
                 (long long)s.step, s.reward_mean, s.reward_std, (long long)s.sequences,
                 (long long)s.generated_tokens, (long long)s.logp_compared,
                 (long long)s.logp_mismatches, s.max_abs_dlogp, s.ratio_min, s.ratio_max,
                 s.clip_fraction, s.kl, s.entropy_mean, s.loss, s.grad_norm, s.lr, s.rollout_s,
-                s.train_s, s.step_s, s.train_tokens_per_s, (long long)s.rollout_weight_version,
+                s.train_s, s.step_s, s.reward_s, s.forward_s, s.backward_s, s.optimizer_s,
+                s.weight_sync_s, s.train_tokens_per_s, (long long)s.rollout_weight_version,
                 (long long)s.max_staleness, s.weights_sha256.c_str());
   return buf;
 }
@@ -96,6 +123,9 @@ void read_metrics(const std::string& path, PlotSeries& reward, PlotSeries& mism)
 
 int run_grpo_cmd(GrpoFlags& f) {
   if (f.threads > 0) set_num_threads(f.threads);
+  // The device first: a missing one fails before any model work.
+  const engine::GrpoDevice dev = grpo_device(f.device);
+  f.cfg.device = dev.device;
   engine::Qwen3Config mcfg;
   std::string desc;
   const engine::Weights init = load_weights(f.model, mcfg, desc);
@@ -116,6 +146,7 @@ int run_grpo_cmd(GrpoFlags& f) {
   if (!f.json) {
     std::printf("lockstep grpo: on-policy RL, rollout vs trainer log-probs compared bit for bit\n");
     std::printf("  model     %s: %s\n", desc.c_str(), mcfg.to_string().c_str());
+    std::printf("  device    %s\n", device_description(f.device).c_str());
     std::printf("  %s\n\n", cfg.to_string().c_str());
     flush_stdout();
   }
@@ -145,9 +176,11 @@ int run_grpo_cmd(GrpoFlags& f) {
     mism.y.push_back(double(s.logp_mismatches));
     if (!f.json && !header) {
       header = true;
-      std::printf("\n%5s %8s %7s %10s %10s %20s %8s %9s %8s %9s %8s\n", "step", "reward", "std",
-                  "compared", "mismatch", "ratio min/max", "kl", "clipfrac", "gnorm", "tok/s",
-                  "step s");
+      // The step's time split (seconds): rollout, training forward, backward, optimizer, weight
+      // sync (reward scoring is in step s, and in --json).
+      std::printf("\n%5s %8s %7s %10s %10s %20s %8s %9s %8s %9s %8s %7s %7s %7s %7s %7s\n", "step",
+                  "reward", "std", "compared", "mismatch", "ratio min/max", "kl", "clipfrac",
+                  "gnorm", "tok/s", "step s", "roll", "fwd", "bwd", "opt", "sync");
     }
     const std::string j = json_line(s);
     if (metrics) {
@@ -159,14 +192,17 @@ int run_grpo_cmd(GrpoFlags& f) {
     } else {
       char rr[64];
       std::snprintf(rr, sizeof rr, "%.6f/%.6f", s.ratio_min, s.ratio_max);
-      std::printf("%5lld %8.4f %7.4f %10lld %10lld %20s %8.2g %9.3f %8.3f %9.0f %8.2f\n",
-                  (long long)s.step, s.reward_mean, s.reward_std, (long long)s.logp_compared,
-                  (long long)s.logp_mismatches, rr, s.kl, s.clip_fraction, s.grad_norm,
-                  s.train_tokens_per_s, s.step_s);
+      std::printf(
+          "%5lld %8.4f %7.4f %10lld %10lld %20s %8.2g %9.3f %8.3f %9.0f %8.2f %7.2f %7.2f %7.2f "
+          "%7.2f %7.2f\n",
+          (long long)s.step, s.reward_mean, s.reward_std, (long long)s.logp_compared,
+          (long long)s.logp_mismatches, rr, s.kl, s.clip_fraction, s.grad_norm,
+          s.train_tokens_per_s, s.step_s, s.rollout_s, s.forward_s, s.backward_s, s.optimizer_s,
+          s.weight_sync_s);
     }
     flush_stdout();
   };
-  const engine::Weights final = engine::run_grpo(cfg, mcfg, init, hooks);
+  const engine::Weights final = engine::run_grpo(cfg, mcfg, init, dev, hooks);
   if (metrics) std::fclose(metrics);
   if (!f.plot.empty()) {
     std::vector<PlotPanel> panels = {{"reward (mean over the step's samples)", {reward}},
@@ -218,6 +254,12 @@ Command add_grpo_command(CLI::App& top) {
   add_model_options(*sub, f->model);
   add_contract_options(*sub, f->cfg.contract);
   add_threads_option(*sub, f->threads);
+  sub->add_option("--device", f->device,
+                  "where rollout, training and the optimizer run (cuda: the invariant CUDA "
+                  "kernels, the CPU's bits)")
+      ->check(CLI::IsMember({"cpu", "cuda"}).description(""))
+      ->type_name("cpu|cuda")
+      ->capture_default_str();
   sub->add_option("--task", f->cfg.task, "built-in task: copy, reverse, sort, add")
       ->capture_default_str();
   sub->add_option("--digits", f->cfg.digits, "the task's operand length")
@@ -273,7 +315,8 @@ Command add_grpo_command(CLI::App& top) {
                   "continue from a checkpoint (a step-<N> directory or a --checkpoint-dir): the "
                   "remaining steps give the bits of an uninterrupted run");
   sub->add_flag("--baseline", f->cfg.baseline,
-                "ordinary (non-invariant) kernels for rollout and training forward");
+                "ordinary (non-invariant) kernels for rollout and training forward (cuda: cuBLAS "
+                "and the baseline kernels; the backward stays invariant: the baselines have none)");
   sub->add_flag("--json", f->json, "one JSON object per step (JSONL) on stdout");
   sub->add_option("--metrics", f->metrics, "also write the JSONL metrics to this file");
   sub->add_option("--plot", f->plot,

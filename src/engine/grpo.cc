@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <random>
 #include <sstream>
 
@@ -34,9 +35,23 @@ std::map<std::string, TensorView> views_of(const Weights& w) {
   return v;
 }
 
-std::unique_ptr<OpsBackend> backend(bool baseline) {
-  return baseline ? make_baseline_backend() : make_invariant_backend();
-}
+// engine::AdamW as a GrpoOptimizer: its bf16 weights kept from one step to the next.
+class CpuOptimizer final : public GrpoOptimizer {
+ public:
+  explicit CpuOptimizer(AdamW adam) : adam_(std::move(adam)), bf16_(adam_.bf16_weights()) {}
+  StepStats step(const Weights& grads) override {
+    const StepStats st = adam_.step(grads);
+    bf16_ = adam_.bf16_weights();
+    return st;
+  }
+  const Weights& bf16_weights() const override { return bf16_; }
+  Weights bf16_weights_host() const override { return bf16_; }
+  Weights state() const override { return adam_.state(); }
+
+ private:
+  AdamW adam_;
+  Weights bf16_;
+};
 
 // One training sequence: the prompt and the completion, and where the completion's log-probs sit.
 struct TrainSeq {
@@ -65,17 +80,34 @@ uint32_t f32_bits(float f) {
   return u;
 }
 
-// The settings a resumed run must share with the checkpoint (everything that changes bits).
+// Every setting but the device (GrpoConfig::to_string adds it).
+std::string settings_string(const GrpoConfig& c) {
+  std::ostringstream os;
+  os << "task " << c.task << " (digits " << c.digits << ")"
+     << (c.reward_command.empty() ? "" : ", reward command: " + c.reward_command) << "; " << c.steps
+     << " steps x " << c.prompts << " prompts x G=" << c.group << " (after " << c.sft_steps
+     << " supervised warm-up steps of " << c.sft_prompts << " prompts)"
+     << "; temperature " << c.temperature << ", seed " << c.seed
+     << "\n  rollout tp=" << c.rollout_tp << "; training tp=" << c.train_tp
+     << ", micro_batch_tokens=" << c.micro_batch_tokens << ", mini_batches=" << c.mini_batches
+     << "\n  " << c.contract.to_string() << "\n  " << c.optim.to_string() << "\n  "
+     << c.loss.to_string() << "\n  " << c.rollout.to_string()
+     << (c.baseline ? "\n  kernels: BASELINE (ordinary, non-invariant)" : "");
+  return os.str();
+}
+
+// The settings a resumed run must share with the checkpoint (everything that changes bits; not
+// the device: every device gives the same bits).
 std::string resume_key(const GrpoConfig& c) {
   GrpoConfig k = c;
   k.steps = 0;  // a resumed run may go further
   k.checkpoint_dir.clear();
   k.checkpoint_every = 0;
   k.resume.clear();
-  return k.to_string();
+  return settings_string(k);
 }
 
-void save_checkpoint(const GrpoConfig& cfg, const Qwen3Config& mcfg, const AdamW& adam,
+void save_checkpoint(const GrpoConfig& cfg, const Qwen3Config& mcfg, const GrpoOptimizer& adam,
                      const Weights& weights, int64_t steps_done) {
   namespace fs = std::filesystem;
   const std::string name = "step-" + std::to_string(steps_done);
@@ -175,17 +207,24 @@ void GrpoConfig::validate() const {
 }
 
 std::string GrpoConfig::to_string() const {
-  std::ostringstream os;
-  os << "task " << task << " (digits " << digits << ")"
-     << (reward_command.empty() ? "" : ", reward command: " + reward_command) << "; " << steps
-     << " steps x " << prompts << " prompts x G=" << group << " (after " << sft_steps
-     << " supervised warm-up steps of " << sft_prompts << " prompts)"
-     << "; temperature " << temperature << ", seed " << seed << "\n  rollout tp=" << rollout_tp
-     << "; training tp=" << train_tp << ", micro_batch_tokens=" << micro_batch_tokens
-     << ", mini_batches=" << mini_batches << "\n  " << contract.to_string() << "\n  "
-     << optim.to_string() << "\n  " << loss.to_string() << "\n  " << rollout.to_string()
-     << (baseline ? "\n  kernels: BASELINE (ordinary, non-invariant)" : "");
-  return os.str();
+  return settings_string(*this) + "\n  device " + device_name(device);
+}
+
+GrpoDevice cpu_grpo_device() {
+  GrpoDevice d;
+  d.device = Device::kCPU;
+  d.backend = [](bool baseline) {
+    return std::shared_ptr<OpsBackend>(baseline ? make_baseline_backend()
+                                                : make_invariant_backend());
+  };
+  d.adamw = [](const Weights& w, const AdamWConfig& c) -> std::unique_ptr<GrpoOptimizer> {
+    return std::make_unique<CpuOptimizer>(AdamW(w, c));
+  };
+  d.adamw_from_state = [](const Weights& st,
+                          const AdamWConfig& c) -> std::unique_ptr<GrpoOptimizer> {
+    return std::make_unique<CpuOptimizer>(AdamW::from_state(st, c));
+  };
+  return d;
 }
 
 std::string weights_sha256(const Weights& w) {
@@ -199,15 +238,34 @@ std::string weights_sha256(const Weights& w) {
 
 Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& init,
                  const GrpoHooks& hooks) {
+  LS_CHECK(cfg.device == Device::kCPU, kOp, "device ", device_name(cfg.device),
+           ": run_grpo needs that device's GrpoDevice (engine/cuda/grpo_device.h for cuda)");
+  return run_grpo(cfg, mcfg, init, cpu_grpo_device(), hooks);
+}
+
+Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& init,
+                 const GrpoDevice& dev, const GrpoHooks& hooks) {
   cfg.validate();
+  LS_CHECK(dev.device == cfg.device, kOp, "the config's device is ", device_name(cfg.device),
+           ", the GrpoDevice's ", device_name(dev.device));
+  LS_CHECK(dev.backend && dev.adamw && dev.adamw_from_state, kOp,
+           "the GrpoDevice lacks its backends or its optimizer");
+  // The invariant backend runs the warm-up and every backward (the baselines have none); the
+  // rollout and the training forward run on the baseline backend with cfg.baseline.
+  const std::shared_ptr<OpsBackend> ops = dev.backend(false);
+  const std::shared_ptr<OpsBackend> fwd_ops = cfg.baseline ? dev.backend(true) : ops;
+  LS_CHECK(ops && fwd_ops && ops->device() == cfg.device && fwd_ops->device() == cfg.device, kOp,
+           "the GrpoDevice's backends are not on ", device_name(cfg.device));
   std::unique_ptr<Task> task = make_builtin_task(cfg.task, cfg.digits, mcfg.vocab_size);
   if (!cfg.reward_command.empty())
     task = make_command_task(std::move(task), cfg.reward_command, cfg.reward_timeout_s);
   AdamWConfig sft_cfg = cfg.optim;
   sft_cfg.lr = cfg.sft_lr;
-  AdamW sft_adam(init, sft_cfg);
-  Weights weights = sft_adam.bf16_weights();
-  LS_CHECK(weights_sha256(weights) == weights_sha256(init), kOp,
+  std::unique_ptr<GrpoOptimizer> sft_adam = dev.adamw(init, sft_cfg);
+  // The policy's bf16 weights on the host (the backward's copies, the sha256, the checkpoints); the
+  // models are built over the optimizer's device weights.
+  Weights host = sft_adam->bf16_weights_host();
+  LS_CHECK(weights_sha256(host) == weights_sha256(init), kOp,
            "the initial weights must be bf16 (their fp32 masters round back to other bits)");
   ModelOptions ropt, topt;
   ropt.contract = topt.contract = cfg.contract;
@@ -215,6 +273,15 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
   topt.tp = cfg.train_tp;
   auto say = [&](const std::string& s) {
     if (hooks.progress) hooks.progress(s);
+  };
+  // Time splits: `into` gets the seconds since the last lap, after the device has finished.
+  Clock::time_point mark = Clock::now();
+  auto lap = [&](double& into) {
+    fwd_ops->synchronize();
+    ops->synchronize();
+    const Clock::time_point now = Clock::now();
+    into += std::chrono::duration<double>(now - mark).count();
+    mark = now;
   };
 
   // ---- supervised warm-up
@@ -238,31 +305,34 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
       seq_index.push_back(p);
     }
     const int64_t T = int64_t(tokens.size());
-    Model model(mcfg, views_of(weights), topt, backend(false));
-    const Backprop bp(mcfg, views_of(weights), topt);
-    const SavedForward f =
-        bp.forward(model, TensorView::contiguous(tokens.data(), DType::kI32, {T}),
-                   TensorView::contiguous(cu.data(), DType::kI32, {int64_t(cu.size())}));
-    Tensor logp(DType::kF32, {T}), lse(DType::kF32, {T}), ent(DType::kF32, {T});
-    const TensorView tg = TensorView::contiguous(targets.data(), DType::kI64, {T});
-    model.logprob(f.hidden.view(), tg, 1.0f, logp.view(), lse.view(), ent.view());
+    StepStats st;
     int64_t n = 0, right = 0;
     double nll = 0;
-    for (int64_t t = 0; t < T; ++t) {
-      if (targets[size_t(t)] < 0) continue;
-      ++n;
-      nll -= double(logp.ptr<float>()[t]);
-      right += logp.ptr<float>()[t] > -0.6931472f;
+    {
+      Model model(mcfg, views_of(sft_adam->bf16_weights()), topt, ops);
+      const Backprop bp(mcfg, views_of(host), topt, *ops);
+      const SavedForward f =
+          bp.forward(model, TensorView::contiguous(tokens.data(), DType::kI32, {T}),
+                     TensorView::contiguous(cu.data(), DType::kI32, {int64_t(cu.size())}));
+      Tensor logp(DType::kF32, {T}), lse(DType::kF32, {T}), ent(DType::kF32, {T});
+      const TensorView tg = TensorView::contiguous(targets.data(), DType::kI64, {T});
+      model.logprob(f.hidden.view(), tg, 1.0f, logp.view(), lse.view(), ent.view());
+      for (int64_t t = 0; t < T; ++t) {
+        if (targets[size_t(t)] < 0) continue;
+        ++n;
+        nll -= double(logp.ptr<float>()[t]);
+        right += logp.ptr<float>()[t] > -0.6931472f;
+      }
+      std::vector<float> g_lp(size_t(T), 0.0f);
+      for (int64_t t = 0; t < T; ++t)
+        if (targets[size_t(t)] >= 0) g_lp[size_t(t)] = float(-1.0 / double(n));
+      Gradients grads(mcfg, *ops);
+      bp.backward(f, tg, LogprobParams{}, lse.view(), ent.view(),
+                  TensorView::contiguous(g_lp.data(), DType::kF32, {T}), nullptr, seq_index, grads);
+      grads.finish();
+      st = sft_adam->step(grads.all());
+      host = sft_adam->bf16_weights_host();  // waits for the step (before grads is freed)
     }
-    std::vector<float> g_lp(size_t(T), 0.0f);
-    for (int64_t t = 0; t < T; ++t)
-      if (targets[size_t(t)] >= 0) g_lp[size_t(t)] = float(-1.0 / double(n));
-    Gradients grads(mcfg);
-    bp.backward(f, tg, LogprobParams{}, lse.view(), ent.view(),
-                TensorView::contiguous(g_lp.data(), DType::kF32, {T}), nullptr, seq_index, grads);
-    grads.finish();
-    const StepStats st = sft_adam.step(grads.all());
-    weights = sft_adam.bf16_weights();
     SftStepMetrics sm;
     sm.step = step;
     sm.loss = nll / double(n);
@@ -272,22 +342,30 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
     if (hooks.on_sft_step) hooks.on_sft_step(sm);
   }
 
+  // GRPO starts a fresh optimizer from the warm-up's bf16 weights (or the checkpoint's state).
+  sft_adam.reset();
   int64_t first_step = 0;
-  AdamW adam = [&] {
-    if (cfg.resume.empty()) return AdamW(weights, cfg.optim);
+  std::unique_ptr<GrpoOptimizer> adam;
+  if (cfg.resume.empty()) {
+    adam = dev.adamw(host, cfg.optim);
+  } else {
     Resumed r = load_checkpoint(cfg, mcfg, cfg.resume);
     first_step = r.steps_done;
-    return AdamW::from_state(r.state, cfg.optim);
-  }();
-  if (!cfg.resume.empty()) weights = adam.bf16_weights();
+    adam = dev.adamw_from_state(r.state, cfg.optim);
+    host = adam->bf16_weights_host();
+  }
   // Optimizer steps applied to the policy: the warm-up's, then one per mini-batch (a resumed run
   // has the same settings as its checkpoint, so the count is a function of steps done).
   int64_t weight_version = cfg.sft_steps + first_step * cfg.mini_batches;
   for (int64_t step = first_step; step < cfg.steps; ++step) {
     const auto t_step = Clock::now();
+    mark = t_step;
     GrpoStepMetrics met;
     met.step = step;
-    // ---- rollout
+    // ---- rollout: the optimizer's weights to the rollout model, on the device (no host copy)
+    auto rollout_model =
+        std::make_unique<Model>(mcfg, views_of(adam->bf16_weights()), ropt, fwd_ops);
+    lap(met.weight_sync_s);
     std::mt19937_64 g(cfg.seed * 0x9E3779B97F4A7C15ull + uint64_t(step));
     std::vector<RolloutRequest> reqs;
     std::vector<TaskPrompt> prompts;
@@ -304,15 +382,11 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
         reqs.push_back(std::move(r));
       }
     }
-    const auto t_roll = Clock::now();
     say("step " + std::to_string(step) + ": rollout of " + std::to_string(reqs.size()) +
         " sequences");
-    RolloutResult roll;
-    {
-      Model rollout_model(mcfg, views_of(weights), ropt, backend(cfg.baseline));
-      roll = run_rollout(rollout_model, reqs, cfg.rollout);
-    }
-    met.rollout_s = seconds_since(t_roll);
+    const RolloutResult roll = run_rollout(*rollout_model, reqs, cfg.rollout);
+    rollout_model.reset();
+    lap(met.rollout_s);
     met.generated_tokens = roll.generated_tokens;
 
     // ---- rewards and advantages
@@ -347,6 +421,7 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
       s.weight_version = samples[i].weight_version;
     }
     met.sequences = int64_t(seqs.size());
+    lap(met.reward_s);
 
     // ---- training: mini-batches (consecutive runs of the step's order), each one optimizer step
     const auto t_train = Clock::now();
@@ -363,123 +438,134 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
                  seqs[size_t(s)].c->id, "'s (version ", seqs[size_t(s)].weight_version, ")");
         met.max_staleness = std::max(met.max_staleness, lag);
       }
-      Model train_model(mcfg, views_of(weights), topt, backend(cfg.baseline));
-      const Backprop bp(mcfg, views_of(weights), topt);
-      // Forwards of the micro-batches (consecutive runs of at most micro_batch_tokens tokens).
-      std::vector<MicroBatch> mbs;
-      for (int64_t s = m0; s < m1;) {
-        MicroBatch u;
-        u.s0 = s;
-        std::vector<int32_t> tokens;
-        u.cu = {0};
-        while (s < m1 && (s == u.s0 || int64_t(tokens.size() + seqs[size_t(s)].tokens.size()) <=
-                                           cfg.micro_batch_tokens)) {
-          const TrainSeq& q = seqs[size_t(s)];
-          for (size_t i = 0; i < q.tokens.size(); ++i) {
-            tokens.push_back(q.tokens[i]);
-            // Position i predicts token i+1; only the completion's tokens are targets.
-            const bool target = int64_t(i) + 1 >= q.prompt_len && i + 1 < q.tokens.size();
-            u.targets.push_back(target ? q.tokens[i + 1] : -1);
+      std::unique_ptr<Gradients> grads;
+      {
+        // The training model over the optimizer's device weights; its backward's own copies from
+        // the host weights (Backprop takes host views).
+        Model train_model(mcfg, views_of(adam->bf16_weights()), topt, fwd_ops);
+        const Backprop bp(mcfg, views_of(host), topt, *ops);
+        lap(met.weight_sync_s);
+        // Forwards of the micro-batches (consecutive runs of at most micro_batch_tokens tokens).
+        std::vector<MicroBatch> mbs;
+        for (int64_t s = m0; s < m1;) {
+          MicroBatch u;
+          u.s0 = s;
+          std::vector<int32_t> tokens;
+          u.cu = {0};
+          while (s < m1 && (s == u.s0 || int64_t(tokens.size() + seqs[size_t(s)].tokens.size()) <=
+                                             cfg.micro_batch_tokens)) {
+            const TrainSeq& q = seqs[size_t(s)];
+            for (size_t i = 0; i < q.tokens.size(); ++i) {
+              tokens.push_back(q.tokens[i]);
+              // Position i predicts token i+1; only the completion's tokens are targets.
+              const bool target = int64_t(i) + 1 >= q.prompt_len && i + 1 < q.tokens.size();
+              u.targets.push_back(target ? q.tokens[i + 1] : -1);
+            }
+            u.cu.push_back(int32_t(tokens.size()));
+            ++s;
           }
-          u.cu.push_back(int32_t(tokens.size()));
-          ++s;
+          u.s1 = s;
+          const int64_t T = int64_t(tokens.size());
+          train_tokens += T;
+          u.saved =
+              bp.forward(train_model, TensorView::contiguous(tokens.data(), DType::kI32, {T}),
+                         TensorView::contiguous(u.cu.data(), DType::kI32, {int64_t(u.cu.size())}));
+          Tensor logp(DType::kF32, {T});
+          u.lse = Tensor(DType::kF32, {T});
+          u.ent = Tensor(DType::kF32, {T});
+          train_model.logprob(u.saved.hidden.view(),
+                              TensorView::contiguous(u.targets.data(), DType::kI64, {T}),
+                              cfg.temperature, logp.view(), u.lse.view(), u.ent.view());
+          for (int64_t k = u.s0; k < u.s1; ++k) {
+            TrainSeq& q = seqs[size_t(k)];
+            const int64_t base = u.cu[size_t(k - u.s0)] + q.prompt_len - 1;
+            const int64_t nc = int64_t(q.c->tokens.size());
+            q.logp.assign(logp.ptr<float>() + base, logp.ptr<float>() + base + nc);
+            q.entropy.assign(u.ent.ptr<float>() + base, u.ent.ptr<float>() + base + nc);
+          }
+          mbs.push_back(std::move(u));
         }
-        u.s1 = s;
-        const int64_t T = int64_t(tokens.size());
-        train_tokens += T;
-        u.saved =
-            bp.forward(train_model, TensorView::contiguous(tokens.data(), DType::kI32, {T}),
-                       TensorView::contiguous(u.cu.data(), DType::kI32, {int64_t(u.cu.size())}));
-        Tensor logp(DType::kF32, {T});
-        u.lse = Tensor(DType::kF32, {T});
-        u.ent = Tensor(DType::kF32, {T});
-        train_model.logprob(u.saved.hidden.view(),
-                            TensorView::contiguous(u.targets.data(), DType::kI64, {T}),
-                            cfg.temperature, logp.view(), u.lse.view(), u.ent.view());
-        for (int64_t k = u.s0; k < u.s1; ++k) {
-          TrainSeq& q = seqs[size_t(k)];
-          const int64_t base = u.cu[size_t(k - u.s0)] + q.prompt_len - 1;
-          const int64_t nc = int64_t(q.c->tokens.size());
-          q.logp.assign(logp.ptr<float>() + base, logp.ptr<float>() + base + nc);
-          q.entropy.assign(u.ent.ptr<float>() + base, u.ent.ptr<float>() + base + nc);
-        }
-        mbs.push_back(std::move(u));
-      }
-      // Compare with the rollout's recorded values (first mini-batch of the step: same weights).
-      if (mb == 0) {
-        for (int64_t k = m0; k < m1; ++k) {
-          const TrainSeq& q = seqs[size_t(k)];
-          for (size_t j = 0; j < q.logp.size(); ++j) {
-            ++met.logp_compared;
-            if (f32_bits(q.logp[j]) != f32_bits(q.c->logp[j])) {
-              ++met.logp_mismatches;
-              met.max_abs_dlogp =
-                  std::max(met.max_abs_dlogp, std::fabs(double(q.logp[j]) - double(q.c->logp[j])));
+        // Compare with the rollout's recorded values (first mini-batch of the step: same weights).
+        if (mb == 0) {
+          for (int64_t k = m0; k < m1; ++k) {
+            const TrainSeq& q = seqs[size_t(k)];
+            for (size_t j = 0; j < q.logp.size(); ++j) {
+              ++met.logp_compared;
+              if (f32_bits(q.logp[j]) != f32_bits(q.c->logp[j])) {
+                ++met.logp_mismatches;
+                met.max_abs_dlogp = std::max(met.max_abs_dlogp,
+                                             std::fabs(double(q.logp[j]) - double(q.c->logp[j])));
+              }
             }
           }
         }
-      }
-      // The loss over the mini-batch, then the backward micro-batch by micro-batch.
-      std::vector<SeqLoss> sl;
-      for (int64_t k = m0; k < m1; ++k) {
-        const TrainSeq& q = seqs[size_t(k)];
-        SeqLoss x;
-        x.advantage = q.advantage;
-        x.old_logp = q.c->logp;
-        x.logp = q.logp;
-        x.entropy = q.entropy;
-        sl.push_back(std::move(x));
-      }
-      const LossResult lr = policy_loss(sl, cfg.loss);
-      if (mb == 0) {
-        met.ratio_min = lr.ratio_min;
-        met.ratio_max = lr.ratio_max;
-        met.clip_fraction = lr.clip_fraction;
-        met.kl = lr.kl;
-        met.entropy_mean = lr.entropy_mean;
-        met.loss = lr.loss;
-      }
-      Gradients grads(mcfg);
-      for (const MicroBatch& u : mbs) {
-        const int64_t T = int64_t(u.targets.size());
-        std::vector<float> g_lp(size_t(T), 0.0f), g_ent(size_t(T), 0.0f);
-        std::vector<int64_t> idx;
-        for (int64_t k = u.s0; k < u.s1; ++k) {
+        lap(met.forward_s);
+        // The loss over the mini-batch, then the backward micro-batch by micro-batch.
+        std::vector<SeqLoss> sl;
+        for (int64_t k = m0; k < m1; ++k) {
           const TrainSeq& q = seqs[size_t(k)];
-          const int64_t base = u.cu[size_t(k - u.s0)] + q.prompt_len - 1;
-          const auto& gl = lr.g_logp[size_t(k - m0)];
-          const auto& ge = lr.g_entropy[size_t(k - m0)];
-          for (size_t j = 0; j < gl.size(); ++j) {
-            g_lp[size_t(base) + j] = gl[j];
-            g_ent[size_t(base) + j] = ge[j];
-          }
-          idx.push_back(k);
+          SeqLoss x;
+          x.advantage = q.advantage;
+          x.old_logp = q.c->logp;
+          x.logp = q.logp;
+          x.entropy = q.entropy;
+          sl.push_back(std::move(x));
         }
-        const TensorView ge_v = TensorView::contiguous(g_ent.data(), DType::kF32, {T});
-        LogprobParams params;
-        params.temperature = cfg.temperature;
-        bp.backward(u.saved, TensorView::contiguous(u.targets.data(), DType::kI64, {T}), params,
-                    u.lse.view(), u.ent.view(),
-                    TensorView::contiguous(g_lp.data(), DType::kF32, {T}), &ge_v, idx, grads);
+        const LossResult lr = policy_loss(sl, cfg.loss);
+        if (mb == 0) {
+          met.ratio_min = lr.ratio_min;
+          met.ratio_max = lr.ratio_max;
+          met.clip_fraction = lr.clip_fraction;
+          met.kl = lr.kl;
+          met.entropy_mean = lr.entropy_mean;
+          met.loss = lr.loss;
+        }
+        grads = std::make_unique<Gradients>(mcfg, *ops);
+        for (const MicroBatch& u : mbs) {
+          const int64_t T = int64_t(u.targets.size());
+          std::vector<float> g_lp(size_t(T), 0.0f), g_ent(size_t(T), 0.0f);
+          std::vector<int64_t> idx;
+          for (int64_t k = u.s0; k < u.s1; ++k) {
+            const TrainSeq& q = seqs[size_t(k)];
+            const int64_t base = u.cu[size_t(k - u.s0)] + q.prompt_len - 1;
+            const auto& gl = lr.g_logp[size_t(k - m0)];
+            const auto& ge = lr.g_entropy[size_t(k - m0)];
+            for (size_t j = 0; j < gl.size(); ++j) {
+              g_lp[size_t(base) + j] = gl[j];
+              g_ent[size_t(base) + j] = ge[j];
+            }
+            idx.push_back(k);
+          }
+          const TensorView ge_v = TensorView::contiguous(g_ent.data(), DType::kF32, {T});
+          LogprobParams params;
+          params.temperature = cfg.temperature;
+          bp.backward(u.saved, TensorView::contiguous(u.targets.data(), DType::kI64, {T}), params,
+                      u.lse.view(), u.ent.view(),
+                      TensorView::contiguous(g_lp.data(), DType::kF32, {T}), &ge_v, idx, *grads);
+        }
+        grads->finish();
       }
-      grads.finish();
-      const StepStats st = adam.step(grads.all());
+      lap(met.backward_s);
+      const StepStats st = adam->step(grads->all());
       met.grad_norm = st.grad_norm;
       met.lr = st.lr;
-      weights = adam.bf16_weights();
+      lap(met.optimizer_s);
+      grads.reset();
+      host = adam->bf16_weights_host();
       ++weight_version;
+      lap(met.weight_sync_s);
     }
     met.train_s = seconds_since(t_train);
     met.train_tokens_per_s = met.train_s > 0 ? double(train_tokens) / met.train_s : 0;
-    met.weights_sha256 = weights_sha256(weights);
+    met.weights_sha256 = weights_sha256(host);
     met.step_s = seconds_since(t_step);
     if (!cfg.checkpoint_dir.empty() &&
         ((cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0) ||
          step + 1 == cfg.steps))
-      save_checkpoint(cfg, mcfg, adam, weights, step + 1);
+      save_checkpoint(cfg, mcfg, *adam, host, step + 1);
     if (hooks.on_step) hooks.on_step(met);
   }
-  return weights;
+  return host;
 }
 
 }  // namespace lockstep::engine

@@ -3,13 +3,16 @@
 // forward + backward over micro-batches (engine/train.h) → AdamW → the new bf16 weights to the
 // rollout engine, step after step. On the first mini-batch of every step the trainer's log-probs
 // are compared with the rollout's bit for bit and the PPO ratios computed from them (exactly 1
-// when they agree). CPU reference; the CUDA backward does not exist yet.
+// when they agree). Runs on a GrpoDevice: the CPU (the reference) or the GPU
+// (engine/cuda/grpo_device.h), the same bits step after step.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
+#include "engine/backend.h"
 #include "engine/config.h"
 #include "engine/default_model.h"
 #include "engine/optim.h"
@@ -42,6 +45,10 @@ struct GrpoConfig {
   int64_t micro_batch_tokens = 512;
   int64_t mini_batches = 1;  // optimizer steps per rollout batch (PPO mini-batches)
   bool baseline = false;     // ordinary (non-invariant) kernels for rollout and training forward
+  // Where rollout, training forward and backward, and AdamW run (the GrpoDevice given to
+  // run_grpo must be of this device). Not a setting of the bits: a checkpoint written on one
+  // device resumes on the other.
+  Device device = Device::kCPU;
   // Checkpoints: after every `checkpoint_every` GRPO steps (0: only after the last one) when
   // checkpoint_dir is set, a directory <checkpoint_dir>/step-<N> (N steps done) holding
   // config.json + model.safetensors (the bf16 weights, loadable by transformers and --model),
@@ -72,6 +79,12 @@ struct GrpoStepMetrics {
   double clip_fraction = 0, kl = 0, entropy_mean = 0, loss = 0;
   double grad_norm = 0, lr = 0;  // the last mini-batch's optimizer step
   double rollout_s = 0, train_s = 0, step_s = 0;
+  // Where the step's time goes (seconds; the device is waited for at every boundary): rollout
+  // (generation), reward (scoring), forward (the trainer's forwards and log-prob heads), backward
+  // (policy loss, backward, gradient finish), optimizer (AdamW steps, bf16 weights included) and
+  // weight sync (placing the new weights for the next models: the rollout model, the training
+  // models and their backward's copies, the host copy of the weights).
+  double reward_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0, weight_sync_s = 0;
   double train_tokens_per_s = 0;
   std::string weights_sha256;  // of the bf16 weights after the step
   // The weights' version (optimizer steps applied to the policy, warm-up included) that generated
@@ -93,8 +106,42 @@ struct GrpoHooks {
   std::function<void(const std::string&)> progress;  // long phases of a step
 };
 
-// Runs cfg.steps steps from `weights` (bf16, HF names, qwen3_weight_specs(model) order) on the CPU
-// and returns the final bf16 weights.
+// The AdamW of a device: engine::AdamW on the CPU, CudaAdamW (engine/cuda/optim.h) on the GPU.
+class GrpoOptimizer {
+ public:
+  virtual ~GrpoOptimizer() = default;
+  // AdamW::step from fp32 gradients on the device (Gradients::all() of the device's backend).
+  virtual StepStats step(const Weights& grads) = 0;
+  // The bf16 compute weights on the device after the last step (the models are built over their
+  // views, device to device), and a host copy of them (on the CPU: the same tensors).
+  virtual const Weights& bf16_weights() const = 0;
+  virtual Weights bf16_weights_host() const = 0;
+  // AdamW::state(): host tensors, the checkpoint format of every device.
+  virtual Weights state() const = 0;
+};
+
+// What run_grpo runs on: a device's backends and AdamW.
+struct GrpoDevice {
+  Device device = Device::kCPU;
+  // The invariant (baseline = false) or baseline backend of the device, made once per run.
+  std::function<std::shared_ptr<OpsBackend>(bool baseline)> backend;
+  // AdamW(weights, cfg) from host bf16 weights, and AdamW::from_state(state, cfg) from a host
+  // state (a checkpoint's), on the device.
+  std::function<std::unique_ptr<GrpoOptimizer>(const Weights&, const AdamWConfig&)> adamw;
+  std::function<std::unique_ptr<GrpoOptimizer>(const Weights&, const AdamWConfig&)>
+      adamw_from_state;
+};
+
+// The CPU: the invariant and baseline CPU backends and engine::AdamW.
+GrpoDevice cpu_grpo_device();
+
+// Runs cfg.steps steps from `weights` (bf16 on the host, HF names, qwen3_weight_specs(model)
+// order) on `device` (of cfg.device) and returns the final bf16 weights (host). The training
+// backward always runs on the device's invariant backend (the baselines have no backward; with
+// cfg.baseline the rollout and the training forward use the baseline backend, as on the CPU).
+Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& model, const Weights& weights,
+                 const GrpoDevice& device, const GrpoHooks& hooks = {});
+// The same on the CPU (cfg.device must be kCPU).
 Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& model, const Weights& weights,
                  const GrpoHooks& hooks = {});
 
