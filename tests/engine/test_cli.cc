@@ -470,6 +470,9 @@ TEST(CliBinary, GrpoRunsPlotsCheckpointsAndResumes) {
       lockstep(tiny + "--plot '" + d.str() + "/q.svg' --plot-with '" + d.str() + "/absent.jsonl'"),
       2, "cannot read --plot-with");
   EXPECT_RUN(lockstep("grpo --task nope --steps 1 --sft-steps 0"), 2, "nope");
+  // No GPU here (CI, the build machine): a clear error, never a silent CPU run.
+  EXPECT_RUN(lockstep("grpo --device cuda --steps 1 --sft-steps 0"), 2, "--device cuda");
+  EXPECT_RUN(lockstep("grpo --device tpu --steps 1"), 2, "--device");
   EXPECT_RUN(lockstep("grpo --reward-command 'cat >/dev/null; echo x' --steps 1 --sft-steps 0 "
                       "--prompts 1 --group 2"),
              2, "not a number");
