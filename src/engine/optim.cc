@@ -151,8 +151,7 @@ double learning_rate(const AdamWConfig& cfg, int64_t step) {
   return cfg.lr * (cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * half_cosine(p));
 }
 
-AdamW::AdamW(const Weights& weights, const AdamWConfig& cfg) : cfg_(cfg) {
-  cfg.validate();
+void check_adamw_weights(const Weights& weights) {
   LS_CHECK(!weights.empty(), kOp, "no weights");
   std::set<std::string> names;
   for (const auto& [name, w] : weights) {
@@ -160,16 +159,27 @@ AdamW::AdamW(const Weights& weights, const AdamWConfig& cfg) : cfg_(cfg) {
     LS_CHECK(w.device() == Device::kCPU, kOp, "weight '", name, "' must be on the CPU");
     LS_CHECK(w.dtype() == DType::kBF16 || w.dtype() == DType::kF32, kOp, "weight '", name,
              "': expected bf16 or f32, got ", dtype_name(w.dtype()));
-    Tensor master(DType::kF32, w.shape());
-    float* d = master.ptr<float>();
-    if (w.dtype() == DType::kF32) {
-      const float* s = w.ptr<float>();
-      for (int64_t i = 0; i < w.numel(); ++i) d[i] = s[i];
-    } else {
-      const bf16* s = w.ptr<bf16>();
-      for (int64_t i = 0; i < w.numel(); ++i) d[i] = bf16_to_f32(s[i]);
-    }
-    master_.emplace_back(name, std::move(master));
+  }
+}
+
+Tensor adamw_master(const Tensor& w) {
+  Tensor master(DType::kF32, w.shape());
+  float* d = master.ptr<float>();
+  if (w.dtype() == DType::kF32) {
+    const float* s = w.ptr<float>();
+    for (int64_t i = 0; i < w.numel(); ++i) d[i] = s[i];
+  } else {
+    const bf16* s = w.ptr<bf16>();
+    for (int64_t i = 0; i < w.numel(); ++i) d[i] = bf16_to_f32(s[i]);
+  }
+  return master;
+}
+
+AdamW::AdamW(const Weights& weights, const AdamWConfig& cfg) : cfg_(cfg) {
+  cfg.validate();
+  check_adamw_weights(weights);
+  for (const auto& [name, w] : weights) {
+    master_.emplace_back(name, adamw_master(w));
     m_.emplace_back(name, zeros_f32(w.shape()));
     v_.emplace_back(name, zeros_f32(w.shape()));
   }

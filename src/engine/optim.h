@@ -42,6 +42,12 @@ struct StepStats {
 // guaranteed correctly rounded).
 double adamw_power(double beta, int64_t t);
 
+// The constructors' checks (AdamW's and CudaAdamW's: the same errors): at least one weight, unique
+// names, every weight a host tensor of bf16 or f32.
+void check_adamw_weights(const Weights& weights);
+// The fp32 master of a host weight (bf16 or f32): its values exactly, on the host.
+Tensor adamw_master(const Tensor& w);
+
 // The argument checks of a step (AdamW::step and the GPU's CudaAdamW::step: the same errors):
 // grads has the masters' names, order and shapes, every one f32 on `device` (named `where` in
 // the message, e.g. "the CPU"), and another step fits the checkpoint's exact step count.

@@ -19,6 +19,7 @@
 #include "engine/cuda/grpo_device.h"
 #include "engine/default_model.h"
 #include "engine/grpo.h"
+#include "util/grpo_test_util.h"
 
 namespace lockstep::engine {
 namespace {
@@ -26,23 +27,8 @@ namespace {
 namespace fs = std::filesystem;
 using gpu_test::report;
 
-// tests/engine/test_grpo.cc's model: V=64 H=64 I=128 L=2 Hq=Hkv=4 D=16, tied.
-Qwen3Config tiny_config() {
-  Qwen3Config c;
-  c.vocab_size = 64;
-  c.hidden_size = 64;
-  c.intermediate_size = 128;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 4;
-  c.head_dim = 16;
-  c.rope_theta = 1e6;
-  c.max_position_embeddings = 256;
-  c.tie_word_embeddings = true;
-  c.bos_token_ids = {1};
-  c.eos_token_ids = {2};
-  return c;
-}
+// tests/engine/test_grpo.cc's model (tests/util/grpo_test_util.h).
+Qwen3Config tiny_config() { return test::grpo_test_model(); }
 
 // Closer to the real shapes: D=64 with 2 query heads per KV head (the grouped attention kernels),
 // an untied lm_head. V=256 H=128 I=256 L=2 Hq=8 Hkv=4.
@@ -63,29 +49,12 @@ Qwen3Config small_config() {
 // rollout TP 2 vs training TP 1; the command line's rollout settings (16-token pages, prefix
 // sharing) with a small chunked-prefill budget.
 GrpoConfig tiny_run(Device device) {
-  GrpoConfig g;
+  GrpoConfig g = test::grpo_test_run();
   g.device = device;
-  g.task = "copy";
-  g.digits = 3;
-  g.steps = 3;
   g.sft_steps = 2;
   g.sft_prompts = 16;
-  g.prompts = 4;
-  g.group = 4;
-  g.seed = 5;
-  g.contract.gemm_segments = 4;
-  g.contract.kv_chunk = 64;
-  g.contract.vocab_tile = 16;
-  g.contract.vocab_segments = 4;
-  g.rollout_tp = 2;
-  g.train_tp = 1;
-  g.micro_batch_tokens = 40;
   g.mini_batches = 2;
-  g.optim.lr = 1e-2;
   g.rollout.kv.page_size = 16;
-  g.rollout.kv.num_pages = 128;
-  g.rollout.scheduler.max_running = 16;
-  g.rollout.scheduler.max_batched_tokens = 64;
   g.rollout.scheduler.prefix_sharing = true;
   return g;
 }

@@ -13,49 +13,13 @@
 #include "engine/default_model.h"
 #include "engine/grpo.h"
 #include "lockstep/error.h"
+#include "util/grpo_test_util.h"
 
 namespace lockstep::engine {
 namespace {
 
-Qwen3Config small_config() {
-  Qwen3Config c;
-  c.vocab_size = 64;
-  c.hidden_size = 64;
-  c.intermediate_size = 128;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 4;
-  c.head_dim = 16;
-  c.rope_theta = 1e6;
-  c.max_position_embeddings = 256;
-  c.tie_word_embeddings = true;
-  c.bos_token_ids = {1};
-  c.eos_token_ids = {2};
-  return c;
-}
-
-GrpoConfig small_run() {
-  GrpoConfig g;
-  g.task = "copy";
-  g.digits = 3;
-  g.steps = 3;
-  g.prompts = 4;
-  g.group = 4;
-  g.seed = 5;
-  g.contract.gemm_segments = 4;
-  g.contract.kv_chunk = 64;
-  g.contract.vocab_tile = 16;
-  g.contract.vocab_segments = 4;
-  g.rollout_tp = 2;
-  g.train_tp = 1;
-  g.micro_batch_tokens = 40;
-  g.optim.lr = 1e-2;
-  g.rollout.kv.page_size = 8;
-  g.rollout.kv.num_pages = 128;
-  g.rollout.scheduler.max_running = 16;
-  g.rollout.scheduler.max_batched_tokens = 64;
-  return g;
-}
+Qwen3Config small_config() { return test::grpo_test_model(); }
+GrpoConfig small_run() { return test::grpo_test_run(); }
 
 struct GrpoRun {
   std::vector<GrpoStepMetrics> steps;

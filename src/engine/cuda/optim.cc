@@ -58,26 +58,10 @@ Weights download(const Weights& dev, const std::string& prefix, Weights out = {}
 
 CudaAdamW::CudaAdamW(const Weights& weights, const AdamWConfig& cfg) : cfg_(cfg) {
   cfg.validate();
-  LS_CHECK(!weights.empty(), kOp, "no weights");
-  std::set<std::string> names;
-  for (const auto& [name, w] : weights) {
-    LS_CHECK(names.insert(name).second, kOp, "duplicate weight name '", name, "'");
-    LS_CHECK(w.device() == Device::kCPU, kOp, "weight '", name, "' must be on the CPU");
-    LS_CHECK(w.dtype() == DType::kBF16 || w.dtype() == DType::kF32, kOp, "weight '", name,
-             "': expected bf16 or f32, got ", dtype_name(w.dtype()));
-  }
+  check_adamw_weights(weights);
   for (const auto& [name, w] : weights) {
     // The master's fp32 value exactly as AdamW's constructor makes it, one tensor at a time.
-    Tensor master(DType::kF32, w.shape());
-    float* d = master.ptr<float>();
-    if (w.dtype() == DType::kF32) {
-      const float* s = w.ptr<float>();
-      for (int64_t i = 0; i < w.numel(); ++i) d[i] = s[i];
-    } else {
-      const bf16* s = w.ptr<bf16>();
-      for (int64_t i = 0; i < w.numel(); ++i) d[i] = bf16_to_f32(s[i]);
-    }
-    master_.emplace_back(name, upload(master));
+    master_.emplace_back(name, upload(adamw_master(w)));
     m_.emplace_back(name, zeros_f32(w.shape()));
     v_.emplace_back(name, zeros_f32(w.shape()));
   }
