@@ -96,7 +96,7 @@ void check_finite(const std::string& name, const TensorView& v) {
         bad = (f32_to_bf16(x).bits & 0x7f80u) == 0x7f80u;
       }
       LS_CHECK(!bad, kUpdate, "weight ", name, " holds ", x, " at element ", r * C + c,
-               " (in bf16): weights must be finite");
+               ", not finite in bf16: weights must be finite");
     }
   }
 }
