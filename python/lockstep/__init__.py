@@ -2,9 +2,9 @@
 
 ``lockstep._C`` holds the library's ops over DLPack arrays (inputs and preallocated outputs, the
 op's settings as plain values); ``lockstep.torch`` makes them PyTorch custom ops with autograd
-(``pip install .[torch]``); ``lockstep.Engine`` runs the rollout engine and the training forward of
-a Qwen3 model (``lockstep.engine``). Every contract check raises :class:`lockstep.Error` (a RuntimeError)
-with the library's message.
+(``pip install .[torch]``); ``lockstep.Engine`` runs the rollout engine and the training forward
+of a Qwen3 model (``lockstep.engine``). Every contract check raises :class:`lockstep.Error` (a
+RuntimeError) with the library's message.
 """
 
 from lockstep._C import (

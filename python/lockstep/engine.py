@@ -7,7 +7,7 @@ fp32 log-prob, logsumexp and entropy; ``score`` runs the packed training forward
 token, whatever the batch, the packing, the page size or the tensor-parallel degree.
 ``update_weights`` swaps in new weights (Hugging Face names, numpy arrays or CPU torch tensors,
 bf16 or f32), bumping ``weight_version``; a bad state dict raises :class:`lockstep.Error` and leaves
-the old weights. CPU only for now.
+the old weights. CPU (and CUDA in a CUDA build of the module).
 
     engine = lockstep.Engine()  # the built-in default model
     out = engine.generate([[1, 2, 3]], lockstep.Sampling(temperature=0.7, max_new_tokens=8))
@@ -132,8 +132,11 @@ class Engine:
     *.safetensors), or a state dict (HF names -> arrays; ``config`` gives its Qwen3 config as a
     config.json dict, default: the built-in model's config). contract: every bit-changing
     setting (:class:`lockstep.Contract`); tp (1, 2, 4, 8) needs gemm_segments >= tp and
-    vocab_segments >= tp. The remaining arguments are engine choices, which never change a bit:
-    KV page size and pool, the running-set limit, the per-step token budget, prefix sharing.
+    vocab_segments >= tp. device: "cpu", or "cuda" in a CUDA build of the module (the invariant
+    CUDA kernels; weights are given and returned on the host). The remaining arguments are engine
+    choices, which never change a bit: KV page size and pool, the running-set limit, the per-step
+    token budget, prefix sharing (equal prompts fork one prefill), split-KV decode attention and
+    cascade attention over shared prefixes (needs prefix sharing).
     """
 
     def __init__(
@@ -149,6 +152,8 @@ class Engine:
         max_running: int = 32,
         max_batched_tokens: int = 256,
         prefix_sharing: bool = True,
+        kv_splits: int = 1,
+        cascade: bool = False,
     ) -> None:
         if np is None:
             raise ImportError("lockstep.Engine returns numpy arrays: pip install numpy")
@@ -156,24 +161,31 @@ class Engine:
             contract = Contract()
         if not isinstance(contract, Contract):
             raise TypeError(f"contract must be a lockstep.Contract, got {contract!r}")
-        if device != "cpu":
-            raise Error(f"Engine: device {device!r}: lockstep.Engine runs on the CPU only for now")
+        if not isinstance(device, str):
+            raise TypeError(f"device must be 'cpu' or 'cuda', got {device!r}")
         if not _is_int(tp):
             raise TypeError(f"tp must be an int, got {tp!r}")
         c = contract.to_c()
         if model is None:
             if config is not None:
                 raise TypeError("config is only for a state dict (the built-in model has its own)")
-            self._c = _C.Engine.default_model(c, tp)
+            self._c = _C.Engine.default_model(c, tp, device)
         elif isinstance(model, (str, os.PathLike)):
             if config is not None:
                 raise TypeError("config is only for a state dict (a directory has config.json)")
-            self._c = _C.Engine.from_dir(os.fspath(model), c, tp)
+            self._c = _C.Engine.from_dir(os.fspath(model), c, tp, device)
         else:
             config_json = "" if config is None else json.dumps(dict(config))
-            self._c = _C.Engine.from_weights(_host_arrays(model), config_json, c, tp)
-        self._c.set_rollout(page_size, num_pages, max_running, max_batched_tokens,
-                            bool(prefix_sharing))
+            self._c = _C.Engine.from_weights(_host_arrays(model), config_json, c, tp, device)
+        self._c.set_rollout(
+            page_size,
+            num_pages,
+            max_running,
+            max_batched_tokens,
+            bool(prefix_sharing),
+            kv_splits,
+            bool(cascade),
+        )
         self.contract = contract
         self.device = device
 

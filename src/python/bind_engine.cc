@@ -27,6 +27,9 @@
 #include "engine/rollout.h"
 #include "engine/safetensors.h"
 #include "engine/trainer.h"
+#ifdef LOCKSTEP_PYTHON_CUDA
+#include "engine/cuda/backends.h"
+#endif
 #include "lockstep/dtype.h"
 #include "lockstep/error.h"
 #include "python/bindings.h"
@@ -104,24 +107,23 @@ void check_finite(const std::string& name, const TensorView& v) {
 class Engine {
  public:
   // The built-in default model (engine/default_model.h), generated in memory.
-  static std::unique_ptr<Engine> default_model(const ContractConfig& contract, int tp) {
-    std::unique_ptr<Engine> e(new Engine(engine::default_model_config(), contract, tp));
+  static std::unique_ptr<Engine> default_model(const ContractConfig& contract, int tp,
+                                               const std::string& device) {
+    std::unique_ptr<Engine> e(new Engine(engine::default_model_config(), contract, tp, device));
     engine::Weights w = engine::random_qwen3_weights(e->cfg_, engine::kDefaultModelSeed);
     for (auto& [name, t] : w) {
       e->views_[name] = t.view();
       e->owned_[name] = std::move(t);
     }
-    e->model_ = std::make_shared<const Model>(
-        e->cfg_, e->views_, e->opt_,
-        std::shared_ptr<engine::OpsBackend>(engine::make_invariant_backend()));
+    e->model_ = std::make_shared<const Model>(e->cfg_, e->views_, e->opt_, e->backend());
     return e;
   }
 
   // A checkpoint directory (config.json + safetensors), checked as `lockstep score` loads it.
   static std::unique_ptr<Engine> from_dir(const std::string& dir, const ContractConfig& contract,
-                                          int tp) {
+                                          int tp, const std::string& device) {
     engine::Checkpoint ckpt = engine::Checkpoint::load(dir);
-    std::unique_ptr<Engine> e(new Engine(ckpt.config(), contract, tp));
+    std::unique_ptr<Engine> e(new Engine(ckpt.config(), contract, tp, device));
     for (const engine::WeightSpec& spec : engine::qwen3_weight_specs(e->cfg_)) {
       if (ckpt.info(spec.name).dtype == "BF16") {
         e->views_[spec.name] = ckpt.get(spec.name, DType::kBF16, spec.shape);
@@ -131,9 +133,7 @@ class Engine {
         e->owned_[spec.name] = std::move(t);
       }
     }
-    e->model_ = std::make_shared<const Model>(
-        e->cfg_, ckpt, e->opt_,
-        std::shared_ptr<engine::OpsBackend>(engine::make_invariant_backend()));
+    e->model_ = std::make_shared<const Model>(e->cfg_, ckpt, e->opt_, e->backend());
     e->ckpt_.emplace(std::move(ckpt));
     return e;
   }
@@ -141,11 +141,12 @@ class Engine {
   // Named weights (HF names) for a config (config.json text; empty: the default model's config).
   static std::unique_ptr<Engine> from_weights(const nb::dict& weights,
                                               const std::string& config_json,
-                                              const ContractConfig& contract, int tp) {
+                                              const ContractConfig& contract, int tp,
+                                              const std::string& device) {
     const Qwen3Config cfg = config_json.empty()
                                 ? engine::default_model_config()
                                 : engine::parse_qwen3_config(config_json, "Engine(config=...)");
-    std::unique_ptr<Engine> e(new Engine(cfg, contract, tp));
+    std::unique_ptr<Engine> e(new Engine(cfg, contract, tp, device));
     e->install(weights, /*partial=*/false, std::nullopt);
     e->version_ = 0;
     return e;
@@ -157,13 +158,15 @@ class Engine {
   std::string options() const { return opt_.to_string() + "; " + rollout_.to_string(); }
 
   void set_rollout(int64_t page_size, int64_t num_pages, int64_t max_running,
-                   int64_t max_batched_tokens, bool prefix_sharing) {
+                   int64_t max_batched_tokens, bool prefix_sharing, int kv_splits, bool cascade) {
     engine::RolloutConfig r;
     r.kv.page_size = page_size;
     r.kv.num_pages = num_pages;
     r.scheduler.max_running = max_running;
     r.scheduler.max_batched_tokens = max_batched_tokens;
     r.scheduler.prefix_sharing = prefix_sharing;
+    r.step.kv_splits = kv_splits;
+    r.step.cascade = cascade;
     r.validate();
     rollout_ = r;
   }
@@ -276,7 +279,18 @@ class Engine {
   }
 
  private:
-  Engine(const Qwen3Config& cfg, const ContractConfig& contract, int tp) : cfg_(cfg) {
+  Engine(const Qwen3Config& cfg, const ContractConfig& contract, int tp, const std::string& device)
+      : cfg_(cfg) {
+    LS_CHECK(device == "cpu" || device == "cuda", kEngine, "device '", device,
+             "': expected 'cpu' or 'cuda'");
+#ifdef LOCKSTEP_PYTHON_CUDA
+    if (device == "cuda") backend_ = engine::make_cuda_invariant_backend();
+#else
+    LS_CHECK(device == "cpu", kEngine,
+             "device 'cuda' needs a CUDA build of the module (pip install . -C "
+             "cmake.define.LOCKSTEP_CUDA=ON); this one runs on the CPU only");
+#endif
+    if (!backend_) backend_ = engine::make_invariant_backend();
     contract.validate();
     LS_CHECK(tp == 1 || tp == 2 || tp == 4 || tp == 8, kEngine, "tp is ", tp,
              ", must be 1, 2, 4 or 8");
@@ -342,14 +356,16 @@ class Engine {
     for (const auto& [name, v] : given) fresh[name] = bf16_copy(v);
     std::map<std::string, TensorView> views = views_;
     for (const auto& [name, t] : fresh) views[name] = t.view();
-    auto model = std::make_shared<const Model>(
-        cfg_, views, opt_, std::shared_ptr<engine::OpsBackend>(engine::make_invariant_backend()));
+    auto model = std::make_shared<const Model>(cfg_, views, opt_, backend());
     // Commit: nothing below throws.
     for (auto& [name, t] : fresh) owned_[name] = std::move(t);
     views_ = std::move(views);
     model_ = std::move(model);
     version_ = version ? *version : version_ + 1;
   }
+
+  // The invariant backend of the engine's device, made once and shared by its models.
+  std::shared_ptr<engine::OpsBackend> backend() const { return backend_; }
 
   static bool same_shape(const TensorView& a, const TensorView& b) {
     if (a.ndim != b.ndim) return false;
@@ -377,6 +393,8 @@ class Engine {
   std::map<std::string, TensorView> views_;  // every current weight (host bf16)
   std::shared_ptr<const Model> model_;
   int64_t version_ = 0;
+  // Where the model's weights, activations and KV pages live (the invariant ops of the device).
+  std::shared_ptr<engine::OpsBackend> backend_;
 };
 
 }  // namespace
@@ -384,12 +402,15 @@ class Engine {
 void bind_engine(nb::module_& m) {
   nb::class_<Engine>(m, "Engine",
                      "The rollout engine and the training forward over one Qwen3 model (CPU).")
-      .def_static("default_model", &Engine::default_model, nb::arg("contract"), nb::arg("tp"))
-      .def_static("from_dir", &Engine::from_dir, nb::arg("dir"), nb::arg("contract"), nb::arg("tp"))
+      .def_static("default_model", &Engine::default_model, nb::arg("contract"), nb::arg("tp"),
+                  nb::arg("device"))
+      .def_static("from_dir", &Engine::from_dir, nb::arg("dir"), nb::arg("contract"), nb::arg("tp"),
+                  nb::arg("device"))
       .def_static("from_weights", &Engine::from_weights, nb::arg("weights"), nb::arg("config_json"),
-                  nb::arg("contract"), nb::arg("tp"))
+                  nb::arg("contract"), nb::arg("tp"), nb::arg("device"))
       .def("set_rollout", &Engine::set_rollout, nb::arg("page_size"), nb::arg("num_pages"),
-           nb::arg("max_running"), nb::arg("max_batched_tokens"), nb::arg("prefix_sharing"))
+           nb::arg("max_running"), nb::arg("max_batched_tokens"), nb::arg("prefix_sharing"),
+           nb::arg("kv_splits"), nb::arg("cascade"))
       .def("generate", &Engine::generate, nb::arg("prompts"), nb::arg("request_ids"),
            nb::arg("seeds"), nb::arg("temperatures"), nb::arg("top_ks"), nb::arg("top_ps"),
            nb::arg("min_ps"), nb::arg("max_new_tokens"), nb::arg("stop_on_eos"))

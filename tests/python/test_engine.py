@@ -21,7 +21,13 @@ def rng_prompt(seed, n):
 
 
 # Five requests of different lengths and settings; requests 1 and 3 share a prompt (prefix sharing).
-PROMPTS = [rng_prompt(1, 5), rng_prompt(2, 19), rng_prompt(3, 2), rng_prompt(2, 19), rng_prompt(5, 33)]
+PROMPTS = [
+    rng_prompt(1, 5),
+    rng_prompt(2, 19),
+    rng_prompt(3, 2),
+    rng_prompt(2, 19),
+    rng_prompt(5, 33),
+]
 SAMPLING = [
     Sampling(temperature=0.8, max_new_tokens=6, seed=7),
     Sampling(temperature=1.0, top_p=0.9, max_new_tokens=9, seed=7),
@@ -85,6 +91,9 @@ def test_generate_is_deterministic(engine, batch):
     other = Engine(page_size=4, max_running=2, max_batched_tokens=7, prefix_sharing=False)
     for i, (a, b) in enumerate(zip(batch, other.generate(PROMPTS, SAMPLING))):
         assert_same(a, b, f"request {i} (other engine choices)")
+    split = Engine(page_size=8, max_batched_tokens=16, kv_splits=3, cascade=True)
+    for i, (a, b) in enumerate(zip(batch, split.generate(PROMPTS, SAMPLING))):
+        assert_same(a, b, f"request {i} (split-KV, cascade)")
 
 
 def test_alone_equals_in_batch(engine, batch):
@@ -161,7 +170,8 @@ def write_model_dir(path, config, state_dict):
     header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
     for name, t in sorted(state_dict.items()):
         data = t.contiguous().view(torch.int16).numpy().tobytes()
-        header[name] = {"dtype": "BF16", "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
+        end = offset + len(data)
+        header[name] = {"dtype": "BF16", "shape": list(t.shape), "data_offsets": [offset, end]}
         blobs.append(data)
         offset += len(data)
     head = json.dumps(header).encode()
@@ -195,7 +205,7 @@ def test_bad_weights_raise_and_keep_the_old_ones():
         ({"model.norm.weight": np.full(128, 3.4e38, np.float32)}, "must be finite"),
         ({"model.norm.weight": [1.0] * 128}, "not an array"),
         ({"model.norm.weight": norm}, "missing weight model.embed_tokens.weight"),  # not partial
-        (dict(sd, **{"lm_head.weight": sd["model.embed_tokens.weight"] * 2}), "ties the embeddings"),
+        (dict(sd, **{"lm_head.weight": 2 * sd["model.embed_tokens.weight"]}), "ties the"),
     ]
     for state, message in bad:
         with pytest.raises(lockstep.Error, match=message):
@@ -229,10 +239,11 @@ def test_bad_inputs_raise(engine):
         (lambda: engine.score([[1, 2, 3]], prompt_lens=3), "prompt length 3 with 3 tokens"),
         (lambda: engine.score([[1, V + 5]]), "outside the vocab"),
         (lambda: engine.score([[1, 2]], temperature=0.0), "temperature"),
-        (lambda: Engine(device="cuda"), "CPU only"),
+        (lambda: Engine(device="tpu"), "expected 'cpu' or 'cuda'"),
         (lambda: Engine(tp=2), "gemm_segments"),
         (lambda: Engine(tp=3), "tp is 3"),
         (lambda: Engine(num_pages=0), "num_pages"),
+        (lambda: Engine(cascade=True, prefix_sharing=False), "cascade attention needs prefix"),
     ]
     for fn, message in cases:
         with pytest.raises(lockstep.Error, match=message):
@@ -241,3 +252,32 @@ def test_bad_inputs_raise(engine):
         gen([[1.5]])
     with pytest.raises(TypeError):
         Sampling(top_k=1.0)
+
+
+@pytest.mark.skipif(lockstep.cuda_build, reason="a CUDA build takes device='cuda'")
+def test_cuda_needs_a_cuda_build():
+    with pytest.raises(lockstep.Error, match="needs a CUDA build"):
+        Engine(device="cuda")
+
+
+@pytest.mark.skipif(
+    not (lockstep.cuda_build and torch.cuda.is_available()), reason="needs a CUDA build and a GPU"
+)
+def test_cuda_engine_equals_cpu(engine, batch):
+    gpu = Engine(device="cuda")
+    for i, (a, b) in enumerate(zip(batch, gpu.generate(PROMPTS, SAMPLING))):
+        assert_same(a, b, f"request {i}: cuda vs cpu rollout")
+    scores = gpu.score(
+        [p + c.tokens.tolist() for p, c in zip(PROMPTS, batch)],
+        prompt_lens=[len(p) for p in PROMPTS],
+        temperature=[logprob_temperature(s) for s in SAMPLING],
+    )
+    for i, (s, c) in enumerate(zip(scores, batch)):
+        assert_same(s, c, f"request {i}: cuda score vs cpu generate")
+    sd = engine.state_dict()
+    changed = dict(sd, **{"model.norm.weight": sd["model.norm.weight"] * 1.5})
+    cpu = Engine()
+    assert gpu.update_weights(changed) == cpu.update_weights(changed) == 1
+    on_cpu, on_gpu = cpu.generate(PROMPTS, SAMPLING), gpu.generate(PROMPTS, SAMPLING)
+    for i, (a, b) in enumerate(zip(on_cpu, on_gpu)):
+        assert_same(a, b, f"request {i}: cuda vs cpu after update_weights")
