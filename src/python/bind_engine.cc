@@ -15,11 +15,13 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "core/thread_pool.h"
 #include "engine/backend.h"
 #include "engine/config.h"
 #include "engine/default_model.h"
@@ -69,38 +71,46 @@ Tensor bf16_copy(const TensorView& v) {
   const int64_t C = v.ndim == 0 ? 1 : v.shape[v.ndim - 1];
   const int64_t R = C == 0 ? 0 : t.numel() / C;
   const int64_t rs = v.ndim == 2 ? v.stride[0] : C;
-  for (int64_t r = 0; r < R; ++r) {
-    bf16* d = t.ptr<bf16>() + r * C;
-    if (v.dtype == DType::kBF16) {
-      std::memcpy(d, v.ptr<const bf16>() + r * rs, size_t(C) * sizeof(bf16));
-    } else {
-      const float* s = v.ptr<const float>() + r * rs;
-      for (int64_t c = 0; c < C; ++c) d[c] = f32_to_bf16(s[c]);
+  parallel_for(R, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      bf16* d = t.ptr<bf16>() + r * C;
+      if (v.dtype == DType::kBF16) {
+        std::memcpy(d, v.ptr<const bf16>() + r * rs, size_t(C) * sizeof(bf16));
+      } else {
+        const float* s = v.ptr<const float>() + r * rs;
+        for (int64_t c = 0; c < C; ++c) d[c] = f32_to_bf16(s[c]);
+      }
     }
-  }
+  });
   return t;
 }
 
-// Throws when a checked host weight holds a NaN or an Inf (or an f32 value that rounds to Inf).
+// Throws when a checked host weight holds a NaN or an Inf (or an f32 value that rounds to Inf),
+// naming the first such element.
 void check_finite(const std::string& name, const TensorView& v) {
   const int64_t C = v.ndim == 0 ? 1 : v.shape[v.ndim - 1];
   const int64_t R = C == 0 ? 0 : v.numel() / C;
   const int64_t rs = v.ndim == 2 ? v.stride[0] : C;
+  const auto bits_at = [&](int64_t r, int64_t c) {  // the element's bf16 (rounded) bits
+    return v.dtype == DType::kBF16 ? v.ptr<const bf16>()[r * rs + c].bits
+                                   : f32_to_bf16(v.ptr<const float>()[r * rs + c]).bits;
+  };
+  const auto value_at = [&](int64_t r, int64_t c) {
+    return v.dtype == DType::kBF16 ? bf16_to_f32(v.ptr<const bf16>()[r * rs + c])
+                                   : v.ptr<const float>()[r * rs + c];
+  };
+  std::vector<uint8_t> bad_row(size_t(R), 0);
+  parallel_for(R, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = 0; c < C && !bad_row[size_t(r)]; ++c)
+        bad_row[size_t(r)] = (bits_at(r, c) & 0x7f80u) == 0x7f80u;
+  });
   for (int64_t r = 0; r < R; ++r) {
-    for (int64_t c = 0; c < C; ++c) {
-      float x;
-      bool bad;
-      if (v.dtype == DType::kBF16) {
-        const bf16 h = v.ptr<const bf16>()[r * rs + c];
-        x = bf16_to_f32(h);
-        bad = (h.bits & 0x7f80u) == 0x7f80u;
-      } else {
-        x = v.ptr<const float>()[r * rs + c];
-        bad = (f32_to_bf16(x).bits & 0x7f80u) == 0x7f80u;
-      }
-      LS_CHECK(!bad, kUpdate, "weight ", name, " holds ", x, " at element ", r * C + c,
+    if (!bad_row[size_t(r)]) continue;
+    for (int64_t c = 0; c < C; ++c)
+      LS_CHECK((bits_at(r, c) & 0x7f80u) != 0x7f80u, kUpdate, "weight ", name, " holds ",
+               value_at(r, c), " at element ", r * C + c,
                ", not finite in bf16: weights must be finite");
-    }
   }
 }
 
@@ -153,7 +163,10 @@ class Engine {
   }
 
   const Qwen3Config& config() const { return cfg_; }
-  int64_t weight_version() const { return version_; }
+  int64_t weight_version() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return version_;
+  }
   int tp() const { return opt_.tp; }
   std::string options() const { return opt_.to_string() + "; " + rollout_.to_string(); }
 
@@ -208,7 +221,7 @@ class Engine {
     for (auto& r : reqs)
       if (members[r.group] == 1) r.group = -1;
 
-    std::shared_ptr<const Model> model = model_;
+    const std::shared_ptr<const Model> model = current_model();
     engine::RolloutResult res;
     released([&] { res = engine::run_rollout(*model, reqs, rollout_); });
 
@@ -245,7 +258,7 @@ class Engine {
     }
     engine::PackingConfig pc;
     pc.micro_batch_tokens = 4096;  // packing never changes a bit
-    std::shared_ptr<const Model> model = model_;
+    const std::shared_ptr<const Model> model = current_model();
     engine::TrainResult res;
     released([&] { res = engine::run_training_forward(*model, seqs, pc); });
     nb::list out;
@@ -258,14 +271,13 @@ class Engine {
   // Replaces the named weights (all of them unless `partial`); the version becomes `version`
   // (> the current one) or the current one + 1.
   int64_t update_weights(const nb::dict& weights, bool partial, std::optional<int64_t> version) {
-    LS_CHECK(!version || *version > version_, kUpdate, "version ", version.value_or(0),
-             " is not above the current weight version ", version_);
     install(weights, partial, version);
-    return version_;
+    return weight_version();
   }
 
   // Copies of the current weights (bf16, HF names) as DLPack arrays.
   nb::dict weights() const {
+    std::lock_guard<std::mutex> lock(mu_);
     nb::dict d;
     for (const auto& [name, v] : views_) {
       auto* t = new Tensor(bf16_copy(v));
@@ -327,6 +339,19 @@ class Engine {
                "with it");
       given.erase("lm_head.weight");
     }
+    // The checks, the conversion and the new model run without the GIL (the caller's arrays are
+    // kept alive above), under the engine's lock.
+    released([&] {
+      std::lock_guard<std::mutex> lock(mu_);
+      install_views(specs, given, partial, version);
+    });
+  }
+
+  void install_views(const std::vector<engine::WeightSpec>& specs,
+                     const std::map<std::string, TensorView>& given, bool partial,
+                     std::optional<int64_t> version) {
+    LS_CHECK(!version || *version > version_, kUpdate, "version ", version.value_or(0),
+             " is not above the current weight version ", version_);
     std::map<std::string, const engine::WeightSpec*> by_name;
     for (const engine::WeightSpec& s : specs) by_name[s.name] = &s;
     for (const auto& [name, v] : given) {
@@ -364,6 +389,11 @@ class Engine {
     version_ = version ? *version : version_ + 1;
   }
 
+  std::shared_ptr<const Model> current_model() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return model_;
+  }
+
   // The invariant backend of the engine's device, made once and shared by its models.
   std::shared_ptr<engine::OpsBackend> backend() const { return backend_; }
 
@@ -393,6 +423,8 @@ class Engine {
   std::map<std::string, TensorView> views_;  // every current weight (host bf16)
   std::shared_ptr<const Model> model_;
   int64_t version_ = 0;
+  // Guards views_, owned_, model_ and version_: update_weights changes them without the GIL.
+  mutable std::mutex mu_;
   // Where the model's weights, activations and KV pages live (the invariant ops of the device).
   std::shared_ptr<engine::OpsBackend> backend_;
 };
