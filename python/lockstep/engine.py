@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import numbers
 import operator
 import os
 from typing import Any, Mapping, Optional, Sequence, Union
@@ -42,7 +43,7 @@ def _is_int(x: Any) -> bool:
 
 
 def _is_real(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) or _is_int(x)
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 @dataclasses.dataclass(frozen=True)

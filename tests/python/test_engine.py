@@ -252,6 +252,12 @@ def test_bad_inputs_raise(engine):
         gen([[1.5]])
     with pytest.raises(TypeError):
         Sampling(top_k=1.0)
+    with pytest.raises(TypeError):
+        Sampling(temperature=True)
+    # numpy scalars are numbers: the same request as with Python floats and ints.
+    np_sampling = Sampling(temperature=np.float32(0.75), top_k=np.int64(9), max_new_tokens=3)
+    py_sampling = Sampling(temperature=0.75, top_k=9, max_new_tokens=3)
+    assert_same(gen([np.array([5, 6])], np_sampling)[0], gen([[5, 6]], py_sampling)[0], "numpy")
 
 
 @pytest.mark.skipif(lockstep.cuda_build, reason="a CUDA build takes device='cuda'")
