@@ -45,4 +45,5 @@ NB_MODULE(_C, m) {
 
   lockstep::python::bind_forward(m);
   lockstep::python::bind_backward(m);
+  lockstep::python::bind_engine(m);
 }
