@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds and installs the Python package (pip install .[torch,test]: lockstep._C + lockstep.torch)
 # into a virtual environment and runs its pytest suite (tests/python), printing the time of each
-# step. CPU only. Needs python3 (with venv) and a C++20 compiler; CMake comes from PyPI (into the
-# venv) when the system's is missing or older than 3.25.
+# step. CPU only. Needs python3 (with venv), a C++20 compiler and nlohmann_json (Debian:
+# nlohmann-json3-dev; scripts/setup.sh installs it); CMake comes from PyPI (into the venv) when
+# the system's is missing or older than 3.25.
 #   scripts/test_python.sh [pytest arguments...]
 #   LOCKSTEP_PY_VENV   the virtual environment (default: build/venv-py; created when missing)
 #   LOCKSTEP_PY_CMAKE  extra -C settings for the build, e.g. "-C cmake.define.LOCKSTEP_NATIVE=ON"
