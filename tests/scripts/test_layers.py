@@ -30,8 +30,9 @@ ALLOWED = {
     "src/baseline": ("lockstep/", "core/", "contract/", "engine/"),
     "src/baseline/cpu": ("lockstep/", "core/", "contract/", "engine/", "baseline/"),
     "src/baseline/cuda": ("lockstep/", "core/", "contract/", "engine/", "baseline/"),
-    # the Python bindings (lockstep._C): the public ops over DLPack views
-    "src/python": ("lockstep/", "core/", "python/"),
+    # the Python bindings (lockstep._C): the public ops over DLPack views, and the engine
+    # (lockstep.Engine: model loading, rollout, scoring, on the invariant backends)
+    "src/python": ("lockstep/", "core/", "python/", "engine/"),
 }
 
 
