@@ -36,7 +36,8 @@ struct LayerGemm {
 };
 
 void print_gemm(const LayerGemm& g, const PlanFlags& f) {
-  const GemmConfig gcfg = GemmConfig::from_contract(f.contract);
+  const GemmConfig gcfg = GemmConfig::for_layer(
+      f.contract, g.row_parallel ? LayerRole::kRowParallel : LayerRole::kColumnParallel);
   const GemmKLayout kl = gemm_k_layout(gcfg, g.k_total);
   const int tp = g.row_parallel ? f.tp : 1;
   const int64_t n = g.row_parallel ? g.n : g.n / f.tp;

@@ -77,7 +77,8 @@ Tensor row_of(const Tensor& t, int64_t r) {
 
 void check_gemm(Report& rep, Gen& g, const ContractConfig& cc) {
   const int64_t M = 17, K = 200, N = 96;  // K not a multiple of 16·S: zero-padded per contract
-  GemmConfig cfg = GemmConfig::from_contract(cc);
+  // A row-parallel layer's GEMM: the contract's K segments (the column-parallel one is S = 1).
+  GemmConfig cfg = GemmConfig::for_layer(cc, LayerRole::kRowParallel);
   Tensor x(DType::kBF16, {M, K}), w(DType::kBF16, {N, K});
   g.bf16s(x), g.bf16s(w, 0.1f);
   Tensor y(DType::kF32, {M, N});

@@ -193,7 +193,7 @@ int main(int argc, char** argv) {
   float* z;
   CK(cudaMalloc(&z, size_t(TB * V) * 4));
   const TensorView vz = TensorView::contiguous(z, DType::kF32, {TB, V}, Device::kCUDA);
-  const GemmConfig gcfg = GemmConfig::from_contract(cfg);
+  const GemmConfig gcfg = logprob_logits_gemm(cfg);
   auto gemm = [&] {
     for (int64_t r0 = 0; r0 + TB <= T; r0 += TB)
       cuda::gemm_bf16_nt(vh.rows(r0, r0 + TB), vw, nullptr, gcfg, vz);

@@ -174,11 +174,16 @@ def linear(
     *,
     contract: Optional[Contract] = None,
     out_dtype: torch.dtype = torch.bfloat16,
+    role: str = "row",
     dx_segments: int = 1,
     cu_seqlens: Optional[Tensor] = None,
     step_indices: Optional[Tensor] = None,
 ) -> Tensor:
-    """y = x·wᵀ (+ bias) by the GEMM contract: K in ``contract.gemm_segments`` segments.
+    """y = x·wᵀ (+ bias) by the GEMM contract: K in the segments the layer's ``role`` takes.
+
+    ``role`` (contract 0.3, §G.5): ``"row"`` — a row-parallel layer (o_proj, down_proj), K in
+    ``contract.gemm_segments`` segments; ``"column"`` — a column-parallel layer (q|k|v, gate|up)
+    or an lm_head, K in one segment whatever ``gemm_segments`` is.
 
     x [T, K], w [N, K] bf16; bias [N] bf16/f32 (no gradient); y [T, N] ``out_dtype`` (bf16 or
     f32). Backward (§B.3): dx = round_bf16(gy)·w over N in ``dx_segments`` equal segments (§G's
@@ -190,7 +195,9 @@ def linear(
     """
     if out_dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"lockstep.linear: out_dtype must be bfloat16 or float32, got {out_dtype}")
-    segments = _contract_args(contract)[0]
+    if role not in ("row", "column"):
+        raise ValueError(f"lockstep.linear: role must be 'row' or 'column', got {role!r}")
+    segments = _contract_args(contract)[0] if role == "row" else 1
     return _linear(
         x, w, bias, segments, out_dtype == torch.float32, dx_segments, cu_seqlens, step_indices
     )

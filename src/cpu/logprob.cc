@@ -26,7 +26,7 @@ void tile_logits(const TensorView& h, const TensorView& w, const ContractConfig&
                  int64_t ld) {
   TensorView y = TensorView::contiguous(out, DType::kF32, {h.size(0), w.size(0)});
   y.stride[0] = ld;
-  gemm_bf16_nt(h, w, GemmConfig::from_contract(cfg), y);
+  gemm_bf16_nt(h, w, logprob_logits_gemm(cfg), y);
 }
 
 LogprobState fold_tiles(const LogprobState* tiles, int64_t tiles_per_segment, int seg_count,

@@ -12,10 +12,10 @@
 
 namespace lockstep::cpu::logprob_detail {
 
-// out[r * ld + j] = z[r, j] = Σ_k h[r, k]·w[j, k] by the GEMM contract (fp32 output, K cut into
-// cfg.gemm_segments segments), for r < h.size(0), j < w.size(0). Row-invariant: z[r, j] depends
-// only on h row r and w row j. h [rows, H], w [n, H]: bf16, last dim contiguous (checked by the
-// caller).
+// out[r * ld + j] = z[r, j] = Σ_k h[r, k]·w[j, k] by the GEMM contract (fp32 output, K in
+// logprob_logits_gemm(cfg)'s one segment), for r < h.size(0), j < w.size(0). Row-invariant: z[r, j]
+// depends only on h row r and w row j. h [rows, H], w [n, H]: bf16, last dim contiguous (checked by
+// the caller).
 void tile_logits(const TensorView& h, const TensorView& w, const ContractConfig& cfg, float* out,
                  int64_t ld);
 

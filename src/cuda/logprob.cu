@@ -1,7 +1,7 @@
 // Launchers of the CUDA LogP op (docs/contract.md §L; kernels: logprob.cuh): cuda::linear_logprob,
 // linear_logprob_partial (one vocab-parallel rank's subtree state) and linear_logprob_combine.
 // Work per call: token blocks; per block the tile states by one of two producers (same bits):
-//   fused (vocab_tile 256, gemm_segments 1, T > 64, TMA-compatible h / w): the Hopper GEMM kernel
+//   fused (vocab_tile 256, T > 64, TMA-compatible h / w): the Hopper GEMM kernel
 //     (gemm/mainloop_sm90.cuh) with the log-prob epilogue (logprob_epilogue.cuh) computes each
 //     (row, tile) state from its accumulators; no logits exist at all;
 //   unfused (everything else): per vocab chunk, the logits z = h_block · w_chunkᵀ by the GEMM
@@ -92,7 +92,8 @@ LogprobPlan logprob_fused_plan(int64_t n_tiles, int64_t L) {
 }
 
 bool logprob_fused_by_settings(const ContractConfig& cfg, int64_t T) {
-  return cfg.vocab_tile == kLogprobFusedTile && cfg.gemm_segments == 1 && T > kLogprobFusedMinRows;
+  // The head's logits are one K segment in every contract (0.3: logprob_logits_gemm).
+  return cfg.vocab_tile == kLogprobFusedTile && T > kLogprobFusedMinRows;
 }
 
 const char* logprob_producer_name(LogprobProducer p) {
@@ -219,7 +220,7 @@ detail::LogprobProducer run_states(const char* op, const TensorView& h, const Te
   float* z = fused ? nullptr : scratch.alloc_n<float>(rows_max * chunk_cols);
   float* states = scratch.alloc_n<float>(rows_max * n_tiles * 3);
   float* y_target = scratch.alloc_n<float>(rows_max);
-  const GemmConfig gcfg = GemmConfig::from_contract(cfg);
+  const GemmConfig gcfg = logprob_logits_gemm(cfg);
   const int64_t data_tiles = (valid + L - 1) / L;  // tiles holding a real entry (fused)
   // What every tile-state launch below shares (z, rows and the tile range are per launch).
   detail::TileStateParams tiles{};
@@ -415,25 +416,24 @@ std::string logprob_launch_plan(const ContractConfig& cfg, int64_t hidden, int64
                   (long long)detail::kLogprobFusedMinRows, (long long)fp.token_block,
                   mib(fp.total_bytes()), mib(fp.states_bytes), mib(fp.target_bytes));
   } else {
-    std::snprintf(fused, sizeof fused,
-                  "UNFUSED (the fused producer needs vocab_tile=256 and gemm_segments=1) ");
+    std::snprintf(fused, sizeof fused, "UNFUSED (the fused producer needs vocab_tile=256) ");
   }
   char buf[1536];
   std::snprintf(
       buf, sizeof buf,
-      "logprob: H=%lld V=%lld V_pad=%lld vocab_tile=%lld vocab_segments=%d gemm_segments=%d "
+      "logprob: H=%lld V=%lld V_pad=%lld vocab_tile=%lld vocab_segments=%d logits K segments=%d "
       "tiles=%lld | linear_logprob: %s(token_block=%lld, vocab chunks=%lld x %lld tiles (%lld "
       "entries), per block: GEMM [%lld x %lld] fp32 -> tile states (8 lanes/tile, 32 tiles/CTA) "
       "-> fold/tree/finish (1 thread/token); scratch %.1f MiB (logits %.1f + tile states %.1f + "
       "targets %.3f)) whatever T is | sample: row_block=%lld, sort batch=%lld rows; scratch "
       "%.1f MiB (logits %.1f + tile states %.1f + sort keys %.1f, + CUB temp) + 20 B per token",
       (long long)hidden, (long long)vocab, (long long)lay.padded, (long long)lay.tile, lay.segments,
-      cfg.gemm_segments, (long long)n_tiles, fused, (long long)pl.token_block, (long long)pl.chunks,
-      (long long)pl.chunk_tiles, (long long)(pl.chunk_tiles * lay.tile), (long long)pl.token_block,
-      (long long)(pl.chunk_tiles * lay.tile), mib(pl.total_bytes()), mib(pl.logits_bytes),
-      mib(pl.states_bytes), mib(pl.target_bytes), (long long)sp.row_block, (long long)sp.sort_batch,
-      mib(sp.logits_bytes + sp.states_bytes + sp.sort_bytes), mib(sp.logits_bytes),
-      mib(sp.states_bytes), mib(sp.sort_bytes));
+      logprob_logits_gemm(cfg).segments, (long long)n_tiles, fused, (long long)pl.token_block,
+      (long long)pl.chunks, (long long)pl.chunk_tiles, (long long)(pl.chunk_tiles * lay.tile),
+      (long long)pl.token_block, (long long)(pl.chunk_tiles * lay.tile), mib(pl.total_bytes()),
+      mib(pl.logits_bytes), mib(pl.states_bytes), mib(pl.target_bytes), (long long)sp.row_block,
+      (long long)sp.sort_batch, mib(sp.logits_bytes + sp.states_bytes + sp.sort_bytes),
+      mib(sp.logits_bytes), mib(sp.states_bytes), mib(sp.sort_bytes));
   return buf;
 }
 

@@ -58,7 +58,7 @@ LogprobPlan logprob_plan(int64_t n_tiles, int64_t L);
 //   kFused:   the Hopper GEMM kernel (src/cuda/gemm/mainloop_sm90.cuh) with the log-prob epilogue
 //             (logprob_epilogue.cuh): tile states straight from the accumulators, no logits.
 // Both write the same bits (tested). The launcher picks kFused iff vocab_tile == 256,
-// gemm_segments == 1, T > kLogprobFusedMinRows, and h and w are TMA-compatible (16-byte aligned
+// T > kLogprobFusedMinRows, and h and w are TMA-compatible (16-byte aligned
 // bases, row strides a multiple of 8 elements): sizes, settings and alignment only.
 enum class LogprobProducer : int { kAuto = 0, kFused, kUnfused };
 constexpr int64_t kLogprobFusedMinRows = 64;  // the GEMM's small-M kernel takes T <= 64

@@ -120,7 +120,7 @@ void sample(const TensorView& h, const TensorView& w, std::span<const SamplingPa
   fp.lse_s = 1;
   fp.entropy_s = 1;
 
-  const GemmConfig gcfg = GemmConfig::from_contract(cfg);
+  const GemmConfig gcfg = logprob_logits_gemm(cfg);
   for (int64_t r0 = 0; r0 < T; r0 += sp.row_block) {
     const int64_t rows = std::min(sp.row_block, T - r0);
     TensorView zv = TensorView::contiguous(z, DType::kF32, {rows, V}, Device::kCUDA);

@@ -95,7 +95,8 @@ struct Model::Impl {
   std::shared_ptr<OpsBackend> ops;
   std::shared_ptr<const WeightStore> ws;
 
-  GemmConfig gemm;
+  GemmConfig gemm_col;  // q|k|v, gate|up: one K segment (§G.5)
+  GemmConfig gemm_row;  // o_proj, down_proj: the contract's gemm_segments
   AttentionConfig attn;
   RmsNormConfig norm;
   int64_t max_positions = 0;
@@ -175,7 +176,7 @@ void Model::Impl::check_setup() const {
            opt.max_positions);
   // o_proj is row-parallel over the attention output: each rank's K range (whole GEMM segments)
   // must be exactly its query heads.
-  const GemmConfig g = GemmConfig::from_contract(opt.contract);
+  const GemmConfig g = GemmConfig::for_layer(opt.contract, LayerRole::kRowParallel);
   for (int r = 0; r < tp; ++r) {
     const GemmKRange kr = gemm_tp_k_range(g, Hq * D, tp, r);
     const int64_t b = r * (Hq / tp) * D, e = (r + 1) * (Hq / tp) * D;
@@ -190,7 +191,8 @@ void Model::Impl::setup() {
   const int tp = opt.tp;
   const int64_t I = cfg.intermediate_size;
   const int64_t Hq = cfg.num_attention_heads, Hkv = cfg.num_key_value_heads, G = Hq / Hkv;
-  gemm = GemmConfig::from_contract(opt.contract);
+  gemm_col = GemmConfig::for_layer(opt.contract, LayerRole::kColumnParallel);
+  gemm_row = GemmConfig::for_layer(opt.contract, LayerRole::kRowParallel);
   attn = AttentionConfig::from_contract(opt.contract);  // scale 1/sqrt(D), as Qwen3
   attn.validate();
   norm.eps = cfg.rms_norm_eps_f32();
@@ -204,7 +206,7 @@ void Model::Impl::setup() {
     // kv heads used by this rank's query heads (one replicated head when Hkv < tp).
     s.kv0 = s.q0 / G;
     s.nkv = (s.q0 + s.nq - 1) / G + 1 - s.kv0;
-    const GemmKRange kr = gemm_tp_k_range(gemm, I, tp, r);
+    const GemmKRange kr = gemm_tp_k_range(gemm_row, I, tp, r);
     s.i0 = kr.begin;
     s.ni = kr.end - kr.begin;
   }
@@ -426,7 +428,7 @@ void Model::Impl::run(const TensorView& tokens, const TensorView& positions, con
   // Row-parallel projection (o_proj / down_proj): y = x · wᵀ over K; ranks own their K ranges.
   auto row_parallel = [&](const TensorView& x, const TensorView& w, bool attn_side) {
     if (tp == 1) {
-      op.gemm(x, w, gemm, out.view());
+      op.gemm(x, w, gemm_row, out.view());
       return;
     }
     const int64_t K = x.size(1);
@@ -434,7 +436,8 @@ void Model::Impl::run(const TensorView& tokens, const TensorView& positions, con
       const RankShard& s = ranks[size_t(r)];
       const int64_t k0 = attn_side ? s.q0 * D : s.i0;
       const int64_t k1 = attn_side ? (s.q0 + s.nq) * D : s.i0 + s.ni;
-      op.gemm_partial(cols(x, k0, k1), cols(w, k0, k1), K, tp, r, gemm, partial_views[size_t(r)]);
+      op.gemm_partial(cols(x, k0, k1), cols(w, k0, k1), K, tp, r, gemm_row,
+                      partial_views[size_t(r)]);
     }
     op.gemm_combine(partial_views, out.view());
   };
@@ -491,7 +494,8 @@ void Model::Impl::run(const TensorView& tokens, const TensorView& positions, con
     emit("input_norm", l, xn.view());
 
     // Attention block, rank by rank (column-parallel q|k|v, heads split).
-    for (int r = 0; r < tp; ++r) op.gemm(xn.view(), L.wqkv[size_t(r)], gemm, qkv[size_t(r)].view());
+    for (int r = 0; r < tp; ++r)
+      op.gemm(xn.view(), L.wqkv[size_t(r)], gemm_col, qkv[size_t(r)].view());
     trace_qkv("q", l, 0);
     trace_qkv("k", l, 1);
     trace_qkv("v", l, 2);
@@ -544,7 +548,8 @@ void Model::Impl::run(const TensorView& tokens, const TensorView& positions, con
     emit("post_norm", l, xn.view());
 
     // MLP block (column-parallel gate|up over the rank's intermediate range, row-parallel down).
-    for (int r = 0; r < tp; ++r) op.gemm(xn.view(), L.wgu[size_t(r)], gemm, gu[size_t(r)].view());
+    for (int r = 0; r < tp; ++r)
+      op.gemm(xn.view(), L.wgu[size_t(r)], gemm_col, gu[size_t(r)].view());
     trace_gather(
         "gate", l, gu,
         [&](const RankShard& s) {

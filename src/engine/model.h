@@ -36,7 +36,7 @@ struct ModelOptions {
   // RoPE table rows (positions 0 .. max_positions-1); 0: config.max_position_embeddings. Any
   // value gives the same bits for a position (each table entry is computed alone).
   int64_t max_positions = 0;
-  std::string to_string() const;  // "tp=2 contract 0.2: gemm_segments=4 ..."
+  std::string to_string() const;  // "tp=2 contract 0.3: gemm_segments=4 ..."
 };
 
 // Per-layer paged KV cache storage owned by the caller (the rollout engine allocates pages). The

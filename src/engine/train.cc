@@ -199,7 +199,7 @@ void Backprop::init(const std::map<std::string, TensorView>& weights) {
   rc.theta = cfg.rope_theta;
   rc.max_positions = opt.max_positions > 0 ? opt.max_positions : cfg.max_position_embeddings;
   rope_ = RopeTable::build(rc);
-  const GemmConfig gemm = GemmConfig::from_contract(opt.contract);
+  const GemmConfig down = GemmConfig::for_layer(opt.contract, LayerRole::kRowParallel);
   for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     auto hw = [&](const std::string& n) { return host.at(p + n).view(); };
@@ -219,7 +219,7 @@ void Backprop::init(const std::map<std::string, TensorView>& weights) {
         dst += t->shape()[0] * row_bytes;
       }
       qkv.push_back(to_backend(ops, std::move(fused)));
-      const GemmKRange ir = gemm_tp_k_range(gemm, I, S, s);
+      const GemmKRange ir = gemm_tp_k_range(down, I, S, s);
       const Tensor wg = stack_rows(hw("mlp.gate_proj.weight"), {{ir.begin, ir.end}});
       const Tensor wu = stack_rows(hw("mlp.up_proj.weight"), {{ir.begin, ir.end}});
       Tensor g2(DType::kBF16, {2 * (ir.end - ir.begin), cfg.hidden_size});
@@ -323,7 +323,7 @@ void Backprop::backward(const SavedForward& f, const TensorView& targets,
   const int64_t Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads;
   const int S = opt_.contract.gemm_segments, tp = opt_.tp;
   const ContractConfig& contract = opt_.contract;
-  const GemmConfig gemm = GemmConfig::from_contract(contract);
+  const GemmConfig down = GemmConfig::for_layer(contract, LayerRole::kRowParallel);
   RmsNormConfig norm;
   norm.eps = cfg_.rms_norm_eps_f32();
   const AttentionConfig attn = AttentionConfig::from_contract(contract);
@@ -435,7 +435,7 @@ void Backprop::backward(const SavedForward& f, const TensorView& targets,
     ops.gemm_dw(cols(dgu_b.view(), I, 2 * I), A.xn2.view(), order, grads[p + "mlp.up_proj.weight"]);
     std::vector<std::vector<std::pair<int64_t, int64_t>>> gu_cols;
     for (int s = 0; s < S; ++s) {
-      const GemmKRange ir = gemm_tp_k_range(gemm, I, S, s);
+      const GemmKRange ir = gemm_tp_k_range(down, I, S, s);
       gu_cols.push_back({{ir.begin, ir.end}, {I + ir.begin, I + ir.end}});
     }
     const Tensor d_xn2 = column_dx(dgu_b, gu_shards_[size_t(l)], gu_cols);

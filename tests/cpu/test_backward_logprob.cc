@@ -120,7 +120,7 @@ Grads run_op(Problem& p, const TokenOrder& order, const std::vector<float>& dw0,
 // spec, fp32 out) and the §B.8 formulas.
 std::vector<bf16> stated_G(const Problem& p, int64_t V_pad) {
   std::vector<float> z(size_t(p.T * p.V));
-  cpu::gemm_bf16_nt_scalar(p.h.view(), p.w.view(), GemmConfig{p.cfg.gemm_segments},
+  cpu::gemm_bf16_nt_scalar(p.h.view(), p.w.view(), logprob_logits_gemm(p.cfg),  // 1 segment (0.3)
                            TensorView::contiguous(z.data(), DType::kF32, {p.T, p.V}));
   const float tau = p.params.temperature;
   std::vector<bf16> G(size_t(p.T * V_pad), bf16{0});

@@ -190,7 +190,7 @@ Grads cuda_form(const Problem& p, bool with_ent, int64_t R, int64_t slice, int64
         for (int64_t e0 = 0; e0 < ns; e0 += zc) {
           const int64_t nc = std::min(zc, ns - e0);
           std::vector<float> z(size_t(rows * nc));
-          cpu::gemm_bf16_nt(hxv, wv.rows(v0 + e0, v0 + e0 + nc), GemmConfig::from_contract(p.cfg),
+          cpu::gemm_bf16_nt(hxv, wv.rows(v0 + e0, v0 + e0 + nc), logprob_logits_gemm(p.cfg),
                             TensorView::contiguous(z.data(), DType::kF32, {rows, nc}));
           for (int64_t i = 0; i < rows; ++i)
             for (int64_t j = 0; j < nc; ++j) {

@@ -6,6 +6,7 @@
 #include "core/philox.h"
 #include "core/thread_pool.h"
 #include "lockstep/contract.h"
+#include "lockstep/contract/backward.h"
 #include "lockstep/tensor.h"
 #include "util/test_util.h"
 
@@ -115,7 +116,20 @@ TEST(Contract, ValidatesAndPrints) {
   EXPECT_NO_THROW(c.validate());
   c.gemm_segments = 3;
   EXPECT_THROW(c.validate(), Error);
-  EXPECT_NE(ContractConfig().to_string().find("contract 0.2"), std::string::npos);
+  EXPECT_NE(ContractConfig().to_string().find("contract 0.3"), std::string::npos);
+}
+
+// Contract 0.3 (§G.5): only a row-parallel layer's forward GEMM takes the contract's K segments;
+// the backward's dX takes them over N only for a column-parallel layer (B.2).
+TEST(Contract, GemmSegmentsByLayerRole) {
+  for (int S : {1, 2, 4, 8}) {
+    ContractConfig c;
+    c.gemm_segments = S;
+    EXPECT_EQ(GemmConfig::for_layer(c, LayerRole::kRowParallel).segments, S);
+    EXPECT_EQ(GemmConfig::for_layer(c, LayerRole::kColumnParallel).segments, 1);
+    EXPECT_EQ(dx_segments(c, LayerRole::kColumnParallel), S);
+    EXPECT_EQ(dx_segments(c, LayerRole::kRowParallel), 1);
+  }
 }
 
 }  // namespace

@@ -422,6 +422,26 @@ TEST(LogprobState, MergeIsMinusInfSafe) {
   EXPECT_NEAR(e1, e2, 1e-5);
 }
 
+// Contract 0.3 (§L.4): the head's logits reduce K = H in one segment whatever gemm_segments (the
+// lm_head is vocab-parallel, not row-parallel), so gemm_segments 1/2/4/8 give the same bits; and
+// those bits are the one-segment GEMM's logits (a row's logp from the S = 1 GEMM's fp32 logits by
+// the op's own fold equals the op at S = 8: checked through a one-tile vocab, where the op is
+// just tile state + finish of those logits).
+TEST(LogprobContract, GemmSegmentsDoNotChangeTheHead) {
+  auto g = test::rng(31);
+  const int64_t T = 9, H = 200, V = 700;  // H not a multiple of 16·8: padding differs per S
+  Tensor h = test::random_bf16({T, H}, g), w = test::random_bf16({V, H}, g, 0.4f);
+  auto targets = random_targets(T, V, g);
+  for (int vs : {1, 4}) {
+    const Outputs ref = run(h, w, targets, LogprobParams{0.8f}, config(64, vs, 1));
+    for (int S : {2, 4, 8})
+      EXPECT_TRUE(outputs_equal(run(h, w, targets, LogprobParams{0.8f}, config(64, vs, S)), ref))
+          << "gemm_segments=" << S << " vocab_segments=" << vs;
+  }
+  // The segments the head uses: one, for every contract.
+  for (int S : {1, 2, 4, 8}) EXPECT_EQ(logprob_logits_gemm(config(256, 1, S)).segments, 1);
+}
+
 TEST(LogprobRealVocab, Qwen3VocabAllDegrees) {
   // The real vocab size (151936 = 593.5 tiles of 256): 8 segments, TP 1/2/8, vs fp64.
   auto g = test::rng(12);

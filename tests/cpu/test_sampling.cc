@@ -314,6 +314,23 @@ TEST(SamplingRecordedLogp, EqualsLinearLogprobOfSampledIds) {
   }
 }
 
+// Contract 0.3: the sampler's logits are one K segment whatever gemm_segments (§L.4, the lm_head
+// is vocab-parallel): ids and recorded values are the same bits for gemm_segments 1/2/4/8.
+TEST(SamplingContract, GemmSegmentsDoNotChangeTheSample) {
+  auto g = test::rng(9);
+  const int64_t T = 23, H = 200, V = 900;
+  Tensor h = test::random_bf16({T, H}, g, 1.5f), w = test::random_bf16({V, H}, g);
+  Rows rows = random_rows(T, g);
+  const Result ref = run(h.view(), w.view(), rows, config(64, 2, 1));
+  for (int S : {2, 4, 8}) {
+    const Result got = run(h.view(), w.view(), rows, config(64, 2, S));
+    EXPECT_EQ(got.ids, ref.ids) << "gemm_segments=" << S;
+    EXPECT_TRUE(test::bitwise_equal(got.logp, ref.logp)) << "gemm_segments=" << S;
+    EXPECT_TRUE(test::bitwise_equal(got.lse, ref.lse)) << "gemm_segments=" << S;
+    EXPECT_TRUE(test::bitwise_equal(got.entropy, ref.entropy)) << "gemm_segments=" << S;
+  }
+}
+
 // Pearson chi-square of `counts` against probabilities `p` (only cells with p > 0).
 double chi_square(const std::vector<int64_t>& counts, const std::vector<double>& p, int64_t n) {
   double x2 = 0;

@@ -196,10 +196,10 @@ void test_logprob_case(const Case& c) {
       const std::vector<uint8_t> g = download(dst, size_t(c.T) * 16);
       const float* gs = reinterpret_cast<const float*>(g.data());
       Tensor z(DType::kF32, {c.T, c.V});
-      cpu::gemm_bf16_nt(pb.h.view(), pb.w.view(), GemmConfig::from_contract(cfg), z.view());
+      cpu::gemm_bf16_nt(pb.h.view(), pb.w.view(), logprob_logits_gemm(cfg), z.view());
       {  // the logits producer alone (diagnoses a GEMM mismatch apart from the LogP kernels)
         void* dz = pb.d.alloc(size_t(z.nbytes()));
-        cuda::gemm_bf16_nt(pb.dev_h(), pb.dev_w(), nullptr, GemmConfig::from_contract(cfg),
+        cuda::gemm_bf16_nt(pb.dev_h(), pb.dev_w(), nullptr, logprob_logits_gemm(cfg),
                            view(dz, DType::kF32, {c.T, c.V}));
         bitwise("cuda::gemm_bf16_nt logits == cpu (V=" + std::to_string(c.V) + ")",
                 download(dz, size_t(z.nbytes())).data(), z.data(), size_t(c.T * c.V), 4);

@@ -21,6 +21,7 @@
 #include "engine/rollout_test_util.h"
 #include "engine/safetensors.h"
 #include "lockstep/error.h"
+#include "lockstep/ops/gemm.h"
 #include "util/test_util.h"
 
 namespace lockstep::engine {
@@ -593,6 +594,56 @@ TEST(Model, TraceIsTheSameOnBothPathsAndAllTp) {
         EXPECT_TRUE(ref[i].bytes == packed[i].bytes)
             << "tp " << tp << ": " << ref[i].op << " layer " << ref[i].layer;
     }
+  }
+}
+
+// Contract 0.3 (§G.5): at gemm_segments = 4 the column-parallel projections (q, k, v, gate, up)
+// are one-segment GEMMs of their traced inputs and the row-parallel ones (o_proj, down) are
+// 4-segment GEMMs, at tp 1 and 2 alike. (The traced q / k / v / gate / up are the HF-order slices
+// of the fused per-rank outputs.) The shapes are large enough that the other segment count gives
+// different bf16 outputs, which the test also asserts: otherwise it could not tell them apart.
+TEST(Model, ColumnParallelGemmsUseOneSegment) {
+  auto g = test::rng(21);
+  Qwen3Config cfg = small_config();
+  cfg.hidden_size = 256;
+  cfg.intermediate_size = 512;
+  cfg.head_dim = 64;
+  cfg.num_key_value_heads = 4;  // v as wide as q: enough elements for S=1 and S=4 to differ
+  TestModel tm = make_weights(cfg, 23);
+  auto seq = random_tokens(256, tm.cfg.vocab_size, g);
+  for (int tp : {1, 2}) {
+    auto m = make_model(tm, tp);  // test_contract(): gemm_segments = 4
+    std::map<std::string, Tensor> tr;
+    m->set_trace([&](const std::string& op, int layer, const TensorView& t) {
+      if (layer != 1) return;
+      Tensor c(t.dtype, std::vector<int64_t>(t.shape, t.shape + t.ndim));
+      const TensorView cv = c.view();
+      std::memcpy(cv.data, t.data, size_t(t.numel()) * dtype_size(t.dtype));
+      tr[op] = std::move(c);
+    });
+    packed_hidden(*m, {seq}, {0});
+    auto expect_gemm = [&](const char* x, const char* y, const std::string& w, int S) {
+      ASSERT_TRUE(tr.count(x) && tr.count(y)) << x << " " << y;
+      auto gemm = [&](int segments) {
+        Tensor out(DType::kBF16, tr.at(y).shape());
+        cpu::gemm_bf16_nt(tr.at(x).view(), tm.views.at("model.layers.1." + w), GemmConfig{segments},
+                          out.view());
+        return out;
+      };
+      const Tensor want = gemm(S), other = gemm(S == 1 ? 4 : 1);
+      EXPECT_TRUE(test::bitwise_equal(tr.at(y).data(), want.data(), want.numel(), DType::kBF16))
+          << y << " tp=" << tp << " S=" << S;
+      const bool differs =
+          !test::bitwise_equal(want.data(), other.data(), want.numel(), DType::kBF16);
+      EXPECT_TRUE(differs) << y << ": S=1 and S=4 agree on this input, the check is blind";
+    };
+    expect_gemm("input_norm", "q", "self_attn.q_proj.weight", 1);
+    expect_gemm("input_norm", "k", "self_attn.k_proj.weight", 1);
+    expect_gemm("input_norm", "v", "self_attn.v_proj.weight", 1);
+    expect_gemm("post_norm", "gate", "mlp.gate_proj.weight", 1);
+    expect_gemm("post_norm", "up", "mlp.up_proj.weight", 1);
+    expect_gemm("attn", "o_proj", "self_attn.o_proj.weight", 4);
+    expect_gemm("act", "down", "mlp.down_proj.weight", 4);
   }
 }
 

@@ -222,6 +222,19 @@ def test_linear_forward_equals_binding(gen):
     )
 
 
+def test_linear_role_column_uses_one_segment(gen):
+    d = cases.linear(gen, rg=False)
+    four = lockstep.Contract(gemm_segments=4)
+    column = lt.linear(d["x"], d["w"], contract=four, role="column", out_dtype=torch.float32)
+    one = torch.empty(5, 24)
+    _C.gemm(d["x"], d["w"], None, one, 1)
+    assert_bitwise(column, one)
+    row = lt.linear(d["x"], d["w"], contract=four, out_dtype=torch.float32)
+    assert not torch.equal(row, column), "S = 4 and S = 1 agree here: the check is blind"
+    with pytest.raises(ValueError, match="role must be"):
+        lt.linear(d["x"], d["w"], role="vocab")
+
+
 def test_lse_has_no_gradient(gen):
     a = cases.attention(gen)
     _, lse = lt.attention_varlen(a["q"], a["k"], a["v"], a["cu_seqlens"])

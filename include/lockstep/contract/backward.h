@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "lockstep/contract/config.h"
+#include "lockstep/contract/gemm.h"
 
 namespace lockstep {
 
@@ -60,14 +61,9 @@ class GradStep {
   int64_t last_ = -1;
 };
 
-// Megatron tensor-parallel role of a linear layer (B.2).
-enum class LayerRole {
-  kColumnParallel,  // q|k|v, gate|up: TP splits N, so dX reduces over a split axis
-  kRowParallel,     // o_proj, down: TP splits K; dX reduces over the whole N on one rank
-};
-
-// The segments of dX = dY·W over N for a layer of `role` (B.3): gemm_segments for a
-// column-parallel layer, 1 for a row-parallel one.
+// The segments of dX = dY·W over N for a layer of `role` (B.3; LayerRole in contract/gemm.h):
+// gemm_segments for a column-parallel layer (TP splits N, so dX reduces over a split axis), 1 for
+// a row-parallel one (dX reduces over the whole N on one rank).
 int dx_segments(const ContractConfig& cfg, LayerRole role);
 
 }  // namespace lockstep

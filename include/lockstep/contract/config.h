@@ -12,8 +12,11 @@ namespace lockstep {
 extern const char* const kContractVersion;
 
 struct ContractConfig {
-  // GEMM: K is cut into `gemm_segments` equal segments (1, 2, 4 or 8: the deployment's maximum
-  // tensor-parallel degree); segment partials combine in a balanced binary tree.
+  // GEMM: K of a row-parallel layer (o_proj, down_proj) is cut into `gemm_segments` equal
+  // segments (1, 2, 4 or 8: the deployment's maximum tensor-parallel degree); segment partials
+  // combine in a balanced binary tree. Column-parallel layers (q|k|v, gate|up) and the lm_head
+  // reduce K in one segment (0.3; GemmConfig::for_layer). The column-parallel dX of the backward
+  // uses gemm_segments over N (B.2).
   int gemm_segments = 1;
   // Attention: keys per canonical KV chunk (a multiple of the 64-key block).
   int kv_chunk = 1024;
@@ -22,7 +25,7 @@ struct ContractConfig {
   int vocab_segments = 1;
 
   void validate() const;          // throws lockstep::Error on a bad setting
-  std::string to_string() const;  // one line, e.g. "contract 0.2: gemm_segments=1 ..."
+  std::string to_string() const;  // one line, e.g. "contract 0.3: gemm_segments=1 ..."
 };
 
 }  // namespace lockstep

@@ -14,11 +14,22 @@
 
 namespace lockstep {
 
+// Megatron tensor-parallel role of a linear layer (§G.5, B.2).
+enum class LayerRole {
+  kColumnParallel,  // q|k|v, gate|up, the lm_head: TP splits N; each rank reduces whole K
+  kRowParallel,     // o_proj, down: TP splits K; the ranks' partial sums are combined
+};
+
 // Every GEMM setting that can change bits (depends only on the model, never on M).
 struct GemmConfig {
   int segments = 1;  // S in {1, 2, 4, 8}: K segments, tree-combined (max row-parallel TP degree)
 
-  static GemmConfig from_contract(const ContractConfig& c) { return GemmConfig{c.gemm_segments}; }
+  // The forward GEMM of a layer of `role` (contract 0.3, §G.5): a row-parallel layer cuts K into
+  // the contract's gemm_segments (TP ranks own whole segments); a column-parallel one (and the
+  // log-prob head and sampler's logits) reduces K in one segment whatever the TP degree.
+  static GemmConfig for_layer(const ContractConfig& c, LayerRole role) {
+    return GemmConfig{role == LayerRole::kRowParallel ? c.gemm_segments : 1};
+  }
   void validate() const;          // throws lockstep::Error on a bad setting
   std::string to_string() const;  // "gemm: segments=4"
 };

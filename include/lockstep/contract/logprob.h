@@ -11,6 +11,7 @@
 #include <string>
 
 #include "lockstep/contract/config.h"
+#include "lockstep/contract/gemm.h"
 #include "lockstep/tensor.h"
 
 namespace lockstep {
@@ -49,6 +50,13 @@ struct LogprobVocabLayout {
   int segments = 1;
 };
 LogprobVocabLayout logprob_vocab_layout(const ContractConfig& cfg, int64_t vocab_size);
+
+// The GEMM of the head's logits z = h·Wᵀ (§L.4; the log-prob op, its backward and the sampler):
+// the lm_head is vocab-parallel (column-parallel), so K = hidden is one segment whatever
+// gemm_segments (contract 0.3).
+inline GemmConfig logprob_logits_gemm(const ContractConfig& cfg) {
+  return GemmConfig::for_layer(cfg, LayerRole::kColumnParallel);
+}
 
 // A vocab-parallel rank's share: segments [seg_begin, seg_begin + seg_count) of the layout.
 // seg_count is a power of two dividing cfg.vocab_segments and seg_begin a multiple of it, so the

@@ -4,7 +4,7 @@
 //   last), at most plan.rows rows; a chunk whose rows are not one consecutive run of h is gathered
 //   into a compact buffer. Per chunk and vocab segment k (entries [k·seg_len, k·seg_len + n_k) of
 //   W, n_k the real ones):
-//     logits z = the forward's GEMM contract (cuda::gemm_bf16_nt, fp32, gemm_segments) on
+//     logits z = the forward's GEMM contract (cuda::gemm_bf16_nt, fp32, one K segment) on
 //       [chunk rows × vocab columns] blocks (the GEMM is row- and column-invariant: the forward's
 //       bits), then G_k = round_bf16(gy ⊘ τ) as [rows, seg_pad] bf16 (and its transpose);
 //     dh's segment value dh_k — one MMA chain over the segment's entries in k-blocks of 16 from +0,
@@ -233,7 +233,7 @@ LogprobBwdPath linear_logprob_backward_with_path(
   const int64_t seg_len = lay.segment_len;
   const int64_t seg_pad = pl.seg_pad, R = pl.rows;
   const bool dw_form = pl.path == LogprobBwdPath::kDwForm;
-  const GemmConfig logits_cfg = GemmConfig::from_contract(cfg);
+  const GemmConfig logits_cfg = logprob_logits_gemm(cfg);
   const GemmConfig seg_cfg{1};  // one vocab segment: one chain over seg_pad entries
 
   const std::vector<Chunk> chunks = make_chunks(order, T, R);
