@@ -6,8 +6,9 @@
 //       in place (the nn layout).
 //   dW  dw[N, K] += dy[T, N]ᵀ · x[T, K], bf16 in, f32 accumulated in place (cuBLAS: OP_N/OP_T,
 //       beta = 1, CUBLAS_COMPUTE_32F). lockstep's time includes the host token-slot table, its
-//       upload and (sequences of 1000: padding slots) the row gathers of dy and x; sequences of
-//       1024 (no padding slots) read dy and x in place. One micro-batch.
+//       upload; sequences of 1024 (no padding slots) read dy and x in place in one run, sequences
+//       of 1000 (8 padding slots each) take the blocked form (full blocks in place, each
+//       sequence's last block gathered). One micro-batch.
 // Each point: 2 warm-up calls, then the median of 10 timed calls (one cudaEvent pair around each
 // call, host-side checks inside). Operands: random bf16 in ±[0.5, 2)·2^-6 (dw stays finite).
 // Prints a markdown table; writes nothing else. Usage: bench_gemm_bwd [--quick] (--quick:
@@ -171,7 +172,7 @@ int main(int argc, char** argv) {
       }
       // dW (f32, accumulated): sequences of 1024 tokens in one micro-batch (the token slots are
       // consecutive rows: dy and x read in place), then sequences of 1000 (8 padding slots each:
-      // the rows are gathered).
+      // the blocked form).
       for (const int64_t len : {int64_t(1024), int64_t(1000)}) {
         std::vector<int64_t> cu;
         for (int64_t r = 0; r < T; r += len) cu.push_back(r);
@@ -198,7 +199,7 @@ int main(int argc, char** argv) {
         };
         const float tl = time(ours), tc = time(theirs);
         CK(cudaGetLastError());
-        report("dW", s, T, len == 1024 ? "f32 +=, in place" : "f32 +=, gathered", tl, ok, tc, cok);
+        report("dW", s, T, len == 1024 ? "f32 +=, in place" : "f32 +=, blocked", tl, ok, tc, cok);
       }
     }
   }

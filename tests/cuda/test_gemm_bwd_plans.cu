@@ -5,7 +5,9 @@
 //     wgmma job tiles 128x256 / 128x128 / 64x128 and the 64x256 ping-pong tile) vs
 //     cpu::gemm_bf16_dw. The operands are gathered on the host exactly as the op's row gather does
 //     (canonical token slots, zeros past a sequence's end): token-major dy [Tc, N] and x [Tc, K],
-//     rows N / K rounded up to 8 apart, or 8 more (strided). Also: the chain continued over two
+//     rows N / K rounded up to 8 apart, or 8 more (strided); the blocked form (full token blocks
+//     read in place from the packed operands, garbage rows between sequences, partial blocks from
+//     a zero-padded tail buffer) with each plan. Also: the chain continued over two
 //     launches (the slots split at a block boundary) == one launch, and the public
 //     cuda::gemm_bf16_dw (gathered and in-place chunks). dw starts nonzero (with NaN / inf among
 //     its values); dy and x hold ±0, subnormals and rare inf / NaN.
@@ -126,6 +128,58 @@ void run_case(const Case& c) {
       const std::vector<uint8_t> two = download(dw, dw0.size() * 4);
       bitwise(name + " ld +" + std::to_string(pad) + " in two launches", two.data(), ref.data(),
               dw0.size(), 4);
+    }
+  }
+  // The blocked layout (full blocks in place, partial ones from a tail buffer), each plan: the
+  // packed operands copied to rows ld8 apart (garbage rows between sequences kept: never read).
+  {
+    const int64_t lda = ld8(N), ldb = ld8(K);
+    std::vector<uint16_t> a(size_t(rows * lda), 0xFFFF), b(size_t(rows * ldb), 0xFFFF);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memcpy(&a[size_t(r * lda)], &dy[size_t(r * N)], size_t(N) * 2);
+      std::memcpy(&b[size_t(r * ldb)], &x[size_t(r * K)], size_t(K) * 2);
+    }
+    std::vector<int32_t> table;
+    std::vector<int64_t> tail;  // the tail blocks' slots
+    const int64_t nblocks = Tc / kTokenBlock;
+    for (int64_t j = 0; j < nblocks; ++j) {
+      bool full = true;
+      for (int64_t i = 0; i < kTokenBlock; ++i)
+        full = full && slots[size_t(j * 16 + i)] == slots[size_t(j * 16)] + i &&
+               slots[size_t(j * 16)] >= 0;
+      if (full) {
+        table.push_back(int32_t(slots[size_t(j * 16)]));
+      } else {
+        table.push_back(-int32_t(tail.size() / 16) - 1);
+        for (int64_t i = 0; i < kTokenBlock; ++i) tail.push_back(slots[size_t(j * 16 + i)]);
+      }
+    }
+    table.resize(size_t(((nblocks + 3) / 4 + 1) * 4), table.empty() ? 0 : table[0]);
+    const int64_t trows = int64_t(tail.size());
+    std::vector<uint16_t> at(size_t(std::max<int64_t>(trows, 1) * lda), 0xFFFF),
+        bt(size_t(std::max<int64_t>(trows, 1) * ldb), 0xFFFF);
+    for (int64_t t = 0; t < trows; ++t)
+      for (int64_t c = 0; c < N || c < K; ++c) {
+        const int64_t r = tail[size_t(t)];
+        if (c < N) at[size_t(t * lda + c)] = r < 0 ? uint16_t(0) : dy[size_t(r * N + c)];
+        if (c < K) bt[size_t(t * ldb + c)] = r < 0 ? uint16_t(0) : x[size_t(r * K + c)];
+      }
+    DevPool pool;
+    auto* da = static_cast<uint16_t*>(pool.upload(a.data(), a.size() * 2));
+    auto* db = static_cast<uint16_t*>(pool.upload(b.data(), b.size() * 2));
+    auto* dat = static_cast<uint16_t*>(pool.upload(at.data(), at.size() * 2));
+    auto* dbt = static_cast<uint16_t*>(pool.upload(bt.data(), bt.size() * 2));
+    auto* dtab = static_cast<int32_t*>(pool.upload(table.data(), table.size() * 4));
+    auto* dw = static_cast<float*>(pool.alloc(dw0.size() * 4));
+    const cuda::GemmProblem q = cuda::detail::gemm_tn_problem(da, lda, db, ldb, N, K, Tc);
+    for (const cuda::GemmPlan& pl : cuda::gemm_legal_plans(q)) {
+      CK(cudaMemcpy(dw, dw0.data(), dw0.size() * 4, cudaMemcpyHostToDevice));
+      cuda::detail::gemm_bf16_tn_accumulate_blocked(da, lda, db, ldb, rows, dat, lda, dbt, ldb,
+                                                    trows, dtab, nblocks, N, K, dw, K, &pl);
+      CK(cudaGetLastError());
+      const std::vector<uint8_t> got = download(dw, dw0.size() * 4);
+      bitwise(name + " blocked (" + std::to_string(trows / 16) + " tails) [" + pl.to_string() + "]",
+              got.data(), ref.data(), dw0.size(), 4);
     }
   }
   // The public op.

@@ -239,6 +239,50 @@ int64_t in_place_piece(const int32_t* slots, int64_t n, int64_t* valid) {
   return v == 0 ? 0 : len;
 }
 
+// dW over the canonical slots on the blocked tn layout: the full 16-slot blocks (16 consecutive
+// rows) read in place, the partial ones (a sequence's last block) gathered, zero-padded, into a
+// small tail buffer; one launch over all blocks in canonical order (its chain = §B.3's).
+void dw_blocked(const TensorView& dy, const TensorView& x, const std::vector<int32_t>& slots,
+                const TensorView& dw, cudaStream_t s) {
+  const int64_t N = dy.size(1), K = x.size(1), nblocks = int64_t(slots.size()) / kTokenBlock;
+  std::vector<int32_t> table;  // the block entries (padded), then the tail slots
+  std::vector<int32_t> tail_slots;
+  table.reserve(size_t((nblocks + 3) / 4 + 1) * 4);
+  for (int64_t j = 0; j < nblocks; ++j) {
+    const int32_t* b = slots.data() + j * kTokenBlock;
+    bool full = true;
+    for (int64_t i = 0; i < kTokenBlock && full; ++i) full = b[i] >= 0 && b[i] == b[0] + i;
+    if (full) {
+      table.push_back(b[0]);
+    } else {
+      table.push_back(-int32_t(tail_slots.size() / kTokenBlock) - 1);
+      tail_slots.insert(tail_slots.end(), b, b + kTokenBlock);
+    }
+  }
+  const int64_t padded = ((nblocks + 3) / 4 + 1) * 4;  // the producer reads one k-tile ahead
+  table.resize(size_t(padded), table[0]);
+  const int64_t ntail_rows = int64_t(tail_slots.size());
+  table.insert(table.end(), tail_slots.begin(), tail_slots.end());
+  const StreamBuffer dtable(kOpDw, int64_t(table.size()) * 4, s);
+  const cudaError_t e =
+      cudaMemcpyAsync(dtable.as<void>(), table.data(), table.size() * 4, cudaMemcpyHostToDevice, s);
+  LS_CHECK(e == cudaSuccess, kOpDw,
+           "upload of the token-block table failed: ", cudaGetErrorString(e));
+  const int64_t ldn = ld8(N), ldk = ld8(K);
+  const StreamBuffer dyt(kOpDw, std::max<int64_t>(ntail_rows, 1) * ldn * 2, s);
+  const StreamBuffer xt(kOpDw, std::max<int64_t>(ntail_rows, 1) * ldk * 2, s);
+  const int32_t* dtail_slots = dtable.as<int32_t>() + padded;
+  gather_rows(kOpDw, dy.ptr<const uint16_t>(), dy.stride[0], dtail_slots, ntail_rows, N,
+              dyt.as<uint16_t>(), ldn, s);
+  gather_rows(kOpDw, x.ptr<const uint16_t>(), x.stride[0], dtail_slots, ntail_rows, K,
+              xt.as<uint16_t>(), ldk, s);
+  const int64_t rows = dy.size(0);
+  detail::gemm_bf16_tn_accumulate_blocked(
+      dy.ptr<const uint16_t>(), dy.stride[0], x.ptr<const uint16_t>(), x.stride[0], rows,
+      dyt.as<uint16_t>(), ldn, xt.as<uint16_t>(), ldk, ntail_rows, dtable.as<int32_t>(), nblocks, N,
+      K, dw.ptr<float>(), dw.stride[0], nullptr, s);
+}
+
 }  // namespace
 
 void gemm_bf16_dx(const TensorView& dy, const TensorView& w, const GemmConfig& cfg,
@@ -291,11 +335,20 @@ void gemm_bf16_dw(const TensorView& dy, const TensorView& x, const TokenOrder& o
       std::min(total, std::max<int64_t>(kTokenBlock, std::min(kDwChunkSlots, by_bytes)));
 
   const int64_t ldn = ld8(N), ldk = ld8(K);
-  // Made when a window needs them: the slot table on the device and the gathered copies.
-  std::optional<StreamBuffer> dslots, dyg, xg;
   const uint16_t* dyp = dy.ptr<const uint16_t>();
   const uint16_t* xp = x.ptr<const uint16_t>();
   float* const dwp = dw.ptr<float>();
+  // Several runs of rows (e.g. sequences whose lengths are not multiples of 16) and operands TMA
+  // reads in place: the blocked path, one launch over every block.
+  int64_t valid0 = 0;
+  const bool one_run = in_place_piece(slots.data(), total, &valid0) == total;
+  if (!one_run &&
+      detail::gemm_tn_problem(dyp, dy.stride[0], xp, x.stride[0], N, K, order.rows()).tma_ok) {
+    dw_blocked(dy, x, slots, dw, s);
+    return;
+  }
+  // Made when a window needs them: the slot table on the device and the gathered copies.
+  std::optional<StreamBuffer> dslots, dyg, xg;
   for (int64_t pos = 0; pos < total;) {
     // A run of consecutive rows that covers a whole window (or the rest) is read in place, in one
     // launch however long (TMA zero fill past its last real row).

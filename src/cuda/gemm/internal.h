@@ -50,6 +50,21 @@ void gemm_bf16_tn_accumulate(const uint16_t* a, int64_t lda, const uint16_t* b, 
                              int64_t M, int64_t N, int64_t K, float* y, int64_t ldy,
                              const GemmPlan* plan = nullptr, void* stream = nullptr);
 
+// The blocked TN layout (dW on token blocks read in place; mainloop_sm90.cuh Sm90BlockedParams):
+// y[M, N] (f32, rows ldy apart) += the chain over nblocks k-blocks of 16 token slots, block j's
+// rows being rows blocks[j], ... + 15 of a [rows, M] / b [rows, N] (MN-major, rows lda / ldb
+// apart) when blocks[j] >= 0, else rows 16·(−blocks[j] − 1) ... + 15 of a_tail [tail_rows, M] /
+// b_tail [tail_rows, N] (rows lda_tail / ldb_tail apart; the zero-padded partial blocks). blocks
+// is device memory with (ceil(nblocks / 4) + 1) · 4 entries (the padding: any valid entry). Every
+// operand TMA-readable; the plan one of gemm_legal_plans(gemm_tn_problem(a, lda, b, ldb, M, N,
+// 16 · nblocks)) or plan_gemm's. The same bits as gemm_bf16_tn_accumulate on the gathered blocks.
+void gemm_bf16_tn_accumulate_blocked(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
+                                     int64_t rows, const uint16_t* a_tail, int64_t lda_tail,
+                                     const uint16_t* b_tail, int64_t ldb_tail, int64_t tail_rows,
+                                     const int32_t* blocks, int64_t nblocks, int64_t M, int64_t N,
+                                     float* y, int64_t ldy, const GemmPlan* plan = nullptr,
+                                     void* stream = nullptr);
+
 // The NN layout (dX = dY · W with W read in place, plan.h): y [M, N] = the GEMM contract of cfg
 // (§G: segments over K, tree, one rounding to y's dtype) of x [M, K] and w [K, N] (MN-major, rows
 // w.stride[0] apart): the bits of cuda::gemm_bf16_nt(x, wᵀ, cfg). The partial: a TP rank's f32

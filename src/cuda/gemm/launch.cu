@@ -452,6 +452,77 @@ void gemm_bf16_tn_accumulate(const uint16_t* a, int64_t lda, const uint16_t* b, 
   }
 }
 
+void gemm_bf16_tn_accumulate_blocked(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
+                                     int64_t rows, const uint16_t* a_tail, int64_t lda_tail,
+                                     const uint16_t* b_tail, int64_t ldb_tail, int64_t tail_rows,
+                                     const int32_t* blocks, int64_t nblocks, int64_t M, int64_t N,
+                                     float* y, int64_t ldy, const GemmPlan* plan, void* stream) {
+  const char* op = "cuda::gemm_bf16_tn_accumulate_blocked";
+  LS_CHECK(M >= 0 && N >= 0 && nblocks >= 0 && rows >= 1 && tail_rows >= 0 &&
+               nblocks < (int64_t(1) << 26) && lda >= M && ldb >= N && ldy >= N,
+           op, "internal: bad sizes M = ", M, ", N = ", N, ", blocks = ", nblocks);
+  if (M == 0 || N == 0 || nblocks == 0) return;  // no k-block: y unchanged
+  const int64_t K = 16 * nblocks;
+  const GemmProblem q = gemm_tn_problem(a, lda, b, ldb, M, N, K);
+  const bool tails_ok = tail_rows == 0 || (tma_matrix_ok(a_tail, tail_rows, M, lda_tail) &&
+                                           tma_matrix_ok(b_tail, tail_rows, N, ldb_tail));
+  LS_CHECK(q.tma_ok && tma_matrix_ok(a, rows, M, lda) && tma_matrix_ok(b, rows, N, ldb) && tails_ok,
+           op, "internal: operands not TMA-readable");
+  LS_CHECK(!plan || gemm_plan_legal(q, *plan), op, "the plan '", plan ? plan->to_string() : "",
+           "' cannot run the tn layout M = ", M, ", N = ", N, ", K = ", K);
+  const GemmPlan pl = plan ? *plan : plan_gemm(q);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  // Boxes of 64 columns x 16 rows (one token block); the tail maps go to device memory (the
+  // kernel reads them by address). No tails: the main maps stand in (never read).
+  const CUtensorMap tx = tensor_map(a, rows, M, lda, 16);
+  const CUtensorMap tw = tensor_map(b, rows, N, ldb, 16);
+  CUtensorMap tails[2] = {tx, tw};
+  if (tail_rows > 0) {
+    tails[0] = tensor_map(a_tail, tail_rows, M, lda_tail, 16);
+    tails[1] = tensor_map(b_tail, tail_rows, N, ldb_tail, 16);
+  }
+  CUtensorMap* dtails = nullptr;
+  cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&dtails), sizeof(tails), s);
+  LS_CHECK(e == cudaSuccess, op, "cudaMallocAsync failed: ", cudaGetErrorString(e));
+  // (A pageable source: the copy is staged before cudaMemcpyAsync returns.)
+  e = cudaMemcpyAsync(dtails, tails, sizeof(tails), cudaMemcpyHostToDevice, s);
+  if (e != cudaSuccess) {
+    cudaFreeAsync(dtails, s);
+    LS_CHECK(false, op, "upload of the tail tensor maps failed: ", cudaGetErrorString(e));
+  }
+  Sm90BlockedParams p{};
+  p.M = M;
+  p.N = N;
+  p.seg_len = K;
+  p.nseg = 1;
+  p.ws_mode = 0;
+  p.bias = nullptr;
+  p.y = y;
+  p.ldy = ldy;
+  p.y_f32 = 1;
+  p.y_pair = (reinterpret_cast<uintptr_t>(y) % 8 == 0 && (M <= 1 || ldy % 2 == 0)) ? 1 : 0;
+  p.blocks = blocks;
+  p.tails = dtails;
+  using Blk = Sm90BlockedAccumulateEpilogue;
+  const GemmTile& t = pl.tile;
+  try {
+    if (pl.ping_pong) {
+      launch_sm90_tile<64, 256, 5, 0, Blk, true, true, true>(op, tx, tw, p, s);
+    } else if (t.bm == 128 && t.bn == 128) {
+      launch_sm90_tile<128, 128, 6, 0, Blk, false, true, true>(op, tx, tw, p, s);
+    } else if (t.bm == 64) {
+      launch_sm90_tile<64, 128, 8, 0, Blk, false, true, true>(op, tx, tw, p, s);
+    } else {
+      launch_sm90_tile<128, 256, 4, 0, Blk, false, true, true>(op, tx, tw, p, s);
+    }
+  } catch (...) {
+    cudaFreeAsync(dtails, s);
+    throw;
+  }
+  e = cudaFreeAsync(dtails, s);
+  LS_CHECK(e == cudaSuccess, op, "cudaFreeAsync failed: ", cudaGetErrorString(e));
+}
+
 GemmProblem gemm_nn_problem(const TensorView& x, const TensorView& w, const GemmConfig& cfg) {
   const TensorView y =
       TensorView::contiguous(nullptr, DType::kF32, {x.shape[0], w.shape[1]}, Device::kCUDA);

@@ -102,6 +102,33 @@ template <typename Epi>
 struct sm90_accumulates<Epi, std::void_t<decltype(Epi::kAccumulate)>>
     : std::bool_constant<Epi::kAccumulate> {};
 
+// The blocked accumulate mode (dW on token blocks read in place, docs/cuda-gemm.md "Backward"):
+// the k axis is a list of 16-slot token blocks; block j's 16 rows start at row blocks[j] of the
+// operands' tensor maps (tm_x, tm_w: [rows, M] / [rows, N] in boxes of 64 columns x 16 rows) when
+// blocks[j] >= 0, else at row 16·(−blocks[j] − 1) of the tail maps tails[0] / tails[1] (the same
+// layout over a small buffer of the sequences' last, zero-padded blocks). blocks holds
+// (nkt + 1) · 4 entries (the host pads it with a valid entry: the producer reads one k-tile ahead
+// and loads whole k-tiles); the tail maps live in device memory.
+struct Sm90BlockedParams : Sm90Params {
+  const int32_t* blocks;
+  const CUtensorMap* tails;
+};
+struct Sm90BlockedAccumulateEpilogue : Sm90AccumulateEpilogue {
+  using Params = Sm90BlockedParams;
+  static constexpr bool kBlocked = true;
+};
+template <typename Epi, typename = void>
+struct sm90_blocked : std::false_type {};
+template <typename Epi>
+struct sm90_blocked<Epi, std::void_t<decltype(Epi::kBlocked)>> : std::bool_constant<Epi::kBlocked> {
+};
+
+// The 4 block entries of k-tile kt (blocked mode).
+template <typename P>
+__device__ __forceinline__ int4 sm90_block_entries(const P& p, int kt) {
+  return __ldg(reinterpret_cast<const int4*>(p.blocks) + kt);
+}
+
 // acc = y's values of this warp's fragment (acc[4i + 2h + c] is row row0 + lane/4 + 8h, column
 // col0 + 8i + 2(lane%4) + c); outside [0, M) x [0, N): +0, never stored. NOTE: scalar loads; a
 // version with 8-byte loads of the column pairs ran the accumulate kernels markedly slower on the
@@ -159,6 +186,8 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
   static_assert(kABytes % 1024 == 0 && kStageBytes % 1024 == 0, "stages 1024-aligned");
   static_assert(!sm90_accumulates<Epi>::value || (LEVELS == 0 && !Epi::kFused),
                 "accumulate: one segment per job");
+  static_assert(!sm90_blocked<Epi>::value || (AT && BT && sm90_accumulates<Epi>::value),
+                "blocked: MN-major operands in accumulate mode");
 
   extern __shared__ uint8_t sm90_smem[];
   const uint32_t raw = smem_u32(sm90_smem);
@@ -199,25 +228,51 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
         const int s_end = LEVELS > 0 ? p.nseg : j.s + 1;
         for (int sg = LEVELS > 0 ? 0 : j.s; sg < s_end; ++sg) {
           const int64_t kseg = int64_t(sg) * p.seg_len;
+          int4 cur = make_int4(0, 0, 0, 0);
+          if constexpr (sm90_blocked<Epi>::value) cur = sm90_block_entries(p, 0);
           for (int kt = 0; kt < nkt; ++kt) {
+            int4 nxt = cur;  // blocked: the next k-tile's entries, read before the wait
+            if constexpr (sm90_blocked<Epi>::value) nxt = sm90_block_entries(p, kt + 1);
             mbar_wait(empty_bar(stage), phase ^ 1u);  // consumers released this stage
             mbar_arrive_expect_tx(full_bar(stage), uint32_t(kStageBytes));
             const int32_t k = int32_t(kseg + int64_t(kt) * kSm90BK);
             const uint32_t dst = base + uint32_t(stage) * kStageBytes;
-            if constexpr (AT) {
+            if constexpr (sm90_blocked<Epi>::value) {
+              // Four 16-row blocks, each from its own row (in place or a tail), 2048 bytes apart
+              // inside every 64-column box: the layout one 64-row box would have written.
+              const int32_t e[4] = {cur.x, cur.y, cur.z, cur.w};
 #pragma unroll
-              for (int i = 0; i < BM / 64; ++i)
-                tma_load_2d(dst + 8192u * i, &tm_x, int32_t(j.m0) + 64 * i, k, full_bar(stage));
-            } else {
-              tma_load_2d(dst, &tm_x, k, int32_t(j.m0), full_bar(stage));
-            }
-            if constexpr (BT) {
+              for (int b = 0; b < 4; ++b) {
+                const bool tail = e[b] < 0;
+                const int32_t row = tail ? 16 * (-e[b] - 1) : e[b];
+                const CUtensorMap* ma = tail ? p.tails : &tm_x;
+                const CUtensorMap* mb = tail ? p.tails + 1 : &tm_w;
 #pragma unroll
-              for (int i = 0; i < BN / 64; ++i)
-                tma_load_2d(dst + kABytes + 8192u * i, &tm_w, int32_t(j.n0) + 64 * i, k,
-                            full_bar(stage));
+                for (int i = 0; i < BM / 64; ++i)
+                  tma_load_2d(dst + 8192u * i + 2048u * b, ma, int32_t(j.m0) + 64 * i, row,
+                              full_bar(stage));
+#pragma unroll
+                for (int i = 0; i < BN / 64; ++i)
+                  tma_load_2d(dst + kABytes + 8192u * i + 2048u * b, mb, int32_t(j.n0) + 64 * i,
+                              row, full_bar(stage));
+              }
+              cur = nxt;
             } else {
-              tma_load_2d(dst + kABytes, &tm_w, k, int32_t(j.n0), full_bar(stage));
+              if constexpr (AT) {
+#pragma unroll
+                for (int i = 0; i < BM / 64; ++i)
+                  tma_load_2d(dst + 8192u * i, &tm_x, int32_t(j.m0) + 64 * i, k, full_bar(stage));
+              } else {
+                tma_load_2d(dst, &tm_x, k, int32_t(j.m0), full_bar(stage));
+              }
+              if constexpr (BT) {
+#pragma unroll
+                for (int i = 0; i < BN / 64; ++i)
+                  tma_load_2d(dst + kABytes + 8192u * i, &tm_w, int32_t(j.n0) + 64 * i, k,
+                              full_bar(stage));
+              } else {
+                tma_load_2d(dst + kABytes, &tm_w, k, int32_t(j.n0), full_bar(stage));
+              }
             }
             if (++stage == NS) {
               stage = 0;
