@@ -25,8 +25,8 @@ API (stable; examples/grpo_hf.py is written against it)::
     acc.remove()                               # back to plain autograd gradients
 
 targets[t] is the token whose log-prob row t gives (usually ids[t + 1] inside a sequence and
-``ignore_index`` at each sequence's last row); ignored rows give logp = entropy = +0 and no
-gradient. step_indices [B] (default 0 .. B-1): each packed sequence's place in the training
+``ignore_index`` (< 0) at each sequence's last row); an ignored row's logp is +0 with no
+log-prob gradient; its entropy is still computed (and differentiated: mask it in the loss). step_indices [B] (default 0 .. B-1): each packed sequence's place in the training
 step's canonical order (B.1); weight gradients reduce over tokens in that order.
 
 What is bitwise (tested in tests/python/test_hf.py):
@@ -277,9 +277,10 @@ def _layer(
         _C.rmsnorm_residual(out_prev.to(torch.bfloat16), res, w[_IN], s1, xn1, eps)
     # Fused q|k|v GEMM (the engine's layout; each output column is its own K reduction).
     qkv = _gemm(xn1, torch.cat([w[_Q], w[_K], w[_V]]), segs)
-    q = qkv[:, : hq * d].contiguous().view(t, hq, d)
-    k = qkv[:, hq * d : (hq + hkv) * d].contiguous().view(t, hkv, d)
-    v = qkv[:, (hq + hkv) * d :].contiguous().view(t, hkv, d)
+    # Copies (exact), never views: the op's outputs must not alias one another.
+    q = qkv[:, : hq * d].clone(memory_format=torch.contiguous_format).view(t, hq, d)
+    k = qkv[:, hq * d : (hq + hkv) * d].clone(memory_format=torch.contiguous_format).view(t, hkv, d)
+    v = qkv[:, (hq + hkv) * d :].clone(memory_format=torch.contiguous_format).view(t, hkv, d)
     qn, kn = torch.empty_like(q), torch.empty_like(k)
     _C.rmsnorm(q, w[_QN], qn, eps)  # per head over D
     _C.rmsnorm(k, w[_KN], kn, eps)
@@ -1072,8 +1073,8 @@ def logprobs(
     contract's linear log-prob head (§L: no [T, V] logits), with autograd (§B.10).
 
     input_ids [T] or [1, T]; packing by ``cu_seqlens`` (int32 [B+1], host) or ``position_ids``
-    (HF padding-free, [1, T]); targets [T] or [1, T] in [0, V) or ``ignore_index`` (logp and
-    entropy +0, no gradient). ``entropy=False`` returns the entropy without a gradient (the
+    (HF padding-free, [1, T]); targets [T] or [1, T] in [0, V) or ``ignore_index`` (< 0: logp
+    +0 with no gradient; the row's entropy is still computed, §L). ``entropy=False`` returns the entropy without a gradient (the
     backward then takes no entropy gradient, as g_ent None). ``step_indices`` [B]: each
     sequence's step index (B.1; default 0 .. B-1; in accumulate mode the micro-batches' indices
     must ascend across backward calls). Bitwise equal to ``lockstep.Engine.score`` / the rollout's
