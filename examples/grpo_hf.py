@@ -1,13 +1,13 @@
 """GRPO on a small Hugging Face Qwen3 from Python, with lockstep as the rollout engine.
 
-A ``transformers.Qwen3ForCausalLM`` (random init, fp32 master weights) learns to add two numbers
-("23+9=" -> "32") with a character-level tokenizer trained on the fly by the ``tokenizers``
-library. Every step:
+A ``transformers.Qwen3ForCausalLM`` (random init, fp32 master weights) learns to reverse a short
+word ("abcde=" -> "edcba"; ``--task add``: add two numbers, "7+8=" -> "15") with a character-level
+tokenizer trained on the fly by the ``tokenizers`` library. Every step:
 
   1. rollout: ``lockstep.Engine`` (its own copy of the weights, rounded to bf16, rollout TP 2)
      samples G completions per prompt (a GRPO group; equal prompts share their KV pages) and
      records each token's fp32 log-prob;
-  2. reward: a Python function (1 for the exact sum; partial credit per correct digit);
+  2. reward: a Python function (1 for the exact answer; partial credit per right character);
   3. training: the same HF model patched onto lockstep's ops (``lockstep.hf.patch``, TP 1)
      recomputes the log-probs (``lockstep.hf.logprobs``); the old-policy log-probs are the
      rollout's recorded ones, so on the step's first mini-batch the PPO ratio must be exactly 1:
@@ -24,7 +24,8 @@ from there. Run (after ``pip install .[torch]`` plus transformers, tokenizers, m
     python examples/grpo_hf.py --plot grpo_hf.png --out ckpt/   # plot; save model + tokenizer
     python examples/grpo_hf.py --json               # one JSON object per step on stdout
 
-The defaults take about TIME_PLACEHOLDER on 2 CPU cores (measured with ``time``, 2026-12-02).
+The defaults take about 2 minutes on 2 CPU cores (`time`: real 1m58s, 2026-12-02, the cores
+shared with other work); the reward mean rose from 0.54 (first 5 steps) to 0.66 (last 5).
 The exit status is 1 on any log-prob mismatch between rollout and trainer, 2 on bad flags.
 """
 
@@ -50,15 +51,26 @@ PAD, BOS, EOS = "[PAD]", "[BOS]", "[EOS]"
 # ---- the task: add two numbers ------------------------------------------------------------------
 
 
-def make_problem(rng: random.Random, max_operand: int) -> Tuple[str, str]:
-    """("a+b=", "sum") with a, b uniform in [0, max_operand]."""
-    a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
-    return f"{a}+{b}=", str(a + b)
+LETTERS = "abcdefgh"
+
+
+def make_problem(rng: random.Random, task: str, size: int) -> Tuple[str, str]:
+    """(prompt, answer). add: ("a+b=", "sum") with a, b uniform in [0, size]; reverse:
+    ("word=", "drow") with a word of 3 .. size letters of LETTERS."""
+    if task == "add":
+        a, b = rng.randint(0, size), rng.randint(0, size)
+        return f"{a}+{b}=", str(a + b)
+    word = "".join(rng.choice(LETTERS) for _ in range(rng.randint(3, size)))
+    return f"{word}=", word[::-1]
+
+
+def answer_len(task: str, size: int) -> int:
+    return len(str(2 * size)) if task == "add" else size
 
 
 def reward(completion: str, answer: str) -> float:
-    """1.0 for the exact answer; else the fraction of answer digits right in place (aligned at
-    the left), divided by the longer length: a wrong length costs, and [0, 1) otherwise."""
+    """1.0 for the exact answer; else 0.9 x (characters right in place, aligned at the left) /
+    (the longer of the two lengths): partial credit in [0, 0.9], where a wrong length costs."""
     if completion == answer:
         return 1.0
     right = sum(c == a for c, a in zip(completion, answer))
@@ -156,7 +168,7 @@ def warm_up(model, opt, tokenizer, rng, args, log) -> None:
         t0 = time.perf_counter()
         seqs, starts = [], []
         for _ in range(args.warmup_batch):
-            prompt, answer = make_problem(rng, args.max_operand)
+            prompt, answer = make_problem(rng, args.task, args.size)
             p = [tokenizer.bos_token_id] + tokenizer.encode(prompt, add_special_tokens=False)
             seqs.append(p + tokenizer.encode(answer, add_special_tokens=False) + [tokenizer.eos_token_id])
             starts.append(len(p))
@@ -182,7 +194,7 @@ def bits_mismatches(a: torch.Tensor, b: torch.Tensor) -> int:
 def grpo_step(step, model, opt, engine, tokenizer, rng, args) -> dict:
     t0 = time.perf_counter()
     n, g = args.prompts, args.group_size
-    problems = [make_problem(rng, args.max_operand) for _ in range(n)]
+    problems = [make_problem(rng, args.task, args.size) for _ in range(n)]
     prompts = [[tokenizer.bos_token_id] + tokenizer.encode(p, add_special_tokens=False) for p, _ in problems]
     batch = [p for p in prompts for _ in range(g)]  # group i: rows i*g .. i*g + g - 1
     sampling = lockstep.Sampling(
@@ -271,8 +283,10 @@ def plot(records: Sequence[dict], path: str) -> None:
     ax1.set_ylabel("reward")
     ax1.legend()
     ax1.set_title("GRPO on a HF Qwen3 (lockstep rollout, lockstep.hf trainer)")
-    ax2.bar(steps, [r["mismatches"] for r in records], color="tab:red")
-    ax2.set_ylim(bottom=0, top=max([1] + [r["mismatches"] for r in records]))
+    mism = [r["mismatches"] for r in records]
+    ax2.plot(steps, mism, marker="o", color="tab:red", label=f"{sum(mism)} in all")
+    ax2.set_ylim(bottom=-0.5, top=max([1] + mism) + 0.5)
+    ax2.legend()
     ax2.set_ylabel("log-prob mismatches")
     ax2.set_xlabel("GRPO step")
     fig.tight_layout()
@@ -324,10 +338,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--warmup-steps", type=_int_at_least(0), default=60,
                    help="supervised warm-up steps before GRPO")
     p.add_argument("--warmup-batch", type=_int_at_least(1), default=64)
-    p.add_argument("--max-operand", type=_int_at_least(1), default=9,
-                   help="problems a+b with a, b in [0, max-operand]")
+    p.add_argument("--task", choices=("add", "reverse"), default="reverse",
+                   help="add: 'a+b=' -> the sum; reverse: 'word=' -> the word reversed")
+    p.add_argument("--size", type=_int_at_least(3), default=None,
+                   help="add: operands in [0, size] (default 9); reverse: words of 3 .. size "
+                   "letters (default 5)")
     p.add_argument("--temperature", type=_float_in(0.0, math.inf, "(0, inf)"), default=1.0)
-    p.add_argument("--lr", type=_float_in(0.0, 1.0, "(0, 1)"), default=1e-3, help="GRPO's AdamW lr")
+    p.add_argument("--lr", type=_float_in(0.0, 1.0, "(0, 1)"), default=5e-4, help="GRPO's AdamW lr")
     p.add_argument("--warmup-lr", type=_float_in(0.0, 1.0, "(0, 1)"), default=3e-3)
     p.add_argument("--clip", type=_float_in(0.0, 1.0, "(0, 1)"), default=0.2,
                    help="PPO clip range: ratio in [1 - clip, 1 + clip]")
@@ -340,6 +357,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="print one JSON object per step on stdout (the table goes to stderr)")
     p.add_argument("--out", metavar="DIR", help="save the model and tokenizer at the end")
     args = p.parse_args(argv)
+    if args.size is None:
+        args.size = 9 if args.task == "add" else 5
     if args.mini_batches > args.prompts:
         p.error(f"--mini-batches {args.mini_batches} exceeds --prompts {args.prompts}: "
                 "each mini-batch holds whole groups")
@@ -361,7 +380,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     def log(line: str) -> None:
         print(line, file=table, flush=True)
 
-    corpus = [p + a for p, a in (make_problem(rng, args.max_operand) for _ in range(2000))]
+    corpus = [p + a for p, a in (make_problem(rng, args.task, args.size) for _ in range(2000))]
     tokenizer = train_tokenizer(corpus)
     model = make_model(tokenizer, args.seed)
     contract = lockstep.Contract(gemm_segments=4, kv_chunk=64, vocab_tile=256, vocab_segments=4)
@@ -373,12 +392,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         f"H={c.hidden_size} I={c.intermediate_size} L={c.num_hidden_layers} "
         f"Hq={c.num_attention_heads} Hkv={c.num_key_value_heads} D={c.head_dim} tied, "
         f"{sum(p.numel() for p in model.parameters())} fp32 parameters")
-    log(f"  task      a+b= with a, b in [0, {args.max_operand}]; {args.steps} steps x "
+    what = (f"a+b= with a, b in [0, {args.size}]" if args.task == "add"
+            else f"reverse words of 3..{args.size} letters of {LETTERS!r}")
+    log(f"  task      {what}; {args.steps} steps x "
         f"{args.prompts} prompts x G={args.group_size}, {args.mini_batches} mini-batches; "
         f"temperature {args.temperature:g}, seed {args.seed}")
     log(f"  rollout   lockstep.Engine tp={args.rollout_tp}; trainer lockstep.hf (patched HF "
-        f"model) tp=1; contract {lockstep.contract_version}")
-    log(f"  adamw     lr={args.lr:g} clip=[1-{args.clip:g}, 1+{args.clip:g}] "
+        f"model) tp=1; {contract}")
+    log(f"  adamw     lr={args.lr:g} (warm-up {args.warmup_lr:g}, {args.warmup_steps} steps of "
+        f"{args.warmup_batch}) clip=[1-{args.clip:g}, 1+{args.clip:g}] "
         f"max_grad_norm={args.max_grad_norm:g}; {lockstep.num_threads()} threads")
 
     warm_up(model, opt, tokenizer, rng, args, log)
@@ -390,7 +412,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         contract=contract,
         tp=args.rollout_tp,
     )
-    args.max_new_tokens = len(str(2 * args.max_operand)) + 1  # the longest answer + EOS
+    args.max_new_tokens = answer_len(args.task, args.size) + 1  # the longest answer + EOS
 
     log("")
     log(" step  reward     std  exact  mismatch/compared  ratio min/max (1st mb)   "

@@ -64,8 +64,16 @@ def test_checkpoint_loads_back(short_run):
     model = transformers.Qwen3ForCausalLM.from_pretrained(out)
     tok = transformers.AutoTokenizer.from_pretrained(out)
     assert model.config.vocab_size == len(tok)
-    ids = tok.encode("3+4=", add_special_tokens=False)
-    assert len(ids) == 4 and tok.decode(ids) == "3+4="
+    ids = tok.encode("abcd=", add_special_tokens=False)  # the default task: reverse a word
+    assert len(ids) == 5 and tok.decode(ids) == "abcd="
+
+
+def test_add_task_has_no_mismatches():
+    proc = run(*SHORT, "--task", "add", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for r in map(json.loads, proc.stdout.splitlines()):
+        assert r["mismatches"] == 0 and r["compared"] > 0, r
+        assert r["ratio_min"] == 1.0 and r["ratio_max"] == 1.0, r
 
 
 def load_example():
@@ -84,6 +92,8 @@ def load_example():
         (["--prompts", "2", "--mini-batches", "3"], "--mini-batches 3 exceeds --prompts 2"),
         (["--plot", "run.svg"], "expected a .png"),
         (["--rollout-tp", "3"], "--rollout-tp: invalid choice"),
+        (["--task", "sort"], "--task: invalid choice"),
+        (["--task", "reverse", "--size", "2"], "--size: must be >= 3"),
         (["--no-such-flag"], "unrecognized arguments"),
     ],
 )
