@@ -36,8 +36,9 @@ What is bitwise (tested in tests/python/test_hf.py):
     straight-through gradient. A token's bits do not depend on what else is packed with it.
   * the gradients of ``Σ g_lp·logp + g_ent·entropy`` == the C++ model backward
     (engine::Backprop, §B.10) bit for bit: fp32 parameters get its fp32 gradients exactly;
-    bf16 parameters get them rounded once (RNE) — except a tied bf16 embedding, whose two parts
-    (lm_head, embedding) autograd adds in bf16 (use fp32 masters or the accumulate mode there).
+    bf16 parameters get them rounded once (RNE; a tied bf16 embedding's two parts, lm_head and
+    embedding, are first combined in fp32 by the library's two-leaf tree, B.7; a tied fp32
+    embedding's by autograd's fp32 add, the same bits but for a NaN's payload).
   * accumulate mode == the C++ backward over the same micro-batches in the same order ==
     one micro-batch holding them all.
 What is not: the ``logits`` of ``model(...)`` are lockstep's GEMM of the final hidden states
@@ -571,6 +572,36 @@ def _(gh, s_final, norm_w, eps):
     return torch.empty_like(gh), torch.empty_like(norm_w)
 
 
+# ---- tied bf16 embedding: one gradient, rounded once (B.7) ---------------------------------------
+
+
+@torch.library.custom_op("lockstep_hf::tie", mutates_args=())
+def _tie(table: Tensor) -> Tuple[Tensor, Tensor]:
+    """(for the embedding, for the lm_head): two f32 copies (exact) of a tied bf16 table, so that
+    each use gets its own fp32 gradient and the backward combines them once (B.7), instead of
+    autograd adding two bf16-rounded parts in bf16."""
+    return table.to(torch.float32), table.to(torch.float32)
+
+
+@_tie.register_fake
+def _(table):
+    return torch.empty_like(table, dtype=torch.float32), torch.empty_like(table, dtype=torch.float32)
+
+
+@torch.library.custom_op("lockstep_hf::tie_backward", mutates_args=())
+def _tie_backward(g_embed: Tensor, g_lm: Tensor, table: Tensor) -> Tensor:
+    """dE = d_lm_head ⊕ d_embed (Gradients::finish: the two-leaf tree), in table's dtype (a bf16
+    table's gradient rounded once)."""
+    de = torch.empty(g_embed.shape, dtype=torch.float32)
+    _C.gemm_combine([g_lm.contiguous(), g_embed.contiguous()], de)
+    return _as_param_dtype(de, table.dtype)
+
+
+@_tie_backward.register_fake
+def _(g_embed, g_lm, table):
+    return torch.empty_like(table)
+
+
 # ---- autograd -----------------------------------------------------------------------------------
 # Weight gradients: plain mode starts every backward call from +0 and returns them in the
 # parameters' dtypes; accumulate mode (a GradAccumulator on the model) continues each
@@ -754,6 +785,21 @@ def _final_norm_bwd(ctx, gh, g_s):
 _final_norm.register_autograd(_final_norm_bwd, setup_context=_final_norm_setup)
 
 
+def _tie_setup(ctx, inputs, output):
+    (table,) = inputs
+    ctx.save_for_backward(table)
+
+
+def _tie_bwd(ctx, g_embed, g_lm):
+    (table,) = ctx.saved_tensors
+    dt = torch.ops.lockstep_hf.tie_backward(_zeros_f32(g_embed, table), _zeros_f32(g_lm, table),
+                                            table)
+    return dt
+
+
+_tie.register_autograd(_tie_bwd, setup_context=_tie_setup)
+
+
 # ---- the patched model --------------------------------------------------------------------------
 
 
@@ -886,14 +932,7 @@ def patch(model: Any, *, contract: Optional[Contract] = None, tp: int = 1) -> An
     if not isinstance(contract, Contract):
         raise TypeError(f"lockstep.hf.patch: contract must be a lockstep.Contract, got {contract!r}")
     dims, eps, theta = _check_config(model.config, contract, tp)
-    for name, p in model.named_parameters():
-        if p.dtype not in (torch.float32, torch.bfloat16):
-            raise Error(f"lockstep.hf.patch: parameter {name} is {p.dtype}; expected float32 or bfloat16")
-        if p.device.type != "cpu":
-            raise Error(
-                f"lockstep.hf.patch: parameter {name} is on {p.device}: lockstep.hf runs on CPU "
-                "tensors only for now (CUDA is not yet supported by this module)"
-            )
+    _check_weights(model)
     embed = model.model.embed_tokens.weight
     tied = model.lm_head.weight is embed
     if bool(_config_value(model.config, "tie_word_embeddings", False)) != tied:
@@ -1046,15 +1085,35 @@ def _layer_weights(layer: Any) -> List[Tensor]:
     return [layer.get_parameter(n) for n in _LAYER_WEIGHTS]
 
 
+def _check_weights(model: Any) -> None:
+    """Every parameter still on the host in f32 / bf16 (the model may have moved since patch)."""
+    for name, p in model.named_parameters():
+        if p.device.type != "cpu":
+            raise Error(
+                f"lockstep.hf: parameter {name} is on {p.device}: lockstep.hf runs on CPU tensors "
+                "only for now (CUDA is not yet supported by this module)"
+            )
+        if p.dtype not in (torch.float32, torch.bfloat16):
+            raise Error(f"lockstep.hf: parameter {name} is {p.dtype}; expected float32 or bfloat16")
+
+
 def _stream(model: Any, st: _Setup, ids: Tensor, positions: Tensor, cu: Tensor, steps: Tensor):
-    """(out, res) of the last layer: the f32 stream (bf16 values) into the final norm."""
-    res = _embed(ids, model.model.embed_tokens.weight, cu, steps)
+    """(out, res, lm_w): the f32 stream (bf16 values) of the last layer into the final norm, and
+    the lm_head weight the head uses."""
+    _check_weights(model)
+    embed = model.model.embed_tokens.weight
+    lm_w = model.lm_head.weight
+    if st.tied and embed.dtype == torch.bfloat16 and _acc_of(embed) is None:
+        embed, lm_w = _tie(embed)
+    res = _embed(ids, embed, cu, steps)
     out = None
     for layer in model.model.layers:
-        outs = _layer(out, res, _layer_weights(layer), positions, cu, steps, list(st.dims),
-                      st.eps, st.theta)
+        weights = _layer_weights(layer)
+        outs = _layer(
+            out, res, weights, positions, cu, steps, list(st.dims), st.eps, st.theta
+        )
         out, res = outs[0], outs[1]
-    return out, res
+    return out, res, lm_w
 
 
 def logprobs(
@@ -1102,12 +1161,12 @@ def logprobs(
     acc = getattr(model.model.norm.weight, "_lockstep_acc", None)
     if acc is not None and torch.compiler.is_compiling():
         raise Error("lockstep.hf: accumulate mode (GradAccumulator) runs in eager mode only")
-    out, res = _stream(model, st, ids, positions, cu, steps)
+    out, res, lm_w = _stream(model, st, ids, positions, cu, steps)
     logp, _, ent, _, _ = _head(
         out,
         res,
         model.model.norm.weight,
-        model.lm_head.weight,
+        lm_w,
         tg,
         float(temperature),
         ignore_index,
@@ -1135,8 +1194,9 @@ def _base_model_forward(
     final-normed hidden states of the packed sequences."""
     from transformers.modeling_outputs import BaseModelOutputWithPast
 
-    hidden = _hidden_states(self, input_ids, attention_mask, position_ids, cache, inputs_embeds,
-                            cu_seqlens, kwargs)
+    hidden, _ = _hidden_states(
+        self, input_ids, attention_mask, position_ids, cache, inputs_embeds, cu_seqlens, kwargs
+    )
     return BaseModelOutputWithPast(last_hidden_state=hidden[None])
 
 
@@ -1154,9 +1214,9 @@ def _hidden_states(base, input_ids, attention_mask, position_ids, cache, inputs_
             "(cu_seqlens or position_ids) instead"
         )
     ids, positions, cu, steps = _packing(st, input_ids, cu_seqlens, position_ids, None)
-    out, res = _stream(model, st, ids, positions, cu, steps)
+    out, res, lm_w = _stream(model, st, ids, positions, cu, steps)
     hidden, _ = _final_norm(out, res, model.model.norm.weight, st.eps)
-    return hidden
+    return hidden, lm_w
 
 
 def _causal_lm_forward(
@@ -1186,13 +1246,13 @@ def _causal_lm_forward(
             "lockstep.hf: labels are not supported by the patched forward: use "
             "lockstep.hf.logprobs(model, input_ids, targets, ...) (the contract's log-prob)"
         )
-    hidden = _hidden_states(self.model, input_ids, attention_mask, position_ids, cache,
-                            inputs_embeds, cu_seqlens, kwargs)
+    hidden, w = _hidden_states(
+        self.model, input_ids, attention_mask, position_ids, cache, inputs_embeds, cu_seqlens, kwargs
+    )
     if isinstance(logits_to_keep, int) and logits_to_keep > 0:
         hidden = hidden[-logits_to_keep:]
     elif isinstance(logits_to_keep, Tensor):
         hidden = hidden[logits_to_keep]
-    w = self.lm_head.weight
     logits = lt.linear(
         hidden.to(torch.bfloat16),
         w if w.dtype == torch.bfloat16 else w.to(torch.bfloat16),

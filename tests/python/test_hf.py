@@ -163,9 +163,8 @@ def test_gradients_equal_cpp_backward(tied, dtype, gen):
         assert p.grad.dtype == dtype
         if dtype == torch.float32:
             assert_bitwise(p.grad, want, name)
-        elif not (tied and name == "model.embed_tokens.weight"):
-            assert_bitwise(p.grad, library_bf16(want), name)  # the fp32 gradient rounded once
-        # A tied bf16 embedding: autograd adds its two bf16 parts (documented; not checked).
+        else:  # the fp32 gradient rounded once (a tied one after its parts are combined, B.7)
+            assert_bitwise(p.grad, library_bf16(want), name)
 
 
 @pytest.mark.parametrize("contract,tp", [
@@ -183,6 +182,19 @@ def test_gradients_equal_cpp_backward_segments(contract, tp, gen):
     mine, _ = lh.logprobs(model, ids, targets, cu_seqlens=cu)
     scores = engine_of(model, contract, tp).score(seqs)
     for i, (s, lp) in enumerate(zip(scores, per_seq(mine, seqs))):
+        assert_bitwise(lp[:-1].detach(), torch.from_numpy(s.logp), f"seq {i}")
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_from_pretrained_equals_engine_dir(tied, gen, tmp_path):
+    # save_pretrained / from_pretrained (safetensors + config.json, bf16): Engine(dir) loads the
+    # same files.
+    make_model(tied, torch.bfloat16).save_pretrained(tmp_path)
+    model = lh.patch(transformers.Qwen3ForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16))
+    seqs = random_seqs(gen, [8, 3])
+    ids, cu, targets = packed(seqs)
+    logp, _ = lh.logprobs(model, ids, targets, cu_seqlens=cu)
+    for i, (s, lp) in enumerate(zip(lockstep.Engine(tmp_path).score(seqs), per_seq(logp, seqs))):
         assert_bitwise(lp[:-1].detach(), torch.from_numpy(s.logp), f"seq {i}")
 
 
@@ -326,12 +338,35 @@ def test_opcheck_new_ops(gen):
     targets = torch.randint(0, V, (7,), generator=gen)
     targets[2] = -100
     ops = torch.ops.lockstep_hf
+    layer_out = ops.layer(out, res, ws, pos, cu, steps, dims, st.eps, st.theta)
+    head_out = ops.head(out, res, norm, lm, targets, 0.9, -100, cu, steps, dims, st.eps)
+    saved = [t.detach() for t in layer_out[2:]]
+    g = torch.randn(7, 32, generator=gen)
+    g_t = torch.randn(7, generator=gen)
+
+    def zeros(t):
+        return torch.zeros(t.shape, dtype=torch.float32)
+
+    # The backward ops have no gradient of their own: detached inputs.
+    table_d, norm_d, lm_d = table.detach(), norm.detach(), lm.detach()
+    ws_d = [w.detach() for w in ws]
+    s_final, hidden = head_out[3].detach(), head_out[4].detach()
+
     for op, args in [
         (ops.embed, (ids, table, cu, steps)),
         (ops.layer, (None, res, ws, pos, cu, steps, dims, st.eps, st.theta)),
         (ops.layer, (out, res, ws, pos, cu, steps, dims, st.eps, st.theta)),
         (ops.head, (out, res, norm, lm, targets, 0.9, -100, cu, steps, dims, st.eps)),
         (ops.final_norm, (out, res, norm, st.eps)),
+        (ops.tie, (leaf(model.model.embed_tokens.weight.bfloat16()),)),
+        (ops.embed_backward, (g, ids, table_d, zeros(table), cu, steps, True)),
+        (ops.layer_backward, (g, g, saved, ws_d, [zeros(w) for w in ws], pos, cu, steps, dims,
+                              st.eps, st.theta, False)),
+        (ops.head_backward, (g_t, g_t, s_final, hidden, norm_d, lm_d, targets,
+                             head_out[1].detach(), head_out[2].detach(), zeros(norm), zeros(lm),
+                             cu, steps, 0.9, -100, dims, st.eps, True)),
+        (ops.final_norm_backward, (g, s_final, norm_d, st.eps)),
+        (ops.tie_backward, (g, g, out.detach().bfloat16())),
     ]:
         torch.library.opcheck(op, args)
 
