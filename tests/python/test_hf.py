@@ -348,7 +348,7 @@ def test_opcheck_new_ops(gen):
         return torch.zeros(t.shape, dtype=torch.float32)
 
     # The backward ops have no gradient of their own: detached inputs.
-    table_d, norm_d, lm_d = table.detach(), norm.detach(), lm.detach()
+    norm_d, lm_d = norm.detach(), lm.detach()
     ws_d = [w.detach() for w in ws]
     s_final, hidden = head_out[3].detach(), head_out[4].detach()
 
@@ -359,7 +359,7 @@ def test_opcheck_new_ops(gen):
         (ops.head, (out, res, norm, lm, targets, 0.9, -100, cu, steps, dims, st.eps)),
         (ops.final_norm, (out, res, norm, st.eps)),
         (ops.tie, (leaf(model.model.embed_tokens.weight.bfloat16()),)),
-        (ops.embed_backward, (g, ids, table_d, zeros(table), cu, steps, True)),
+        (ops.embed_backward, (g, ids, zeros(table), cu, steps, torch.bfloat16)),
         (ops.layer_backward, (g, g, saved, ws_d, [zeros(w) for w in ws], pos, cu, steps, dims,
                               st.eps, st.theta, False)),
         (ops.head_backward, (g_t, g_t, s_final, hidden, norm_d, lm_d, targets,
