@@ -68,7 +68,7 @@ embedding is used as two fp32 copies (``lockstep_hf::tie``): the head keeps one 
 backward (4·V·H bytes while the graph lives).
 
 CPU tensors only for now: CUDA tensors are refused (this module's ops are not yet run on CUDA).
-Accumulate mode runs eagerly only (refused under torch.compile).
+Accumulate mode runs eagerly (inside a torch.compile'd function its ops run uncompiled).
 """
 
 from __future__ import annotations
@@ -1199,24 +1199,28 @@ def logprobs(
         0.0 < float(temperature) < math.inf
     ):
         raise Error(f"lockstep.hf: temperature must be finite and > 0, got {temperature!r}")
-    acc = getattr(model.model.norm.weight, "_lockstep_acc", None)
-    if acc is not None and torch.compiler.is_compiling():
-        raise Error("lockstep.hf: accumulate mode (GradAccumulator) runs in eager mode only")
+    run = _logprobs_eager if _accumulating(model) else _logprobs_ops
+    logp, ent = run(model, st, ids, positions, cu, steps, tg, float(temperature), ignore_index)
+    return logp, (ent if entropy else ent.detach())
+
+
+def _accumulating(model: Any) -> bool:
+    return _acc_of(model.model.norm.weight) is not None
+
+
+def _logprobs_ops(model, st, ids, positions, cu, steps, tg, temperature, ignore_index):
     out, res, lm_w = _stream(model, st, ids, positions, cu, steps)
     logp, _, ent, _, _ = _head(
-        out,
-        res,
-        model.model.norm.weight,
-        lm_w,
-        tg,
-        float(temperature),
-        ignore_index,
-        cu,
-        steps,
-        list(st.dims),
-        st.eps,
+        out, res, model.model.norm.weight, lm_w, tg, temperature, ignore_index, cu, steps,
+        list(st.dims), st.eps,
     )
-    return logp, (ent if entropy else ent.detach())
+    return logp, ent
+
+
+# NOTE: accumulate mode mutates the parameters' main_grad buffers from the backward formulas,
+# which only eager autograd runs with the real parameters: inside a torch.compile'd function
+# that part runs eagerly (a graph break), never traced into plain-mode gradients.
+_logprobs_eager = torch.compiler.disable(_logprobs_ops)
 
 
 def _base_model_forward(
@@ -1253,6 +1257,11 @@ def _hidden_states(base, input_ids, attention_mask, position_ids, cache, inputs_
         raise Error(
             "lockstep.hf: attention_mask with padding is not supported: pack the sequences "
             "(cu_seqlens or position_ids) instead"
+        )
+    if _accumulating(model) and torch.is_grad_enabled():
+        raise Error(
+            "lockstep.hf: accumulate mode differentiates lockstep.hf.logprobs only: call "
+            "model(...) under torch.no_grad() or GradAccumulator.remove() first"
         )
     ids, positions, cu, steps = _packing(st, input_ids, cu_seqlens, position_ids, None)
     out, res, lm_w = _stream(model, st, ids, positions, cu, steps)
@@ -1313,7 +1322,8 @@ class GradAccumulator:
     ``engine::Gradients``; ``p.grad`` stays None. Micro-batches must come in step order: a
     backward whose smallest step index is not above every index accepted so far raises
     lockstep.Error before any buffer changes. A tied embedding's lm_head part accumulates apart;
-    ``finish()`` combines them once (B.7, Gradients::finish). Eager mode only.
+    ``finish()`` combines them once (B.7, Gradients::finish). Runs eagerly, also inside a
+    torch.compile'd function (a graph break).
     """
 
     def __init__(self, model: Any) -> None:

@@ -294,6 +294,52 @@ def test_compile_same_bits(gen):
         assert_bitwise(gc[name], ga[name], name)
 
 
+def test_accumulate_under_compile(gen):
+    # Accumulate mode inside a compiled function runs its ops eagerly (same bits as eager); once
+    # removed, the function is recompiled into plain mode.
+    torch._dynamo.reset()
+    model = lh.patch(make_model())
+    seqs = random_seqs(gen, [6, 4])
+    ids, cu, targets = packed(seqs)
+
+    def f(ids, targets):
+        logp, ent = lh.logprobs(model, ids, targets, cu_seqlens=cu)
+        return logp.sum() - 0.3 * ent.sum()
+
+    compiled = torch.compile(f)
+    got = []
+    for fn in (f, compiled):
+        acc = lh.GradAccumulator(model)
+        fn(ids, targets).backward()
+        assert all(p.grad is None for p in model.parameters())
+        got.append({k: v.clone() for k, v in acc.finish().items()})
+        acc.remove()
+    for name in got[0]:
+        assert_bitwise(got[1][name], got[0][name], name)
+    compiled(ids, targets).backward()
+    torch._dynamo.reset()
+    for name, p in model.named_parameters():
+        assert_bitwise(p.grad, got[0][name], name)  # plain mode, one micro-batch: the same chain
+
+
+def test_engine_gradients_errors(gen):
+    model = make_model()
+    eng = engine_of(model)
+    seqs = random_seqs(gen, [3, 4])
+    tg = [s[1:] + [-1] for s in seqs]
+    g = [np.zeros(len(s), np.float32) for s in seqs]
+    with pytest.raises(lockstep.Error, match="canonical order|step index"):
+        eng.gradients(seqs, tg, g, micro_batches=[[1], [0]])
+    with pytest.raises(lockstep.Error, match="targets, g_lp and g_ent"):
+        eng.gradients(seqs, [tg[0], tg[1][:-1]], g)
+    with pytest.raises(lockstep.Error, match="neither -1 nor in the vocab"):
+        eng.gradients(seqs, [tg[0], [V] * 4], g)
+    with pytest.raises(lockstep.Error, match="outside"):
+        eng.gradients(seqs, tg, g, micro_batches=[[0, 2]])
+    with pytest.raises(TypeError, match="float32"):
+        eng.gradients(seqs, tg, [np.zeros(3), np.zeros(4)])
+
+
 def test_forward_logits_and_hf_accuracy(gen):
     model = make_model()
     ref = make_model()
