@@ -26,8 +26,9 @@ API (stable; examples/grpo_hf.py is written against it)::
 
 targets[t] is the token whose log-prob row t gives (usually ids[t + 1] inside a sequence and
 ``ignore_index`` (< 0) at each sequence's last row); an ignored row's logp is +0 with no
-log-prob gradient; its entropy is still computed (and differentiated: mask it in the loss). step_indices [B] (default 0 .. B-1): each packed sequence's place in the training
-step's canonical order (B.1); weight gradients reduce over tokens in that order.
+log-prob gradient; its entropy is still computed (and differentiated: mask it in the loss).
+step_indices [B] (default 0 .. B-1): each packed sequence's place in the training step's
+canonical order (B.1); weight gradients reduce over tokens in that order.
 
 What is bitwise (tested in tests/python/test_hf.py):
   * ``logprobs`` == ``lockstep.Engine(state_dict, config=<the HF config>).score(...)`` ==
@@ -36,16 +37,38 @@ What is bitwise (tested in tests/python/test_hf.py):
     straight-through gradient. A token's bits do not depend on what else is packed with it.
   * the gradients of ``Σ g_lp·logp + g_ent·entropy`` == the C++ model backward
     (engine::Backprop, §B.10) bit for bit: fp32 parameters get its fp32 gradients exactly;
-    bf16 parameters get them rounded once (RNE) — except a tied bf16 embedding, whose two parts
-    (lm_head, embedding) autograd adds in bf16 (use fp32 masters or the accumulate mode there).
+    bf16 parameters get them rounded once (RNE; a tied bf16 embedding's two parts, lm_head and
+    embedding, are first combined in fp32 by the library's two-leaf tree, B.7; a tied fp32
+    embedding's by autograd's fp32 add, the same bits but for a NaN's payload).
   * accumulate mode == the C++ backward over the same micro-batches in the same order ==
     one micro-batch holding them all.
-What is not: the ``logits`` of ``model(...)`` are lockstep's GEMM of the final hidden states
-(fp32), but log-softmax of them in torch is not the contract's log-prob (use ``logprobs``);
-gradients through ``logits`` are torch's, not the contract's. Per backward call (plain mode)
-dW starts from +0 and autograd adds calls' results with torch's fp32 add: not B.1's chain.
+What is not: the ``logits`` of ``model(...)`` are lockstep's GEMM (one K segment) of the final
+hidden states and round_bf16(lm_head.weight), fp32, but log-softmax of them in torch is not the
+contract's log-prob (use ``logprobs``), and gradients through ``logits`` are torch's. In plain
+mode every backward call's dW starts from +0 and autograd adds calls' results with torch's fp32
+add: not B.1's one chain (the accumulate mode is).
+
+How: ``patch`` replaces ``model.forward`` and ``model.model.forward`` (the submodules' forwards
+and hooks are not called; their parameters are used, so optimizers, state dicts and
+``save_pretrained`` work unchanged). The forward is engine ``Model::forward_packed`` op by op
+(src/engine/model.cc: fused q|k|v and gate|up GEMMs of ``gemm_segments`` K segments, per-head
+q/k RMSNorm, the RoPE table of (head_dim, rope_theta, max_position_embeddings), varlen attention
+in ``kv_chunk`` chunks, the residual add fused into the next RMSNorm, the final norm fused with
+the last add, the §L head), as one custom op per decoder layer (``lockstep_hf::layer``), one for
+the embedding and one for the final norm + head; each op's backward is
+``engine::Backprop::backward``'s steps for that part by the ``_C`` backward ops (column-parallel
+dX in B.2's TP = S shard form, combined over ``tp`` ranks by the tree). Between the ops the
+residual stream and its gradient are fp32 tensors holding bf16 values, so autograd never rounds
+a gradient the C++ backward keeps in fp32 (B.0). Memory: the ops keep the same bf16 activations
+as the C++ ``SavedForward`` (per token and layer 2·(4H + 3·Hq·D + 3·Hkv·D + 3I) + 4·Hq bytes:
+44 KiB for Qwen3-0.6B, 1.2 MiB over its 28 layers); the fp32 stream only adds 2 · 4H bytes per
+token of transient tensors between two layers (not kept for the backward). fp32 weights are
+rounded to bf16 on every op call (forward and backward): no bf16 copy is kept. A tied bf16
+embedding is used as two fp32 copies (``lockstep_hf::tie``): the head keeps one for the
+backward (4·V·H bytes while the graph lives).
 
 CPU tensors only for now: CUDA tensors are refused (this module's ops are not yet run on CUDA).
+Accumulate mode runs eagerly (inside a torch.compile'd function its ops run uncompiled).
 """
 
 from __future__ import annotations
@@ -180,7 +203,8 @@ def _qkv_shards(wq: Tensor, wk: Tensor, wv: Tensor, dims: Sequence[int]):
         q0, q1 = s * (hq // s_count) * d, (s + 1) * (hq // s_count) * d
         k0, k1 = s * (hkv // s_count) * d, (s + 1) * (hkv // s_count) * d
         shards.append(torch.cat([wq[q0:q1], wk[k0:k1], wv[k0:k1]]).contiguous())
-        cols.append([(q0, q1), (hq * d + k0, hq * d + k1), ((hq + hkv) * d + k0, (hq + hkv) * d + k1)])
+        v0 = (hq + hkv) * d
+        cols.append([(q0, q1), (hq * d + k0, hq * d + k1), (v0 + k0, v0 + k1)])
     return shards, cols
 
 
@@ -220,22 +244,21 @@ def _(ids, table, cu_seqlens, step_indices):
 def _embed_backward(
     g: Tensor,
     ids: Tensor,
-    table: Tensor,
     dtable_in: Tensor,
     cu_seqlens: Tensor,
     step_indices: Tensor,
-    param_dtypes: bool,
+    dtype: torch.dtype,
 ) -> Tensor:
-    """dtable_in + the g rows by id in the canonical token order (B.7), one f32 chain (with
-    param_dtypes in table's dtype)."""
+    """dtable_in + the g rows by id in the canonical token order (B.7), one f32 chain, returned
+    as `dtype` (bf16: rounded once)."""
     dtable = dtable_in.clone()
     _C.embedding_backward(ids, g.contiguous(), dtable, cu_seqlens, step_indices)
-    return _out_grads([dtable], [table], param_dtypes)[0]
+    return _as_param_dtype(dtable, dtype)
 
 
 @_embed_backward.register_fake
-def _(g, ids, table, dtable_in, cu_seqlens, step_indices, param_dtypes):
-    return _fake_grads([dtable_in], [table], param_dtypes)[0]
+def _(g, ids, dtable_in, cu_seqlens, step_indices, dtype):
+    return torch.empty_like(dtable_in, dtype=dtype)
 
 
 # ---- decoder layer op ---------------------------------------------------------------------------
@@ -453,9 +476,8 @@ def _head(
     t, h = res_last.shape
     s_final = torch.empty((t, h), dtype=torch.bfloat16)
     hidden = torch.empty((t, h), dtype=torch.bfloat16)
-    _C.rmsnorm_residual(
-        out_last.to(torch.bfloat16), res_last.to(torch.bfloat16), _bf16(norm_w), s_final, hidden, eps
-    )
+    bf = torch.bfloat16
+    _C.rmsnorm_residual(out_last.to(bf), res_last.to(bf), _bf16(norm_w), s_final, hidden, eps)
     logp, lse, ent = (torch.empty((t,), dtype=torch.float32) for _ in range(3))
     _C.linear_logprob(
         hidden, _bf16(lm_w), targets, logp, lse, ent, temperature, ignore_index, _contract_of(dims)
@@ -468,7 +490,8 @@ def _(out_last, res_last, norm_w, lm_w, targets, temperature, ignore_index, cu_s
       step_indices, dims, eps):
     t, h = res_last.shape
     f = [res_last.new_empty((t,)) for _ in range(3)]
-    return (*f, res_last.new_empty((t, h), dtype=torch.bfloat16), res_last.new_empty((t, h), dtype=torch.bfloat16))
+    bf = [res_last.new_empty((t, h), dtype=torch.bfloat16) for _ in range(2)]
+    return (*f, *bf)
 
 
 @torch.library.custom_op("lockstep_hf::head_backward", mutates_args=())
@@ -542,9 +565,8 @@ def _final_norm(
     t, h = res_last.shape
     s_final = torch.empty((t, h), dtype=torch.bfloat16)
     hidden = torch.empty((t, h), dtype=torch.bfloat16)
-    _C.rmsnorm_residual(
-        out_last.to(torch.bfloat16), res_last.to(torch.bfloat16), _bf16(norm_w), s_final, hidden, eps
-    )
+    bf = torch.bfloat16
+    _C.rmsnorm_residual(out_last.to(bf), res_last.to(bf), _bf16(norm_w), s_final, hidden, eps)
     return _f32(hidden), s_final
 
 
@@ -562,13 +584,45 @@ def _final_norm_backward(
     dnorm = torch.zeros(norm_w.shape, dtype=torch.float32)
     zero = torch.zeros((t, h), dtype=torch.float32)
     dd = torch.empty((t, h), dtype=torch.float32)
-    _C.rmsnorm_residual_backward(s_final, _bf16(norm_w), gh.contiguous(), zero, dd, dnorm, None, None, eps)
+    w = _bf16(norm_w)
+    _C.rmsnorm_residual_backward(s_final, w, gh.contiguous(), zero, dd, dnorm, None, None, eps)
     return dd, _as_param_dtype(dnorm, norm_w.dtype)
 
 
 @_final_norm_backward.register_fake
 def _(gh, s_final, norm_w, eps):
     return torch.empty_like(gh), torch.empty_like(norm_w)
+
+
+# ---- tied bf16 embedding: one gradient, rounded once (B.7) ---------------------------------------
+
+
+@torch.library.custom_op("lockstep_hf::tie", mutates_args=())
+def _tie(table: Tensor) -> Tuple[Tensor, Tensor]:
+    """(for the embedding, for the lm_head): two f32 copies (exact) of a tied bf16 table, so that
+    each use gets its own fp32 gradient and the backward combines them once (B.7), instead of
+    autograd adding two bf16-rounded parts in bf16."""
+    return table.to(torch.float32), table.to(torch.float32)
+
+
+@_tie.register_fake
+def _(table):
+    f32 = torch.float32
+    return torch.empty_like(table, dtype=f32), torch.empty_like(table, dtype=f32)
+
+
+@torch.library.custom_op("lockstep_hf::tie_backward", mutates_args=())
+def _tie_backward(g_embed: Tensor, g_lm: Tensor, table: Tensor) -> Tensor:
+    """dE = d_lm_head ⊕ d_embed (Gradients::finish: the two-leaf tree), in table's dtype (a bf16
+    table's gradient rounded once)."""
+    de = torch.empty(g_embed.shape, dtype=torch.float32)
+    _C.gemm_combine([g_lm.contiguous(), g_embed.contiguous()], de)
+    return _as_param_dtype(de, table.dtype)
+
+
+@_tie_backward.register_fake
+def _(g_embed, g_lm, table):
+    return torch.empty_like(table)
 
 
 # ---- autograd -----------------------------------------------------------------------------------
@@ -608,24 +662,25 @@ def _zeros_f32(g: Optional[Tensor], like: Tensor) -> Tensor:
 
 def _embed_setup(ctx, inputs, output):
     ids, table, cu_seqlens, step_indices = inputs
-    ctx.save_for_backward(ids, table, cu_seqlens, step_indices)
+    ctx.save_for_backward(ids, cu_seqlens, step_indices)  # not the table: its shape and dtype
+    ctx.table = (tuple(table.shape), table.dtype, table.device)
     ctx.acc = _acc_of(table)
+    ctx.set_materialize_grads(False)
 
 
 def _embed_bwd(ctx, g):
-    ids, table, cu_seqlens, step_indices = ctx.saved_tensors
-    accs = [ctx.acc]
-    start = _start([table], accs)
+    ids, cu_seqlens, step_indices = ctx.saved_tensors
+    shape, dtype, device = ctx.table
+    if ctx.acc is not None:
+        start, out_dtype = ctx.acc, torch.float32
+    else:
+        start, out_dtype = torch.zeros(shape, dtype=torch.float32, device=device), dtype
+    if g is None:
+        g = torch.zeros((ids.shape[0], shape[1]), dtype=torch.float32, device=device)
     dtable = torch.ops.lockstep_hf.embed_backward(
-        _zeros_f32(g, ids.new_empty((ids.shape[0], table.shape[1]), dtype=torch.float32)),
-        ids,
-        table,
-        start[0],
-        cu_seqlens,
-        step_indices,
-        ctx.acc is None,
+        g.to(torch.float32), ids, start, cu_seqlens, step_indices, out_dtype
     )
-    return None, _finish([dtable], accs)[0], None, None
+    return None, _finish([dtable], [ctx.acc])[0], None, None
 
 
 _embed.register_autograd(_embed_bwd, setup_context=_embed_setup)
@@ -636,6 +691,7 @@ def _layer_setup(ctx, inputs, output):
     saved = output[2:]
     ctx.save_for_backward(*saved, *weights, positions, cu_seqlens, step_indices)
     ctx.mark_non_differentiable(*saved)
+    ctx.set_materialize_grads(False)  # no zeros for the saved activations' (absent) gradients
     ctx.n_w = len(weights)
     ctx.first = out_prev is None
     ctx.args = (list(dims), eps, theta)
@@ -735,6 +791,7 @@ def _final_norm_setup(ctx, inputs, output):
     out_last, res_last, norm_w, eps = inputs
     ctx.save_for_backward(output[1], norm_w)
     ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)
     ctx.eps = eps
 
 
@@ -752,6 +809,22 @@ def _final_norm_bwd(ctx, gh, g_s):
 
 
 _final_norm.register_autograd(_final_norm_bwd, setup_context=_final_norm_setup)
+
+
+def _tie_setup(ctx, inputs, output):
+    (table,) = inputs
+    ctx.save_for_backward(table)
+    ctx.set_materialize_grads(False)
+
+
+def _tie_bwd(ctx, g_embed, g_lm):
+    (table,) = ctx.saved_tensors
+    dt = torch.ops.lockstep_hf.tie_backward(_zeros_f32(g_embed, table), _zeros_f32(g_lm, table),
+                                            table)
+    return dt
+
+
+_tie.register_autograd(_tie_bwd, setup_context=_tie_setup)
 
 
 # ---- the patched model --------------------------------------------------------------------------
@@ -848,7 +921,7 @@ def _check_config(cfg: Any, contract: Contract, tp: int) -> Tuple[Tuple[int, ...
             f"num_attention_heads {hq} and num_key_value_heads {hkv} to be multiples of it"
         )
     if (hq * d) % (16 * s):
-        refuse(f"Hq·D = {hq * d} must be a multiple of 16·gemm_segments = {16 * s} (o_proj ranks)")
+        refuse(f"Hq·D = {hq * d} must be a multiple of 16·gemm_segments = {16 * s} (o_proj)")
     maxpos = int(cfg.max_position_embeddings)
     dims = (hq, hkv, d, s, contract.kv_chunk, contract.vocab_tile, contract.vocab_segments, tp,
             maxpos)
@@ -879,21 +952,15 @@ def patch(model: Any, *, contract: Optional[Contract] = None, tp: int = 1) -> An
         raise ImportError("lockstep.hf needs transformers: pip install transformers") from e
     if not isinstance(model, Qwen3ForCausalLM):
         raise TypeError(
-            f"lockstep.hf.patch: expected a transformers Qwen3ForCausalLM, got {type(model).__name__}"
+            "lockstep.hf.patch: expected a transformers Qwen3ForCausalLM, got "
+            f"{type(model).__name__}"
         )
     if contract is None:
         contract = Contract()
     if not isinstance(contract, Contract):
-        raise TypeError(f"lockstep.hf.patch: contract must be a lockstep.Contract, got {contract!r}")
+        raise TypeError(f"lockstep.hf.patch: contract must be a lockstep.Contract, got {contract}")
     dims, eps, theta = _check_config(model.config, contract, tp)
-    for name, p in model.named_parameters():
-        if p.dtype not in (torch.float32, torch.bfloat16):
-            raise Error(f"lockstep.hf.patch: parameter {name} is {p.dtype}; expected float32 or bfloat16")
-        if p.device.type != "cpu":
-            raise Error(
-                f"lockstep.hf.patch: parameter {name} is on {p.device}: lockstep.hf runs on CPU "
-                "tensors only for now (CUDA is not yet supported by this module)"
-            )
+    _check_weights(model)
     embed = model.model.embed_tokens.weight
     tied = model.lm_head.weight is embed
     if bool(_config_value(model.config, "tie_word_embeddings", False)) != tied:
@@ -958,7 +1025,7 @@ def packed_cu_seqlens(position_ids: Any) -> Tensor:
         return torch.zeros(1, dtype=torch.int32)
     starts = (pos == 0).nonzero().flatten()
     if pos[0] != 0:
-        raise Error(f"lockstep.hf: position_ids must start at 0 (a sequence start), got {int(pos[0])}")
+        raise Error(f"lockstep.hf: position_ids must start at 0 (a sequence), got {int(pos[0])}")
     idx = torch.arange(t)
     seq_start = starts[torch.searchsorted(starts, idx, right=True) - 1]
     bad = (pos != idx - seq_start).nonzero().flatten()
@@ -985,10 +1052,15 @@ def _check_cu(cu: Any, t: int, maxpos: int) -> Tensor:
         )
     c = cu.tolist()
     if c[0] != 0 or c[-1] != t:
-        raise Error(f"lockstep.hf: cu_seqlens must start at 0 and end at T = {t}, got {c[0]} .. {c[-1]}")
+        raise Error(
+            f"lockstep.hf: cu_seqlens must start at 0 and end at T = {t}, got {c[0]} .. {c[-1]}"
+        )
     for b in range(len(c) - 1):
         if c[b + 1] < c[b]:
-            raise Error(f"lockstep.hf: cu_seqlens must be non-decreasing: cu_seqlens[{b}] = {c[b]} > cu_seqlens[{b + 1}] = {c[b + 1]}")
+            raise Error(
+                f"lockstep.hf: cu_seqlens must be non-decreasing: cu_seqlens[{b}] = {c[b]} > "
+                f"cu_seqlens[{b + 1}] = {c[b + 1]}"
+            )
         if c[b + 1] - c[b] > maxpos:
             raise Error(
                 f"lockstep.hf: sequence {b} has {c[b + 1] - c[b]} tokens, more than "
@@ -1018,7 +1090,7 @@ def _packing(
     if position_ids is not None:
         from_pos = packed_cu_seqlens(position_ids)
         if from_pos[-1] != t:
-            raise Error(f"lockstep.hf: position_ids has {int(from_pos[-1])} entries for T = {t} tokens")
+            raise Error(f"lockstep.hf: position_ids has {int(from_pos[-1])} entries for T = {t}")
         if cu_seqlens is not None and not torch.equal(
             _check_cu(cu_seqlens, t, st.dims[_D_MAXPOS]), from_pos
         ):
@@ -1036,9 +1108,13 @@ def _packing(
     else:
         steps = _host_int_tensor("step_indices", step_indices).to(torch.int64).flatten()
         if steps.shape[0] != b:
-            raise Error(f"lockstep.hf: step_indices has {steps.shape[0]} entries for {b} packed sequences")
+            raise Error(
+                f"lockstep.hf: step_indices has {steps.shape[0]} entries for {b} packed sequences"
+            )
         if b and (int(steps.min()) < 0 or len(set(steps.tolist())) != b):
-            raise Error(f"lockstep.hf: step_indices must be distinct and >= 0, got {steps.tolist()}")
+            raise Error(
+                f"lockstep.hf: step_indices must be distinct and >= 0, got {steps.tolist()}"
+            )
     return ids, positions, cu, steps.contiguous()
 
 
@@ -1046,15 +1122,35 @@ def _layer_weights(layer: Any) -> List[Tensor]:
     return [layer.get_parameter(n) for n in _LAYER_WEIGHTS]
 
 
+def _check_weights(model: Any) -> None:
+    """Every parameter still on the host in f32 / bf16 (the model may have moved since patch)."""
+    for name, p in model.named_parameters():
+        if p.device.type != "cpu":
+            raise Error(
+                f"lockstep.hf: parameter {name} is on {p.device}: lockstep.hf runs on CPU tensors "
+                "only for now (CUDA is not yet supported by this module)"
+            )
+        if p.dtype not in (torch.float32, torch.bfloat16):
+            raise Error(f"lockstep.hf: parameter {name} is {p.dtype}; expected float32 or bfloat16")
+
+
 def _stream(model: Any, st: _Setup, ids: Tensor, positions: Tensor, cu: Tensor, steps: Tensor):
-    """(out, res) of the last layer: the f32 stream (bf16 values) into the final norm."""
-    res = _embed(ids, model.model.embed_tokens.weight, cu, steps)
+    """(out, res, lm_w): the f32 stream (bf16 values) of the last layer into the final norm, and
+    the lm_head weight the head uses."""
+    _check_weights(model)
+    embed = model.model.embed_tokens.weight
+    lm_w = model.lm_head.weight
+    if st.tied and embed.dtype == torch.bfloat16 and _acc_of(embed) is None:
+        embed, lm_w = _tie(embed)
+    res = _embed(ids, embed, cu, steps)
     out = None
     for layer in model.model.layers:
-        outs = _layer(out, res, _layer_weights(layer), positions, cu, steps, list(st.dims),
-                      st.eps, st.theta)
+        weights = _layer_weights(layer)
+        outs = _layer(
+            out, res, weights, positions, cu, steps, list(st.dims), st.eps, st.theta
+        )
         out, res = outs[0], outs[1]
-    return out, res
+    return out, res, lm_w
 
 
 def logprobs(
@@ -1069,16 +1165,18 @@ def logprobs(
     entropy: bool = True,
     step_indices: Optional[Any] = None,
 ) -> Tuple[Tensor, Tensor]:
-    """(logp [T] f32, entropy [T] f32) of softmax(h·Wᵀ / temperature) at each row's target, by the
-    contract's linear log-prob head (§L: no [T, V] logits), with autograd (§B.10).
+    """(logp [T] f32, entropy [T] f32) of softmax(h·Wᵀ / temperature) at each row's target, by
+    the contract's linear log-prob head (§L: no [T, V] logits), with autograd (§B.10).
 
     input_ids [T] or [1, T]; packing by ``cu_seqlens`` (int32 [B+1], host) or ``position_ids``
     (HF padding-free, [1, T]); targets [T] or [1, T] in [0, V) or ``ignore_index`` (< 0: logp
-    +0 with no gradient; the row's entropy is still computed, §L). ``entropy=False`` returns the entropy without a gradient (the
-    backward then takes no entropy gradient, as g_ent None). ``step_indices`` [B]: each
-    sequence's step index (B.1; default 0 .. B-1; in accumulate mode the micro-batches' indices
-    must ascend across backward calls). Bitwise equal to ``lockstep.Engine.score`` / the rollout's
-    recorded values and, backward, to the C++ model backward (module docstring).
+    +0 with no gradient; the row's entropy is still computed, §L). ``entropy=False`` returns the
+    entropy without a gradient (the backward then takes no entropy gradient: g_ent None).
+    ``step_indices`` [B]: each sequence's step index (B.1; default 0 .. B-1; in accumulate mode
+    the micro-batches' indices must ascend across backward calls). Bitwise equal to
+    ``lockstep.Engine.score`` / the rollout's recorded values and, backward, to the C++ model
+    backward (see the module docstring). Works under ``torch.compile`` (plain mode; the host-side
+    checks of the packing break the graph).
     """
     st = _setup_of(model)
     ids, positions, cu, steps = _packing(st, input_ids, cu_seqlens, position_ids, step_indices)
@@ -1088,6 +1186,8 @@ def logprobs(
         raise Error(f"lockstep.hf: targets has {tg.shape[0]} entries for T = {t} tokens")
     if not isinstance(ignore_index, int) or isinstance(ignore_index, bool):
         raise TypeError(f"lockstep.hf: ignore_index must be an int, got {ignore_index!r}")
+    if ignore_index >= 0:
+        raise Error(f"lockstep.hf: ignore_index must be < 0 (§L), got {ignore_index}")
     bad = ((tg < 0) | (tg >= st.vocab)) & (tg != ignore_index)
     if bad.any():
         i = int(bad.nonzero()[0])
@@ -1099,24 +1199,28 @@ def logprobs(
         0.0 < float(temperature) < math.inf
     ):
         raise Error(f"lockstep.hf: temperature must be finite and > 0, got {temperature!r}")
-    acc = getattr(model.model.norm.weight, "_lockstep_acc", None)
-    if acc is not None and torch.compiler.is_compiling():
-        raise Error("lockstep.hf: accumulate mode (GradAccumulator) runs in eager mode only")
-    out, res = _stream(model, st, ids, positions, cu, steps)
-    logp, _, ent, _, _ = _head(
-        out,
-        res,
-        model.model.norm.weight,
-        model.lm_head.weight,
-        tg,
-        float(temperature),
-        ignore_index,
-        cu,
-        steps,
-        list(st.dims),
-        st.eps,
-    )
+    run = _logprobs_eager if _accumulating(model) else _logprobs_ops
+    logp, ent = run(model, st, ids, positions, cu, steps, tg, float(temperature), ignore_index)
     return logp, (ent if entropy else ent.detach())
+
+
+def _accumulating(model: Any) -> bool:
+    return _acc_of(model.model.norm.weight) is not None
+
+
+def _logprobs_ops(model, st, ids, positions, cu, steps, tg, temperature, ignore_index):
+    out, res, lm_w = _stream(model, st, ids, positions, cu, steps)
+    logp, _, ent, _, _ = _head(
+        out, res, model.model.norm.weight, lm_w, tg, temperature, ignore_index, cu, steps,
+        list(st.dims), st.eps,
+    )
+    return logp, ent
+
+
+# NOTE: accumulate mode mutates the parameters' main_grad buffers from the backward formulas,
+# which only eager autograd runs with the real parameters: inside a torch.compile'd function
+# that part runs eagerly (a graph break), never traced into plain-mode gradients.
+_logprobs_eager = torch.compiler.disable(_logprobs_ops)
 
 
 def _base_model_forward(
@@ -1135,8 +1239,9 @@ def _base_model_forward(
     final-normed hidden states of the packed sequences."""
     from transformers.modeling_outputs import BaseModelOutputWithPast
 
-    hidden = _hidden_states(self, input_ids, attention_mask, position_ids, cache, inputs_embeds,
-                            cu_seqlens, kwargs)
+    hidden, _ = _hidden_states(
+        self, input_ids, attention_mask, position_ids, cache, inputs_embeds, cu_seqlens, kwargs
+    )
     return BaseModelOutputWithPast(last_hidden_state=hidden[None])
 
 
@@ -1153,10 +1258,15 @@ def _hidden_states(base, input_ids, attention_mask, position_ids, cache, inputs_
             "lockstep.hf: attention_mask with padding is not supported: pack the sequences "
             "(cu_seqlens or position_ids) instead"
         )
+    if _accumulating(model) and torch.is_grad_enabled():
+        raise Error(
+            "lockstep.hf: accumulate mode differentiates lockstep.hf.logprobs only: call "
+            "model(...) under torch.no_grad() or GradAccumulator.remove() first"
+        )
     ids, positions, cu, steps = _packing(st, input_ids, cu_seqlens, position_ids, None)
-    out, res = _stream(model, st, ids, positions, cu, steps)
+    out, res, lm_w = _stream(model, st, ids, positions, cu, steps)
     hidden, _ = _final_norm(out, res, model.model.norm.weight, st.eps)
-    return hidden
+    return hidden, lm_w
 
 
 def _causal_lm_forward(
@@ -1186,13 +1296,14 @@ def _causal_lm_forward(
             "lockstep.hf: labels are not supported by the patched forward: use "
             "lockstep.hf.logprobs(model, input_ids, targets, ...) (the contract's log-prob)"
         )
-    hidden = _hidden_states(self.model, input_ids, attention_mask, position_ids, cache,
-                            inputs_embeds, cu_seqlens, kwargs)
+    hidden, w = _hidden_states(
+        self.model, input_ids, attention_mask, position_ids, cache, inputs_embeds, cu_seqlens,
+        kwargs,
+    )
     if isinstance(logits_to_keep, int) and logits_to_keep > 0:
         hidden = hidden[-logits_to_keep:]
     elif isinstance(logits_to_keep, Tensor):
         hidden = hidden[logits_to_keep]
-    w = self.lm_head.weight
     logits = lt.linear(
         hidden.to(torch.bfloat16),
         w if w.dtype == torch.bfloat16 else w.to(torch.bfloat16),
@@ -1211,7 +1322,8 @@ class GradAccumulator:
     ``engine::Gradients``; ``p.grad`` stays None. Micro-batches must come in step order: a
     backward whose smallest step index is not above every index accepted so far raises
     lockstep.Error before any buffer changes. A tied embedding's lm_head part accumulates apart;
-    ``finish()`` combines them once (B.7, Gradients::finish). Eager mode only.
+    ``finish()`` combines them once (B.7, Gradients::finish). Runs eagerly, also inside a
+    torch.compile'd function (a graph break).
     """
 
     def __init__(self, model: Any) -> None:
@@ -1252,7 +1364,7 @@ class GradAccumulator:
         """Combines a tied embedding's two parts (dE = d_lm_head ⊕ d_embed, once) and returns
         {HF name: p.main_grad} (f32)."""
         if self._finished:
-            raise Error("lockstep.hf.GradAccumulator: already finished for this step (reset() first)")
+            raise Error("lockstep.hf.GradAccumulator: already finished (reset() first)")
         self._finished = True
         if self._tied is not None:
             e = self.model.model.embed_tokens.weight.main_grad
