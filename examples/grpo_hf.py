@@ -97,6 +97,11 @@ def train_tokenizer(corpus: Sequence[str]):
     )
 
 
+def encode(tokenizer, text: str) -> List[int]:
+    """Token ids of `text`, no special tokens added (the loop adds BOS and EOS itself)."""
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
 def decode(tokenizer, ids) -> str:
     """A completion as text: its characters up to EOS; any other special token reads as '?'
     (a wrong character)."""
@@ -170,8 +175,8 @@ def warm_up(model, opt, tokenizer, rng, args, log) -> None:
         seqs, starts = [], []
         for _ in range(args.warmup_batch):
             prompt, answer = make_problem(rng, args.task, args.size)
-            p = [tokenizer.bos_token_id] + tokenizer.encode(prompt, add_special_tokens=False)
-            seqs.append(p + tokenizer.encode(answer, add_special_tokens=False) + [tokenizer.eos_token_id])
+            p = [tokenizer.bos_token_id] + encode(tokenizer, prompt)
+            seqs.append(p + encode(tokenizer, answer) + [tokenizer.eos_token_id])
             starts.append(len(p))
         logp, _, _ = trainer_logprobs(model, seqs, starts)
         loss = -logp.mean()
@@ -196,7 +201,7 @@ def grpo_step(step, model, opt, engine, tokenizer, rng, args) -> dict:
     t0 = time.perf_counter()
     n, g = args.prompts, args.group_size
     problems = [make_problem(rng, args.task, args.size) for _ in range(n)]
-    prompts = [[tokenizer.bos_token_id] + tokenizer.encode(p, add_special_tokens=False) for p, _ in problems]
+    prompts = [[tokenizer.bos_token_id] + encode(tokenizer, p) for p, _ in problems]
     batch = [p for p in prompts for _ in range(g)]  # group i: rows i*g .. i*g + g - 1
     sampling = lockstep.Sampling(
         temperature=args.temperature,
@@ -386,9 +391,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     model = make_model(tokenizer, args.seed)
     contract = lockstep.Contract(gemm_segments=4, kv_chunk=64, vocab_tile=256, vocab_segments=4)
     lockstep.hf.patch(model, contract=contract, tp=1)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.warmup_lr, betas=(0.9, 0.99), weight_decay=0.0)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=args.warmup_lr, betas=(0.9, 0.99), weight_decay=0.0
+    )
     c = model.config
-    log("grpo_hf: GRPO on a HF Qwen3 with lockstep's rollout engine; log-probs compared bit for bit")
+    log("grpo_hf: GRPO on a HF Qwen3, lockstep's rollout engine; log-probs compared bit for bit")
     log(f"  model     Qwen3ForCausalLM: V={c.vocab_size} (tokenizer trained on the fly) "
         f"H={c.hidden_size} I={c.intermediate_size} L={c.num_hidden_layers} "
         f"Hq={c.num_attention_heads} Hkv={c.num_key_value_heads} D={c.head_dim} tied, "
