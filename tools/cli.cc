@@ -126,12 +126,13 @@ void add_contract_options(CLI::App& app, ContractConfig& c) {
   // --vocab-segments override --segments whatever their order on the command line.
   app.add_option_function<int>(
          "--segments", [&c](int s) { c.gemm_segments = c.vocab_segments = s; },
-         "GEMM K and vocab segments (>= every TP degree)")
+         "row-parallel GEMM K and vocab segments (>= every TP degree)")
       ->transform(int_one_of({1, 2, 4, 8}))
       ->type_name("N")
       ->default_str(std::to_string(c.gemm_segments))
       ->group(g);
-  app.add_option("--gemm-segments", c.gemm_segments, "GEMM K segments only (overrides --segments)")
+  app.add_option("--gemm-segments", c.gemm_segments,
+                 "K segments of the row-parallel GEMMs (o_proj, down) only (overrides --segments)")
       ->transform(int_one_of({1, 2, 4, 8}))
       ->type_name("N")
       ->capture_default_str()

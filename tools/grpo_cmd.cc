@@ -74,23 +74,24 @@ engine::Weights load_weights(const ModelFlags& m, engine::Qwen3Config& cfg, std:
 
 std::string json_line(const engine::GrpoStepMetrics& s) {
   char buf[2048];
-  std::snprintf(buf, sizeof buf,
-                "{\"step\": %lld, \"reward_mean\": %.9g, \"reward_std\": %.9g, \"sequences\": "
-                "%lld, \"generated_tokens\": %lld, \"logp_compared\": %lld, \"logp_mismatches\": "
-                "%lld, \"max_abs_dlogp\": %.9g, \"ratio_min\": %.17g, \"ratio_max\": %.17g, "
-                "\"clip_fraction\": %.9g, \"kl\": %.9g, \"entropy_mean\": %.9g, \"loss\": %.9g, "
-                "\"grad_norm\": %.9g, \"lr\": %.9g, \"rollout_s\": %.4f, \"train_s\": %.4f, "
-                "\"step_s\": %.4f, \"reward_s\": %.4f, \"forward_s\": %.4f, \"backward_s\": %.4f, "
-                "\"optimizer_s\": %.4f, \"weight_sync_s\": %.4f, \"train_tokens_per_s\": %.1f, "
-                "\"rollout_weight_version\": %lld, \"max_staleness\": %lld, \"weights_sha256\": "
-                "\"%s\"}",
-                (long long)s.step, s.reward_mean, s.reward_std, (long long)s.sequences,
-                (long long)s.generated_tokens, (long long)s.logp_compared,
-                (long long)s.logp_mismatches, s.max_abs_dlogp, s.ratio_min, s.ratio_max,
-                s.clip_fraction, s.kl, s.entropy_mean, s.loss, s.grad_norm, s.lr, s.rollout_s,
-                s.train_s, s.step_s, s.reward_s, s.forward_s, s.backward_s, s.optimizer_s,
-                s.weight_sync_s, s.train_tokens_per_s, (long long)s.rollout_weight_version,
-                (long long)s.max_staleness, s.weights_sha256.c_str());
+  std::snprintf(
+      buf, sizeof buf,
+      "{\"step\": %lld, \"reward_mean\": %.9g, \"reward_std\": %.9g, \"sequences\": "
+      "%lld, \"generated_tokens\": %lld, \"logp_compared\": %lld, \"logp_mismatches\": "
+      "%lld, \"max_abs_dlogp\": %.9g, \"ratio_min\": %.17g, \"ratio_max\": %.17g, "
+      "\"clip_fraction\": %.9g, \"kl\": %.9g, \"entropy_mean\": %.9g, \"loss\": %.9g, "
+      "\"grad_norm\": %.9g, \"lr\": %.9g, \"rollout_s\": %.4f, \"train_s\": %.4f, "
+      "\"step_s\": %.4f, \"reward_s\": %.4f, \"forward_s\": %.4f, \"backward_s\": %.4f, "
+      "\"optimizer_s\": %.4f, \"weight_sync_s\": %.4f, \"hash_s\": %.4f, "
+      "\"train_tokens_per_s\": %.1f, "
+      "\"rollout_weight_version\": %lld, \"max_staleness\": %lld, \"weights_sha256\": "
+      "\"%s\"}",
+      (long long)s.step, s.reward_mean, s.reward_std, (long long)s.sequences,
+      (long long)s.generated_tokens, (long long)s.logp_compared, (long long)s.logp_mismatches,
+      s.max_abs_dlogp, s.ratio_min, s.ratio_max, s.clip_fraction, s.kl, s.entropy_mean, s.loss,
+      s.grad_norm, s.lr, s.rollout_s, s.train_s, s.step_s, s.reward_s, s.forward_s, s.backward_s,
+      s.optimizer_s, s.weight_sync_s, s.hash_s, s.train_tokens_per_s,
+      (long long)s.rollout_weight_version, (long long)s.max_staleness, s.weights_sha256.c_str());
   return buf;
 }
 
@@ -177,10 +178,11 @@ int run_grpo_cmd(GrpoFlags& f) {
     if (!f.json && !header) {
       header = true;
       // The step's time split (seconds): rollout, training forward, backward, optimizer, weight
-      // sync (reward scoring is in step s, and in --json).
-      std::printf("\n%5s %8s %7s %10s %10s %20s %8s %9s %8s %9s %8s %7s %7s %7s %7s %7s\n", "step",
-                  "reward", "std", "compared", "mismatch", "ratio min/max", "kl", "clipfrac",
-                  "gnorm", "tok/s", "step s", "roll", "fwd", "bwd", "opt", "sync");
+      // sync, the weights' hash (reward scoring is in step s, and in --json).
+      std::printf("\n%5s %8s %7s %10s %10s %20s %8s %9s %8s %9s %8s %7s %7s %7s %7s %7s %7s\n",
+                  "step", "reward", "std", "compared", "mismatch", "ratio min/max", "kl",
+                  "clipfrac", "gnorm", "tok/s", "step s", "roll", "fwd", "bwd", "opt", "sync",
+                  "hash");
     }
     const std::string j = json_line(s);
     if (metrics) {
@@ -194,11 +196,11 @@ int run_grpo_cmd(GrpoFlags& f) {
       std::snprintf(rr, sizeof rr, "%.6f/%.6f", s.ratio_min, s.ratio_max);
       std::printf(
           "%5lld %8.4f %7.4f %10lld %10lld %20s %8.2g %9.3f %8.3f %9.0f %8.2f %7.2f %7.2f %7.2f "
-          "%7.2f %7.2f\n",
+          "%7.2f %7.2f %7.2f\n",
           (long long)s.step, s.reward_mean, s.reward_std, (long long)s.logp_compared,
           (long long)s.logp_mismatches, rr, s.kl, s.clip_fraction, s.grad_norm,
           s.train_tokens_per_s, s.step_s, s.rollout_s, s.forward_s, s.backward_s, s.optimizer_s,
-          s.weight_sync_s);
+          s.weight_sync_s, s.hash_s);
     }
     flush_stdout();
   };

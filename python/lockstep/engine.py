@@ -22,7 +22,7 @@ import json
 import numbers
 import operator
 import os
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
 from lockstep import _C
 from lockstep._C import Error
@@ -271,6 +271,52 @@ class Engine:
         else:
             temps = [float(t) for t in temperature]
         return [Scores(*s) for s in self._c.score(toks, lens, temps)]
+
+    def gradients(
+        self,
+        sequences: Sequence[Sequence[int]],
+        targets: Sequence[Sequence[int]],
+        g_lp: Sequence[Any],
+        g_ent: Optional[Sequence[Any]] = None,
+        *,
+        temperature: float = 1.0,
+        micro_batches: Optional[Sequence[Sequence[int]]] = None,
+    ) -> Tuple[dict, list, list]:
+        """The C++ model backward (engine::Backprop, docs/contract.md §B.10) of the packed
+        training forward: the fp32 gradient of every weight (HF names) for the loss whose
+        gradient w.r.t. each token's log-prob is g_lp and w.r.t. its entropy g_ent.
+
+        Per sequence i: ``targets[i][t]`` is the token row t's log-prob is taken of (in [0, V),
+        or -1: none, logp +0, no gradient), ``g_lp[i]`` / ``g_ent[i]`` one f32 value per token
+        (``g_ent`` None: no entropy gradient), all at one ``temperature``. The step index (B.1) of
+        sequence i is i; ``micro_batches`` (default: one holding all, in order) lists the
+        sequences each micro-batch packs; they add to one fp32 chain per weight in the given
+        order, which must be the step order (else lockstep.Error). A tied embedding's lm_head and
+        embedding parts are combined once at the end (B.7). CPU engines only.
+
+        Returns (grads {name: numpy f32}, logp per sequence, entropy per sequence).
+        """
+        toks = [_token_list("sequence", i, s) for i, s in enumerate(list(sequences))]
+        n = len(toks)
+        tgts = [_token_list("targets", i, t) for i, t in enumerate(list(targets))]
+
+        def f32_lists(name: str, values: Any) -> list:
+            out = []
+            for i, v in enumerate(list(values)):
+                a = np.asarray(v.detach() if hasattr(v, "detach") else v)
+                if a.dtype != np.float32 or a.ndim != 1:
+                    raise TypeError(f"Engine.gradients: {name}[{i}] must be a 1-D float32 array")
+                out.append(a.tolist())
+            return out
+
+        glp = f32_lists("g_lp", g_lp)
+        gent = [] if g_ent is None else f32_lists("g_ent", g_ent)
+        if micro_batches is None:
+            mbs = [list(range(n))]
+        else:
+            mbs = [[operator.index(i) for i in mb] for mb in micro_batches]
+        grads, logp, entropy = self._c.gradients(toks, tgts, glp, gent, mbs, float(temperature))
+        return dict(grads), list(logp), list(entropy)
 
     def update_weights(
         self,

@@ -83,8 +83,9 @@ struct GrpoStepMetrics {
   // (generation), reward (scoring), forward (the trainer's forwards and log-prob heads), backward
   // (policy loss, backward, gradient finish), optimizer (AdamW steps, bf16 weights included) and
   // weight sync (placing the new weights for the next models: the rollout model, the training
-  // models and their backward's copies, the host copy of the weights).
+  // models and their backward's copies, the host copy of the weights) and hash (weights_sha256).
   double reward_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0, weight_sync_s = 0;
+  double hash_s = 0;
   double train_tokens_per_s = 0;
   std::string weights_sha256;  // of the bf16 weights after the step
   // The weights' version (optimizer steps applied to the policy, warm-up included) that generated
@@ -145,7 +146,10 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& model, const Weights&
 Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& model, const Weights& weights,
                  const GrpoHooks& hooks = {});
 
-// sha256 of the weights' bytes, tensor after tensor in order (names not included).
+// The weights' digest: each tensor's bytes (in the map's order; names not included) cut into
+// pieces of 16 MiB (the last one shorter; an empty tensor is one empty piece), each piece's
+// sha256 as 64 lowercase hex digits, and the sha256 (hex) of those digits concatenated in order.
+// The pieces are hashed in parallel; the result does not depend on the thread count.
 std::string weights_sha256(const Weights& w);
 
 }  // namespace lockstep::engine

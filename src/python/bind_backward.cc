@@ -3,8 +3,12 @@
 // canonical token order of (cu_seqlens, step_indices) (B.1; without cu_seqlens all rows are one
 // sequence). Every check is the library's.
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/vector.h>
+
+#include <vector>
 
 #include "lockstep/ops/backward.h"
+#include "lockstep/ops/gemm.h"
 #include "python/bindings.h"
 #include "python/tensor_args.h"
 
@@ -171,6 +175,31 @@ void round_bf16(const Array& src, const Array& dst, uint64_t stream) {
   });
 }
 
+// y = tree(partials) (B.2, §G.4): the fp32 partials of a TP-sharded reduction (rank order, t =
+// 1, 2, 4 or 8, each [M, N] f32) combined by the GEMM's balanced tree, y [M, N] f32 or bf16
+// (rounded once). The combine of a column-parallel dX's shard results (train.cc's column_dx).
+void gemm_combine(const std::vector<Array>& partials, const Array& y, uint64_t stream) {
+  constexpr const char* kOp = "gemm_tree_combine";
+  std::vector<TensorView> pv;
+  for (const Array& a : partials) pv.push_back(view_of(kOp, "partials", a));
+  const TensorView yv = view_of(kOp, "y", y);
+  place(kOp, {&yv}, stream);
+  for (const TensorView& v : pv) place(kOp, {&v, &yv}, stream);
+  released([&] { cpu::gemm_tree_combine(pv, nullptr, yv); });
+}
+
+// y_partial = the fp32 subtree of rank tp_rank's S/t K segments (row-parallel TP, §G.5): x_shard
+// [M, Kr] and w_shard [N, Kr] bf16 (the rank's columns of gemm_tp_k_range), y_partial [M, N] f32.
+void gemm_partial(const Array& x_shard, const Array& w_shard, int64_t k_total, int tp_size,
+                  int tp_rank, int segments, const Array& y_partial, uint64_t stream) {
+  constexpr const char* kOp = "gemm_bf16_nt_partial";
+  const TensorView xv = view_of(kOp, "x_shard", x_shard), wv = view_of(kOp, "w_shard", w_shard);
+  const TensorView yv = view_of(kOp, "y_partial", y_partial);
+  place(kOp, {&xv, &wv, &yv}, stream);
+  const GemmConfig cfg{segments};
+  released([&] { cpu::gemm_bf16_nt_partial(xv, wv, k_total, tp_size, tp_rank, cfg, yv); });
+}
+
 }  // namespace
 
 void bind_backward(nb::module_& m) {
@@ -208,6 +237,12 @@ void bind_backward(nb::module_& m) {
         arg("out"), arg("lse"), arg("dout"), arg("cu_seqlens"), arg("dq"), arg("dk"), arg("dv"),
         arg("kv_chunk") = 1024, arg("softmax_scale") = 0.0, arg("stream") = 0,
         "Varlen causal attention backward (B.9). dout bf16; dq, dk, dv f32 (written).");
+  m.def("gemm_combine", &gemm_combine, arg("partials"), arg("y"), arg("stream") = 0,
+        "y = tree(partials) (B.2): fp32 partials [M, N] in rank order (1, 2, 4 or 8) combined by "
+        "the GEMM's tree; y f32 or bf16 (rounded once).");
+  m.def("gemm_partial", &gemm_partial, arg("x_shard"), arg("w_shard"), arg("k_total"),
+        arg("tp_size"), arg("tp_rank"), arg("segments"), arg("y_partial"), arg("stream") = 0,
+        "Row-parallel TP rank's fp32 partial of y = x·wᵀ (§G.5): its S/t K segments.");
   m.def("round_bf16", &round_bf16, arg("src"), arg("dst"), arg("stream") = 0,
         "dst = round_bf16(src) (RNE, canonical NaN): the gradients' rounding point (B.0).");
 }

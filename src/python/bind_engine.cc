@@ -28,6 +28,7 @@
 #include "engine/model.h"
 #include "engine/rollout.h"
 #include "engine/safetensors.h"
+#include "engine/train.h"
 #include "engine/trainer.h"
 #ifdef LOCKSTEP_PYTHON_CUDA
 #include "engine/cuda/backends.h"
@@ -48,6 +49,7 @@ constexpr const char* kGenerate = "Engine.generate";
 constexpr const char* kScore = "Engine.score";
 constexpr const char* kUpdate = "Engine.update_weights";
 constexpr const char* kEngine = "Engine";
+constexpr const char* kGradients = "Engine.gradients";
 
 // A 1-D numpy array owning `v`.
 template <typename T>
@@ -55,6 +57,15 @@ nb::ndarray<nb::numpy, T, nb::ndim<1>> to_numpy(std::vector<T> v) {
   auto* heap = new std::vector<T>(std::move(v));
   nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
   return nb::ndarray<nb::numpy, T, nb::ndim<1>>(heap->data(), {heap->size()}, owner);
+}
+
+// A numpy f32 array owning a copy of a host f32 tensor (its shape).
+nb::ndarray<nb::numpy, float> f32_numpy(const TensorView& v) {
+  auto* t = new Tensor(DType::kF32, std::vector<int64_t>(v.shape, v.shape + v.ndim));
+  std::memcpy(t->data(), v.data, size_t(t->nbytes()));
+  nb::capsule owner(t, [](void* p) noexcept { delete static_cast<Tensor*>(p); });
+  std::vector<size_t> shape(t->shape().begin(), t->shape().end());
+  return nb::ndarray<nb::numpy, float>(t->data(), shape.size(), shape.data(), owner);
 }
 
 // A token id of request / sequence `i` at position `j`, checked against the vocab.
@@ -268,6 +279,102 @@ class Engine {
     return out;
   }
 
+  // The C++ model backward (engine::Backprop, docs/contract.md §B.10) over micro-batches, for
+  // tests and for checking a trainer: micro_batches[m] lists the sequences (indices into
+  // `sequences`) packed in micro-batch m, in that order; the step index of sequence i is i (B.1),
+  // so the micro-batches must come in step order (else lockstep.Error). Per token: targets in
+  // [0, V) or -1 (no target), g_lp and g_ent (empty: no entropy gradient) the upstream gradients
+  // of the log-prob head at `temperature`. Returns (grads: HF name -> f32 array, after
+  // Gradients::finish, per sequence logp and entropy).
+  nb::tuple gradients(const std::vector<std::vector<int64_t>>& sequences,
+                      const std::vector<std::vector<int64_t>>& targets,
+                      const std::vector<std::vector<float>>& g_lp,
+                      const std::vector<std::vector<float>>& g_ent,
+                      const std::vector<std::vector<int64_t>>& micro_batches, double temperature) {
+    const size_t n = sequences.size();
+    LS_CHECK(n > 0, kGradients, "no sequences");
+    LS_CHECK(backend_->device() == Device::kCPU, kGradients,
+             "the model backward runs on a CPU engine only (device='cpu')");
+    LS_CHECK(targets.size() == n && g_lp.size() == n && (g_ent.empty() || g_ent.size() == n),
+             kGradients, n, " sequences, ", targets.size(), " target lists, ", g_lp.size(),
+             " g_lp lists, ", g_ent.size(), " g_ent lists (0: no entropy gradient)");
+    std::vector<std::vector<int32_t>> ids(n);
+    for (size_t i = 0; i < n; ++i) {
+      const size_t len = sequences[i].size();
+      LS_CHECK(targets[i].size() == len && g_lp[i].size() == len &&
+                   (g_ent.empty() || g_ent[i].size() == len),
+               kGradients, "sequence ", i, " has ", len,
+               " tokens: targets, g_lp and g_ent need one entry per token");
+      for (size_t j = 0; j < len; ++j) {
+        ids[i].push_back(token_id(kGradients, "sequence", i, j, sequences[i][j], cfg_.vocab_size));
+        LS_CHECK(targets[i][j] == -1 || (targets[i][j] >= 0 && targets[i][j] < cfg_.vocab_size),
+                 kGradients, "sequence ", i, ": target ", j, " is ", targets[i][j],
+                 ", neither -1 nor in the vocab [0, ", cfg_.vocab_size, ")");
+      }
+    }
+    for (const auto& mb : micro_batches)
+      for (int64_t i : mb)
+        LS_CHECK(i >= 0 && size_t(i) < n, kGradients, "micro-batch sequence index ", i,
+                 " is outside [0, ", n, ")");
+    LogprobParams params;
+    params.temperature = float(temperature);
+    params.ignore_index = -1;
+    std::unique_ptr<engine::Gradients> grads;
+    std::vector<std::vector<float>> logp(n), ent(n);
+    released([&] {
+      std::lock_guard<std::mutex> lock(mu_);
+      // A model of its own: the backward's forward sets a trace on it.
+      Model model(cfg_, views_, opt_, backend_);
+      const engine::Backprop bp(cfg_, views_, opt_, *backend_);
+      grads = std::make_unique<engine::Gradients>(cfg_);
+      for (const auto& mb : micro_batches) {
+        int64_t T = 0;
+        for (int64_t i : mb) T += int64_t(ids[size_t(i)].size());
+        const int64_t B = int64_t(mb.size());
+        Tensor tok(DType::kI32, {T}), cu(DType::kI32, {B + 1}), tg(DType::kI32, {T});
+        Tensor glp(DType::kF32, {T}), gent(DType::kF32, {T});
+        Tensor lp(DType::kF32, {T}), lse(DType::kF32, {T}), en(DType::kF32, {T});
+        std::vector<int64_t> steps;
+        int64_t r = 0;
+        cu.ptr<int32_t>()[0] = 0;
+        for (int64_t b = 0; b < B; ++b) {
+          const size_t i = size_t(mb[size_t(b)]);
+          for (size_t j = 0; j < ids[i].size(); ++j, ++r) {
+            tok.ptr<int32_t>()[r] = ids[i][j];
+            tg.ptr<int32_t>()[r] = int32_t(targets[i][j]);
+            glp.ptr<float>()[r] = g_lp[i][j];
+            gent.ptr<float>()[r] = g_ent.empty() ? 0.0f : g_ent[i][j];
+          }
+          cu.ptr<int32_t>()[b + 1] = int32_t(r);
+          steps.push_back(int64_t(i));
+        }
+        const engine::SavedForward f = bp.forward(model, tok.view(), cu.view());
+        model.logprob(f.hidden.view(), tg.view(), params.temperature, lp.view(), lse.view(),
+                      en.view());
+        const TensorView gent_v = gent.view();
+        bp.backward(f, tg.view(), params, lse.view(), en.view(), glp.view(),
+                    g_ent.empty() ? nullptr : &gent_v, steps, *grads);
+        r = 0;
+        for (int64_t b = 0; b < B; ++b) {
+          const size_t i = size_t(mb[size_t(b)]);
+          const int64_t len = int64_t(ids[i].size());
+          logp[i].assign(lp.ptr<float>() + r, lp.ptr<float>() + r + len);
+          ent[i].assign(en.ptr<float>() + r, en.ptr<float>() + r + len);
+          r += len;
+        }
+      }
+      grads->finish();
+    });
+    nb::dict d;
+    for (const auto& [name, t] : grads->all()) d[name.c_str()] = f32_numpy(t.view());
+    nb::list lps, ens;
+    for (size_t i = 0; i < n; ++i) {
+      lps.append(to_numpy(std::move(logp[i])));
+      ens.append(to_numpy(std::move(ent[i])));
+    }
+    return nb::make_tuple(d, lps, ens);
+  }
+
   // Replaces the named weights (all of them unless `partial`); the version becomes `version`
   // (> the current one) or the current one + 1.
   int64_t update_weights(const nb::dict& weights, bool partial, std::optional<int64_t> version) {
@@ -448,6 +555,8 @@ void bind_engine(nb::module_& m) {
            nb::arg("min_ps"), nb::arg("max_new_tokens"), nb::arg("stop_on_eos"))
       .def("score", &Engine::score, nb::arg("sequences"), nb::arg("prompt_lens"),
            nb::arg("temperatures"))
+      .def("gradients", &Engine::gradients, nb::arg("sequences"), nb::arg("targets"),
+           nb::arg("g_lp"), nb::arg("g_ent"), nb::arg("micro_batches"), nb::arg("temperature"))
       .def("update_weights", &Engine::update_weights, nb::arg("weights"), nb::arg("partial"),
            nb::arg("version").none())
       .def("weights", &Engine::weights)

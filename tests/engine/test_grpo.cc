@@ -10,8 +10,10 @@
 #include <filesystem>
 #include <vector>
 
+#include "core/thread_pool.h"
 #include "engine/default_model.h"
 #include "engine/grpo.h"
+#include "engine/safetensors.h"
 #include "lockstep/error.h"
 #include "util/grpo_test_util.h"
 
@@ -25,6 +27,35 @@ struct GrpoRun {
   std::vector<GrpoStepMetrics> steps;
   std::string final_sha;
 };
+
+// weights_sha256 is the text of grpo.h: 16 MiB pieces per tensor (an 18 MiB tensor is two, an
+// empty one is one empty piece), their hex digests concatenated and hashed; any thread count; one
+// changed byte changes it.
+TEST(GrpoWeightsHash, IsTheStatedPieceDigest) {
+  Weights w;
+  w.emplace_back("big", Tensor(DType::kBF16, {int64_t(9) << 20}));  // 18 MiB
+  w.emplace_back("empty", Tensor(DType::kBF16, {0}));
+  w.emplace_back("small", Tensor(DType::kF32, {5}));
+  for (auto& [name, t] : w) {
+    auto* p = static_cast<uint8_t*>(t.data());
+    for (size_t i = 0; i < t.nbytes(); ++i) p[i] = uint8_t(i * 2654435761u >> 13);
+  }
+  const auto* big = static_cast<const uint8_t*>(w[0].second.data());
+  const size_t piece = size_t(16) << 20;
+  const std::string stated =
+      sha256_hex(big, piece) + sha256_hex(big + piece, w[0].second.nbytes() - piece) +
+      sha256_hex(nullptr, 0) + sha256_hex(w[2].second.data(), w[2].second.nbytes());
+  const int threads = num_threads();
+  set_num_threads(1);
+  const std::string one = weights_sha256(w);
+  set_num_threads(3);
+  const std::string three = weights_sha256(w);
+  set_num_threads(threads);
+  EXPECT_EQ(one, sha256_hex(stated.data(), stated.size()));
+  EXPECT_EQ(three, one);
+  static_cast<uint8_t*>(w[0].second.data())[piece + 7] ^= 1;
+  EXPECT_NE(weights_sha256(w), one);
+}
 
 GrpoRun run(const GrpoConfig& g) {
   const Qwen3Config c = small_config();
