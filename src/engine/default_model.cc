@@ -33,13 +33,17 @@ uint32_t fnv1a32(const std::string& s) {
 }
 
 // Standard deviation of a weight (0 marks a norm weight, drawn around 1). Projections reading a
-// normalized input of RMS ~1 use 1/sqrt(fan_in) so their outputs are O(1); the embedding's 0.2
-// makes tied logits (final-normed h · E) have a spread of about 0.2·sqrt(H) ≈ 2.3 at H = 128:
-// peaked enough that sampling settings matter, flat enough that samples vary.
+// normalized input of RMS ~1 use 1/sqrt(fan_in) so their outputs are O(1); the embedding's
+// 0.2·sqrt(128 / H) (exactly 0.2 for the built-in model's H = 128) makes tied logits (final-normed
+// h · E) have a spread of about 0.2·sqrt(128) ≈ 2.3 at every H: peaked enough that sampling
+// settings matter, flat enough that samples vary. (Until 2026-12-02 it was 0.2 at every H: the
+// 0.6B shape's logits then had a spread of ~6.4, its warm-up loss started at 28 and GRPO's
+// sampled distributions collapsed to one token within two steps.)
 double weight_std(const std::string& name, const std::vector<int64_t>& shape) {
   if (shape.size() == 1) return 0.0;
-  if (name == "model.embed_tokens.weight" || name == "lm_head.weight") return 0.2;
-  return 1.0 / std::sqrt(double(shape[1]));  // fan_in = in_features
+  if (name == "model.embed_tokens.weight" || name == "lm_head.weight")
+    return 0.2 * std::sqrt(128.0 / double(shape[1]));  // shape [V, H]
+  return 1.0 / std::sqrt(double(shape[1]));            // fan_in = in_features
 }
 
 std::string hex64(uint64_t v) {
