@@ -159,6 +159,11 @@ TEST(Grpo, BaselineKernelsShowMismatches) {
   GrpoConfig g = small_run();
   g.baseline = true;
   g.steps = 1;
+  // 64 sequences (~250 compared tokens): with 16 (~60 tokens) the random weights' peaked
+  // distributions left the baseline without a mismatch once the embedding std became 0.2·√(128/H).
+  g.prompts = 16;
+  g.rollout.kv.num_pages = 512;
+  g.rollout.scheduler.max_running = 64;
   const GrpoRun r = run(g);
   ASSERT_EQ(r.steps.size(), 1u);
   EXPECT_GT(r.steps[0].logp_mismatches, 0);
