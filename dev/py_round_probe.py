@@ -13,6 +13,15 @@ def step(name, fn):
     print("probe: ok", name, flush=True)
 
 
+try:
+    import ml_dtypes  # numpy bf16, when present: the same call through numpy's DLPack
+    import numpy as np
+
+    ns, nd = (np.arange(8, dtype=np.float32) / 3), np.empty(8, dtype=ml_dtypes.bfloat16)
+    step("round_bf16 via numpy arrays", lambda: _C.round_bf16(ns, nd, 0))
+except ImportError:
+    print("probe: no ml_dtypes, numpy step skipped", flush=True)
+print("probe: torch", torch.__version__, flush=True)
 src = torch.arange(8, dtype=torch.float32) / 3
 dst = torch.empty(8, dtype=torch.bfloat16)
 step("round_bf16 8 elements, stream 0", lambda: _C.round_bf16(src, dst, 0))
