@@ -49,7 +49,7 @@ if [ -n "${good:-}" ]; then
   echo "pytest with build $good" >>"$OUT/diag_env.txt"
   cache=$(mktemp -d)
   (cd tests/python && PYTHONPATH=/tmp/py$good LD_PRELOAD=/tmp/segv.so TORCHINDUCTOR_CACHE_DIR=$cache \
-    PYTHONUNBUFFERED=1 timeout 300 $py -X faulthandler -m pytest -q -p no:cacheprovider -rs -x \
+    LOCKSTEP_REQUIRE_CUDA=1 PYTHONUNBUFFERED=1 timeout 300 $py -X faulthandler -m pytest -q -p no:cacheprovider -rs \
     --durations=5) >"$OUT/pytest_$good.log" 2>&1
   echo "pytest rc $? $(grep -E '[0-9]+ (passed|failed)' "$OUT/pytest_$good.log" | tail -1)" >>"$OUT/diag_env.txt"
 fi

@@ -57,6 +57,28 @@ def _opt(t: Optional[Tensor]) -> Optional[Tensor]:
     return None if t is None else t.detach()
 
 
+def _host(t: Optional[Tensor]) -> Optional[Tensor]:
+    """A metadata tensor (cu_seqlens, step_indices, per-row sampling settings) on the host, where
+    the library reads it to plan the op: a CUDA one is copied (one synchronizing copy)."""
+    return None if t is None else t.detach().cpu()
+
+
+def _check_range(op: str, name: str, t: Tensor, bound: int, ignore: Optional[int] = None) -> None:
+    """Ids / positions / targets of a CUDA call in [0, bound) (or == ignore): the CPU ops check
+    them, the CUDA kernels cannot before the launch (they write NaN rows), so the torch layer
+    checks here, at the cost of one synchronizing reduction, and raises lockstep.Error."""
+    if not t.is_cuda or t.numel() == 0:
+        return
+    bad = (t < 0) | (t >= bound)
+    if ignore is not None:
+        bad &= t != ignore
+    if bool(bad.any()):
+        first = int(bad.nonzero()[0, 0])
+        raise _C.Error(
+            f"{op}: argument '{name}' has {name}[{first}] = {int(t[first])} outside [0, {bound})"
+        )
+
+
 def _stream(t: Tensor) -> int:
     """torch's current CUDA stream for a CUDA tensor (the op runs on it), else 0."""
     return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
@@ -140,7 +162,7 @@ def _linear_backward(
     dx = x.new_empty(x.shape)
     dw = torch.zeros(w.shape, dtype=torch.float32, device=w.device)
     _C.gemm_dx(_arg(dy), _arg(w), dx, dx_segments, _stream(dy))
-    _C.gemm_dw(_arg(dy), _arg(x), dw, _opt(cu_seqlens), _opt(step_indices), _stream(dy))
+    _C.gemm_dw(_arg(dy), _arg(x), dw, _host(cu_seqlens), _host(step_indices), _stream(dy))
     return dx, _rounded(dw, w.dtype)
 
 
@@ -243,8 +265,8 @@ def _rmsnorm_backward(
         _arg(gy),
         dx,
         dweight,
-        _opt(cu_seqlens),
-        _opt(step_indices),
+        _host(cu_seqlens),
+        _host(step_indices),
         eps,
         _stream(s),
     )
@@ -330,8 +352,8 @@ def _rmsnorm_residual_backward(
         _arg(gres),
         ds,
         dweight,
-        _opt(cu_seqlens),
-        _opt(step_indices),
+        _host(cu_seqlens),
+        _host(step_indices),
         eps,
         _stream(s),
     )
@@ -382,6 +404,7 @@ def rmsnorm_residual(
 @torch.library.custom_op("lockstep::rope", mutates_args=())
 def _rope(x: Tensor, positions: Tensor, theta: float, max_positions: int) -> Tensor:
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    _check_range("rope", "positions", positions, max_positions)
     _C.rope(_arg(x), _arg(positions), y, theta, max_positions, _stream(x))
     return y
 
@@ -487,6 +510,7 @@ def _embedding(
     ids: Tensor, table: Tensor, cu_seqlens: Optional[Tensor], step_indices: Optional[Tensor]
 ) -> Tensor:
     out = _rows_out(ids, _size(table, 1), table.dtype)
+    _check_range("embedding", "ids", ids, _size(table, 0))
     _C.embedding(_arg(ids), _arg(table), out, _stream(table))
     return out
 
@@ -509,7 +533,7 @@ def _embedding_backward(
     rounded once to `dtype`)."""
     dtable = torch.zeros((vocab, _size(gh, 1)), dtype=torch.float32, device=gh.device)
     _C.embedding_backward(
-        _arg(ids), _arg(gh), dtable, _opt(cu_seqlens), _opt(step_indices), _stream(gh)
+        _arg(ids), _arg(gh), dtable, _host(cu_seqlens), _host(step_indices), _stream(gh)
     )
     return _rounded(dtable, dtype)
 
@@ -561,7 +585,7 @@ def _attention_varlen(
         _arg(q),
         _arg(k),
         _arg(v),
-        _arg(cu_seqlens),
+        _host(cu_seqlens),
         out,
         lse,
         kv_chunk,
@@ -603,7 +627,7 @@ def _attention_varlen_backward(
         _arg(out),
         _arg(lse),
         _arg(dout),
-        _arg(cu_seqlens),
+        _host(cu_seqlens),
         dq,
         dk,
         dv,
@@ -670,6 +694,7 @@ def _linear_logprob(
 ) -> Tuple[Tensor, Tensor, Tensor]:
     t = _size(h, 0)
     logp, lse, entropy = (h.new_empty((t,), dtype=torch.float32) for _ in range(3))
+    _check_range("linear_logprob", "targets", targets, _size(w, 0), ignore_index)
     _C.linear_logprob(
         _arg(h),
         _arg(w),
@@ -722,8 +747,8 @@ def _linear_logprob_backward(
         temperature,
         ignore_index,
         _contract_c(*contract),
-        _opt(cu_seqlens),
-        _opt(step_indices),
+        _host(cu_seqlens),
+        _host(step_indices),
         _stream(h),
     )
     return _rounded(dh, h.dtype), _rounded(dw, w.dtype)
@@ -829,11 +854,11 @@ def _sample(
     _C.sample(
         _arg(h),
         _arg(w),
-        _arg(seed),
-        _arg(temperature),
-        _arg(top_k),
-        _arg(top_p),
-        _arg(min_p),
+        _host(seed),
+        _host(temperature),
+        _host(top_k),
+        _host(top_p),
+        _host(min_p),
         _arg(request_ids),
         _arg(positions),
         token_ids,

@@ -98,6 +98,14 @@ int64_t check_rmsnorm_residual(const char* op, Device dev, const TensorView& x,
 void check_silu_mul(const char* op, Device dev, const TensorView& gate, const TensorView& up,
                     const TensorView& out);
 
+// silu_and_mul's operands: gate_up [T, 2I] bf16 (I >= 1) split into its gate and up halves (views
+// of gate_up), out [T, I] bf16; silu_and_mul is silu_mul of the halves on every device.
+struct GateUpHalves {
+  TensorView gate, up;
+};
+GateUpHalves split_gate_up(const char* op, Device dev, const TensorView& gate_up,
+                           const TensorView& out);
+
 // --- rope.cc -----------------------------------------------------------------------------------
 
 // x, y [T, heads, D] bf16 (last dim contiguous), positions [T] i32/i64 each in [0, P).

@@ -44,19 +44,9 @@ void silu_mul(const TensorView& gate, const TensorView& up, const TensorView& ou
 }
 
 void silu_and_mul(const TensorView& gate_up, const TensorView& out) {
-  const char* op = "silu_and_mul";
-  contract::check_view(op, "gate_up", gate_up, DType::kBF16, {-1, -1});
-  const int64_t T = gate_up.shape[0], I2 = gate_up.shape[1];
-  LS_CHECK(I2 >= 2 && I2 % 2 == 0, op,
-           "argument 'gate_up' expected shape [T, 2I] with I >= 1, got ", gate_up.shape_string());
-  const int64_t I = I2 / 2;
-  contract::check_view(op, "out", out, DType::kBF16, {T, I});
-  if (T == 0) return;
-  TensorView gate = gate_up, up = gate_up;
-  gate.shape[1] = I;
-  up.shape[1] = I;
-  up.data = gate_up.ptr<bf16>() + I;
-  silu_mul(gate, up, out);
+  const contract::GateUpHalves h =
+      contract::split_gate_up("silu_and_mul", Device::kCPU, gate_up, out);
+  silu_mul(h.gate, h.up, out);
 }
 
 }  // namespace lockstep::cpu

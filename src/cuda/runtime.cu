@@ -70,6 +70,16 @@ std::string device_summary() {
   return buf;
 }
 
+int current_device() {
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "cuda::current_device", "cudaGetDevice");
+  return dev;
+}
+
+void set_device(int ordinal) {
+  check_cuda(cudaSetDevice(ordinal), "cuda::set_device", "cudaSetDevice");
+}
+
 Tensor empty(DType dtype, std::vector<int64_t> shape) {
   int64_t numel = 1;
   for (int64_t e : shape) {

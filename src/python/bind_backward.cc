@@ -1,7 +1,8 @@
 // Bindings of the backward ops (lockstep/ops/backward.h, docs/contract.md §B). Activation
 // gradients are f32 arrays the ops write; weight gradients are f32 arrays the ops ADD to, in the
 // canonical token order of (cu_seqlens, step_indices) (B.1; without cu_seqlens all rows are one
-// sequence). Every check is the library's.
+// sequence; both are host arrays). Host tensors run the lockstep::cpu op, CUDA tensors (a CUDA
+// build) the lockstep::cuda op of the same bits. Every check is the library's.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/vector.h>
 
@@ -9,6 +10,10 @@
 
 #include "lockstep/ops/backward.h"
 #include "lockstep/ops/gemm.h"
+// The CUDA ops are declared in every build (plain C++ headers); a CPU build never instantiates
+// the run_on lambdas that call them, so it links without them.
+#include "lockstep/cuda/backward.h"
+#include "lockstep/cuda/gemm.h"
 #include "python/bindings.h"
 #include "python/tensor_args.h"
 
@@ -27,39 +32,44 @@ int64_t rows_of(const char* op, const char* arg, const TensorView& v) {
 
 void gemm_dx(const Array& dy, const Array& w, const Array& dx, int segments, uint64_t stream) {
   constexpr const char* kOp = "gemm_bf16_dx";
-  const TensorView dyv = view_of(kOp, "dy", dy), wv = view_of(kOp, "w", w);
-  const TensorView dxv = view_of(kOp, "dx", dx);
-  place(kOp, {&dyv, &wv, &dxv}, stream);
+  const ArgView dyv = view_of(kOp, "dy", dy), wv = view_of(kOp, "w", w);
+  const ArgView dxv = view_of(kOp, "dx", dx);
+  const Placement at = place(kOp, {&dyv, &wv, &dxv}, stream);
   const GemmConfig cfg{segments};
-  released([&] { cpu::gemm_bf16_dx(dyv, wv, cfg, dxv); });
+  run_on(
+      at, [&] { cpu::gemm_bf16_dx(dyv, wv, cfg, dxv); },
+      [&](auto s) { cuda::gemm_bf16_dx(dyv, wv, cfg, dxv, s); });
 }
 
 void gemm_dw(const Array& dy, const Array& x, const Array& dw, const OptArray& cu_seqlens,
              const OptArray& step_indices, uint64_t stream) {
   constexpr const char* kOp = "gemm_bf16_dw";
-  const TensorView dyv = view_of(kOp, "dy", dy), xv = view_of(kOp, "x", x);
-  const TensorView dwv = view_of(kOp, "dw", dw);
-  place(kOp, {&dyv, &xv, &dwv}, stream);
+  const ArgView dyv = view_of(kOp, "dy", dy), xv = view_of(kOp, "x", x);
+  const ArgView dwv = view_of(kOp, "dw", dw);
+  const Placement at = place(kOp, {&dyv, &xv, &dwv}, stream);
   const TokenOrder order = token_order(kOp, cu_seqlens, step_indices, rows_of(kOp, "dy", dyv));
-  released([&] { cpu::gemm_bf16_dw(dyv, xv, order, dwv); });
+  run_on(
+      at, [&] { cpu::gemm_bf16_dw(dyv, xv, order, dwv); },
+      [&](auto s) { cuda::gemm_bf16_dw(dyv, xv, order, dwv, s); });
 }
 
 void rmsnorm_backward(const Array& s, const Array& weight, const Array& gy, const Array& dx,
                       const OptArray& dweight, const OptArray& cu_seqlens,
                       const OptArray& step_indices, float eps, uint64_t stream) {
   constexpr const char* kOp = "rmsnorm_backward";
-  const TensorView sv = view_of(kOp, "s", s), wv = view_of(kOp, "weight", weight);
-  const TensorView gv = view_of(kOp, "gy", gy), dxv = view_of(kOp, "dx", dx);
-  const TensorView dwv = view_of(kOp, "dweight", dweight);
-  place(kOp, {&sv, &wv, &gv, &dxv, &dwv}, stream);
+  const ArgView sv = view_of(kOp, "s", s), wv = view_of(kOp, "weight", weight);
+  const ArgView gv = view_of(kOp, "gy", gy), dxv = view_of(kOp, "dx", dx);
+  const ArgView dwv = view_of(kOp, "dweight", dweight);
+  const Placement at = place(kOp, {&sv, &wv, &gv, &dxv, &dwv}, stream);
   RmsNormConfig cfg;
   cfg.eps = eps;
   TokenOrder order;
   if (dweight) order = token_order(kOp, cu_seqlens, step_indices, rows_of(kOp, "s", sv));
-  released([&] {
-    cpu::rmsnorm_backward(sv, wv, cfg, gv, dxv, dweight ? &order : nullptr,
-                          dweight ? &dwv : nullptr);
-  });
+  const TokenOrder* o = dweight ? &order : nullptr;
+  const TensorView* dw = dweight ? &dwv : nullptr;
+  run_on(
+      at, [&] { cpu::rmsnorm_backward(sv, wv, cfg, gv, dxv, o, dw); },
+      [&](auto s) { cuda::rmsnorm_backward(sv, wv, cfg, gv, dxv, o, dw, s); });
 }
 
 void rmsnorm_residual_backward(const Array& s, const Array& weight, const Array& gy,
@@ -67,50 +77,58 @@ void rmsnorm_residual_backward(const Array& s, const Array& weight, const Array&
                                const OptArray& cu_seqlens, const OptArray& step_indices, float eps,
                                uint64_t stream) {
   constexpr const char* kOp = "rmsnorm_residual_backward";
-  const TensorView sv = view_of(kOp, "s", s), wv = view_of(kOp, "weight", weight);
-  const TensorView gv = view_of(kOp, "gy", gy), rv = view_of(kOp, "gres", gres);
-  const TensorView dsv = view_of(kOp, "ds", ds), dwv = view_of(kOp, "dweight", dweight);
-  place(kOp, {&sv, &wv, &gv, &rv, &dsv, &dwv}, stream);
+  const ArgView sv = view_of(kOp, "s", s), wv = view_of(kOp, "weight", weight);
+  const ArgView gv = view_of(kOp, "gy", gy), rv = view_of(kOp, "gres", gres);
+  const ArgView dsv = view_of(kOp, "ds", ds), dwv = view_of(kOp, "dweight", dweight);
+  const Placement at = place(kOp, {&sv, &wv, &gv, &rv, &dsv, &dwv}, stream);
   RmsNormConfig cfg;
   cfg.eps = eps;
   TokenOrder order;
   if (dweight) order = token_order(kOp, cu_seqlens, step_indices, rows_of(kOp, "s", sv));
-  released([&] {
-    cpu::rmsnorm_residual_backward(sv, wv, cfg, gv, rv, dsv, dweight ? &order : nullptr,
-                                   dweight ? &dwv : nullptr);
-  });
+  const TokenOrder* o = dweight ? &order : nullptr;
+  const TensorView* dw = dweight ? &dwv : nullptr;
+  run_on(
+      at, [&] { cpu::rmsnorm_residual_backward(sv, wv, cfg, gv, rv, dsv, o, dw); },
+      [&](auto s) { cuda::rmsnorm_residual_backward(sv, wv, cfg, gv, rv, dsv, o, dw, s); });
 }
 
 void rope_backward(const Array& gy, const Array& positions, const Array& dx, double theta,
                    int64_t max_positions, uint64_t stream) {
   constexpr const char* kOp = "rope_backward";
-  const TensorView gv = view_of(kOp, "gy", gy), pv = view_of(kOp, "positions", positions);
-  const TensorView dxv = view_of(kOp, "dx", dx);
-  place(kOp, {&gv, &pv, &dxv}, stream);
+  const ArgView gv = view_of(kOp, "gy", gy), pv = view_of(kOp, "positions", positions);
+  const ArgView dxv = view_of(kOp, "dx", dx);
+  const Placement at = place(kOp, {&gv, &pv, &dxv}, stream);
   LS_CHECK(gv.ndim == 3, kOp, "argument 'gy' expected shape [T, heads, D], got ",
            gv.shape_string());
-  released([&] {
-    const auto table = rope_table(gv.shape[2], theta, max_positions);
-    cpu::rope_backward(gv, pv, *table, dxv);
-  });
+  run_on(
+      at, [&] { cpu::rope_backward(gv, pv, *rope_table(gv.shape[2], theta, max_positions), dxv); },
+      [&](auto s) {
+        const DeviceRopeTable t =
+            device_rope_table(gv.shape[2], theta, max_positions, at.device_id);
+        cuda::rope_backward(gv, pv, t.cos, t.sin, dxv, s);
+      });
 }
 
 void silu_mul_backward(const Array& gate_up, const Array& ga, const Array& dgu, uint64_t stream) {
   constexpr const char* kOp = "silu_mul_backward";
-  const TensorView gv = view_of(kOp, "gate_up", gate_up), av = view_of(kOp, "ga", ga);
-  const TensorView dv = view_of(kOp, "dgu", dgu);
-  place(kOp, {&gv, &av, &dv}, stream);
-  released([&] { cpu::silu_mul_backward(gv, av, dv); });
+  const ArgView gv = view_of(kOp, "gate_up", gate_up), av = view_of(kOp, "ga", ga);
+  const ArgView dv = view_of(kOp, "dgu", dgu);
+  const Placement at = place(kOp, {&gv, &av, &dv}, stream);
+  run_on(
+      at, [&] { cpu::silu_mul_backward(gv, av, dv); },
+      [&](auto s) { cuda::silu_mul_backward(gv, av, dv, s); });
 }
 
 void embedding_backward(const Array& ids, const Array& gh, const Array& dtable,
                         const OptArray& cu_seqlens, const OptArray& step_indices, uint64_t stream) {
   constexpr const char* kOp = "embedding_backward";
-  const TensorView iv = view_of(kOp, "ids", ids), gv = view_of(kOp, "gh", gh);
-  const TensorView dv = view_of(kOp, "dtable", dtable);
-  place(kOp, {&iv, &gv, &dv}, stream);
+  const ArgView iv = view_of(kOp, "ids", ids), gv = view_of(kOp, "gh", gh);
+  const ArgView dv = view_of(kOp, "dtable", dtable);
+  const Placement at = place(kOp, {&iv, &gv, &dv}, stream);
   const TokenOrder order = token_order(kOp, cu_seqlens, step_indices, rows_of(kOp, "ids", iv));
-  released([&] { cpu::embedding_backward(iv, gv, order, dv); });
+  run_on(
+      at, [&] { cpu::embedding_backward(iv, gv, order, dv); },
+      [&](auto s) { cuda::embedding_backward(iv, gv, order, dv, s); });
 }
 
 void linear_logprob_backward(const Array& h, const Array& w, const Array& targets, const Array& lse,
@@ -120,20 +138,25 @@ void linear_logprob_backward(const Array& h, const Array& w, const Array& target
                              const OptArray& cu_seqlens, const OptArray& step_indices,
                              uint64_t stream) {
   constexpr const char* kOp = "linear_logprob_backward";
-  const TensorView hv = view_of(kOp, "h", h), wv = view_of(kOp, "w", w);
-  const TensorView tv = view_of(kOp, "targets", targets), lv = view_of(kOp, "lse", lse);
-  const TensorView ev = view_of(kOp, "entropy", entropy), gv = view_of(kOp, "g_lp", g_lp);
-  const TensorView gev = view_of(kOp, "g_ent", g_ent), dhv = view_of(kOp, "dh", dh);
-  const TensorView dwv = view_of(kOp, "dw", dw);
-  place(kOp, {&hv, &wv, &tv, &lv, &ev, &gv, &gev, &dhv, &dwv}, stream);
+  const ArgView hv = view_of(kOp, "h", h), wv = view_of(kOp, "w", w);
+  const ArgView tv = view_of(kOp, "targets", targets), lv = view_of(kOp, "lse", lse);
+  const ArgView ev = view_of(kOp, "entropy", entropy), gv = view_of(kOp, "g_lp", g_lp);
+  const ArgView gev = view_of(kOp, "g_ent", g_ent), dhv = view_of(kOp, "dh", dh);
+  const ArgView dwv = view_of(kOp, "dw", dw);
+  const Placement at = place(kOp, {&hv, &wv, &tv, &lv, &ev, &gv, &gev, &dhv, &dwv}, stream);
   LogprobParams params;
   params.temperature = temperature;
   params.ignore_index = ignore_index;
   const TokenOrder order = token_order(kOp, cu_seqlens, step_indices, rows_of(kOp, "h", hv));
-  released([&] {
-    cpu::linear_logprob_backward(hv, wv, tv, params, cfg, lv, ev, gv, g_ent ? &gev : nullptr, dhv,
-                                 order, dwv);
-  });
+  const TensorView* ge = g_ent ? &gev : nullptr;
+  run_on(
+      at,
+      [&] {
+        cpu::linear_logprob_backward(hv, wv, tv, params, cfg, lv, ev, gv, ge, dhv, order, dwv);
+      },
+      [&](auto s) {
+        cuda::linear_logprob_backward(hv, wv, tv, params, cfg, lv, ev, gv, ge, dhv, order, dwv, s);
+      });
 }
 
 void attention_backward_varlen(const Array& q, const Array& k, const Array& v, const Array& out,
@@ -141,26 +164,29 @@ void attention_backward_varlen(const Array& q, const Array& k, const Array& v, c
                                const Array& dq, const Array& dk, const Array& dv, int kv_chunk,
                                double softmax_scale, uint64_t stream) {
   constexpr const char* kOp = "attention_backward_varlen";
-  const TensorView qv = view_of(kOp, "q", q), kv = view_of(kOp, "k", k);
-  const TensorView vv = view_of(kOp, "v", v), ov = view_of(kOp, "out", out);
-  const TensorView lv = view_of(kOp, "lse", lse), gv = view_of(kOp, "dout", dout);
-  const TensorView dqv = view_of(kOp, "dq", dq), dkv = view_of(kOp, "dk", dk);
-  const TensorView dvv = view_of(kOp, "dv", dv);
-  place(kOp, {&qv, &kv, &vv, &ov, &lv, &gv, &dqv, &dkv, &dvv}, stream);
+  const ArgView qv = view_of(kOp, "q", q), kv = view_of(kOp, "k", k);
+  const ArgView vv = view_of(kOp, "v", v), ov = view_of(kOp, "out", out);
+  const ArgView lv = view_of(kOp, "lse", lse), gv = view_of(kOp, "dout", dout);
+  const ArgView dqv = view_of(kOp, "dq", dq), dkv = view_of(kOp, "dk", dk);
+  const ArgView dvv = view_of(kOp, "dv", dv);
+  const Placement at = place(kOp, {&qv, &kv, &vv, &ov, &lv, &gv, &dqv, &dkv, &dvv}, stream);
   const PackedSeqs seqs = packed_seqs(kOp, cu_seqlens, rows_of(kOp, "q", qv));
   AttentionConfig cfg;
   cfg.kv_chunk = kv_chunk;
   cfg.softmax_scale = softmax_scale;
-  released(
-      [&] { cpu::attention_backward_varlen(qv, kv, vv, ov, lv, gv, seqs, cfg, dqv, dkv, dvv); });
+  run_on(
+      at, [&] { cpu::attention_backward_varlen(qv, kv, vv, ov, lv, gv, seqs, cfg, dqv, dkv, dvv); },
+      [&](auto s) {
+        cuda::attention_backward_varlen(qv, kv, vv, ov, lv, gv, seqs, cfg, dqv, dkv, dvv, s);
+      });
 }
 
 // dst = round_bf16(src) elementwise (RNE, canonical NaN 0x7FC0: dtype.h's f32_to_bf16), the
 // rounding point of B.0. src f32 and dst bf16, the same shape, both contiguous.
 void round_bf16(const Array& src, const Array& dst, uint64_t stream) {
   constexpr const char* kOp = "round_bf16";
-  const TensorView sv = view_of(kOp, "src", src), dv = view_of(kOp, "dst", dst);
-  place(kOp, {&sv, &dv}, stream);
+  const ArgView sv = view_of(kOp, "src", src), dv = view_of(kOp, "dst", dst);
+  const Placement at = place(kOp, {&sv, &dv}, stream);
   LS_CHECK(sv.dtype == DType::kF32 && dv.dtype == DType::kBF16, kOp,
            "expected src f32 and dst bf16, got ", dtype_name(sv.dtype), " and ",
            dtype_name(dv.dtype));
@@ -168,11 +194,25 @@ void round_bf16(const Array& src, const Array& dst, uint64_t stream) {
            dv.shape_string(), " differ in shape");
   LS_CHECK(sv.is_contiguous() && dv.is_contiguous(), kOp, "src and dst must be contiguous, got ",
            sv.describe(), " and ", dv.describe());
-  released([&] {
-    const float* in = sv.ptr<const float>();
-    bf16* out = dv.ptr<bf16>();
-    for (int64_t i = 0, n = sv.numel(); i < n; ++i) out[i] = f32_to_bf16(in[i]);
-  });
+  run_on(
+      at,
+      [&] {
+        const float* in = sv.ptr<const float>();
+        bf16* out = dv.ptr<bf16>();
+        for (int64_t i = 0, n = sv.numel(); i < n; ++i) out[i] = f32_to_bf16(in[i]);
+      },
+      [&](auto s) {
+        // The CUDA op takes 2-D views: both contiguous buffers as one row.
+        const auto row = [](TensorView v) {
+          v.shape[1] = v.numel();
+          v.shape[0] = 1;
+          v.stride[0] = v.shape[1];
+          v.stride[1] = 1;
+          v.ndim = 2;
+          return v;
+        };
+        if (sv.numel() > 0) cuda::round_bf16(row(sv), row(dv), s);
+      });
 }
 
 // y = tree(partials) (B.2, §G.4): the fp32 partials of a TP-sharded reduction (rank order, t =
@@ -181,11 +221,16 @@ void round_bf16(const Array& src, const Array& dst, uint64_t stream) {
 void gemm_combine(const std::vector<Array>& partials, const Array& y, uint64_t stream) {
   constexpr const char* kOp = "gemm_tree_combine";
   std::vector<TensorView> pv;
-  for (const Array& a : partials) pv.push_back(view_of(kOp, "partials", a));
-  const TensorView yv = view_of(kOp, "y", y);
-  place(kOp, {&yv}, stream);
-  for (const TensorView& v : pv) place(kOp, {&v, &yv}, stream);
-  released([&] { cpu::gemm_tree_combine(pv, nullptr, yv); });
+  const ArgView yv = view_of(kOp, "y", y);
+  const Placement at = place(kOp, {&yv}, stream);
+  for (const Array& a : partials) {
+    const ArgView v = view_of(kOp, "partials", a);
+    place(kOp, {&v, &yv}, stream);
+    pv.push_back(v);
+  }
+  run_on(
+      at, [&] { cpu::gemm_tree_combine(pv, nullptr, yv); },
+      [&](auto s) { cuda::gemm_tree_combine(pv, nullptr, yv, s); });
 }
 
 // y_partial = the fp32 subtree of rank tp_rank's S/t K segments (row-parallel TP, §G.5): x_shard
@@ -193,11 +238,13 @@ void gemm_combine(const std::vector<Array>& partials, const Array& y, uint64_t s
 void gemm_partial(const Array& x_shard, const Array& w_shard, int64_t k_total, int tp_size,
                   int tp_rank, int segments, const Array& y_partial, uint64_t stream) {
   constexpr const char* kOp = "gemm_bf16_nt_partial";
-  const TensorView xv = view_of(kOp, "x_shard", x_shard), wv = view_of(kOp, "w_shard", w_shard);
-  const TensorView yv = view_of(kOp, "y_partial", y_partial);
-  place(kOp, {&xv, &wv, &yv}, stream);
+  const ArgView xv = view_of(kOp, "x_shard", x_shard), wv = view_of(kOp, "w_shard", w_shard);
+  const ArgView yv = view_of(kOp, "y_partial", y_partial);
+  const Placement at = place(kOp, {&xv, &wv, &yv}, stream);
   const GemmConfig cfg{segments};
-  released([&] { cpu::gemm_bf16_nt_partial(xv, wv, k_total, tp_size, tp_rank, cfg, yv); });
+  run_on(
+      at, [&] { cpu::gemm_bf16_nt_partial(xv, wv, k_total, tp_size, tp_rank, cfg, yv); },
+      [&](auto s) { cuda::gemm_bf16_nt_partial(xv, wv, k_total, tp_size, tp_rank, cfg, yv, s); });
 }
 
 }  // namespace

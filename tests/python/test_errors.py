@@ -150,12 +150,12 @@ def fake_cuda_array(keep, rows, cols):
     return new(ctypes.addressof(t), b"dltensor", None)
 
 
+@pytest.mark.skipif(_C.cuda_build, reason="a CUDA build runs CUDA tensors (test_cuda.py)")
 def test_cuda_tensors_need_a_cuda_build():
     keep = []
     x, w = fake_cuda_array(keep, 4, 8), fake_cuda_array(keep, 3, 8)
     y = fake_cuda_array(keep, 4, 3)
-    want = "CUDA tensors are not routed" if _C.cuda_build else "CUDA tensors need a CUDA build"
-    with pytest.raises(lockstep.Error, match=want):
+    with pytest.raises(lockstep.Error, match="CUDA tensors need a CUDA build"):
         _C.gemm(x, w, None, y)
 
 

@@ -11,6 +11,11 @@ namespace lockstep::cuda {
 
 bool available();              // a CUDA device is present and usable
 std::string device_summary();  // "NVIDIA H200 (sm_90, 139 GiB), driver 13.0"
+// The calling thread's current device (cudaGetDevice / cudaSetDevice): ops launch on it, so a
+// caller holding tensors of another device switches to it first (e.g. the Python bindings,
+// which follow each tensor's DLPack device id).
+int current_device();
+void set_device(int ordinal);
 
 // A contiguous device tensor (cudaMalloc; freed when the last copy goes away). Its view() has
 // device == Device::kCUDA.
