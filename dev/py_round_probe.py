@@ -13,14 +13,6 @@ def step(name, fn):
     print("probe: ok", name, flush=True)
 
 
-try:
-    import ml_dtypes  # numpy bf16, when present: the same call through numpy's DLPack
-    import numpy as np
-
-    ns, nd = (np.arange(8, dtype=np.float32) / 3), np.empty(8, dtype=ml_dtypes.bfloat16)
-    step("round_bf16 via numpy arrays", lambda: _C.round_bf16(ns, nd, 0))
-except ImportError:
-    print("probe: no ml_dtypes, numpy step skipped", flush=True)
 print("probe: torch", torch.__version__, flush=True)
 src = torch.arange(8, dtype=torch.float32) / 3
 dst = torch.empty(8, dtype=torch.bfloat16)
@@ -31,5 +23,10 @@ step("gemm 4x32x8", lambda: _C.gemm(torch.ones(4, 32, dtype=torch.bfloat16),
                                     torch.empty(4, 8), 1, 0))
 step("gemm_dx", lambda: _C.gemm_dx(torch.ones(4, 8, dtype=torch.bfloat16),
                                    torch.ones(8, 32, dtype=torch.bfloat16), torch.empty(4, 32), 1, 0))
+if _C.cuda_build and torch.cuda.is_available():
+    cs, cd = src.cuda(), torch.empty(8, dtype=torch.bfloat16, device="cuda")
+    step("round_bf16 on CUDA", lambda: _C.round_bf16(cs, cd, 0))
+    torch.cuda.synchronize()
+    print("probe: cuda dst", cd.float().tolist(), flush=True)
 print("probe: dst", dst.float().tolist(), "want", src.to(torch.bfloat16).float().tolist())
 sys.exit(0)
