@@ -108,7 +108,7 @@ void run_mma(const GemmParams& p, const GemmPlan& plan, cudaStream_t s) {
   } else {
     launch_mma<128, 128, 4>(p, s);
   }
-  detail::check_gemm_launch(kOp);
+  detail::check_launch(kOp);
 }
 
 // ---- Hopper (mainloop_sm90.cuh): the instantiation of a wgmma plan; BT: w MN-major ("nn").
@@ -204,7 +204,7 @@ void launch_combine(const detail::CombineParams& p, cudaStream_t s) {
   dim3 grid(unsigned((p.N + detail::kCombineThreads - 1) / detail::kCombineThreads),
             unsigned(std::min<int64_t>(p.M, 65535)));
   detail::gemm_tree_combine_kernel<<<grid, detail::kCombineThreads, 0, s>>>(p);
-  detail::check_gemm_launch(kOp);
+  detail::check_launch(kOp);
 }
 
 // Row stride of the fp32 workspace planes: N rounded up to 4 (every plane starts 16-byte aligned,

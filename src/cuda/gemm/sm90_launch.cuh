@@ -10,16 +10,12 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "cuda/elementwise_common.cuh"  // check_launch
 #include "cuda/gemm/mainloop_sm90.cuh"
 #include "cuda/tensor_map.h"
 #include "lockstep/error.h"
 
 namespace lockstep::cuda::detail {
-
-inline void check_gemm_launch(const char* op) {
-  const cudaError_t e = cudaGetLastError();
-  LS_CHECK(e == cudaSuccess, op, "launch failed: ", cudaGetErrorString(e));
-}
 
 // Lets `kernel` (a GEMM kernel instantiation) use `bytes` of dynamic shared memory: once per
 // process and kernel (the current device's; one-GPU processes for now).
@@ -70,7 +66,7 @@ void launch_sm90_tile(const char* op, const CUtensorMap& tx, const CUtensorMap& 
   const unsigned grid = unsigned(std::min<int64_t>(jobs, sm90_sm_count()));
   gemm_sm90_kernel<BM, BN, WGN, NS, LEVELS, Epi, PP, AT, BT>
       <<<grid, kSm90Threads, kSmem, s>>>(tx, tw, p, tails);
-  check_gemm_launch(op);
+  check_launch(op);
 }
 
 }  // namespace lockstep::cuda::detail
