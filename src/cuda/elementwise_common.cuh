@@ -2,7 +2,8 @@
 // bf16 loads and the canonical-NaN bf16 store (the same bit formula as lockstep::f32_to_bf16,
 // so host and device round identically), row addressing of [R, C] / [A, B, C] views with strided
 // outer dimensions, 1-D index views of either dtype, and host-side argument and launch checks for
-// device views (lockstep::Error naming the op and the argument).
+// device views (lockstep::Error naming the op and the argument; check_launch also serves the GEMM
+// launchers, gemm/sm90_launch.cuh).
 #pragma once
 
 #include <cuda_runtime.h>

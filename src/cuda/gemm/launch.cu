@@ -108,7 +108,7 @@ void run_mma(const GemmParams& p, const GemmPlan& plan, cudaStream_t s) {
   } else {
     launch_mma<128, 128, 4>(p, s);
   }
-  detail::check_gemm_launch(kOp);
+  detail::check_launch(kOp);
 }
 
 // ---- Hopper (mainloop_sm90.cuh): the instantiation of a wgmma plan; BT: w MN-major ("nn").
@@ -141,6 +141,54 @@ void launch_sm90(const GemmParams& c, const GemmPlan& plan, const CUtensorMap& t
   }
 }
 
+// A Hopper launch's final-mode parameters (ws_mode 0, no bias: the caller sets one): nseg segments
+// of seg_len over `rows` rows into y (f32 or bf16, rows ldy apart), with the pair stores where
+// y's base and row stride allow them.
+detail::Sm90Params final_params(int64_t rows, int64_t N, int64_t seg_len, int nseg, void* y,
+                                int64_t ldy, bool y_f32) {
+  detail::Sm90Params p{};
+  p.M = rows;
+  p.N = N;
+  p.seg_len = seg_len;
+  p.nseg = nseg;
+  p.ws_mode = 0;
+  p.bias = nullptr;
+  p.y = y;
+  p.ldy = ldy;
+  p.y_f32 = y_f32 ? 1 : 0;
+  const uintptr_t pair_bytes = y_f32 ? 8 : 4;
+  p.y_pair =
+      (reinterpret_cast<uintptr_t>(y) % pair_bytes == 0 && (rows <= 1 || ldy % 2 == 0)) ? 1 : 0;
+  return p;
+}
+
+// The TN layout's accumulate launch (dW), plain (Sm90AccumulateEpilogue) or blocked
+// (Sm90BlockedAccumulateEpilogue: the caller set p's block table and the tail maps): `plan`
+// (lockstep::Error unless legal for q) or plan_gemm(q), both operands MN-major, one segment of
+// q.segment_len, each output's chain starting from f32 y's value (rows ldy apart) and stored back.
+// Both forms pick the same tile for the same plan.
+template <typename Epi>
+void launch_tn_accumulate(const char* op, const GemmProblem& q, const GemmPlan* plan,
+                          const CUtensorMap& tx, const CUtensorMap& tw,
+                          const detail::sm90_tail_maps_t<Epi>& tails, typename Epi::Params p,
+                          float* y, int64_t ldy, cudaStream_t s) {
+  using detail::launch_sm90_tile;
+  LS_CHECK(!plan || gemm_plan_legal(q, *plan), op, "the plan '", plan ? plan->to_string() : "",
+           "' cannot run the tn layout M = ", q.M, ", N = ", q.N, ", K = ", q.K);
+  const GemmPlan pl = plan ? *plan : plan_gemm(q);
+  static_cast<detail::Sm90Params&>(p) = final_params(q.M, q.N, q.segment_len, 1, y, ldy, true);
+  const GemmTile& t = pl.tile;
+  if (pl.ping_pong) {
+    launch_sm90_tile<64, 256, 5, 0, Epi, true, true, true>(op, tx, tw, p, s, tails);
+  } else if (t.bm == 128 && t.bn == 128) {
+    launch_sm90_tile<128, 128, 6, 0, Epi, false, true, true>(op, tx, tw, p, s, tails);
+  } else if (t.bm == 64) {
+    launch_sm90_tile<64, 128, 8, 0, Epi, false, true, true>(op, tx, tw, p, s, tails);
+  } else {
+    launch_sm90_tile<128, 256, 4, 0, Epi, false, true, true>(op, tx, tw, p, s, tails);
+  }
+}
+
 CUtensorMap tensor_map(const uint16_t* p, int64_t rows, int64_t K, int64_t ld, int box_rows) {
   return detail::sm90_tensor_map(kOp, p, rows, K, ld, box_rows);
 }
@@ -156,7 +204,7 @@ void launch_combine(const detail::CombineParams& p, cudaStream_t s) {
   dim3 grid(unsigned((p.N + detail::kCombineThreads - 1) / detail::kCombineThreads),
             unsigned(std::min<int64_t>(p.M, 65535)));
   detail::gemm_tree_combine_kernel<<<grid, detail::kCombineThreads, 0, s>>>(p);
-  detail::check_gemm_launch(kOp);
+  detail::check_launch(kOp);
 }
 
 // Row stride of the fp32 workspace planes: N rounded up to 4 (every plane starts 16-byte aligned,
@@ -240,17 +288,8 @@ void run_sm90_pairs(const GemmParams& c, const GemmPlan& plan, cudaStream_t s) {
         LS_CHECK(z == cudaSuccess, kOp, "cudaMemsetAsync failed: ", cudaGetErrorString(z));
         continue;
       }
-      detail::Sm90Params p{};
-      p.M = rows;
-      p.N = c.N;
-      p.seg_len = c.seg_len;
-      p.nseg = 2;
-      p.ws_mode = 0;
-      p.bias = nullptr;
-      p.y = plane;
-      p.ldy = ld_ws;
-      p.y_f32 = 1;
-      p.y_pair = 1;  // planes are 16-byte aligned, ld_ws is even
+      // (Planes are 16-byte aligned and ld_ws is even: the pair stores apply.)
+      const detail::Sm90Params p = final_params(rows, c.N, c.seg_len, 2, plane, ld_ws, true);
       const int64_t k0 = 2 * int64_t(i) * c.seg_len;
       const CUtensorMap tx = tensor_map(c.x + m * c.ldx + k0, rows, kq[i], c.ldx, t.bm);
       launch_sm90(c, plan, tx, tw[i], p, s);
@@ -266,28 +305,20 @@ void run_sm90(const GemmParams& c, const GemmPlan& plan, cudaStream_t s) {
   }
   const GemmTile& t = plan.tile;
   const CUtensorMap tw = w_tensor_map(c, 0, c.K, t.bn);
-  detail::Sm90Params p{};
-  p.N = c.N;
-  p.seg_len = c.seg_len;
-  p.nseg = c.segments;
   if (plan.fold != GemmFold::kPlanes) {
-    p.M = c.M;
-    p.ws_mode = 0;
+    detail::Sm90Params p = final_params(c.M, c.N, c.seg_len, c.segments, c.y, c.ldy, c.y_f32 != 0);
     p.bias = c.bias;
     p.bias_stride = c.bias_stride;
     p.bias_f32 = c.bias_f32;
-    p.y = c.y;
-    p.ldy = c.ldy;
-    p.y_f32 = c.y_f32;
-    const uintptr_t pair_bytes = c.y_f32 ? 8 : 4;
-    p.y_pair = (reinterpret_cast<uintptr_t>(c.y) % pair_bytes == 0 && (c.M <= 1 || c.ldy % 2 == 0))
-                   ? 1
-                   : 0;
     const CUtensorMap tx = tensor_map(c.x, c.M, c.K, c.ldx, t.bm);
     launch_sm90(c, plan, tx, tw, p, s);
     return;
   }
   // Several segments: per-segment fp32 planes, then the tree (+ bias, one rounding) per row chunk.
+  detail::Sm90Params p{};
+  p.N = c.N;
+  p.seg_len = c.seg_len;
+  p.nseg = c.segments;
   in_workspace_chunks(c, t.bm, c.segments, s, [&](float* ws, int64_t m, int64_t rows) {
     p.M = rows;
     p.ws_mode = 1;
@@ -421,35 +452,11 @@ void gemm_bf16_tn_accumulate(const uint16_t* a, int64_t lda, const uint16_t* b, 
   if (M == 0 || N == 0 || K == 0) return;  // no k-block: y unchanged
   const GemmProblem q = gemm_tn_problem(a, lda, b, ldb, M, N, K);
   LS_CHECK(q.tma_ok, op, "internal: operands not TMA-readable (lda = ", lda, ", ldb = ", ldb, ")");
-  LS_CHECK(!plan || gemm_plan_legal(q, *plan), op, "the plan '", plan ? plan->to_string() : "",
-           "' cannot run the tn layout M = ", M, ", N = ", N, ", K = ", K);
-  const GemmPlan pl = plan ? *plan : plan_gemm(q);
-  const cudaStream_t s = static_cast<cudaStream_t>(stream);
   // Both operands MN-major: [K, M] and [K, N] in boxes of 64 columns x 64 k rows (zero past K).
   const CUtensorMap tx = tensor_map(a, K, M, lda, kSm90BK);
   const CUtensorMap tw = tensor_map(b, K, N, ldb, kSm90BK);
-  Sm90Params p{};
-  p.M = M;
-  p.N = N;
-  p.seg_len = q.segment_len;
-  p.nseg = 1;
-  p.ws_mode = 0;
-  p.bias = nullptr;
-  p.y = y;
-  p.ldy = ldy;
-  p.y_f32 = 1;
-  p.y_pair = (reinterpret_cast<uintptr_t>(y) % 8 == 0 && (M <= 1 || ldy % 2 == 0)) ? 1 : 0;
-  using Acc = Sm90AccumulateEpilogue;
-  const GemmTile& t = pl.tile;
-  if (pl.ping_pong) {
-    launch_sm90_tile<64, 256, 5, 0, Acc, true, true, true>(op, tx, tw, p, s);
-  } else if (t.bm == 128 && t.bn == 128) {
-    launch_sm90_tile<128, 128, 6, 0, Acc, false, true, true>(op, tx, tw, p, s);
-  } else if (t.bm == 64) {
-    launch_sm90_tile<64, 128, 8, 0, Acc, false, true, true>(op, tx, tw, p, s);
-  } else {
-    launch_sm90_tile<128, 256, 4, 0, Acc, false, true, true>(op, tx, tw, p, s);
-  }
+  launch_tn_accumulate<Sm90AccumulateEpilogue>(op, q, plan, tx, tw, {}, Sm90Params{}, y, ldy,
+                                               static_cast<cudaStream_t>(stream));
 }
 
 void gemm_bf16_tn_accumulate_blocked(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
@@ -462,65 +469,24 @@ void gemm_bf16_tn_accumulate_blocked(const uint16_t* a, int64_t lda, const uint1
                nblocks < (int64_t(1) << 26) && lda >= M && ldb >= N && ldy >= N,
            op, "internal: bad sizes M = ", M, ", N = ", N, ", blocks = ", nblocks);
   if (M == 0 || N == 0 || nblocks == 0) return;  // no k-block: y unchanged
-  const int64_t K = 16 * nblocks;
-  const GemmProblem q = gemm_tn_problem(a, lda, b, ldb, M, N, K);
+  const GemmProblem q = gemm_tn_problem(a, lda, b, ldb, M, N, 16 * nblocks);
   const bool tails_ok = tail_rows == 0 || (tma_matrix_ok(a_tail, tail_rows, M, lda_tail) &&
                                            tma_matrix_ok(b_tail, tail_rows, N, ldb_tail));
   LS_CHECK(q.tma_ok && tma_matrix_ok(a, rows, M, lda) && tma_matrix_ok(b, rows, N, ldb) && tails_ok,
            op, "internal: operands not TMA-readable");
-  LS_CHECK(!plan || gemm_plan_legal(q, *plan), op, "the plan '", plan ? plan->to_string() : "",
-           "' cannot run the tn layout M = ", M, ", N = ", N, ", K = ", K);
-  const GemmPlan pl = plan ? *plan : plan_gemm(q);
-  const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  // Boxes of 64 columns x 16 rows (one token block); the tail maps go to device memory (the
-  // kernel reads them by address). No tails: the main maps stand in (never read).
+  // Boxes of 64 columns x 16 rows (one token block); the tail maps are a kernel parameter like the
+  // main ones (mainloop_sm90.cuh Sm90TailMaps). No tails: the main maps stand in (never read).
   const CUtensorMap tx = tensor_map(a, rows, M, lda, 16);
   const CUtensorMap tw = tensor_map(b, rows, N, ldb, 16);
-  CUtensorMap tails[2] = {tx, tw};
+  Sm90TailMaps tails{tx, tw};
   if (tail_rows > 0) {
-    tails[0] = tensor_map(a_tail, tail_rows, M, lda_tail, 16);
-    tails[1] = tensor_map(b_tail, tail_rows, N, ldb_tail, 16);
-  }
-  CUtensorMap* dtails = nullptr;
-  cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&dtails), sizeof(tails), s);
-  LS_CHECK(e == cudaSuccess, op, "cudaMallocAsync failed: ", cudaGetErrorString(e));
-  // (A pageable source: the copy is staged before cudaMemcpyAsync returns.)
-  e = cudaMemcpyAsync(dtails, tails, sizeof(tails), cudaMemcpyHostToDevice, s);
-  if (e != cudaSuccess) {
-    cudaFreeAsync(dtails, s);
-    LS_CHECK(false, op, "upload of the tail tensor maps failed: ", cudaGetErrorString(e));
+    tails.x = tensor_map(a_tail, tail_rows, M, lda_tail, 16);
+    tails.w = tensor_map(b_tail, tail_rows, N, ldb_tail, 16);
   }
   Sm90BlockedParams p{};
-  p.M = M;
-  p.N = N;
-  p.seg_len = K;
-  p.nseg = 1;
-  p.ws_mode = 0;
-  p.bias = nullptr;
-  p.y = y;
-  p.ldy = ldy;
-  p.y_f32 = 1;
-  p.y_pair = (reinterpret_cast<uintptr_t>(y) % 8 == 0 && (M <= 1 || ldy % 2 == 0)) ? 1 : 0;
   p.blocks = blocks;
-  p.tails = dtails;
-  using Blk = Sm90BlockedAccumulateEpilogue;
-  const GemmTile& t = pl.tile;
-  try {
-    if (pl.ping_pong) {
-      launch_sm90_tile<64, 256, 5, 0, Blk, true, true, true>(op, tx, tw, p, s);
-    } else if (t.bm == 128 && t.bn == 128) {
-      launch_sm90_tile<128, 128, 6, 0, Blk, false, true, true>(op, tx, tw, p, s);
-    } else if (t.bm == 64) {
-      launch_sm90_tile<64, 128, 8, 0, Blk, false, true, true>(op, tx, tw, p, s);
-    } else {
-      launch_sm90_tile<128, 256, 4, 0, Blk, false, true, true>(op, tx, tw, p, s);
-    }
-  } catch (...) {
-    cudaFreeAsync(dtails, s);
-    throw;
-  }
-  e = cudaFreeAsync(dtails, s);
-  LS_CHECK(e == cudaSuccess, op, "cudaFreeAsync failed: ", cudaGetErrorString(e));
+  launch_tn_accumulate<Sm90BlockedAccumulateEpilogue>(op, q, plan, tx, tw, tails, p, y, ldy,
+                                                      static_cast<cudaStream_t>(stream));
 }
 
 GemmProblem gemm_nn_problem(const TensorView& x, const TensorView& w, const GemmConfig& cfg) {

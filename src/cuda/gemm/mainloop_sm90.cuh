@@ -105,13 +105,12 @@ struct sm90_accumulates<Epi, std::void_t<decltype(Epi::kAccumulate)>>
 // The blocked accumulate mode (dW on token blocks read in place, docs/cuda-gemm.md "Backward"):
 // the k axis is a list of 16-slot token blocks; block j's 16 rows start at row blocks[j] of the
 // operands' tensor maps (tm_x, tm_w: [rows, M] / [rows, N] in boxes of 64 columns x 16 rows) when
-// blocks[j] >= 0, else at row 16·(−blocks[j] − 1) of the tail maps tails[0] / tails[1] (the same
+// blocks[j] >= 0, else at row 16·(−blocks[j] − 1) of the tail maps tails.x / tails.w (the same
 // layout over a small buffer of the sequences' last, zero-padded blocks). blocks holds
 // (nkt + 1) · 4 entries (the host pads it with a valid entry: the producer reads one k-tile ahead
-// and loads whole k-tiles); the tail maps live in device memory.
+// and loads whole k-tiles).
 struct Sm90BlockedParams : Sm90Params {
   const int32_t* blocks;
-  const CUtensorMap* tails;
 };
 struct Sm90BlockedAccumulateEpilogue : Sm90AccumulateEpilogue {
   using Params = Sm90BlockedParams;
@@ -122,6 +121,22 @@ struct sm90_blocked : std::false_type {};
 template <typename Epi>
 struct sm90_blocked<Epi, std::void_t<decltype(Epi::kBlocked)>> : std::bool_constant<Epi::kBlocked> {
 };
+
+// The blocked mode's tail maps: a kernel parameter of their own, __grid_constant__ like tm_x and
+// tm_w, so that TMA reads them where the launch put them (no device copy per launch). Every other
+// epilogue takes Sm90NoTailMaps. NOTE: not members of p, which would then have to be
+// __grid_constant__ for every epilogue (that changed the code nvcc emits for the store epilogue of
+// every GEMM); the parameter comes last (p's offsets stay) and Sm90NoTailMaps holds an unused
+// int64_t (an empty, 1-byte-aligned last parameter made nvcc load p's first field byte by byte).
+// With both, the other kernels' PTX is the same as without the parameter.
+struct Sm90TailMaps {
+  CUtensorMap x, w;  // [tail rows, M] / [tail rows, N]; no tail rows: copies of tm_x / tm_w
+};
+struct Sm90NoTailMaps {
+  int64_t unused;
+};
+template <typename Epi>
+using sm90_tail_maps_t = std::conditional_t<sm90_blocked<Epi>::value, Sm90TailMaps, Sm90NoTailMaps>;
 
 // The 4 block entries of k-tile kt (blocked mode).
 template <typename P>
@@ -173,7 +188,8 @@ template <int BM, int BN, int WGN, int NS, int LEVELS, typename Epi = Sm90StoreE
           bool PP = false, bool AT = false, bool BT = false>
 __global__ void __launch_bounds__(kSm90Threads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap tm_x,
-                     const __grid_constant__ CUtensorMap tm_w, const typename Epi::Params p) {
+                     const __grid_constant__ CUtensorMap tm_w, const typename Epi::Params p,
+                     const __grid_constant__ sm90_tail_maps_t<Epi> tails) {
   constexpr int WGM = PP ? 1 : 2 / WGN;
   constexpr int WN = BN / WGN;  // columns per consumer warpgroup (wgmma N)
   constexpr int R = WN / 2;     // f32 accumulators per thread
@@ -245,8 +261,8 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
               for (int b = 0; b < 4; ++b) {
                 const bool tail = e[b] < 0;
                 const int32_t row = tail ? 16 * (-e[b] - 1) : e[b];
-                const CUtensorMap* ma = tail ? p.tails : &tm_x;
-                const CUtensorMap* mb = tail ? p.tails + 1 : &tm_w;
+                const CUtensorMap* ma = tail ? &tails.x : &tm_x;
+                const CUtensorMap* mb = tail ? &tails.w : &tm_w;
 #pragma unroll
                 for (int i = 0; i < BM / 64; ++i)
                   tma_load_2d(dst + 8192u * i + 2048u * b, ma, int32_t(j.m0) + 64 * i, row,
