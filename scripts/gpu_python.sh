@@ -30,6 +30,13 @@ log() { echo "[gpu_python] $*" | tee -a "$OUT/python_summary.txt"; }
 log "date $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null)"
 log "gpu $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
 py=${PYTHON:-python3}
+# The image's default compiler (CXX=/opt/gcc/bin/g++) links libstdc++ statically, which crashes a
+# module loaded next to torch (cmake/check_shared_libstdcxx.cmake refuses such a build): use the
+# system g++, which links it as a shared library.
+if [ -x /usr/bin/g++ ]; then
+  export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
+fi
+log "compiler $($CXX --version 2>/dev/null | head -1) ($CXX)"
 log "$($py -c 'import sys, torch; print("python", sys.version.split()[0], "| torch", torch.__version__, "cuda", torch.version.cuda)')"
 defs=(-C cmake.define.LOCKSTEP_CUDA=ON)
 if [ -d .deps/nlohmann ]; then
@@ -46,7 +53,9 @@ log "installed ($(($(date +%s) - start)) s): $($py -c 'import lockstep; print("l
 cache=$(mktemp -d)
 start=$(date +%s)
 # Run from tests/python against the installed package (never the source tree's python/).
-(cd tests/python && TORCHINDUCTOR_CACHE_DIR=$cache PYTHONUNBUFFERED=1 $py -m pytest -q \
+# LOCKSTEP_REQUIRE_CUDA=1: test_cuda.py fails instead of skipping if the CUDA path is missing.
+(cd tests/python && LOCKSTEP_REQUIRE_CUDA=1 TORCHINDUCTOR_CACHE_DIR=$cache PYTHONUNBUFFERED=1 \
+  $py -m pytest -q \
   -p no:cacheprovider -rs --durations=5 "$@") >"$OUT/pytest.log" 2>&1
 rc=$?
 log "pytest exit $rc ($(($(date +%s) - start)) s): $(grep -E '[0-9]+ (passed|failed)' "$OUT/pytest.log" | tail -1)"
