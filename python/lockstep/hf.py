@@ -67,13 +67,19 @@ rounded to bf16 on every op call (forward and backward): no bf16 copy is kept. A
 embedding is used as two fp32 copies (``lockstep_hf::tie``): the head keeps one for the
 backward (4·V·H bytes while the graph lives).
 
-CPU tensors only for now: CUDA tensors are refused (this module's ops are not yet run on CUDA).
+Devices: the model's parameters on the CPU or on one CUDA device (``model.cuda()``); the ops then
+run the library's CUDA kernels on that device, with the CPU's bits. input_ids / targets /
+position_ids may be on either; cu_seqlens and step_indices are host tensors (a CUDA one is
+copied). On CUDA the ops run on the legacy default stream: under another current torch stream
+they raise lockstep.Error.
 Accumulate mode runs eagerly (inside a torch.compile'd function its ops run uncompiled).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import math
 import types
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -108,6 +114,31 @@ _D_HQ, _D_HKV, _D_HD, _D_S, _D_KV, _D_VT, _D_VS, _D_TP, _D_MAXPOS = range(9)
 
 
 # ---- small helpers (inside the ops: plain tensors, no autograd) --------------------------------
+
+
+def _runs_on(arg: str):
+    """An op body whose factory calls (torch.empty, torch.zeros, ...) make tensors on the device
+    of its argument `arg`: the CPU, or a CUDA device whose legacy default stream (where the _C
+    calls here run: they pass no stream) must be torch's current stream."""
+
+    def wrap(fn):
+        at = list(inspect.signature(fn).parameters).index(arg)
+
+        @functools.wraps(fn)
+        def body(*args, **kwargs):
+            dev = (kwargs[arg] if arg in kwargs else args[at]).device
+            if dev.type == "cuda" and torch.cuda.current_stream(dev).cuda_stream != 0:
+                raise Error(
+                    "lockstep.hf: the ops run on the legacy default CUDA stream; torch's "
+                    f"current stream on {dev} is another one (leave the torch.cuda.stream block)"
+                )
+            with torch.device(dev):
+                return fn(*args, **kwargs)
+
+        return body
+
+    return wrap
+
 
 
 def _bf16(w: Tensor) -> Tensor:
@@ -228,6 +259,7 @@ def _contract_of(dims: Sequence[int]) -> "_C.ContractConfig":
 
 
 @torch.library.custom_op("lockstep_hf::embed", mutates_args=())
+@_runs_on("table")
 def _embed(ids: Tensor, table: Tensor, cu_seqlens: Tensor, step_indices: Tensor) -> Tensor:
     """res [T, H] f32 (bf16 values): the rows of round_bf16(table)."""
     out = torch.empty((ids.shape[0], table.shape[1]), dtype=torch.bfloat16)
@@ -241,6 +273,7 @@ def _(ids, table, cu_seqlens, step_indices):
 
 
 @torch.library.custom_op("lockstep_hf::embed_backward", mutates_args=())
+@_runs_on("g")
 def _embed_backward(
     g: Tensor,
     ids: Tensor,
@@ -265,6 +298,7 @@ def _(g, ids, dtable_in, cu_seqlens, step_indices, dtype):
 
 
 @torch.library.custom_op("lockstep_hf::layer", mutates_args=())
+@_runs_on("res_prev")
 def _layer(
     out_prev: Optional[Tensor],
     res_prev: Tensor,
@@ -358,6 +392,7 @@ def _(out_prev, res_prev, weights, positions, cu_seqlens, step_indices, dims, ep
 
 
 @torch.library.custom_op("lockstep_hf::layer_backward", mutates_args=())
+@_runs_on("g_out")
 def _layer_backward(
     g_out: Tensor,
     g_s2: Tensor,
@@ -458,6 +493,7 @@ def _(g_out, g_s2, saved, weights, grads_in, positions, cu_seqlens, step_indices
 
 
 @torch.library.custom_op("lockstep_hf::head", mutates_args=())
+@_runs_on("res_last")
 def _head(
     out_last: Tensor,
     res_last: Tensor,
@@ -495,6 +531,7 @@ def _(out_last, res_last, norm_w, lm_w, targets, temperature, ignore_index, cu_s
 
 
 @torch.library.custom_op("lockstep_hf::head_backward", mutates_args=())
+@_runs_on("s_final")
 def _head_backward(
     g_lp: Tensor,
     g_ent: Optional[Tensor],
@@ -557,6 +594,7 @@ def _(g_lp, g_ent, s_final, hidden, norm_w, lm_w, targets, lse, entropy, dnorm_i
 
 
 @torch.library.custom_op("lockstep_hf::final_norm", mutates_args=())
+@_runs_on("res_last")
 def _final_norm(
     out_last: Tensor, res_last: Tensor, norm_w: Tensor, eps: float
 ) -> Tuple[Tensor, Tensor]:
@@ -576,6 +614,7 @@ def _(out_last, res_last, norm_w, eps):
 
 
 @torch.library.custom_op("lockstep_hf::final_norm_backward", mutates_args=())
+@_runs_on("gh")
 def _final_norm_backward(
     gh: Tensor, s_final: Tensor, norm_w: Tensor, eps: float
 ) -> Tuple[Tensor, Tensor]:
@@ -598,6 +637,7 @@ def _(gh, s_final, norm_w, eps):
 
 
 @torch.library.custom_op("lockstep_hf::tie", mutates_args=())
+@_runs_on("table")
 def _tie(table: Tensor) -> Tuple[Tensor, Tensor]:
     """(for the embedding, for the lm_head): two f32 copies (exact) of a tied bf16 table, so that
     each use gets its own fp32 gradient and the backward combines them once (B.7), instead of
@@ -612,6 +652,7 @@ def _(table):
 
 
 @torch.library.custom_op("lockstep_hf::tie_backward", mutates_args=())
+@_runs_on("g_lm")
 def _tie_backward(g_embed: Tensor, g_lm: Tensor, table: Tensor) -> Tensor:
     """dE = d_lm_head ⊕ d_embed (Gradients::finish: the two-leaf tree), in table's dtype (a bf16
     table's gradient rounded once)."""
@@ -993,11 +1034,9 @@ def _host_int_tensor(name: str, x: Any) -> Tensor:
             x = torch.as_tensor(x)
         except (TypeError, ValueError, RuntimeError):
             raise TypeError(f"lockstep.hf: {name} must be an integer tensor, got {x!r}") from None
-    if x.device.type != "cpu":
-        raise Error(
-            f"lockstep.hf: {name} is on {x.device}: this module runs on CPU tensors only for now "
-            "(CUDA is not yet supported)"
-        )
+    if x.device.type not in ("cpu", "cuda"):
+        raise Error(f"lockstep.hf: {name} is on {x.device}: CPU or CUDA tensors only")
+    x = x.detach().cpu()  # checked and planned on the host; the ops get device copies
     if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
         raise TypeError(f"lockstep.hf: {name} must be an integer tensor, got {x.dtype}")
     return x
@@ -1041,11 +1080,7 @@ def packed_cu_seqlens(position_ids: Any) -> Tensor:
 def _check_cu(cu: Any, t: int, maxpos: int) -> Tensor:
     if not isinstance(cu, Tensor):
         raise TypeError(f"lockstep.hf: cu_seqlens must be an int32 tensor [B+1], got {cu!r}")
-    if cu.device.type != "cpu":
-        raise Error(
-            f"lockstep.hf: cu_seqlens is on {cu.device}: it must be a host (CPU) tensor (and "
-            "this module runs on CPU tensors only for now)"
-        )
+    cu = cu.detach().cpu()  # read on the host (the ops plan from it)
     if cu.dtype != torch.int32 or cu.dim() != 1 or cu.shape[0] < 1:
         raise Error(
             f"lockstep.hf: cu_seqlens must be int32 [B+1], got {cu.dtype} {list(cu.shape)}"
@@ -1122,22 +1157,33 @@ def _layer_weights(layer: Any) -> List[Tensor]:
     return [layer.get_parameter(n) for n in _LAYER_WEIGHTS]
 
 
-def _check_weights(model: Any) -> None:
-    """Every parameter still on the host in f32 / bf16 (the model may have moved since patch)."""
+def _check_weights(model: Any) -> torch.device:
+    """Every parameter on one device (the CPU or one CUDA device) in f32 / bf16 (the model may
+    have moved since patch); returns that device."""
+    dev = model.model.embed_tokens.weight.device
     for name, p in model.named_parameters():
-        if p.device.type != "cpu":
+        if p.device != dev:
             raise Error(
-                f"lockstep.hf: parameter {name} is on {p.device}: lockstep.hf runs on CPU tensors "
-                "only for now (CUDA is not yet supported by this module)"
+                f"lockstep.hf: parameter {name} is on {p.device}, the embedding on {dev}: "
+                "every parameter must be on one device"
             )
+        if p.device.type not in ("cpu", "cuda"):
+            raise Error(f"lockstep.hf: parameter {name} is on {p.device}: CPU or CUDA only")
         if p.dtype not in (torch.float32, torch.bfloat16):
             raise Error(f"lockstep.hf: parameter {name} is {p.dtype}; expected float32 or bfloat16")
+    if dev.type == "cuda" and not _C.cuda_build:
+        raise Error(
+            "lockstep.hf: the model is on CUDA but lockstep._C is a CPU build "
+            "(pip install . -C cmake.define.LOCKSTEP_CUDA=ON)"
+        )
+    return dev
 
 
 def _stream(model: Any, st: _Setup, ids: Tensor, positions: Tensor, cu: Tensor, steps: Tensor):
     """(out, res, lm_w): the f32 stream (bf16 values) of the last layer into the final norm, and
     the lm_head weight the head uses."""
-    _check_weights(model)
+    dev = _check_weights(model)
+    ids, positions = ids.to(dev), positions.to(dev)
     embed = model.model.embed_tokens.weight
     lm_w = model.lm_head.weight
     if st.tied and embed.dtype == torch.bfloat16 and _acc_of(embed) is None:
@@ -1211,7 +1257,8 @@ def _accumulating(model: Any) -> bool:
 def _logprobs_ops(model, st, ids, positions, cu, steps, tg, temperature, ignore_index):
     out, res, lm_w = _stream(model, st, ids, positions, cu, steps)
     logp, _, ent, _, _ = _head(
-        out, res, model.model.norm.weight, lm_w, tg, temperature, ignore_index, cu, steps,
+        out, res, model.model.norm.weight, lm_w, tg.to(out.device), temperature, ignore_index,
+        cu, steps,
         list(st.dims), st.eps,
     )
     return logp, ent
@@ -1334,10 +1381,12 @@ class GradAccumulator:
             if getattr(p, "_lockstep_acc", None) is not None:
                 raise Error(f"lockstep.hf.GradAccumulator: parameter {name} already has one")
         for p in self._params.values():
-            p.main_grad = torch.zeros(p.shape, dtype=torch.float32)
+            p.main_grad = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
             p._lockstep_acc = self
         embed = model.model.embed_tokens.weight
-        self._tied = torch.zeros(embed.shape, dtype=torch.float32) if st.tied else None
+        self._tied = (
+            torch.zeros(embed.shape, dtype=torch.float32, device=embed.device) if st.tied else None
+        )
         if st.tied:
             embed._lockstep_tied_lm_grad = self._tied
         self._last = -1

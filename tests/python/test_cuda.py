@@ -187,3 +187,75 @@ def test_cuda_bad_inputs_raise(call, message):
     with pytest.raises(lockstep.Error, match=message):
         call()
     torch.cuda.synchronize()  # the CUDA context is still good
+
+
+# ---- lockstep.hf on a CUDA model ----------------------------------------------------------------
+
+
+def _hf_case(tied, dtype, device, accumulate=False):
+    """Log-probs, entropies and parameter gradients of the patched test model on `device`, for
+    fixed packed sequences and upstream gradients."""
+    import lockstep.hf as lh
+    from test_hf import make_model, packed, random_seqs
+
+    model = make_model(tied, dtype).to(device)
+    lh.patch(model)
+    gen = torch.Generator().manual_seed(21)
+    seqs = random_seqs(gen, [6, 70, 1, 13])
+    ids, cu_, targets = packed(seqs)
+    g_lp = randn(gen, ids.shape[0], dtype=torch.float32)
+    g_ent = randn(gen, ids.shape[0], dtype=torch.float32, scale=0.1)
+    acc = lh.GradAccumulator(model) if accumulate else None
+    logp, ent = lh.logprobs(model, ids.to(device), targets.to(device), cu_seqlens=cu_)
+    torch.autograd.backward([logp, ent], [g_lp.to(device), g_ent.to(device)])
+    if acc is not None:
+        grads = acc.finish()
+    else:
+        grads = {n: p.grad for n, p in model.named_parameters()}
+    return model, seqs, logp.detach(), ent.detach(), grads
+
+
+@pytest.mark.parametrize(
+    "tied,dtype,accumulate",
+    [
+        (False, torch.float32, False),
+        (True, torch.bfloat16, False),
+        (True, torch.float32, True),
+    ],
+    ids=["untied-f32", "tied-bf16", "tied-f32-accumulate"],
+)
+def test_hf_on_cuda_equals_cpu(tied, dtype, accumulate):
+    _, _, lp_c, en_c, g_c = _hf_case(tied, dtype, "cpu", accumulate)
+    _, _, lp_g, en_g, g_g = _hf_case(tied, dtype, "cuda", accumulate)
+    assert lp_g.device.type == "cuda"
+    assert_bitwise(lp_g.cpu(), lp_c, "logp cuda vs cpu")
+    assert_bitwise(en_g.cpu(), en_c, "entropy cuda vs cpu")
+    assert sorted(g_g) == sorted(g_c)
+    for name in g_c:
+        assert g_g[name].device.type == "cuda", name
+        assert_bitwise(g_g[name].cpu(), g_c[name], f"d{name} cuda vs cpu")
+
+
+def test_hf_on_cuda_equals_cuda_engine():
+    from test_hf import engine_of, per_seq
+
+    model, seqs, logp, ent, _ = _hf_case(False, torch.float32, "cuda")
+    sd = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    import lockstep.hf as lh
+
+    engine = lockstep.Engine(sd, config=lh.hf_config_dict(model), device="cuda")
+    scores = engine.score(seqs)
+    for i, (s, lp, en) in enumerate(zip(scores, per_seq(logp, seqs), per_seq(ent, seqs))):
+        assert_bitwise(lp[:-1].cpu(), torch.from_numpy(s.logp), f"seq {i} logp vs cuda engine")
+        assert_bitwise(en[:-1].cpu(), torch.from_numpy(s.entropy), f"seq {i} entropy")
+
+
+def test_hf_on_cuda_side_stream_raises():
+    import lockstep.hf as lh
+    from test_hf import make_model, packed
+
+    model = lh.patch(make_model().cuda())
+    ids, cu_, targets = packed([[1, 2, 3]])
+    with torch.cuda.stream(torch.cuda.Stream()):
+        with pytest.raises(lockstep.Error, match="legacy default CUDA stream"):
+            lh.logprobs(model, ids.cuda(), targets.cuda(), cu_seqlens=cu_)

@@ -474,7 +474,7 @@ def test_input_errors():
         lh.logprobs(model, ids.view(2, 2), tg, cu_seqlens=cu)
     with pytest.raises(TypeError, match="integer tensor"):
         lh.logprobs(model, ids.float(), tg, cu_seqlens=cu)
-    with pytest.raises(lockstep.Error, match="CUDA is not yet supported"):
+    with pytest.raises(lockstep.Error, match="CPU or CUDA tensors only"):
         lh.logprobs(model, ids.to("meta"), tg, cu_seqlens=cu)
     with pytest.raises(lockstep.Error, match="labels"):
         model(input_ids=ids[None], position_ids=torch.tensor([[0, 1, 2, 0]]), labels=ids[None])
