@@ -201,7 +201,7 @@ def _hf_case(tied, dtype, device, accumulate=False):
     model = make_model(tied, dtype).to(device)
     lh.patch(model)
     gen = torch.Generator().manual_seed(21)
-    seqs = random_seqs(gen, [6, 70, 1, 13])
+    seqs = random_seqs(gen, [6, 70, 2, 13])
     ids, cu_, targets = packed(seqs)
     g_lp = randn(gen, ids.shape[0], dtype=torch.float32)
     g_ent = randn(gen, ids.shape[0], dtype=torch.float32, scale=0.1)
