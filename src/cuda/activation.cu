@@ -1,6 +1,6 @@
-// Launcher of cuda::silu_mul (kernel: activation.cuh): argument checks before the launch (the
-// contract's checks, docs/contract.md §E.3, on device views), asynchronous launch, launch errors
-// throw.
+// Launchers of cuda::silu_mul and silu_and_mul (kernel: activation.cuh): argument checks before the
+// launch (the contract's checks, docs/contract.md §E.3, on device views), asynchronous launch,
+// launch errors throw.
 #include <cuda_runtime.h>
 
 #include "contract/checks.h"
@@ -27,6 +27,12 @@ void silu_mul(const TensorView& gate, const TensorView& up, const TensorView& ou
   detail::silu_mul_kernel<<<detail::grid_for(T * I, kThreads), kThreads, 0,
                             static_cast<cudaStream_t>(stream)>>>(p);
   detail::check_launch(op);
+}
+
+void silu_and_mul(const TensorView& gate_up, const TensorView& out, void* stream) {
+  const contract::GateUpHalves h =
+      contract::split_gate_up("cuda::silu_and_mul", Device::kCUDA, gate_up, out);
+  silu_mul(h.gate, h.up, out, stream);
 }
 
 }  // namespace lockstep::cuda

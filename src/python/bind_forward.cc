@@ -8,7 +8,6 @@
 
 #include <vector>
 
-#include "contract/checks.h"
 #include "lockstep/ops/activation.h"
 #include "lockstep/ops/attention.h"
 #include "lockstep/ops/embedding.h"
@@ -101,11 +100,7 @@ void silu_and_mul(const Array& gate_up, const Array& out, uint64_t stream) {
   const ArgView gv = view_of(kOp, "gate_up", gate_up), ov = view_of(kOp, "out", out);
   const Placement at = place(kOp, {&gv, &ov}, stream);
   run_on(
-      at, [&] { cpu::silu_and_mul(gv, ov); },
-      [&](auto s) {
-        const contract::GateUpHalves h = contract::split_gate_up(kOp, Device::kCUDA, gv, ov);
-        cuda::silu_mul(h.gate, h.up, ov, s);
-      });
+      at, [&] { cpu::silu_and_mul(gv, ov); }, [&](auto s) { cuda::silu_and_mul(gv, ov, s); });
 }
 
 void embedding(const Array& ids, const Array& table, const Array& out, uint64_t stream) {

@@ -7,7 +7,6 @@
 #include <tuple>
 #include <vector>
 
-#include "contract/checks.h"
 #include "lockstep/error.h"
 #ifdef LOCKSTEP_PYTHON_CUDA
 #include "lockstep/cuda/runtime.h"

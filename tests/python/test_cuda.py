@@ -259,3 +259,14 @@ def test_hf_on_cuda_side_stream_raises():
     with torch.cuda.stream(torch.cuda.Stream()):
         with pytest.raises(lockstep.Error, match="legacy default CUDA stream"):
             lh.logprobs(model, ids.cuda(), targets.cuda(), cu_seqlens=cu_)
+
+
+def test_silu_and_mul_binding_on_cuda_equals_cpu():
+    gen = torch.Generator().manual_seed(8)
+    gu = randn(gen, 7, 48)
+    want = torch.empty(7, 24, dtype=torch.bfloat16)
+    lockstep._C.silu_and_mul(gu, want)
+    got = torch.empty(7, 24, dtype=torch.bfloat16, device="cuda")
+    lockstep._C.silu_and_mul(gu.cuda(), got)
+    torch.cuda.synchronize()
+    assert_bitwise(got.cpu(), want, "silu_and_mul cuda vs cpu")

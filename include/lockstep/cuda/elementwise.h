@@ -31,6 +31,8 @@ void rope(const TensorView& x, const TensorView& positions, const TensorView& co
 
 void silu_mul(const TensorView& gate, const TensorView& up, const TensorView& out,
               void* stream = nullptr);
+// silu_mul of the halves of gate_up [T, 2I] (out [T, I]), as cpu::silu_and_mul.
+void silu_and_mul(const TensorView& gate_up, const TensorView& out, void* stream = nullptr);
 
 // ids on the device: ids outside [0, V) cannot be checked before the launch; the kernel writes a
 // canonical-NaN row for them (callers validate ids on the host).
