@@ -4,6 +4,7 @@
 // upstream gradients on the completion tokens. Used by test_train_shared and test_train_oracle.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <random>
@@ -56,7 +57,8 @@ struct StepOut {
   Gradients grads;
   // [group][completion][token]: the trainer's logp / lse / entropy of each completion token.
   std::vector<std::vector<std::vector<float>>> logp, lse, ent;
-  int64_t rows = 0;  // packed rows over the micro-batches
+  int64_t rows = 0;         // packed rows over the micro-batches
+  int64_t saved_bytes = 0;  // the largest micro-batch's saved activations (SavedForward::bytes)
 };
 
 inline void size_like(const GroupStep& st, StepOut& o) {
@@ -74,7 +76,7 @@ inline StepOut run_shared_step(const Qwen3Config& cfg, const std::map<std::strin
                                const std::vector<std::vector<size_t>>& micro_batches) {
   Model model(cfg, w, opt, make_invariant_backend());
   Backprop bp(cfg, w, opt);
-  StepOut o{Gradients(cfg), {}, {}, {}, 0};
+  StepOut o{Gradients(cfg), {}, {}, {}, 0, 0};
   size_like(st, o);
   for (const auto& mb : micro_batches) {
     SharedPack pk = pack_prompt_groups(st.groups, mb);
@@ -84,6 +86,7 @@ inline StepOut run_shared_step(const Qwen3Config& cfg, const std::map<std::strin
         model, TensorView::contiguous(pk.tokens.data(), DType::kI32, {T}),
         TensorView::contiguous(pk.cu.data(), DType::kI32, {int64_t(pk.cu.size())}),
         TensorView::contiguous(pk.prompt_of.data(), DType::kI32, {int64_t(pk.prompt_of.size())}));
+    o.saved_bytes = std::max(o.saved_bytes, f.bytes());
     const Tensor hh = bp.head_hidden(f, pk.head);
     Tensor logp(DType::kF32, {Th}), lse(DType::kF32, {Th}), ent(DType::kF32, {Th});
     const TensorView tg = TensorView::contiguous(pk.targets.data(), DType::kI64, {Th});
@@ -120,7 +123,7 @@ inline StepOut run_unshared_step(const Qwen3Config& cfg, const std::map<std::str
                                  const std::vector<std::vector<size_t>>& micro_batches) {
   Model model(cfg, w, opt, make_invariant_backend());
   Backprop bp(cfg, w, opt);
-  StepOut o{Gradients(cfg), {}, {}, {}, 0};
+  StepOut o{Gradients(cfg), {}, {}, {}, 0, 0};
   size_like(st, o);
   std::vector<int64_t> first(st.groups.size() + 1, 0);
   for (size_t k = 0; k < st.groups.size(); ++k)
@@ -158,6 +161,7 @@ inline StepOut run_unshared_step(const Qwen3Config& cfg, const std::map<std::str
     const SavedForward f =
         bp.forward(model, TensorView::contiguous(tokens.data(), DType::kI32, {T}),
                    TensorView::contiguous(cu.data(), DType::kI32, {int64_t(cu.size())}));
+    o.saved_bytes = std::max(o.saved_bytes, f.bytes());
     Tensor logp(DType::kF32, {T}), lse(DType::kF32, {T}), ent(DType::kF32, {T});
     const TensorView tg = TensorView::contiguous(targets.data(), DType::kI64, {T});
     model.logprob(f.hidden.view(), tg, 1.0f, logp.view(), lse.view(), ent.view());
