@@ -1,10 +1,10 @@
 // Group-shared prompts in training (engine/train.h, docs/contract.md §B.11): the completion
 // tokens' log-probs (and lse, entropy) of the shared forward are bitwise those of the unshared
 // one; the shared gradients are bitwise identical across reruns, micro-batch splits at group
-// boundaries, packing orders of the groups and thread counts; with one completion per group and
-// prompts of multiples of 16 tokens every gradient but the lm_head's is the unshared one bit for
-// bit; against the unshared gradients they differ by roundings only (the fp64-oracle comparison is
-// in test_train_oracle); bad inputs are refused with clear errors.
+// boundaries, packing orders of the groups, simulated TP and thread counts; with one completion per
+// group and prompts of multiples of 16 tokens every gradient but the lm_head's is the unshared one
+// bit for bit; against the unshared gradients they differ by roundings only (the fp64-oracle
+// comparison is in test_train_oracle); bad inputs are refused with clear errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -120,6 +120,12 @@ TEST(TrainShared, GradientsAreDeterministicAcrossMicroBatchesPackingAndThreads) 
               "groups packed 2, 0, 1");
   expect_same(ref.grads, run_shared_step(s.cfg, s.views, s.opt, st, {{1, 0}, {2}}).grads,
               "groups packed 1, 0 | 2");
+  for (int tp : {2, 4}) {
+    Fixture t = make_setup(true);
+    t.opt.tp = tp;
+    expect_same(ref.grads, run_shared_step(t.cfg, t.views, t.opt, st, {{0, 1, 2}}).grads,
+                "tp=" + std::to_string(tp));
+  }
   const int saved = num_threads();
   set_num_threads(1);
   const StepOut one = run_shared_step(s.cfg, s.views, s.opt, st, {{0}, {2, 1}});
