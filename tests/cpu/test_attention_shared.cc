@@ -170,7 +170,27 @@ struct Case {
   int64_t P;
   std::vector<int64_t> C;
   int kv_chunk;
+  AttentionConfig cfg() const {
+    AttentionConfig a;
+    a.kv_chunk = kv_chunk;
+    return a;
+  }
 };
+
+// A case's group, packed after `before` (other groups) in one shared call.
+struct CaseRun {
+  Group gr;
+  std::vector<Placed> at;
+  Call s;
+  const Placed& placed() const { return at.back(); }
+};
+CaseRun run_case(const Case& cs, std::mt19937_64& g, const std::vector<const Group*>& before = {}) {
+  CaseRun r{make_group(cs.d, cs.P, cs.C, g), {}, {}};
+  std::vector<const Group*> all = before;
+  all.push_back(&r.gr);
+  r.s = run_shared(cs.d, all, cs.cfg(), &r.at);
+  return r;
+}
 
 const std::vector<Case>& cases() {
   static const std::vector<Case> c = {
@@ -184,20 +204,17 @@ const std::vector<Case>& cases() {
 TEST(AttentionShared, ForwardRowsAreTheUnsharedRows) {
   auto g = test::rng(1);
   for (const Case& cs : cases()) {
-    AttentionConfig cfg;
-    cfg.kv_chunk = cs.kv_chunk;
-    const Group gr = make_group(cs.d, cs.P, cs.C, g);
     const Group other = make_group(cs.d, 23, {9, 40}, g);
-    std::vector<Placed> at;
-    const Call s = run_shared(cs.d, {&other, &gr}, cfg, &at);
+    const CaseRun r = run_case(cs, g, {&other});
+    const Placed& at = r.placed();
     for (size_t c = 0; c < cs.C.size(); ++c) {
-      const Call u = run_unshared(cs.d, gr, c, cfg, true);
+      const Call u = run_unshared(cs.d, r.gr, c, cs.cfg(), true);
       SCOPED_TRACE("P=" + std::to_string(cs.P) + " completion " + std::to_string(c));
-      EXPECT_TRUE(same_rows(s.out, at[1].prompt_row, u.out, 0, cs.P)) << "prompt out";
-      EXPECT_TRUE(same_rows(s.lse, at[1].prompt_row, u.lse, 0, cs.P)) << "prompt lse";
-      EXPECT_TRUE(same_rows(s.out, at[1].completion_rows[c], u.out, cs.P, cs.C[c]))
+      EXPECT_TRUE(same_rows(r.s.out, at.prompt_row, u.out, 0, cs.P)) << "prompt out";
+      EXPECT_TRUE(same_rows(r.s.lse, at.prompt_row, u.lse, 0, cs.P)) << "prompt lse";
+      EXPECT_TRUE(same_rows(r.s.out, at.completion_rows[c], u.out, cs.P, cs.C[c]))
           << "completion out";
-      EXPECT_TRUE(same_rows(s.lse, at[1].completion_rows[c], u.lse, cs.P, cs.C[c]))
+      EXPECT_TRUE(same_rows(r.s.lse, at.completion_rows[c], u.lse, cs.P, cs.C[c]))
           << "completion lse";
     }
   }
@@ -226,15 +243,12 @@ TEST(AttentionShared, BackwardOfOneCompletionIsUnsharedWhenThePromptFillsKBlocks
 TEST(AttentionShared, CompletionRowsAndKeysAndPromptDqAreUnshared) {
   auto g = test::rng(3);
   for (const Case& cs : cases()) {
-    AttentionConfig cfg;
-    cfg.kv_chunk = cs.kv_chunk;
-    const Group gr = make_group(cs.d, cs.P, cs.C, g);
-    std::vector<Placed> at;
-    const Call s = run_shared(cs.d, {&gr}, cfg, &at);
+    const CaseRun run = run_case(cs, g);
+    const Call& s = run.s;
     for (size_t c = 0; c < cs.C.size(); ++c) {
       SCOPED_TRACE("P=" + std::to_string(cs.P) + " completion " + std::to_string(c));
-      const Call u = run_unshared(cs.d, gr, c, cfg, true);
-      const int64_t r = at[0].completion_rows[c];
+      const Call u = run_unshared(cs.d, run.gr, c, cs.cfg(), true);
+      const int64_t r = run.placed().completion_rows[c];
       EXPECT_TRUE(same_rows(s.dq, r, u.dq, cs.P, cs.C[c])) << "completion dq";
       EXPECT_TRUE(same_rows(s.dk, r, u.dk, cs.P, cs.C[c])) << "completion dk";
       EXPECT_TRUE(same_rows(s.dv, r, u.dv, cs.P, cs.C[c])) << "completion dv";
@@ -252,15 +266,12 @@ TEST(AttentionShared, PromptKeysSumTheCompletionsParts) {
   double worst = 0;
   for (const Case& cs : cases()) {
     if (cs.C.size() < 2) continue;
-    AttentionConfig cfg;
-    cfg.kv_chunk = cs.kv_chunk;
-    const Group gr = make_group(cs.d, cs.P, cs.C, g);
-    std::vector<Placed> at;
-    const Call s = run_shared(cs.d, {&gr}, cfg, &at);
+    const CaseRun run = run_case(cs, g);
+    const Call& s = run.s;
     const int64_t n = cs.P * cs.d.Hkv * cs.d.D;
     std::vector<double> sk(size_t(n), 0.0), sv(size_t(n), 0.0);
     for (size_t c = 0; c < cs.C.size(); ++c) {
-      const Call u = run_unshared(cs.d, gr, c, cfg, c == 0);
+      const Call u = run_unshared(cs.d, run.gr, c, cs.cfg(), c == 0);
       for (int64_t i = 0; i < n; ++i) {
         sk[size_t(i)] += double(u.dk.ptr<float>()[i]);
         sv[size_t(i)] += double(u.dv.ptr<float>()[i]);
@@ -314,15 +325,7 @@ TEST(AttentionShared, GroupPackingOtherGroupsAndThreadsDoNotChangeBits) {
   }
 }
 
-void expect_error(const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one mentioning " << needle;
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find(needle), std::string::npos) << msg;
-  }
-}
+using test::expect_error;
 
 TEST(AttentionShared, BadMetadataIsRefused) {
   std::vector<int32_t> cu = {0, 4, 6, 9};

@@ -171,15 +171,7 @@ TEST(TrainShared, GradientsDifferFromTheUnsharedOnesByRoundingsOnly) {
   EXPECT_GT(differ, 0) << "G > 1: the prompt rows' sums round differently";
 }
 
-void expect_error(const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one mentioning " << needle;
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find(needle), std::string::npos) << msg;
-  }
-}
+using test::expect_error;
 
 TEST(TrainShared, BadInputsAreRefused) {
   const Fixture s = make_setup(false);

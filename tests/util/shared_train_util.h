@@ -61,12 +61,15 @@ struct StepOut {
   int64_t saved_bytes = 0;  // the largest micro-batch's saved activations (SavedForward::bytes)
 };
 
-inline void size_like(const GroupStep& st, StepOut& o) {
+// Zero gradients and per-token outputs sized like the step's completions.
+inline StepOut empty_out(const Qwen3Config& cfg, const GroupStep& st) {
+  StepOut o{Gradients(cfg), {}, {}, {}, 0, 0};
   for (const PromptGroup& g : st.groups) {
     o.logp.emplace_back(g.completions.size());
     o.lse.emplace_back(g.completions.size());
     o.ent.emplace_back(g.completions.size());
   }
+  return o;
 }
 
 // Shared form: micro-batches = lists of group indices (consecutive runs of the step's groups),
@@ -76,8 +79,7 @@ inline StepOut run_shared_step(const Qwen3Config& cfg, const std::map<std::strin
                                const std::vector<std::vector<size_t>>& micro_batches) {
   Model model(cfg, w, opt, make_invariant_backend());
   Backprop bp(cfg, w, opt);
-  StepOut o{Gradients(cfg), {}, {}, {}, 0, 0};
-  size_like(st, o);
+  StepOut o = empty_out(cfg, st);
   for (const auto& mb : micro_batches) {
     SharedPack pk = pack_prompt_groups(st.groups, mb);
     const int64_t T = int64_t(pk.tokens.size()), Th = int64_t(pk.targets.size());
@@ -123,8 +125,7 @@ inline StepOut run_unshared_step(const Qwen3Config& cfg, const std::map<std::str
                                  const std::vector<std::vector<size_t>>& micro_batches) {
   Model model(cfg, w, opt, make_invariant_backend());
   Backprop bp(cfg, w, opt);
-  StepOut o{Gradients(cfg), {}, {}, {}, 0, 0};
-  size_like(st, o);
+  StepOut o = empty_out(cfg, st);
   std::vector<int64_t> first(st.groups.size() + 1, 0);
   for (size_t k = 0; k < st.groups.size(); ++k)
     first[k + 1] = first[k] + int64_t(st.groups[k].completions.size());
