@@ -325,7 +325,7 @@ TEST(AttentionShared, GroupPackingOtherGroupsAndThreadsDoNotChangeBits) {
   }
 }
 
-using test::expect_error;
+const auto expect_error = test::expect_error_mentioning;
 
 TEST(AttentionShared, BadMetadataIsRefused) {
   std::vector<int32_t> cu = {0, 4, 6, 9};

@@ -654,7 +654,7 @@ TEST(AttentionBackward, PoisonedOutputsAreOverwritten) {
 // ---------------------------------------------------------------------------------------------
 // Bad arguments: lockstep::Error naming the op and the argument, nothing written.
 
-using test::expect_error;
+const auto expect_error = test::expect_error_mentioning;
 
 TEST(AttentionBackward, BadArguments) {
   const Dims d{4, 2, 16};

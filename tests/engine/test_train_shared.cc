@@ -171,7 +171,7 @@ TEST(TrainShared, GradientsDifferFromTheUnsharedOnesByRoundingsOnly) {
   EXPECT_GT(differ, 0) << "G > 1: the prompt rows' sums round differently";
 }
 
-using test::expect_error;
+const auto expect_error = test::expect_error_mentioning;
 
 TEST(TrainShared, BadInputsAreRefused) {
   const Fixture s = make_setup(false);

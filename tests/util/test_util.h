@@ -127,7 +127,7 @@ inline Tensor poisoned(DType dtype, std::vector<int64_t> shape) {
 }
 
 // f() must throw a lockstep::Error whose message contains `needle`.
-inline void expect_error(const std::function<void()>& f, const std::string& needle) {
+inline void expect_error_mentioning(const std::function<void()>& f, const std::string& needle) {
   try {
     f();
     ADD_FAILURE() << "no error; expected one mentioning " << needle;
