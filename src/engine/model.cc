@@ -618,8 +618,9 @@ void Model::Impl::forward_segments(const char* op, const TensorView& tokens,
   for (int64_t b = 0; b < B; ++b) {
     const int64_t s0 = read_index(cu_seqlens, b), s1 = read_index(cu_seqlens, b + 1);
     const int64_t p0 = shared ? shared->first_position(b) : 0;
-    LS_CHECK(p0 + s1 - s0 <= m.max_positions, op, "sequence ", b, " reaches position ",
-             p0 + s1 - s0, ", more than the model's max positions (", m.max_positions, ")");
+    LS_CHECK(p0 + s1 - s0 <= m.max_positions, op, "sequence ", b, " has ", s1 - s0, " tokens",
+             p0 > 0 ? " after its prompt's " + std::to_string(p0) : std::string(),
+             ", more than the model's max positions (", m.max_positions, ")");
     for (int64_t t = s0; t < s1; ++t) pos.ptr<int32_t>()[t] = int32_t(p0 + t - s0);
   }
   if (T == 0) return;
