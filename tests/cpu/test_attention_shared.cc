@@ -197,6 +197,8 @@ const std::vector<Case>& cases() {
       {{8, 2, 64}, 100, {1, 15, 70}, 64}, {{4, 4, 32}, 17, {3}, 1024},
       {{2, 1, 16}, 1, {64, 5, 130}, 64},  {{4, 2, 128}, 130, {17, 64}, 128},
       {{8, 4, 48}, 64, {1, 1, 1, 1}, 64}, {{2, 2, 16}, 200, {33}, 64},
+      {{2, 1, 16}, 0, {5, 70}, 64},      // an empty prompt: its completions stand alone
+      {{4, 2, 32}, 40, {7, 0, 19}, 64},  // an empty completion
   };
   return c;
 }
@@ -265,7 +267,7 @@ TEST(AttentionShared, PromptKeysSumTheCompletionsParts) {
   auto g = test::rng(4);
   double worst = 0;
   for (const Case& cs : cases()) {
-    if (cs.C.size() < 2) continue;
+    if (cs.C.size() < 2 || cs.P == 0) continue;
     const CaseRun run = run_case(cs, g);
     const Call& s = run.s;
     const int64_t n = cs.P * cs.d.Hkv * cs.d.D;
