@@ -261,7 +261,7 @@ TEST(AttentionShared, CompletionRowsAndKeysAndPromptDqAreUnshared) {
 
 // A prompt key's dk / dv = the prompt rows' part (the unshared sequence 0 with the prompt's dout)
 // plus each other completion's part (unshared sequences with the prompt's dout +0): the same sum in
-// one chain, so equal within the chain's truncation (measured ~1e-7 of the largest value; the
+// one chain, so equal within the chain's truncation (measured ~1e-6 of the largest value; the
 // bound 2^-16 is far below the bf16 roundings of P and dS that §B.9's 2^-6 accuracy covers).
 TEST(AttentionShared, PromptKeysSumTheCompletionsParts) {
   auto g = test::rng(4);
