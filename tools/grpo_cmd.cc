@@ -319,6 +319,9 @@ Command add_grpo_command(CLI::App& top) {
   sub->add_flag("--baseline", f->cfg.baseline,
                 "ordinary (non-invariant) kernels for rollout and training forward (cuda: cuBLAS "
                 "and the baseline kernels; the backward stays invariant: the baselines have none)");
+  sub->add_flag("--share-prompts", f->cfg.share_prompts,
+                "train each GRPO group's prompt once (its completions attend to it; log-probs "
+                "unchanged, gradients the shared form of docs/contract.md §B.11; CPU only)");
   sub->add_flag("--json", f->json, "one JSON object per step (JSONL) on stdout");
   sub->add_option("--metrics", f->metrics, "also write the JSONL metrics to this file");
   sub->add_option("--plot", f->plot,

@@ -219,6 +219,50 @@ void check_attention(Report& rep, Gen& g, const ContractConfig& cc) {
                                   lse_s.view());
     rep.add("attention", "split-KV x3 (" + ps + ") vs packed prefill", out_s, out);
   }
+
+  // Shared prompts (§B.11): sequences 1 and 2 given the same first 100 rows, packed as that prompt
+  // once and the two completions (rows 100 .. of each): every row's out / lse vs packed prefill.
+  const int64_t P = 100, t1 = lens[0], t2 = lens[0] + lens[1];
+  Tensor q2 = like(q), k2 = like(k), v2 = like(v);
+  for (auto [dst, src] : {std::pair{&q2, &q}, {&k2, &k}, {&v2, &v}}) {
+    std::memcpy(dst->data(), src->data(), size_t(src->nbytes()));
+    const int64_t rb = src->nbytes() / T;
+    std::memcpy(static_cast<char*>(dst->data()) + t2 * rb,
+                static_cast<char*>(src->data()) + t1 * rb, size_t(P * rb));
+  }
+  Tensor ref(DType::kBF16, {T, Hq, D}), ref_lse(DType::kF32, {T, Hq});
+  cpu::attention_prefill_varlen(q2.view(), k2.view(), v2.view(), cu.view(), cfg, ref.view(),
+                                ref_lse.view());
+  // Segments: sequence 0, the prompt (rows t1 .. t1+P), completion 1 (t1+P .. t2), completion 2
+  // (t2+P .. T); the shared call sees the rows without sequence 2's copy of the prompt.
+  const std::vector<std::pair<int64_t, int64_t>> runs = {
+      {0, t1}, {t1, t1 + P}, {t1 + P, t2}, {t2 + P, T}};
+  const int64_t Ts = T - P;
+  Tensor qs(DType::kBF16, {Ts, Hq, D}), ks(DType::kBF16, {Ts, Hkv, D}),
+      vs(DType::kBF16, {Ts, Hkv, D});
+  Tensor ref_s(DType::kBF16, {Ts, Hq, D}), ref_ls(DType::kF32, {Ts, Hq});
+  Tensor cus(DType::kI32, {5}), prompt_of(DType::kI32, {4});
+  cus.ptr<int32_t>()[0] = 0;
+  int64_t at = 0;
+  for (size_t r = 0; r < runs.size(); ++r) {
+    const auto [a, b] = runs[r];
+    for (auto [dst, src] :
+         {std::pair{&qs, &q2}, {&ks, &k2}, {&vs, &v2}, {&ref_s, &ref}, {&ref_ls, &ref_lse}}) {
+      const int64_t rb = src->nbytes() / T;
+      std::memcpy(static_cast<char*>(dst->data()) + at * rb,
+                  static_cast<char*>(src->data()) + a * rb, size_t((b - a) * rb));
+    }
+    at += b - a;
+    cus.ptr<int32_t>()[r + 1] = int32_t(at);
+    prompt_of.ptr<int32_t>()[r] = r >= 2 ? 1 : -1;
+  }
+  const SharedPromptSeqs segs =
+      SharedPromptSeqs::validate("selfcheck", cus.view(), prompt_of.view(), Ts);
+  Tensor out_sh(DType::kBF16, {Ts, Hq, D}), lse_sh(DType::kF32, {Ts, Hq});
+  cpu::attention_prefill_shared(qs.view(), ks.view(), vs.view(), segs, cfg, out_sh.view(),
+                                lse_sh.view());
+  rep.add("attention", "shared prompt vs packed prefill: out", out_sh, ref_s);
+  rep.add("attention", "shared prompt vs packed prefill: lse", lse_sh, ref_ls);
 }
 
 void check_logprob(Report& rep, Gen& g, const ContractConfig& cc) {

@@ -231,6 +231,49 @@ PackedSeqs PackedSeqs::validate(const char* op, const TensorView& cu_seqlens, in
   return p;
 }
 
+SharedPromptSeqs SharedPromptSeqs::validate(const char* op, const TensorView& cu_seqlens,
+                                            const TensorView& prompt_of, int64_t T) {
+  using contract::read_i32;
+  SharedPromptSeqs s(PackedSeqs::validate(op, cu_seqlens, T));
+  const int64_t B = s.B();
+  LS_CHECK(prompt_of.ndim == 1, op, "argument 'prompt_of' expected shape [B] = [", B, "], got ",
+           prompt_of.shape_string());
+  contract::check_host_view(op, "prompt_of", prompt_of);
+  check_tensor(op, "prompt_of", prompt_of, DType::kI32, {B});
+  s.prompt_of_.resize(size_t(B));
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t p = read_i32(prompt_of, b);
+    LS_CHECK(p >= -1 && p < B, op, "prompt_of[", b, "] = ", p, " is outside [-1, B = ", B,
+             "): each segment is a prompt (-1) or names its prompt segment");
+    LS_CHECK(p != b, op, "prompt_of[", b, "] = ", b, ": a segment cannot be its own prompt");
+    s.prompt_of_[size_t(b)] = p;
+  }
+  std::vector<int64_t> count(size_t(B) + 1, 0);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t p = s.prompt_of_[size_t(b)];
+    if (p < 0) continue;
+    LS_CHECK(s.prompt_of_[size_t(p)] < 0, op, "prompt_of[", b, "] = ", p,
+             " names a completion (prompt_of[", p, "] = ", s.prompt_of_[size_t(p)],
+             "): a completion continues a prompt segment, not another completion");
+    ++count[size_t(p) + 1];
+  }
+  s.child_begin_.assign(size_t(B) + 1, 0);
+  for (int64_t b = 0; b < B; ++b)
+    s.child_begin_[size_t(b) + 1] = s.child_begin_[size_t(b)] + count[size_t(b) + 1];
+  s.children_.resize(size_t(s.child_begin_.back()));
+  std::vector<int64_t> at(s.child_begin_.begin(), s.child_begin_.end() - 1);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t p = s.prompt_of_[size_t(b)];
+    if (p >= 0) s.children_[size_t(at[size_t(p)]++)] = b;
+  }
+  return s;
+}
+
+std::span<const int64_t> SharedPromptSeqs::completions(int64_t b) const {
+  const size_t b0 = size_t(child_begin_[size_t(b)]), b1 = size_t(child_begin_[size_t(b) + 1]);
+  return std::span<const int64_t>(children_).subspan(b0, b1 - b0);
+}
+
 PackedSeqs PackedSeqs::with_device_copy(Device dev, const TensorView& copy) && {
   check_tensor("PackedSeqs::with_device_copy", "cu_seqlens", copy, DType::kI32, {B() + 1}, dev);
   dev_ = copy;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include "contract/checks.h"
@@ -163,6 +164,52 @@ void paged_common(const char* op, const TensorView& q, const PagedMeta& meta,
   }
 }
 
+// Packed rows in segments cu (checked): segment b at positions 0 .. len-1, or, when prompt_of[b] >=
+// 0 (shared-prompt completions; prompt_of empty: none), at positions Lp .. Lp+len-1 reading the
+// keys below Lp from its prompt's rows. Tiles of at most kTileRows rows of one segment.
+void prefill_rows(const QShape& qs, const TensorView& q, const TensorView& k, const TensorView& v,
+                  std::span<const int64_t> cu, std::span<const int64_t> prompt_of,
+                  const AttentionConfig& cfg, const TensorView& out, const TensorView& lse) {
+  const int64_t T = qs.N, Hkv = k.shape[1], B = int64_t(cu.size()) - 1;
+  if (T == 0) return;
+  Ctx cx;
+  set_queries(cx, qs, q, Hkv, cfg);
+  set_outputs(cx, out, lse);
+  std::vector<int64_t> pos(static_cast<size_t>(T));
+  const std::vector<int64_t> order = iota_rows(T);
+  cx.pos = pos.data();
+  cx.order = order.data();
+  std::vector<Tile> tiles;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t t0 = cu[size_t(b)], t1 = cu[size_t(b + 1)];
+    const int64_t p = prompt_of.empty() ? -1 : prompt_of[size_t(b)];
+    const int64_t lp = p < 0 ? 0 : cu[size_t(p + 1)] - cu[size_t(p)];
+    for (int64_t t = t0; t < t1; ++t) pos[size_t(t)] = lp + t - t0;
+    KvSource src;
+    src.k = k.ptr<const bf16>();
+    src.v = v.ptr<const bf16>();
+    src.k_s0 = k.stride[0];
+    src.k_sh = k.stride[1];
+    src.v_s0 = v.stride[0];
+    src.v_sh = v.stride[1];
+    src.base = t0 - lp;  // position j >= lp is row t0 + (j - lp)
+    if (p >= 0) {
+      src.shared_base = cu[size_t(p)];
+      src.shared_len = lp;
+    }
+    for (int64_t r = t0; r < t1; r += kTileRows) {
+      Tile t;
+      t.rbeg = r;
+      t.rend = std::min(t1, r + kTileRows);
+      t.src = src;
+      tiles.push_back(t);
+    }
+  }
+  for (Tile& t : tiles) t.cost = tile_cost(cx, t);
+  cx.finish = Finish::kFinalize;
+  run_tiles(cx, tiles);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -180,39 +227,15 @@ void attention_prefill_varlen(const TensorView& q, const TensorView& k, const Te
                               const TensorView& out, const TensorView& lse) {
   const QShape qs =
       check_prefill_call("attention_prefill_varlen", Device::kCPU, q, k, v, seqs, cfg, out, lse);
-  const int64_t T = qs.N, Hkv = k.shape[1], B = seqs.B();
-  if (T == 0) return;
+  prefill_rows(qs, q, k, v, seqs.cu(), {}, cfg, out, lse);
+}
 
-  Ctx cx;
-  set_queries(cx, qs, q, Hkv, cfg);
-  set_outputs(cx, out, lse);
-  std::vector<int64_t> pos(static_cast<size_t>(T));
-  const std::vector<int64_t> order = iota_rows(T);
-  cx.pos = pos.data();
-  cx.order = order.data();
-  std::vector<Tile> tiles;
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t t0 = seqs.cu()[size_t(b)], t1 = seqs.cu()[size_t(b + 1)];
-    for (int64_t t = t0; t < t1; ++t) pos[size_t(t)] = t - t0;
-    KvSource src;
-    src.k = k.ptr<const bf16>();
-    src.v = v.ptr<const bf16>();
-    src.k_s0 = k.stride[0];
-    src.k_sh = k.stride[1];
-    src.v_s0 = v.stride[0];
-    src.v_sh = v.stride[1];
-    src.base = t0;
-    for (int64_t r = t0; r < t1; r += kTileRows) {
-      Tile t;
-      t.rbeg = r;
-      t.rend = std::min(t1, r + kTileRows);
-      t.src = src;
-      tiles.push_back(t);
-    }
-  }
-  for (Tile& t : tiles) t.cost = tile_cost(cx, t);
-  cx.finish = Finish::kFinalize;
-  run_tiles(cx, tiles);
+void attention_prefill_shared(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const SharedPromptSeqs& segs, const AttentionConfig& cfg,
+                              const TensorView& out, const TensorView& lse) {
+  const QShape qs = check_prefill_call("attention_prefill_shared", Device::kCPU, q, k, v,
+                                       segs.segments(), cfg, out, lse);
+  prefill_rows(qs, q, k, v, segs.cu(), segs.prompt_of(), cfg, out, lse);
 }
 
 void attention_paged(const TensorView& q, const PagedMeta& meta, const TensorView& k_cache,

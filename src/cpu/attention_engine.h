@@ -29,23 +29,25 @@ inline void block_scores(const bf16* q, const bf16* k, int64_t ldk, int64_t n, i
 inline int64_t state_size(int64_t D) { return D + 2; }
 
 // Where the K/V rows of one sequence live. Contiguous (packed prefill): position j is token
-// base + j. Paged: page table[j / P], slot j % P, where table = shared for j < shared_len
-// (prefix sharing) and own otherwise.
+// base + j, or shared_base + j for j < shared_len (a shared-prompt completion: its prompt's rows
+// below shared_len, its own from there on). Paged: page table[j / P], slot j % P, where
+// table = shared for j < shared_len (prefix sharing) and own otherwise.
 struct KvSource {
   const bf16* k = nullptr;
   const bf16* v = nullptr;
   int64_t k_s0 = 0, k_s1 = 0, k_sh = 0;  // contiguous: s0 = token; paged: s0 = page, s1 = slot
   int64_t v_s0 = 0, v_s1 = 0, v_sh = 0;  // sh = kv head
   int64_t page_size = 0;                 // 0 = contiguous
-  int64_t base = 0;
+  int64_t base = 0, shared_base = 0;
   const int32_t* own = nullptr;
   const int32_t* shared = nullptr;
   int64_t shared_len = 0;
 
   void offsets(int64_t j, int64_t* ko, int64_t* vo) const {
     if (page_size == 0) {
-      *ko = (base + j) * k_s0;
-      *vo = (base + j) * v_s0;
+      const int64_t row = (j < shared_len ? shared_base : base) + j;
+      *ko = row * k_s0;
+      *vo = row * v_s0;
       return;
     }
     const int32_t* table = j < shared_len ? shared : own;

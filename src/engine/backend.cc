@@ -98,6 +98,11 @@ namespace {
            "' backend has no backward yet (the invariant CPU and CUDA backends have one)");
   throw;  // unreachable
 }
+[[noreturn]] void no_shared(const OpsBackend& b, const char* op) {
+  LS_CHECK(false, op, "not implemented on the '", b.name(), "' backend (", device_name(b.device()),
+           "): shared-prompt training runs on the CPU invariant backend (docs/contract.md §B.11)");
+  throw;  // unreachable
+}
 }  // namespace
 
 void OpsBackend::round_bf16(const TensorView& src, const TensorView& dst) const {
@@ -172,6 +177,18 @@ void OpsBackend::attention_backward_varlen(const TensorView&, const TensorView&,
                                            const TensorView&) const {
   no_backward(*this, "attention_backward_varlen");
 }
+void OpsBackend::attention_prefill_shared(const TensorView&, const TensorView&, const TensorView&,
+                                          const SharedPromptSeqs&, const AttentionConfig&,
+                                          const TensorView&, const TensorView&) const {
+  no_shared(*this, "attention_prefill_shared");
+}
+void OpsBackend::attention_backward_shared(const TensorView&, const TensorView&, const TensorView&,
+                                           const TensorView&, const TensorView&, const TensorView&,
+                                           const SharedPromptSeqs&, const AttentionConfig&,
+                                           const TensorView&, const TensorView&,
+                                           const TensorView&) const {
+  no_shared(*this, "attention_backward_shared");
+}
 
 namespace {
 
@@ -190,6 +207,18 @@ class InvariantBackend final : public InvariantOps<OpsBackend> {
   void rope_backward(const TensorView& gy, const TensorView& positions, const RopeTable& table,
                      const TensorView& dx) const override {
     cpu::rope_backward(gy, positions, table, dx);
+  }
+  void attention_prefill_shared(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const SharedPromptSeqs& segs, const AttentionConfig& cfg,
+                                const TensorView& out, const TensorView& lse) const override {
+    cpu::attention_prefill_shared(q, k, v, segs, cfg, out, lse);
+  }
+  void attention_backward_shared(const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const TensorView& out, const TensorView& lse,
+                                 const TensorView& dout, const SharedPromptSeqs& segs,
+                                 const AttentionConfig& cfg, const TensorView& dq,
+                                 const TensorView& dk, const TensorView& dv) const override {
+    cpu::attention_backward_shared(q, k, v, out, lse, dout, segs, cfg, dq, dk, dv);
   }
 };
 

@@ -178,6 +178,21 @@ class OpsBackend {
                                          const PackedSeqs& seqs, const AttentionConfig& cfg,
                                          const TensorView& dq, const TensorView& dk,
                                          const TensorView& dv) const;
+
+  // --- shared-prompt groups (docs/contract.md §B.11) ---
+  // The forward and backward of attention over SharedPromptSeqs (host metadata). The CPU
+  // invariant backend runs lockstep::cpu's ops; every other backend (the CUDA one included, for
+  // now) throws lockstep::Error naming itself and the op.
+  virtual void attention_prefill_shared(const TensorView& q, const TensorView& k,
+                                        const TensorView& v, const SharedPromptSeqs& segs,
+                                        const AttentionConfig& cfg, const TensorView& out,
+                                        const TensorView& lse) const;
+  virtual void attention_backward_shared(const TensorView& q, const TensorView& k,
+                                         const TensorView& v, const TensorView& out,
+                                         const TensorView& lse, const TensorView& dout,
+                                         const SharedPromptSeqs& segs, const AttentionConfig& cfg,
+                                         const TensorView& dq, const TensorView& dk,
+                                         const TensorView& dv) const;
 };
 
 // The invariant CPU backend: every call is the lockstep::cpu op of the same name.

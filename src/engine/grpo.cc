@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -66,13 +67,17 @@ struct TrainSeq {
 };
 
 // The trainer's forward of a micro-batch [s0, s1) of `seqs`: saved activations, per-token
-// targets and the log-prob head's outputs.
+// targets and the log-prob head's outputs. With shared prompts (pack set) the micro-batch holds
+// whole groups and the head's rows, targets, lse and entropy are the pack's head rows.
 struct MicroBatch {
   int64_t s0 = 0, s1 = 0;
   mutable std::vector<int64_t> targets;  // viewed (non-const TensorView data) by the ops
   std::vector<int32_t> cu;
   SavedForward saved;
   Tensor lse, ent;
+  std::optional<SharedPack> pack;
+  // Per sequence s0 .. s1-1: its first row of the head's outputs (its first completion token).
+  std::vector<int64_t> head0;
 };
 
 uint32_t f32_bits(float f) {
@@ -93,7 +98,8 @@ std::string settings_string(const GrpoConfig& c) {
      << ", micro_batch_tokens=" << c.micro_batch_tokens << ", mini_batches=" << c.mini_batches
      << "\n  " << c.contract.to_string() << "\n  " << c.optim.to_string() << "\n  "
      << c.loss.to_string() << "\n  " << c.rollout.to_string()
-     << (c.baseline ? "\n  kernels: BASELINE (ordinary, non-invariant)" : "");
+     << (c.baseline ? "\n  kernels: BASELINE (ordinary, non-invariant)" : "")
+     << (c.share_prompts ? "\n  training: group-shared prompts (docs/contract.md §B.11)" : "");
   return os.str();
 }
 
@@ -201,6 +207,16 @@ void GrpoConfig::validate() const {
   LS_CHECK(reward_timeout_s > 0, kOp, "reward timeout must be > 0");
   LS_CHECK(std::isfinite(sft_lr) && sft_lr > 0, kOp, "sft_lr must be finite and > 0");
   LS_CHECK(checkpoint_every >= 0, kOp, "checkpoint_every must be >= 0");
+  if (share_prompts) {
+    LS_CHECK(!baseline, kOp,
+             "share_prompts needs the invariant kernels (the baseline backend has no shared-prompt "
+             "attention)");
+    LS_CHECK(device == Device::kCPU, kOp, "share_prompts runs on the CPU only for now (device ",
+             device_name(device), ": the CUDA shared-prompt attention is not implemented)");
+    LS_CHECK(mini_batches <= prompts, kOp,
+             "share_prompts cuts mini-batches at group boundaries: mini_batches (", mini_batches,
+             ") must be <= prompts (", prompts, ")");
+  }
   contract.validate();
   optim.validate();
   loss.validate();
@@ -441,6 +457,17 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
       s.weight_version = samples[i].weight_version;
     }
     met.sequences = int64_t(seqs.size());
+    // The step's GRPO groups (shared prompts): request p·G + j is sample j of prompt p.
+    std::vector<PromptGroup> prompt_groups;
+    if (cfg.share_prompts) {
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        const Completion& c = *seqs[i].c;
+        LS_CHECK(c.id == int64_t(i), kOp, "completion ", i, " is request ", c.id,
+                 ": shared prompts need the rollout's request order");
+        if (i % size_t(cfg.group) == 0) prompt_groups.push_back({c.prompt, {}});
+        prompt_groups.back().completions.push_back(c.tokens);
+      }
+    }
     lap(met.reward_s);
 
     // ---- training: mini-batches (consecutive runs of the step's order), each one optimizer step
@@ -448,7 +475,10 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
     int64_t train_tokens = 0;
     const int64_t n = int64_t(seqs.size());
     for (int64_t mb = 0; mb < cfg.mini_batches; ++mb) {
-      const int64_t m0 = n * mb / cfg.mini_batches, m1 = n * (mb + 1) / cfg.mini_batches;
+      // Mini-batch mb: sequences [m0, m1); with shared prompts whole groups (of G sequences each).
+      const int64_t unit = cfg.share_prompts ? cfg.group : 1, nu = n / unit;
+      const int64_t m0 = nu * mb / cfg.mini_batches * unit;
+      const int64_t m1 = nu * (mb + 1) / cfg.mini_batches * unit;
       for (int64_t s = m0; s < m1; ++s) {
         const int64_t lag = weight_version - seqs[size_t(s)].weight_version;
         // The first mini-batch trains on the rollout's own weights (the ratios are exactly 1
@@ -467,7 +497,51 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
         lap(met.weight_sync_s);
         // Forwards of the micro-batches (consecutive runs of at most micro_batch_tokens tokens).
         std::vector<MicroBatch> mbs;
-        for (int64_t s = m0; s < m1;) {
+        for (int64_t s = m0; cfg.share_prompts && s < m1;) {
+          // Whole groups while their tokens (each prompt once) fit in micro_batch_tokens.
+          MicroBatch u;
+          u.s0 = s;
+          std::vector<size_t> members;
+          int64_t fill = 0;
+          while (s < m1) {
+            const size_t k = size_t(s / cfg.group);
+            int64_t len = int64_t(prompt_groups[k].prompt.size());
+            for (const auto& c : prompt_groups[k].completions) len += int64_t(c.size());
+            if (!members.empty() && fill + len > cfg.micro_batch_tokens) break;
+            members.push_back(k);
+            fill += len;
+            s += cfg.group;
+          }
+          u.s1 = s;
+          u.pack = pack_prompt_groups(prompt_groups, members);
+          SharedPack& pk = *u.pack;
+          const int64_t T = int64_t(pk.tokens.size()), Th = int64_t(pk.targets.size());
+          train_tokens += T;
+          u.saved = bp.forward_shared(
+              train_model, TensorView::contiguous(pk.tokens.data(), DType::kI32, {T}),
+              TensorView::contiguous(pk.cu.data(), DType::kI32, {int64_t(pk.cu.size())}),
+              TensorView::contiguous(pk.prompt_of.data(), DType::kI32,
+                                     {int64_t(pk.prompt_of.size())}));
+          u.targets = pk.targets;
+          Tensor logp(DType::kF32, {Th});
+          u.lse = Tensor(DType::kF32, {Th});
+          u.ent = Tensor(DType::kF32, {Th});
+          const Tensor hh = bp.head_hidden(u.saved, pk.head);
+          train_model.logprob(hh.view(),
+                              TensorView::contiguous(u.targets.data(), DType::kI64, {Th}),
+                              cfg.temperature, logp.view(), u.lse.view(), u.ent.view());
+          for (int64_t k = u.s0; k < u.s1; ++k) {
+            TrainSeq& q = seqs[size_t(k)];
+            const int64_t base =
+                pk.head_row0[size_t((k - u.s0) / cfg.group)][size_t((k - u.s0) % cfg.group)];
+            const int64_t nc = int64_t(q.c->tokens.size());
+            u.head0.push_back(base);
+            q.logp.assign(logp.ptr<float>() + base, logp.ptr<float>() + base + nc);
+            q.entropy.assign(u.ent.ptr<float>() + base, u.ent.ptr<float>() + base + nc);
+          }
+          mbs.push_back(std::move(u));
+        }
+        for (int64_t s = m0; !cfg.share_prompts && s < m1;) {
           MicroBatch u;
           u.s0 = s;
           std::vector<int32_t> tokens;
@@ -500,6 +574,7 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
             TrainSeq& q = seqs[size_t(k)];
             const int64_t base = u.cu[size_t(k - u.s0)] + q.prompt_len - 1;
             const int64_t nc = int64_t(q.c->tokens.size());
+            u.head0.push_back(base);
             q.logp.assign(logp.ptr<float>() + base, logp.ptr<float>() + base + nc);
             q.entropy.assign(u.ent.ptr<float>() + base, u.ent.ptr<float>() + base + nc);
           }
@@ -546,8 +621,7 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
           std::vector<float> g_lp(size_t(T), 0.0f), g_ent(size_t(T), 0.0f);
           std::vector<int64_t> idx;
           for (int64_t k = u.s0; k < u.s1; ++k) {
-            const TrainSeq& q = seqs[size_t(k)];
-            const int64_t base = u.cu[size_t(k - u.s0)] + q.prompt_len - 1;
+            const int64_t base = u.head0[size_t(k - u.s0)];
             const auto& gl = lr.g_logp[size_t(k - m0)];
             const auto& ge = lr.g_entropy[size_t(k - m0)];
             for (size_t j = 0; j < gl.size(); ++j) {
@@ -559,9 +633,13 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
           const TensorView ge_v = TensorView::contiguous(g_ent.data(), DType::kF32, {T});
           LogprobParams params;
           params.temperature = cfg.temperature;
-          bp.backward(u.saved, TensorView::contiguous(u.targets.data(), DType::kI64, {T}), params,
-                      u.lse.view(), u.ent.view(),
-                      TensorView::contiguous(g_lp.data(), DType::kF32, {T}), &ge_v, idx, *grads);
+          const TensorView tg = TensorView::contiguous(u.targets.data(), DType::kI64, {T});
+          const TensorView gl_v = TensorView::contiguous(g_lp.data(), DType::kF32, {T});
+          if (u.pack)
+            bp.backward_shared(u.saved, u.pack->head, tg, params, u.lse.view(), u.ent.view(), gl_v,
+                               &ge_v, u.pack->step_indices, *grads);
+          else
+            bp.backward(u.saved, tg, params, u.lse.view(), u.ent.view(), gl_v, &ge_v, idx, *grads);
         }
         grads->finish();
       }

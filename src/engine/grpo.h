@@ -45,6 +45,12 @@ struct GrpoConfig {
   int64_t micro_batch_tokens = 512;
   int64_t mini_batches = 1;  // optimizer steps per rollout batch (PPO mini-batches)
   bool baseline = false;     // ordinary (non-invariant) kernels for rollout and training forward
+  // Group-shared prompts in training (docs/contract.md §B.11): each micro-batch packs whole GRPO
+  // groups, a group's prompt once and its completions after it; the forward and backward compute
+  // each prompt once (completion log-probs: the unshared bits; gradients: the shared form's
+  // rounding). Micro-batches hold whole groups (micro_batch_tokens counts a group's prompt once)
+  // and mini-batches cut at group boundaries (mini_batches <= prompts). CPU, invariant only.
+  bool share_prompts = false;
   // Where rollout, training forward and backward, and AdamW run (the GrpoDevice given to
   // run_grpo must be of this device). Not a setting of the bits: a checkpoint written on one
   // device resumes on the other.

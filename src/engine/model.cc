@@ -132,6 +132,9 @@ struct Model::Impl {
   // lse_out: `attend` writes lse (forward_packed), so a trace gets "attn_lse".
   void run(const TensorView& tokens, const TensorView& positions, const AttendFn& attend,
            const TensorView& hidden_out, bool lse_out = false) const;
+  // forward_packed (prompt_of null) and forward_packed_shared.
+  void forward_segments(const char* op, const TensorView& tokens, const TensorView& cu_seqlens,
+                        const TensorView* prompt_of, const TensorView& hidden_out) const;
   // tokens [T] i32 / i64, every id in the vocabulary; returns T.
   int64_t check_tokens(const char* op, const TensorView& tokens) const;
   // An activation argument: on the host or on the backend's device, with this dtype and shape.
@@ -580,8 +583,19 @@ void Model::Impl::run(const TensorView& tokens, const TensorView& positions, con
 
 void Model::forward_packed(const TensorView& tokens, const TensorView& cu_seqlens,
                            const TensorView& hidden_out) const {
-  const char* op = "Model::forward_packed";
-  const Impl& m = *impl_;
+  impl_->forward_segments("Model::forward_packed", tokens, cu_seqlens, nullptr, hidden_out);
+}
+
+void Model::forward_packed_shared(const TensorView& tokens, const TensorView& cu_seqlens,
+                                  const TensorView& prompt_of, const TensorView& hidden_out) const {
+  impl_->forward_segments("Model::forward_packed_shared", tokens, cu_seqlens, &prompt_of,
+                          hidden_out);
+}
+
+void Model::Impl::forward_segments(const char* op, const TensorView& tokens,
+                                   const TensorView& cu_seqlens, const TensorView* prompt_of,
+                                   const TensorView& hidden_out) const {
+  const Impl& m = *this;
   const int64_t T = m.check_tokens(op, tokens), H = m.cfg.hidden_size;
   LS_CHECK(cu_seqlens.ndim == 1 && cu_seqlens.size(0) >= 1, op,
            "argument 'cu_seqlens' expected shape [B+1], got ", cu_seqlens.shape_string());
@@ -592,14 +606,22 @@ void Model::forward_packed(const TensorView& tokens, const TensorView& cu_seqlen
   LS_CHECK(read_index(cu_seqlens, 0) == 0 && read_index(cu_seqlens, B) == T, op,
            "cu_seqlens must start at 0 and end at T = ", T, ", got ", read_index(cu_seqlens, 0),
            " .. ", read_index(cu_seqlens, B));
-  Tensor pos(DType::kI32, {T});
   for (int64_t b = 0; b < B; ++b) {
     const int64_t s0 = read_index(cu_seqlens, b), s1 = read_index(cu_seqlens, b + 1);
     LS_CHECK(s0 <= s1, op, "cu_seqlens must be non-decreasing: cu_seqlens[", b, "] = ", s0,
              " > cu_seqlens[", b + 1, "] = ", s1);
-    LS_CHECK(s1 - s0 <= m.max_positions, op, "sequence ", b, " has ", s1 - s0,
-             " tokens, more than the model's max positions (", m.max_positions, ")");
-    for (int64_t t = s0; t < s1; ++t) pos.ptr<int32_t>()[t] = int32_t(t - s0);
+  }
+  // Shared-prompt segments (§B.11): a completion's positions continue its prompt's.
+  std::optional<SharedPromptSeqs> shared;
+  if (prompt_of) shared = SharedPromptSeqs::validate(op, cu_seqlens, *prompt_of, T);
+  Tensor pos(DType::kI32, {T});
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t s0 = read_index(cu_seqlens, b), s1 = read_index(cu_seqlens, b + 1);
+    const int64_t p0 = shared ? shared->first_position(b) : 0;
+    LS_CHECK(p0 + s1 - s0 <= m.max_positions, op, "sequence ", b, " has ", s1 - s0, " tokens",
+             p0 > 0 ? " after its prompt's " + std::to_string(p0) : std::string(),
+             ", more than the model's max positions (", m.max_positions, ")");
+    for (int64_t t = s0; t < s1; ++t) pos.ptr<int32_t>()[t] = int32_t(p0 + t - s0);
   }
   if (T == 0) return;
   // Metadata validated above: one upload, used by every layer.
@@ -613,7 +635,10 @@ void Model::forward_packed(const TensorView& tokens, const TensorView& cu_seqlen
       md[0], md[2],
       [&](int, int, const TensorView& q, const TensorView& k, const TensorView& v,
           const TensorView& out, const TensorView& lse) {
-        m.ops->attention_prefill_varlen(q, k, v, seqs, m.attn, out, lse);
+        if (shared)
+          m.ops->attention_prefill_shared(q, k, v, *shared, m.attn, out, lse);
+        else
+          m.ops->attention_prefill_varlen(q, k, v, seqs, m.attn, out, lse);
       },
       hidden, /*lse_out=*/true);
   stage.finish();

@@ -110,6 +110,14 @@ class Model {
   // each starting at position 0). Writes the final-normed hidden states [T, H] bf16.
   void forward_packed(const TensorView& tokens, const TensorView& cu_seqlens,
                       const TensorView& hidden_out) const;
+  // The same over shared-prompt groups (docs/contract.md §B.11): cu_seqlens cuts the rows into
+  // segments and prompt_of [B] i32 (host) names each completion's prompt segment (-1: a prompt or a
+  // sequence of its own); a completion's rows sit at positions Lp .. and attend to its prompt's
+  // keys then its own. Every row's hidden state has the bits of the same row in an unshared
+  // forward_packed (the prompt + completion as one sequence). Only the CPU invariant backend
+  // implements the shared attention; others throw lockstep::Error.
+  void forward_packed_shared(const TensorView& tokens, const TensorView& cu_seqlens,
+                             const TensorView& prompt_of, const TensorView& hidden_out) const;
 
   // Rollout side: one engine step over N new tokens of sequences that live in `cache`:
   // tokens [N] i32/i64, seq [N] i32 (row of the cache's block table), pos [N] i32 (absolute

@@ -3,6 +3,7 @@
 #include "engine/train.h"
 
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "engine/device.h"
@@ -147,12 +148,55 @@ void Gradients::finish() {
 
 int64_t SavedForward::bytes() const {
   int64_t b = tokens.nbytes() + cu_seqlens.nbytes() + positions.nbytes() + s_final.nbytes() +
-              hidden.nbytes();
+              hidden.nbytes() + prompt_of.nbytes();
   for (const Layer& L : layers)
     for (const Tensor* t : {&L.s1, &L.xn1, &L.q, &L.k, &L.v, &L.q_rope, &L.k_rope, &L.attn, &L.lse,
                             &L.s2, &L.xn2, &L.gate, &L.up, &L.act})
       b += t->nbytes();
   return b;
+}
+
+// --- shared-prompt packing ---
+
+SharedPack pack_prompt_groups(const std::vector<PromptGroup>& groups,
+                              std::span<const size_t> members) {
+  const char* op = "pack_prompt_groups";
+  std::vector<int64_t> first(groups.size() + 1, 0);  // s_k
+  for (size_t k = 0; k < groups.size(); ++k) {
+    LS_CHECK(!groups[k].prompt.empty(), op, "group ", k, ": empty prompt");
+    LS_CHECK(!groups[k].completions.empty(), op, "group ", k, ": no completion");
+    first[k + 1] = first[k] + 1 + int64_t(groups[k].completions.size());
+  }
+  SharedPack pk;
+  pk.cu = {0};
+  auto segment = [&](const std::vector<int32_t>& toks, int32_t prompt, int64_t step) {
+    pk.tokens.insert(pk.tokens.end(), toks.begin(), toks.end());
+    pk.cu.push_back(int32_t(pk.tokens.size()));
+    pk.prompt_of.push_back(prompt);
+    pk.step_indices.push_back(step);
+  };
+  for (size_t k : members) {
+    LS_CHECK(k < groups.size(), op, "member ", k, " is not one of the ", groups.size(), " groups");
+    const PromptGroup& g = groups[k];
+    const int32_t ps = int32_t(pk.prompt_of.size());
+    const int64_t last_prompt_row = int64_t(pk.tokens.size() + g.prompt.size()) - 1;
+    segment(g.prompt, -1, first[k]);
+    pk.head_row0.emplace_back();
+    for (size_t c = 0; c < g.completions.size(); ++c) {
+      const std::vector<int32_t>& comp = g.completions[c];
+      LS_CHECK(!comp.empty(), op, "group ", k, " completion ", c, ": no token");
+      const int64_t row0 = int64_t(pk.tokens.size()), h0 = int64_t(pk.head.rows.size());
+      segment(comp, ps, first[k] + 1 + int64_t(c));
+      // Token i is predicted by the prompt's last row (i = 0), else by the completion's row i-1.
+      for (size_t i = 0; i < comp.size(); ++i) {
+        pk.head.rows.push_back(i == 0 ? last_prompt_row : row0 + int64_t(i) - 1);
+        pk.targets.push_back(comp[i]);
+      }
+      pk.head.seqs.push_back({first[k] + 1 + int64_t(c), h0, int64_t(comp.size())});
+      pk.head_row0.back().push_back(h0);
+    }
+  }
+  return pk;
 }
 
 // --- Backprop ---
@@ -242,6 +286,18 @@ const TensorView Backprop::w(const std::string& name) const {
 
 SavedForward Backprop::forward(Model& model, const TensorView& tokens,
                                const TensorView& cu_seqlens) const {
+  return forward_impl(model, tokens, cu_seqlens, nullptr);
+}
+
+SavedForward Backprop::forward_shared(Model& model, const TensorView& tokens,
+                                      const TensorView& cu_seqlens,
+                                      const TensorView& prompt_of) const {
+  return forward_impl(model, tokens, cu_seqlens, &prompt_of);
+}
+
+SavedForward Backprop::forward_impl(Model& model, const TensorView& tokens,
+                                    const TensorView& cu_seqlens,
+                                    const TensorView* prompt_of) const {
   LS_CHECK(model.ops().device() == ops_->device(), kOp, "the model runs on ",
            device_name(model.ops().device()), ", the backward on ", device_name(ops_->device()));
   LS_CHECK(model.config().to_string() == cfg_.to_string(), kOp,
@@ -283,7 +339,10 @@ SavedForward Backprop::forward(Model& model, const TensorView& tokens,
   });
   Tensor hidden = ops.empty(DType::kBF16, {T, cfg_.hidden_size});
   try {
-    model.forward_packed(tokens, cu_seqlens, hidden.view());
+    if (prompt_of)
+      model.forward_packed_shared(tokens, cu_seqlens, *prompt_of, hidden.view());
+    else
+      model.forward_packed(tokens, cu_seqlens, hidden.view());
   } catch (...) {
     model.set_trace(nullptr);
     throw;
@@ -300,8 +359,16 @@ SavedForward Backprop::forward(Model& model, const TensorView& tokens,
   f.cu_seqlens = copy_of(cu_seqlens);
   Tensor pos(DType::kI32, {T});
   const int32_t* cu = f.cu_seqlens.ptr<int32_t>();
-  for (int64_t b = 0; b + 1 < f.cu_seqlens.numel(); ++b)
-    for (int32_t t = cu[b]; t < cu[b + 1]; ++t) pos.ptr<int32_t>()[t] = t - cu[b];
+  std::optional<SharedPromptSeqs> segs;
+  if (prompt_of) {
+    f.shared = true;
+    f.prompt_of = copy_of(*prompt_of);
+    segs = SharedPromptSeqs::validate(kOp, f.cu_seqlens.view(), f.prompt_of.view(), T);
+  }
+  for (int64_t b = 0; b + 1 < f.cu_seqlens.numel(); ++b) {
+    const int32_t p0 = segs ? int32_t(segs->first_position(b)) : 0;
+    for (int32_t t = cu[b]; t < cu[b + 1]; ++t) pos.ptr<int32_t>()[t] = p0 + t - cu[b];
+  }
   f.tokens = to_backend(ops, std::move(tok));
   f.positions = to_backend(ops, std::move(pos));
   for (int64_t l = 0; l < L; ++l)
@@ -313,10 +380,43 @@ SavedForward Backprop::forward(Model& model, const TensorView& tokens,
   return f;
 }
 
+Tensor Backprop::head_hidden(const SavedForward& f, const HeadRows& head) const {
+  const int64_t T = f.tokens.numel(), Th = int64_t(head.rows.size());
+  Tensor hh = ops_->empty(DType::kBF16, {Th, cfg_.hidden_size});
+  for (int64_t i = 0; i < Th; ++i) {
+    const int64_t r = head.rows[size_t(i)];
+    LS_CHECK(r >= 0 && r < T, kOp, "head row ", i, " reads packed row ", r, ", outside [0, T = ", T,
+             ")");
+    ops_->copy(hh.view().rows(i, i + 1), f.hidden.view().rows(r, r + 1));
+  }
+  return hh;
+}
+
 void Backprop::backward(const SavedForward& f, const TensorView& targets,
                         const LogprobParams& params, const TensorView& lse,
                         const TensorView& entropy, const TensorView& g_lp, const TensorView* g_ent,
                         std::span<const int64_t> step_indices, Gradients& grads) const {
+  LS_CHECK(!f.shared, kOp, "a shared-prompt forward (forward_shared) takes backward_shared");
+  backward_impl(f, nullptr, targets, params, lse, entropy, g_lp, g_ent, step_indices, grads);
+}
+
+void Backprop::backward_shared(const SavedForward& f, const HeadRows& head,
+                               const TensorView& targets, const LogprobParams& params,
+                               const TensorView& lse, const TensorView& entropy,
+                               const TensorView& g_lp, const TensorView* g_ent,
+                               std::span<const int64_t> step_indices, Gradients& grads) const {
+  LS_CHECK(f.shared, kOp, "backward_shared needs a shared-prompt forward (forward_shared)");
+  LS_CHECK(ops_->device() == Device::kCPU, kOp,
+           "the shared-prompt backward runs on the CPU backend only (docs/contract.md §B.11), not ",
+           device_name(ops_->device()));
+  backward_impl(f, &head, targets, params, lse, entropy, g_lp, g_ent, step_indices, grads);
+}
+
+void Backprop::backward_impl(const SavedForward& f, const HeadRows* head, const TensorView& targets,
+                             const LogprobParams& params, const TensorView& lse,
+                             const TensorView& entropy, const TensorView& g_lp,
+                             const TensorView* g_ent, std::span<const int64_t> step_indices,
+                             Gradients& grads) const {
   const OpsBackend& ops = *ops_;
   const int64_t T = f.tokens.numel();
   const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size, D = cfg_.head_dim;
@@ -331,6 +431,8 @@ void Backprop::backward(const SavedForward& f, const TensorView& targets,
   LS_CHECK(f.cu_seqlens.view().device == Device::kCPU, kOp,
            "the saved cu_seqlens must be on the host");
   PackedSeqs seqs = PackedSeqs::validate(kOp, f.cu_seqlens.view(), T);
+  std::optional<SharedPromptSeqs> segs;
+  if (f.shared) segs = SharedPromptSeqs::validate(kOp, f.cu_seqlens.view(), f.prompt_of.view(), T);
   LS_CHECK(int64_t(step_indices.size()) == seqs.B(), kOp, "step_indices has ", step_indices.size(),
            " entries for ", seqs.B(), " packed sequences");
   std::vector<TokenSeq> ts;
@@ -404,8 +506,29 @@ void Backprop::backward(const SavedForward& f, const TensorView& targets,
   const TensorView w_lm = w(tied ? "model.embed_tokens.weight" : "lm_head.weight");
   const TensorView dw_lm = tied ? grads.tied_lm_head() : grads["lm_head.weight"];
   Tensor gh = empty(DType::kF32, {T, H});
-  ops.linear_logprob_backward(f.hidden.view(), w_lm, tg, params, contract, lse_d, ent_d, glp_d,
-                              g_ent ? &gent_d : nullptr, gh.view(), order, dw_lm);
+  if (!head) {
+    ops.linear_logprob_backward(f.hidden.view(), w_lm, tg, params, contract, lse_d, ent_d, glp_d,
+                                g_ent ? &gent_d : nullptr, gh.view(), order, dw_lm);
+  } else {
+    // Shared prompts (§B.11): the head over its own rows and order, then each packed row's dh is
+    // its head rows' dh summed in head-row order (the first taken as is; +0 for none).
+    const int64_t Th = int64_t(head->rows.size());
+    const TokenOrder head_order = TokenOrder::make(kOp, head->seqs, Th);
+    const Tensor hh = head_hidden(f, *head);
+    Tensor ghh = empty(DType::kF32, {Th, H});
+    ops.linear_logprob_backward(hh.view(), w_lm, tg, params, contract, lse_d, ent_d, glp_d,
+                                g_ent ? &gent_d : nullptr, ghh.view(), head_order, dw_lm);
+    std::vector<uint8_t> seen(size_t(T), 0);
+    float* out = gh.ptr<float>();
+    std::memset(out, 0, size_t(gh.nbytes()));  // +0
+    for (int64_t i = 0; i < Th; ++i) {
+      const int64_t r = head->rows[size_t(i)];
+      float* o = out + r * H;
+      const float* g = ghh.ptr<float>() + i * H;
+      for (int64_t c = 0; c < H; ++c) o[c] = seen[size_t(r)] ? canonical_f32(o[c] + g[c]) : g[c];
+      seen[size_t(r)] = 1;
+    }
+  }
   // Final norm (its residual_out is not used downstream: gres = +0).
   Tensor d = empty(DType::kF32, {T, H});
   {
@@ -454,9 +577,14 @@ void Backprop::backward(const SavedForward& f, const TensorView& targets,
     const Tensor dout = to_bf16(d_attn);
     Tensor dq = empty(DType::kF32, {T, Hq, D}), dk = empty(DType::kF32, {T, Hkv, D});
     Tensor dv = empty(DType::kF32, {T, Hkv, D});
-    ops.attention_backward_varlen(heads(A.q_rope, Hq, D), heads(A.k_rope, Hkv, D),
-                                  heads(A.v, Hkv, D), heads(A.attn, Hq, D), A.lse.view(),
-                                  heads(dout, Hq, D), seqs, attn, dq.view(), dk.view(), dv.view());
+    if (segs)
+      ops.attention_backward_shared(
+          heads(A.q_rope, Hq, D), heads(A.k_rope, Hkv, D), heads(A.v, Hkv, D), heads(A.attn, Hq, D),
+          A.lse.view(), heads(dout, Hq, D), *segs, attn, dq.view(), dk.view(), dv.view());
+    else
+      ops.attention_backward_varlen(
+          heads(A.q_rope, Hq, D), heads(A.k_rope, Hkv, D), heads(A.v, Hkv, D), heads(A.attn, Hq, D),
+          A.lse.view(), heads(dout, Hq, D), seqs, attn, dq.view(), dk.view(), dv.view());
     ops.rope_backward(dq.view(), f.positions.view(), rope_, dq.view());
     ops.rope_backward(dk.view(), f.positions.view(), rope_, dk.view());
     const int64_t W = (Hq + 2 * Hkv) * D;

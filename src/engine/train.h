@@ -72,8 +72,46 @@ struct SavedForward {
   std::vector<Layer> layers;
   Tensor s_final;  // [T, H] the stream into the final norm
   Tensor hidden;   // [T, H] the final norm's output (h of the log-prob head)
+  // Shared-prompt groups (Backprop::forward_shared, docs/contract.md §B.11): prompt_of [B] i32,
+  // host (the segments' prompts, SharedPromptSeqs); empty for an unshared forward.
+  bool shared = false;
+  Tensor prompt_of;
   int64_t bytes() const;
 };
+
+// The log-prob head's rows of a shared-prompt micro-batch (§B.11): head row i reads the hidden
+// state of packed row rows[i] (a completion's tokens are predicted by its prompt's last row, then
+// by its own rows but the last); seqs: one TokenSeq per completion over the head rows (the
+// completion's step index, its first head row, its token count), the head's canonical order
+// (B.1 over the head rows: the lm_head's gradient chain).
+struct HeadRows {
+  std::vector<int64_t> rows;
+  std::vector<TokenSeq> seqs;
+};
+
+// One GRPO group of a training step: a prompt and its completions (docs/contract.md §B.11).
+struct PromptGroup {
+  std::vector<int32_t> prompt;                    // >= 1 token
+  std::vector<std::vector<int32_t>> completions;  // >= 1, each >= 1 token
+};
+
+// A shared-prompt micro-batch of whole groups, the input of Backprop::forward_shared and
+// backward_shared. Group k of the step holds the step indices (B.1) s_k .. s_k + G_k with
+// s_k = Σ_{k' < k} (1 + G_k'): its prompt's segment, then its completions' in order.
+struct SharedPack {
+  std::vector<int32_t> tokens, cu, prompt_of;  // [T], [B+1], [B]: segments, their prompts
+  std::vector<int64_t> step_indices;           // [B]
+  HeadRows head;                               // one head row per completion token
+  std::vector<int64_t> targets;                // [Th] the completion token each head row predicts
+  // head_row0[i][c]: the first head row of completion c of members[i] (its Gc rows follow).
+  std::vector<std::vector<int64_t>> head_row0;
+};
+
+// Packs the groups `members` of `groups` (the step's groups, in step order) in the order given
+// (the packing order never changes a bit): each group's prompt rows once, then each completion's
+// rows (the packed layout of §B.11). Throws lockstep::Error on an empty prompt or completion.
+SharedPack pack_prompt_groups(const std::vector<PromptGroup>& groups,
+                              std::span<const size_t> members);
 
 // The backward of a model's packed forward. Built from the model's own weights (host bf16 views
 // with HF names, as given to Model) and options (contract, tp), on a backend: the invariant CPU
@@ -90,6 +128,13 @@ class Backprop {
   // model.forward_packed(tokens, cu_seqlens) with its activations kept. The model must have been
   // built from the same weights and options (its outputs are what the backward differentiates).
   SavedForward forward(Model& model, const TensorView& tokens, const TensorView& cu_seqlens) const;
+  // The same over shared-prompt groups: model.forward_packed_shared(tokens, cu_seqlens,
+  // prompt_of) (Model, §B.11), prompt_of [B] i32 on the host.
+  SavedForward forward_shared(Model& model, const TensorView& tokens, const TensorView& cu_seqlens,
+                              const TensorView& prompt_of) const;
+  // The head's input of a shared-prompt forward: hidden rows head.rows gathered, [Th, H] bf16
+  // (bit copies), on the backend's device.
+  Tensor head_hidden(const SavedForward& f, const HeadRows& head) const;
 
   // From the log-prob head's upstream gradients (g_lp [T] f32; g_ent [T] f32 or nullptr) at the
   // forward's lse / entropy ([T] f32, from Model::logprob at params.temperature), adds this
@@ -100,8 +145,23 @@ class Backprop {
                 const TensorView& lse, const TensorView& entropy, const TensorView& g_lp,
                 const TensorView* g_ent, std::span<const int64_t> step_indices,
                 Gradients& grads) const;
+  // The backward of a shared-prompt forward (§B.11): the head's inputs (targets, lse, entropy,
+  // g_lp, g_ent) are over the head rows of `head` ([Th], lse / entropy from Model::logprob of
+  // head_hidden), step_indices[b] is packed segment b's step index (prompts and completions: the
+  // B.1 order of every other weight gradient). The head rows' dh are summed into their packed rows
+  // in head-row order (a prompt's last row: over its completions). CPU backend only.
+  void backward_shared(const SavedForward& f, const HeadRows& head, const TensorView& targets,
+                       const LogprobParams& params, const TensorView& lse,
+                       const TensorView& entropy, const TensorView& g_lp, const TensorView* g_ent,
+                       std::span<const int64_t> step_indices, Gradients& grads) const;
 
  private:
+  SavedForward forward_impl(Model& model, const TensorView& tokens, const TensorView& cu_seqlens,
+                            const TensorView* prompt_of) const;
+  void backward_impl(const SavedForward& f, const HeadRows* head, const TensorView& targets,
+                     const LogprobParams& params, const TensorView& lse, const TensorView& entropy,
+                     const TensorView& g_lp, const TensorView* g_ent,
+                     std::span<const int64_t> step_indices, Gradients& grads) const;
   Qwen3Config cfg_;
   ModelOptions opt_;
   std::unique_ptr<OpsBackend> own_;  // the CPU backend of the first constructor

@@ -654,15 +654,7 @@ TEST(AttentionBackward, PoisonedOutputsAreOverwritten) {
 // ---------------------------------------------------------------------------------------------
 // Bad arguments: lockstep::Error naming the op and the argument, nothing written.
 
-void expect_error(const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one mentioning " << needle;
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find(needle), std::string::npos) << msg;
-  }
-}
+const auto expect_error = test::expect_error_mentioning;
 
 TEST(AttentionBackward, BadArguments) {
   const Dims d{4, 2, 16};

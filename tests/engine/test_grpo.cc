@@ -169,6 +169,44 @@ TEST(Grpo, BaselineKernelsShowMismatches) {
   EXPECT_GT(r.steps[0].logp_mismatches, 0);
 }
 
+// Group-shared prompts (docs/contract.md §B.11): the trainer's log-probs stay the rollout's bits
+// (0 mismatches, ratios exactly 1), the run is deterministic and independent of the micro-batch
+// size, and its weights are the shared form's rounding (not the unshared run's bits).
+TEST(Grpo, SharedPromptsKeepZeroMismatchesAndAreDeterministic) {
+  GrpoConfig g = small_run();
+  g.share_prompts = true;
+  const GrpoRun a = run(g);
+  ASSERT_EQ(a.steps.size(), 3u);
+  std::string prev;
+  for (const GrpoStepMetrics& m : a.steps) {
+    EXPECT_GT(m.logp_compared, 0) << "step " << m.step;
+    EXPECT_EQ(m.logp_mismatches, 0) << "step " << m.step;
+    EXPECT_EQ(m.ratio_min, 1.0) << "step " << m.step;
+    EXPECT_EQ(m.ratio_max, 1.0) << "step " << m.step;
+    EXPECT_NE(m.weights_sha256, prev) << "the weights did not change at step " << m.step;
+    prev = m.weights_sha256;
+  }
+  EXPECT_EQ(a.final_sha, run(g).final_sha) << "rerun";
+  GrpoConfig mb = g;
+  mb.micro_batch_tokens = 1000;  // one micro-batch per step (40: about one group each)
+  EXPECT_EQ(a.final_sha, run(mb).final_sha) << "micro-batch size";
+  EXPECT_NE(a.final_sha, run(small_run()).final_sha) << "G = 4: the shared form rounds otherwise";
+  GrpoConfig two = g;
+  two.mini_batches = 2;
+  two.steps = 1;
+  const GrpoRun b = run(two);
+  ASSERT_EQ(b.steps.size(), 1u);
+  EXPECT_EQ(b.steps[0].logp_mismatches, 0);
+  EXPECT_EQ(b.steps[0].max_staleness, 1);
+  // Refused: the baseline kernels (no shared attention) and mini-batches inside a group.
+  GrpoConfig bad = g;
+  bad.baseline = true;
+  EXPECT_THROW(run(bad), Error);
+  bad = g;
+  bad.mini_batches = 5;
+  EXPECT_THROW(run(bad), Error);
+}
+
 TEST(Grpo, BadConfigsAreRefused) {
   GrpoConfig g = small_run();
   g.steps = -1;

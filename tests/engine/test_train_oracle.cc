@@ -16,6 +16,7 @@
 #include "engine/default_model.h"
 #include "engine/model.h"
 #include "engine/train.h"
+#include "util/shared_train_util.h"
 #include "util/test_util.h"
 
 namespace lockstep::engine {
@@ -381,6 +382,64 @@ TEST(TrainOracle, GradientsMatchAnFp64OracleOfTheSameMath) {
     if (rel > worst) worst = rel, worst_name = name;
   }
   std::printf("[train oracle] worst relative L2 error %.4f (%s)\n", worst, worst_name.c_str());
+}
+
+// Shared prompts (docs/contract.md §B.11): the shared form's gradients and the unshared form's
+// are two roundings of the same sum; both against the fp64 oracle of the unshared loss (each
+// completion with its own copy of the prompt), within the same tolerance.
+TEST(TrainOracle, SharedPromptGradientsMatchTheOracleLikeTheUnsharedOnes) {
+  Problem pr = make_problem();
+  auto g = test::rng(9);
+  const test_shared::GroupStep st =
+      test_shared::make_group_step(pr.cfg, {{21, {6, 13, 3}}, {18, {9, 2}}}, g, 0.1f);
+  std::map<std::string, Vec> ref;
+  for (const auto& [name, v] : pr.oracle.w) ref[name].assign(v.size(), 0.0);
+  for (size_t k = 0; k < st.groups.size(); ++k) {
+    const PromptGroup& grp = st.groups[k];
+    const int64_t P = int64_t(grp.prompt.size());
+    for (size_t c = 0; c < grp.completions.size(); ++c) {
+      std::vector<int32_t> seq = grp.prompt;
+      seq.insert(seq.end(), grp.completions[c].begin(), grp.completions[c].end());
+      const int64_t n = int64_t(seq.size());
+      std::vector<int64_t> tg(size_t(n), -1);
+      Vec a(size_t(n), 0.0), b(size_t(n), 0.0);
+      for (int64_t p = P - 1; p + 1 < n; ++p) {
+        tg[size_t(p)] = seq[size_t(p + 1)];
+        a[size_t(p)] = double(st.g_lp[k][c][size_t(p - P + 1)]);
+        b[size_t(p)] = double(st.g_ent[k][c][size_t(p - P + 1)]);
+      }
+      pr.oracle.run(seq, tg, a, b, &ref);
+    }
+  }
+  ModelOptions opt;
+  opt.contract.gemm_segments = 2;
+  opt.contract.kv_chunk = 64;
+  opt.contract.vocab_tile = 32;
+  opt.contract.vocab_segments = 2;
+  const test_shared::StepOut sh = test_shared::run_shared_step(pr.cfg, pr.views, opt, st, {{0, 1}});
+  const test_shared::StepOut un =
+      test_shared::run_unshared_step(pr.cfg, pr.views, opt, st, {{0, 1}});
+  double worst_sh = 0, worst_un = 0;
+  for (size_t i = 0; i < sh.grads.all().size(); ++i) {
+    const std::string& name = sh.grads.all()[i].first;
+    const Vec& r = ref.at(name);
+    double ns = 0, nu = 0, den = 0;
+    for (size_t j = 0; j < r.size(); ++j) {
+      const double ds = double(sh.grads.all()[i].second.ptr<float>()[j]) - r[j];
+      const double du = double(un.grads.all()[i].second.ptr<float>()[j]) - r[j];
+      ns += ds * ds;
+      nu += du * du;
+      den += r[j] * r[j];
+    }
+    ASSERT_GT(den, 0.0) << name;
+    const double rs = std::sqrt(ns / den), ru = std::sqrt(nu / den);
+    EXPECT_LT(rs, 0.1) << name;  // the model backward's stated tolerance (above)
+    EXPECT_LT(ru, 0.1) << name;
+    worst_sh = std::max(worst_sh, rs);
+    worst_un = std::max(worst_un, ru);
+  }
+  std::printf("[train oracle] shared prompts: worst relative L2 error %.4f (unshared %.4f)\n",
+              worst_sh, worst_un);
 }
 
 TEST(TrainOracle, OracleMatchesFiniteDifferences) {

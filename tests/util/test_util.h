@@ -10,12 +10,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "lockstep/dtype.h"
+#include "lockstep/error.h"
 #include "lockstep/tensor.h"
 
 namespace lockstep::test {
@@ -122,6 +124,17 @@ inline Tensor poisoned(DType dtype, std::vector<int64_t> shape) {
   Tensor t(dtype, std::move(shape));
   poison(t.data(), t.nbytes());
   return t;
+}
+
+// f() must throw a lockstep::Error whose message contains `needle`.
+inline void expect_error_mentioning(const std::function<void()>& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one mentioning " << needle;
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(needle), std::string::npos) << msg;
+  }
 }
 
 }  // namespace lockstep::test

@@ -10,6 +10,7 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lockstep/contract/config.h"
@@ -168,6 +169,42 @@ class PackedSeqs {
   TensorView host_, dev_;
   Device device_ = Device::kCPU;
   std::vector<int64_t> cu_;
+};
+
+// Shared-prompt groups of one training forward (GRPO groups; docs/contract.md §B.11): the packed
+// rows are cut into segments by cu_seqlens [B+1] i32 (as PackedSeqs), and prompt_of [B] i32 says
+// what each segment is: -1, a prompt (or a sequence of its own) at positions 0 .. len-1; or the
+// index of the prompt segment it continues, a completion at positions Lp .. Lp+len-1 (Lp = that
+// prompt's length) whose rows attend to the prompt's keys, stored once, then to its own. A prompt's
+// completions are taken in ascending segment index (the order of its gradient sums, §B.11).
+// Validated ONCE on the host; views are not owned.
+class SharedPromptSeqs {
+ public:
+  // Checks cu_seqlens (PackedSeqs::validate) and prompt_of (host, [B] i32, each -1 or a prompt
+  // segment index: in [0, B), not the segment itself, and naming a segment whose prompt_of is -1).
+  // Throws lockstep::Error naming `op` and the offending entry.
+  static SharedPromptSeqs validate(const char* op, const TensorView& cu_seqlens,
+                                   const TensorView& prompt_of, int64_t T);
+
+  const PackedSeqs& segments() const { return segs_; }  // the segments' row ranges
+  int64_t T() const { return segs_.T(); }
+  int64_t B() const { return segs_.B(); }
+  std::span<const int64_t> cu() const { return segs_.cu(); }
+  std::span<const int64_t> prompt_of() const { return prompt_of_; }  // [B]
+  int64_t len(int64_t b) const { return cu()[size_t(b + 1)] - cu()[size_t(b)]; }
+  // Position of segment b's first row: 0 for a prompt, the prompt's length for a completion.
+  int64_t first_position(int64_t b) const {
+    return prompt_of_[size_t(b)] < 0 ? 0 : len(prompt_of_[size_t(b)]);
+  }
+  // The completions of prompt segment b, ascending (empty for a completion).
+  std::span<const int64_t> completions(int64_t b) const;
+
+ private:
+  explicit SharedPromptSeqs(PackedSeqs segs) : segs_(std::move(segs)) {}
+  PackedSeqs segs_;
+  std::vector<int64_t> prompt_of_;
+  std::vector<int64_t> child_begin_,
+      children_;  // completions of b: children_[begin[b]..begin[b+1])
 };
 
 // Partial results per canonical KV chunk (split-KV, context parallelism). For query row r,

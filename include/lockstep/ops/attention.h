@@ -30,6 +30,16 @@ void attention_prefill_varlen(const TensorView& q, const TensorView& k, const Te
                               const PackedSeqs& seqs, const AttentionConfig& cfg,
                               const TensorView& out, const TensorView& lse);
 
+// Packed prefill over shared-prompt groups (SharedPromptSeqs, docs/contract.md §B.11): a prompt
+// segment's rows at positions 0 .. Lp-1 attend to its own keys; a completion's rows at positions
+// Lp .. attend to its prompt's keys (positions < Lp, the prompt's rows) and then its own. Every row
+// computes §A.4 exactly: its out / lse are bitwise those of the same row in an unshared packing
+// (prompt + completion as one sequence of attention_prefill_varlen).
+//   q [T, Hq, D], k, v [T, Hkv, D] bf16 (as attention_prefill_varlen); out [T, Hq, D], lse [T, Hq]
+void attention_prefill_shared(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const SharedPromptSeqs& segs, const AttentionConfig& cfg,
+                              const TensorView& out, const TensorView& lse);
+
 // Paged attention, one op for decode and chunked prefill: query row r of sequence q_seq[r] at
 // position q_pos[r] attends to that sequence's cached keys at positions 0 .. q_pos[r] (its own key
 // must already be written). Decode: one row per sequence, q_pos = seq_len - 1. Chunked prefill:

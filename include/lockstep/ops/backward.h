@@ -91,4 +91,17 @@ void attention_backward_varlen(const TensorView& q, const TensorView& k, const T
                                const PackedSeqs& seqs, const AttentionConfig& cfg,
                                const TensorView& dq, const TensorView& dk, const TensorView& dv);
 
+// ---- B.11 Attention over shared-prompt groups ------------------------------------------------
+
+// The backward of attention_prefill_shared (docs/contract.md §B.11): the tensors as
+// attention_backward_varlen over the packed segments of `segs`. A prompt key's dk / dv sum the
+// prompt's own rows and every completion's rows in one chain per element (heads ascending; per
+// head the prompt's rows, then each completion's in ascending segment order); a completion's rows
+// and keys get the bits of the unshared packing (prompt + completion as one sequence) for finite
+// inputs.
+void attention_backward_shared(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const TensorView& out, const TensorView& lse, const TensorView& dout,
+                               const SharedPromptSeqs& segs, const AttentionConfig& cfg,
+                               const TensorView& dq, const TensorView& dk, const TensorView& dv);
+
 }  // namespace lockstep::cpu
