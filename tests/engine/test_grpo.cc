@@ -38,7 +38,7 @@ TEST(GrpoWeightsHash, IsTheStatedPieceDigest) {
   w.emplace_back("small", Tensor(DType::kF32, {5}));
   for (auto& [name, t] : w) {
     auto* p = static_cast<uint8_t*>(t.data());
-    for (size_t i = 0; i < t.nbytes(); ++i) p[i] = uint8_t(i * 2654435761u >> 13);
+    for (int64_t i = 0, n = t.nbytes(); i < n; ++i) p[i] = uint8_t(uint64_t(i) * 2654435761u >> 13);
   }
   const auto* big = static_cast<const uint8_t*>(w[0].second.data());
   const size_t piece = size_t(16) << 20;
