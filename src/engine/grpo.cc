@@ -17,6 +17,7 @@
 #include "engine/file_io.h"
 #include "engine/model.h"
 #include "engine/safetensors.h"
+#include "engine/sha256.h"
 #include "engine/train.h"
 #include "lockstep/error.h"
 
