@@ -12,6 +12,7 @@
 #include "engine/default_model.h"
 #include "engine/grpo.h"
 #include "engine/safetensors.h"
+#include "engine/sha256.h"
 #include "lockstep/error.h"
 #include "tools/engine_setup.h"
 #include "tools/plot_svg.h"
@@ -148,6 +149,8 @@ int run_grpo_cmd(GrpoFlags& f) {
     std::printf("lockstep grpo: on-policy RL, rollout vs trainer log-probs compared bit for bit\n");
     std::printf("  model     %s: %s\n", desc.c_str(), mcfg.to_string().c_str());
     std::printf("  device    %s\n", device_description(f.device).c_str());
+    std::printf("  sha256    %s (the weights' digest of every step)\n",
+                engine::sha256_impl_name(engine::sha256_impl()));
     std::printf("  %s\n\n", cfg.to_string().c_str());
     flush_stdout();
   }

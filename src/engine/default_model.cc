@@ -19,6 +19,7 @@
 #include "core/thread_pool.h"
 #include "engine/file_io.h"
 #include "engine/safetensors.h"
+#include "engine/sha256.h"
 #include "lockstep/error.h"
 
 namespace lockstep::engine {

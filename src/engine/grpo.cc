@@ -2,6 +2,7 @@
 #include "engine/grpo.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include "engine/file_io.h"
 #include "engine/model.h"
 #include "engine/safetensors.h"
+#include "engine/sha256.h"
 #include "engine/train.h"
 #include "lockstep/error.h"
 
@@ -246,7 +248,8 @@ GrpoDevice cpu_grpo_device() {
 
 std::string weights_sha256(const Weights& w) {
   // Pieces of at most 16 MiB (a tensor's bytes cut at multiples of 16 MiB; an empty tensor is one
-  // empty piece), hashed in parallel: a 0.6B model's 1.2 GB took ~8 s in one sha256 on one core.
+  // empty piece), hashed in parallel: a 0.6B model's 1.2 GB took ~8 s in one portable sha256 on
+  // one core.
   constexpr size_t kPiece = size_t(16) << 20;
   struct Piece {
     const uint8_t* p;
@@ -262,10 +265,15 @@ std::string weights_sha256(const Weights& w) {
       off += kPiece;
     } while (off < n);
   }
+  // NOTE: the threads take pieces one at a time, not as parallel_for's contiguous ranges: a
+  // model's pieces run from a few bytes to 16 MiB, and one range would get all of the embedding's
+  // (0.6B: its 19 pieces of 328, a quarter of the bytes, in the first of 16 ranges). Each digest
+  // depends on its piece alone, so the order of taking changes nothing.
   std::vector<std::string> hex(pieces.size());
-  parallel_for(int64_t(pieces.size()), 1, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i)
-      hex[size_t(i)] = sha256_hex(pieces[size_t(i)].p, pieces[size_t(i)].n);
+  std::atomic<size_t> next{0};
+  parallel_for(num_threads(), 1, [&](int64_t, int64_t) {
+    for (size_t i; (i = next.fetch_add(1)) < pieces.size();)
+      hex[i] = sha256_hex(pieces[i].p, pieces[i].n);
   });
   std::string all;
   for (const std::string& h : hex) all += h;

@@ -184,7 +184,4 @@ std::vector<uint8_t> serialize_safetensors(const std::vector<NamedTensor>& tenso
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
-// SHA-256 of a byte string, as 64 lowercase hex digits.
-std::string sha256_hex(const void* data, size_t size);
-
 }  // namespace lockstep::engine

@@ -21,6 +21,7 @@
 #include "core/philox.h"
 #include "engine/default_model.h"
 #include "engine/safetensors.h"
+#include "engine/sha256.h"
 #include "lockstep/error.h"
 #include "util/test_util.h"
 

@@ -14,6 +14,7 @@
 #include "engine/default_model.h"
 #include "engine/grpo.h"
 #include "engine/safetensors.h"
+#include "engine/sha256.h"
 #include "lockstep/error.h"
 #include "util/grpo_test_util.h"
 
