@@ -132,14 +132,18 @@ def test_larger_shapes_on_cuda_equal_cpu():
 
 
 def test_side_stream_is_used():
-    """An op called under a non-default torch stream runs on it (torch's current stream), so
-    work queued on that stream before it is ordered before it."""
+    """An op called under a non-default torch stream runs on it (torch's current stream): the
+    side stream first sleeps, then fills the GEMM's input; an op on any other stream would read
+    the zeros still there."""
     gen = torch.Generator().manual_seed(4)
     x, w = randn(gen, 64, 128).cuda(), randn(gen, 96, 128).cuda()
     want = lt.linear(x.cpu(), w.cpu())
+    xs = torch.zeros_like(x)
     s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        xs = x * 1  # queued on s: the GEMM must see it
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU cycles queued before the copy
+        xs.copy_(x)
         y = lt.linear(xs, w)
     s.synchronize()
     assert_bitwise(y.cpu(), want, "linear on a side stream")
