@@ -213,8 +213,6 @@ void GrpoConfig::validate() const {
     LS_CHECK(!baseline, kOp,
              "share_prompts needs the invariant kernels (the baseline backend has no shared-prompt "
              "attention)");
-    LS_CHECK(device == Device::kCPU, kOp, "share_prompts runs on the CPU only for now (device ",
-             device_name(device), ": the CUDA shared-prompt attention is not implemented)");
     LS_CHECK(mini_batches <= prompts, kOp,
              "share_prompts cuts mini-batches at group boundaries: mini_batches (", mini_batches,
              ") must be <= prompts (", prompts, ")");

@@ -406,9 +406,6 @@ void Backprop::backward_shared(const SavedForward& f, const HeadRows& head,
                                const TensorView& g_lp, const TensorView* g_ent,
                                std::span<const int64_t> step_indices, Gradients& grads) const {
   LS_CHECK(f.shared, kOp, "backward_shared needs a shared-prompt forward (forward_shared)");
-  LS_CHECK(ops_->device() == Device::kCPU, kOp,
-           "the shared-prompt backward runs on the CPU backend only (docs/contract.md §B.11), not ",
-           device_name(ops_->device()));
   backward_impl(f, &head, targets, params, lse, entropy, g_lp, g_ent, step_indices, grads);
 }
 
@@ -518,16 +515,24 @@ void Backprop::backward_impl(const SavedForward& f, const HeadRows* head, const 
     Tensor ghh = empty(DType::kF32, {Th, H});
     ops.linear_logprob_backward(hh.view(), w_lm, tg, params, contract, lse_d, ent_d, glp_d,
                                 g_ent ? &gent_d : nullptr, ghh.view(), head_order, dw_lm);
+    // The fold runs on the host (a device backend: ghh down, gh up, Th·H + T·H f32 over the bus;
+    // one fold per micro-batch, small beside the layers' work).
+    const Tensor ghh_host = to_host(ops, ghh.view());
+    Tensor gh_host(DType::kF32, {T, H});
     std::vector<uint8_t> seen(size_t(T), 0);
-    float* out = gh.ptr<float>();
-    std::memset(out, 0, size_t(gh.nbytes()));  // +0
+    float* out = gh_host.ptr<float>();
+    std::memset(out, 0, size_t(gh_host.nbytes()));  // +0
     for (int64_t i = 0; i < Th; ++i) {
       const int64_t r = head->rows[size_t(i)];
       float* o = out + r * H;
-      const float* g = ghh.ptr<float>() + i * H;
+      const float* g = ghh_host.ptr<float>() + i * H;
       for (int64_t c = 0; c < H; ++c) o[c] = seen[size_t(r)] ? canonical_f32(o[c] + g[c]) : g[c];
       seen[size_t(r)] = 1;
     }
+    if (ops.device() == Device::kCPU)
+      gh = std::move(gh_host);
+    else
+      ops.copy(gh.view(), gh_host.view());
   }
   // Final norm (its residual_out is not used downstream: gres = +0).
   Tensor d = empty(DType::kF32, {T, H});

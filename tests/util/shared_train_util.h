@@ -5,8 +5,10 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -59,11 +61,44 @@ struct StepOut {
   std::vector<std::vector<std::vector<float>>> logp, lse, ent;
   int64_t rows = 0;         // packed rows over the micro-batches
   int64_t saved_bytes = 0;  // the largest micro-batch's saved activations (SavedForward::bytes)
+  // Seconds over the micro-batches (the backend synchronized at each phase's end): the forward
+  // with saved activations, the log-prob head's forward, the backward.
+  double forward_s = 0, head_s = 0, backward_s = 0;
 };
 
-// Zero gradients and per-token outputs sized like the step's completions.
-inline StepOut empty_out(const Qwen3Config& cfg, const GroupStep& st) {
-  StepOut o{Gradients(cfg), {}, {}, {}, 0, 0};
+// Adds the seconds since the previous lap (the backend's work included) to `acc`.
+class PhaseClock {
+ public:
+  explicit PhaseClock(const OpsBackend& ops) : ops_(ops) {}
+  void lap(double& acc) {
+    ops_.synchronize();
+    const auto now = std::chrono::steady_clock::now();
+    acc += std::chrono::duration<double>(now - t_).count();
+    t_ = now;
+  }
+
+ private:
+  const OpsBackend& ops_;
+  std::chrono::steady_clock::time_point t_ = std::chrono::steady_clock::now();
+};
+
+// The model and its backward over one backend (the CPU invariant backend unless given), built
+// once for several steps (a device benchmark times the steps without the weights' upload).
+struct StepModel {
+  Qwen3Config cfg;
+  Model model;
+  Backprop bp;
+  StepModel(const Qwen3Config& c, const std::map<std::string, TensorView>& w,
+            const ModelOptions& opt, std::unique_ptr<OpsBackend> ops = make_invariant_backend())
+      : cfg(c), model(c, w, opt, std::move(ops)), bp(c, w, opt, model.ops()) {}
+};
+
+// Zero gradients (host buffers on the CPU backend, else on the backend's device: they live as
+// long as `m`) and per-token outputs sized like the step's completions.
+inline StepOut empty_out(const StepModel& m, const GroupStep& st) {
+  const OpsBackend& ops = m.model.ops();
+  StepOut o{
+      ops.device() == Device::kCPU ? Gradients(m.cfg) : Gradients(m.cfg, ops), {}, {}, {}, 0, 0};
   for (const PromptGroup& g : st.groups) {
     o.logp.emplace_back(g.completions.size());
     o.lse.emplace_back(g.completions.size());
@@ -74,12 +109,12 @@ inline StepOut empty_out(const Qwen3Config& cfg, const GroupStep& st) {
 
 // Shared form: micro-batches = lists of group indices (consecutive runs of the step's groups),
 // each packed in the order given.
-inline StepOut run_shared_step(const Qwen3Config& cfg, const std::map<std::string, TensorView>& w,
-                               const ModelOptions& opt, const GroupStep& st,
+inline StepOut run_shared_step(StepModel& m, const GroupStep& st,
                                const std::vector<std::vector<size_t>>& micro_batches) {
-  Model model(cfg, w, opt, make_invariant_backend());
-  Backprop bp(cfg, w, opt);
-  StepOut o = empty_out(cfg, st);
+  Model& model = m.model;
+  const Backprop& bp = m.bp;
+  StepOut o = empty_out(m, st);
+  PhaseClock clock(model.ops());
   for (const auto& mb : micro_batches) {
     SharedPack pk = pack_prompt_groups(st.groups, mb);
     const int64_t T = int64_t(pk.tokens.size()), Th = int64_t(pk.targets.size());
@@ -89,10 +124,12 @@ inline StepOut run_shared_step(const Qwen3Config& cfg, const std::map<std::strin
         TensorView::contiguous(pk.cu.data(), DType::kI32, {int64_t(pk.cu.size())}),
         TensorView::contiguous(pk.prompt_of.data(), DType::kI32, {int64_t(pk.prompt_of.size())}));
     o.saved_bytes = std::max(o.saved_bytes, f.bytes());
+    clock.lap(o.forward_s);
     const Tensor hh = bp.head_hidden(f, pk.head);
     Tensor logp(DType::kF32, {Th}), lse(DType::kF32, {Th}), ent(DType::kF32, {Th});
     const TensorView tg = TensorView::contiguous(pk.targets.data(), DType::kI64, {Th});
     model.logprob(hh.view(), tg, 1.0f, logp.view(), lse.view(), ent.view());
+    clock.lap(o.head_s);
     std::vector<float> g_lp(static_cast<size_t>(Th)), g_ent(static_cast<size_t>(Th));
     for (size_t i = 0; i < mb.size(); ++i) {
       const size_t k = mb[i];
@@ -112,6 +149,7 @@ inline StepOut run_shared_step(const Qwen3Config& cfg, const std::map<std::strin
     bp.backward_shared(f, pk.head, tg, LogprobParams{}, lse.view(), ent.view(),
                        TensorView::contiguous(g_lp.data(), DType::kF32, {Th}), &ge, pk.step_indices,
                        o.grads);
+    clock.lap(o.backward_s);
   }
   o.grads.finish();
   return o;
@@ -120,12 +158,11 @@ inline StepOut run_shared_step(const Qwen3Config& cfg, const std::map<std::strin
 // Unshared form: every (group, completion) one sequence prompt + completion, step index = its
 // place in the step (groups in order, completions in order); micro-batches as above (whole
 // groups).
-inline StepOut run_unshared_step(const Qwen3Config& cfg, const std::map<std::string, TensorView>& w,
-                                 const ModelOptions& opt, const GroupStep& st,
+inline StepOut run_unshared_step(StepModel& m, const GroupStep& st,
                                  const std::vector<std::vector<size_t>>& micro_batches) {
-  Model model(cfg, w, opt, make_invariant_backend());
-  Backprop bp(cfg, w, opt);
-  StepOut o = empty_out(cfg, st);
+  Model& model = m.model;
+  const Backprop& bp = m.bp;
+  StepOut o = empty_out(m, st);
   std::vector<int64_t> first(st.groups.size() + 1, 0);
   for (size_t k = 0; k < st.groups.size(); ++k)
     first[k + 1] = first[k] + int64_t(st.groups[k].completions.size());
@@ -178,6 +215,20 @@ inline StepOut run_unshared_step(const Qwen3Config& cfg, const std::map<std::str
   }
   o.grads.finish();
   return o;
+}
+
+// The same steps on a fresh CPU model (host gradients).
+inline StepOut run_shared_step(const Qwen3Config& cfg, const std::map<std::string, TensorView>& w,
+                               const ModelOptions& opt, const GroupStep& st,
+                               const std::vector<std::vector<size_t>>& micro_batches) {
+  StepModel m(cfg, w, opt);
+  return run_shared_step(m, st, micro_batches);
+}
+inline StepOut run_unshared_step(const Qwen3Config& cfg, const std::map<std::string, TensorView>& w,
+                                 const ModelOptions& opt, const GroupStep& st,
+                                 const std::vector<std::vector<size_t>>& micro_batches) {
+  StepModel m(cfg, w, opt);
+  return run_unshared_step(m, st, micro_batches);
 }
 
 }  // namespace lockstep::engine::test_shared
