@@ -9,7 +9,8 @@
 # any mismatch) and the MMA probe (quick mode); bench = the GEMM, small-M GEMM, attention and
 # log-prob benchmarks, each beside its peer (cuBLAS, PyTorch SDPA, PyTorch log_softmax); bwdbench =
 # the backward's benchmarks beside theirs (cuBLAS, SDPA, torch / Liger / cut-cross-entropy: carry
-# .whl too); sanitize = compute-sanitizer memcheck and racecheck over every test in
+# .whl too); share = group-shared prompts in training (bench_train_shared, then `lockstep grpo
+# --device cuda --share-prompts`); sanitize = compute-sanitizer memcheck and racecheck over every test in
 # --quick mode; audit = scripts/gpu_audit.sh (the engine on the GPU); after bench / audit,
 # scripts/perf_bars.py reports the issue's performance bars. Logs go under $OUT (./out by
 # hand): summary.txt and logs.tar.gz (re-packed after every step, so a run cut off at its time
@@ -17,7 +18,8 @@
 # sanitize parts to those test binaries (e.g. GPU_CHECK_TESTS=test_baseline_cuda; the MMA probe
 # runs only if probe_mma is named), GPU_CHECK_BENCH=NAME[,NAME...] the bench part to those
 # benchmarks (bench_gemm_cuda, bench_gemm_small_m, bench_attention, bench_logprob; bwdbench:
-# bench_gemm_bwd, bench_attention_bwd, bench_logprob_bwd, bench_train).
+# bench_gemm_bwd, bench_attention_bwd, bench_logprob_bwd, bench_train; share: bench_train_shared,
+# grpo_share_cuda).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -160,6 +162,15 @@ if has bwdbench; then
     PYTHONUNBUFFERED=1 python3 bench/cuda/logprob_bwd_peers.py --ours '$L/lpb.json'"
   bench bench_train bash -c "build-gpu/bench_train --json '$L/train.json' &&
     PYTHONUNBUFFERED=1 python3 bench/cuda/train_torch.py --ours '$L/train.json'"
+fi
+
+# Group-shared prompts in training (issue 12 item 9, docs/contract.md §B.11): one training step
+# of a 2,048-token prompt with 8 completions of 256 tokens on the Qwen3-0.6B shape, shared vs
+# unshared (time, memory, completion log-probs bitwise equal), then the GRPO loop in the shared form
+# on the GPU (exits non-zero on any rollout-vs-trainer mismatch).
+if has share; then
+  bench bench_train_shared build-gpu/bench_train_shared
+  bench grpo_share_cuda build-gpu/lockstep grpo --device cuda --share-prompts --steps 5
 fi
 
 if has sanitize; then
