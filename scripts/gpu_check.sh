@@ -204,7 +204,7 @@ if has sanitize; then
 fi
 
 if has audit; then
-  if bash scripts/gpu_audit.sh >"$OUT/logs/audit.txt" 2>&1; then
+  if GPU_AUDIT_LOGS="$OUT/logs" bash scripts/gpu_audit.sh >"$OUT/logs/audit.txt" 2>&1; then
     pass=$((pass + 1))
     log "PASS audit: $(grep -E '^=== .*exit|PASS|FAIL' "$OUT/logs/audit.txt" | tr '\n' ';' | head -c 900)"
   else

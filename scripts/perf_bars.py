@@ -115,10 +115,12 @@ def engine_bars(logdir, bar_rollout):
         m = re.match(r"=== (bench_engine\S*):", line)
         if m:
             section = m.group(1)
-        m = re.search(r"rollout ([0-9.]+)x, training forward ([0-9.]+)x", line)
+        # "[config] invariant speed relative to ...": one line per configuration of the call.
+        m = re.search(r"^(?:\[(\S+)\] )?.*rollout ([0-9.]+)x, training forward ([0-9.]+)x", line)
         if m and section:
-            r, t = float(m.group(1)), float(m.group(2))
-            out.append(("%s [%s]" % (name, section), r >= bar_rollout,
+            label = section + (" " + m.group(1) if m.group(1) else "")
+            r, t = float(m.group(2)), float(m.group(3))
+            out.append(("%s [%s]" % (name, label), r >= bar_rollout,
                         "rollout %.2fx, training forward %.2fx" % (r, t)))
     return out or [(name, None, "")]
 

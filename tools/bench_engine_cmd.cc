@@ -4,8 +4,17 @@
 // depends on lengths only); the training forward packs sequences of the same lengths the same
 // way. Each backend first runs a small warm-up (kernel loading, allocator pools, cuBLAS handles).
 // The weights are uploaded once per device and shared by both backends.
+// Defaults: the workload of a long-prompt GRPO rollout (32 prompts x 8 samples, prompts of 128-1024
+// tokens, 256 new tokens, 128 running sequences) and both deployment contracts in one call — the
+// audit's (segments 4, rollout TP 2 vs training TP 1, 64-key chunks) and one GPU's (segments 1, TP
+// 1 on both sides, 1024-key chunks); a contract or TP flag runs that one configuration only.
+// Every engine step's wall time is set beside its memory floor: the bytes the step must read (the
+// weights once, and each sequence's K and V) at the copy bandwidth the device reaches in the same
+// run.
 #include "tools/bench_engine_cmd.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -33,7 +42,53 @@ struct BenchResult {
   int64_t train_tokens = 0, micro_batches = 0;
   double train_s = 0;
   int64_t compared = 0, mismatches = 0;
+  // Engine steps against their memory floor (MemoryFloor): decode steps (every sequence one
+  // token) and all steps, seconds summed.
+  int64_t decode_steps = 0;
+  double decode_s = 0, decode_floor_s = 0, step_floor_s = 0;
+  std::vector<engine::RolloutStepTime> step_times;
 };
+
+// The least time an engine step can take on its device: the bytes it must read — every weight
+// once (bf16; the embedding table only where it is also the lm_head: a lookup reads a few rows),
+// and K and V of every key of every scheduled sequence (bf16, each layer) — at the device's copy
+// bandwidth, measured here (a copy reads and writes: 2 x bytes / time, best of 5).
+struct MemoryFloor {
+  double weight_bytes = 0, kv_bytes_per_key = 0, bytes_per_s = 0;
+  double seconds(const engine::RolloutStepTime& st) const {
+    return (weight_bytes + kv_bytes_per_key * double(st.keys)) / bytes_per_s;
+  }
+};
+
+double copy_bandwidth(const engine::OpsBackend& ops) {
+  const int64_t n = ops.device() == Device::kCPU ? int64_t(1) << 27 : int64_t(1) << 30;  // bytes
+  const Tensor a = ops.empty(DType::kF32, {n / 4}), b = ops.empty(DType::kF32, {n / 4});
+  ops.fill_zero(a.view());
+  double best = 1e30;
+  for (int i = 0; i < 6; ++i) {
+    ops.synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    ops.copy(b.view(), a.view());
+    ops.synchronize();
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (i > 0) best = std::min(best, t);  // the first is the warm-up
+  }
+  return 2.0 * double(n) / best;
+}
+
+MemoryFloor memory_floor(const engine::Qwen3Config& mc, const engine::OpsBackend& ops) {
+  MemoryFloor f;
+  for (const engine::WeightSpec& w : engine::qwen3_weight_specs(mc)) {
+    if (w.name == "model.embed_tokens.weight" && !mc.tie_word_embeddings) continue;
+    double n = 1;
+    for (int64_t e : w.shape) n *= double(e);
+    f.weight_bytes += 2.0 * n;
+  }
+  f.kv_bytes_per_key =
+      2.0 * 2.0 * double(mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim);
+  f.bytes_per_s = copy_bandwidth(ops);
+  return f;
+}
 
 std::vector<engine::TrainSequence> train_seqs_of(const engine::RolloutResult& rr) {
   std::vector<engine::TrainSequence> out;
@@ -52,14 +107,32 @@ std::vector<engine::TrainSequence> train_seqs_of(const engine::RolloutResult& rr
 
 namespace {
 
-int run_bench_engine(EngineCommandLine& o) {
+// One configuration of the call: a name and its settings (contract, TP degrees).
+struct BenchConfig {
+  std::string name;
+  engine::AuditConfig cfg;
+};
+
+// The configurations to time: the flags' own if a contract or TP flag was given, else the audit's
+// contract and one GPU's.
+std::vector<BenchConfig> bench_configs(const EngineCommandLine& o, const CLI::App& app) {
+  for (const char* f : {"--segments", "--gemm-segments", "--vocab-segments", "--kv-chunk",
+                        "--vocab-tile", "--rollout-tp", "--train-tp"})
+    if (app.count(f) > 0) return {{"flags", o.cfg}};
+  BenchConfig one{"one-gpu", o.cfg};
+  one.cfg.rollout_tp = one.cfg.train_tp = 1;
+  one.cfg.contract.gemm_segments = one.cfg.contract.vocab_segments = 1;
+  one.cfg.contract.kv_chunk = 1024;
+  one.cfg.validate();
+  return {{"audit", o.cfg}, std::move(one)};
+}
+
+int run_bench_engine(EngineCommandLine& o, const CLI::App& app) {
   resolve_engine_options(o);
   if (o.threads > 0) set_num_threads(o.threads);
   auto log = [&](const std::string& s) {
     if (!o.quiet) std::fprintf(stderr, "%s\n", s.c_str());
   };
-  engine::AuditConfig cfg = o.cfg;
-  cfg.stop_on_eos = false;  // same lengths -> same schedule for every backend
   struct Side {
     std::string name;
     std::shared_ptr<engine::OpsBackend> rollout, train;
@@ -79,113 +152,176 @@ int run_bench_engine(EngineCommandLine& o) {
     sides.push_back(std::move(s));
   }
   ModelSource source(o.model, log);
-  if (cfg.rollout.kv.num_pages == 0) cfg.rollout.kv.num_pages = engine::audit_auto_kv_pages(cfg);
-  const engine::ModelFactory factory = source.factory(cfg.contract);
-  const std::vector<engine::RolloutRequest> requests =
-      engine::make_audit_requests(cfg, source.config());
   const std::string devices = "rollout " + device_description(o.rollout_device) + "; training " +
                               device_description(o.train_device);
-  log("bench-engine: " + cfg.workload_string() + " (EOS off)");
   log("bench-engine: " + devices);
-
-  std::vector<BenchResult> results;
-  for (const Side& s : sides) {
-    auto rollout_model = factory(cfg.rollout_tp, s.rollout);
-    auto train_model = factory(cfg.train_tp, s.train);
-    // Warm-up: two requests, a few tokens, and their training forward.
-    {
-      std::vector<engine::RolloutRequest> w(
-          requests.begin(), requests.begin() + std::min<size_t>(2, requests.size()));
-      for (auto& r : w) {
-        r.max_new_tokens = std::min<int64_t>(r.max_new_tokens, 4);
-        r.arrival_step = 0;
-      }
-      const engine::RolloutResult wr = engine::run_rollout(*rollout_model, w, cfg.rollout);
-      engine::run_training_forward(*train_model, train_seqs_of(wr), cfg.packing);
-    }
-    log("bench-engine [" + s.name + "]: rollout of " + std::to_string(requests.size()) +
-        " sequences");
-    BenchResult b;
-    b.backend = s.name;
-    const engine::RolloutResult rr = engine::run_rollout(*rollout_model, requests, cfg.rollout);
-    b.generated = rr.generated_tokens;
-    b.rollout_tokens = rr.stats.tokens_computed;
-    b.steps = rr.stats.steps;
-    b.preemptions = rr.stats.preemptions;
-    b.rollout_s = rr.seconds;
-    log("bench-engine [" + s.name + "]: training forward");
-    const auto seqs = train_seqs_of(rr);
-    const engine::TrainResult tr = engine::run_training_forward(*train_model, seqs, cfg.packing);
-    b.train_tokens = tr.tokens_forwarded;
-    b.micro_batches = tr.micro_batches;
-    b.train_s = tr.seconds;
-    for (size_t i = 0; i < rr.completions.size(); ++i)
-      for (size_t j = 0; j < rr.completions[i].logp.size(); ++j) {
-        ++b.compared;
-        b.mismatches += std::memcmp(&rr.completions[i].logp[j], &tr.sequences[i].logp[j], 4) != 0;
-      }
-    results.push_back(b);
+  const MemoryFloor floor = memory_floor(source.config(), *sides.front().rollout);
+  {
+    char buf[200];
+    std::snprintf(buf, sizeof(buf),
+                  "bench-engine: memory floor from %.1f MiB of weights, %.0f KiB of K+V per key, "
+                  "copy bandwidth %.0f GB/s (measured now)",
+                  floor.weight_bytes / double(1 << 20), floor.kv_bytes_per_key / 1024.0,
+                  floor.bytes_per_s / 1e9);
+    log(buf);
   }
-
-  bool same_schedule = true;
-  for (const BenchResult& r : results)
-    same_schedule = same_schedule && r.steps == results[0].steps &&
-                    r.rollout_tokens == results[0].rollout_tokens &&
-                    r.train_tokens == results[0].train_tokens;
   auto rate = [](int64_t n, double s) { return s > 0 ? double(n) / s : 0.0; };
-  if (o.json) {
-    nlohmann::ordered_json j;
-    j["model"] = source.description();
-    j["devices"] = devices;
-    j["contract"] = cfg.contract.to_string();
-    j["workload"] = cfg.workload_string();
-    j["rollout"] = cfg.rollout_string();
-    j["training"] = cfg.training_string();
-    j["same_schedule"] = same_schedule;
-    for (const BenchResult& r : results)
-      j["backends"][r.backend] = {
-          {"rollout_seconds", r.rollout_s},
-          {"generated_tokens", r.generated},
-          {"rollout_tokens_computed", r.rollout_tokens},
-          {"rollout_steps", r.steps},
-          {"rollout_generated_tok_per_s", rate(r.generated, r.rollout_s)},
-          {"rollout_computed_tok_per_s", rate(r.rollout_tokens, r.rollout_s)},
-          {"train_seconds", r.train_s},
-          {"train_tokens", r.train_tokens},
-          {"train_tok_per_s", rate(r.train_tokens, r.train_s)},
-          {"logp_compared", r.compared},
-          {"logp_mismatches", r.mismatches}};
-    std::printf("%s\n", j.dump().c_str());
-    flush_stdout();
-    return kExitOk;
+  auto ms = [](double s, int64_t n) { return n > 0 ? 1e3 * s / double(n) : 0.0; };
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> csv(nullptr, std::fclose);
+  if (!o.steps_csv.empty()) {
+    csv.reset(std::fopen(o.steps_csv.c_str(), "w"));
+    if (!csv) throw Error("bench-engine: cannot write --steps-csv '" + o.steps_csv + "'");
+    std::fprintf(csv.get(), "config,backend,step,tokens,seqs,keys,decode,seconds,floor_seconds\n");
   }
-  std::printf("lockstep bench-engine: rollout and training-forward throughput\n");
-  std::printf("  model     %s\n", source.description().c_str());
-  std::printf("  devices   %s\n", devices.c_str());
-  std::printf("  contract  %s\n", cfg.contract.to_string().c_str());
-  std::printf("  workload  %s; EOS off\n", cfg.workload_string().c_str());
-  std::printf("  rollout   %s\n", cfg.rollout_string().c_str());
-  std::printf("  training  %s\n", cfg.training_string().c_str());
-  std::printf("  schedule  %s\n\n", same_schedule ? "identical for every backend"
-                                                  : "DIFFERS between backends (timings not "
-                                                    "comparable)");
-  std::printf("%-26s %12s %10s %8s %14s %14s %12s %10s %14s %18s\n", "backend", "gen tokens",
-              "roll s", "steps", "gen tok/s", "rollout tok/s", "train tok", "train s",
-              "train tok/s", "logp mismatches");
-  for (const BenchResult& r : results)
-    std::printf("%-26s %12" PRId64 " %10.2f %8" PRId64 " %14.1f %14.1f %12" PRId64
-                " %10.2f %14.1f %11" PRId64 " / %" PRId64 "\n",
-                r.backend.c_str(), r.generated, r.rollout_s, r.steps,
-                rate(r.generated, r.rollout_s), rate(r.rollout_tokens, r.rollout_s), r.train_tokens,
-                r.train_s, rate(r.train_tokens, r.train_s), r.mismatches, r.compared);
-  if (results.size() == 2)
+
+  bool first_block = true;
+  for (const BenchConfig& bc : bench_configs(o, app)) {
+    engine::AuditConfig cfg = bc.cfg;
+    cfg.stop_on_eos = false;  // same lengths -> same schedule for every backend
+    if (cfg.rollout.kv.num_pages == 0) cfg.rollout.kv.num_pages = engine::audit_auto_kv_pages(cfg);
+    source.release();  // the previous configuration's models
+    const engine::ModelFactory factory = source.factory(cfg.contract);
+    const std::vector<engine::RolloutRequest> requests =
+        engine::make_audit_requests(cfg, source.config());
+    log("bench-engine [" + bc.name + "]: " + cfg.workload_string() + " (EOS off); " +
+        cfg.contract.to_string() + ", rollout TP " + std::to_string(cfg.rollout_tp) +
+        ", training TP " + std::to_string(cfg.train_tp));
+
+    std::vector<BenchResult> results;
+    for (const Side& s : sides) {
+      auto rollout_model = factory(cfg.rollout_tp, s.rollout);
+      auto train_model = factory(cfg.train_tp, s.train);
+      // Warm-up: two requests, a few tokens, and their training forward.
+      {
+        std::vector<engine::RolloutRequest> w(
+            requests.begin(), requests.begin() + std::min<size_t>(2, requests.size()));
+        for (auto& r : w) {
+          r.max_new_tokens = std::min<int64_t>(r.max_new_tokens, 4);
+          r.arrival_step = 0;
+        }
+        const engine::RolloutResult wr = engine::run_rollout(*rollout_model, w, cfg.rollout);
+        engine::run_training_forward(*train_model, train_seqs_of(wr), cfg.packing);
+      }
+      log("bench-engine [" + bc.name + ", " + s.name + "]: rollout of " +
+          std::to_string(requests.size()) + " sequences");
+      BenchResult b;
+      b.backend = s.name;
+      const engine::RolloutResult rr = engine::run_rollout(*rollout_model, requests, cfg.rollout);
+      b.generated = rr.generated_tokens;
+      b.rollout_tokens = rr.stats.tokens_computed;
+      b.steps = rr.stats.steps;
+      b.preemptions = rr.stats.preemptions;
+      b.rollout_s = rr.seconds;
+      b.step_times = rr.step_times;
+      for (const engine::RolloutStepTime& st : rr.step_times) {
+        b.step_floor_s += floor.seconds(st);
+        if (!st.decode) continue;
+        ++b.decode_steps;
+        b.decode_s += st.seconds;
+        b.decode_floor_s += floor.seconds(st);
+      }
+      log("bench-engine [" + bc.name + ", " + s.name + "]: training forward");
+      const auto seqs = train_seqs_of(rr);
+      const engine::TrainResult tr = engine::run_training_forward(*train_model, seqs, cfg.packing);
+      b.train_tokens = tr.tokens_forwarded;
+      b.micro_batches = tr.micro_batches;
+      b.train_s = tr.seconds;
+      for (size_t i = 0; i < rr.completions.size(); ++i)
+        for (size_t j = 0; j < rr.completions[i].logp.size(); ++j) {
+          ++b.compared;
+          b.mismatches += std::memcmp(&rr.completions[i].logp[j], &tr.sequences[i].logp[j], 4) != 0;
+        }
+      if (csv)
+        for (size_t k = 0; k < rr.step_times.size(); ++k) {
+          const engine::RolloutStepTime& st = rr.step_times[k];
+          std::fprintf(csv.get(), "%s,%s,%zu,%" PRId64 ",%" PRId64 ",%" PRId64 ",%d,%.9f,%.9f\n",
+                       bc.name.c_str(), s.name.c_str(), k, st.tokens, st.seqs, st.keys,
+                       int(st.decode), st.seconds, floor.seconds(st));
+        }
+      results.push_back(std::move(b));
+    }
+
+    bool same_schedule = true;
+    for (const BenchResult& r : results)
+      same_schedule = same_schedule && r.steps == results[0].steps &&
+                      r.rollout_tokens == results[0].rollout_tokens &&
+                      r.train_tokens == results[0].train_tokens;
+    if (o.json) {  // one JSON object per configuration (JSONL)
+      nlohmann::ordered_json j;
+      j["config"] = bc.name;
+      j["model"] = source.description();
+      j["devices"] = devices;
+      j["contract"] = cfg.contract.to_string();
+      j["workload"] = cfg.workload_string();
+      j["rollout"] = cfg.rollout_string();
+      j["training"] = cfg.training_string();
+      j["same_schedule"] = same_schedule;
+      j["copy_bandwidth_bytes_per_s"] = floor.bytes_per_s;
+      for (const BenchResult& r : results)
+        j["backends"][r.backend] = {
+            {"rollout_seconds", r.rollout_s},
+            {"generated_tokens", r.generated},
+            {"rollout_tokens_computed", r.rollout_tokens},
+            {"rollout_steps", r.steps},
+            {"rollout_generated_tok_per_s", rate(r.generated, r.rollout_s)},
+            {"rollout_computed_tok_per_s", rate(r.rollout_tokens, r.rollout_s)},
+            {"decode_steps", r.decode_steps},
+            {"decode_step_ms", ms(r.decode_s, r.decode_steps)},
+            {"decode_step_floor_ms", ms(r.decode_floor_s, r.decode_steps)},
+            {"rollout_floor_seconds", r.step_floor_s},
+            {"train_seconds", r.train_s},
+            {"train_tokens", r.train_tokens},
+            {"train_tok_per_s", rate(r.train_tokens, r.train_s)},
+            {"logp_compared", r.compared},
+            {"logp_mismatches", r.mismatches}};
+      std::printf("%s\n", j.dump().c_str());
+      flush_stdout();
+      continue;
+    }
+    if (first_block)
+      std::printf("lockstep bench-engine: rollout and training-forward throughput\n");
+    first_block = false;
+    std::printf("\nconfiguration %s\n", bc.name.c_str());
+    std::printf("  model     %s\n", source.description().c_str());
+    std::printf("  devices   %s\n", devices.c_str());
+    std::printf("  contract  %s\n", cfg.contract.to_string().c_str());
+    std::printf("  workload  %s; EOS off\n", cfg.workload_string().c_str());
+    std::printf("  rollout   %s\n", cfg.rollout_string().c_str());
+    std::printf("  training  %s\n", cfg.training_string().c_str());
     std::printf(
-        "\n%s speed relative to %s (their time / its time): rollout %.2fx, training "
-        "forward %.2fx\n",
-        results[0].backend.c_str(), results[1].backend.c_str(),
-        results[1].rollout_s > 0 ? results[1].rollout_s / results[0].rollout_s : 0.0,
-        results[1].train_s > 0 ? results[1].train_s / results[0].train_s : 0.0);
-  flush_stdout();
+        "  floor     %.1f MiB of weights + %.0f KiB per key at %.0f GB/s (device copy, "
+        "measured in this run)\n",
+        floor.weight_bytes / double(1 << 20), floor.kv_bytes_per_key / 1024.0,
+        floor.bytes_per_s / 1e9);
+    std::printf("  schedule  %s\n\n", same_schedule ? "identical for every backend"
+                                                    : "DIFFERS between backends (timings not "
+                                                      "comparable)");
+    std::printf("%-26s %12s %10s %8s %14s %14s %12s %10s %14s %18s\n", "backend", "gen tokens",
+                "roll s", "steps", "gen tok/s", "rollout tok/s", "train tok", "train s",
+                "train tok/s", "logp mismatches");
+    for (const BenchResult& r : results)
+      std::printf("%-26s %12" PRId64 " %10.2f %8" PRId64 " %14.1f %14.1f %12" PRId64
+                  " %10.2f %14.1f %11" PRId64 " / %" PRId64 "\n",
+                  r.backend.c_str(), r.generated, r.rollout_s, r.steps,
+                  rate(r.generated, r.rollout_s), rate(r.rollout_tokens, r.rollout_s),
+                  r.train_tokens, r.train_s, rate(r.train_tokens, r.train_s), r.mismatches,
+                  r.compared);
+    std::printf("\n%-26s %12s %14s %14s %10s %22s\n", "backend", "decode steps", "ms per step",
+                "floor ms", "x floor", "rollout s / floor s");
+    for (const BenchResult& r : results)
+      std::printf(
+          "%-26s %12" PRId64 " %14.3f %14.3f %10.2f %15.2f / %.2f\n", r.backend.c_str(),
+          r.decode_steps, ms(r.decode_s, r.decode_steps), ms(r.decode_floor_s, r.decode_steps),
+          r.decode_floor_s > 0 ? r.decode_s / r.decode_floor_s : 0.0, r.rollout_s, r.step_floor_s);
+    if (results.size() == 2)
+      std::printf(
+          "\n[%s] %s speed relative to %s (their time / its time): rollout %.2fx, training "
+          "forward %.2fx\n",
+          bc.name.c_str(), results[0].backend.c_str(), results[1].backend.c_str(),
+          results[1].rollout_s > 0 ? results[1].rollout_s / results[0].rollout_s : 0.0,
+          results[1].train_s > 0 ? results[1].train_s / results[0].train_s : 0.0);
+    flush_stdout();
+  }
   return kExitOk;
 }
 
@@ -198,12 +334,29 @@ Command add_bench_engine_command(CLI::App& top) {
   sub->footer(
       "Times the rollout (continuous batching, paged KV, sampling) and the packed training "
       "forward\nof the invariant and the baseline backends on one device, same requests and same "
-      "schedule\n(EOS is off: every sequence generates --max-new-tokens), in one run. Takes the "
-      "flags of\n`lockstep audit`, e.g.\n  lockstep bench-engine --device cuda --model-shape "
-      "qwen3-8b --prompts 16 --group 8\nExit status: 0 done, 2 bad usage, bad input or an "
-      "error.");
+      "schedule\n(EOS is off: every sequence generates --max-new-tokens), in one run. Default "
+      "workload: 32\nprompts x 8 samples, prompts of 128-1024 tokens, 256 new tokens, 128 running; "
+      "default\nconfigurations: 'audit' (the flags' contract: segments 4, rollout TP 2, training "
+      "TP "
+      "1,\n64-key chunks) and 'one-gpu' (segments 1, TP 1 and 1, 1024-key chunks). Any contract "
+      "or TP\nflag times that one configuration only. Each engine step is set beside its memory "
+      "floor\n(weights once + every sequence's K and V, at the device's copy bandwidth measured in "
+      "the\nsame run). Takes the flags of `lockstep audit`, e.g.\n  lockstep bench-engine --device "
+      "cuda --model-shape qwen3-8b\nExit status: 0 done, 2 bad usage, bad input or an error.");
+  // The realistic default workload (see the top of this file), set before the flags capture
+  // their defaults.
+  o->cfg.prompts = 32;
+  o->cfg.group_size = 8;
+  o->cfg.prompt_len_min = 128;
+  o->cfg.prompt_len_max = 1024;
+  o->cfg.max_new_tokens = 256;
+  o->cfg.rollout.scheduler.max_running = 128;
   add_engine_options(*sub, *o);
-  return {sub, [o] { return run_bench_engine(*o); }};
+  sub->add_option("--steps-csv", o->steps_csv,
+                  "write every engine step's wall time and memory floor to FILE (CSV)")
+      ->type_name("FILE")
+      ->group("run");
+  return {sub, [o, sub] { return run_bench_engine(*o, *sub); }};
 }
 
 }  // namespace lockstep::tools

@@ -22,6 +22,7 @@ struct EngineCommandLine {
   bool json = false, quiet = false;
   int threads = 0;           // 0: all cores
   bool cascade_set = false;  // --cascade given (else it follows --prefix-sharing)
+  std::string steps_csv;     // bench-engine --steps-csv
 };
 
 // Adds every flag to `app`, bound to `o` (which must outlive the parse).

@@ -109,7 +109,7 @@ ModelSource::ModelSource(const ModelFlags& m, const LogFn& log) : log_(log) {
 
 engine::ModelFactory ModelSource::factory(const ContractConfig& contract) {
   return [this, contract](int tp, std::shared_ptr<engine::OpsBackend> backend) {
-    const std::pair<int, int> key{tp, int(backend->device())};
+    const std::tuple<int, int, std::string> key{tp, int(backend->device()), contract.to_string()};
     auto it = cache_.find(key);
     if (it == cache_.end()) {
       engine::ModelOptions mo;

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "engine/audit.h"
@@ -45,6 +46,8 @@ class ModelSource {
   // Builds (and caches) the model of (tp, backend device) with `contract`, uploading weights once
   // per device and tp; other backends of the same device share them (Model::with_backend).
   engine::ModelFactory factory(const ContractConfig& contract);
+  // Frees the placed models (the next factory call places them again).
+  void release() { cache_.clear(); }
 
  private:
   LogFn log_;
@@ -53,7 +56,8 @@ class ModelSource {
   std::unique_ptr<engine::Checkpoint> ckpt_;
   engine::Weights weights_;  // random shapes
   std::map<std::string, TensorView> views_;
-  std::map<std::pair<int, int>, std::unique_ptr<engine::Model>> cache_;  // (tp, device)
+  // (tp, device, contract): a model's layout follows its contract.
+  std::map<std::tuple<int, int, std::string>, std::unique_ptr<engine::Model>> cache_;
 };
 
 }  // namespace lockstep::tools

@@ -157,6 +157,7 @@ RolloutResult run_rollout(const Model& model, const std::vector<RolloutRequest>&
   auto last_progress = t0;
   bool stop = false;
   while (!sched.done() && !stop) {
+    const auto t_step = std::chrono::steady_clock::now();
     StepPlan plan = sched.schedule();
     storage.copy_pages(plan.copies);
 
@@ -271,6 +272,15 @@ RolloutResult run_rollout(const Model& model, const std::vector<RolloutRequest>&
       res.generated_tokens += R;
     }
     sched.complete(plan, sampled);
+    {
+      RolloutStepTime st{N, S, 0, S > 0, 0.0};
+      for (const ScheduledSeq& ss : plan.seqs) {
+        st.keys += ss.start + ss.count;
+        st.decode = st.decode && ss.count == 1 && ss.sample;
+      }
+      st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_step).count();
+      res.step_times.push_back(st);
+    }
 
     finished = 0;
     if (hooks.progress) {

@@ -63,8 +63,18 @@ struct RolloutStepInfo {
   std::vector<int64_t> row_begin;  // plan.seqs[i] computes rows [row_begin[i], + count)
 };
 
+// One engine step as run: its rows (query tokens), scheduled sequences, the keys its attention
+// read (Σ over the sequences of their KV length after the step), whether every sequence decoded
+// one token, and its wall time (scheduling, the forward, sampling and the host bookkeeping).
+struct RolloutStepTime {
+  int64_t tokens = 0, seqs = 0, keys = 0;
+  bool decode = false;
+  double seconds = 0;
+};
+
 struct RolloutResult {
-  std::vector<Completion> completions;  // in request order
+  std::vector<Completion> completions;      // in request order
+  std::vector<RolloutStepTime> step_times;  // in step order
   SchedulerStats stats;
   int64_t generated_tokens = 0;
   // Query rows that read at least one whole KV chunk through a shared prefix (cascade attention

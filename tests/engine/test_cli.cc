@@ -8,12 +8,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -280,11 +283,68 @@ TEST(CliModelFlags, ConfigWithoutWeights) {
 }
 
 TEST(CliBinary, BenchEngineRuns) {
-  EXPECT_RUN(lockstep("bench-engine --prompts 1 --group 2 --max-new-tokens 2 --threads 1 --quiet "
+  EXPECT_RUN(lockstep("bench-engine --prompts 1 --group 2 --max-new-tokens 2 --prompt-len 8:16 "
+                      "--threads 1 --quiet "
                       "--json --model '" +
                       score_inputs().model + "'"),
              0, "\"same_schedule\":true");
   EXPECT_RUN(lockstep("bench-engine --prompts 0"), 2, "--prompts");
+}
+
+// Without a contract or TP flag bench-engine times both deployment contracts, one JSON line each,
+// every engine step set beside its memory floor; a contract flag times that one configuration.
+TEST(CliBinary, BenchEngineTimesBothContractsAndTheMemoryFloor) {
+  const TempDir dir("bench_engine");
+  const std::string csv = (dir.path / "steps.csv").string();
+  const std::string small =
+      "bench-engine --prompts 1 --group 2 --max-new-tokens 3 --prompt-len "
+      "12:20 --threads 1 --quiet --json --model '" +
+      score_inputs().model + "'";
+  const Result r = lockstep(small + " --steps-csv '" + csv + "'");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  std::vector<nlohmann::json> lines;
+  std::istringstream in(r.out);
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(lines.size(), 2u) << r.out;
+  EXPECT_EQ(lines[0]["config"], "audit");
+  EXPECT_EQ(lines[1]["config"], "one-gpu");
+  EXPECT_NE(lines[0]["contract"], lines[1]["contract"]);
+  for (const auto& j : lines) {
+    EXPECT_GT(j["copy_bandwidth_bytes_per_s"].get<double>(), 0.0);
+    for (const auto& [name, b] : j["backends"].items()) {
+      EXPECT_GE(b["decode_steps"].get<int64_t>(), 1) << name;
+      EXPECT_LT(b["decode_steps"].get<int64_t>(), b["rollout_steps"].get<int64_t>()) << name;
+      EXPECT_GT(b["decode_step_ms"].get<double>(), 0.0) << name;
+      EXPECT_GT(b["decode_step_floor_ms"].get<double>(), 0.0) << name;
+    }
+    EXPECT_EQ(j["backends"]["invariant"]["logp_mismatches"], 0);
+  }
+  std::ifstream f(csv);
+  std::string header, row;
+  ASSERT_TRUE(std::getline(f, header));
+  EXPECT_EQ(header, "config,backend,step,tokens,seqs,keys,decode,seconds,floor_seconds");
+  int64_t rows = 0, decode_rows = 0, steps = 0, decode_steps = 0;
+  while (std::getline(f, row)) {
+    ++rows;
+    std::vector<std::string> field;
+    std::istringstream fields(row);
+    for (std::string v; std::getline(fields, v, ',');) field.push_back(v);
+    ASSERT_EQ(field.size(), 9u) << row;
+    decode_rows += field[6] == "1";
+  }
+  for (const auto& j : lines)
+    for (const auto& [name, b] : j["backends"].items()) {
+      steps += b["rollout_steps"].get<int64_t>();
+      decode_steps += b["decode_steps"].get<int64_t>();
+    }
+  EXPECT_EQ(rows, steps);  // one row per engine step of each configuration and backend
+  EXPECT_EQ(decode_rows, decode_steps);
+
+  const Result one = lockstep(small + " --segments 2");
+  ASSERT_EQ(one.rc, 0) << one.out;
+  EXPECT_EQ(std::count(one.out.begin(), one.out.end(), '\n'), 1) << one.out;
+  EXPECT_NE(one.out.find("\"config\":\"flags\""), std::string::npos) << one.out;
+  EXPECT_RUN(lockstep(small + " --steps-csv /nonexistent/dir/steps.csv"), 2, "--steps-csv");
 }
 
 TEST(CliBinary, TopLevel) {

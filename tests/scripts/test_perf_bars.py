@@ -62,6 +62,19 @@ with tempfile.TemporaryDirectory() as empty:
     rc, out, _ = run(empty)
     expect(rc == 0 and out.splitlines()[-1:] == ["bars: 0 met, 0 below, 5 not measured"],
            "empty folder: every bar NOT MEASURED", out)
+# bench-engine's two configurations in one section: one bar each, labelled with the configuration.
+with tempfile.TemporaryDirectory() as two:
+    with open(os.path.join(two, "audit.txt"), "w") as f:
+        f.write("=== bench_engine_qwen3_8b: lockstep bench-engine --device cuda\n"
+                "[audit] invariant speed relative to baseline (their time / its time): "
+                "rollout 1.02x, training forward 0.94x\n"
+                "[one-gpu] invariant speed relative to baseline (their time / its time): "
+                "rollout 0.65x, training forward 0.98x\n")
+    rc, out, _ = run(two)
+    lines = out.splitlines()
+    expect(line_with("MET", "[bench_engine_qwen3_8b audit]", "rollout 1.02x") is not None and
+           line_with("BELOW", "[bench_engine_qwen3_8b one-gpu]", "rollout 0.65x") is not None,
+           "one rollout bar per bench-engine configuration", out)
 rc, _, err = run(os.path.join(LOGS, "no-such-folder"))
 expect(rc == 2 and "not a folder" in err, "missing folder: exit 2 with a message", err)
 
