@@ -53,6 +53,23 @@ void gemm_dw(const Array& dy, const Array& x, const Array& dw, const OptArray& c
       [&](auto s) { cuda::gemm_bf16_dw(dyv, xv, order, dwv, s); });
 }
 
+// The optional weight gradient of the RMSNorm backward ops: with `dweight`, its view and the token
+// order of its reduction (cu_seqlens / step_indices over the rows of s); without, two nulls.
+class NormWeightGrad {
+ public:
+  NormWeightGrad(const char* op, const ArgView& s, const OptArray& dweight, const ArgView& dwv,
+                 const OptArray& cu_seqlens, const OptArray& step_indices)
+      : dw_(dweight ? &dwv : nullptr) {
+    if (dweight) order_ = token_order(op, cu_seqlens, step_indices, rows_of(op, "s", s));
+  }
+  const TokenOrder* order() const { return dw_ ? &order_ : nullptr; }
+  const TensorView* dweight() const { return dw_; }
+
+ private:
+  TokenOrder order_;
+  const TensorView* dw_;
+};
+
 void rmsnorm_backward(const Array& s, const Array& weight, const Array& gy, const Array& dx,
                       const OptArray& dweight, const OptArray& cu_seqlens,
                       const OptArray& step_indices, float eps, uint64_t stream) {
@@ -63,10 +80,9 @@ void rmsnorm_backward(const Array& s, const Array& weight, const Array& gy, cons
   const Placement at = place(kOp, {&sv, &wv, &gv, &dxv, &dwv}, stream);
   RmsNormConfig cfg;
   cfg.eps = eps;
-  TokenOrder order;
-  if (dweight) order = token_order(kOp, cu_seqlens, step_indices, rows_of(kOp, "s", sv));
-  const TokenOrder* o = dweight ? &order : nullptr;
-  const TensorView* dw = dweight ? &dwv : nullptr;
+  const NormWeightGrad wg(kOp, sv, dweight, dwv, cu_seqlens, step_indices);
+  const TokenOrder* o = wg.order();
+  const TensorView* dw = wg.dweight();
   run_on(
       at, [&] { cpu::rmsnorm_backward(sv, wv, cfg, gv, dxv, o, dw); },
       [&](auto s) { cuda::rmsnorm_backward(sv, wv, cfg, gv, dxv, o, dw, s); });
@@ -83,10 +99,9 @@ void rmsnorm_residual_backward(const Array& s, const Array& weight, const Array&
   const Placement at = place(kOp, {&sv, &wv, &gv, &rv, &dsv, &dwv}, stream);
   RmsNormConfig cfg;
   cfg.eps = eps;
-  TokenOrder order;
-  if (dweight) order = token_order(kOp, cu_seqlens, step_indices, rows_of(kOp, "s", sv));
-  const TokenOrder* o = dweight ? &order : nullptr;
-  const TensorView* dw = dweight ? &dwv : nullptr;
+  const NormWeightGrad wg(kOp, sv, dweight, dwv, cu_seqlens, step_indices);
+  const TokenOrder* o = wg.order();
+  const TensorView* dw = wg.dweight();
   run_on(
       at, [&] { cpu::rmsnorm_residual_backward(sv, wv, cfg, gv, rv, dsv, o, dw); },
       [&](auto s) { cuda::rmsnorm_residual_backward(sv, wv, cfg, gv, rv, dsv, o, dw, s); });
