@@ -25,6 +25,7 @@ contract's backward takes no lse gradient): they come back with ``requires_grad=
 
 from __future__ import annotations
 
+import weakref
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
@@ -63,12 +64,23 @@ def _host(t: Optional[Tensor]) -> Optional[Tensor]:
     return None if t is None else t.detach().cpu()
 
 
+# The last CUDA index tensors found in range: (weak reference, version counter, bound, ignore).
+# The same tensor object at the same version holds the same values (in-place writes, also through
+# a view, bump the version), so a model's positions, checked by its first layer's RoPE, are not
+# synchronized on again by every other layer.
+_RANGE_CHECKED: list = []
+
+
 def _check_range(op: str, name: str, t: Tensor, bound: int, ignore: Optional[int] = None) -> None:
     """Ids / positions / targets of a CUDA call in [0, bound) (or == ignore): the CPU ops check
     them, the CUDA kernels cannot before the launch (they write NaN rows), so the torch layer
-    checks here, at the cost of one synchronizing reduction, and raises lockstep.Error."""
+    checks here, at the cost of one synchronizing reduction (once per tensor and version), and
+    raises lockstep.Error."""
     if not t.is_cuda or t.numel() == 0:
         return
+    for ref, version, b, ig in _RANGE_CHECKED:
+        if ref() is t and version == t._version and b == bound and ig == ignore:
+            return
     bad = (t < 0) | (t >= bound)
     if ignore is not None:
         bad &= t != ignore
@@ -77,6 +89,8 @@ def _check_range(op: str, name: str, t: Tensor, bound: int, ignore: Optional[int
         raise _C.Error(
             f"{op}: argument '{name}' has {name}[{first}] = {int(t[first])} outside [0, {bound})"
         )
+    _RANGE_CHECKED.insert(0, (weakref.ref(t), t._version, bound, ignore))
+    del _RANGE_CHECKED[4:]
 
 
 def _stream(t: Tensor) -> int:

@@ -193,6 +193,22 @@ def test_cuda_bad_inputs_raise(call, message):
     torch.cuda.synchronize()  # the CUDA context is still good
 
 
+def test_range_check_runs_again_after_an_in_place_write():
+    """The range check of a CUDA index tensor is skipped only for the same tensor at the same
+    version: a write in place (also through a view) is checked again."""
+    x = _bf16(2, 1, 8)
+    pos = _ids(0, 1)
+    lt.rope(x, pos, max_positions=64)
+    lt.rope(x, pos, max_positions=64)  # the same tensor and version: no second check needed
+    pos[1:].fill_(64)  # through a view: the version counter is shared
+    with pytest.raises(lockstep.Error, match=r"positions\[1\] = 64 outside \[0, 64\)"):
+        lt.rope(x, pos, max_positions=64)
+    pos = _ids(0, 1)
+    lt.rope(x, pos, max_positions=64)
+    with pytest.raises(lockstep.Error, match=r"positions\[1\] = 1 outside \[0, 1\)"):
+        lt.rope(x, pos, max_positions=1)  # another bound: checked again
+
+
 # ---- lockstep.hf on a CUDA model ----------------------------------------------------------------
 
 
