@@ -304,8 +304,8 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
   AdamWConfig sft_cfg = cfg.optim;
   sft_cfg.lr = cfg.sft_lr;
   std::unique_ptr<GrpoOptimizer> sft_adam = dev.adamw(init, sft_cfg);
-  // The policy's bf16 weights on the host (the backward's copies, the sha256, the checkpoints); the
-  // models are built over the optimizer's device weights.
+  // The policy's bf16 weights on the host (the sha256, the checkpoints, the result); the models
+  // are built over the optimizer's weights.
   Weights host = sft_adam->bf16_weights_host();
   LS_CHECK(weights_sha256(host) == weights_sha256(init), kOp,
            "the initial weights must be bf16 (their fp32 masters round back to other bits)");
@@ -352,7 +352,7 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
     double nll = 0;
     {
       Model model(mcfg, views_of(sft_adam->bf16_weights()), topt, ops);
-      const Backprop bp(mcfg, views_of(host), topt, *ops);
+      const Backprop bp(mcfg, views_of(sft_adam->bf16_weights()), topt, *ops);
       const SavedForward f =
           bp.forward(model, TensorView::contiguous(tokens.data(), DType::kI32, {T}),
                      TensorView::contiguous(cu.data(), DType::kI32, {int64_t(cu.size())}));
@@ -373,7 +373,7 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
                   TensorView::contiguous(g_lp.data(), DType::kF32, {T}), nullptr, seq_index, grads);
       grads.finish();
       st = sft_adam->step(grads.all());
-      host = sft_adam->bf16_weights_host();  // waits for the step (before grads is freed)
+      ops->synchronize();  // the step has read grads before they are freed
     }
     SftStepMetrics sm;
     sm.step = step;
@@ -385,6 +385,7 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
   }
 
   // GRPO starts a fresh optimizer from the warm-up's bf16 weights (or the checkpoint's state).
+  host = sft_adam->bf16_weights_host();
   sft_adam.reset();
   int64_t first_step = 0;
   std::unique_ptr<GrpoOptimizer> adam;
@@ -496,10 +497,10 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
       }
       std::unique_ptr<Gradients> grads;
       {
-        // The training model over the optimizer's device weights; its backward's own copies from
-        // the host weights (Backprop takes host views).
+        // The training model over the optimizer's weights, and its backward's own copies of them
+        // (on the device: device to device).
         Model train_model(mcfg, views_of(adam->bf16_weights()), topt, fwd_ops);
-        const Backprop bp(mcfg, views_of(host), topt, *ops);
+        const Backprop bp(mcfg, views_of(adam->bf16_weights()), topt, *ops);
         lap(met.weight_sync_s);
         // Forwards of the micro-batches (consecutive runs of at most micro_batch_tokens tokens).
         std::vector<MicroBatch> mbs;
@@ -655,12 +656,13 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
       met.lr = st.lr;
       lap(met.optimizer_s);
       grads.reset();
-      host = adam->bf16_weights_host();
       ++weight_version;
       lap(met.weight_sync_s);
     }
     met.train_s = seconds_since(t_train);
     met.train_tokens_per_s = met.train_s > 0 ? double(train_tokens) / met.train_s : 0;
+    // The step's weights on the host (the sha256, checkpoints, the result): one copy per step.
+    host = adam->bf16_weights_host();
     met.weights_sha256 = weights_sha256(host);
     lap(met.hash_s);
     met.step_s = seconds_since(t_step);

@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <optional>
+#include <tuple>
 #include <utility>
 
 #include "engine/device.h"
@@ -62,20 +63,6 @@ TensorView heads(const Tensor& t, int64_t n, int64_t D) {
 TensorView flat(const TensorView& v3) {  // [T, n, D] contiguous -> [T, n·D]
   return TensorView::contiguous(v3.data, v3.dtype, {v3.shape[0], v3.shape[1] * v3.shape[2]},
                                 v3.device);
-}
-
-// Rows [r0, r1) of each range of a host matrix, stacked: a [Σ, C] contiguous host copy.
-Tensor stack_rows(const TensorView& m, const std::vector<std::pair<int64_t, int64_t>>& ranges) {
-  int64_t n = 0;
-  for (auto [a, b] : ranges) n += b - a;
-  Tensor t(m.dtype, {n, m.shape[1]});
-  const int64_t es = dtype_size(m.dtype), C = m.shape[1];
-  int64_t o = 0;
-  for (auto [a, b] : ranges)
-    for (int64_t r = a; r < b; ++r, ++o)
-      std::memcpy(static_cast<char*>(t.data()) + o * C * es,
-                  static_cast<const char*>(m.data) + r * m.stride[0] * es, size_t(C * es));
-  return t;
 }
 
 }  // namespace
@@ -227,16 +214,22 @@ void Backprop::init(const std::map<std::string, TensorView>& weights) {
            "): kv heads replicated across TP shards are not supported (docs/contract.md §B.2)");
   LS_CHECK(opt.tp >= 1 && S % opt.tp == 0, kOp, "tp (", opt.tp, ") must divide gemm_segments (", S,
            ")");
-  std::map<std::string, Tensor> host;
+  // The weights may be on the host or already on the backend's device (a trainer's optimizer
+  // weights): the backward's own copies are made with the backend's copies either way (device to
+  // device: no host round trip).
   for (const WeightSpec& s : qwen3_weight_specs(cfg)) {
     auto it = weights.find(s.name);
     LS_CHECK(it != weights.end(), kOp, "missing weight '", s.name, "'");
     const TensorView& v = it->second;
-    LS_CHECK(v.device == Device::kCPU && v.dtype == DType::kBF16, kOp, "weight '", s.name,
-             "' must be a bf16 host view");
+    LS_CHECK(v.dtype == DType::kBF16 && (v.device == Device::kCPU || v.device == ops.device()), kOp,
+             "weight '", s.name, "' must be a bf16 view on the host or on ",
+             device_name(ops.device()), ", got ", dtype_name(v.dtype), " on ",
+             device_name(v.device));
     LS_CHECK(std::vector<int64_t>(v.shape, v.shape + v.ndim) == s.shape, kOp, "weight '", s.name,
              "' has shape ", v.shape_string());
-    host[s.name] = copy_of(v);
+    Tensor t = ops.empty(DType::kBF16, s.shape);
+    ops.copy(t.view(), v);
+    w_[s.name] = std::move(t);
   }
   RopeConfig rc;
   rc.head_dim = D;
@@ -244,37 +237,35 @@ void Backprop::init(const std::map<std::string, TensorView>& weights) {
   rc.max_positions = opt.max_positions > 0 ? opt.max_positions : cfg.max_position_embeddings;
   rope_ = RopeTable::build(rc);
   const GemmConfig down = GemmConfig::for_layer(opt.contract, LayerRole::kRowParallel);
+  // Row ranges of weights stacked into one [Σ rows, H] tensor on the backend, in order.
+  auto stack = [&](const std::vector<std::tuple<std::string, int64_t, int64_t>>& parts) {
+    int64_t n = 0;
+    for (const auto& [name, a, b] : parts) n += b - a;
+    Tensor t = ops.empty(DType::kBF16, {n, cfg.hidden_size});
+    int64_t o = 0;
+    for (const auto& [name, a, b] : parts) {
+      ops.copy(t.view().rows(o, o + (b - a)), w_.at(name).view().rows(a, b));
+      o += b - a;
+    }
+    return t;
+  };
   for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    auto hw = [&](const std::string& n) { return host.at(p + n).view(); };
     std::vector<Tensor> qkv, gu;
     for (int s = 0; s < S; ++s) {
       // Shard s (B.2): its q rows, k rows, v rows; its gate rows, up rows.
       const int64_t q0 = s * (Hq / S) * D, q1 = (s + 1) * (Hq / S) * D;
       const int64_t k0 = s * (Hkv / S) * D, k1 = (s + 1) * (Hkv / S) * D;
-      const Tensor wq = stack_rows(hw("self_attn.q_proj.weight"), {{q0, q1}});
-      const Tensor wk = stack_rows(hw("self_attn.k_proj.weight"), {{k0, k1}});
-      const Tensor wv = stack_rows(hw("self_attn.v_proj.weight"), {{k0, k1}});
-      Tensor fused(DType::kBF16, {(q1 - q0) + 2 * (k1 - k0), cfg.hidden_size});
-      const int64_t row_bytes = cfg.hidden_size * 2;
-      char* dst = static_cast<char*>(fused.data());
-      for (const Tensor* t : {&wq, &wk, &wv}) {
-        std::memcpy(dst, t->data(), size_t(t->shape()[0] * row_bytes));
-        dst += t->shape()[0] * row_bytes;
-      }
-      qkv.push_back(to_backend(ops, std::move(fused)));
+      qkv.push_back(stack({{p + "self_attn.q_proj.weight", q0, q1},
+                           {p + "self_attn.k_proj.weight", k0, k1},
+                           {p + "self_attn.v_proj.weight", k0, k1}}));
       const GemmKRange ir = gemm_tp_k_range(down, I, S, s);
-      const Tensor wg = stack_rows(hw("mlp.gate_proj.weight"), {{ir.begin, ir.end}});
-      const Tensor wu = stack_rows(hw("mlp.up_proj.weight"), {{ir.begin, ir.end}});
-      Tensor g2(DType::kBF16, {2 * (ir.end - ir.begin), cfg.hidden_size});
-      std::memcpy(g2.data(), wg.data(), size_t(wg.nbytes()));
-      std::memcpy(static_cast<char*>(g2.data()) + wg.nbytes(), wu.data(), size_t(wu.nbytes()));
-      gu.push_back(to_backend(ops, std::move(g2)));
+      gu.push_back(stack({{p + "mlp.gate_proj.weight", ir.begin, ir.end},
+                          {p + "mlp.up_proj.weight", ir.begin, ir.end}}));
     }
     qkv_shards_.push_back(std::move(qkv));
     gu_shards_.push_back(std::move(gu));
   }
-  for (auto& [name, t] : host) w_[name] = to_backend(ops, std::move(t));
   ops.synchronize();
 }
 

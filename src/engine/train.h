@@ -113,8 +113,9 @@ struct SharedPack {
 SharedPack pack_prompt_groups(const std::vector<PromptGroup>& groups,
                               std::span<const size_t> members);
 
-// The backward of a model's packed forward. Built from the model's own weights (host bf16 views
-// with HF names, as given to Model) and options (contract, tp), on a backend: the invariant CPU
+// The backward of a model's packed forward. Built from the model's own weights (bf16 views with
+// HF names, as given to Model: on the host, or on the backend's device — copied there without a
+// host round trip) and options (contract, tp), on a backend: the invariant CPU
 // backend (first form), or `ops` (kept: it must outlive this object; the model whose forward is
 // differentiated must run on a backend of the same device).
 class Backprop {
