@@ -208,5 +208,22 @@ TEST(Train, RefusesModelsItCannotDifferentiate) {
   EXPECT_THROW(Backprop(s.cfg, s.views, s.opt), Error);
 }
 
+TEST(Train, RefusesWeightsOfTheWrongDtypeOrShape) {
+  const TrainSetup s = make_setup(false, 1);
+  const std::string name = "model.layers.0.mlp.up_proj.weight";
+  const TensorView& up = s.views.at(name);
+  Tensor f32(DType::kF32, std::vector<int64_t>(up.shape, up.shape + up.ndim));
+  std::map<std::string, TensorView> views = s.views;
+  views[name] = f32.view();
+  test::expect_error_mentioning([&] { Backprop(s.cfg, views, s.opt); },
+                                "weight '" + name + "' must be a bf16 view");
+  views[name] = s.views.at(name).rows(0, 1);
+  test::expect_error_mentioning([&] { Backprop(s.cfg, views, s.opt); },
+                                "weight '" + name + "' has shape");
+  views.erase(name);
+  test::expect_error_mentioning([&] { Backprop(s.cfg, views, s.opt); },
+                                "missing weight '" + name + "'");
+}
+
 }  // namespace
 }  // namespace lockstep::engine
