@@ -10,7 +10,8 @@
 # log-prob benchmarks, each beside its peer (cuBLAS, PyTorch SDPA, PyTorch log_softmax); bwdbench =
 # the backward's benchmarks beside theirs (cuBLAS, SDPA, torch / Liger / cut-cross-entropy: carry
 # .whl too); share = group-shared prompts in training (bench_train_shared, then `lockstep grpo
-# --device cuda --share-prompts`); sanitize = compute-sanitizer memcheck and racecheck over every test in
+# --device cuda --share-prompts`); grpo = the GRPO loop at the Qwen3-0.6B shape beside --baseline
+# (step time by phase); sanitize = compute-sanitizer memcheck and racecheck over every test in
 # --quick mode; audit = scripts/gpu_audit.sh (the engine on the GPU); after bench / audit,
 # scripts/perf_bars.py reports the issue's performance bars. Logs go under $OUT (./out by
 # hand): summary.txt and logs.tar.gz (re-packed after every step, so a run cut off at its time
@@ -171,6 +172,17 @@ fi
 if has share; then
   bench bench_train_shared build-gpu/bench_train_shared
   bench grpo_share_cuda build-gpu/lockstep grpo --device cuda --share-prompts --steps 5
+fi
+
+# The GRPO loop on the GPU at the Qwen3-0.6B shape (issue 12 item 8): lockstep beside --baseline
+# (cuBLAS + the baseline kernels for rollout and training forward), one after the other, each
+# step's time split by phase (scripts/grpo_split.py over the two --metrics files).
+if has grpo; then
+  G06="grpo --device cuda --model-shape qwen3-0.6b --steps 20 --sft-steps 10 --sft-lr 1e-3 --lr 2e-5"
+  bench grpo_06b build-gpu/lockstep $G06 --metrics "$L/grpo_06b.jsonl"
+  bench grpo_06b_baseline build-gpu/lockstep $G06 --baseline --metrics "$L/grpo_06b_baseline.jsonl"
+  bench grpo_06b_split python3 scripts/grpo_split.py "lockstep=$L/grpo_06b.jsonl" \
+    "baseline=$L/grpo_06b_baseline.jsonl"
 fi
 
 if has sanitize; then
