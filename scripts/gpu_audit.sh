@@ -5,7 +5,8 @@
 # the cross-device audit (GPU rollout vs CPU training), and the engine benchmark (invariant vs
 # cuBLAS baseline, same schedule). Each step prints its report; the script fails if any audit
 # reports a mismatch of the invariant engine or exits non-zero. GPU_AUDIT_LOGS: where the engine
-# benchmark writes its per-step CSV (gpu_check.sh: its logs folder).
+# benchmark writes its per-step CSV (gpu_check.sh: its logs folder). GPU_AUDIT_STEPS=NAME[,...]:
+# run only the steps named (e.g. bench_engine_qwen3_8b).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH="$PWD/build-gpu/rt${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -15,6 +16,8 @@ status=0
 step() {  # step NAME cmd...
   local name=$1
   shift
+  # GPU_AUDIT_STEPS=NAME[,NAME...]: only those steps.
+  [ -z "${GPU_AUDIT_STEPS:-}" ] || [[ ",$GPU_AUDIT_STEPS," == *",$name,"* ]] || return 0
   echo "=== $name: lockstep ${*#$L }"
   local start=$(date +%s)
   (cd "$work" && "$@")
