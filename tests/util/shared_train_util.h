@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -73,13 +75,19 @@ inline StepOut empty_out(const Qwen3Config& cfg, const GroupStep& st) {
 }
 
 // Shared form: micro-batches = lists of group indices (consecutive runs of the step's groups),
-// each packed in the order given.
+// each packed in the order given. On `backend` (default: the CPU invariant one); the gradients
+// come back in host buffers.
 inline StepOut run_shared_step(const Qwen3Config& cfg, const std::map<std::string, TensorView>& w,
                                const ModelOptions& opt, const GroupStep& st,
-                               const std::vector<std::vector<size_t>>& micro_batches) {
-  Model model(cfg, w, opt, make_invariant_backend());
-  Backprop bp(cfg, w, opt);
+                               const std::vector<std::vector<size_t>>& micro_batches,
+                               std::unique_ptr<OpsBackend> backend = nullptr) {
+  Model model(cfg, w, opt, backend ? std::move(backend) : make_invariant_backend());
+  const OpsBackend& ops = model.ops();
+  Backprop bp(cfg, w, opt, ops);
   StepOut o = empty_out(cfg, st);
+  std::optional<Gradients> on_device;  // a device backend's gradients, copied to o.grads at the end
+  if (ops.device() != Device::kCPU) on_device.emplace(cfg, ops);
+  Gradients& grads = on_device ? *on_device : o.grads;
   for (const auto& mb : micro_batches) {
     SharedPack pk = pack_prompt_groups(st.groups, mb);
     const int64_t T = int64_t(pk.tokens.size()), Th = int64_t(pk.targets.size());
@@ -111,9 +119,14 @@ inline StepOut run_shared_step(const Qwen3Config& cfg, const std::map<std::strin
     const TensorView ge = TensorView::contiguous(g_ent.data(), DType::kF32, {Th});
     bp.backward_shared(f, pk.head, tg, LogprobParams{}, lse.view(), ent.view(),
                        TensorView::contiguous(g_lp.data(), DType::kF32, {Th}), &ge, pk.step_indices,
-                       o.grads);
+                       grads);
   }
-  o.grads.finish();
+  grads.finish();
+  if (on_device) {
+    for (size_t i = 0; i < grads.all().size(); ++i)
+      ops.copy(o.grads.all()[i].second.view(), grads.all()[i].second.view());
+    ops.synchronize();
+  }
   return o;
 }
 
