@@ -246,8 +246,9 @@ void run_shared_setup(const Setup& s, uint64_t seed,
   compare(host(got), want, s.name + " shared: cuda == cpu, one micro-batch");
   compare(host(run_shared_step(s.cfg, views, opt, st, all, make_cuda_invariant_backend())), want,
           s.name + " shared: cuda rerun");
-  compare(host(run_shared_step(s.cfg, views, opt, st, {{1, 0}, {2}}, make_cuda_invariant_backend())),
-          want, s.name + " shared: cuda, groups packed 1, 0 | 2");
+  compare(
+      host(run_shared_step(s.cfg, views, opt, st, {{1, 0}, {2}}, make_cuda_invariant_backend())),
+      want, s.name + " shared: cuda, groups packed 1, 0 | 2");
   ModelOptions tp2 = opt;
   tp2.tp = 2;
   compare(host(run_shared_step(s.cfg, views, tp2, st, all, make_cuda_invariant_backend())), want,

@@ -335,6 +335,24 @@ class CpuOps : public Ops {
     const PackedSeqs seqs = PackedSeqs::validate("attention_backward_varlen", cu, q.shape[0]);
     cpu::attention_backward_varlen(q, k, v, out, lse, dout, seqs, cfg, dq, dk, dv);
   }
+  void attention_prefill_shared(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const TensorView& cu, const TensorView& prompt_of,
+                                const AttentionConfig& cfg, const TensorView& out,
+                                const TensorView& lse) override {
+    const SharedPromptSeqs segs =
+        SharedPromptSeqs::validate("attention_prefill_shared", cu, prompt_of, q.shape[0]);
+    cpu::attention_prefill_shared(q, k, v, segs, cfg, out, lse);
+  }
+  void attention_backward_shared(const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const TensorView& out, const TensorView& lse,
+                                 const TensorView& dout, const TensorView& cu,
+                                 const TensorView& prompt_of, const AttentionConfig& cfg,
+                                 const TensorView& dq, const TensorView& dk,
+                                 const TensorView& dv) override {
+    const SharedPromptSeqs segs =
+        SharedPromptSeqs::validate("attention_backward_shared", cu, prompt_of, q.shape[0]);
+    cpu::attention_backward_shared(q, k, v, out, lse, dout, segs, cfg, dq, dk, dv);
+  }
 };
 
 // The scalar spec: GEMM through gemm_bf16_nt_scalar (one output at a time through the MMA model).

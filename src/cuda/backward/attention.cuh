@@ -196,8 +196,8 @@ struct TileRows {
 // time) and all 64 rows valid from one source, each thread copies one fixed 16-byte column of
 // every kThreads / (D / 8)-th row (a pointer step per copy instead of the index arithmetic).
 template <int DF, bool kShared>
-__device__ __forceinline__ void load_rows(uint16_t* dst, int lds, const TileRows& t, int D,
-                                          int vec, int tid) {
+__device__ __forceinline__ void load_rows(uint16_t* dst, int lds, const TileRows& t, int D, int vec,
+                                          int tid) {
   if constexpr (DF != 0) {
     if (vec && t.hi >= kBlk && (!kShared || (t.lo <= 0 && t.split <= 0))) {
       constexpr int kCpr = DF / 8, kStep = kThreads / kCpr;
@@ -219,7 +219,8 @@ __device__ __forceinline__ void load_rows(uint16_t* dst, int lds, const TileRows
       *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
       continue;
     }
-    const uint16_t* src = t.base + ((kShared && r < t.split ? t.tok_lo : t.tok) + r) * t.s0 + ch * 8;
+    const uint16_t* src =
+        t.base + ((kShared && r < t.split ? t.tok_lo : t.tok) + r) * t.s0 + ch * 8;
     if (vec) {
       cp_async16(d, src);
     } else {
@@ -305,13 +306,11 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const BwdParams p) {
   }
 
   load_rows<DF, kShared>(
-      k_s, LDS,
-      TileRows{p.k + kvh * p.k_s1, p.k_s0, krow + j0, krow + j0, klo - j0, 0, khi - j0}, D,
-      p.vec, tid);
+      k_s, LDS, TileRows{p.k + kvh * p.k_s1, p.k_s0, krow + j0, krow + j0, klo - j0, 0, khi - j0},
+      D, p.vec, tid);
   load_rows<DF, kShared>(
-      v_s, LDS,
-      TileRows{p.v + kvh * p.v_s1, p.v_s0, krow + j0, krow + j0, klo - j0, 0, khi - j0}, D,
-      p.vec, tid);
+      v_s, LDS, TileRows{p.v + kvh * p.v_s1, p.v_s0, krow + j0, krow + j0, klo - j0, 0, khi - j0},
+      D, p.vec, tid);
   auto load_step = [&](int s, const RowTile& tl) {
     const int st = s & 1;
     const int h = tl.h, i0 = tl.i0;
@@ -526,8 +525,8 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(const BwdParams p) {
     const int jb = s * kBlk;
     const int64_t t = krow + jb, t_lo = kShared ? it.krow_lo + jb : t;
     const int split = kShared ? it.ksplit - jb : 0, hi = khi - jb;
-    load_rows<DF, kShared>(k_s, LDS, TileRows{p.k + kvh * p.k_s1, p.k_s0, t, t_lo, 0, split, hi},
-                           D, p.vec, tid);
+    load_rows<DF, kShared>(k_s, LDS, TileRows{p.k + kvh * p.k_s1, p.k_s0, t, t_lo, 0, split, hi}, D,
+                           p.vec, tid);
     load_rows<DF, kShared>(k_s + S::kTile, LDS,
                            TileRows{p.v + kvh * p.v_s1, p.v_s0, t, t_lo, 0, split, hi}, D, p.vec,
                            tid);
