@@ -230,7 +230,7 @@ void run_shared_setup(const Setup& s, uint64_t seed,
   };
   auto same_tokens = [](const StepOut& a, const StepOut& b) {
     bool ok = true;
-    for (const auto* m : {&StepOut::logp, &StepOut::lse, &StepOut::ent})
+    for (auto m : {&StepOut::logp, &StepOut::lse, &StepOut::ent})
       for (size_t k = 0; k < (a.*m).size(); ++k)
         for (size_t c = 0; c < (a.*m)[k].size(); ++c) {
           const auto &x = (a.*m)[k][c], &y = (b.*m)[k][c];

@@ -72,8 +72,10 @@ template <int DP, int DF, bool kShared>
 void launch_grads(const char* op, dim3 grid_kv, dim3 grid_q, const BwdParams& pkv,
                   const BwdParams& pq, cudaStream_t s) {
   constexpr int smem = BwdShape<DP>::kSmem;
-  if (grid_kv.x > 0) launch<dkdv_kernel<DP, DF, kShared>>(op, smem, grid_kv, s, pkv);
-  if (grid_q.x > 0) launch<dq_kernel<DP, DF, kShared>>(op, smem, grid_q, s, pq);
+  constexpr auto dkdv = kShared ? dkdv_shared_kernel<DP, DF> : dkdv_kernel<DP, DF>;
+  constexpr auto dq = kShared ? dq_shared_kernel<DP, DF> : dq_kernel<DP, DF>;
+  if (grid_kv.x > 0) launch<dkdv>(op, smem, grid_kv, s, pkv);
+  if (grid_q.x > 0) launch<dq>(op, smem, grid_q, s, pq);
 }
 template <bool kShared>
 void launch_grads(const char* op, int64_t D, int64_t Dp, dim3 grid_kv, dim3 grid_q,

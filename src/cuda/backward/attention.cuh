@@ -271,9 +271,9 @@ struct PartWalk {
 
 // dK, dV of one (sequence, kv head, 64-key block); kShared: of one part's keys in the block, over
 // the item's parts (§B.11). DF: the head dim when it is DP (compile-time trip counts), else 0
-// (p.D).
+// (p.D). The kernels are dkdv_kernel / dkdv_shared_kernel below.
 template <int DP, int DF, bool kShared>
-__global__ void __launch_bounds__(kThreads) dkdv_kernel(const BwdParams p) {
+__device__ __forceinline__ void dkdv_block(const BwdParams& p) {
   using S = BwdShape<DP>;
   constexpr int LDS = S::kLds, NKB = DP / 16;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -490,9 +490,9 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const BwdParams p) {
 
 // ------------------------------------------------------------------------------------------------
 // dQ of one (sequence, query head, 64-row query block); kShared: of one part's rows in the block,
-// over the part's keys (§B.11). DF as in dkdv_kernel.
+// over the part's keys (§B.11). DF as in dkdv_block.
 template <int DP, int DF, bool kShared>
-__global__ void __launch_bounds__(kThreads) dq_kernel(const BwdParams p) {
+__device__ __forceinline__ void dq_block(const BwdParams& p) {
   using S = BwdShape<DP>;
   constexpr int LDS = S::kLds, NKB = DP / 16;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -671,6 +671,29 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(const BwdParams p) {
       }
     }
   }
+}
+
+// ------------------------------------------------------------------------------------------------
+// The kernels: varlen (§B.9) and shared (§B.11) instances of the blocks above.
+// NOTE: the shared instances are bounded to the occupancy the varlen ones reach by themselves (4
+// CTAs per SM for D ≤ 64, 2 for D ≤ 128, which their shared memory allows): unbounded, the part
+// walk's registers would cost D ≤ 64 one CTA per SM.
+template <int DP, int DF>
+__global__ void __launch_bounds__(kThreads) dkdv_kernel(const BwdParams p) {
+  dkdv_block<DP, DF, false>(p);
+}
+template <int DP, int DF>
+__global__ void __launch_bounds__(kThreads, DP == 64 ? 4 : 2)
+    dkdv_shared_kernel(const BwdParams p) {
+  dkdv_block<DP, DF, true>(p);
+}
+template <int DP, int DF>
+__global__ void __launch_bounds__(kThreads) dq_kernel(const BwdParams p) {
+  dq_block<DP, DF, false>(p);
+}
+template <int DP, int DF>
+__global__ void __launch_bounds__(kThreads, DP == 64 ? 4 : 2) dq_shared_kernel(const BwdParams p) {
+  dq_block<DP, DF, true>(p);
 }
 
 }  // namespace lockstep::cuda::attn_bwd_detail
