@@ -7,6 +7,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "core/thread_pool.h"
 #include "lockstep/error.h"
 #include "lockstep/ops/activation.h"
 
@@ -453,6 +454,23 @@ Verdict padding_untouched(const Output& o, uint8_t poison) {
     if (!written[b] && o.bytes[b] != poison)
       return {false, o.name + ": byte " + std::to_string(b) + " outside the rows was written"};
   return {};
+}
+
+Relation thread_counts_relation(std::function<Outputs(Ops& ops, Mem& mem)> run, bool written_only) {
+  return {
+      "thread counts 1 and 3", [run = std::move(run), written_only](
+                                   Ops& ops, Mem& mem, const Outputs& base, const Check& check) {
+        const int saved = num_threads();
+        for (int n : {1, 3}) {
+          set_num_threads(n);
+          const Outputs got = run(ops, mem);
+          for (size_t o = 0; o < got.size(); ++o)
+            check(
+                got[o].name + " threads=" + std::to_string(n),
+                written_only ? compare_written(got[o], base[o]) : compare_outputs(got[o], base[o]));
+        }
+        set_num_threads(saved);
+      }};
 }
 
 }  // namespace lockstep::cases

@@ -258,6 +258,11 @@ struct Relation {
   std::function<void(Ops& ops, Mem& mem, const Outputs& base, const Check& check)> run;
 };
 
+// "thread counts 1 and 3": `run` (a case's op on a backend) with 1 and with 3 CPU threads gives the
+// base outputs, compared whole (written_only: the elements the op writes, compare_written).
+Relation thread_counts_relation(std::function<Outputs(Ops& ops, Mem& mem)> run,
+                                bool written_only = false);
+
 class OpCase {
  public:
   virtual ~OpCase() = default;
