@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstring>
 
-
 namespace lockstep::cases {
 
 std::vector<Relation> RowCase::relations() const {
