@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -154,7 +155,7 @@ struct ItemPlan {
   int table = -1;  // -1 packed, 0 kv.block_table, 1 prefix.block_table
   int64_t own_row = 0;
   int64_t shared_row = -1;  // prefix table row, or -1
-  int64_t base = 0;
+  int64_t base = 0, shared_base = 0;
   int32_t own_pages = 0, shared_pages = 0, shared_len = 0;
   int32_t rb = 0, nr = 0, c_lo = 0, c_hi = std::numeric_limits<int32_t>::max();
   int64_t cost = 0;
@@ -215,6 +216,7 @@ Uploaded upload_plan(const char* op, const Plan& plan, const int32_t* kv_bt, int
     if (ip.table == 1) it.own = px_bt + ip.own_row * px_bt_s0;
     it.shared = ip.shared_row >= 0 ? px_bt + ip.shared_row * px_bt_s0 : nullptr;
     it.base = ip.base;
+    it.shared_base = ip.shared_base;
     it.own_pages = ip.own_pages;
     it.shared_pages = ip.shared_pages;
     it.shared_len = ip.shared_len;
@@ -494,28 +496,14 @@ void paged_run(const char* op, const TensorView& q, const PagedMeta& meta,
   launch_merge(op, st, u.row_pos, N, Hq, D, cfg.kv_chunk, out, lse, s);
 }
 
-}  // namespace
-
-// ------------------------------------------------------------------------------------------------
-
-void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
-                              const TensorView& cu_seqlens, const AttentionConfig& cfg,
-                              const TensorView& out, const TensorView& lse, void* stream) {
-  const char* op = "cuda::attention_prefill_varlen";
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const Meta cu = host_meta(op, "cu_seqlens", cu_seqlens, s);
-  const PackedSeqs seqs =
-      ck::check_prefill_varlen(op, Device::kCUDA, q, k, v, cu.host, cfg, out, lse);
-  attention_prefill_varlen(q, k, v, seqs, cfg, out, lse, stream);
-}
-
-void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
-                              const PackedSeqs& seqs, const AttentionConfig& cfg,
-                              const TensorView& out, const TensorView& lse, void* stream) {
-  const char* op = "cuda::attention_prefill_varlen";
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const ck::QShape qs = ck::check_prefill_call(op, Device::kCUDA, q, k, v, seqs, cfg, out, lse);
-  const int64_t T = qs.N, Hkv = k.shape[1], G = qs.Hq / Hkv, B = seqs.B();
+// Packed rows in segments cu (checked): segment b at positions 0 .. len-1, or, when prompt_of[b] >=
+// 0 (shared-prompt completions, §B.11; prompt_of empty: none), at positions Lp .. Lp+len-1 reading
+// the keys below Lp from its prompt's rows. Items of at most R rows of one segment.
+void prefill_packed(const char* op, const ck::QShape& qs, const TensorView& q, const TensorView& k,
+                    const TensorView& v, std::span<const int64_t> cu,
+                    std::span<const int64_t> prompt_of, const AttentionConfig& cfg,
+                    const TensorView& out, const TensorView& lse, cudaStream_t s) {
+  const int64_t T = qs.N, Hkv = k.shape[1], G = qs.Hq / Hkv, B = int64_t(cu.size()) - 1;
   if (T == 0) return;
   const Kern kern = pick(qs.D, cs_ok(qs.D, G));
   const int R = rows_per_item(kern, G);
@@ -523,15 +511,21 @@ void attention_prefill_varlen(const TensorView& q, const TensorView& k, const Te
   plan.row_ids.resize(size_t(T));
   plan.row_pos.resize(size_t(T));
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t t0 = seqs.cu()[size_t(b)], t1 = seqs.cu()[size_t(b + 1)];
+    const int64_t t0 = cu[size_t(b)], t1 = cu[size_t(b + 1)];
+    const int64_t pr = prompt_of.empty() ? -1 : prompt_of[size_t(b)];
+    const int64_t lp = pr < 0 ? 0 : cu[size_t(pr + 1)] - cu[size_t(pr)];
     for (int64_t t = t0; t < t1; ++t) {
       plan.row_ids[size_t(t)] = int32_t(t);
-      plan.row_pos[size_t(t)] = int32_t(t - t0);
+      plan.row_pos[size_t(t)] = int32_t(lp + t - t0);
     }
     for (int64_t r = t0; r < t1; r += R) {
       ItemPlan ip;
       ip.table = -1;
-      ip.base = t0;
+      ip.base = t0 - lp;  // position j >= lp is token t0 + (j - lp)
+      if (pr >= 0) {
+        ip.shared_base = cu[size_t(pr)];
+        ip.shared_len = int32_t(lp);
+      }
       ip.rb = int32_t(r);
       ip.nr = int32_t(std::min<int64_t>(R, t1 - r));
       plan.max_nr = std::max(plan.max_nr, ip.nr);
@@ -552,6 +546,39 @@ void attention_prefill_varlen(const TensorView& q, const TensorView& k, const Te
   p.finish = kFinalize;
   set_outputs(p, out, lse);
   launch_plan(op, kern, plan, p, Hkv, nullptr, 0, nullptr, 0, scr, s);
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------
+
+void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const TensorView& cu_seqlens, const AttentionConfig& cfg,
+                              const TensorView& out, const TensorView& lse, void* stream) {
+  const char* op = "cuda::attention_prefill_varlen";
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const Meta cu = host_meta(op, "cu_seqlens", cu_seqlens, s);
+  const PackedSeqs seqs =
+      ck::check_prefill_varlen(op, Device::kCUDA, q, k, v, cu.host, cfg, out, lse);
+  attention_prefill_varlen(q, k, v, seqs, cfg, out, lse, stream);
+}
+
+void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const PackedSeqs& seqs, const AttentionConfig& cfg,
+                              const TensorView& out, const TensorView& lse, void* stream) {
+  const char* op = "cuda::attention_prefill_varlen";
+  const ck::QShape qs = ck::check_prefill_call(op, Device::kCUDA, q, k, v, seqs, cfg, out, lse);
+  prefill_packed(op, qs, q, k, v, seqs.cu(), {}, cfg, out, lse, static_cast<cudaStream_t>(stream));
+}
+
+void attention_prefill_shared(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const SharedPromptSeqs& segs, const AttentionConfig& cfg,
+                              const TensorView& out, const TensorView& lse, void* stream) {
+  const char* op = "cuda::attention_prefill_shared";
+  const ck::QShape qs =
+      ck::check_prefill_call(op, Device::kCUDA, q, k, v, segs.segments(), cfg, out, lse);
+  prefill_packed(op, qs, q, k, v, segs.cu(), segs.prompt_of(), cfg, out, lse,
+                 static_cast<cudaStream_t>(stream));
 }
 
 void attention_paged(const TensorView& q, const TensorView& q_seq, const TensorView& q_pos,

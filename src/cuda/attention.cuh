@@ -64,9 +64,11 @@ struct AttnItem {
   const int32_t* own;     // paged: block-table row of the sequence; nullptr: packed k/v
   const int32_t* shared;  // prefix block-table row (positions < shared_len) or nullptr
   int64_t base;           // packed: token index of position 0
+  int64_t shared_base;    // packed: token index of position 0 for positions < shared_len (the
+                          // prompt of a shared-prompt completion, §B.11)
   int32_t own_pages;      // entries of `own` that may be read (guard)
   int32_t shared_pages;   // entries of `shared`
-  int32_t shared_len;
+  int32_t shared_len;     // positions read from the prefix (paged) or the prompt (packed)
   int32_t rb, nr;
   int32_t c_lo, c_hi;
   int32_t pad_;
@@ -137,14 +139,15 @@ __device__ __forceinline__ void mask_keys(uint32_t (&a)[4], int kb, int lane, in
 }
 
 // Element offsets of key j's K and V rows for kv head kvh, or -1 (zero-filled): past `lim`,
-// or a page-table entry / page index outside the tables and the cache.
+// or a page-table entry / page index outside the tables and the cache. Packed k/v: token
+// base + j, or shared_base + j below shared_len (a completion reading its prompt's rows).
 __device__ __forceinline__ void key_offsets(const AttnParams& p, const AttnItem& it, int kvh,
                                             int64_t j, int64_t lim, int64_t* ko, int64_t* vo) {
   *ko = -1;
   *vo = -1;
   if (j > lim) return;
   if (it.own == nullptr) {
-    const int64_t t = it.base + j;
+    const int64_t t = (j < it.shared_len ? it.shared_base : it.base) + j;
     *ko = t * p.k_s0 + kvh * p.k_sh;
     *vo = t * p.v_s0 + kvh * p.v_sh;
     return;

@@ -100,7 +100,7 @@ namespace {
 }
 [[noreturn]] void no_shared(const OpsBackend& b, const char* op) {
   LS_CHECK(false, op, "not implemented on the '", b.name(), "' backend (", device_name(b.device()),
-           "): shared-prompt training runs on the CPU invariant backend (docs/contract.md §B.11)");
+           "): shared-prompt training runs on the invariant backends (docs/contract.md §B.11)");
   throw;  // unreachable
 }
 }  // namespace
@@ -207,18 +207,6 @@ class InvariantBackend final : public InvariantOps<OpsBackend> {
   void rope_backward(const TensorView& gy, const TensorView& positions, const RopeTable& table,
                      const TensorView& dx) const override {
     cpu::rope_backward(gy, positions, table, dx);
-  }
-  void attention_prefill_shared(const TensorView& q, const TensorView& k, const TensorView& v,
-                                const SharedPromptSeqs& segs, const AttentionConfig& cfg,
-                                const TensorView& out, const TensorView& lse) const override {
-    cpu::attention_prefill_shared(q, k, v, segs, cfg, out, lse);
-  }
-  void attention_backward_shared(const TensorView& q, const TensorView& k, const TensorView& v,
-                                 const TensorView& out, const TensorView& lse,
-                                 const TensorView& dout, const SharedPromptSeqs& segs,
-                                 const AttentionConfig& cfg, const TensorView& dq,
-                                 const TensorView& dk, const TensorView& dv) const override {
-    cpu::attention_backward_shared(q, k, v, out, lse, dout, segs, cfg, dq, dk, dv);
   }
 };
 

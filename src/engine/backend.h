@@ -180,9 +180,9 @@ class OpsBackend {
                                          const TensorView& dv) const;
 
   // --- shared-prompt groups (docs/contract.md §B.11) ---
-  // The forward and backward of attention over SharedPromptSeqs (host metadata). The CPU
-  // invariant backend runs lockstep::cpu's ops; every other backend (the CUDA one included, for
-  // now) throws lockstep::Error naming itself and the op.
+  // The forward and backward of attention over SharedPromptSeqs (host metadata). The invariant
+  // backends run the contract ops (lockstep::cpu's, lockstep::cuda's); every other backend (the
+  // baselines) throws lockstep::Error naming itself and the op.
   virtual void attention_prefill_shared(const TensorView& q, const TensorView& k,
                                         const TensorView& v, const SharedPromptSeqs& segs,
                                         const AttentionConfig& cfg, const TensorView& out,

@@ -114,8 +114,8 @@ class Model {
   // segments and prompt_of [B] i32 (host) names each completion's prompt segment (-1: a prompt or a
   // sequence of its own); a completion's rows sit at positions Lp .. and attend to its prompt's
   // keys then its own. Every row's hidden state has the bits of the same row in an unshared
-  // forward_packed (the prompt + completion as one sequence). Only the CPU invariant backend
-  // implements the shared attention; others throw lockstep::Error.
+  // forward_packed (the prompt + completion as one sequence). The invariant backends (CPU, CUDA)
+  // implement the shared attention; others throw lockstep::Error.
   void forward_packed_shared(const TensorView& tokens, const TensorView& cu_seqlens,
                              const TensorView& prompt_of, const TensorView& hidden_out) const;
 

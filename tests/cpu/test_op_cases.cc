@@ -121,7 +121,7 @@ TEST(OpCaseTable, NamesAreUniqueAndEveryOpIsCovered) {
         "embedding_tp", "attention_prefill_varlen", "attention_paged_decode",
         "attention_paged_chunked_prefill", "attention_paged_split_kv", "attention_paged_cascade",
         "attention_chunk_states_merge", "kv_cache_write", "linear_logprob", "linear_logprob_tp",
-        "sample"})
+        "sample", "attention_shared"})
     EXPECT_NE(std::find(ops.begin(), ops.end(), op), ops.end()) << op;
 }
 

@@ -256,6 +256,27 @@ class CudaOps final : public Ops {
     cuda::attention_backward_varlen(q, k, v, out, lse, dout, seqs, cfg, dq, dk, dv);
     cuda::synchronize();
   }
+  // cu, prompt_of: the case's host views; validated here as on the CPU.
+  void attention_prefill_shared(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const TensorView& cu, const TensorView& prompt_of,
+                                const AttentionConfig& cfg, const TensorView& out,
+                                const TensorView& lse) override {
+    const SharedPromptSeqs segs =
+        SharedPromptSeqs::validate("attention_prefill_shared", cu, prompt_of, q.shape[0]);
+    cuda::attention_prefill_shared(q, k, v, segs, cfg, out, lse);
+    cuda::synchronize();
+  }
+  void attention_backward_shared(const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const TensorView& out, const TensorView& lse,
+                                 const TensorView& dout, const TensorView& cu,
+                                 const TensorView& prompt_of, const AttentionConfig& cfg,
+                                 const TensorView& dq, const TensorView& dk,
+                                 const TensorView& dv) override {
+    const SharedPromptSeqs segs =
+        SharedPromptSeqs::validate("attention_backward_shared", cu, prompt_of, q.shape[0]);
+    cuda::attention_backward_shared(q, k, v, out, lse, dout, segs, cfg, dq, dk, dv);
+    cuda::synchronize();
+  }
 };
 
 // Every table case on the GPU vs the CPU reference: one check per output buffer; outside --quick

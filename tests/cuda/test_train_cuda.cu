@@ -2,7 +2,9 @@
 // §B.10): every parameter's fp32 gradient equals the CPU reference's bit for bit, and stays so
 // across micro-batch splits of a step, shuffled packing inside a micro-batch and simulated TP
 // 1/2/4 — on a tiny model and (outside --quick) on a wider one with long sequences, whose GEMMs
-// take the tensor-core paths. Harness: cuda/gpu_harness.h (exits non-zero on any mismatch).
+// take the tensor-core paths. The same for group-shared prompts (§B.11: forward_shared +
+// backward_shared; the completion tokens' log-prob, lse and entropy too). Harness:
+// cuda/gpu_harness.h (exits non-zero on any mismatch).
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -18,6 +20,7 @@
 #include "engine/model.h"
 #include "engine/train.h"
 #include "lockstep/cuda/runtime.h"
+#include "util/shared_train_util.h"
 
 namespace lockstep::engine {
 namespace {
@@ -203,6 +206,55 @@ void run_setup(const Setup& s, uint64_t seed) {
             s.name + ": cuda, simulated TP " + std::to_string(tp));
 }
 
+// Group-shared prompts (§B.11): prompts not multiples of 16 (or 64) tokens, completions across
+// 64-key blocks; the CUDA step equals the CPU one in every gradient and every completion token's
+// log-prob / lse / entropy, across micro-batch splits at group boundaries, packing and TP.
+void run_shared_setup(const Setup& s, uint64_t seed,
+                      const std::vector<std::pair<int, std::vector<int>>>& shape) {
+  using test_shared::run_shared_step;
+  using test_shared::StepOut;
+  const Weights weights = random_qwen3_weights(s.cfg, seed);
+  std::map<std::string, TensorView> views;
+  for (auto& [n, t] : weights) views[n] = t.view();
+  ModelOptions opt;
+  opt.contract = s.contract;
+  std::mt19937_64 g(seed + 1);
+  const test_shared::GroupStep st = test_shared::make_group_step(s.cfg, shape, g);
+  auto host = [](const StepOut& o) {
+    HostGrads out;
+    for (const auto& [name, t] : o.grads.all()) {
+      const auto* p = static_cast<const uint8_t*>(t.data());
+      out.emplace_back(name, std::vector<uint8_t>(p, p + t.nbytes()));
+    }
+    return out;
+  };
+  auto same_tokens = [](const StepOut& a, const StepOut& b) {
+    bool ok = true;
+    for (auto m : {&StepOut::logp, &StepOut::lse, &StepOut::ent})
+      for (size_t k = 0; k < (a.*m).size(); ++k)
+        for (size_t c = 0; c < (a.*m)[k].size(); ++c) {
+          const auto &x = (a.*m)[k][c], &y = (b.*m)[k][c];
+          ok &= x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
+        }
+    return ok;
+  };
+  const std::vector<std::vector<size_t>> all = {{0, 1, 2}};
+  const StepOut ref = run_shared_step(s.cfg, views, opt, st, all);
+  const HostGrads want = host(ref);
+  const StepOut got = run_shared_step(s.cfg, views, opt, st, all, make_cuda_invariant_backend());
+  report(same_tokens(got, ref), s.name + " shared: completion logp / lse / entropy cuda == cpu");
+  compare(host(got), want, s.name + " shared: cuda == cpu, one micro-batch");
+  compare(host(run_shared_step(s.cfg, views, opt, st, all, make_cuda_invariant_backend())), want,
+          s.name + " shared: cuda rerun");
+  compare(
+      host(run_shared_step(s.cfg, views, opt, st, {{1, 0}, {2}}, make_cuda_invariant_backend())),
+      want, s.name + " shared: cuda, groups packed 1, 0 | 2");
+  ModelOptions tp2 = opt;
+  tp2.tp = 2;
+  compare(host(run_shared_step(s.cfg, views, tp2, st, all, make_cuda_invariant_backend())), want,
+          s.name + " shared: cuda, simulated TP 2");
+}
+
 }  // namespace
 }  // namespace lockstep::engine
 
@@ -213,5 +265,12 @@ int main(int argc, char** argv) {
   gt::section("tiny", [] { run_setup(tiny(false), 11); });
   gt::section("tiny tied", [] { run_setup(tiny(true), 12); });
   if (!gt::g_quick) gt::section("wide", [] { run_setup(wide(), 13); });
+  gt::section("tiny shared", [] {
+    run_shared_setup(tiny(true), 14, {{37, {9, 23, 4}}, {70, {20, 1}}, {3, {1, 30, 6, 2}}});
+  });
+  if (!gt::g_quick)
+    gt::section("wide shared", [] {
+      run_shared_setup(wide(), 15, {{130, {65, 1, 200}}, {64, {70}}, {300, {17, 129, 2}}});
+    });
   return gt::finish("test_train_cuda");
 }

@@ -63,4 +63,11 @@ void add_backward_elementwise_cases(CaseList& t);  // B.4-B.7: RMSNorm, RoPE, Si
 void add_backward_logprob_cases(CaseList& t);      // B.8
 void add_backward_attention_cases(CaseList& t);    // B.9
 
+// B.11: a GRPO group's prompt and completion lengths (no completions: an unshared sequence).
+struct SharedGroup {
+  int64_t prompt;
+  std::vector<int64_t> completions;
+};
+void add_shared_attention_cases(CaseList& t);  // B.11: attention over shared-prompt groups
+
 }  // namespace lockstep::cases

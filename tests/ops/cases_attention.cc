@@ -7,7 +7,6 @@
 #include <numeric>
 #include <sstream>
 
-#include "core/thread_pool.h"
 #include "lockstep/error.h"
 #include "ops/cases.h"
 #include "ops/row_case.h"
@@ -164,18 +163,8 @@ class AttentionCase : public OpCase {
                            for (size_t o = 0; o < got.size(); ++o)
                              check(got[o].name, compare_outputs(got[o], base[o]));
                          }});
-    rel.push_back({"thread counts 1 and 3",
-                   [this](Ops& ops, Mem& mem, const Outputs& base, const Check& check) {
-                     const int saved = num_threads();
-                     for (int n : {1, 3}) {
-                       set_num_threads(n);
-                       const Outputs got = run_mode(ops, mem, mode_, page_, splits_);
-                       for (size_t o = 0; o < got.size(); ++o)
-                         check(got[o].name + " threads=" + num(n),
-                               compare_outputs(got[o], base[o]));
-                     }
-                     set_num_threads(saved);
-                   }});
+    rel.push_back(thread_counts_relation(
+        [this](Ops& ops, Mem& mem) { return run_mode(ops, mem, mode_, page_, splits_); }));
     return rel;
   }
 

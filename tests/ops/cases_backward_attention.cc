@@ -1,25 +1,19 @@
 // Op-case table, attention backward (docs/contract.md §B.9): packed varlen causal GQA sequences,
-// the forward's out / lse computed in the case by attention_prefill_varlen on the same backend,
-// then dq, dk, dv. Relations: each sequence alone == packed; one sequence inside micro-batches of
-// 1 / 3 / 17 (and 256) other sequences at another offset; the sequences packed in reverse order
-// with empty sequences between them (all contiguous, so a strided case is also checked against
-// the contiguous layout); thread counts 1 and 3.
+// the forward's out / lse computed in the case by attention_prefill_varlen on the same backend
+// (outputs too), then dq, dk, dv. Relations: each sequence alone == packed; one sequence inside
+// micro-batches of 1 / 3 / 17 (and 256) other sequences at another offset; the sequences packed in
+// reverse order with empty sequences between them (all contiguous, so a strided case is also
+// checked against the contiguous layout); thread counts 1 and 3.
 #include <algorithm>
 #include <cstring>
 #include <sstream>
 
-#include "core/thread_pool.h"
+#include "ops/attn_rows.h"
 #include "ops/cases.h"
 #include "ops/row_case.h"
 
 namespace lockstep::cases {
 namespace {
-
-// One sequence's inputs: q, dout [len, Hq, D], k, v [len, Hkv, D] bf16.
-struct SeqData {
-  int64_t len = 0;
-  Tensor q, k, v, dout;
-};
 
 class AttentionBackwardCase : public OpCase {
  public:
@@ -54,8 +48,8 @@ class AttentionBackwardCase : public OpCase {
   }
 
   Outputs run(Ops& ops, Mem& mem) const override {
-    std::vector<const SeqData*> pack;
-    for (const SeqData& s : seqs_) pack.push_back(&s);
+    std::vector<const AttnRows*> pack;
+    for (const AttnRows& s : seqs_) pack.push_back(&s);
     return run_packed(ops, mem, pack, strided_);
   }
 
@@ -81,7 +75,7 @@ class AttentionBackwardCase : public OpCase {
                        std::mt19937_64 g(seed_ ^ (0x9e3779b97f4a7c15ull * uint64_t(n + 1)));
                        const int64_t lens[] = {1, 5, 15, 16, 17, 31, 63, 64, 65, 0};
                        const int64_t short_lens[] = {1, 2, 3, 5, 8, 13, 16, 17, 0};
-                       std::vector<SeqData> other;
+                       std::vector<AttnRows> other;
                        for (int i = 0; i < n; ++i) {
                          const int64_t l = n > 32 ? short_lens[g() % 9] : lens[g() % 10];
                          other.push_back(make_seq(l, DataKind::kNormal, g));
@@ -95,12 +89,12 @@ class AttentionBackwardCase : public OpCase {
                          }
                          t_base += seqs_[b].len;
                        }
-                       std::vector<const SeqData*> pack;
+                       std::vector<const AttnRows*> pack;
                        int64_t t_got = 0;
                        for (int i = 0; i < n; ++i) {
                          if (i == n / 2) {
                            t_got = 0;
-                           for (const SeqData* s : pack) t_got += s->len;
+                           for (const AttnRows* s : pack) t_got += s->len;
                            pack.push_back(&seqs_[best]);
                          }
                          pack.push_back(&other[size_t(i)]);
@@ -111,9 +105,9 @@ class AttentionBackwardCase : public OpCase {
                      }});
     rel.push_back({"reverse packing order with empty sequences between",
                    [this](Ops& ops, Mem& mem, const Outputs& base, const Check& check) {
-                     SeqData empty;
+                     AttnRows empty;
                      empty.len = 0;
-                     std::vector<const SeqData*> pack;
+                     std::vector<const AttnRows*> pack;
                      std::vector<int64_t> t_got(seqs_.size());
                      int64_t t = 0;
                      for (size_t b = seqs_.size(); b-- > 0;) {
@@ -130,18 +124,7 @@ class AttentionBackwardCase : public OpCase {
                        t0 += seqs_[b].len;
                      }
                    }});
-    rel.push_back({"thread counts 1 and 3",
-                   [this](Ops& ops, Mem& mem, const Outputs& base, const Check& check) {
-                     const int saved = num_threads();
-                     for (int n : {1, 3}) {
-                       set_num_threads(n);
-                       const Outputs got = run(ops, mem);
-                       for (size_t o = 0; o < got.size(); ++o)
-                         check(got[o].name + " threads=" + num(n),
-                               compare_outputs(got[o], base[o]));
-                     }
-                     set_num_threads(saved);
-                   }});
+    rel.push_back(thread_counts_relation([this](Ops& ops, Mem& mem) { return run(ops, mem); }));
     return rel;
   }
 
@@ -153,83 +136,17 @@ class AttentionBackwardCase : public OpCase {
   DataKind kind_;
   std::vector<int> others_;
   bool quick_;
-  std::vector<SeqData> seqs_;
+  std::vector<AttnRows> seqs_;
   uint64_t seed_ = 0;
 
-  SeqData make_seq(int64_t len, DataKind kind, std::mt19937_64& g) const {
-    SeqData s;
-    s.len = len;
-    s.q = Tensor(DType::kBF16, {len, d_.Hq, d_.D});
-    s.k = Tensor(DType::kBF16, {len, d_.Hkv, d_.D});
-    s.v = Tensor(DType::kBF16, {len, d_.Hkv, d_.D});
-    s.dout = Tensor(DType::kBF16, {len, d_.Hq, d_.D});
-    for (Tensor* t : {&s.q, &s.k, &s.v, &s.dout}) fill_bf16(t->ptr<bf16>(), t->numel(), kind, g);
-    return s;
+  AttnRows make_seq(int64_t len, DataKind kind, std::mt19937_64& g) const {
+    return make_attn_rows(d_, len, kind, g);
   }
 
-  // The sequences' tensor `which` concatenated along tokens: [T, heads, D].
-  static Tensor concat(const std::vector<const SeqData*>& pack, Tensor SeqData::*which,
-                       int64_t heads, int64_t D) {
-    int64_t T = 0;
-    for (const SeqData* s : pack) T += s->len;
-    Tensor t(DType::kBF16, {T, heads, D});
-    int64_t at = 0;
-    for (const SeqData* s : pack) {
-      const int64_t n = s->len * heads * D;
-      if (n > 0) std::memcpy(t.ptr<bf16>() + at, (s->*which).ptr<bf16>(), size_t(n) * 2);
-      at += n;
-    }
-    return t;
-  }
-
-  // A [T, heads, D] input: contiguous, or (strided) inside rows `pad` elements wider.
-  static HostArg layout(const Tensor& t, int64_t heads, int64_t D, bool strided, int64_t pad) {
-    if (!strided) return host_arg(t);
-    const int64_t T = t.shape()[0];
-    Tensor flat(t.dtype(), {T, heads * D});
-    if (t.nbytes() > 0) std::memcpy(flat.data(), t.data(), size_t(t.nbytes()));
-    HostArg a = padded(flat, pad);
-    a.view = heads_view(a.view, heads, D);
-    return a;
-  }
-
-  // Forward (out, lse) then backward of the packed sequences on one backend: {dq, dk, dv}.
-  Outputs run_packed(Ops& ops, Mem& mem, const std::vector<const SeqData*>& pack,
+  // Forward then backward of the packed sequences on one backend: {out, lse, dq, dk, dv}.
+  Outputs run_packed(Ops& ops, Mem& mem, const std::vector<const AttnRows*>& pack,
                      bool strided) const {
-    const int64_t Hq = d_.Hq, Hkv = d_.Hkv, D = d_.D;
-    std::vector<int32_t> cu{0};
-    for (const SeqData* s : pack) cu.push_back(cu.back() + int32_t(s->len));
-    const int64_t T = cu.back();
-    Tensor cut(DType::kI32, {int64_t(cu.size())});
-    std::memcpy(cut.data(), cu.data(), cu.size() * 4);
-    const HostArg cu_arg = host_arg(std::move(cut));
-    const TensorView q = mem.in(layout(concat(pack, &SeqData::q, Hq, D), Hq, D, strided, 5));
-    const TensorView k = mem.in(layout(concat(pack, &SeqData::k, Hkv, D), Hkv, D, strided, 3));
-    const TensorView v = mem.in(layout(concat(pack, &SeqData::v, Hkv, D), Hkv, D, strided, 8));
-    const TensorView dout = mem.in(layout(concat(pack, &SeqData::dout, Hq, D), Hq, D, strided, 7));
-    const int64_t pad = strided ? 3 : 0;
-    const TensorView out = mem.out(DType::kBF16, {T, Hq, D}, pad);
-    const TensorView lse = mem.out(DType::kF32, {T, Hq}, pad);
-    ops.attention_prefill_varlen(q, k, v, mem.host(cu_arg), cfg_, out, lse);
-    const TensorView dq = mem.out(DType::kF32, {T, Hq, D}, pad);
-    const TensorView dk = mem.out(DType::kF32, {T, Hkv, D}, 2 * pad);
-    const TensorView dv = mem.out(DType::kF32, {T, Hkv, D}, pad + 1);
-    ops.attention_backward_varlen(q, k, v, out, lse, dout, mem.host(cu_arg), cfg_, dq, dk, dv);
-    return {mem.read("dq", dq), mem.read("dk", dk), mem.read("dv", dv)};
-  }
-
-  // Rows [t_got, t_got + n) of every output of `got` == rows [t_want, t_want + n) of `want`.
-  static void check_rows(const Check& check, const std::string& what, const Outputs& got,
-                         int64_t t_got, const Outputs& want, int64_t t_want, int64_t n) {
-    for (size_t o = 0; o < got.size(); ++o) {
-      Verdict all;
-      for (int64_t r = 0; r < n && all.ok; ++r) {
-        const Verdict v = compare_bits(got[o].row(t_got + r), want[o].row(t_want + r),
-                                       got[o].row_elems, got[o].dtype);
-        if (!v.ok) all = {false, "row " + num(r) + ": " + v.message};
-      }
-      check(got[o].name + " " + what, all);
-    }
+    return run_attention_pack(ops, mem, d_, cfg_, pack, {}, strided);
   }
 };
 

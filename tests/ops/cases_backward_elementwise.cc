@@ -9,7 +9,6 @@
 #include <numeric>
 #include <sstream>
 
-#include "core/thread_pool.h"
 #include "lockstep/error.h"
 #include "ops/cases.h"
 #include "ops/row_case.h"
@@ -145,18 +144,8 @@ class TokenCase : public OpCase {
                    [this](Ops& ops, Mem& mem, const Outputs& base, const Check& check) {
                      run_split(ops, mem, base, check, {0, lens_.size()}, true);
                    }});
-    rel.push_back({"thread counts 1 and 3",
-                   [this](Ops& ops, Mem& mem, const Outputs& base, const Check& check) {
-                     const int saved = num_threads();
-                     for (int n : {1, 3}) {
-                       set_num_threads(n);
-                       const Outputs got = run(ops, mem);
-                       for (size_t o = 0; o < got.size(); ++o)
-                         check(got[o].name + " threads=" + num(n),
-                               compare_written(got[o], base[o]));
-                     }
-                     set_num_threads(saved);
-                   }});
+    rel.push_back(
+        thread_counts_relation([this](Ops& ops, Mem& mem) { return run(ops, mem); }, true));
     return rel;
   }
 

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "core/thread_pool.h"
 #include "lockstep/error.h"
 #include "lockstep/ops/activation.h"
 
@@ -335,6 +336,24 @@ class CpuOps : public Ops {
     const PackedSeqs seqs = PackedSeqs::validate("attention_backward_varlen", cu, q.shape[0]);
     cpu::attention_backward_varlen(q, k, v, out, lse, dout, seqs, cfg, dq, dk, dv);
   }
+  void attention_prefill_shared(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const TensorView& cu, const TensorView& prompt_of,
+                                const AttentionConfig& cfg, const TensorView& out,
+                                const TensorView& lse) override {
+    const SharedPromptSeqs segs =
+        SharedPromptSeqs::validate("attention_prefill_shared", cu, prompt_of, q.shape[0]);
+    cpu::attention_prefill_shared(q, k, v, segs, cfg, out, lse);
+  }
+  void attention_backward_shared(const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const TensorView& out, const TensorView& lse,
+                                 const TensorView& dout, const TensorView& cu,
+                                 const TensorView& prompt_of, const AttentionConfig& cfg,
+                                 const TensorView& dq, const TensorView& dk,
+                                 const TensorView& dv) override {
+    const SharedPromptSeqs segs =
+        SharedPromptSeqs::validate("attention_backward_shared", cu, prompt_of, q.shape[0]);
+    cpu::attention_backward_shared(q, k, v, out, lse, dout, segs, cfg, dq, dk, dv);
+  }
 };
 
 // The scalar spec: GEMM through gemm_bf16_nt_scalar (one output at a time through the MMA model).
@@ -435,6 +454,23 @@ Verdict padding_untouched(const Output& o, uint8_t poison) {
     if (!written[b] && o.bytes[b] != poison)
       return {false, o.name + ": byte " + std::to_string(b) + " outside the rows was written"};
   return {};
+}
+
+Relation thread_counts_relation(std::function<Outputs(Ops& ops, Mem& mem)> run, bool written_only) {
+  return {
+      "thread counts 1 and 3", [run = std::move(run), written_only](
+                                   Ops& ops, Mem& mem, const Outputs& base, const Check& check) {
+        const int saved = num_threads();
+        for (int n : {1, 3}) {
+          set_num_threads(n);
+          const Outputs got = run(ops, mem);
+          for (size_t o = 0; o < got.size(); ++o)
+            check(
+                got[o].name + " threads=" + std::to_string(n),
+                written_only ? compare_written(got[o], base[o]) : compare_outputs(got[o], base[o]));
+        }
+        set_num_threads(saved);
+      }};
 }
 
 }  // namespace lockstep::cases

@@ -208,6 +208,19 @@ class Ops {
                                          const TensorView& cu, const AttentionConfig& cfg,
                                          const TensorView& dq, const TensorView& dk,
                                          const TensorView& dv) = 0;
+
+  // ---- Shared-prompt groups (docs/contract.md §B.11): the cpu:: forward and backward over the
+  // forward's cu_seqlens and prompt_of host views (every backend validates them the same way).
+  virtual void attention_prefill_shared(const TensorView& q, const TensorView& k,
+                                        const TensorView& v, const TensorView& cu,
+                                        const TensorView& prompt_of, const AttentionConfig& cfg,
+                                        const TensorView& out, const TensorView& lse) = 0;
+  virtual void attention_backward_shared(const TensorView& q, const TensorView& k,
+                                         const TensorView& v, const TensorView& out,
+                                         const TensorView& lse, const TensorView& dout,
+                                         const TensorView& cu, const TensorView& prompt_of,
+                                         const AttentionConfig& cfg, const TensorView& dq,
+                                         const TensorView& dk, const TensorView& dv) = 0;
 };
 
 // The CPU backends: the reference (fast path) and the scalar spec (GEMM only: the other ops have
@@ -244,6 +257,11 @@ struct Relation {
   std::string name;
   std::function<void(Ops& ops, Mem& mem, const Outputs& base, const Check& check)> run;
 };
+
+// "thread counts 1 and 3": `run` (a case's op on a backend) with 1 and with 3 CPU threads gives the
+// base outputs, compared whole (written_only: the elements the op writes, compare_written).
+Relation thread_counts_relation(std::function<Outputs(Ops& ops, Mem& mem)> run,
+                                bool written_only = false);
 
 class OpCase {
  public:

@@ -180,6 +180,7 @@ std::vector<std::unique_ptr<OpCase>> op_cases() {
   add_backward_elementwise_cases(t);
   add_backward_logprob_cases(t);
   add_backward_attention_cases(t);
+  add_shared_attention_cases(t);
   return t;
 }
 

@@ -4,8 +4,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "core/thread_pool.h"
-
 namespace lockstep::cases {
 
 std::vector<Relation> RowCase::relations() const {
@@ -53,17 +51,8 @@ std::vector<Relation> RowCase::relations() const {
            }
          }});
   }
-  rel.push_back({"thread counts 1 and 3",
-                 [this](Ops& ops, Mem& mem, const Outputs& base, const Check& check) {
-                   const int saved = num_threads();
-                   for (int n : {1, 3}) {
-                     set_num_threads(n);
-                     const Outputs got = compute(ops, mem, rows_, T_, strided_);
-                     for (size_t o = 0; o < got.size(); ++o)
-                       check(got[o].name + " threads=" + num(n), compare_outputs(got[o], base[o]));
-                   }
-                   set_num_threads(saved);
-                 }});
+  rel.push_back(thread_counts_relation(
+      [this](Ops& ops, Mem& mem) { return compute(ops, mem, rows_, T_, strided_); }));
   if (strided_)
     rel.push_back(
         {"strided layout == contiguous",

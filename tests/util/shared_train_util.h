@@ -217,18 +217,33 @@ inline StepOut run_unshared_step(StepModel& m, const GroupStep& st,
   return o;
 }
 
-// The same steps on a fresh CPU model (host gradients).
+// A step's gradients in host buffers (a device backend's copied; they live as long as `m`).
+inline StepOut with_host_grads(const StepModel& m, StepOut o) {
+  const OpsBackend& ops = m.model.ops();
+  if (ops.device() == Device::kCPU) return o;
+  StepOut h{Gradients(m.cfg), std::move(o.logp), std::move(o.lse), std::move(o.ent), o.rows,
+            o.saved_bytes,    o.forward_s,       o.head_s,         o.backward_s};
+  for (size_t i = 0; i < o.grads.all().size(); ++i)
+    ops.copy(h.grads.all()[i].second.view(), o.grads.all()[i].second.view());
+  ops.synchronize();
+  return h;
+}
+
+// The same steps on a fresh model over `backend` (default: the CPU invariant one); the gradients
+// come back in host buffers.
 inline StepOut run_shared_step(const Qwen3Config& cfg, const std::map<std::string, TensorView>& w,
                                const ModelOptions& opt, const GroupStep& st,
-                               const std::vector<std::vector<size_t>>& micro_batches) {
-  StepModel m(cfg, w, opt);
-  return run_shared_step(m, st, micro_batches);
+                               const std::vector<std::vector<size_t>>& micro_batches,
+                               std::unique_ptr<OpsBackend> backend = make_invariant_backend()) {
+  StepModel m(cfg, w, opt, std::move(backend));
+  return with_host_grads(m, run_shared_step(m, st, micro_batches));
 }
 inline StepOut run_unshared_step(const Qwen3Config& cfg, const std::map<std::string, TensorView>& w,
                                  const ModelOptions& opt, const GroupStep& st,
-                                 const std::vector<std::vector<size_t>>& micro_batches) {
-  StepModel m(cfg, w, opt);
-  return run_unshared_step(m, st, micro_batches);
+                                 const std::vector<std::vector<size_t>>& micro_batches,
+                                 std::unique_ptr<OpsBackend> backend = make_invariant_backend()) {
+  StepModel m(cfg, w, opt, std::move(backend));
+  return with_host_grads(m, run_unshared_step(m, st, micro_batches));
 }
 
 }  // namespace lockstep::engine::test_shared

@@ -29,6 +29,12 @@ void attention_prefill_varlen(const TensorView& q, const TensorView& k, const Te
 void attention_prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                               const PackedSeqs& seqs, const AttentionConfig& cfg,
                               const TensorView& out, const TensorView& lse, void* stream = nullptr);
+// Over shared-prompt groups (SharedPromptSeqs, docs/contract.md §B.11): a completion's rows read
+// the keys below Lp from its prompt's rows; every row gets the bits of the unshared packing. The
+// launch plans from the validated host-side segments.
+void attention_prefill_shared(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const SharedPromptSeqs& segs, const AttentionConfig& cfg,
+                              const TensorView& out, const TensorView& lse, void* stream = nullptr);
 void attention_paged(const TensorView& q, const TensorView& q_seq, const TensorView& q_pos,
                      const PagedKv& kv, const AttentionConfig& cfg, const TensorView& out,
                      const TensorView& lse, void* stream = nullptr);

@@ -65,6 +65,16 @@ void attention_backward_varlen(const TensorView& q, const TensorView& k, const T
                                const TensorView& dq, const TensorView& dk, const TensorView& dv,
                                void* stream = nullptr);
 
+// ---- B.11 Attention over shared-prompt groups ------------------------------------------------
+// segs: validated on the host (its host segments plan the launch). The tensors as
+// attention_backward_varlen; a prompt key's dk / dv sum its prompt's and every completion's rows
+// in one chain per element (§B.11).
+void attention_backward_shared(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const TensorView& out, const TensorView& lse, const TensorView& dout,
+                               const SharedPromptSeqs& segs, const AttentionConfig& cfg,
+                               const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                               void* stream = nullptr);
+
 // ---- The backward's glue (src/cuda/backward/cast.cu) ------------------------------------------
 // dst = round_bf16(src) (RNE, canonical NaN, §B.0: the tensor-core operand); src f32, dst bf16,
 // the same 2-D shape, rows may be strided (last dim contiguous); dst must not overlap src.

@@ -1,11 +1,13 @@
-// Launcher of the CUDA attention backward (docs/contract.md §B.9; kernels in attention.cuh): the
-// CPU op's argument checks (contract::check_attention_backward, Device::kCUDA), the block table
-// planned from the validated host boundaries, then three launches on `stream`: δ / λ, dK / dV,
-// dQ. Each output element is one chain in the contract's order inside one thread, so no choice
-// made here (grid order, CTA placement) can change a bit.
+// Launcher of the CUDA attention backward (docs/contract.md §B.9, §B.11; kernels in
+// attention.cuh): the CPU op's argument checks (contract::check_attention_backward,
+// Device::kCUDA), the block table planned from the validated host boundaries, then three launches
+// on `stream`: δ / λ, dK / dV, dQ. Each output element is one chain in the contract's order inside
+// one thread, so no choice made here (grid order, CTA placement) can change a bit. The varlen op
+// is the shared one without completions, on kernels compiled without the part walk.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "contract/checks.h"
@@ -18,10 +20,8 @@ namespace {
 
 using namespace attn_bwd_detail;
 
-constexpr const char* kOp = "cuda::attention_backward_varlen";
-
-void cuda_check(cudaError_t e, const char* what) {
-  LS_CHECK(e == cudaSuccess, kOp, what, " failed: ", cudaGetErrorString(e));
+void cuda_check(const char* op, cudaError_t e, const char* what) {
+  LS_CHECK(e == cudaSuccess, op, what, " failed: ", cudaGetErrorString(e));
 }
 
 // 16-byte vector loads are possible: the base 16-byte aligned and every outer stride a multiple
@@ -35,24 +35,23 @@ bool vec16(const TensorView& t) {
 
 // Device scratch of one call, freed in stream order when the call returns.
 struct Scratch {
+  const char* op;
   cudaStream_t s = nullptr;
   std::vector<void*> ptrs;
-  explicit Scratch(cudaStream_t st) : s(st) {}
+  Scratch(const char* o, cudaStream_t st) : op(o), s(st) {}
   ~Scratch() {
     for (void* p : ptrs) cudaFreeAsync(p, s);
   }
   void* alloc(size_t bytes) {
     void* p = nullptr;
-    cuda_check(cudaMallocAsync(&p, std::max<size_t>(bytes, 16), s), "cudaMallocAsync");
+    cuda_check(op, cudaMallocAsync(&p, std::max<size_t>(bytes, 16), s), "cudaMallocAsync");
     ptrs.push_back(p);
     return p;
   }
-  template <typename T>
-  T* upload(const std::vector<T>& v) {
-    T* d = static_cast<T*>(alloc(v.size() * sizeof(T)));
+  void* upload(const std::vector<uint8_t>& v) {
+    void* d = alloc(v.size());
     if (!v.empty())
-      cuda_check(cudaMemcpyAsync(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, s),
-                 "upload");
+      cuda_check(op, cudaMemcpyAsync(d, v.data(), v.size(), cudaMemcpyHostToDevice, s), "upload");
     return d;
   }
 };
@@ -60,58 +59,138 @@ struct Scratch {
 // NOTE: one template instance per kernel, so the once-per-process shared-memory attribute is set
 // for each of them.
 template <auto Kernel>
-void launch(int smem, dim3 grid, cudaStream_t s, const BwdParams& p) {
+void launch(const char* op, int smem, dim3 grid, cudaStream_t s, const BwdParams& p) {
   static const cudaError_t attr =
       cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  LS_CHECK(attr == cudaSuccess, kOp, "cudaFuncSetAttribute failed: ", cudaGetErrorString(attr));
+  LS_CHECK(attr == cudaSuccess, op, "cudaFuncSetAttribute failed: ", cudaGetErrorString(attr));
   Kernel<<<grid, kThreads, smem, s>>>(p);
-  cuda_check(cudaGetLastError(), "kernel launch");
+  cuda_check(op, cudaGetLastError(), "kernel launch");
 }
 
 // DF: D when it equals DP (the kernels' trip counts become compile-time), else 0.
-template <int DP, int DF>
-void launch_grads(dim3 grid_kv, dim3 grid_q, const BwdParams& pkv, const BwdParams& pq,
-                  cudaStream_t s) {
+template <int DP, int DF, bool kShared>
+void launch_grads(const char* op, dim3 grid_kv, dim3 grid_q, const BwdParams& pkv,
+                  const BwdParams& pq, cudaStream_t s) {
   constexpr int smem = BwdShape<DP>::kSmem;
-  if (grid_kv.x > 0) launch<dkdv_kernel<DP, DF>>(smem, grid_kv, s, pkv);
-  if (grid_q.x > 0) launch<dq_kernel<DP, DF>>(smem, grid_q, s, pq);
+  constexpr auto dkdv = kShared ? dkdv_shared_kernel<DP, DF> : dkdv_kernel<DP, DF>;
+  constexpr auto dq = kShared ? dq_shared_kernel<DP, DF> : dq_kernel<DP, DF>;
+  if (grid_kv.x > 0) launch<dkdv>(op, smem, grid_kv, s, pkv);
+  if (grid_q.x > 0) launch<dq>(op, smem, grid_q, s, pq);
+}
+template <bool kShared>
+void launch_grads(const char* op, int64_t D, int64_t Dp, dim3 grid_kv, dim3 grid_q,
+                  const BwdParams& pkv, const BwdParams& pq, cudaStream_t s) {
+  if (D == 64)
+    launch_grads<64, 64, kShared>(op, grid_kv, grid_q, pkv, pq, s);
+  else if (Dp <= 64)
+    launch_grads<64, 0, kShared>(op, grid_kv, grid_q, pkv, pq, s);
+  else if (D == 128)
+    launch_grads<128, 128, kShared>(op, grid_kv, grid_q, pkv, pq, s);
+  else
+    launch_grads<128, 0, kShared>(op, grid_kv, grid_q, pkv, pq, s);
 }
 
-}  // namespace
+// One part on the host: packed rows [t0, t0 + n) at positions pos0 … pos0 + n − 1.
+struct HostPart {
+  int64_t t0, pos0, n;
+  BwdPart rows() const { return BwdPart{t0 - pos0, int32_t(pos0), int32_t(pos0 + n)}; }
+};
 
-void attention_backward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
-                               const TensorView& out, const TensorView& lse, const TensorView& dout,
-                               const PackedSeqs& seqs, const AttentionConfig& cfg,
-                               const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                               void* stream) {
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const contract::QShape qs = contract::check_attention_backward(kOp, Device::kCUDA, q, k, v, out,
-                                                                 lse, dout, seqs, cfg, dq, dk, dv);
+// 64-row tiles of a part's rows in a dkdv walk of key block j0 (PartWalk: from
+// max(j0, 64·⌊pos0/64⌋) to the part's end).
+int64_t walk_tiles(const BwdPart& pt, int64_t j0) {
+  const int64_t first = std::max<int64_t>(j0, pt.pos0 / kBlk * kBlk);
+  return pt.pos1 > first ? (pt.pos1 - first + kBlk - 1) / kBlk : 0;
+}
+
+// The CTAs of every group (groups[i]: its prompt, then its completions in ascending segment
+// order; an unshared sequence is a prompt alone): dK / dV per (part's keys, 64-key block) and
+// dQ per (part, 64-row block), by absolute position; the costliest first (scheduling only:
+// every CTA owns its outputs). G: query heads per kv head.
+struct BwdPlan {
+  std::vector<BwdItem> kv, q;
+  std::vector<BwdPart> parts;
+};
+BwdPlan plan_backward(const std::vector<std::vector<HostPart>>& groups, int64_t G) {
+  BwdPlan pl;
+  for (const std::vector<HostPart>& gr : groups) {
+    const BwdPart prompt = gr[0].rows();
+    const int64_t Lp = gr[0].n;
+    for (const HostPart& hp : gr) {
+      if (hp.n == 0) continue;
+      const BwdPart pt = hp.rows();
+      for (int64_t blk = pt.pos0 / kBlk; blk * kBlk < pt.pos1; ++blk) {
+        BwdItem it{};
+        it.part = pt;
+        it.krow = pt.row0;
+        it.krow_lo = prompt.row0;  // a completion's keys below Lp: its prompt's rows
+        it.khi = pt.pos1;
+        it.ksplit = pt.pos0;
+        it.blk = int32_t(blk);
+        pl.q.push_back(it);
+      }
+    }
+    // Key blocks of the prompt: per head, its own rows and then every completion's.
+    const int32_t pb = int32_t(pl.parts.size());
+    for (const HostPart& hp : gr)
+      if (hp.n > 0) pl.parts.push_back(hp.rows());
+    const int32_t pe = int32_t(pl.parts.size());
+    for (int64_t blk = 0; blk * kBlk < Lp; ++blk) {
+      BwdItem it{};
+      it.part = prompt;
+      it.krow = it.krow_lo = prompt.row0;
+      it.khi = int32_t(Lp);
+      it.blk = int32_t(blk);
+      it.pb = pb;
+      it.pe = pe;
+      int64_t tiles = 0;
+      for (int32_t i = pb; i < pe; ++i) tiles += walk_tiles(pl.parts[size_t(i)], blk * kBlk);
+      it.nsteps = int32_t(G * tiles);
+      pl.kv.push_back(it);
+    }
+    // Key blocks of each completion: its own rows only (parts pb + 1 …, one each).
+    int32_t pi = pb + (Lp > 0 ? 1 : 0);
+    for (size_t c = 1; c < gr.size(); ++c) {
+      if (gr[c].n == 0) continue;
+      const BwdPart pt = gr[c].rows();
+      for (int64_t blk = pt.pos0 / kBlk; blk * kBlk < pt.pos1; ++blk) {
+        BwdItem it{};
+        it.part = pt;
+        it.krow = it.krow_lo = pt.row0;
+        it.klo = pt.pos0;
+        it.khi = pt.pos1;
+        it.blk = int32_t(blk);
+        it.pb = pi;
+        it.pe = pi + 1;
+        it.nsteps = int32_t(G * walk_tiles(pt, blk * kBlk));
+        pl.kv.push_back(it);
+      }
+      ++pi;
+    }
+  }
+  std::stable_sort(pl.kv.begin(), pl.kv.end(),
+                   [](const BwdItem& a, const BwdItem& b) { return a.nsteps > b.nsteps; });
+  std::stable_sort(pl.q.begin(), pl.q.end(),
+                   [](const BwdItem& a, const BwdItem& b) { return a.blk > b.blk; });
+  return pl;
+}
+
+// The three launches over the groups' parts; shared: the kernels' part walk (§B.11), else each
+// group is one sequence (§B.9).
+void run_backward(const char* op, bool shared, const TensorView& q, const TensorView& k,
+                  const TensorView& v, const TensorView& out, const TensorView& lse,
+                  const TensorView& dout, const contract::QShape& qs, const AttentionConfig& cfg,
+                  const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                  const std::vector<std::vector<HostPart>>& groups, cudaStream_t s) {
   const int64_t T = qs.N, Hq = qs.Hq, Hkv = k.shape[1], D = qs.D;
-  LS_CHECK(D <= 128, kOp, "argument 'q': head_dim ", D,
+  LS_CHECK(D <= 128, op, "argument 'q': head_dim ", D,
            " is not supported by the CUDA backward (16 … 128, multiples of 16)");
   if (T == 0) return;
   int64_t Dp = 1;
   while (Dp < D) Dp *= 2;
+  const BwdPlan pl = plan_backward(groups, Hq / Hkv);
 
-  // Blocks of every sequence: dK/dV per 64-key block, dQ per 64-row block; the costliest first
-  // (scheduling only: every CTA owns its outputs).
-  std::vector<BwdItem> kv_items, q_items;
-  for (int64_t b = 0; b < seqs.B(); ++b) {
-    const int64_t t0 = seqs.cu()[size_t(b)], len = seqs.cu()[size_t(b + 1)] - t0;
-    for (int64_t blk = 0; blk * kBlk < len; ++blk) {
-      kv_items.push_back({t0, int32_t(len), int32_t(blk)});
-      q_items.push_back({t0, int32_t(len), int32_t(blk)});
-    }
-  }
-  std::stable_sort(kv_items.begin(), kv_items.end(), [](const BwdItem& a, const BwdItem& b) {
-    const int64_t ca = (a.len + kBlk - 1) / kBlk - a.blk, cb = (b.len + kBlk - 1) / kBlk - b.blk;
-    return ca > cb;
-  });
-  std::stable_sort(q_items.begin(), q_items.end(),
-                   [](const BwdItem& a, const BwdItem& b) { return a.blk > b.blk; });
-
-  Scratch scr(s);
+  Scratch scr(op, s);
   BwdParams p{};
   p.q = q.ptr<const uint16_t>();
   p.k = k.ptr<const uint16_t>();
@@ -152,21 +231,67 @@ void attention_backward_varlen(const TensorView& q, const TensorView& k, const T
   p.lam = static_cast<float*>(scr.alloc(size_t(T * Hq) * sizeof(float)));
 
   delta_kernel<<<dim3(unsigned((T * Hq + 7) / 8)), 256, 0, s>>>(p);
-  cuda_check(cudaGetLastError(), "kernel launch");
+  cuda_check(op, cudaGetLastError(), "kernel launch");
 
+  // The dK / dV items, the dQ items and the parts in ONE upload.
+  std::vector<uint8_t> blob;
+  auto put = [&](const auto& vec) {
+    const size_t off = (blob.size() + 63) & ~size_t(63), bytes = vec.size() * sizeof(vec[0]);
+    blob.resize(off + bytes);
+    if (bytes > 0) std::memcpy(blob.data() + off, vec.data(), bytes);
+    return off;
+  };
+  const size_t o_kv = put(pl.kv), o_q = put(pl.q), o_parts = put(pl.parts);
+  const uint8_t* base = static_cast<const uint8_t*>(scr.upload(blob));
   BwdParams pkv = p, pq = p;
-  pkv.items = scr.upload(kv_items);
-  pq.items = scr.upload(q_items);
-  const dim3 grid_kv(unsigned(kv_items.size()), unsigned(Hkv));
-  const dim3 grid_q(unsigned(q_items.size()), unsigned(Hq));
-  if (D == 64)
-    launch_grads<64, 64>(grid_kv, grid_q, pkv, pq, s);
-  else if (Dp <= 64)
-    launch_grads<64, 0>(grid_kv, grid_q, pkv, pq, s);
-  else if (D == 128)
-    launch_grads<128, 128>(grid_kv, grid_q, pkv, pq, s);
+  pkv.items = reinterpret_cast<const BwdItem*>(base + o_kv);
+  pkv.parts = reinterpret_cast<const BwdPart*>(base + o_parts);
+  pq.items = reinterpret_cast<const BwdItem*>(base + o_q);
+  const dim3 grid_kv(unsigned(pl.kv.size()), unsigned(Hkv));
+  const dim3 grid_q(unsigned(pl.q.size()), unsigned(Hq));
+  if (shared)
+    launch_grads<true>(op, D, Dp, grid_kv, grid_q, pkv, pq, s);
   else
-    launch_grads<128, 0>(grid_kv, grid_q, pkv, pq, s);
+    launch_grads<false>(op, D, Dp, grid_kv, grid_q, pkv, pq, s);
+}
+
+}  // namespace
+
+void attention_backward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const TensorView& out, const TensorView& lse, const TensorView& dout,
+                               const PackedSeqs& seqs, const AttentionConfig& cfg,
+                               const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                               void* stream) {
+  const char* op = "cuda::attention_backward_varlen";
+  const contract::QShape qs = contract::check_attention_backward(op, Device::kCUDA, q, k, v, out,
+                                                                 lse, dout, seqs, cfg, dq, dk, dv);
+  std::vector<std::vector<HostPart>> groups;
+  for (int64_t b = 0; b < seqs.B(); ++b) {
+    const int64_t t0 = seqs.cu()[size_t(b)];
+    groups.push_back({HostPart{t0, 0, seqs.cu()[size_t(b + 1)] - t0}});
+  }
+  run_backward(op, false, q, k, v, out, lse, dout, qs, cfg, dq, dk, dv, groups,
+               static_cast<cudaStream_t>(stream));
+}
+
+void attention_backward_shared(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const TensorView& out, const TensorView& lse, const TensorView& dout,
+                               const SharedPromptSeqs& segs, const AttentionConfig& cfg,
+                               const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                               void* stream) {
+  const char* op = "cuda::attention_backward_shared";
+  const contract::QShape qs = contract::check_attention_backward(
+      op, Device::kCUDA, q, k, v, out, lse, dout, segs.segments(), cfg, dq, dk, dv);
+  std::vector<std::vector<HostPart>> groups;
+  for (int64_t b = 0; b < segs.B(); ++b) {
+    if (segs.prompt_of()[size_t(b)] >= 0) continue;
+    std::vector<HostPart> parts{HostPart{segs.cu()[size_t(b)], 0, segs.len(b)}};
+    for (int64_t c : segs.completions(b))
+      parts.push_back(HostPart{segs.cu()[size_t(c)], segs.len(b), segs.len(c)});
+    groups.push_back(std::move(parts));
+  }
+  run_backward(op, true, q, k, v, out, lse, dout, qs, cfg, dq, dk, dv, groups,
+               static_cast<cudaStream_t>(stream));
 }
 
 }  // namespace lockstep::cuda
