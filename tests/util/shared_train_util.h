@@ -163,6 +163,7 @@ inline StepOut run_unshared_step(StepModel& m, const GroupStep& st,
   Model& model = m.model;
   const Backprop& bp = m.bp;
   StepOut o = empty_out(m, st);
+  PhaseClock clock(model.ops());
   std::vector<int64_t> first(st.groups.size() + 1, 0);
   for (size_t k = 0; k < st.groups.size(); ++k)
     first[k + 1] = first[k] + int64_t(st.groups[k].completions.size());
@@ -200,9 +201,11 @@ inline StepOut run_unshared_step(StepModel& m, const GroupStep& st,
         bp.forward(model, TensorView::contiguous(tokens.data(), DType::kI32, {T}),
                    TensorView::contiguous(cu.data(), DType::kI32, {int64_t(cu.size())}));
     o.saved_bytes = std::max(o.saved_bytes, f.bytes());
+    clock.lap(o.forward_s);
     Tensor logp(DType::kF32, {T}), lse(DType::kF32, {T}), ent(DType::kF32, {T});
     const TensorView tg = TensorView::contiguous(targets.data(), DType::kI64, {T});
     model.logprob(f.hidden.view(), tg, 1.0f, logp.view(), lse.view(), ent.view());
+    clock.lap(o.head_s);
     for (const Where& x : where) {
       const int64_t n = int64_t(st.groups[x.k].completions[x.c].size());
       o.logp[x.k][x.c].assign(logp.ptr<float>() + x.row, logp.ptr<float>() + x.row + n);
@@ -212,6 +215,7 @@ inline StepOut run_unshared_step(StepModel& m, const GroupStep& st,
     const TensorView ge = TensorView::contiguous(g_ent.data(), DType::kF32, {T});
     bp.backward(f, tg, LogprobParams{}, lse.view(), ent.view(),
                 TensorView::contiguous(g_lp.data(), DType::kF32, {T}), &ge, idx, o.grads);
+    clock.lap(o.backward_s);
   }
   o.grads.finish();
   return o;
