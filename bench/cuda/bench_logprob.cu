@@ -133,21 +133,20 @@ std::vector<ChoiceResult> bench_choice(const TensorView& vh, const TensorView& v
   CK(cudaMemcpy(idx, hidx.data(), hidx.size() * 8, cudaMemcpyHostToDevice));
   const TensorView rid = TensorView::contiguous(idx, DType::kI64, {R}, Device::kCUDA);
   const TensorView pos = TensorView::contiguous(idx + R, DType::kI64, {R}, Device::kCUDA);
-  d::SampleBlockParams bp{};
-  bp.y = z;
-  bp.ldy = lay.padded;
-  bp.rows = R;
-  bp.V = V;
-  bp.states = states;
-  bp.n_tiles = n_tiles;
-  bp.tile = lay.tile;
-  bp.info = info;
-  bp.rid = d::index_ref(rid);
-  bp.pos = d::index_ref(pos);
-  bp.lse = stats;
-  bp.entropy = stats + R;
-  bp.out_id = ids;
-  bp.out_logp = logp;
+  const d::SampleBlockParams bp{.y = z,
+                                .ldy = lay.padded,
+                                .rows = R,
+                                .V = V,
+                                .states = states,
+                                .n_tiles = n_tiles,
+                                .tile = lay.tile,
+                                .info = info,
+                                .rid = d::index_ref(rid),
+                                .pos = d::index_ref(pos),
+                                .lse = stats,
+                                .entropy = stats + R,
+                                .out_id = ids,
+                                .out_logp = logp};
   const ChoiceCase cases[] = {
       {"greedy", 0.0f, 0, 1.0f, 0.0f},
       {"plain", 1.0f, 0, 1.0f, 0.0f},

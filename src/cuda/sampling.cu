@@ -60,29 +60,27 @@ void sample_block_state(const SampleBlockParams& p, const LogprobVocabLayout& la
   check_launch(op);
   // The LogP state of each row at τ_lp (§S.3): tile states of the already tempered y, fold, tree,
   // finish -> lse, entropy.
-  TileStateParams tp{};
-  tp.z = p.y;
-  tp.ldz = p.ldy;
-  tp.rows = p.rows;
-  tp.ntiles = p.n_tiles;
-  tp.L = p.tile;
-  tp.valid = p.V;
-  tp.tau = 1.0f;  // unused: y is already tempered
-  tp.states = p.states;
-  tp.n_tiles = p.n_tiles;
+  const TileStateParams tp{.z = p.y,
+                           .ldz = p.ldy,
+                           .rows = p.rows,
+                           .ntiles = p.n_tiles,
+                           .L = p.tile,
+                           .valid = p.V,
+                           .tau = 1.0f,  // unused: y is already tempered
+                           .states = p.states,
+                           .n_tiles = p.n_tiles};
   launch_tile_states(tp, false, stream, op);
-  FoldParams fp{};
-  fp.states = p.states;
-  fp.n_tiles = p.n_tiles;
-  fp.tps = lay.tiles_per_segment;
-  fp.seg_count = lay.segments;
-  fp.rows = p.rows;
-  fp.row0 = p.row0;
-  fp.mode = kFoldRowStats;
-  fp.lse = p.lse;
-  fp.entropy = p.entropy;
-  fp.lse_s = 1;
-  fp.entropy_s = 1;
+  const FoldParams fp{.states = p.states,
+                      .n_tiles = p.n_tiles,
+                      .tps = lay.tiles_per_segment,
+                      .seg_count = lay.segments,
+                      .rows = p.rows,
+                      .row0 = p.row0,
+                      .mode = kFoldRowStats,
+                      .lse = p.lse,
+                      .entropy = p.entropy,
+                      .lse_s = 1,
+                      .entropy_s = 1};
   launch_fold(fp, stream, op);
 }
 
@@ -153,20 +151,19 @@ void sample(const TensorView& h, const TensorView& w, std::span<const SamplingPa
   const int64_t rows_max = std::min(T, sp.row_block);
   float* z = scratch.alloc_n<float>(rows_max * lay.padded);
 
-  detail::SampleBlockParams bp{};
-  bp.y = z;
-  bp.ldy = lay.padded;
-  bp.V = V;
-  bp.states = scratch.alloc_n<float>(rows_max * n_tiles * 3);
-  bp.n_tiles = n_tiles;
-  bp.tile = lay.tile;
-  bp.info = d_info;
-  bp.rid = detail::stage_index(request_ids, scratch, s);
-  bp.pos = detail::stage_index(positions, scratch, s);
-  bp.lse = out_lse;
-  bp.entropy = out_ent;
-  bp.out_id = out_id;
-  bp.out_logp = out_logp;
+  detail::SampleBlockParams bp{.y = z,
+                               .ldy = lay.padded,
+                               .V = V,
+                               .states = scratch.alloc_n<float>(rows_max * n_tiles * 3),
+                               .n_tiles = n_tiles,
+                               .tile = lay.tile,
+                               .info = d_info,
+                               .rid = detail::stage_index(request_ids, scratch, s),
+                               .pos = detail::stage_index(positions, scratch, s),
+                               .lse = out_lse,
+                               .entropy = out_ent,
+                               .out_id = out_id,
+                               .out_logp = out_logp};
   const GemmConfig gcfg = logprob_logits_gemm(cfg);
   for (int64_t r0 = 0; r0 < T; r0 += sp.row_block) {
     const int64_t rows = std::min(sp.row_block, T - r0);

@@ -246,37 +246,50 @@ struct Found {
   uint64_t key, cnt, mass;
 };
 
-// The smallest key K of the list (n entries, keys in [lo, hi]) whose prefix (count, or mass, of
-// the list's keys <= K) reaches target, 1 <= target <= the list's total. Narrows the window by
-// 8-bit digits of key − lo until at most kFew keys are left, which one warp ranks.
-__device__ Found list_locate(ChooseSmem& sm, int n, uint64_t lo, uint64_t hi, uint64_t target,
-                             bool by_mass) {
+// A window of the canonical order: the m keys in [lo, hi], after below_c keys of mass below_m.
+struct Window {
+  uint64_t lo, hi, below_c, below_m, m;
+  __device__ bool holds(uint64_t key) const { return key >= lo && key <= hi; }
+  // The shift that makes (key − lo) >> shift a `bits`-bit digit of every key in the window.
+  __device__ int digit_shift(int bits) const {
+    const int span = 64 - __clzll(hi - lo);
+    return span > bits ? span - bits : 0;
+  }
+  // After h counted the window's keys by (key − lo) >> shift into n bins: the window becomes the
+  // bin where the prefix (count, or mass) reaches target.
+  __device__ void narrow(const Hist& h, int n, int shift, uint64_t target, bool by_mass,
+                         ChooseSmem& sm) {
+    scan_hist(h, n, sm);
+    const int s = first_reaching(h, n, target - (by_mass ? below_m : below_c), by_mass, sm);
+    below_c += h.count(s - 1);
+    below_m += h.mass(s - 1);
+    m = h.count(s) - h.count(s - 1);
+    lo += uint64_t(s) << shift;
+    hi = min_u64(hi, lo + ((uint64_t(1) << shift) - 1));
+  }
+};
+
+// The smallest key K of the shared-memory list (n entries, window w) whose prefix (count, or mass,
+// of the keys <= K, from the start of the order) reaches target, inside w. Narrows the window by
+// 8-bit digits until at most kFew keys are left, which one warp ranks.
+__device__ Found list_locate(ChooseSmem& sm, int n, Window w, uint64_t target, bool by_mass) {
   const Hist sub{sm.sub_cnt, sm.sub_lo, sm.sub_hi};
   const uint64_t* key = sm.u.list.key;
   const uint64_t* q = sm.u.list.q;
-  uint64_t bc = 0, bm = 0;  // count and mass of the list's keys < lo
-  uint64_t m = uint64_t(n);
-  while (m > uint64_t(kFew)) {
-    const int span = 64 - __clzll(hi - lo);
-    const int shift = span > kListDigitBits ? span - kListDigitBits : 0;
+  while (w.m > uint64_t(kFew)) {
+    const int shift = w.digit_shift(kListDigitBits);
     __syncthreads();  // every thread has read the previous digit's bins
     sub.clear(kListBins);
     __syncthreads();
     for (int i = threadIdx.x; i < n; i += blockDim.x)
-      if (key[i] >= lo && key[i] <= hi) sub.add(int((key[i] - lo) >> shift), q[i]);
+      if (w.holds(key[i])) sub.add(int((key[i] - w.lo) >> shift), q[i]);
     __syncthreads();
-    scan_hist(sub, kListBins, sm);
-    const int s = first_reaching(sub, kListBins, by_mass ? target - bm : target - bc, by_mass, sm);
-    bc += sub.count(s - 1);
-    bm += sub.mass(s - 1);
-    m = sub.count(s) - sub.count(s - 1);
-    lo += uint64_t(s) << shift;
-    hi = min_u64(hi, lo + ((uint64_t(1) << shift) - 1));
+    w.narrow(sub, kListBins, shift, target, by_mass, sm);
   }
   if (threadIdx.x == 0) sm.few_n = 0;
   __syncthreads();
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    if (key[i] >= lo && key[i] <= hi) {
+    if (w.holds(key[i])) {
       const uint32_t j = atomicAdd(&sm.few_n, 1u);
       sm.few_key[j] = key[i];
       sm.few_q[j] = q[i];
@@ -287,19 +300,19 @@ __device__ Found list_locate(ChooseSmem& sm, int n, uint64_t lo, uint64_t hi, ui
     const int few = int(sm.few_n), lane = int(threadIdx.x);
     if (lane < few) {
       const uint64_t k = sm.few_key[lane], qk = sm.few_q[lane];
-      uint64_t c = bc, w = bm;  // prefix of the keys <= k
+      uint64_t c = w.below_c, m = w.below_m;  // prefix of the keys <= k
       for (int j = 0; j < few; ++j) {
         if (sm.few_key[j] <= k) {
           c += 1;
-          w += sm.few_q[j];
+          m += sm.few_q[j];
         }
       }
       // Exactly one key is the first whose prefix reaches the target (keys are unique).
-      const bool hit = by_mass ? (w >= target && w - qk < target) : (c >= target && c - 1 < target);
+      const bool hit = by_mass ? (m >= target && m - qk < target) : (c >= target && c - 1 < target);
       if (hit) {
         sm.found[0] = k;
         sm.found[1] = c;
-        sm.found[2] = w;
+        sm.found[2] = m;
       }
     }
   }
@@ -309,15 +322,14 @@ __device__ Found list_locate(ChooseSmem& sm, int n, uint64_t lo, uint64_t hi, ui
   return f;
 }
 
-// The shared-memory list of boundary entries: n keys in [lo, hi] (with their masses), after
-// below_c entries of mass below_m in canonical order.
+// The shared-memory list of boundary entries: the keys of window w (with their masses, total_m).
 struct ListRange {
   bool valid;
-  int n;
-  uint64_t lo, hi, below_c, below_m, total_m;
+  Window w;
+  uint64_t total_m;
   __device__ bool covers(uint64_t target, bool by_mass) const {
-    return valid && (by_mass ? below_m < target && target - below_m <= total_m
-                             : below_c < target && target - below_c <= uint64_t(n));
+    return valid && (by_mass ? w.below_m < target && target - w.below_m <= total_m
+                             : w.below_c < target && target - w.below_c <= w.m);
   }
 };
 
@@ -520,6 +532,7 @@ static __global__ void __launch_bounds__(kChooseThreads)
   });
   __syncthreads();
 
+  // The list's window: its smallest and largest key, its count and mass.
   auto finish_list = [&](int n, uint64_t below_c, uint64_t below_m) {
     uint64_t lo = ~uint64_t(0), hi = 0, tm = 0;
     for (int i = tid; i < n; i += kChooseThreads) {
@@ -527,19 +540,20 @@ static __global__ void __launch_bounds__(kChooseThreads)
       hi = max_u64(hi, sm.u.list.key[i]);
       tm += sm.u.list.q[i];
     }
-    return ListRange{true,    n,       block_all(lo, min_u64, sm), block_all(hi, max_u64, sm),
-                     below_c, below_m, block_all(tm, sum_u64, sm)};
+    lo = block_all(lo, min_u64, sm);
+    hi = block_all(hi, max_u64, sm);
+    return ListRange{true, Window{lo, hi, below_c, below_m, uint64_t(n)},
+                     block_all(tm, sum_u64, sm)};
   };
   const int n2 = int(sm.list_n);
   ListRange list = n2 <= kListCap ? finish_list(n2, h0.count(b_lo - 1), h0.mass(b_lo - 1))
-                                  : ListRange{false, 0, 0, 0, 0, 0, 0};
+                                  : ListRange{false, Window{0, 0, 0, 0, 0}, 0};
   bool fast = list.valid;
 
   // The list of the level-0 bin where target is reached, for a bin of more than kListCap
   // entries narrowed first by 12-bit digits of the key (one pass over the row each).
   auto build_list = [&](uint64_t target, bool by_mass) {
     const int b = first_reaching(h0, kBuckets, target, by_mass, sm);
-    uint64_t bc = h0.count(b - 1), bm = h0.mass(b - 1);
     uint64_t lo = ~uint64_t(0), hi = 0, m = 0;
     for_each_group(y, V, false, [&](int64_t g, const float* ys, int nv) {
       for (int e = 0; e < nv; ++e) {
@@ -552,28 +566,22 @@ static __global__ void __launch_bounds__(kChooseThreads)
     });
     lo = block_all(lo, min_u64, sm);
     hi = block_all(hi, max_u64, sm);
-    m = block_all(m, sum_u64, sm);  // bin b = the keys in [lo, hi]
+    m = block_all(m, sum_u64, sm);
+    Window w{lo, hi, h0.count(b - 1), h0.mass(b - 1), m};  // bin b = the keys in [lo, hi]
     const Hist hd{sm.u.digit.cnt, sm.u.digit.lo, sm.u.digit.hi};
-    while (m > uint64_t(kListCap)) {
-      const int span = 64 - __clzll(hi - lo);
-      const int shift = span > kBucketBits ? span - kBucketBits : 0;
+    while (w.m > uint64_t(kListCap)) {
+      const int shift = w.digit_shift(kBucketBits);
       hd.clear(kBuckets);
       __syncthreads();
       for_each_group(y, V, false, [&](int64_t g, const float* ys, int nv) {
         for (int e = 0; e < nv; ++e) {
           const uint64_t key = sample_key(ys[e], 4 * g + e);
-          if (key >= lo && key <= hi)
-            hd.add(int((key - lo) >> shift), hp ? mass_q32(row_prob(ys[e], lse)) : 0);
+          if (w.holds(key))
+            hd.add(int((key - w.lo) >> shift), hp ? mass_q32(row_prob(ys[e], lse)) : 0);
         }
       });
       __syncthreads();
-      scan_hist(hd, kBuckets, sm);
-      const int s = first_reaching(hd, kBuckets, by_mass ? target - bm : target - bc, by_mass, sm);
-      bc += hd.count(s - 1);
-      bm += hd.mass(s - 1);
-      m = hd.count(s) - hd.count(s - 1);
-      lo += uint64_t(s) << shift;
-      hi = min_u64(hi, lo + ((uint64_t(1) << shift) - 1));
+      w.narrow(hd, kBuckets, shift, target, by_mass, sm);
       __syncthreads();  // every thread has read hd
     }
     if (tid == 0) sm.list_n = 0;
@@ -581,25 +589,21 @@ static __global__ void __launch_bounds__(kChooseThreads)
     for_each_group(y, V, false, [&](int64_t g, const float* ys, int nv) {
       for (int e = 0; e < nv; ++e) {
         const uint64_t key = sample_key(ys[e], 4 * g + e);
-        if (key < lo || key > hi) continue;
+        if (!w.holds(key)) continue;
         const uint32_t i = atomicAdd(&sm.list_n, 1u);
         sm.u.list.key[i] = key;
         sm.u.list.q[i] = hp ? mass_q32(row_prob(ys[e], lse)) : 0;
       }
     });
     __syncthreads();
-    return finish_list(int(m), bc, bm);
+    return finish_list(int(w.m), w.below_c, w.below_m);
   };
   auto locate = [&](uint64_t target, bool by_mass) {
     if (!list.covers(target, by_mass)) {
       list = build_list(target, by_mass);
       fast = false;
     }
-    Found f = list_locate(sm, list.n, list.lo, list.hi,
-                          by_mass ? target - list.below_m : target - list.below_c, by_mass);
-    f.cnt += list.below_c;
-    f.mass += list.below_m;
-    return f;
+    return list_locate(sm, int(list.w.m), list.w, target, by_mass);
   };
 
   // The last kept key of the canonical order (§S.5: top-k, then top-p over the top-k set).
@@ -622,7 +626,7 @@ static __global__ void __launch_bounds__(kChooseThreads)
 
   if (fast) {
     // The list's candidates (bins < b_lo were scored in pass 2).
-    for (int i = tid; i < list.n; i += kChooseThreads) {
+    for (int i = tid; i < int(list.w.m); i += kChooseThreads) {
       const uint64_t key = sm.u.list.key[i];
       if (key > last) continue;
       const int64_t v = int64_t(key & kVocabMask);
