@@ -59,10 +59,13 @@ __device__ __forceinline__ bool better(const Cand& a, const Cand& b) {
 
 __device__ __forceinline__ Cand no_cand() { return Cand{neg_inf_f32(), 0x7fffffff}; }
 
-// p_v = exp(y − lse) (§S.5) and its mass floor(p · 2^32) (p·2^32 is exact in fp32; the
-// conversion truncates).
+// p_v = exp(d), d = y − lse (§S.5), and its mass q = floor(p · 2^32) (p·2^32 is exact in fp32;
+// the conversion truncates).
+// NOTE: d < −23 skips the exp: p <= e^-23 (1 + 2^-23) < 2^-32 (ls_expf errs by < 1 ulp), so q = 0.
 __device__ __forceinline__ float row_prob(float y, float lse) { return ls_expf(__fsub_rn(y, lse)); }
-__device__ __forceinline__ uint64_t mass_q32(float p) { return uint64_t(__fmul_rn(p, 0x1p32f)); }
+__device__ __forceinline__ uint64_t mass_q32(float d) {
+  return d < -23.0f ? 0 : uint64_t(__fmul_rn(ls_expf(d), 0x1p32f));
+}
 
 // g_v from one Philox word (§S.6).
 __device__ __forceinline__ float gumbel_from_word(uint32_t word) {
@@ -100,11 +103,11 @@ __device__ __forceinline__ uint64_t sample_key(float y, int64_t v) {
   return (uint64_t(~ordered(__uint_as_float(u))) << kVocabBits) | uint64_t(v);
 }
 
-// Level-0 bin of an entry: x = lse − y in bins of 1/128 nat (x + 32 lies in [32, 64), where the
-// float bits are linear in x: 2^-18 nat per step, >> 11), kTail for x >= 31.99 and y = −inf.
-// Non-decreasing in x, so the bins are key ranges in canonical order and never split equal y.
-__device__ __forceinline__ int level0_bucket(float y, float lse) {
-  const float x = fmaxf(__fadd_rn(__fsub_rn(lse, y), 32.0f), 32.0f);
+// Level-0 bin of an entry, from d = y − lse: −d in bins of 1/128 nat (32 − d lies in [32, 64),
+// where the float bits are linear: 2^-18 nat per step, >> 11), kTail for −d >= 31.99 and y = −inf.
+// Non-increasing in y, so the bins are key ranges in canonical order and never split equal y.
+__device__ __forceinline__ int level0_bin(float d) {
+  const float x = fmaxf(__fsub_rn(32.0f, d), 32.0f);
   const uint32_t b = (__float_as_uint(x) - 0x42000000u) >> 11;
   return b < uint32_t(kTail) ? int(b) : kTail;
 }
@@ -338,22 +341,22 @@ struct ListRange {
 template <class Fn>
 __device__ __forceinline__ void for_each_group(const float* __restrict__ y, int64_t V, bool reverse,
                                                Fn&& fn) {
-  const int64_t ng = (V + 3) >> 2;
+  const int ng = int((V + 3) >> 2), nv_last = int(V - 4 * int64_t(ng - 1));  // V < 2^21
   const float4* y4 = reinterpret_cast<const float4*>(y);
-  auto at = [&](int64_t i) {
+  auto at = [&](int i) {
     return i < ng ? __ldg(y4 + (reverse ? ng - 1 - i : i)) : make_float4(0, 0, 0, 0);
   };
   float4 ahead[kAhead];
 #pragma unroll
-  for (int j = 0; j < kAhead; ++j) ahead[j] = at(threadIdx.x + int64_t(j) * kChooseThreads);
-  for (int64_t i = threadIdx.x; i < ng; i += kChooseThreads) {
+  for (int j = 0; j < kAhead; ++j) ahead[j] = at(int(threadIdx.x) + j * kChooseThreads);
+  for (int i = int(threadIdx.x); i < ng; i += kChooseThreads) {
     const float4 cur = ahead[0];
 #pragma unroll
     for (int j = 0; j + 1 < kAhead; ++j) ahead[j] = ahead[j + 1];
-    ahead[kAhead - 1] = at(i + int64_t(kAhead) * kChooseThreads);
-    const int64_t g = reverse ? ng - 1 - i : i;
+    ahead[kAhead - 1] = at(i + kAhead * kChooseThreads);
+    const int g = reverse ? ng - 1 - i : i;
     const float ys[4] = {cur.x, cur.y, cur.z, cur.w};
-    fn(g, ys, V - 4 * g < 4 ? int(V - 4 * g) : 4);
+    fn(int64_t(g), ys, g == ng - 1 ? nv_last : 4);
   }
 }
 
@@ -483,8 +486,9 @@ static __global__ void __launch_bounds__(kChooseThreads)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       if (e >= nv) break;
-      const int b = level0_bucket(ys[e], lse);
-      const uint64_t q = hp ? mass_q32(row_prob(ys[e], lse)) : 0;
+      const float d = __fsub_rn(ys[e], lse);
+      const int b = level0_bin(d);
+      const uint64_t q = hp ? mass_q32(d) : 0;
       if (b == kTail) {
         tail_n += 1;
         tail_q += q;
@@ -519,13 +523,14 @@ static __global__ void __launch_bounds__(kChooseThreads)
   // Pass 2 (descending: the row's end is the most recently read): bins < b_lo are candidates,
   // [b_lo, b_hi] go to the list.
   gumbel_pass(true, [&](float yv, int64_t v) {
-    const int b = level0_bucket(yv, lse);
+    const float d = __fsub_rn(yv, lse);
+    const int b = level0_bin(d);
     if (b < b_lo) return true;
     if (b <= b_hi) {
       const uint32_t i = atomicAdd(&sm.list_n, 1u);
       if (i < uint32_t(kListCap)) {
         sm.u.list.key[i] = sample_key(yv, v);
-        sm.u.list.q[i] = hp ? mass_q32(row_prob(yv, lse)) : 0;
+        sm.u.list.q[i] = hp ? mass_q32(d) : 0;
       }
     }
     return false;
@@ -557,7 +562,7 @@ static __global__ void __launch_bounds__(kChooseThreads)
     uint64_t lo = ~uint64_t(0), hi = 0, m = 0;
     for_each_group(y, V, false, [&](int64_t g, const float* ys, int nv) {
       for (int e = 0; e < nv; ++e) {
-        if (level0_bucket(ys[e], lse) != b) continue;
+        if (level0_bin(__fsub_rn(ys[e], lse)) != b) continue;
         const uint64_t key = sample_key(ys[e], 4 * g + e);
         lo = min_u64(lo, key);
         hi = max_u64(hi, key);
@@ -577,7 +582,7 @@ static __global__ void __launch_bounds__(kChooseThreads)
         for (int e = 0; e < nv; ++e) {
           const uint64_t key = sample_key(ys[e], 4 * g + e);
           if (w.holds(key))
-            hd.add(int((key - w.lo) >> shift), hp ? mass_q32(row_prob(ys[e], lse)) : 0);
+            hd.add(int((key - w.lo) >> shift), hp ? mass_q32(__fsub_rn(ys[e], lse)) : 0);
         }
       });
       __syncthreads();
@@ -592,7 +597,7 @@ static __global__ void __launch_bounds__(kChooseThreads)
         if (!w.holds(key)) continue;
         const uint32_t i = atomicAdd(&sm.list_n, 1u);
         sm.u.list.key[i] = key;
-        sm.u.list.q[i] = hp ? mass_q32(row_prob(ys[e], lse)) : 0;
+        sm.u.list.q[i] = hp ? mass_q32(__fsub_rn(ys[e], lse)) : 0;
       }
     });
     __syncthreads();
