@@ -86,6 +86,15 @@ __device__ __forceinline__ Philox4 noise_words(uint64_t seed, uint64_t rid, uint
                        uint32_t(seed), uint32_t(seed >> 32));
 }
 
+// A shared word that other threads update atomically, read as an atomic (relaxed) load.
+__device__ __forceinline__ uint32_t load_relaxed(const uint32_t* shared) {
+  uint32_t v;
+  asm volatile("ld.relaxed.cta.shared.u32 %0, [%1];"
+               : "=r"(v)
+               : "r"(uint32_t(__cvta_generic_to_shared(shared))));
+  return v;
+}
+
 // A float's bits as an unsigned integer in the float's order (−0 just below +0).
 __device__ __forceinline__ uint32_t ordered(float f) {
   const uint32_t u = __float_as_uint(f);
@@ -440,9 +449,7 @@ static __global__ void __launch_bounds__(kChooseThreads)
   // The Gumbel-max. score_thr: the best score found so far by any thread (a candidate's); an
   // entry whose bound y + G is below it cannot win (strictly below: a tie might have a lower id).
   Cand best = arg;
-  auto threshold = [&] {
-    return from_ordered(*reinterpret_cast<volatile uint32_t*>(&sm.score_thr));
-  };
+  auto threshold = [&] { return from_ordered(load_relaxed(&sm.score_thr)); };
   auto consider = [&](float yv, int64_t v, uint32_t word) {
     if (__fadd_rn(yv, sm.gbound[word >> (32 - kGumbelBoundBits)]) < threshold()) return;
     if (min_p && !(row_prob(yv, lse) >= min_p_thr)) return;
