@@ -7,11 +7,12 @@
 # OpenBLAS runtime into build-gpu-pack/gpu.tgz, which the device side unpacks into build-gpu/.)
 # Parts (default: tests bench): tests = every GPU test (build-gpu/test_*: each exits non-zero on
 # any mismatch) and the MMA probe (quick mode); bench = the GEMM, small-M GEMM, attention and
-# log-prob benchmarks, each beside its peer (cuBLAS, PyTorch SDPA, PyTorch log_softmax); bwdbench =
-# the backward's benchmarks beside theirs (cuBLAS, SDPA, torch / Liger / cut-cross-entropy: carry
-# .whl too); share = group-shared prompts in training (bench_train_shared, then `lockstep grpo
-# --device cuda --share-prompts`); grpo = the GRPO loop at the Qwen3-0.6B shape beside --baseline
-# (step time by phase); sanitize = compute-sanitizer memcheck and racecheck over every test in
+# log-prob benchmarks, each beside its peer (cuBLAS, PyTorch SDPA, PyTorch log_softmax, the torch
+# sampler for the sampling choice stage); bwdbench = the backward's benchmarks beside theirs
+# (cuBLAS, SDPA, torch / Liger / cut-cross-entropy: carry .whl too); share = group-shared prompts
+# in training (bench_train_shared, then `lockstep grpo --device cuda --share-prompts`); grpo = the
+# GRPO loop at the Qwen3-0.6B shape beside --baseline (step time by phase); sanitize =
+# compute-sanitizer memcheck and racecheck over every test in
 # --quick mode; audit = scripts/gpu_audit.sh (the engine on the GPU); after bench / audit,
 # scripts/perf_bars.py reports the issue's performance bars. Logs go under $OUT (./out by
 # hand): summary.txt and logs.tar.gz (re-packed after every step, so a run cut off at its time
@@ -142,7 +143,8 @@ if has bench; then
   bench bench_attention bash -c "PYTHONUNBUFFERED=1 python3 bench/cuda/attention_sdpa.py --out '$L/sdpa.csv' &&
     build-gpu/bench_attention --sdpa '$L/sdpa.csv'"
   bench bench_logprob bash -c "build-gpu/bench_logprob --json '$L/lp.json' &&
-    PYTHONUNBUFFERED=1 python3 bench/cuda/logprob_torch.py --ours '$L/lp.json'"
+    PYTHONUNBUFFERED=1 python3 bench/cuda/logprob_torch.py --ours '$L/lp.json' &&
+    PYTHONUNBUFFERED=1 python3 bench/cuda/sampling_torch.py --ours '$L/lp.json'"
 fi
 
 # The backward's benchmarks (issue 11), each beside its peers in the same call: the GEMM dX / dW

@@ -9,6 +9,14 @@
 // (--json PATH) that bench/cuda/logprob_torch.py prints next to PyTorch's numbers:
 //   ./build-gpu-lp/bench_logprob --json /tmp/lp.json && python3 bench/cuda/logprob_torch.py \
 //       --ours /tmp/lp.json
+// Sampling's choice stage (filters + Gumbel-max after the logits and the LogP state exist:
+// cuda::detail::sample_block_choose) is timed alone on --choice-rows rows (default 128) per
+// setting, at temperature 1 (flat rows: z has std ~1.3) and 0.25 (peaked), next to the whole
+// cuda::sample on the same rows (whose ids must equal the stage's; the exit status says so too).
+// The JSON's "choice" part is what bench/cuda/sampling_torch.py (the torch sampler on logits of
+// the same shape and law) prints beside its own times:
+//   ./build-gpu/bench_logprob --json /tmp/lp.json && python3 bench/cuda/sampling_torch.py \
+//       --ours /tmp/lp.json
 // NOTE: the default pool's release threshold is raised so freed scratch stays reserved between
 // calls (as PyTorch's caching allocator keeps its blocks); the first, cold call is timed apart.
 #include <cuda_runtime.h>
@@ -23,8 +31,9 @@
 #include <string>
 #include <vector>
 
-#include "cuda/cuda_ck.h"           // CK
-#include "cuda/logprob_internal.h"  // the producer hook (fused / unfused)
+#include "cuda/cuda_ck.h"            // CK
+#include "cuda/logprob_internal.h"   // the producer hook (fused / unfused)
+#include "cuda/sampling_internal.h"  // the sampling stages
 #include "lockstep/contract.h"
 #include "lockstep/cuda/gemm.h"
 #include "lockstep/cuda/logprob.h"
@@ -86,10 +95,122 @@ double time_ms(int reps, const std::function<void()>& fn) {
   return median(ms);
 }
 
+// One sampling setting of the choice benchmark (every row gets it).
+struct ChoiceCase {
+  const char* name;
+  float temperature;
+  int64_t top_k;
+  float top_p, min_p;
+};
+
+struct ChoiceResult {
+  ChoiceCase c;
+  double choice_ms, sample_ms;
+  bool same_ids;
+};
+
+// The choice stage alone on R rows (logits z = h[0, R) · Wᵀ, LogP state once per temperature),
+// then cuda::sample on the same rows; the ids of both must agree.
+std::vector<ChoiceResult> bench_choice(const TensorView& vh, const TensorView& vw,
+                                       const ContractConfig& cfg, int64_t R, int reps) {
+  namespace d = cuda::detail;
+  const int64_t V = vw.size(0);
+  const LogprobVocabLayout lay = logprob_vocab_layout(cfg, V);
+  const int64_t n_tiles = lay.padded / lay.tile;
+  float *z, *states, *stats, *logp;
+  int64_t *ids, *ids_op, *idx;
+  d::SampleRow* info;
+  CK(cudaMalloc(&z, size_t(R * lay.padded) * 4));
+  CK(cudaMalloc(&states, size_t(R * n_tiles * 3) * 4));
+  CK(cudaMalloc(&stats, size_t(4 * R) * 4));
+  CK(cudaMalloc(&logp, size_t(R) * 4));
+  CK(cudaMalloc(&ids, size_t(R) * 8));
+  CK(cudaMalloc(&ids_op, size_t(R) * 8));
+  CK(cudaMalloc(&idx, size_t(2 * R) * 8));
+  CK(cudaMalloc(&info, size_t(R) * sizeof(d::SampleRow)));
+  std::vector<int64_t> hidx(static_cast<size_t>(2 * R));
+  for (int64_t t = 0; t < R; ++t) hidx[size_t(t)] = t, hidx[size_t(R + t)] = 100 + t;
+  CK(cudaMemcpy(idx, hidx.data(), hidx.size() * 8, cudaMemcpyHostToDevice));
+  const TensorView rid = TensorView::contiguous(idx, DType::kI64, {R}, Device::kCUDA);
+  const TensorView pos = TensorView::contiguous(idx + R, DType::kI64, {R}, Device::kCUDA);
+  const d::SampleBlockParams bp{.y = z,
+                                .ldy = lay.padded,
+                                .rows = R,
+                                .V = V,
+                                .states = states,
+                                .n_tiles = n_tiles,
+                                .tile = lay.tile,
+                                .info = info,
+                                .rid = d::index_ref(rid),
+                                .pos = d::index_ref(pos),
+                                .lse = stats,
+                                .entropy = stats + R,
+                                .out_id = ids,
+                                .out_logp = logp};
+  const ChoiceCase cases[] = {
+      {"greedy", 0.0f, 0, 1.0f, 0.0f},
+      {"plain", 1.0f, 0, 1.0f, 0.0f},
+      {"min-p 0.1", 1.0f, 0, 1.0f, 0.1f},
+      {"top-k 50", 1.0f, 50, 1.0f, 0.0f},
+      {"top-p 0.9", 1.0f, 0, 0.9f, 0.0f},
+      {"top-p 0.5", 1.0f, 0, 0.5f, 0.0f},
+      {"top-k 50 + top-p 0.9", 1.0f, 50, 0.9f, 0.0f},
+      {"top-k 50 + top-p 0.9 + min-p 0.05", 1.0f, 50, 0.9f, 0.05f},
+  };
+  std::vector<ChoiceResult> out;
+  for (float tau : {1.0f, 0.25f}) {
+    const TensorView zv = [&] {
+      TensorView v = TensorView::contiguous(z, DType::kF32, {R, V}, Device::kCUDA);
+      v.stride[0] = lay.padded;
+      return v;
+    }();
+    for (ChoiceCase c : cases) {
+      if (c.temperature == 0.0f && tau != 1.0f) continue;  // greedy: τ_lp = 1 anyway
+      if (c.temperature != 0.0f) c.temperature = tau;
+      SamplingParams sp;
+      sp.temperature = c.temperature;
+      sp.top_k = c.top_k;
+      sp.top_p = c.top_p;
+      sp.min_p = c.min_p;
+      std::vector<SamplingParams> ps(static_cast<size_t>(R), sp);
+      std::vector<d::SampleRow> rows(static_cast<size_t>(R));
+      for (int64_t t = 0; t < R; ++t) {
+        ps[size_t(t)].seed = uint64_t(t);
+        rows[size_t(t)] = d::sample_row(ps[size_t(t)], V);
+      }
+      CK(cudaMemcpy(info, rows.data(), rows.size() * sizeof(d::SampleRow), cudaMemcpyHostToDevice));
+      // The logits and the LogP state at this setting's τ_lp (the stage reads them only).
+      cuda::gemm_bf16_nt(vh.rows(0, R), vw, nullptr, logprob_logits_gemm(cfg), zv);
+      d::sample_block_state(bp, lay, nullptr, "bench_choice");
+      auto choose = [&] { d::sample_block_choose(bp, nullptr, "bench_choice"); };
+      choose();
+      const double choice_ms = time_ms(reps, choose);
+      auto samp = [&] {
+        cuda::sample(vh.rows(0, R), vw, ps, rid, pos, cfg,
+                     TensorView::contiguous(ids_op, DType::kI64, {R}, Device::kCUDA),
+                     TensorView::contiguous(logp, DType::kF32, {R}, Device::kCUDA),
+                     TensorView::contiguous(stats + 2 * R, DType::kF32, {R}, Device::kCUDA),
+                     TensorView::contiguous(stats + 3 * R, DType::kF32, {R}, Device::kCUDA));
+      };
+      samp();
+      const double sample_ms = time_ms(std::max(1, reps / 2), samp);
+      std::vector<int64_t> a(static_cast<size_t>(R)), b(static_cast<size_t>(R));
+      CK(cudaMemcpy(a.data(), ids, size_t(R) * 8, cudaMemcpyDeviceToHost));
+      CK(cudaMemcpy(b.data(), ids_op, size_t(R) * 8, cudaMemcpyDeviceToHost));
+      out.push_back({c, choice_ms, sample_ms, a == b});
+    }
+  }
+  for (void* p : {static_cast<void*>(z), static_cast<void*>(states), static_cast<void*>(stats),
+                  static_cast<void*>(logp), static_cast<void*>(ids), static_cast<void*>(ids_op),
+                  static_cast<void*>(idx), static_cast<void*>(info)})
+    CK(cudaFree(p));
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t T = 8192, H = 4096, V = 151936, Ts = 512;
+  int64_t T = 8192, H = 4096, V = 151936, Ts = 512, Rc = 128;
   int reps = 5;
   std::string json;
   std::vector<int64_t> pos;
@@ -100,12 +221,15 @@ int main(int argc, char** argv) {
       json = argv[++i];
     } else if (std::strcmp(argv[i], "--sample-rows") == 0 && i + 1 < argc) {
       Ts = std::atoll(argv[++i]);
+    } else if (std::strcmp(argv[i], "--choice-rows") == 0 && i + 1 < argc) {
+      Rc = std::atoll(argv[++i]);
     } else {
       pos.push_back(std::atoll(argv[i]));
     }
   }
   if (pos.size() >= 3) T = pos[0], H = pos[1], V = pos[2];
   Ts = std::min(Ts, T);
+  Rc = std::min(Rc, T);
   const ContractConfig cfg;  // defaults: gemm_segments 1, vocab_tile 256, vocab_segments 1
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
@@ -223,6 +347,9 @@ int main(int argc, char** argv) {
   };
   samp();
   const double sample_ms = time_ms(std::max(1, reps / 2), samp);
+  const std::vector<ChoiceResult> choice = bench_choice(vh, vw, cfg, Rc, reps);
+  bool choice_same = true;
+  for (const ChoiceResult& c : choice) choice_same = choice_same && c.same_ids;
 
   const double flop = 2.0 * double(T) * double(H) * double(V);
   const double mib = 1.0 / double(1 << 20);
@@ -243,6 +370,15 @@ int main(int argc, char** argv) {
               (long long)Ts, sample_ms);
   std::printf("device memory: free before %.1f MiB, after %.1f MiB (inputs %.1f MiB)\n",
               double(free0) * mib, double(free1) * mib, double((T + V) * H * 2) * mib);
+  std::printf(
+      "\nsampling, %lld rows x V=%lld: the choice stage alone (filters + Gumbel-max after "
+      "the logits and the LogP state; %s) and the whole cuda::sample\n",
+      (long long)Rc, (long long)V, cuda::detail::sample_choose_config().c_str());
+  std::printf("| setting | temperature | choice stage us | whole cuda::sample ms | ids equal |\n");
+  std::printf("|---|---|---|---|---|\n");
+  for (const ChoiceResult& c : choice)
+    std::printf("| %s | %g | %.1f | %.3f | %s |\n", c.c.name, c.c.temperature, c.choice_ms * 1e3,
+                c.sample_ms, c.same_ids ? "yes" : "NO");
   if (!json.empty()) {
     FILE* f = std::fopen(json.c_str(), "w");
     if (f) {
@@ -250,10 +386,20 @@ int main(int argc, char** argv) {
                    "{\"T\": %lld, \"H\": %lld, \"V\": %lld, \"ms\": %.4f, \"cold_ms\": %.4f, "
                    "\"gemm_ms\": %.4f, \"sample_ms\": %.4f, \"sample_rows\": %lld, "
                    "\"peak_scratch_mib\": %.2f, \"reserved_high_mib\": %.2f, "
-                   "\"fused_ms\": %.4f, \"unfused_ms\": %.4f, \"producers_equal\": %s}\n",
+                   "\"fused_ms\": %.4f, \"unfused_ms\": %.4f, \"producers_equal\": %s, "
+                   "\"choice_rows\": %lld, \"choice\": [",
                    (long long)T, (long long)H, (long long)V, ms, cold, gemm_ms, sample_ms,
                    (long long)Ts, double(used_high) * mib, double(reserved_high) * mib, prod_ms[0],
-                   prod_ms[1], prod_same[0] && prod_same[1] ? "true" : "false");
+                   prod_ms[1], prod_same[0] && prod_same[1] ? "true" : "false", (long long)Rc);
+      for (size_t i = 0; i < choice.size(); ++i) {
+        const ChoiceResult& c = choice[i];
+        std::fprintf(f,
+                     "%s{\"name\": \"%s\", \"temperature\": %g, \"top_k\": %lld, "
+                     "\"top_p\": %g, \"min_p\": %g, \"choice_us\": %.2f, \"sample_ms\": %.4f}",
+                     i ? ", " : "", c.c.name, c.c.temperature, (long long)c.c.top_k, c.c.top_p,
+                     c.c.min_p, c.choice_ms * 1e3, c.sample_ms);
+      }
+      std::fprintf(f, "]}\n");
       std::fclose(f);
     }
   }
@@ -262,5 +408,5 @@ int main(int argc, char** argv) {
   CK(cudaFree(tg));
   CK(cudaFree(out));
   CK(cudaFree(ids));
-  return prod_same[0] && prod_same[1] ? 0 : 1;
+  return prod_same[0] && prod_same[1] && choice_same ? 0 : 1;
 }

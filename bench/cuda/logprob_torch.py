@@ -33,6 +33,14 @@ def bench(fn, reps):
     return times[len(times) // 2], peak / 2**20
 
 
+def inputs(T, H, V, dev="cuda"):
+    """h [T, H] uniform in [-1, 1] and W [V, H] in [-1/16, 1/16], bf16 (bench_logprob's law)."""
+    torch.manual_seed(0)
+    h = (torch.rand(T, H, device=dev) * 2 - 1).to(torch.bfloat16)
+    W = ((torch.rand(V, H, device=dev) * 2 - 1) * 0.0625).to(torch.bfloat16)
+    return h, W
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--T", type=int, default=8192)
@@ -41,10 +49,8 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--ours", default="")
     a = ap.parse_args()
-    torch.manual_seed(0)
     dev = "cuda"
-    h = (torch.rand(a.T, a.H, device=dev) * 2 - 1).to(torch.bfloat16)
-    W = ((torch.rand(a.V, a.H, device=dev) * 2 - 1) * 0.0625).to(torch.bfloat16)
+    h, W = inputs(a.T, a.H, a.V, dev)
     t = torch.randint(0, a.V, (a.T,), device=dev)
 
     def logp_only():

@@ -24,6 +24,7 @@
 #include "cuda/logprob.cuh"
 #include "cuda/logprob_epilogue.cuh"  // the fused log-prob epilogue
 #include "cuda/logprob_internal.h"
+#include "cuda/sampling_internal.h"  // sample_choose_config
 #include "lockstep/cuda/gemm.h"
 #include "lockstep/cuda/logprob.h"
 #include "lockstep/ops/gemm.h"
@@ -42,8 +43,6 @@ constexpr int64_t kStatesBudget = int64_t(64) << 20;   // bytes of [token_block,
 // rows), bounded by the tile-state budget.
 constexpr int64_t kFusedTokenBlock = 8192;
 constexpr int64_t kSampleLogitsBudget = int64_t(128) << 20;
-constexpr int64_t kSortBudget = int64_t(64) << 20;
-constexpr int64_t kMaxSortBatch = 64;
 
 // Both plans' token block (fewer rows when a block's tile states would pass their budget: tiny
 // tiles, huge V) and scratch, with one vocab chunk and no logits.
@@ -113,10 +112,8 @@ SamplePlan sample_plan(const LogprobVocabLayout& lay) {
   int64_t rb = kSampleLogitsBudget / (lay.padded * 4);
   if (rb >= 32) rb = rb / 32 * 32;
   sp.row_block = std::clamp<int64_t>(rb, 1, kSampleRowBlock);
-  sp.sort_batch = std::clamp<int64_t>(kSortBudget / (lay.vocab_size * 16), 1, kMaxSortBatch);
   sp.logits_bytes = sp.row_block * lay.padded * 4;
   sp.states_bytes = sp.row_block * (lay.padded / lay.tile) * 12;
-  sp.sort_bytes = sp.sort_batch * lay.vocab_size * 16;
   return sp;
 }
 
@@ -418,22 +415,22 @@ std::string logprob_launch_plan(const ContractConfig& cfg, int64_t hidden, int64
   } else {
     std::snprintf(fused, sizeof fused, "UNFUSED (the fused producer needs vocab_tile=256) ");
   }
-  char buf[1536];
+  char buf[2048];
   std::snprintf(
       buf, sizeof buf,
       "logprob: H=%lld V=%lld V_pad=%lld vocab_tile=%lld vocab_segments=%d logits K segments=%d "
       "tiles=%lld | linear_logprob: %s(token_block=%lld, vocab chunks=%lld x %lld tiles (%lld "
       "entries), per block: GEMM [%lld x %lld] fp32 -> tile states (8 lanes/tile, 32 tiles/CTA) "
       "-> fold/tree/finish (1 thread/token); scratch %.1f MiB (logits %.1f + tile states %.1f + "
-      "targets %.3f)) whatever T is | sample: row_block=%lld, sort batch=%lld rows; scratch "
-      "%.1f MiB (logits %.1f + tile states %.1f + sort keys %.1f, + CUB temp) + 20 B per token",
+      "targets %.3f)) whatever T is | sample: row_block=%lld; scratch %.1f MiB (logits %.1f + "
+      "tile states %.1f) + 20 B per token; %s",
       (long long)hidden, (long long)vocab, (long long)lay.padded, (long long)lay.tile, lay.segments,
       logprob_logits_gemm(cfg).segments, (long long)n_tiles, fused, (long long)pl.token_block,
       (long long)pl.chunks, (long long)pl.chunk_tiles, (long long)(pl.chunk_tiles * lay.tile),
       (long long)pl.token_block, (long long)(pl.chunk_tiles * lay.tile), mib(pl.total_bytes()),
       mib(pl.logits_bytes), mib(pl.states_bytes), mib(pl.target_bytes), (long long)sp.row_block,
-      (long long)sp.sort_batch, mib(sp.logits_bytes + sp.states_bytes + sp.sort_bytes),
-      mib(sp.logits_bytes), mib(sp.states_bytes), mib(sp.sort_bytes));
+      mib(sp.logits_bytes + sp.states_bytes), mib(sp.logits_bytes), mib(sp.states_bytes),
+      detail::sample_choose_config().c_str());
   return buf;
 }
 

@@ -83,9 +83,8 @@ LogprobProducer linear_logprob_partial_with_producer(
 
 // Sampling's plan: a row block holds whole padded vocab rows (the filters need the full row).
 struct SamplePlan {
-  int64_t row_block = 0;   // rows per GEMM call
-  int64_t sort_batch = 0;  // filtered rows sorted together (top-k / top-p)
-  int64_t logits_bytes = 0, states_bytes = 0, sort_bytes = 0;  // sort: keys in + out (u64)
+  int64_t row_block = 0;  // rows per GEMM call
+  int64_t logits_bytes = 0, states_bytes = 0;
 };
 SamplePlan sample_plan(const LogprobVocabLayout& lay);
 

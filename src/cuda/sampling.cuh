@@ -1,15 +1,22 @@
-// Sampling kernels, docs/contract.md §S, over a block of rows whose tempered logits
-// y = z / τ_lp (padding −inf) sit in a [rows, V_pad] scratch and whose lse / entropy the LogP
-// kernels (logprob.cuh) already wrote:
-//   - greedy (τ = 0): argmax y, ties → lowest index;
-//   - plain rows (no filter, or min-p only): Gumbel-max over y[v] + g_v (Philox4x32-10, one call
-//     per 4 consecutive ids, g = −log(−log(u)) with the project's log) over the entries with
+// Sampling kernels, docs/contract.md §S, over a block of rows whose tempered logits y = z / τ_lp
+// (padding −inf) sit in a [rows, ldy] scratch and whose LogP tile states, lse and entropy the
+// LogP kernels (logprob.cuh) already wrote. One CTA per row (sample_choose_kernel):
+//   - the argmax (lowest index among the largest y) from the tile maxima: greedy rows stop here;
+//   - plain rows (no filter, or min-p only): one pass, Gumbel-max over the entries with
 //     y != −inf (and p_v >= min_p·p_max);
-//   - top-k / top-p rows: the row's (y desc, v asc) keys sorted by the launcher (CUB), then top-k =
-//     the first k, top-p = the shortest prefix whose integer masses floor(p·2^32) reach
-//     ceil(top_p·Q) (exact: integer sums), min-p elementwise, Gumbel-max over what is left.
-// Every argmax is a reduction with the total order "greater score, or equal score and lower id",
-// so any reduction tree gives the same id (§S.7). One CTA per row.
+//   - top-k / top-p rows: a radix select on the canonical order instead of a sort. Pass 1: a
+//     histogram over lse − y in bins of 1/128 nat (4095 bins, then a tail) of counts and exact
+//     integer masses floor(p·2^32); the scans give the bins [b_lo, b_hi] that can hold the top-k
+//     boundary and the top-p boundary (whose threshold depends on the top-k set's mass: its
+//     possible range). Pass 2: the entries of bins < b_lo are candidates (Gumbel now); those of
+//     [b_lo, b_hi] go to a shared-memory list, where 8-bit digit histograms of the unique keys
+//     (y descending, v ascending) narrow each boundary to one key. If the list overflows, extra
+//     passes narrow by 12-bit key digits over the row, then one last pass scores the candidates.
+// Every count and mass is an integer sum, the order is strict and total, so the boundaries are
+// those of a full sort whatever the reduction order. Every argmax is a reduction with the total
+// order "greater score, or equal score and lower id" (§S.7); entries whose score bound
+// y + G(u's top bits) is below a score already found are skipped (they cannot win: G bounds g for
+// every uniform, checked on the device for all 2^23 of them).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,37 +27,26 @@
 #include "core/math.h"
 #include "core/philox.h"
 #include "cuda/logprob.cuh"
+#include "cuda/sampling_internal.h"
 
 namespace lockstep::cuda::detail {
 
-constexpr int kSelectThreads = 512;
-constexpr int kMaxSortRows = 64;
-constexpr int kVocabBits = 21;  // V < 2^21: a sort key is (desc(y) << 21) | v
+// NOTE: 512 threads (up to 128 registers: the passes run without spills; 1024 threads spill at
+// 64), kAhead loads of 16 bytes in flight per thread in the passes over the row.
+constexpr int kChooseThreads = 512;
+constexpr int kChooseWarps = kChooseThreads / 32;
+constexpr int kAhead = 4;
+constexpr int kVocabBits = 21;  // V < 2^21: a key is (desc(y) << 21) | v
 constexpr uint64_t kVocabMask = (uint64_t(1) << kVocabBits) - 1;
-
-enum SampleMode : int { kGreedy = 0, kPlain = 1, kSorted = 2 };
-
-// One row's settings (from SamplingParams, on the device).
-struct SampleRow {
-  uint64_t seed;
-  float temperature;
-  float tau_lp;  // logprob_temperature()
-  int64_t top_k;
-  float top_p;
-  float min_p;
-  int mode;      // SampleMode
-  int top_k_on;  // 0 < top_k < V
-};
-
-struct SampleBlockParams {
-  float* y;  // [rows, ldy]: z on entry of the temper kernel, y afterwards
-  int64_t ldy, rows, row0, V;
-  const SampleRow* info;  // [T]
-  IndexRef rid, pos;      // [T]
-  const float* lse;       // [T] (row stats, canonical)
-  int64_t* out_id;        // [T]
-  float* out_logp;        // [T]
-};
+constexpr int kBucketBits = 12;  // level 0 and the row digits: 4096 bins
+constexpr int kBuckets = 1 << kBucketBits;
+constexpr int kTail = kBuckets - 1;  // lse − y >= 31.99 nat, and y = −inf
+constexpr int kListCap = 8192;       // boundary entries kept in shared memory
+constexpr int kListDigitBits = 8;
+constexpr int kListBins = 1 << kListDigitBits;
+constexpr int kFew = 32;  // a key window this small is ranked by one warp
+constexpr int kGumbelBoundBits = 10;
+constexpr int kGumbelBounds = 1 << kGumbelBoundBits;
 
 struct Cand {
   float score;
@@ -63,43 +59,314 @@ __device__ __forceinline__ bool better(const Cand& a, const Cand& b) {
 
 __device__ __forceinline__ Cand no_cand() { return Cand{neg_inf_f32(), 0x7fffffff}; }
 
-// Block-wide best candidate (every thread gets it). smem: >= 32 Cands.
-__device__ __forceinline__ Cand block_best(Cand c, Cand* smem) {
-#pragma unroll
-  for (int o = 16; o >= 1; o >>= 1) {
-    Cand x{__shfl_xor_sync(0xffffffffu, c.score, o), __shfl_xor_sync(0xffffffffu, c.v, o)};
-    if (better(x, c)) c = x;
-  }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) smem[warp] = c;
-  __syncthreads();
-  if (warp == 0) {
-    c = lane < int(blockDim.x >> 5) ? smem[lane] : no_cand();
-#pragma unroll
-    for (int o = 16; o >= 1; o >>= 1) {
-      Cand x{__shfl_xor_sync(0xffffffffu, c.score, o), __shfl_xor_sync(0xffffffffu, c.v, o)};
-      if (better(x, c)) c = x;
-    }
-    if (lane == 0) smem[32] = c;
-  }
-  __syncthreads();
-  const Cand r = smem[32];
-  __syncthreads();
-  return r;
-}
-
-// p_v = exp(y − lse) (§S.5).
+// p_v = exp(d), d = y − lse (§S.5), and its mass q = floor(p · 2^32) (p·2^32 is exact in fp32;
+// the conversion truncates).
+// NOTE: d < −23 skips the exp: p <= e^-23 (1 + 2^-23) < 2^-32 (ls_expf errs by < 1 ulp), so q = 0.
 __device__ __forceinline__ float row_prob(float y, float lse) { return ls_expf(__fsub_rn(y, lse)); }
+__device__ __forceinline__ uint64_t mass_q32(float d) {
+  return d < -23.0f ? 0 : uint64_t(__fmul_rn(ls_expf(d), 0x1p32f));
+}
 
 // g_v from one Philox word (§S.6).
 __device__ __forceinline__ float gumbel_from_word(uint32_t word) {
   return -ls_logf(-ls_logf(philox_uniform(word)));
 }
 
+// An upper bound of g over the words whose top kGumbelBoundBits bits are j: g of the bin's largest
+// uniform, plus a margin for the logs' rounding (the bound is checked for every uniform:
+// sample_gumbel_bound_violations).
+__device__ __forceinline__ float gumbel_bound(int j) {
+  const uint32_t top = (uint32_t(j + 1) << (32 - kGumbelBoundBits)) - 1u;
+  return __fadd_rn(gumbel_from_word(top), 0x1p-10f);
+}
+
 __device__ __forceinline__ Philox4 noise_words(uint64_t seed, uint64_t rid, uint32_t pos,
                                                int64_t group) {
   return philox4x32_10(Philox4{{uint32_t(group), pos, uint32_t(rid), uint32_t(rid >> 32)}},
                        uint32_t(seed), uint32_t(seed >> 32));
+}
+
+// A shared word that other threads update atomically, read as an atomic (relaxed) load.
+__device__ __forceinline__ uint32_t load_relaxed(const uint32_t* shared) {
+  uint32_t v;
+  asm volatile("ld.relaxed.cta.shared.u32 %0, [%1];"
+               : "=r"(v)
+               : "r"(uint32_t(__cvta_generic_to_shared(shared))));
+  return v;
+}
+
+// A float's bits as an unsigned integer in the float's order (−0 just below +0).
+__device__ __forceinline__ uint32_t ordered(float f) {
+  const uint32_t u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float from_ordered(uint32_t o) {
+  return __uint_as_float((o & 0x80000000u) ? (o & 0x7fffffffu) : ~o);
+}
+
+// The canonical order's key: (desc(y) << 21) | v ascending = y descending, then v ascending
+// (−0 keyed as +0, so equal y compare by index for signed zeros too).
+__device__ __forceinline__ uint64_t sample_key(float y, int64_t v) {
+  uint32_t u = __float_as_uint(y);
+  if ((u & 0x7fffffffu) == 0) u = 0;
+  return (uint64_t(~ordered(__uint_as_float(u))) << kVocabBits) | uint64_t(v);
+}
+
+// Level-0 bin of an entry, from d = y − lse: −d in bins of 1/128 nat (32 − d lies in [32, 64),
+// where the float bits are linear: 2^-18 nat per step, >> 11), kTail for −d >= 31.99 and y = −inf.
+// Non-increasing in y, so the bins are key ranges in canonical order and never split equal y.
+__device__ __forceinline__ int level0_bin(float d) {
+  const float x = fmaxf(__fsub_rn(32.0f, d), 32.0f);
+  const uint32_t b = (__float_as_uint(x) - 0x42000000u) >> 11;
+  return b < uint32_t(kTail) ? int(b) : kTail;
+}
+
+// Exact u64 += q into a (lo, hi) pair of shared u32 words: the carries out of lo are counted by
+// the adds that wrap, whatever their order.
+__device__ __forceinline__ void add_mass(uint32_t* lo, uint32_t* hi, uint64_t q) {
+  const uint32_t ql = uint32_t(q);
+  uint32_t carry = uint32_t(q >> 32);
+  if (ql != 0) {
+    const uint32_t old = atomicAdd(lo, ql);
+    carry += old + ql < old ? 1u : 0u;
+  }
+  if (carry != 0) atomicAdd(hi, carry);
+}
+
+// A histogram of counts and masses in shared memory; after scan_hist, inclusive prefixes.
+struct Hist {
+  uint32_t* cnt;
+  uint32_t* lo;
+  uint32_t* hi;
+  __device__ void clear(int n) const {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) cnt[i] = lo[i] = hi[i] = 0;
+  }
+  __device__ void add(int b, uint64_t q) const {
+    atomicAdd(&cnt[b], 1u);
+    add_mass(&lo[b], &hi[b], q);
+  }
+  __device__ uint64_t count(int b) const { return b < 0 ? 0 : cnt[b]; }
+  __device__ uint64_t mass(int b) const {
+    return b < 0 ? 0 : (uint64_t(hi[b]) << 32) | uint64_t(lo[b]);
+  }
+  __device__ uint64_t cum(int b, bool by_mass) const { return by_mass ? mass(b) : count(b); }
+};
+
+using ChooseScan = cub::BlockScan<unsigned long long, kChooseThreads>;
+
+struct ChooseSmem {
+  uint32_t cnt[kBuckets], lo[kBuckets], hi[kBuckets];  // level 0
+  union {
+    struct {
+      uint64_t key[kListCap];
+      uint64_t q[kListCap];
+    } list;
+    struct {
+      uint32_t cnt[kBuckets], lo[kBuckets], hi[kBuckets];
+    } digit;  // row digits (only while the list is being rebuilt)
+  } u;
+  uint32_t sub_cnt[kListBins], sub_lo[kListBins], sub_hi[kListBins];  // list digits
+  float gbound[kGumbelBounds];
+  uint64_t few_key[kFew], few_q[kFew];
+  union {
+    ChooseScan::TempStorage scan;
+    uint64_t red[33];  // block_all
+  } t;
+  uint64_t found[3];
+  uint32_t list_n, few_n, score_thr;
+};
+
+template <class T>
+__device__ __forceinline__ T shfl_xor_any(T v, int o) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "one or two words");
+  if constexpr (sizeof(T) == 4) {
+    uint32_t w;
+    memcpy(&w, &v, 4);
+    w = __shfl_xor_sync(0xffffffffu, w, o);
+    memcpy(&v, &w, 4);
+  } else {
+    unsigned long long w;
+    memcpy(&w, &v, 8);
+    w = __shfl_xor_sync(0xffffffffu, w, o);
+    memcpy(&v, &w, 8);
+  }
+  return v;
+}
+
+// op over the block (kChooseThreads threads), in every thread. op is min / max / an integer sum /
+// the candidate order here: any tree gives the same value.
+template <class T, class Op>
+__device__ T block_all(T v, Op op, ChooseSmem& sm) {
+  static_assert(sizeof(T) <= sizeof(uint64_t), "fits a red slot");
+  static_assert((kChooseWarps & (kChooseWarps - 1)) == 0 && kChooseWarps <= 32, "warp tree");
+  T* s = reinterpret_cast<T*>(sm.t.red);
+#pragma unroll
+  for (int o = 16; o >= 1; o >>= 1) v = op(v, shfl_xor_any(v, o));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) s[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = s[lane < kChooseWarps ? lane : 0];
+#pragma unroll
+    for (int o = kChooseWarps / 2; o >= 1; o >>= 1) v = op(v, shfl_xor_any(v, o));
+    if (lane == 0) s[32] = v;
+  }
+  __syncthreads();
+  const T r = s[32];
+  __syncthreads();
+  return r;
+}
+
+__device__ __forceinline__ uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
+__device__ __forceinline__ uint64_t max_u64(uint64_t a, uint64_t b) { return a > b ? a : b; }
+__device__ __forceinline__ uint64_t sum_u64(uint64_t a, uint64_t b) { return a + b; }
+
+// In place: the bins [0, n) of h -> inclusive prefix counts and masses.
+__device__ void scan_hist(const Hist& h, int n, ChooseSmem& sm) {
+  const int per = (n + kChooseThreads - 1) / kChooseThreads;
+  const int b0 = min(n, int(threadIdx.x) * per), b1 = min(n, b0 + per);
+  unsigned long long c = 0, m = 0;
+  for (int b = b0; b < b1; ++b) c += h.cnt[b], m += h.mass(b);
+  unsigned long long ce, me;
+  ChooseScan(sm.t.scan).ExclusiveSum(c, ce);
+  __syncthreads();
+  ChooseScan(sm.t.scan).ExclusiveSum(m, me);
+  for (int b = b0; b < b1; ++b) {
+    ce += h.cnt[b];
+    me += h.mass(b);
+    h.cnt[b] = uint32_t(ce);
+    h.lo[b] = uint32_t(me);
+    h.hi[b] = uint32_t(me >> 32);
+  }
+  __syncthreads();
+}
+
+// The first bin of a scanned h whose prefix reaches target (n − 1 if none does).
+__device__ int first_reaching(const Hist& h, int n, uint64_t target, bool by_mass, ChooseSmem& sm) {
+  uint64_t first = uint64_t(n - 1);
+  for (int b = threadIdx.x; b < n; b += blockDim.x) {
+    if (h.cum(b, by_mass) >= target) {
+      first = uint64_t(b);
+      break;
+    }
+  }
+  return int(block_all(first, min_u64, sm));
+}
+
+// A boundary key and the count and mass of the keys <= it.
+struct Found {
+  uint64_t key, cnt, mass;
+};
+
+// A window of the canonical order: the m keys in [lo, hi], after below_c keys of mass below_m.
+struct Window {
+  uint64_t lo, hi, below_c, below_m, m;
+  __device__ bool holds(uint64_t key) const { return key >= lo && key <= hi; }
+  // The shift that makes (key − lo) >> shift a `bits`-bit digit of every key in the window.
+  __device__ int digit_shift(int bits) const {
+    const int span = 64 - __clzll(hi - lo);
+    return span > bits ? span - bits : 0;
+  }
+  // After h counted the window's keys by (key − lo) >> shift into n bins: the window becomes the
+  // bin where the prefix (count, or mass) reaches target.
+  __device__ void narrow(const Hist& h, int n, int shift, uint64_t target, bool by_mass,
+                         ChooseSmem& sm) {
+    scan_hist(h, n, sm);
+    const int s = first_reaching(h, n, target - (by_mass ? below_m : below_c), by_mass, sm);
+    below_c += h.count(s - 1);
+    below_m += h.mass(s - 1);
+    m = h.count(s) - h.count(s - 1);
+    lo += uint64_t(s) << shift;
+    hi = min_u64(hi, lo + ((uint64_t(1) << shift) - 1));
+  }
+};
+
+// The smallest key K of the shared-memory list (n entries, window w) whose prefix (count, or mass,
+// of the keys <= K, from the start of the order) reaches target, inside w. Narrows the window by
+// 8-bit digits until at most kFew keys are left, which one warp ranks.
+__device__ Found list_locate(ChooseSmem& sm, int n, Window w, uint64_t target, bool by_mass) {
+  const Hist sub{sm.sub_cnt, sm.sub_lo, sm.sub_hi};
+  const uint64_t* key = sm.u.list.key;
+  const uint64_t* q = sm.u.list.q;
+  while (w.m > uint64_t(kFew)) {
+    const int shift = w.digit_shift(kListDigitBits);
+    __syncthreads();  // every thread has read the previous digit's bins
+    sub.clear(kListBins);
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+      if (w.holds(key[i])) sub.add(int((key[i] - w.lo) >> shift), q[i]);
+    __syncthreads();
+    w.narrow(sub, kListBins, shift, target, by_mass, sm);
+  }
+  if (threadIdx.x == 0) sm.few_n = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    if (w.holds(key[i])) {
+      const uint32_t j = atomicAdd(&sm.few_n, 1u);
+      sm.few_key[j] = key[i];
+      sm.few_q[j] = q[i];
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const int few = int(sm.few_n), lane = int(threadIdx.x);
+    if (lane < few) {
+      const uint64_t k = sm.few_key[lane], qk = sm.few_q[lane];
+      uint64_t c = w.below_c, m = w.below_m;  // prefix of the keys <= k
+      for (int j = 0; j < few; ++j) {
+        if (sm.few_key[j] <= k) {
+          c += 1;
+          m += sm.few_q[j];
+        }
+      }
+      // Exactly one key is the first whose prefix reaches the target (keys are unique).
+      const bool hit = by_mass ? (m >= target && m - qk < target) : (c >= target && c - 1 < target);
+      if (hit) {
+        sm.found[0] = k;
+        sm.found[1] = c;
+        sm.found[2] = m;
+      }
+    }
+  }
+  __syncthreads();
+  const Found f{sm.found[0], sm.found[1], sm.found[2]};
+  __syncthreads();
+  return f;
+}
+
+// The shared-memory list of boundary entries: the keys of window w (with their masses, total_m).
+struct ListRange {
+  bool valid;
+  Window w;
+  uint64_t total_m;
+  __device__ bool covers(uint64_t target, bool by_mass) const {
+    return valid && (by_mass ? w.below_m < target && target - w.below_m <= total_m
+                             : w.below_c < target && target - w.below_c <= w.m);
+  }
+};
+
+// Calls fn(g, ys, nv) for this thread's 4-entry groups g of the row (ys = y[4g .. 4g+3], nv of
+// them below V), the next kAhead groups' loads in flight; descending group order when `reverse`.
+template <class Fn>
+__device__ __forceinline__ void for_each_group(const float* __restrict__ y, int64_t V, bool reverse,
+                                               Fn&& fn) {
+  const int ng = int((V + 3) >> 2), nv_last = int(V - 4 * int64_t(ng - 1));  // V < 2^21
+  const float4* y4 = reinterpret_cast<const float4*>(y);
+  auto at = [&](int i) {
+    return i < ng ? __ldg(y4 + (reverse ? ng - 1 - i : i)) : make_float4(0, 0, 0, 0);
+  };
+  float4 ahead[kAhead];
+#pragma unroll
+  for (int j = 0; j < kAhead; ++j) ahead[j] = at(int(threadIdx.x) + j * kChooseThreads);
+  for (int i = int(threadIdx.x); i < ng; i += kChooseThreads) {
+    const float4 cur = ahead[0];
+#pragma unroll
+    for (int j = 0; j + 1 < kAhead; ++j) ahead[j] = ahead[j + 1];
+    ahead[kAhead - 1] = at(i + kAhead * kChooseThreads);
+    const int g = reverse ? ng - 1 - i : i;
+    const float ys[4] = {cur.x, cur.y, cur.z, cur.w};
+    fn(int64_t(g), ys, g == ng - 1 ? nv_last : 4);
+  }
 }
 
 // y = z / τ_lp for v < V, −inf for the padding [V, ldy). Grid-stride over rows·ldy.
@@ -122,145 +389,282 @@ __device__ __forceinline__ void write_choice(const SampleBlockParams& p, int64_t
   p.out_logp[t] = ok ? canonical(__fsub_rn(y[best.v], lse)) : __uint_as_float(kCanonicalNanF32);
 }
 
-// Greedy and plain rows (grid: rows; rows of other modes return at once).
-static __global__ void __launch_bounds__(kSelectThreads)
-    sample_select_kernel(const SampleBlockParams p) {
-  __shared__ Cand smem[33];
-  const int64_t r = blockIdx.x, t = p.row0 + r;
+// Every row of the block, one CTA each (grid: rows; dynamic shared memory: ChooseSmem).
+static __global__ void __launch_bounds__(kChooseThreads)
+    sample_choose_kernel(const SampleBlockParams p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  ChooseSmem& sm = *reinterpret_cast<ChooseSmem*>(smem_raw);
+  const int tid = int(threadIdx.x);
+  const int64_t r = blockIdx.x, t = p.row0 + r, V = p.V;
   const SampleRow info = p.info[t];
-  if (info.mode == kSorted) return;
   const float* y = p.y + r * p.ldy;
   const float lse = p.lse[t];
   if (!isfinite(lse)) {
     write_choice(p, t, y, lse, no_cand());
     return;
   }
-  // argmax y, ties -> lowest index (greedy's choice; min-p's p_max).
-  Cand best = no_cand();
-  if (info.mode == kGreedy || info.min_p > 0.0f) {
-    for (int64_t v = threadIdx.x; v < p.V; v += blockDim.x) {
-      const Cand c{y[v], int(v)};
-      if (better(c, best)) best = c;
-    }
-    best = block_best(best, smem);
-    if (info.mode == kGreedy) {
-      write_choice(p, t, y, lse, best);
-      return;
-    }
-  }
-  const bool min_p = info.min_p > 0.0f;
-  const float thr = min_p ? __fmul_rn(info.min_p, row_prob(y[best.v], lse)) : 0.0f;
-  const uint64_t rid = uint64_t(p.rid[t]);
-  const uint32_t pos = uint32_t(p.pos[t]);
-  Cand mine = no_cand();
-  for (int64_t q = threadIdx.x; q * 4 < p.V; q += blockDim.x) {
-    const Philox4 words = noise_words(info.seed, rid, pos, q);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t v = q * 4 + e;
-      if (v >= p.V) break;
-      const float yv = y[v];
-      if (yv == neg_inf_f32()) continue;  // probability 0: never sampled
-      if (min_p && !(row_prob(yv, lse) >= thr)) continue;
-      const Cand c{__fadd_rn(yv, gumbel_from_word(words.v[e])), int(v)};
-      if (better(c, mine)) mine = c;
-    }
-  }
-  write_choice(p, t, y, lse, block_best(mine, smem));
-}
-
-struct SortRows {
-  int n;
-  int row[kMaxSortRows];  // row index within the block
-};
-
-// keys[b·V + v] = (desc(y) << 21) | v, desc(y) ascending = y descending (−0 keyed as +0, so the
-// canonical tie rule "equal y -> lower index" holds for signed zeros too). Grid (·, n).
-static __global__ void sample_keys_kernel(const SampleBlockParams p, const SortRows rows,
-                                          uint64_t* keys) {
-  const int b = blockIdx.y;
-  const float* y = p.y + int64_t(rows.row[b]) * p.ldy;
-  for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < p.V;
-       v += int64_t(gridDim.x) * blockDim.x) {
-    uint32_t u = __float_as_uint(y[v]);
-    if ((u & 0x7fffffffu) == 0) u = 0;                                // ±0 -> +0
-    const uint32_t asc = (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // ascending in y
-    keys[int64_t(b) * p.V + v] = (uint64_t(~asc) << kVocabBits) | uint64_t(v);
-  }
-}
-
-static __global__ void sample_offsets_kernel(int* offsets, int n, int V) {
-  for (int i = threadIdx.x; i <= n; i += blockDim.x) offsets[i] = i * V;
-}
-
-// Top-k / top-p / min-p rows over their sorted keys (grid: rows.n).
-static __global__ void __launch_bounds__(kSelectThreads)
-    sample_filter_kernel(const SampleBlockParams p, const SortRows rows, const uint64_t* sorted) {
-  using U64Scan = cub::BlockScan<unsigned long long, kSelectThreads>;
-  __shared__ struct { typename U64Scan::TempStorage scan; } tmp;
-  __shared__ Cand smem[33];
-  __shared__ int64_t s_i64;
-
-  const int b = blockIdx.x;
-  const int64_t r = rows.row[b], t = p.row0 + r;
-  const SampleRow info = p.info[t];
-  const float* y = p.y + r * p.ldy;
-  const uint64_t* keys = sorted + int64_t(b) * p.V;
-  const float lse = p.lse[t];
-  if (!isfinite(lse)) {
-    write_choice(p, t, y, lse, no_cand());
-    return;
-  }
-  auto id_at = [&](int64_t i) { return int64_t(keys[i] & kVocabMask); };
-  // floor(p · 2^32): p·2^32 is exact in fp32, the conversion truncates.
-  auto mass = [&](int64_t i) {
-    return (unsigned long long)(__fmul_rn(row_prob(y[id_at(i)], lse), 0x1p32f));
+  auto best_of = [&](Cand c) {
+    return block_all(
+        c, [](Cand a, Cand b) { return better(a, b) ? a : b; }, sm);
   };
 
-  int64_t n = info.top_k_on ? info.top_k : p.V;  // top-k: the first k of the canonical order
-  if (info.top_p < 1.0f) {
-    // Thread k owns the contiguous ranks [lo, hi) of the canonical order: its mass sum, one block
-    // exclusive scan (integers: exact, any order), then the one thread whose range holds the first
-    // prefix reaching thr walks it in order.
-    const int64_t per = (n + blockDim.x - 1) / blockDim.x;
-    const int64_t lo = min(n, int64_t(threadIdx.x) * per), hi = min(n, lo + per);
-    unsigned long long local = 0;
-    for (int64_t i = lo; i < hi; ++i) local += mass(i);
-    unsigned long long excl, Q;
-    U64Scan(tmp.scan).ExclusiveSum(local, excl, Q);  // Q: the block aggregate, in every thread
-    const unsigned long long thr =
-        (unsigned long long)ceil(__dmul_rn(double(info.top_p), double(Q)));
-    if (threadIdx.x == 0) s_i64 = 1;  // thr == 0: the first entry alone
-    __syncthreads();
-    if (thr > 0 && excl < thr && excl + local >= thr) {
-      unsigned long long cum = excl;
-      for (int64_t i = lo; i < hi; ++i) {
-        cum += mass(i);
-        if (cum >= thr) {
-          s_i64 = i + 1;  // the shortest prefix with mass >= thr
-          break;
-        }
-      }
-    }
-    __syncthreads();
-    n = s_i64;
+  // The argmax, lowest index among the largest y (greedy's choice, min-p's p_max, always a
+  // candidate): the largest tile max, the first tile holding it, its first entry equal to it.
+  const float* st = p.states + r * p.n_tiles * 3;
+  float ym = neg_inf_f32();
+  for (int64_t i = tid; i < p.n_tiles; i += kChooseThreads) ym = lp_max(ym, st[3 * i]);
+  ym = block_all(
+      ym, [](float a, float b) { return lp_max(a, b); }, sm);
+  uint64_t tile = ~uint64_t(0);
+  for (int64_t i = tid; i < p.n_tiles; i += kChooseThreads)
+    if (st[3 * i] == ym) tile = min_u64(tile, uint64_t(i));
+  tile = block_all(tile, min_u64, sm);
+  uint64_t va = ~uint64_t(0);
+  const int64_t e0 = int64_t(tile) * p.tile, e1 = min(V, e0 + p.tile);
+  for (int64_t v = e0 + tid; v < e1; v += kChooseThreads)
+    if (y[v] == ym) va = min_u64(va, uint64_t(v));
+  va = block_all(va, min_u64, sm);
+  if (info.mode == kGreedy) {
+    write_choice(p, t, y, lse, Cand{ym, int(va)});
+    return;
   }
-  const bool min_p = info.min_p > 0.0f;
-  // p_max: the first entry of the canonical order (the row's argmax).
-  const float thr = min_p ? __fmul_rn(info.min_p, row_prob(y[id_at(0)], lse)) : 0.0f;
+
   const uint64_t rid = uint64_t(p.rid[t]);
   const uint32_t pos = uint32_t(p.pos[t]);
-  Cand mine = no_cand();
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const int64_t v = id_at(i);
-    const float yv = y[v];
-    if (yv == neg_inf_f32()) continue;
-    if (min_p && !(row_prob(yv, lse) >= thr)) continue;
-    const Philox4 words = noise_words(info.seed, rid, pos, v >> 2);
-    const Cand c{__fadd_rn(yv, gumbel_from_word(words.v[v & 3])), int(v)};
-    if (better(c, mine)) mine = c;
+  auto words_of = [&](int64_t group) { return noise_words(info.seed, rid, pos, group); };
+  const bool hk = info.top_k_on != 0, hp = info.top_p < 1.0f, filtered = info.mode == kFiltered;
+  const bool min_p = info.min_p > 0.0f;
+  const float min_p_thr = min_p ? __fmul_rn(info.min_p, row_prob(ym, lse)) : 0.0f;
+  const float gmax = gumbel_bound(kGumbelBounds - 1);
+  const Cand arg{__fadd_rn(ym, gumbel_from_word(words_of(int64_t(va) >> 2).v[va & 3])), int(va)};
+  for (int j = tid; j < kGumbelBounds; j += kChooseThreads) sm.gbound[j] = gumbel_bound(j);
+  const Hist h0{sm.cnt, sm.lo, sm.hi};
+  if (filtered) h0.clear(kBuckets);
+  if (tid == 0) {
+    sm.score_thr = ordered(arg.score);
+    sm.list_n = 0;
   }
-  write_choice(p, t, y, lse, block_best(mine, smem));
+  __syncthreads();
+
+  // The Gumbel-max. score_thr: the best score found so far by any thread (a candidate's); an
+  // entry whose bound y + G is below it cannot win (strictly below: a tie might have a lower id).
+  Cand best = arg;
+  auto threshold = [&] { return from_ordered(load_relaxed(&sm.score_thr)); };
+  auto consider = [&](float yv, int64_t v, uint32_t word) {
+    if (__fadd_rn(yv, sm.gbound[word >> (32 - kGumbelBoundBits)]) < threshold()) return;
+    if (min_p && !(row_prob(yv, lse) >= min_p_thr)) return;
+    const Cand c{__fadd_rn(yv, gumbel_from_word(word)), int(v)};
+    if (better(c, best)) {
+      best = c;
+      atomicMax(&sm.score_thr, ordered(c.score));
+    }
+  };
+  // One pass over the row scoring the entries is_cand accepts (it may do more with each entry),
+  // one Philox call per group with an entry that might win.
+  auto gumbel_pass = [&](bool reverse, auto&& is_cand) {
+    for_each_group(y, V, reverse, [&](int64_t g, const float* ys, int nv) {
+      bool c[4] = {false, false, false, false};
+      bool any = false;
+      const float s = threshold();
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (e >= nv) break;
+        c[e] = is_cand(ys[e], 4 * g + e) && ys[e] != neg_inf_f32() && !(__fadd_rn(ys[e], gmax) < s);
+        any = any || c[e];
+      }
+      if (!any) return;
+      const Philox4 w = words_of(g);
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (c[e]) consider(ys[e], 4 * g + e, w.v[e]);
+    });
+  };
+
+  if (!filtered) {
+    gumbel_pass(false, [](float, int64_t) { return true; });
+    write_choice(p, t, y, lse, best_of(best));
+    return;
+  }
+
+  // Pass 1: level 0 (counts for top-k, masses for top-p); the tail bin in registers.
+  uint32_t tail_n = 0;
+  uint64_t tail_q = 0;
+  for_each_group(y, V, false, [&](int64_t, const float* ys, int nv) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (e >= nv) break;
+      const float d = __fsub_rn(ys[e], lse);
+      const int b = level0_bin(d);
+      const uint64_t q = hp ? mass_q32(d) : 0;
+      if (b == kTail) {
+        tail_n += 1;
+        tail_q += q;
+      } else {
+        if (hk) atomicAdd(&sm.cnt[b], 1u);
+        if (q != 0) add_mass(&sm.lo[b], &sm.hi[b], q);
+      }
+    }
+  });
+  if (hk && tail_n != 0) atomicAdd(&sm.cnt[kTail], tail_n);
+  if (tail_q != 0) add_mass(&sm.lo[kTail], &sm.hi[kTail], tail_q);
+  __syncthreads();
+  scan_hist(h0, kBuckets, sm);
+
+  // The bins that can hold the boundaries: top-k's b_k; top-p's bin for thr = ceil(top_p·Q)
+  // (after top-k, Q lies between the mass before b_k and the mass up to b_k; thr is monotone).
+  const uint64_t k = uint64_t(info.top_k);
+  auto thr_of = [&](uint64_t Q) {
+    return uint64_t(ceil(__dmul_rn(double(info.top_p), double(Q))));
+  };
+  auto mass_bin = [&](uint64_t thr) {
+    return first_reaching(h0, kBuckets, thr > 1 ? thr : 1, true, sm);
+  };
+  int b_lo, b_hi;
+  if (hk) {
+    b_hi = first_reaching(h0, kBuckets, k, false, sm);
+    b_lo = hp ? min(b_hi, mass_bin(thr_of(h0.mass(b_hi - 1)))) : b_hi;
+  } else {
+    b_lo = b_hi = mass_bin(thr_of(h0.mass(kTail)));
+  }
+
+  // Pass 2 (descending: the row's end is the most recently read): bins < b_lo are candidates,
+  // [b_lo, b_hi] go to the list.
+  gumbel_pass(true, [&](float yv, int64_t v) {
+    const float d = __fsub_rn(yv, lse);
+    const int b = level0_bin(d);
+    if (b < b_lo) return true;
+    if (b <= b_hi) {
+      const uint32_t i = atomicAdd(&sm.list_n, 1u);
+      if (i < uint32_t(kListCap)) {
+        sm.u.list.key[i] = sample_key(yv, v);
+        sm.u.list.q[i] = hp ? mass_q32(d) : 0;
+      }
+    }
+    return false;
+  });
+  __syncthreads();
+
+  // The list's window: its smallest and largest key, its count and mass.
+  auto finish_list = [&](int n, uint64_t below_c, uint64_t below_m) {
+    uint64_t lo = ~uint64_t(0), hi = 0, tm = 0;
+    for (int i = tid; i < n; i += kChooseThreads) {
+      lo = min_u64(lo, sm.u.list.key[i]);
+      hi = max_u64(hi, sm.u.list.key[i]);
+      tm += sm.u.list.q[i];
+    }
+    lo = block_all(lo, min_u64, sm);
+    hi = block_all(hi, max_u64, sm);
+    return ListRange{true, Window{lo, hi, below_c, below_m, uint64_t(n)},
+                     block_all(tm, sum_u64, sm)};
+  };
+  const int n2 = int(sm.list_n);
+  ListRange list = n2 <= kListCap ? finish_list(n2, h0.count(b_lo - 1), h0.mass(b_lo - 1))
+                                  : ListRange{false, Window{0, 0, 0, 0, 0}, 0};
+  bool fast = list.valid;
+
+  // The list of the level-0 bin where target is reached, for a bin of more than kListCap
+  // entries narrowed first by 12-bit digits of the key (one pass over the row each).
+  auto build_list = [&](uint64_t target, bool by_mass) {
+    const int b = first_reaching(h0, kBuckets, target, by_mass, sm);
+    uint64_t lo = ~uint64_t(0), hi = 0, m = 0;
+    for_each_group(y, V, false, [&](int64_t g, const float* ys, int nv) {
+      for (int e = 0; e < nv; ++e) {
+        if (level0_bin(__fsub_rn(ys[e], lse)) != b) continue;
+        const uint64_t key = sample_key(ys[e], 4 * g + e);
+        lo = min_u64(lo, key);
+        hi = max_u64(hi, key);
+        m += 1;
+      }
+    });
+    lo = block_all(lo, min_u64, sm);
+    hi = block_all(hi, max_u64, sm);
+    m = block_all(m, sum_u64, sm);
+    Window w{lo, hi, h0.count(b - 1), h0.mass(b - 1), m};  // bin b = the keys in [lo, hi]
+    const Hist hd{sm.u.digit.cnt, sm.u.digit.lo, sm.u.digit.hi};
+    while (w.m > uint64_t(kListCap)) {
+      const int shift = w.digit_shift(kBucketBits);
+      hd.clear(kBuckets);
+      __syncthreads();
+      for_each_group(y, V, false, [&](int64_t g, const float* ys, int nv) {
+        for (int e = 0; e < nv; ++e) {
+          const uint64_t key = sample_key(ys[e], 4 * g + e);
+          if (w.holds(key))
+            hd.add(int((key - w.lo) >> shift), hp ? mass_q32(__fsub_rn(ys[e], lse)) : 0);
+        }
+      });
+      __syncthreads();
+      w.narrow(hd, kBuckets, shift, target, by_mass, sm);
+      __syncthreads();  // every thread has read hd
+    }
+    if (tid == 0) sm.list_n = 0;
+    __syncthreads();
+    for_each_group(y, V, false, [&](int64_t g, const float* ys, int nv) {
+      for (int e = 0; e < nv; ++e) {
+        const uint64_t key = sample_key(ys[e], 4 * g + e);
+        if (!w.holds(key)) continue;
+        const uint32_t i = atomicAdd(&sm.list_n, 1u);
+        sm.u.list.key[i] = key;
+        sm.u.list.q[i] = hp ? mass_q32(__fsub_rn(ys[e], lse)) : 0;
+      }
+    });
+    __syncthreads();
+    return finish_list(int(w.m), w.below_c, w.below_m);
+  };
+  auto locate = [&](uint64_t target, bool by_mass) {
+    if (!list.covers(target, by_mass)) {
+      list = build_list(target, by_mass);
+      fast = false;
+    }
+    return list_locate(sm, int(list.w.m), list.w, target, by_mass);
+  };
+
+  // The last kept key of the canonical order (§S.5: top-k, then top-p over the top-k set).
+  uint64_t last = 0;
+  uint64_t Q = h0.mass(kTail);
+  if (hk) {
+    const Found f = locate(k, false);
+    last = f.key;
+    Q = f.mass;
+  }
+  if (hp) {
+    const uint64_t thr = thr_of(Q);
+    if (thr == 0) {  // the first entry alone
+      last = sample_key(ym, int64_t(va));
+      fast = false;
+    } else {
+      last = locate(thr, true).key;
+    }
+  }
+
+  if (fast) {
+    // The list's candidates (bins < b_lo were scored in pass 2).
+    for (int i = tid; i < int(list.w.m); i += kChooseThreads) {
+      const uint64_t key = sm.u.list.key[i];
+      if (key > last) continue;
+      const int64_t v = int64_t(key & kVocabMask);
+      const float yv = y[v];
+      if (yv == neg_inf_f32() || __fadd_rn(yv, gmax) < threshold()) continue;
+      consider(yv, v, words_of(v >> 2).v[v & 3]);
+    }
+  } else {
+    // Pass 2's candidates may not be this row's: score every candidate again from the argmax.
+    best = arg;
+    __syncthreads();
+    if (tid == 0) sm.score_thr = ordered(arg.score);
+    __syncthreads();
+    gumbel_pass(false, [&](float yv, int64_t v) { return sample_key(yv, v) <= last; });
+  }
+  write_choice(p, t, y, lse, best_of(best));
+}
+
+// Counts the 23-bit uniforms k whose g exceeds gumbel_bound of their top bits.
+static __global__ void sample_gumbel_bound_check_kernel(unsigned long long* bad) {
+  for (uint32_t k = blockIdx.x * blockDim.x + threadIdx.x; k < (1u << 23);
+       k += gridDim.x * blockDim.x) {
+    const uint32_t word = k << 9;
+    if (!(gumbel_from_word(word) <= gumbel_bound(int(word >> (32 - kGumbelBoundBits)))))
+      atomicAdd(bad, 1ull);
+  }
 }
 
 struct SampleScatterParams {

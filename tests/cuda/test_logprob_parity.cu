@@ -15,7 +15,10 @@
 //   - sampling: greedy, plain, top-k, top-p, min-p and combinations, tied logits (duplicated W
 //     rows), host / device request ids and positions, i32 / i64 strided token ids; ids, logp, lse,
 //     entropy == cpu::sample; a row alone == in batch; a NaN row throws naming the row and writes
-//     nothing;
+//     nothing; stress rows for the radix select (all logits equal, 9 exact tie levels, 90% -inf or
+//     huge negative logits, a dominant entry with p = 1; top-k / top-p boundaries inside the ties,
+//     top-k 2 with top-p, bins past the kernel's shared-memory list at V >= 20011); the Gumbel
+//     bound of the choice kernel for every 23-bit uniform;
 //   - the two logits -> tile-state producers (fused GEMM epilogue, unfused GEMM + tile-state
 //     kernel) forced on the same inputs, each == cpu (T 1..8201, V 1000 / 4099 / 151936, tau 0.7
 //     / 1 / 1.9, NaN / inf rows, a NaN W row, ignored targets, strided h / w / targets / outputs,
@@ -38,8 +41,9 @@
 #include <vector>
 
 #include "core/math.h"
-#include "cuda/logprob_internal.h"  // linear_logprob_with_producer (fused / unfused)
-#include "cuda/parity_fixture.h"    // report, DevPool, view, bitwise, expect_error
+#include "cuda/logprob_internal.h"   // linear_logprob_with_producer (fused / unfused)
+#include "cuda/parity_fixture.h"     // report, DevPool, view, bitwise, expect_error
+#include "cuda/sampling_internal.h"  // sample_gumbel_bound_violations
 #include "lockstep/contract.h"
 #include "lockstep/cuda/gemm.h"
 #include "lockstep/cuda/logprob.h"
@@ -768,6 +772,101 @@ void test_sampling_case(const Case& c) {
   }
 }
 
+// ---- sampling: rows built for the radix select's edge cases -----------------------------------
+
+struct SampleSetting {
+  float temperature;
+  int64_t top_k;
+  float top_p, min_p;
+};
+
+// Every filter off, greedy, top-k 1 / 2 / at and around a tie group of `group` entries / V/2 /
+// V-1, top-p tiny to 0.999 (boundaries inside ties), top-k 2 with top-p, min-p, combinations;
+// `tau` for the rows at temperature 1.
+std::vector<SamplingParams> stress_params(int64_t V, int64_t group, float tau) {
+  const SampleSetting set[] = {
+      {tau, 0, 1.0f, 0.0f},          {0.0f, 0, 1.0f, 0.0f},
+      {tau, 1, 1.0f, 0.0f},          {tau, 2, 1.0f, 0.0f},
+      {tau, 2, 0.5f, 0.0f},          {tau, std::max<int64_t>(group - 1, 0), 1.0f, 0.0f},
+      {tau, group + 1, 1.0f, 0.0f},  {tau, 2 * group + 3, 0.9f, 0.0f},
+      {tau, V / 2, 1.0f, 0.0f},      {tau, V - 1, 1.0f, 0.0f},
+      {tau, 0, 0.05f, 0.0f},         {tau, 0, 0.5f, 0.0f},
+      {tau, 0, 0.97f, 0.0f},         {tau, 0, 1e-6f, 0.0f},
+      {tau, 0, 1.0f, 0.5f},          {tau, V - 1, 0.999f, 0.01f},
+      {0.5f, group + 1, 0.7f, 0.2f}, {2.0f, 0, 0.8f, 0.0f},
+  };
+  std::vector<SamplingParams> ps;
+  for (const SampleSetting& x : set) {
+    SamplingParams p;
+    p.seed = g_rng();
+    p.temperature = x.temperature;
+    p.top_k = x.top_k;
+    p.top_p = x.top_p;
+    p.min_p = x.min_p;
+    ps.push_back(p);
+  }
+  return ps;
+}
+
+// Rows whose canonical order has long runs of ties, bins holding most of the vocabulary (past the
+// kernel's shared-memory list at V >= 20011), −inf and huge negative logits, and a dominant entry
+// (p = 1, mass 2^32): each == cpu::sample.
+void test_sampling_stress() {
+  const int64_t H = 32;
+  std::vector<int64_t> sizes = {77, 4099, 20011};
+  if (!g_quick) sizes.push_back(151936);
+  for (int64_t V : sizes) {
+    const ContractConfig cfg = V > 5000 ? make_cfg(256, 2, 1) : make_cfg(8, 4, 1);
+    const int64_t T = int64_t(stress_params(V, 1, 1.0f).size());
+    auto w_at = [](Problem& pb, int64_t v, int64_t k) -> bf16& {
+      return pb.w.ptr<bf16>()[v * pb.H + k];
+    };
+    auto run = [&](const std::string& what, Problem& pb, int64_t group, float tau) {
+      pb.upload();
+      check_sample("stress " + what + " V=" + std::to_string(V), pb, cfg,
+                   stress_params(V, group, tau), true, false);
+    };
+    {  // Every logit of a row equal.
+      Problem pb(T, H, V, 1.0f);
+      for (int64_t v = 1; v < V; ++v)
+        for (int64_t k = 0; k < H; ++k) w_at(pb, v, k) = w_at(pb, 0, k);
+      run("all equal", pb, V, 1.0f);
+    }
+    {  // 9 levels z, z/2, ..., z/128, 0 (exact), each a tie group of V/9 entries.
+      Problem pb(T, H, V, 1.0f);
+      for (int64_t v = 1; v < V; ++v)
+        for (int64_t k = 0; k < H; ++k) {
+          const int j = int(v % 9);
+          w_at(pb, v, k) = f32_to_bf16(j == 8 ? 0.0f : std::ldexp(bf16_to_f32(w_at(pb, 0, k)), -j));
+        }
+      run("9 tie levels", pb, V / 9, 1.0f);
+    }
+    for (float tau : {1.0f, 0.5f}) {  // 90% of z = -2^127 + ...: y huge negative, or -inf at τ 0.5
+      Problem pb(T, H, V, 1.0f);
+      for (int64_t t = 0; t < T; ++t) pb.h.ptr<bf16>()[t * H] = f32_to_bf16(1.0f);
+      int64_t live = 0;
+      for (int64_t v = 0; v < V; ++v) {
+        if (v % 10 == 3) {
+          ++live;
+        } else {
+          w_at(pb, v, 0) = f32_to_bf16(-0x1p127f);
+        }
+      }
+      run(tau == 1.0f ? "90% huge negative" : "90% -inf", pb, live, tau);
+    }
+    {  // Entry 7 dominates half the rows (z ~ 64x the others): p = 1, mass 2^32.
+      Problem pb(T, H, V, 1.0f);
+      for (int64_t k = 0; k < H; ++k)
+        w_at(pb, 7, k) = f32_to_bf16(64.0f * bf16_to_f32(w_at(pb, 7, k)));
+      run("dominant entry", pb, 1, 1.0f);
+    }
+  }
+  // The bound that lets the kernel skip the logs of entries that cannot win.
+  const int64_t bad = cuda::detail::sample_gumbel_bound_violations(nullptr);
+  report(bad == 0,
+         "sample Gumbel bound >= g for all 2^23 uniforms (" + std::to_string(bad) + " violations)");
+}
+
 void test_sampling_errors() {
   const ContractConfig cfg = make_cfg(8, 1, 1);
   const int64_t T = 3, H = 16, V = 40;
@@ -900,6 +999,8 @@ int main(int argc, char** argv) {
   test_logprob_errors();
   for (const Case& c : cases) test_sampling_case(c);
   progress("sampling");
+  test_sampling_stress();
+  progress("sampling stress rows");
   test_sampling_errors();
   std::printf("test_logprob_parity: %d passed, %d failed\n", g_pass, g_fail);
   return g_fail == 0 ? 0 : 1;
