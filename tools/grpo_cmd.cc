@@ -324,7 +324,7 @@ Command add_grpo_command(CLI::App& top) {
                 "and the baseline kernels; the backward stays invariant: the baselines have none)");
   sub->add_flag("--share-prompts", f->cfg.share_prompts,
                 "train each GRPO group's prompt once (its completions attend to it; log-probs "
-                "unchanged, gradients the shared form of docs/contract.md §B.11; CPU only)");
+                "unchanged, gradients the shared form of docs/contract.md §B.11)");
   sub->add_flag("--json", f->json, "one JSON object per step (JSONL) on stdout");
   sub->add_option("--metrics", f->metrics, "also write the JSONL metrics to this file");
   sub->add_option("--plot", f->plot,
