@@ -508,7 +508,9 @@ void Backprop::backward_impl(const SavedForward& f, const HeadRows* head, const 
                                 g_ent ? &gent_d : nullptr, ghh.view(), head_order, dw_lm);
     // The fold runs on the host (a device backend: ghh down, gh up, Th·H + T·H f32 over the bus;
     // one fold per micro-batch, small beside the layers' work).
-    const Tensor ghh_host = to_host(ops, ghh.view());
+    const bool on_host = ops.device() == Device::kCPU;
+    const Tensor ghh_copy = on_host ? Tensor() : to_host(ops, ghh.view());
+    const Tensor& ghh_host = on_host ? ghh : ghh_copy;
     Tensor gh_host(DType::kF32, {T, H});
     std::vector<uint8_t> seen(size_t(T), 0);
     float* out = gh_host.ptr<float>();
@@ -520,7 +522,7 @@ void Backprop::backward_impl(const SavedForward& f, const HeadRows* head, const 
       for (int64_t c = 0; c < H; ++c) o[c] = seen[size_t(r)] ? canonical_f32(o[c] + g[c]) : g[c];
       seen[size_t(r)] = 1;
     }
-    if (ops.device() == Device::kCPU)
+    if (on_host)
       gh = std::move(gh_host);
     else
       ops.copy(gh.view(), gh_host.view());
