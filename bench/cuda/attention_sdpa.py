@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """PyTorch peer of bench/cuda/bench_attention.cu: torch.nn.functional.scaled_dot_product_attention
-(bf16, flash backend) on the same Qwen3-8B attention shapes (Hq = 32, Hkv = 8, D = 128):
-causal prefill at seq 1024 / 4096 / 8192 with batch = 16384 / seq, and decode (one query per
+(bf16) on the same Qwen3-8B attention shapes (Hq = 32, Hkv = 8, D = 128): causal prefill at
+seq 1024 / 4096 / 8192 with batch = 16384 / seq (the flash and the cuDNN backends), and decode
+(flash backend) (one query per
 sequence, not causal) at batch 1 / 32 / 128 x context 1k / 4k / 16k over contiguous K/V. GQA via
 enable_gqa=True when the flash backend accepts it, else K/V expanded to Hq heads (the FLOP count is
 the same; the expanded decode reads 4x the bytes, so its time is reported but not comparable).
@@ -32,15 +33,16 @@ def timed(fn, reps):
     return a.elapsed_time(b) / reps
 
 
-def sdpa(q, k, v, causal):
-    """Flash backend, GQA natively if possible, else with expanded K/V. Returns (fn, mode)."""
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+def sdpa(q, k, v, causal, backend=SDPBackend.FLASH_ATTENTION):
+    """One SDPA backend (flash unless told), GQA natively if possible, else with expanded K/V.
+    Returns (fn, mode); raises RuntimeError when the backend cannot run the shape."""
+    with sdpa_kernel(backend):
         try:
             F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
             torch.cuda.synchronize()
 
             def fn():
-                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                with sdpa_kernel(backend):
                     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
 
             return fn, "gqa"
@@ -50,9 +52,11 @@ def sdpa(q, k, v, causal):
     ve = v.repeat_interleave(HQ // HKV, dim=1)
 
     def fn2():
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        with sdpa_kernel(backend):
             return F.scaled_dot_product_attention(q, ke, ve, is_causal=causal)
 
+    fn2()
+    torch.cuda.synchronize()
     return fn2, "expanded"
 
 
@@ -66,17 +70,23 @@ def main():
     dev = "cuda"
     lines = []
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
-    print("prefill (causal)          seq  batch       ms   TFLOP/s  mode")
+    print("prefill (causal)  backend  seq  batch       ms   TFLOP/s  mode")
     for L in (1024, 4096, 8192):
         B = 16384 // L
         q = torch.randn(B, HQ, L, D, device=dev, dtype=torch.bfloat16)
         k = torch.randn(B, HKV, L, D, device=dev, dtype=torch.bfloat16)
         v = torch.randn(B, HKV, L, D, device=dev, dtype=torch.bfloat16)
-        fn, mode = sdpa(q, k, v, True)
-        ms = timed(fn, a.reps)
         flops = 4.0 * B * L * (L + 1) / 2.0 * D * HQ
-        print(f"{'':24s} {L:5d} {B:6d} {ms:8.3f} {flops / ms / 1e9:9.1f}  {mode}")
-        lines.append(f"prefill_{L},{ms}")
+        for name, backend, key in (("flash", SDPBackend.FLASH_ATTENTION, f"prefill_{L}"),
+                                   ("cudnn", SDPBackend.CUDNN_ATTENTION, f"prefill_cudnn_{L}")):
+            try:
+                fn, mode = sdpa(q, k, v, True, backend)
+            except RuntimeError as e:
+                print(f"prefill {name} {L}: {e}")
+                continue
+            ms = timed(fn, a.reps)
+            print(f"{'':17s} {name:7s} {L:5d} {B:6d} {ms:8.3f} {flops / ms / 1e9:9.1f}  {mode}")
+            lines.append(f"{key},{ms}")
         del q, k, v
     if not a.no_decode:
         print("decode                  batch    ctx       us      GB/s  mode")

@@ -100,10 +100,12 @@ int main(int argc, char** argv) {
   AttentionConfig cfg;  // kv_chunk 1024, scale 1/sqrt(D)
   std::printf("%s\n", lockstep::cuda::attention_launch_plan(cfg, kHq, kHkv, kD).c_str());
 
-  std::printf("\nprefill (packed varlen, causal), Hq=%lld Hkv=%lld D=%lld\n", (long long)kHq,
-              (long long)kHkv, (long long)kD);
-  std::printf("%8s %6s %7s %10s %9s %12s %12s\n", "seq", "batch", "T", "ms", "TFLOP/s",
-              "SDPA TFLOP/s", "ratio");
+  std::printf(
+      "\nprefill (packed varlen, causal), Hq=%lld Hkv=%lld D=%lld; ratio = lockstep / peer "
+      "throughput\n",
+      (long long)kHq, (long long)kHkv, (long long)kD);
+  std::printf("%8s %6s %7s %6s %10s %9s %12s %12s %9s %9s\n", "seq", "batch", "T", "chunk", "ms",
+              "TFLOP/s", "flash TF/s", "cuDNN TF/s", "x flash", "x cuDNN");
   for (int64_t L : {1024, 4096, 8192}) {
     const int64_t B = 16384 / L, T = B * L;
     uint16_t* q = static_cast<uint16_t*>(dalloc(size_t(T * kHq * kD) * 2, 1));
@@ -115,28 +117,39 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&lse, size_t(T * kHq) * 4));
     std::vector<int32_t> cu(static_cast<size_t>(B + 1));
     for (int64_t b = 0; b <= B; ++b) cu[size_t(b)] = int32_t(b * L);
-    auto call = [&] {
-      lockstep::cuda::attention_prefill_varlen(
-          TensorView::contiguous(q, DType::kBF16, {T, kHq, kD}, Device::kCUDA),
-          TensorView::contiguous(k, DType::kBF16, {T, kHkv, kD}, Device::kCUDA),
-          TensorView::contiguous(v, DType::kBF16, {T, kHkv, kD}, Device::kCUDA),
-          TensorView::contiguous(cu.data(), DType::kI32, {B + 1}), cfg,
-          TensorView::contiguous(o, DType::kBF16, {T, kHq, kD}, Device::kCUDA),
-          TensorView::contiguous(lse, DType::kF32, {T, kHq}, Device::kCUDA));
-    };
-    const double ms = time_ms(call, 2, quick ? 3 : 10);
     const double flops = 4.0 * double(T) * (double(L + 1) / 2.0) * kD * kHq;
-    const double tf = flops / (ms * 1e-3) / 1e12;
-    char key[64];
-    std::snprintf(key, sizeof key, "prefill_%lld", (long long)L);
-    const auto it = sdpa.find(key);
-    if (it != sdpa.end()) {
-      const double stf = flops / (it->second * 1e-3) / 1e12;
-      std::printf("%8lld %6lld %7lld %10.3f %9.1f %12.1f %11.2fx\n", (long long)L, (long long)B,
-                  (long long)T, ms, tf, stf, tf / stf);
-    } else {
-      std::printf("%8lld %6lld %7lld %10.3f %9.1f %12s %12s\n", (long long)L, (long long)B,
-                  (long long)T, ms, tf, "-", "-");
+    auto peer_tf = [&](const char* name) {
+      char key[64];
+      std::snprintf(key, sizeof key, name, (long long)L);
+      const auto it = sdpa.find(key);
+      return it == sdpa.end() ? 0.0 : flops / (it->second * 1e-3) / 1e12;
+    };
+    const double flash = peer_tf("prefill_%lld"), cudnn = peer_tf("prefill_cudnn_%lld");
+    // The one-GPU contract's chunk (1024 keys) and the audit contract's (64).
+    for (int chunk : {1024, 64}) {
+      AttentionConfig c = cfg;
+      c.kv_chunk = chunk;
+      auto call = [&] {
+        lockstep::cuda::attention_prefill_varlen(
+            TensorView::contiguous(q, DType::kBF16, {T, kHq, kD}, Device::kCUDA),
+            TensorView::contiguous(k, DType::kBF16, {T, kHkv, kD}, Device::kCUDA),
+            TensorView::contiguous(v, DType::kBF16, {T, kHkv, kD}, Device::kCUDA),
+            TensorView::contiguous(cu.data(), DType::kI32, {B + 1}), c,
+            TensorView::contiguous(o, DType::kBF16, {T, kHq, kD}, Device::kCUDA),
+            TensorView::contiguous(lse, DType::kF32, {T, kHq}, Device::kCUDA));
+      };
+      const double ms = time_ms(call, 2, quick ? 3 : 10);
+      const double tf = flops / (ms * 1e-3) / 1e12;
+      auto cell = [](double peer, double ours, bool ratio) {
+        char b[32];
+        if (peer <= 0) return std::string("-");
+        std::snprintf(b, sizeof b, ratio ? "%.2fx" : "%.1f", ratio ? ours / peer : peer);
+        return std::string(b);
+      };
+      std::printf("%8lld %6lld %7lld %6d %10.3f %9.1f %12s %12s %9s %9s\n", (long long)L,
+                  (long long)B, (long long)T, chunk, ms, tf, cell(flash, tf, false).c_str(),
+                  cell(cudnn, tf, false).c_str(), cell(flash, tf, true).c_str(),
+                  cell(cudnn, tf, true).c_str());
     }
     CK(cudaFree(q));
     CK(cudaFree(k));

@@ -16,6 +16,8 @@
 
 #include "contract/checks.h"
 #include "cuda/attention.cuh"
+#include "cuda/attention_wg.cuh"
+#include "cuda/tensor_map.h"
 #include "lockstep/cuda/attention.h"
 #include "lockstep/error.h"
 
@@ -496,6 +498,97 @@ void paged_run(const char* op, const TensorView& q, const PagedMeta& meta,
   launch_merge(op, st, u.row_pos, N, Hq, D, cfg.kv_chunk, out, lse, s);
 }
 
+// ------------------------------------------------------------------------------------------------
+// The Hopper prefill kernel (attention_wg.cuh): packed varlen, head_dim 128, rows TMA can read.
+
+// [rows, heads, 128] bf16 with the heads of a row adjacent (stride 128), the row stride a multiple
+// of 8 elements (16 bytes) and a 16-byte aligned base: one 2-D tensor map [rows, heads·128].
+bool tma_rows(const TensorView& t) {
+  return t.ndim == 3 && t.shape[2] == attn_wg::kD && t.stride[2] == 1 &&
+         (t.shape[1] == 1 || t.stride[1] == attn_wg::kD) && t.stride[0] % 8 == 0 &&
+         (reinterpret_cast<uintptr_t>(t.data) & 15u) == 0 && t.shape[0] < (int64_t(1) << 31) - 256;
+}
+
+bool wg_prefill_ok(const ck::QShape& qs, const TensorView& q, const TensorView& k,
+                   const TensorView& v, const TensorView& out) {
+  static const bool sm90 = [] {
+    int dev = 0, major = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+           major == 9 && detail::tensor_map_encoder() != nullptr;
+  }();
+  // out: 4-byte stores of column pairs.
+  const bool out_ok = out.stride[2] == 1 && out.stride[0] % 2 == 0 && out.stride[1] % 2 == 0 &&
+                      (reinterpret_cast<uintptr_t>(out.data) & 3u) == 0;
+  return sm90 && qs.D == attn_wg::kD && tma_rows(q) && tma_rows(k) && tma_rows(v) && out_ok;
+}
+
+template <auto Kernel>
+void launch_wg(const char* op, dim3 grid, cudaStream_t s, const CUtensorMap& tq,
+               const CUtensorMap& tk, const CUtensorMap& tv, const attn_wg::Params& p) {
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, attn_wg::kSmem);
+  LS_CHECK(attr == cudaSuccess, op, "cudaFuncSetAttribute failed: ", cudaGetErrorString(attr));
+  Kernel<<<grid, attn_wg::kThreads, attn_wg::kSmem, s>>>(tq, tk, tv, p);
+}
+
+// Tiles of 128 positions, the costliest first (a tile's blocks grow with its position), each over
+// every query head (adjacent CTAs share a kv head's K/V in L2). The order never changes bits.
+void prefill_wg(const char* op, const ck::QShape& qs, const TensorView& q, const TensorView& k,
+                const TensorView& v, std::span<const int64_t> cu, const AttentionConfig& cfg,
+                const TensorView& out, const TensorView& lse, cudaStream_t s) {
+  const int64_t Hkv = k.shape[1], B = int64_t(cu.size()) - 1;
+  struct SeqTile {
+    int64_t cost;
+    attn_wg::Tile t;
+  };
+  std::vector<SeqTile> st;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t t0 = cu[size_t(b)], len = cu[size_t(b + 1)] - t0;
+    for (int64_t r0 = 0; r0 < len; r0 += attn_wg::kRows)
+      st.push_back({std::min<int64_t>(r0 + attn_wg::kRows, len),
+                    attn_wg::Tile{int32_t(t0), int32_t(len), int32_t(r0), 0}});
+  }
+  std::stable_sort(st.begin(), st.end(),
+                   [](const SeqTile& a, const SeqTile& b) { return a.cost > b.cost; });
+  std::vector<attn_wg::Tile> tiles;
+  tiles.reserve(st.size() * size_t(qs.Hq));
+  for (const SeqTile& x : st)
+    for (int64_t h = 0; h < qs.Hq; ++h) {
+      attn_wg::Tile t = x.t;
+      t.head = int32_t(h);
+      tiles.push_back(t);
+    }
+  if (tiles.empty()) return;
+  LS_CHECK(tiles.size() < (size_t(1) << 31), op, "problem too large for one launch (", tiles.size(),
+           " tiles)");
+  CUtensorMap tq, tk, tv;
+  const CUresult rq = detail::encode_bf16_tensor_map(
+      &tq, q.ptr<const uint16_t>(), q.shape[0], qs.Hq * attn_wg::kD, q.stride[0], attn_wg::kRows);
+  const CUresult rk = detail::encode_bf16_tensor_map(&tk, k.ptr<const uint16_t>(), k.shape[0],
+                                                     Hkv * attn_wg::kD, k.stride[0], attn_wg::kBlk);
+  const CUresult rv = detail::encode_bf16_tensor_map(&tv, v.ptr<const uint16_t>(), v.shape[0],
+                                                     Hkv * attn_wg::kD, v.stride[0], attn_wg::kBlk);
+  LS_CHECK(rq == CUDA_SUCCESS && rk == CUDA_SUCCESS && rv == CUDA_SUCCESS, op,
+           "cuTensorMapEncodeTiled failed (", int(rq), ", ", int(rk), ", ", int(rv), ")");
+  Scratch scr(s);
+  attn_wg::Params p{};
+  p.tiles = scr.upload(op, tiles.data(), tiles.size());
+  p.G = int32_t(qs.Hq / Hkv);
+  p.K = cfg.kv_chunk;
+  p.scale = cfg.scale_log2(qs.D);
+  p.out = out.ptr<uint16_t>();
+  p.o_s0 = out.stride[0];
+  p.o_s1 = out.stride[1];
+  if (given(lse) && lse.numel() > 0) {
+    p.lse = lse.ptr<float>();
+    p.l_s0 = lse.stride[0];
+    p.l_s1 = lse.stride[1];
+  }
+  launch_wg<attn_wg::attn_wg_prefill_kernel>(op, dim3{unsigned(tiles.size())}, s, tq, tk, tv, p);
+  cuda_check(op, cudaGetLastError(), "kernel launch");
+}
+
 // Packed rows in segments cu (checked): segment b at positions 0 .. len-1, or, when prompt_of[b] >=
 // 0 (shared-prompt completions, §B.11; prompt_of empty: none), at positions Lp .. Lp+len-1 reading
 // the keys below Lp from its prompt's rows. Items of at most R rows of one segment.
@@ -505,6 +598,10 @@ void prefill_packed(const char* op, const ck::QShape& qs, const TensorView& q, c
                     const TensorView& out, const TensorView& lse, cudaStream_t s) {
   const int64_t T = qs.N, Hkv = k.shape[1], G = qs.Hq / Hkv, B = int64_t(cu.size()) - 1;
   if (T == 0) return;
+  if (prompt_of.empty() && wg_prefill_ok(qs, q, k, v, out)) {
+    prefill_wg(op, qs, q, k, v, cu, cfg, out, lse, s);
+    return;
+  }
   const Kern kern = pick(qs.D, cs_ok(qs.D, G));
   const int R = rows_per_item(kern, G);
   Plan plan;
@@ -818,16 +915,23 @@ std::string attention_launch_plan(const AttentionConfig& cfg, int64_t hq, int64_
   const int64_t G = hq / hkv, D = head_dim;
   const Kern pre = pick(D, cs_ok(D, G));
   const Kern dec = pick(D, false);
-  char buf[1024];
+  char buf[1400];
+  const std::string packed =
+      D == attn_wg::kD
+          ? "packed prefill (TMA-readable rows, sm_90): attn_wg_prefill_kernel (128 rows of one "
+            "head per CTA, producer + 2 consumer warpgroups, wgmma, " +
+                std::to_string(attn_wg::kStages) + " K/V stages, smem " +
+                std::to_string(attn_wg::kSmem) + " B); "
+          : std::string();
   std::snprintf(
       buf, sizeof buf,
-      "%s | cuda: Hq=%lld Hkv=%lld G=%lld D=%lld; prefill/chunked: %s (%d columns = %d rows x "
+      "%s | cuda: Hq=%lld Hkv=%lld G=%lld D=%lld; %sprefill/chunked: %s (%d columns = %d rows x "
       "%lld heads per CTA, 4 warps, 64-key blocks, smem %d B); decode: %s (%d columns per CTA, "
       "4 warps split keys/D, smem %d B); split-KV: whole kv_chunk=%d chunks per CTA when "
       "CTAs < 2 x SMs, per-chunk states + left-to-right merge kernel (128 threads per row x "
       "head); grid = (items, Hkv, column blocks)",
       cfg.to_string().c_str(), (long long)hq, (long long)hkv, (long long)G, (long long)D,
-      kern_info(pre).name, kern_cols(pre), rows_per_item(pre, G),
+      packed.c_str(), kern_info(pre).name, kern_cols(pre), rows_per_item(pre, G),
       (long long)std::min<int64_t>(G, kern_cols(pre)), kern_info(pre).smem, kern_info(dec).name,
       kern_cols(dec), kern_info(dec).smem, cfg.kv_chunk);
   return buf;

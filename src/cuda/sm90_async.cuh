@@ -40,6 +40,27 @@ __device__ __forceinline__ uint64_t global_ns() {
   asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
   return t;
 }
+// NOTE: a wait that has not completed after kMbarWaitLimitNs traps (the launch fails with an
+// error) instead of hanging the process: every wait here lasts microseconds when the pipeline is
+// sound, so this only turns a deadlock bug into an error.
+constexpr uint64_t kMbarWaitLimitNs = 10000000000ull;
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  if (mbar_try_wait(bar, parity)) return;
+  const uint64_t t0 = global_ns();
+  while (!mbar_try_wait(bar, parity)) {
+    if (global_ns() - t0 > kMbarWaitLimitNs) __trap();
+  }
+}
+
+// Named barriers 1..15 (0 is __syncthreads): sync waits until `threads` threads have arrived or
+// synced on it; arrive counts this thread without waiting.
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // One 2-D box (64 k x rows) of a bf16 tensor map into shared memory, completing on `bar`.
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int32_t k,
                                             int32_t row, uint32_t bar) {

@@ -98,6 +98,21 @@ LS_WGMMA(64, 32, LS_WGMMA_R32, 32, 33, 34, 35, 36, LS_WGMMA_D32(0))
 LS_WGMMA(128, 64, LS_WGMMA_R64, 64, 65, 66, 67, 68, LS_WGMMA_D32(0), LS_WGMMA_D32(1))
 LS_WGMMA(256, 128, LS_WGMMA_R128, 128, 129, 130, 131, 132, LS_WGMMA_D32(0), LS_WGMMA_D32(1),
          LS_WGMMA_D32(2), LS_WGMMA_D32(3))
+// d = A·B + (scale_d ? d : +0), m64n128k16, A (64 x 16 bf16) in registers — the m16n8k16 A
+// fragment of each warp's 16 rows: a[0] rows lane/4, k 2(lane%4)+{0,1}; a[1] rows +8; a[2], a[3]
+// the same at k + 8 — and B in shared memory (TB = 1: MN-major). The same k-block arithmetic as
+// the shared-memory form (§M.2: registers as A were probed with m64n8k16).
+template <int TB>
+__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4],
+                                                    uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" LS_WGMMA_R64
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+      : LS_WGMMA_D32(0), LS_WGMMA_D32(1)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TB));
+}
 #undef LS_WGMMA
 #undef LS_WGMMA_D32
 #undef LS_WGMMA_D8

@@ -170,6 +170,17 @@ std::vector<std::unique_ptr<OpCase>> op_cases() {
                                std::vector<int64_t>{300, 17, 129, 1}, 16, splits));
   t.push_back(
       attention_case(AttnMode::kSplitKv, d64, 256, 0.0, std::vector<int64_t>{1100, 700}, 64, 3));
+  // The Hopper prefill kernel (head_dim 128, src/cuda/attention_wg.cuh): tiles of 128 rows over
+  // several blocks and chunks (kv_chunk 64 / 192 / 1024), GQA 4, specials (non-finite V inside
+  // the diagonal blocks), large values.
+  const AttnDims d128g4{8, 2, 128};
+  t.push_back(attention_case(AttnMode::kPrefill, d128g4, 64, 0.0,
+                             std::vector<int64_t>{333, 17, 130, 1, 256}, 64));
+  t.push_back(
+      attention_case(AttnMode::kPrefill, d128g4, 1024, 0.0, std::vector<int64_t>{1100, 129}, 64));
+  t.push_back(attention_case(AttnMode::kPrefill, d128, 128, 0.0, lens, 16, 1, 1, 0, DK::kSpecials));
+  t.push_back(attention_case(AttnMode::kPrefill, AttnDims{4, 1, 128}, 192, 0.0,
+                             std::vector<int64_t>{700, 64, 65}, 16, 1, 1, 0, DK::kLarge));
   // Cascade: groups of 3 sharing 130 (not a multiple of kv_chunk) and 128 (a multiple) tokens.
   t.push_back(attention_case(AttnMode::kCascade, d64, 64, 0.0,
                              std::vector<int64_t>{200, 131, 300, 150, 129, 140}, 16, 1, 3, 130));

@@ -39,27 +39,6 @@ constexpr int sm90_smem_bytes() {
   return NS * (BM + BN) * 128 + 2 * NS * 8 + kSm90EpiBytes + 1024;
 }
 
-// NOTE: a wait that has not completed after kSm90WaitLimitNs traps (the launch fails with an
-// error) instead of hanging the process: every wait here lasts microseconds when the pipeline is
-// sound, so this only turns a deadlock bug into an error.
-constexpr uint64_t kSm90WaitLimitNs = 10000000000ull;
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  if (mbar_try_wait(bar, parity)) return;
-  const uint64_t t0 = global_ns();
-  while (!mbar_try_wait(bar, parity)) {
-    if (global_ns() - t0 > kSm90WaitLimitNs) __trap();
-  }
-}
-
-// Named barriers 1..15 (0 is __syncthreads): sync waits until `threads` threads have arrived or
-// synced on it; arrive counts this thread without waiting.
-__device__ __forceinline__ void named_bar_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 struct Sm90Job {
   int64_t m0, n0;
   int s;

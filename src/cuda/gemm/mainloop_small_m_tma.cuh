@@ -23,22 +23,12 @@
 #include "cuda/gemm/mainloop_mma_sync.cuh"   // ldsm_x4, ldsm_x2 (+ mma_sync.cuh)
 #include "cuda/gemm/params.cuh"              // TmaGemmParams
 #include "cuda/gemm/small_m_tma_layout.cuh"  // Shape: geometry, tile sequence, lane addresses
-#include "cuda/sm90_async.cuh"               // mbarriers, TMA loads
+#include "cuda/sm90_async.cuh"  // mbarriers (mbar_wait traps instead of hanging), TMA loads
 
 namespace lockstep::cuda::detail::small_m_ws {
 
 using Params = TmaGemmParams;
 
-// NOTE: a wait that has not completed after kWaitLimitNs traps (the launch fails with an error)
-// instead of hanging the process: in a sound pipeline every wait lasts microseconds.
-constexpr uint64_t kWaitLimitNs = 4000000000ull;
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  if (mbar_try_wait(bar, parity)) return;
-  const uint64_t t0 = global_ns();
-  while (!mbar_try_wait(bar, parity)) {
-    if (global_ns() - t0 > kWaitLimitNs) __trap();
-  }
-}
 // ---- Thread-block clusters (CL > 1): x is multicast to the CL CTAs of a cluster, so a stage's
 // slot may be refilled only when every CTA of the cluster released it.
 // The same box into the same shared-memory offset of every CTA in cta_mask, completing on the

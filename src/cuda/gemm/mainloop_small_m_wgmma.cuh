@@ -19,13 +19,12 @@
 
 #include "cuda/gemm/epilogue.cuh"              // load_bias, store_output
 #include "cuda/gemm/fold.cuh"                  // fold_segment (§G.4)
-#include "cuda/gemm/mainloop_small_m_tma.cuh"  // Params, mbar_wait (traps instead of hanging)
+#include "cuda/gemm/mainloop_small_m_tma.cuh"  // Params
 #include "cuda/sm90_async.cuh"                 // mbarriers, TMA loads
 #include "cuda/sm90_wgmma.cuh"                 // wgmma_k16, sw128_desc, fences, fence_acc
 
 namespace lockstep::cuda::detail::small_m_wg {
 
-using small_m_ws::mbar_wait;
 using small_m_ws::Params;
 
 // Geometry of one instantiation: BN rows of w per CTA (the wgmma N), KB64 boxes of 64 k per stage,
