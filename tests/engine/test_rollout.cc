@@ -370,26 +370,13 @@ TEST(Packing, EverySequenceOnceWithinTheBudget) {
             std::string::npos);
 }
 
-std::vector<TrainSequence> to_train(const RolloutResult& r) {
-  std::vector<TrainSequence> out;
-  for (const auto& c : r.completions) {
-    TrainSequence s;
-    s.id = c.id;
-    s.prompt = c.prompt;
-    s.completion = c.tokens;
-    s.temperature = c.sampling.logprob_temperature();
-    out.push_back(s);
-  }
-  return out;
-}
-
 // Rollout records == training recompute, for any packing and TP; and packing never changes bits.
 TEST(Training, RecomputesTheRolloutBitsUnderAnyPacking) {
   auto g = test::rng(7);
   const auto reqs = make_requests(g, 4, 3, 30, 12, tiny().config().vocab_size);
   auto rmodel = tiny().make(2);
   const RolloutResult roll = run_rollout(*rmodel, reqs, reference_config());
-  const auto seqs = to_train(roll);
+  const auto seqs = train_sequences(roll);
   std::unique_ptr<Model> models[3] = {tiny().make(1), tiny().make(2), tiny().make(4)};
   for (int trial = 0; trial < 20; ++trial) {
     PackingConfig pc;
