@@ -16,37 +16,9 @@
 namespace lockstep::engine {
 namespace {
 
+using test_util::make_requests;
 using test_util::same_completions;
 using test_util::TinyModel;
-
-const TinyModel& tiny() {
-  static TinyModel m;
-  return m;
-}
-
-// 3 prompts x 2 samples, prompts of 5, 23 and 40 tokens (several pages, chunked prefill).
-std::vector<RolloutRequest> requests() {
-  std::vector<RolloutRequest> out;
-  const int64_t V = tiny().config().vocab_size;
-  const size_t lengths[3] = {5, 23, 40};
-  for (int p = 0; p < 3; ++p) {
-    std::vector<int32_t> prompt(lengths[p]);
-    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((7 * i + 31 * p + 3) % V);
-    for (int s = 0; s < 2; ++s) {
-      RolloutRequest r;
-      r.id = 2 * p + s;
-      r.prompt = prompt;
-      r.sampling.temperature = p == 1 ? 0.0f : 0.9f;
-      r.sampling.top_k = p == 2 ? 17 : 0;
-      r.sampling.seed = 11 + uint64_t(p);
-      r.max_new_tokens = 6 + 2 * p;
-      r.stop_on_eos = false;
-      r.group = p;
-      out.push_back(r);
-    }
-  }
-  return out;
-}
 
 RolloutConfig rollout_config() {
   RolloutConfig c;
@@ -88,16 +60,18 @@ int64_t calls(const OpProfile& p, const std::string& label) {
 }
 
 TEST(ProfiledBackend, RolloutBitsAreTheInnerBackendsAndEveryOpIsCounted) {
+  const TinyModel tiny;
   const int tp = 2;
-  const int64_t L = tiny().config().num_hidden_layers;
-  const auto reqs = requests();
-  const RolloutResult want = run_rollout(*tiny().make(tp), reqs, rollout_config());
+  const int64_t L = tiny.config().num_hidden_layers;
+  auto g = test::rng(11);
+  const auto reqs = make_requests(g, 3, 2, 40, 10, tiny.config().vocab_size);
+  const RolloutResult want = run_rollout(*tiny.make(tp), reqs, rollout_config());
 
   auto prof =
       std::make_shared<ProfiledBackend>(std::shared_ptr<OpsBackend>(make_invariant_backend()));
   EXPECT_EQ(prof->name(), "invariant");
   EXPECT_EQ(prof->device(), Device::kCPU);
-  const auto model = tiny().make(tp, prof);
+  const auto model = tiny.make(tp, prof);
   prof->reset();  // the weight copies of the model's construction
   EXPECT_TRUE(prof->report().rows.empty());
   int64_t decode_steps = 0, sample_steps = 0;
@@ -151,7 +125,7 @@ TEST(ProfiledBackend, RolloutBitsAreTheInnerBackendsAndEveryOpIsCounted) {
   EXPECT_TRUE(prof->report().rows.empty());
   EXPECT_TRUE(prof->decode_report().rows.empty());  // reset turned the decode flag off
   const auto seqs = train_sequences(got);
-  const auto train_model = tiny().make(1, prof);
+  const auto train_model = tiny.make(1, prof);
   prof->reset();
   const TrainResult tr = run_training_forward(*train_model, seqs, PackingConfig{});
   ASSERT_EQ(tr.sequences.size(), got.completions.size());
