@@ -10,7 +10,9 @@
 // 1 on both sides, 1024-key chunks); a contract or TP flag runs that one configuration only.
 // Every engine step's wall time is set beside its memory floor: the bytes the step must read (the
 // weights once, and each sequence's K and V) at the copy bandwidth the device reaches in the same
-// run.
+// run. With --profile-ops each backend is wrapped in a ProfiledBackend (engine/profiled_backend.h)
+// and every side reports, per op, its calls, device time and host time, for the whole rollout, its
+// decode steps and the training forward, and the wall time that device work does not cover.
 #include "tools/bench_engine_cmd.h"
 
 #include <algorithm>
@@ -25,6 +27,7 @@
 
 #include "core/thread_pool.h"
 #include "engine/audit.h"
+#include "engine/profiled_backend.h"
 #include "engine/rollout.h"
 #include "engine/trainer.h"
 #include "lockstep/error.h"
@@ -47,7 +50,62 @@ struct BenchResult {
   int64_t decode_steps = 0;
   double decode_s = 0, decode_floor_s = 0, step_floor_s = 0;
   std::vector<engine::RolloutStepTime> step_times;
+  // --profile-ops: the whole rollout, its decode steps, the training forward.
+  bool profiled = false;
+  engine::OpProfile rollout_ops, decode_ops, train_ops;
 };
+
+// One section of an op profile: the rows, then the wall time against the ops' device time.
+struct OpSection {
+  const char* name;  // "rollout", "decode steps only", "training forward"
+  const char* key;   // its JSON key: "rollout", "decode", "train"
+  const engine::OpProfile* ops;
+  double wall_s;
+  int64_t steps;
+  const char* step;        // what `steps` counts: "step", "decode step", "micro-batch"
+  const char* steps_name;  // the same in the plural
+};
+
+std::vector<OpSection> op_sections(const BenchResult& r) {
+  return {{"rollout", "rollout", &r.rollout_ops, r.rollout_s, r.steps, "step", "steps"},
+          {"decode steps only", "decode", &r.decode_ops, r.decode_s, r.decode_steps, "decode step",
+           "decode steps"},
+          {"training forward", "train", &r.train_ops, r.train_s, r.micro_batches, "micro-batch",
+           "micro-batches"}};
+}
+
+nlohmann::ordered_json op_section_json(const OpSection& s) {
+  nlohmann::ordered_json j;
+  j["wall_seconds"] = s.wall_s;
+  j["device_seconds"] = s.ops->total.device_s;
+  j["uncovered_seconds"] = s.wall_s - s.ops->total.device_s;
+  j["steps"] = s.steps;
+  j["ops"] = nlohmann::ordered_json::array();
+  for (const engine::OpTimes& t : s.ops->rows)
+    j["ops"].push_back(
+        {{"label", t.label}, {"calls", t.calls}, {"device_s", t.device_s}, {"host_s", t.host_s}});
+  return j;
+}
+
+void print_op_section(const std::string& title, const OpSection& s) {
+  const double dev = s.ops->total.device_s;
+  auto per = [&](double v) { return s.steps > 0 ? v / double(s.steps) : 0.0; };
+  std::printf("\n%s %s (%s: %" PRId64 ")\n", title.c_str(), s.name, s.steps_name, s.steps);
+  std::printf("  %-36s %10s %12s %10s %9s %12s\n", "op", "calls", "device ms", "ms/step",
+              "% device", "host ms");
+  for (const engine::OpTimes& t : s.ops->rows)
+    std::printf("  %-36s %10" PRId64 " %12.3f %10.4f %8.1f%% %12.3f\n", t.label.c_str(), t.calls,
+                1e3 * t.device_s, 1e3 * per(t.device_s), dev > 0 ? 100.0 * t.device_s / dev : 0.0,
+                1e3 * t.host_s);
+  std::printf("  %-36s %10" PRId64 " %12.3f %10.4f %8.1f%% %12.3f\n", "total", s.ops->total.calls,
+              1e3 * dev, 1e3 * per(dev), dev > 0 ? 100.0 : 0.0, 1e3 * s.ops->total.host_s);
+  std::printf("  wall %.3f ms (%.4f ms per %s), op device time %.3f ms\n", 1e3 * s.wall_s,
+              1e3 * per(s.wall_s), s.step, 1e3 * dev);
+  std::printf(
+      "  not covered by device work (host work, launches, waits): %.3f ms (%.1f%% of "
+      "wall)\n",
+      1e3 * (s.wall_s - dev), s.wall_s > 0 ? 100.0 * (s.wall_s - dev) / s.wall_s : 0.0);
+}
 
 // The least time an engine step can take on its device: the bytes it must read — every weight
 // once (bf16; the embedding table only where it is also the lm_head: a lookup reads a few rows),
@@ -90,19 +148,6 @@ MemoryFloor memory_floor(const engine::Qwen3Config& mc, const engine::OpsBackend
   return f;
 }
 
-std::vector<engine::TrainSequence> train_seqs_of(const engine::RolloutResult& rr) {
-  std::vector<engine::TrainSequence> out;
-  for (const engine::Completion& c : rr.completions) {
-    engine::TrainSequence s;
-    s.id = c.id;
-    s.prompt = c.prompt;
-    s.completion = c.tokens;
-    s.temperature = c.sampling.logprob_temperature();
-    out.push_back(std::move(s));
-  }
-  return out;
-}
-
 }  // namespace
 
 namespace {
@@ -136,6 +181,8 @@ int run_bench_engine(EngineCommandLine& o, const CLI::App& app) {
   struct Side {
     std::string name;
     std::shared_ptr<engine::OpsBackend> rollout, train;
+    // --profile-ops: the two sides' backends wrapped (the models run on these), else null.
+    std::shared_ptr<engine::ProfiledBackend> rollout_prof, train_prof;
   };
   std::vector<Side> sides;
   for (bool baseline : {false, true}) {
@@ -149,6 +196,10 @@ int run_bench_engine(EngineCommandLine& o, const CLI::App& app) {
     }
     if ((baseline && o.no_baseline) || (!baseline && o.baseline_only)) continue;
     s.name = engine::audit_side_label(*s.rollout, *s.train);
+    if (o.profile_ops) {
+      s.rollout_prof = std::make_shared<engine::ProfiledBackend>(s.rollout);
+      s.train_prof = std::make_shared<engine::ProfiledBackend>(s.train);
+    }
     sides.push_back(std::move(s));
   }
   ModelSource source(o.model, log);
@@ -189,8 +240,8 @@ int run_bench_engine(EngineCommandLine& o, const CLI::App& app) {
 
     std::vector<BenchResult> results;
     for (const Side& s : sides) {
-      auto rollout_model = factory(cfg.rollout_tp, s.rollout);
-      auto train_model = factory(cfg.train_tp, s.train);
+      auto rollout_model = factory(cfg.rollout_tp, s.rollout_prof ? s.rollout_prof : s.rollout);
+      auto train_model = factory(cfg.train_tp, s.train_prof ? s.train_prof : s.train);
       // Warm-up: two requests, a few tokens, and their training forward.
       {
         std::vector<engine::RolloutRequest> w(
@@ -200,13 +251,29 @@ int run_bench_engine(EngineCommandLine& o, const CLI::App& app) {
           r.arrival_step = 0;
         }
         const engine::RolloutResult wr = engine::run_rollout(*rollout_model, w, cfg.rollout);
-        engine::run_training_forward(*train_model, train_seqs_of(wr), cfg.packing);
+        engine::run_training_forward(*train_model, engine::train_sequences(wr), cfg.packing);
       }
       log("bench-engine [" + bc.name + ", " + s.name + "]: rollout of " +
           std::to_string(requests.size()) + " sequences");
       BenchResult b;
       b.backend = s.name;
-      const engine::RolloutResult rr = engine::run_rollout(*rollout_model, requests, cfg.rollout);
+      engine::RolloutHooks hooks;
+      if (s.rollout_prof) {
+        // NOTE: a step's copy-on-write page copies run before this hook, so they count with the
+        // step before; everything else of a step (its forward and sampling) counts with it.
+        s.rollout_prof->reset();
+        hooks.before_step = [&s](const engine::RolloutStepInfo& info) {
+          s.rollout_prof->set_decode(info.plan->decode_only());
+          return true;
+        };
+      }
+      const engine::RolloutResult rr =
+          engine::run_rollout(*rollout_model, requests, cfg.rollout, hooks);
+      if (s.rollout_prof) {
+        b.profiled = true;
+        b.rollout_ops = s.rollout_prof->report();
+        b.decode_ops = s.rollout_prof->decode_report();
+      }
       b.generated = rr.generated_tokens;
       b.rollout_tokens = rr.stats.tokens_computed;
       b.steps = rr.stats.steps;
@@ -221,8 +288,10 @@ int run_bench_engine(EngineCommandLine& o, const CLI::App& app) {
         b.decode_floor_s += floor.seconds(st);
       }
       log("bench-engine [" + bc.name + ", " + s.name + "]: training forward");
-      const auto seqs = train_seqs_of(rr);
+      const auto seqs = engine::train_sequences(rr);
+      if (s.train_prof) s.train_prof->reset();
       const engine::TrainResult tr = engine::run_training_forward(*train_model, seqs, cfg.packing);
+      if (s.train_prof) b.train_ops = s.train_prof->report();
       b.train_tokens = tr.tokens_forwarded;
       b.micro_batches = tr.micro_batches;
       b.train_s = tr.seconds;
@@ -257,7 +326,7 @@ int run_bench_engine(EngineCommandLine& o, const CLI::App& app) {
       j["training"] = cfg.training_string();
       j["same_schedule"] = same_schedule;
       j["copy_bandwidth_bytes_per_s"] = floor.bytes_per_s;
-      for (const BenchResult& r : results)
+      for (const BenchResult& r : results) {
         j["backends"][r.backend] = {
             {"rollout_seconds", r.rollout_s},
             {"generated_tokens", r.generated},
@@ -274,6 +343,10 @@ int run_bench_engine(EngineCommandLine& o, const CLI::App& app) {
             {"train_tok_per_s", rate(r.train_tokens, r.train_s)},
             {"logp_compared", r.compared},
             {"logp_mismatches", r.mismatches}};
+        if (r.profiled)
+          for (const OpSection& sec : op_sections(r))
+            j["backends"][r.backend]["op_profile"][sec.key] = op_section_json(sec);
+      }
       std::printf("%s\n", j.dump().c_str());
       flush_stdout();
       continue;
@@ -320,6 +393,16 @@ int run_bench_engine(EngineCommandLine& o, const CLI::App& app) {
           bc.name.c_str(), results[0].backend.c_str(), results[1].backend.c_str(),
           results[1].rollout_s > 0 ? results[1].rollout_s / results[0].rollout_s : 0.0,
           results[1].train_s > 0 ? results[1].train_s / results[0].train_s : 0.0);
+    for (const BenchResult& r : results) {
+      if (!r.profiled) continue;
+      std::printf(
+          "\nop profile [%s, %s] (--profile-ops): each op's device time is the time between "
+          "timing marks\njust before and after its call (CUDA events on the backend's stream; on "
+          "the CPU, the host clock);\nthe two marks per op perturb the run slightly\n",
+          bc.name.c_str(), r.backend.c_str());
+      for (const OpSection& sec : op_sections(r))
+        print_op_section("[" + bc.name + ", " + r.backend + "]", sec);
+    }
     flush_stdout();
   }
   return kExitOk;
@@ -341,7 +424,11 @@ Command add_bench_engine_command(CLI::App& top) {
       "1,\n64-key chunks) and 'one-gpu' (segments 1, TP 1 and 1, 1024-key chunks). Any contract "
       "or TP\nflag times that one configuration only. Each engine step is set beside its memory "
       "floor\n(weights once + every sequence's K and V, at the device's copy bandwidth measured in "
-      "the\nsame run). Takes the flags of `lockstep audit`, e.g.\n  lockstep bench-engine --device "
+      "the\nsame run). --profile-ops adds, per backend, each op kind's calls, device time (timing "
+      "marks\naround every call: CUDA events, which perturb the run slightly) and host time, for "
+      "the\nrollout, its decode steps and the training forward, and the wall time device work "
+      "does not\ncover. Takes the flags of `lockstep audit`, e.g.\n  lockstep bench-engine "
+      "--device "
       "cuda --model-shape qwen3-8b\nExit status: 0 done, 2 bad usage, bad input or an error.");
   // The realistic default workload (see the top of this file), set before the flags capture
   // their defaults.
@@ -355,6 +442,10 @@ Command add_bench_engine_command(CLI::App& top) {
   sub->add_option("--steps-csv", o->steps_csv,
                   "write every engine step's wall time and memory floor to FILE (CSV)")
       ->type_name("FILE")
+      ->group("run");
+  sub->add_flag("--profile-ops", o->profile_ops,
+                "time every op call (device and host time per op kind; two timing marks per op "
+                "perturb the run slightly) and print a table per backend")
       ->group("run");
   return {sub, [o, sub] { return run_bench_engine(*o, *sub); }};
 }

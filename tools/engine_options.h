@@ -23,6 +23,7 @@ struct EngineCommandLine {
   int threads = 0;           // 0: all cores
   bool cascade_set = false;  // --cascade given (else it follows --prefix-sharing)
   std::string steps_csv;     // bench-engine --steps-csv
+  bool profile_ops = false;  // bench-engine --profile-ops
 };
 
 // Adds every flag to `app`, bound to `o` (which must outlive the parse).

@@ -8,6 +8,8 @@
 //             usual case: contiguous tensors, column blocks, row blocks), else one per 2-D slab;
 //             cudaMemcpyDefault (unified addressing) picks the direction.
 //   synchronize(): waits for the stream, then reports any pending CUDA error.
+//   EventPool: timing events created once and re-recorded after clear() (no create / destroy per
+//             mark: bench-engine --profile-ops records two per op).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -182,6 +184,32 @@ void synchronize(void* stream) {
   check_cuda(cudaStreamSynchronize(as_stream(stream)), "cuda::synchronize",
              "a device operation failed");
   check_cuda(cudaGetLastError(), "cuda::synchronize", "pending CUDA error");
+}
+
+EventPool::~EventPool() {
+  // Never throws (it may run at exit, after the runtime is gone).
+  for (void* e : events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+}
+
+int EventPool::record(void* stream) {
+  if (used_ == int(events_.size())) {
+    cudaEvent_t e = nullptr;
+    check_cuda(cudaEventCreate(&e), "cuda::EventPool::record", "cudaEventCreate");
+    events_.push_back(e);
+  }
+  check_cuda(cudaEventRecord(static_cast<cudaEvent_t>(events_[size_t(used_)]), as_stream(stream)),
+             "cuda::EventPool::record", "cudaEventRecord");
+  return used_++;
+}
+
+double EventPool::seconds(int a, int b) const {
+  LS_CHECK(a >= 0 && b >= 0 && a < used_ && b < used_, "cuda::EventPool::seconds", "events ", a,
+           " and ", b, " are not both recorded (", used_, " since the last clear)");
+  float ms = 0;
+  check_cuda(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(events_[size_t(a)]),
+                                  static_cast<cudaEvent_t>(events_[size_t(b)])),
+             "cuda::EventPool::seconds", "cudaEventElapsedTime (synchronize after recording)");
+  return 1e-3 * double(ms);
 }
 
 }  // namespace lockstep::cuda

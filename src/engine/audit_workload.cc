@@ -238,15 +238,7 @@ AuditSide run_audit_side(const AuditConfig& cfg, const ModelFactory& make_model,
   side.cascade_rows = rr.cascade_rows;
 
   // Training forward over the same sequences.
-  std::vector<TrainSequence> train_seqs;
-  for (const Completion& c : rr.completions) {
-    TrainSequence s;
-    s.id = c.id;
-    s.prompt = c.prompt;
-    s.completion = c.tokens;
-    s.temperature = c.sampling.logprob_temperature();
-    train_seqs.push_back(std::move(s));
-  }
+  const std::vector<TrainSequence> train_seqs = train_sequences(rr);
   TrainHooks th;
   auto last = std::chrono::steady_clock::now();
   th.progress = [&](int64_t done, int64_t total) {

@@ -2,6 +2,7 @@
 // bits are fixed by docs/contract.md. No state, no arithmetic of its own.
 #include "engine/backend.h"
 
+#include <chrono>
 #include <cstring>
 
 #include "engine/device.h"
@@ -42,6 +43,27 @@ void OpsBackend::copy(const TensorView& dst, const TensorView& src) const {
                 static_cast<const char*>(src.data) + so * dtype_size(src.dtype), bytes);
   }
 }
+
+namespace {
+class HostClock final : public OpClock {
+ public:
+  int mark() override {
+    marks_.push_back(std::chrono::steady_clock::now());
+    return int(marks_.size()) - 1;
+  }
+  double seconds(int a, int b) override {
+    LS_CHECK(a >= 0 && b >= 0 && size_t(a) < marks_.size() && size_t(b) < marks_.size(),
+             "OpClock::seconds", "marks ", a, " and ", b, " are not both recorded");
+    return std::chrono::duration<double>(marks_[size_t(b)] - marks_[size_t(a)]).count();
+  }
+  void clear() override { marks_.clear(); }
+
+ private:
+  std::vector<std::chrono::steady_clock::time_point> marks_;
+};
+}  // namespace
+
+std::unique_ptr<OpClock> OpsBackend::make_op_clock() const { return std::make_unique<HostClock>(); }
 
 void OpsBackend::attention_prefill_varlen(const TensorView& q, const TensorView& k,
                                           const TensorView& v, const TensorView& cu_seqlens,

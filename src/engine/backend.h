@@ -23,6 +23,17 @@
 
 namespace lockstep::engine {
 
+// Timing marks for a profiler (ProfiledBackend, profiled_backend.h). mark() is ordered after every
+// op issued so far on the backend that made the clock; seconds(a, b) is the time from mark a to
+// mark b, valid after that backend's synchronize(); clear() drops every mark (indices restart).
+class OpClock {
+ public:
+  virtual ~OpClock() = default;
+  virtual int mark() = 0;
+  virtual double seconds(int a, int b) = 0;
+  virtual void clear() = 0;
+};
+
 // NOTE: methods are const: a backend's results may depend only on its arguments and its own
 // fixed settings (a baseline backend may keep e.g. a thread count as a setting), never on
 // earlier calls.
@@ -44,6 +55,10 @@ class OpsBackend {
   virtual void copy(const TensorView& dst, const TensorView& src) const;
   // Waits for every issued op; throws on a pending device error. CPU: no-op.
   virtual void synchronize() const {}
+  // A clock whose marks are ordered with this backend's ops. Default: the host steady clock
+  // (CPU ops are synchronous: an op has finished when its call returns); the CUDA backends record
+  // events on their stream.
+  virtual std::unique_ptr<OpClock> make_op_clock() const;
   // --- GEMM (lockstep/ops/gemm.h) ---
   // y[M, N] = x[M, K] · w[N, K]ᵀ; y bf16 (rounded) or f32.
   virtual void gemm(const TensorView& x, const TensorView& w, const GemmConfig& cfg,

@@ -273,11 +273,8 @@ RolloutResult run_rollout(const Model& model, const std::vector<RolloutRequest>&
     }
     sched.complete(plan, sampled);
     {
-      RolloutStepTime st{N, S, 0, S > 0, 0.0};
-      for (const ScheduledSeq& ss : plan.seqs) {
-        st.keys += ss.start + ss.count;
-        st.decode = st.decode && ss.count == 1 && ss.sample;
-      }
+      RolloutStepTime st{N, S, 0, plan.decode_only(), 0.0};
+      for (const ScheduledSeq& ss : plan.seqs) st.keys += ss.start + ss.count;
       st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_step).count();
       res.step_times.push_back(st);
     }

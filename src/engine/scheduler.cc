@@ -30,6 +30,12 @@ int64_t StepPlan::num_samples() const {
   return n;
 }
 
+bool StepPlan::decode_only() const {
+  return !seqs.empty() && std::all_of(seqs.begin(), seqs.end(), [](const ScheduledSeq& s) {
+    return s.count == 1 && s.sample;
+  });
+}
+
 std::string SchedulerStats::to_string() const {
   std::ostringstream os;
   os << "steps=" << steps << " tokens_computed=" << tokens_computed

@@ -64,6 +64,8 @@ struct StepPlan {
   int64_t num_tokens = 0;          // Σ count
   // Sample rows of the step: for each seq with sample, 1 + forks.size(), in order.
   int64_t num_samples() const;
+  // A pure decode step: at least one sequence, and each computes one token and samples.
+  bool decode_only() const;
 };
 
 struct SchedulerStats {

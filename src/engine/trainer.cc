@@ -54,6 +54,19 @@ std::vector<std::vector<size_t>> pack_sequences(const std::vector<int64_t>& leng
   return batches;
 }
 
+std::vector<TrainSequence> train_sequences(const RolloutResult& rollout) {
+  std::vector<TrainSequence> out;
+  for (const Completion& c : rollout.completions) {
+    TrainSequence s;
+    s.id = c.id;
+    s.prompt = c.prompt;
+    s.completion = c.tokens;
+    s.temperature = c.sampling.logprob_temperature();
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
 TrainResult run_training_forward(const Model& model, const std::vector<TrainSequence>& seqs,
                                  const PackingConfig& cfg, const TrainHooks& hooks) {
   cfg.validate();

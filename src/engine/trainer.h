@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/model.h"
+#include "engine/rollout.h"
 
 namespace lockstep::engine {
 
@@ -62,5 +63,9 @@ struct TrainHooks {
 // its row predicts nothing). Checks token ids, lengths against the model's context, temperatures.
 TrainResult run_training_forward(const Model& model, const std::vector<TrainSequence>& seqs,
                                  const PackingConfig& cfg, const TrainHooks& hooks = {});
+
+// A rollout's completions as training sequences (same ids, prompts, completion tokens, each at
+// its request's logprob_temperature()), in completion order.
+std::vector<TrainSequence> train_sequences(const RolloutResult& rollout);
 
 }  // namespace lockstep::engine

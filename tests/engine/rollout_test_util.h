@@ -1,9 +1,11 @@
 // Shared helpers of the rollout / audit tests: a tiny random-weight Qwen3 model (fast enough for
-// dozens of whole rollouts per test binary) and bitwise comparison of rollout records.
+// dozens of whole rollouts per test binary), random request sets and bitwise comparison of rollout
+// records.
 #pragma once
 
 #include <map>
 #include <memory>
+#include <random>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -85,6 +87,47 @@ class TinyModel {
   Weights weights_;
   std::map<std::string, TensorView> views_;
 };
+
+// `prompts` prompts x G samples with assorted sampling settings and lengths.
+inline std::vector<RolloutRequest> make_requests(std::mt19937_64& g, int prompts, int G,
+                                                 int max_prompt, int max_new, int64_t V) {
+  std::vector<RolloutRequest> out;
+  for (int p = 0; p < prompts; ++p) {
+    std::vector<int32_t> prompt(1 + g() % max_prompt);
+    for (auto& t : prompt) t = int32_t(g() % V);
+    SamplingParams sp;
+    sp.seed = g();
+    switch (g() % 5) {
+      case 0:
+        sp.temperature = 1.0f;
+        break;
+      case 1:
+        sp.temperature = 0.8f, sp.top_k = 20;
+        break;
+      case 2:
+        sp.temperature = 1.1f, sp.top_p = 0.85f;
+        break;
+      case 3:
+        sp.temperature = 0.9f, sp.min_p = 0.1f;
+        break;
+      case 4:
+        sp.temperature = 0.0f;
+        break;
+    }
+    const bool eos = g() % 3 != 0;
+    for (int s = 0; s < G; ++s) {
+      RolloutRequest r;
+      r.id = p * G + s;
+      r.prompt = prompt;
+      r.sampling = sp;
+      r.max_new_tokens = 1 + int64_t(g() % max_new);
+      r.stop_on_eos = eos;
+      r.group = p;
+      out.push_back(r);
+    }
+  }
+  return out;
+}
 
 // Bitwise equality of two rollouts' records (tokens, logp, lse, entropy, finish reason).
 inline ::testing::AssertionResult same_completions(const std::vector<Completion>& a,

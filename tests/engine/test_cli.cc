@@ -291,6 +291,43 @@ TEST(CliBinary, BenchEngineRuns) {
   EXPECT_RUN(lockstep("bench-engine --prompts 0"), 2, "--prompts");
 }
 
+// --profile-ops: per backend a table of the rollout's, its decode steps' and the training
+// forward's ops (text), or the same as "op_profile" in each backend's JSON object.
+TEST(CliBinary, BenchEngineProfilesOps) {
+  const std::string small =
+      "bench-engine --prompts 1 --group 2 --max-new-tokens 3 --prompt-len 8:16 --threads 1 "
+      "--quiet --rollout-tp 1 --no-baseline --profile-ops --model '" +
+      score_inputs().model + "'";
+  const Result text = lockstep(small);
+  ASSERT_EQ(text.rc, 0) << text.out;
+  for (const char* want :
+       {"op profile [flags, invariant] (--profile-ops)", "perturb the run slightly",
+        "[flags, invariant] rollout (steps: ",
+        "[flags, invariant] decode steps only (decode steps: ",
+        "[flags, invariant] training forward (micro-batches: 1)", "attention_paged", "sample",
+        "linear_logprob", "not covered by device work (host work, launches, waits)"})
+    EXPECT_NE(text.out.find(want), std::string::npos) << want << " in:\n" << text.out;
+  const Result json = lockstep(small + " --json");
+  ASSERT_EQ(json.rc, 0) << json.out;
+  const nlohmann::json j = nlohmann::json::parse(json.out);
+  const nlohmann::json& prof = j["backends"]["invariant"]["op_profile"];
+  for (const char* section : {"rollout", "decode", "train"}) {
+    ASSERT_TRUE(prof.contains(section)) << json.out;
+    EXPECT_GE(prof[section]["steps"].get<int64_t>(), 1) << section;
+    EXPECT_GT(prof[section]["ops"].size(), 0u) << section;
+    EXPECT_GE(prof[section]["device_seconds"].get<double>(), 0.0) << section;
+  }
+  EXPECT_EQ(prof["rollout"]["steps"], j["backends"]["invariant"]["rollout_steps"]);
+  EXPECT_EQ(prof["decode"]["steps"], j["backends"]["invariant"]["decode_steps"]);
+  // Without the flag there is no profile.
+  const Result plain = lockstep(
+      "bench-engine --prompts 1 --group 2 --max-new-tokens 2 --prompt-len 8:16 --threads 1 "
+      "--quiet --rollout-tp 1 --no-baseline --json --model '" +
+      score_inputs().model + "'");
+  ASSERT_EQ(plain.rc, 0) << plain.out;
+  EXPECT_FALSE(nlohmann::json::parse(plain.out)["backends"]["invariant"].contains("op_profile"));
+}
+
 // Without a contract or TP flag bench-engine times both deployment contracts, one JSON line each,
 // every engine step set beside its memory floor; a contract flag times that one configuration.
 TEST(CliBinary, BenchEngineTimesBothContractsAndTheMemoryFloor) {

@@ -17,6 +17,7 @@
 namespace lockstep::engine {
 namespace {
 
+using test_util::make_requests;
 using test_util::same_completions;
 using test_util::TinyModel;
 
@@ -33,47 +34,6 @@ std::string error_of(F&& f) {
 const TinyModel& tiny() {
   static TinyModel m;
   return m;
-}
-
-// `prompts` prompts x G samples with assorted sampling settings and lengths.
-std::vector<RolloutRequest> make_requests(std::mt19937_64& g, int prompts, int G, int max_prompt,
-                                          int max_new, int64_t V) {
-  std::vector<RolloutRequest> out;
-  for (int p = 0; p < prompts; ++p) {
-    std::vector<int32_t> prompt(1 + g() % max_prompt);
-    for (auto& t : prompt) t = int32_t(g() % V);
-    SamplingParams sp;
-    sp.seed = g();
-    switch (g() % 5) {
-      case 0:
-        sp.temperature = 1.0f;
-        break;
-      case 1:
-        sp.temperature = 0.8f, sp.top_k = 20;
-        break;
-      case 2:
-        sp.temperature = 1.1f, sp.top_p = 0.85f;
-        break;
-      case 3:
-        sp.temperature = 0.9f, sp.min_p = 0.1f;
-        break;
-      case 4:
-        sp.temperature = 0.0f;
-        break;
-    }
-    const bool eos = g() % 3 != 0;
-    for (int s = 0; s < G; ++s) {
-      RolloutRequest r;
-      r.id = p * G + s;
-      r.prompt = prompt;
-      r.sampling = sp;
-      r.max_new_tokens = 1 + int64_t(g() % max_new);
-      r.stop_on_eos = eos;
-      r.group = p;
-      out.push_back(r);
-    }
-  }
-  return out;
 }
 
 RolloutConfig reference_config() {
@@ -370,26 +330,13 @@ TEST(Packing, EverySequenceOnceWithinTheBudget) {
             std::string::npos);
 }
 
-std::vector<TrainSequence> to_train(const RolloutResult& r) {
-  std::vector<TrainSequence> out;
-  for (const auto& c : r.completions) {
-    TrainSequence s;
-    s.id = c.id;
-    s.prompt = c.prompt;
-    s.completion = c.tokens;
-    s.temperature = c.sampling.logprob_temperature();
-    out.push_back(s);
-  }
-  return out;
-}
-
 // Rollout records == training recompute, for any packing and TP; and packing never changes bits.
 TEST(Training, RecomputesTheRolloutBitsUnderAnyPacking) {
   auto g = test::rng(7);
   const auto reqs = make_requests(g, 4, 3, 30, 12, tiny().config().vocab_size);
   auto rmodel = tiny().make(2);
   const RolloutResult roll = run_rollout(*rmodel, reqs, reference_config());
-  const auto seqs = to_train(roll);
+  const auto seqs = train_sequences(roll);
   std::unique_ptr<Model> models[3] = {tiny().make(1), tiny().make(2), tiny().make(4)};
   for (int trial = 0; trial < 20; ++trial) {
     PackingConfig pc;

@@ -27,4 +27,26 @@ Tensor empty(DType dtype, std::vector<int64_t> shape);
 void copy(const TensorView& dst, const TensorView& src, void* stream = nullptr);
 void synchronize(void* stream = nullptr);  // waits, then throws on any pending CUDA error
 
+// Timing events (cudaEvent_t behind indices): record() puts the next event of the pool on
+// `stream`, ordered after everything issued there before, and returns its index; seconds(a, b) is
+// the device time from event a to event b, valid once the stream was synchronized after both
+// (resolution about 0.5 us). clear() restarts the indices at 0 and keeps the events for reuse. One
+// thread at a time; the pool must be destroyed on the device it recorded on.
+class EventPool {
+ public:
+  EventPool() = default;
+  ~EventPool();
+  EventPool(const EventPool&) = delete;
+  EventPool& operator=(const EventPool&) = delete;
+
+  int record(void* stream = nullptr);
+  double seconds(int a, int b) const;
+  void clear() { used_ = 0; }
+  int size() const { return used_; }  // events recorded since the last clear()
+
+ private:
+  std::vector<void*> events_;  // cudaEvent_t, created on first use
+  int used_ = 0;
+};
+
 }  // namespace lockstep::cuda

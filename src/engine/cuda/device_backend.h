@@ -1,8 +1,10 @@
 // The memory half shared by the engine's CUDA backends (invariant_backend.cc, baseline_backend.cc):
 // device tensors from lockstep::cuda::empty, copies and waits on one stream — the legacy default
-// stream, so every op and copy of the backend is ordered with every other CUDA call.
+// stream, so every op and copy of the backend is ordered with every other CUDA call. Its op clock
+// records CUDA events on that stream.
 #pragma once
 
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -26,9 +28,25 @@ class CudaDeviceBackend : public OpsBackend {
     cuda::round_bf16(src, dst, stream_);
   }
   void fill_zero(const TensorView& dst) const override { cuda::fill_zero(dst, stream_); }
+  std::unique_ptr<OpClock> make_op_clock() const override {
+    return std::make_unique<EventClock>(stream_);
+  }
 
  protected:
   void* stream_ = nullptr;  // the legacy default stream
+
+ private:
+  class EventClock final : public OpClock {
+   public:
+    explicit EventClock(void* stream) : stream_(stream) {}
+    int mark() override { return events_.record(stream_); }
+    double seconds(int a, int b) override { return events_.seconds(a, b); }
+    void clear() override { events_.clear(); }
+
+   private:
+    void* stream_;
+    cuda::EventPool events_;
+  };
 };
 
 }  // namespace lockstep::engine
