@@ -24,8 +24,15 @@ void silu_mul(const TensorView& gate, const TensorView& up, const TensorView& ou
   p.T = T;
   p.I = I;
   constexpr int kThreads = 256;
-  detail::silu_mul_kernel<<<detail::grid_for(T * I, kThreads), kThreads, 0,
-                            static_cast<cudaStream_t>(stream)>>>(p);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const bool vec = I % 8 == 0 && T <= 65535 && detail::rows_16b_aligned(gate) &&
+                   detail::rows_16b_aligned(up) && detail::rows_16b_aligned(out);
+  if (vec) {
+    const dim3 grid{unsigned((I / 8 + kThreads - 1) / kThreads), unsigned(T)};
+    detail::silu_mul_vec_kernel<<<grid, kThreads, 0, s>>>(p);
+  } else {
+    detail::silu_mul_kernel<<<detail::grid_for(T * I, kThreads), kThreads, 0, s>>>(p);
+  }
   detail::check_launch(op);
 }
 

@@ -40,6 +40,7 @@ namespace lockstep::cuda::attn_wg {
 
 using attn_common::canon;
 using attn_common::pack_bf16;
+using attn_common::pack_bf16_rn;
 using detail::fence_acc;
 using detail::mbar_arrive;
 using detail::mbar_arrive_expect_tx;
@@ -123,6 +124,68 @@ __device__ __forceinline__ void v_frag_masked(const uint8_t* v, int kb, int i, i
   const int k0 = 16 * kb + 2 * (lane & 3);
   b0 &= (k0 < t ? 0x0000ffffu : 0u) | (k0 + 1 < t ? 0xffff0000u : 0u);
   b1 &= (k0 + 8 < t ? 0x0000ffffu : 0u) | (k0 + 9 < t ? 0xffff0000u : 0u);
+}
+
+// A.4 steps 1-5 for one block of a warpgroup's scores s[4n + 2h + e] (row rw + 8h, key
+// 8n + 2tq + e of the block): x = s ⊗ σ, the block max over the valid keys, m_use, s <- p
+// (masked: +0), α, l. DIAG: row r keeps keys 0 .. r (the warpgroup's diagonal block); else every
+// key is valid. The exps run for every entry, masked ones selected away after (no branch).
+template <bool DIAG>
+__device__ __forceinline__ void softmax_step(float (&s)[32], float scale, bool first, int rw,
+                                             int tq, float (&m)[2], float (&l)[2],
+                                             float (&alpha)[2]) {
+  float pm[2] = {kNegInf, kNegInf};
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& x = s[4 * n + 2 * h + e];
+        x = __fmul_rn(x, scale);
+        const bool valid = !DIAG || 8 * n + 2 * tq + e <= rw + 8 * h;
+        const float c = max_rule(pm[h], x);
+        pm[h] = valid ? c : pm[h];
+      }
+  float use[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    pm[h] = max_rule(pm[h], __shfl_xor_sync(0xffffffffu, pm[h], 1));
+    pm[h] = max_rule(pm[h], __shfl_xor_sync(0xffffffffu, pm[h], 2));
+    const float mprev = first ? kNegInf : m[h];
+    const float mn = max_rule(mprev, pm[h]);
+    use[h] = mn == kNegInf ? 0.0f : mn;
+    alpha[h] = ls_exp2f(__fsub_rn(mprev, use[h]));
+    m[h] = mn;
+  }
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& x = s[4 * n + 2 * h + e];
+        const float pv = ls_exp2f(__fsub_rn(x, use[h]));
+        x = (!DIAG || 8 * n + 2 * tq + e <= rw + 8 * h) ? pv : 0.0f;
+      }
+      // Row sums: the halving tree over key column c = 8n + 2tq + e (A.3): levels 32, 16, 8 over n
+      // in the thread, 4 and 2 across the quad (xor 2, xor 1), 1 over e.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float c[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int o = 2 * h + e;
+      const float a0 = __fadd_rn(s[o], s[16 + o]), a1 = __fadd_rn(s[4 + o], s[20 + o]);
+      const float a2 = __fadd_rn(s[8 + o], s[24 + o]), a3 = __fadd_rn(s[12 + o], s[28 + o]);
+      float v = __fadd_rn(__fadd_rn(a0, a2), __fadd_rn(a1, a3));
+      v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));
+      v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));
+      c[e] = v;
+    }
+    const float rs = __fadd_rn(c[0], c[1]);
+    l[h] = first ? rs : __fadd_rn(__fmul_rn(alpha[h], l[h]), rs);
+  }
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
@@ -244,67 +307,23 @@ __global__ void __launch_bounds__(kThreads, 1)
         fence_acc(s);
       }
 
-      // 2. Softmax step (A.4 steps 1-5).
-      float pm[2] = {kNegInf, kNegInf};
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& x = s[4 * n + 2 * h + e];
-            x = __fmul_rn(x, p.scale);
-            const bool valid = !diag || 8 * n + 2 * tq + e <= rw + 8 * h;
-            if (valid) pm[h] = max_rule(pm[h], x);
-          }
-      float use[2], alpha[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        pm[h] = max_rule(pm[h], __shfl_xor_sync(0xffffffffu, pm[h], 1));
-        pm[h] = max_rule(pm[h], __shfl_xor_sync(0xffffffffu, pm[h], 2));
-        const float mprev = first ? kNegInf : m[h];
-        const float mn = max_rule(mprev, pm[h]);
-        use[h] = mn == kNegInf ? 0.0f : mn;
-        alpha[h] = ls_exp2f(__fsub_rn(mprev, use[h]));
-        m[h] = mn;
-      }
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& x = s[4 * n + 2 * h + e];
-            const bool valid = !diag || 8 * n + 2 * tq + e <= rw + 8 * h;
-            x = valid ? ls_exp2f(__fsub_rn(x, use[h])) : 0.0f;
-          }
-          // Row sums: the halving tree over key column c = 8n + 2tq + e (A.3): levels 32, 16, 8
-          // over n in the thread, 4 and 2 across the quad (xor 2, xor 1), 1 over e.
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float c[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int o = 2 * h + e;
-          const float a0 = __fadd_rn(s[o], s[16 + o]), a1 = __fadd_rn(s[4 + o], s[20 + o]);
-          const float a2 = __fadd_rn(s[8 + o], s[24 + o]), a3 = __fadd_rn(s[12 + o], s[28 + o]);
-          float v = __fadd_rn(__fadd_rn(a0, a2), __fadd_rn(a1, a3));
-          v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));
-          v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));
-          c[e] = v;
-        }
-        const float rs = __fadd_rn(c[0], c[1]);
-        l[h] = first ? rs : __fadd_rn(__fmul_rn(alpha[h], l[h]), rs);
+      // 2. Softmax step (A.4 steps 1-5); only the diagonal block masks.
+      float alpha[2];
+      if (diag) {
+        softmax_step<true>(s, p.scale, first, rw, tq, m, l, alpha);
+      } else {
+        softmax_step<false>(s, p.scale, first, rw, tq, m, l, alpha);
       }
 
-      // 3. P as the A operand (bf16 RNE): k-block kb = keys 16kb .. 16kb + 15.
+      // 3. P as the A operand (bf16 RNE; a NaN p is any NaN: the MMA makes it 0x7fffffff, §M):
+      // k-block kb = keys 16kb .. 16kb + 15.
       uint32_t pa[4][4];
 #pragma unroll
       for (int kb = 0; kb < 4; ++kb) {
-        pa[kb][0] = pack_bf16(s[8 * kb + 0], s[8 * kb + 1]);
-        pa[kb][1] = pack_bf16(s[8 * kb + 2], s[8 * kb + 3]);
-        pa[kb][2] = pack_bf16(s[8 * kb + 4], s[8 * kb + 5]);
-        pa[kb][3] = pack_bf16(s[8 * kb + 6], s[8 * kb + 7]);
+        pa[kb][0] = pack_bf16_rn(s[8 * kb + 0], s[8 * kb + 1]);
+        pa[kb][1] = pack_bf16_rn(s[8 * kb + 2], s[8 * kb + 3]);
+        pa[kb][2] = pack_bf16_rn(s[8 * kb + 4], s[8 * kb + 5]);
+        pa[kb][3] = pack_bf16_rn(s[8 * kb + 6], s[8 * kb + 7]);
       }
       if (!first) {
 #pragma unroll

@@ -35,8 +35,26 @@ void launch(const char* op, const TensorView& x, const TensorView* residual,
   if (p.rows == 0) return;
   const unsigned blocks = unsigned((p.rows + detail::kNormWarps - 1) / detail::kNormWarps);
   LS_CHECK(p.rows <= int64_t(0x7fffffff) * detail::kNormWarps, op, "too many rows: ", p.rows);
-  detail::rmsnorm_kernel<<<blocks, 32 * detail::kNormWarps, 0, static_cast<cudaStream_t>(stream)>>>(
-      p);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const int threads = 32 * detail::kNormWarps;
+  // Rows held in registers (norm.cuh: one memory round trip per row) when whole 16-byte groups
+  // cover them: 8 <= H <= 4096; the same bits as the general kernel.
+  const int64_t gpl = (H / 8 + 31) / 32;  // groups per lane
+  if (p.vec && H % 8 == 0 && gpl <= 16) {
+    if (gpl <= 1) {
+      detail::rmsnorm_regs_kernel<1><<<blocks, threads, 0, s>>>(p);
+    } else if (gpl <= 2) {
+      detail::rmsnorm_regs_kernel<2><<<blocks, threads, 0, s>>>(p);
+    } else if (gpl <= 4) {
+      detail::rmsnorm_regs_kernel<4><<<blocks, threads, 0, s>>>(p);
+    } else if (gpl <= 8) {
+      detail::rmsnorm_regs_kernel<8><<<blocks, threads, 0, s>>>(p);
+    } else {
+      detail::rmsnorm_regs_kernel<16><<<blocks, threads, 0, s>>>(p);
+    }
+  } else {
+    detail::rmsnorm_kernel<<<blocks, threads, 0, s>>>(p);
+  }
   detail::check_launch(op);
 }
 

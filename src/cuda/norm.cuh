@@ -129,4 +129,84 @@ static __global__ void __launch_bounds__(32 * kNormWarps) rmsnorm_kernel(const R
   }
 }
 
+// The same arithmetic with every group of the row held in registers (H a multiple of 8, H <= 256 ·
+// GPL, 16-byte aligned rows): each lane issues all its loads (x, residual, weight) before its
+// first add, so a row costs one memory round trip, not one per group and a second pass. Lane j's
+// groups g = j + 32i, i ascending, are exactly §E.1's ownership and order. All loads come before
+// any store, so the aliasing above is safe here too.
+__device__ __forceinline__ void unpack8(const uint4& v, uint16_t (&e)[8]) {
+  const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    e[2 * i] = uint16_t(u[i] & 0xffffu);
+    e[2 * i + 1] = uint16_t(u[i] >> 16);
+  }
+}
+__device__ __forceinline__ uint4 pack8(const uint16_t (&e)[8]) {
+  return make_uint4(
+      uint32_t(e[0]) | (uint32_t(e[1]) << 16), uint32_t(e[2]) | (uint32_t(e[3]) << 16),
+      uint32_t(e[4]) | (uint32_t(e[5]) << 16), uint32_t(e[6]) | (uint32_t(e[7]) << 16));
+}
+
+template <int GPL>
+static __global__ void __launch_bounds__(32 * kNormWarps)
+    rmsnorm_regs_kernel(const RmsNormParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * kNormWarps + (threadIdx.x >> 5);
+  if (row >= p.rows) return;  // whole warps leave together
+  const int ng = int(p.H / 8);
+  const uint16_t* xr = p.x + p.xm.offset(row);
+  const uint16_t* rr = p.res ? p.res + p.rm.offset(row) : nullptr;
+  uint4 sv[GPL], wv[GPL], rv[GPL];
+#pragma unroll
+  for (int i = 0; i < GPL; ++i) {
+    const int g = lane + 32 * i;
+    const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+    sv[i] = g < ng ? *reinterpret_cast<const uint4*>(xr + 8 * g) : z;
+    wv[i] = g < ng ? *reinterpret_cast<const uint4*>(p.w + 8 * g) : z;
+    rv[i] = (rr != nullptr && g < ng) ? *reinterpret_cast<const uint4*>(rr + 8 * g) : z;
+  }
+  float acc = 0.0f;
+#pragma unroll
+  for (int i = 0; i < GPL; ++i) {
+    const int g = lane + 32 * i;
+    if (g >= ng) continue;
+    uint16_t s[8];
+    unpack8(sv[i], s);
+    if (rr != nullptr) {
+      uint16_t b[8];
+      unpack8(rv[i], b);
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        s[k] = f32_to_bf16_bits(__fadd_rn(bf16_bits_to_f32(s[k]), bf16_bits_to_f32(b[k])));
+      sv[i] = pack8(s);
+      *reinterpret_cast<uint4*>(p.res_out + p.om.offset(row) + 8 * g) = sv[i];
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float v = bf16_bits_to_f32(s[k]);
+      acc = __fadd_rn(acc, __fmul_rn(v, v));
+    }
+  }
+#pragma unroll
+  for (int o = 16; o >= 1; o >>= 1) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, o));
+  const float mean = __fdiv_rn(acc, float(p.H));
+  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, p.eps)));
+  uint16_t* yr = p.y + p.ym.offset(row);
+#pragma unroll
+  for (int i = 0; i < GPL; ++i) {
+    const int g = lane + 32 * i;
+    if (g >= ng) continue;
+    uint16_t s[8], w[8], o[8];
+    unpack8(sv[i], s);
+    unpack8(wv[i], w);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const uint16_t t = f32_to_bf16_bits(__fmul_rn(bf16_bits_to_f32(s[k]), r));
+      o[k] = f32_to_bf16_bits(__fmul_rn(bf16_bits_to_f32(t), bf16_bits_to_f32(w[k])));
+    }
+    *reinterpret_cast<uint4*>(yr + 8 * g) = pack8(o);
+  }
+}
+
 }  // namespace lockstep::cuda::detail

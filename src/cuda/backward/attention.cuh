@@ -50,18 +50,11 @@ using attn_common::ldsm_x4;
 using attn_common::ldsm_x4_t;
 using attn_common::load8_scalar;
 using attn_common::pack_bf16;
+using attn_common::pack_bf16_rn;
 using detail::cp_async_commit;
 using detail::cp_async_wait;
 using detail::mma_16816;
 
-// The same bits as pack_bf16 for every input but NaN (cvt.rn is the RNE of f32_to_bf16, subnormals
-// and overflow to inf included); callers take pack_bf16 when any of their values is NaN, so the
-// NaN pattern stays the canonical one.
-__device__ __forceinline__ uint32_t pack_bf16_rn(float lo, float hi) {
-  uint32_t r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
 // ls_exp2f (src/core/math.h) step for step, the same bits for every input: only the clamps are
 // fmaxf / fminf (one instruction each), which turn a NaN x into a number, but a NaN x returns
 // the canonical NaN at the end either way.
