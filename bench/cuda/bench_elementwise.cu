@@ -117,26 +117,43 @@ int main() {
     uint16_t* act = dalloc(size_t(T * kI), 7);
     const double b = 2.0;
     // residual_out = residual (in place), y = a separate buffer: the engine's call.
-    row("rmsnorm_residual [T, 4096]", T,
-        median_us([&] {
-          lockstep::cuda::rmsnorm_residual(
-              view(x, {T, kH}, {kH, 1}), view(res, {T, kH}, {kH, 1}), view(w, {kH}, {1}), norm,
-              view(res, {T, kH}, {kH, 1}), view(y, {T, kH}, {kH, 1}));
+    row("rmsnorm_residual [T, 4096]", T, median_us([&] {
+          lockstep::cuda::rmsnorm_residual(view(x, {T, kH}, {kH, 1}), view(res, {T, kH}, {kH, 1}),
+                                           view(w, {kH}, {1}), norm, view(res, {T, kH}, {kH, 1}),
+                                           view(y, {T, kH}, {kH, 1}));
         }),
         b * double(T * kH) * 4, scratch);
-    row("rmsnorm q [T, 32, 128] of qkv", T,
-        median_us([&] {
-          lockstep::cuda::rmsnorm(view(qkv, {T, kHq, kD}, {qkv_w, kD, 1}), view(w, {kD}, {1}),
-                                  norm, view(qkv, {T, kHq, kD}, {qkv_w, kD, 1}));
+    row("rmsnorm q [T, 32, 128] of qkv", T, median_us([&] {
+          lockstep::cuda::rmsnorm(view(qkv, {T, kHq, kD}, {qkv_w, kD, 1}), view(w, {kD}, {1}), norm,
+                                  view(qkv, {T, kHq, kD}, {qkv_w, kD, 1}));
         }),
         b * double(T * kHq * kD) * 2, scratch);
-    row("silu_mul [T, 12288] of gate|up", T,
-        median_us([&] {
+    row("silu_mul [T, 12288] of gate|up", T, median_us([&] {
           lockstep::cuda::silu_mul(view(gu, {T, kI}, {2 * kI, 1}),
-                                   view(gu + kI, {T, kI}, {2 * kI, 1}), view(act, {T, kI}, {kI, 1}));
+                                   view(gu + kI, {T, kI}, {2 * kI, 1}),
+                                   view(act, {T, kI}, {kI, 1}));
         }),
         b * double(T * kI) * 3, scratch);
+    // RoPE on the q columns (positions 0 .. T-1; a zero-filled table: the bits do not matter here).
+    int32_t* pos = nullptr;
+    float* tab = nullptr;
+    std::vector<int32_t> hp(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) hp[size_t(t)] = int32_t(t);
+    CK(cudaMalloc(&pos, size_t(T) * 4));
+    CK(cudaMemcpy(pos, hp.data(), size_t(T) * 4, cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&tab, size_t(2 * T * kD / 2) * 4));
+    CK(cudaMemset(tab, 0, size_t(2 * T * kD / 2) * 4));
+    row("rope q [T, 32, 128] of qkv", T, median_us([&] {
+          lockstep::cuda::rope(view(qkv, {T, kHq, kD}, {qkv_w, kD, 1}),
+                               view(pos, {T}, {1}, DType::kI32),
+                               view(tab, {T, kD / 2}, {kD / 2, 1}, DType::kF32),
+                               view(tab + T * kD / 2, {T, kD / 2}, {kD / 2, 1}, DType::kF32),
+                               view(qkv, {T, kHq, kD}, {qkv_w, kD, 1}));
+        }),
+        b * double(T * kHq * kD) * 2, scratch);
     CK(cudaDeviceSynchronize());
+    CK(cudaFree(pos));
+    CK(cudaFree(tab));
     for (uint16_t* p : {x, res, y, w, qkv, gu, act}) CK(cudaFree(p));
   }
   CK(cudaFree(scratch));

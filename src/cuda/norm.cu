@@ -39,8 +39,20 @@ void launch(const char* op, const TensorView& x, const TensorView* residual,
   const int threads = 32 * detail::kNormWarps;
   // Rows held in registers (norm.cuh: one memory round trip per row) when whole 16-byte groups
   // cover them: 8 <= H <= 4096; the same bits as the general kernel.
-  const int64_t gpl = (H / 8 + 31) / 32;  // groups per lane
-  if (p.vec && H % 8 == 0 && gpl <= 16) {
+  const int64_t gpl = (H / 8 + 31) / 32;    // groups per lane
+  const int64_t gpt = (H / 8 + 127) / 128;  // groups per thread of a CTA per row
+  if (p.vec && H % 8 == 0 && H >= 1024 && gpt <= 8 && p.rows <= 0x7fffffff) {
+    const unsigned rows = unsigned(p.rows);
+    if (gpt <= 1) {
+      detail::rmsnorm_cta_kernel<1><<<rows, 128, 0, s>>>(p);
+    } else if (gpt <= 2) {
+      detail::rmsnorm_cta_kernel<2><<<rows, 128, 0, s>>>(p);
+    } else if (gpt <= 4) {
+      detail::rmsnorm_cta_kernel<4><<<rows, 128, 0, s>>>(p);
+    } else {
+      detail::rmsnorm_cta_kernel<8><<<rows, 128, 0, s>>>(p);
+    }
+  } else if (p.vec && H % 8 == 0 && gpl <= 16) {
     if (gpl <= 1) {
       detail::rmsnorm_regs_kernel<1><<<blocks, threads, 0, s>>>(p);
     } else if (gpl <= 2) {

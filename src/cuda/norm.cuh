@@ -209,4 +209,83 @@ static __global__ void __launch_bounds__(32 * kNormWarps)
   }
 }
 
+// Long rows (H >= 1024) with one CTA of 128 threads per row: thread t loads and rounds the groups
+// g = t + 128i (x, residual, weight in registers; residual_out written), the row's s goes to
+// shared memory, warp 0 runs §E.1's lane chains from there (lane j: groups j, j + 32, … in
+// ascending order, elements ascending, separate multiply and add) and the butterfly, and every
+// thread writes its groups' outputs. The same bits as the warp-per-row kernels; a decode step's
+// 128 rows then keep 128 CTAs busy instead of 32 (one row's chain is ~128 dependent adds).
+template <int GPT>  // groups per thread: H <= 1024 · GPT
+static __global__ void __launch_bounds__(128) rmsnorm_cta_kernel(const RmsNormParams p) {
+  __shared__ uint4 s_sh[128 * GPT];
+  __shared__ float r_sh;
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int64_t row = blockIdx.x;
+  const int ng = int(p.H / 8);
+  const uint16_t* xr = p.x + p.xm.offset(row);
+  const uint16_t* rr = p.res ? p.res + p.rm.offset(row) : nullptr;
+  uint4 sv[GPT], wv[GPT], rv[GPT];
+#pragma unroll
+  for (int i = 0; i < GPT; ++i) {
+    const int g = tid + 128 * i;
+    const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+    sv[i] = g < ng ? *reinterpret_cast<const uint4*>(xr + 8 * g) : z;
+    wv[i] = g < ng ? *reinterpret_cast<const uint4*>(p.w + 8 * g) : z;
+    rv[i] = (rr != nullptr && g < ng) ? *reinterpret_cast<const uint4*>(rr + 8 * g) : z;
+  }
+#pragma unroll
+  for (int i = 0; i < GPT; ++i) {
+    const int g = tid + 128 * i;
+    if (g >= ng) continue;
+    if (rr != nullptr) {
+      uint16_t a[8], b[8];
+      unpack8(sv[i], a);
+      unpack8(rv[i], b);
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        a[k] = f32_to_bf16_bits(__fadd_rn(bf16_bits_to_f32(a[k]), bf16_bits_to_f32(b[k])));
+      sv[i] = pack8(a);
+      *reinterpret_cast<uint4*>(p.res_out + p.om.offset(row) + 8 * g) = sv[i];
+    }
+    s_sh[g] = sv[i];
+  }
+  __syncthreads();
+  if (tid < 32) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int m = 0; m < 4 * GPT; ++m) {
+      const int g = lane + 32 * m;
+      if (g >= ng) break;
+      uint16_t e[8];
+      unpack8(s_sh[g], e);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const float v = bf16_bits_to_f32(e[k]);
+        acc = __fadd_rn(acc, __fmul_rn(v, v));
+      }
+    }
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, o));
+    const float mean = __fdiv_rn(acc, float(p.H));
+    if (lane == 0) r_sh = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, p.eps)));
+  }
+  __syncthreads();
+  const float r = r_sh;
+  uint16_t* yr = p.y + p.ym.offset(row);
+#pragma unroll
+  for (int i = 0; i < GPT; ++i) {
+    const int g = tid + 128 * i;
+    if (g >= ng) continue;
+    uint16_t sk[8], w[8], o[8];
+    unpack8(sv[i], sk);
+    unpack8(wv[i], w);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const uint16_t t = f32_to_bf16_bits(__fmul_rn(bf16_bits_to_f32(sk[k]), r));
+      o[k] = f32_to_bf16_bits(__fmul_rn(bf16_bits_to_f32(t), bf16_bits_to_f32(w[k])));
+    }
+    *reinterpret_cast<uint4*>(yr + 8 * g) = pack8(o);
+  }
+}
+
 }  // namespace lockstep::cuda::detail

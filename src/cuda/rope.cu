@@ -25,6 +25,29 @@ void rope(const TensorView& x, const TensorView& positions, const TensorView& co
   contract::check_rope_args(op, Device::kCUDA, x, positions, D, P, y);
   const int64_t rows = T * heads;
   if (rows == 0) return;
+  const cudaStream_t st = static_cast<cudaStream_t>(stream);
+  if (half <= 256 && 256 % half == 0 && rows < (int64_t(1) << 31) - 256) {
+    detail::RopeRowsParams q{};
+    q.x = static_cast<const uint16_t*>(x.data);
+    q.y = static_cast<uint16_t*>(y.data);
+    q.xs0 = x.stride[0];
+    q.xs1 = x.stride[1];
+    q.ys0 = y.stride[0];
+    q.ys1 = y.stride[1];
+    q.pos = detail::index_ref(positions);
+    q.cos = static_cast<const float*>(cos.data);
+    q.sin = static_cast<const float*>(sin.data);
+    q.cs = cos.stride[0];
+    q.ss = sin.stride[0];
+    q.P = P;
+    q.rows = int32_t(rows);
+    q.heads = int32_t(heads);
+    const dim3 block{unsigned(half), unsigned(256 / half)};
+    const unsigned blocks = unsigned((rows + block.y - 1) / block.y);
+    detail::rope_rows_kernel<<<blocks, block, 0, st>>>(q);
+    detail::check_launch(op);
+    return;
+  }
   detail::RopeParams p{};
   p.x = static_cast<const uint16_t*>(x.data);
   p.y = static_cast<uint16_t*>(y.data);
@@ -40,8 +63,7 @@ void rope(const TensorView& x, const TensorView& positions, const TensorView& co
   p.heads = heads;
   p.half = half;
   constexpr int kThreads = 256;
-  detail::rope_kernel<<<detail::grid_for(rows * half, kThreads), kThreads, 0,
-                        static_cast<cudaStream_t>(stream)>>>(p);
+  detail::rope_kernel<<<detail::grid_for(rows * half, kThreads), kThreads, 0, st>>>(p);
   detail::check_launch(op);
 }
 

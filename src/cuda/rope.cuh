@@ -47,4 +47,37 @@ static __global__ void rope_kernel(const RopeParams p) {
   }
 }
 
+// The same per pair with a 2-D block (half pairs x 256 / half rows, half <= 256 dividing 256) and
+// 32-bit row arithmetic (rows < 2^31): x and y as [T, heads, D] views through their own strides.
+struct RopeRowsParams {
+  const uint16_t* x;
+  uint16_t* y;
+  int64_t xs0, xs1, ys0, ys1;
+  IndexRef pos;
+  const float* cos;
+  const float* sin;
+  int64_t cs, ss, P;
+  int32_t rows, heads;
+};
+static __global__ void __launch_bounds__(256) rope_rows_kernel(const RopeRowsParams p) {
+  const int32_t row = int32_t(blockIdx.x) * int32_t(blockDim.y) + int32_t(threadIdx.y);
+  if (row >= p.rows) return;
+  const int32_t t = row / p.heads, h = row - t * p.heads;
+  const int i = threadIdx.x, half = blockDim.x;
+  const uint16_t* xr = p.x + int64_t(t) * p.xs0 + int64_t(h) * p.xs1;
+  uint16_t* yr = p.y + int64_t(t) * p.ys0 + int64_t(h) * p.ys1;
+  const int64_t pos = p.pos[t];
+  const float a = bf16_bits_to_f32(xr[i]), b = bf16_bits_to_f32(xr[i + half]);
+  if (pos < 0 || pos >= p.P) {
+    yr[i] = kNanBf16;
+    yr[i + half] = kNanBf16;
+    return;
+  }
+  const float c = p.cos[pos * p.cs + i], s = p.sin[pos * p.ss + i];
+  const float ac = __fmul_rn(a, c), bs = __fmul_rn(b, s), bc = __fmul_rn(b, c),
+              as = __fmul_rn(a, s);
+  yr[i] = f32_to_bf16_bits(__fsub_rn(ac, bs));
+  yr[i + half] = f32_to_bf16_bits(__fadd_rn(bc, as));
+}
+
 }  // namespace lockstep::cuda::detail
