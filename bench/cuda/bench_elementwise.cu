@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "bench_util.cuh"  // dalloc
 #include "cuda/cuda_ck.h"  // CK
 #include "lockstep/cuda/elementwise.h"
 #include "lockstep/dtype.h"
@@ -26,23 +27,8 @@ namespace {
 
 constexpr int64_t kH = 4096, kI = 12288, kHq = 32, kHkv = 8, kD = 128;
 
-__global__ void fill_kernel(uint16_t* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t x = uint32_t(i) * 2654435761u ^ seed;
-    x ^= x >> 13;
-    x *= 0x5bd1e995u;
-    x ^= x >> 15;
-    p[i] = lockstep::f32_to_bf16((float(x & 0xffff) / 65536.0f - 0.5f) * 4.0f).bits;
-  }
-}
-
 uint16_t* dalloc(size_t elems, uint32_t seed) {
-  void* p = nullptr;
-  CK(cudaMalloc(&p, elems * 2));
-  fill_kernel<<<1024, 256>>>(static_cast<uint16_t*>(p), elems, seed);
-  CK(cudaGetLastError());
-  return static_cast<uint16_t*>(p);
+  return static_cast<uint16_t*>(bench_util::dalloc(elems * 2, seed));
 }
 
 template <typename F>

@@ -577,14 +577,15 @@ void prefill_wg(const char* op, const ck::QShape& qs, const TensorView& q, const
   p.G = int32_t(qs.Hq / Hkv);
   p.K = cfg.kv_chunk;
   p.scale = cfg.scale_log2(qs.D);
-  p.out = out.ptr<uint16_t>();
-  p.o_s0 = out.stride[0];
-  p.o_s1 = out.stride[1];
-  if (given(lse) && lse.numel() > 0) {
-    p.lse = lse.ptr<float>();
-    p.l_s0 = lse.stride[0];
-    p.l_s1 = lse.stride[1];
-  }
+  AttnParams o;  // the outputs' pointers and strides, as every other mode sets them
+  std::memset(&o, 0, sizeof o);
+  set_outputs(o, out, lse);
+  p.out = o.out;
+  p.o_s0 = o.o_s0;
+  p.o_s1 = o.o_s1;
+  p.lse = o.lse;
+  p.l_s0 = o.l_s0;
+  p.l_s1 = o.l_s1;
   launch_wg<attn_wg::attn_wg_prefill_kernel>(op, dim3{unsigned(tiles.size())}, s, tq, tk, tv, p);
   cuda_check(op, cudaGetLastError(), "kernel launch");
 }
