@@ -4,7 +4,7 @@
 #   here:    bash scripts/gpu_check.sh --build          (configures + builds ./build-gpu, sm_90a)
 #   device:  run(command="bash scripts/gpu_check.sh [parts]", carry=["build-gpu-pack"])
 # (build-gpu itself is too big to carry: --build packs the stripped runnables and the CLI's
-# OpenBLAS runtime into build-gpu-pack/gpu.tgz, which the device side unpacks into build-gpu/.)
+# OpenBLAS runtime into build-gpu-pack/gpu.txz, which the device side unpacks into build-gpu/.)
 # Parts (default: tests bench): tests = every GPU test (build-gpu/test_*: each exits non-zero on
 # any mismatch) and the MMA probe (quick mode); bench = the GEMM, small-M GEMM, attention and
 # log-prob benchmarks, each beside its peer (cuBLAS, PyTorch SDPA, PyTorch log_softmax, the torch
@@ -19,7 +19,8 @@
 # limit still returns what it did). GPU_CHECK_TESTS=NAME[,NAME...] limits the tests and
 # sanitize parts to those test binaries (e.g. GPU_CHECK_TESTS=test_baseline_cuda; the MMA probe
 # runs only if probe_mma is named), GPU_CHECK_BENCH=NAME[,NAME...] the bench part to those
-# benchmarks (bench_gemm_cuda, bench_gemm_small_m, bench_attention, bench_logprob; bwdbench:
+# benchmarks (bench_gemm_cuda, bench_gemm_small_m, bench_attention, bench_elementwise,
+# bench_logprob; bwdbench:
 # bench_gemm_bwd, bench_attention_bwd, bench_logprob_bwd, bench_train; share: bench_train_shared,
 # grpo_share_cuda).
 set -uo pipefail
@@ -46,10 +47,10 @@ if [ "${1:-}" = "--build" ]; then
   echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!docs' 2>/dev/null || echo '+uncommitted')" \
     >"$stage/BUILT_FROM"
   mkdir -p build-gpu-pack
-  tar -C "$stage" -czf build-gpu-pack/gpu.tgz .
+  tar -C "$stage" -cJf build-gpu-pack/gpu.txz .  # xz: half the size of gzip (the carry limit is 64 MiB with the tree)
   rm -rf "$stage"
   echo "[gpu_check] built: $(cd build-gpu && ls test_* bench_* probe_* lockstep 2>/dev/null | tr '\n' ' ')"
-  echo "[gpu_check] packed build-gpu-pack/gpu.tgz ($(du -h build-gpu-pack/gpu.tgz | cut -f1)): carry build-gpu-pack"
+  echo "[gpu_check] packed build-gpu-pack/gpu.txz ($(du -h build-gpu-pack/gpu.txz | cut -f1)): carry build-gpu-pack"
   exit 0
 fi
 
@@ -61,10 +62,14 @@ log "gpu $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,
 # Unpack the carried build unless this (warm) machine already unpacked this very pack: a warm
 # machine keeps build-gpu/ from the previous call, which may be an older build. (A build-gpu/
 # with a CMakeCache.txt is a real build directory, the one --build made: never replaced.)
-if [ -f build-gpu-pack/gpu.tgz ] && [ ! -f build-gpu/CMakeCache.txt ]; then
-  sum=$(md5sum build-gpu-pack/gpu.tgz | cut -d' ' -f1)
+if [ -f build-gpu-pack/gpu.txz ] && [ ! -f build-gpu/CMakeCache.txt ]; then
+  sum=$(md5sum build-gpu-pack/gpu.txz | cut -d' ' -f1)
   if [ "$(cat build-gpu/.pack_md5 2>/dev/null)" != "$sum" ]; then
-    rm -rf build-gpu && mkdir -p build-gpu && tar -C build-gpu -xzf build-gpu-pack/gpu.tgz &&
+    # (Python's tarfile reads xz where the machine's tar has no xz program.)
+    rm -rf build-gpu && mkdir -p build-gpu &&
+      { tar -C build-gpu -xf build-gpu-pack/gpu.txz 2>/dev/null ||
+        python3 -c "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
+          build-gpu-pack/gpu.txz build-gpu; } &&
       echo "$sum" >build-gpu/.pack_md5
   fi
 fi
@@ -142,6 +147,7 @@ if has bench; then
   bench bench_gemm_small_m build-gpu/bench_gemm_small_m --sweep --out "$L"
   bench bench_attention bash -c "PYTHONUNBUFFERED=1 python3 bench/cuda/attention_sdpa.py --out '$L/sdpa.csv' &&
     build-gpu/bench_attention --sdpa '$L/sdpa.csv'"
+  bench bench_elementwise build-gpu/bench_elementwise
   bench bench_logprob bash -c "build-gpu/bench_logprob --json '$L/lp.json' &&
     PYTHONUNBUFFERED=1 python3 bench/cuda/logprob_torch.py --ours '$L/lp.json' &&
     PYTHONUNBUFFERED=1 python3 bench/cuda/sampling_torch.py --ours '$L/lp.json'"
