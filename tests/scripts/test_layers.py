@@ -23,6 +23,8 @@ ALLOWED = {
     "src/core": ("lockstep/", "core/"),
     "src/contract": ("lockstep/", "core/", "contract/"),
     "src/cpu": ("lockstep/", "core/", "contract/", "cpu/"),
+    # ranks' communicators: bytes only, no numerics (built into lockstep_cpu)
+    "src/dist": ("lockstep/", "core/", "dist/"),
     "src/cuda": ("lockstep/", "core/", "contract/", "cuda/"),
     # the audit compares the invariant backend with the baseline one
     "src/engine": ("lockstep/", "core/", "contract/", "cpu/", "engine/", "baseline/cpu/"),
