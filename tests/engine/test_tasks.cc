@@ -277,9 +277,21 @@ TEST(CommandTask, CommandThatIgnoresItsInput) {
   expect_no_children();
 }
 
+// True when the process is dead: gone, or a zombie. A killed grandchild is an orphan; whoever
+// adopts it (init, or a container's PID 1 that may never reap) holds it as a zombie until it
+// reaps, and kill(pid, 0) succeeds on a zombie, so the state letter in /proc decides.
+bool process_dead_now(pid_t pid) {
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(f, stat)) return true;  // vanished between the two looks
+  const std::size_t paren = stat.rfind(')');  // the command name may hold spaces and parentheses
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z';
+}
+
 bool process_gone(pid_t pid) {
-  for (int i = 0; i < 200; ++i) {  // an orphan is reaped by init: give it up to 2 s
-    if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+  for (int i = 0; i < 200; ++i) {  // give the kill up to 2 s to land
+    if (process_dead_now(pid)) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return false;
