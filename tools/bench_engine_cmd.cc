@@ -161,6 +161,9 @@ struct BenchConfig {
 // The configurations to time: the flags' own if a contract or TP flag was given, else the audit's
 // contract and one GPU's.
 std::vector<BenchConfig> bench_configs(const EngineCommandLine& o, const CLI::App& app) {
+  LS_CHECK(!o.cfg.rollout_rank_threads, "bench-engine",
+           "--rollout-ranks threads is an audit flag: bench-engine times the engine on one device "
+           "(simulated TP)");
   for (const char* f : {"--segments", "--gemm-segments", "--vocab-segments", "--kv-chunk",
                         "--vocab-tile", "--rollout-tp", "--train-tp"})
     if (app.count(f) > 0) return {{"flags", o.cfg}};
@@ -240,8 +243,9 @@ int run_bench_engine(EngineCommandLine& o, const CLI::App& app) {
 
     std::vector<BenchResult> results;
     for (const Side& s : sides) {
-      auto rollout_model = factory(cfg.rollout_tp, s.rollout_prof ? s.rollout_prof : s.rollout);
-      auto train_model = factory(cfg.train_tp, s.train_prof ? s.train_prof : s.train);
+      auto rollout_model =
+          factory(cfg.rollout_tp, s.rollout_prof ? s.rollout_prof : s.rollout, nullptr);
+      auto train_model = factory(cfg.train_tp, s.train_prof ? s.train_prof : s.train, nullptr);
       // Warm-up: two requests, a few tokens, and their training forward.
       {
         std::vector<engine::RolloutRequest> w(

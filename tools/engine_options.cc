@@ -124,6 +124,15 @@ void add_engine_options(CLI::App& app, EngineCommandLine& o) {
       ->type_name("N")
       ->capture_default_str()
       ->group(r);
+  app.add_option_function<std::string>(
+         "--rollout-ranks", [&c](const std::string& v) { c.rollout_rank_threads = v == "threads"; },
+         "how the rollout's TP ranks run: simulated (one model runs every rank's shards) or "
+         "threads (one rank-local model per rank on its own thread, exchanging partials over the "
+         "thread transport: multi-GPU TP's code path, on the CPU; audit only)")
+      ->check(CLI::IsMember({"simulated", "threads"}).description(""))
+      ->type_name("simulated|threads")
+      ->default_str("simulated")
+      ->group(r);
   add_int(app, "--page-size", c.rollout.kv.page_size, 1, 1 << 20, "KV page size (keys)", r);
   add_int(app, "--kv-pages", c.rollout.kv.num_pages, 0, kBig,
           "KV pool size; 0 = half of what --max-batch full-length sequences need (long runs "

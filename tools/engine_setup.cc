@@ -108,7 +108,15 @@ ModelSource::ModelSource(const ModelFlags& m, const LogFn& log) : log_(log) {
 }
 
 engine::ModelFactory ModelSource::factory(const ContractConfig& contract) {
-  return [this, contract](int tp, std::shared_ptr<engine::OpsBackend> backend) {
+  return [this, contract](int tp, std::shared_ptr<engine::OpsBackend> backend,
+                          dist::Communicator* comm) -> std::unique_ptr<engine::Model> {
+    if (comm) {  // a rank-local model: one per rank and job, not cached
+      engine::ModelOptions mo;
+      mo.contract = contract;
+      mo.tp = tp;
+      return ckpt_ ? std::make_unique<engine::Model>(cfg_, *ckpt_, mo, backend, comm)
+                   : std::make_unique<engine::Model>(cfg_, views_, mo, backend, comm);
+    }
     const std::tuple<int, int, std::string> key{tp, int(backend->device()), contract.to_string()};
     auto it = cache_.find(key);
     if (it == cache_.end()) {

@@ -249,6 +249,15 @@ void check_sample(const char* op, Device dev, const TensorView& h, const TensorV
                   const TensorView& positions, const ContractConfig& cfg,
                   const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
                   const TensorView& entropy);
+// lm_head_logits: h, w as sample's; z [T, N] f32 (N = w's rows), last dim contiguous.
+void check_lm_head_logits(const char* op, Device dev, const TensorView& h, const TensorView& w,
+                          const ContractConfig& cfg, const TensorView& z);
+// sample_logits: z [T, V] f32 (V in [1, 2^21)), last dim contiguous, and sample's other arguments.
+void check_sample_logits(const char* op, Device dev, const TensorView& z,
+                         std::span<const SamplingParams> params, const TensorView& request_ids,
+                         const TensorView& positions, const ContractConfig& cfg,
+                         const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
+                         const TensorView& entropy);
 
 // --- backward (docs/contract.md §B): one file per area ------------------------------------------
 

@@ -45,18 +45,19 @@ float sampling_gumbel(uint64_t seed, uint64_t request_id, uint32_t position, int
 
 namespace lockstep::contract {
 
-void check_sample(const char* op, Device dev, const TensorView& h, const TensorView& w,
-                  std::span<const SamplingParams> params, const TensorView& request_ids,
-                  const TensorView& positions, const ContractConfig& cfg,
-                  const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
-                  const TensorView& entropy) {
-  cfg.validate();
-  check_h_w(op, dev, h, w, cfg);
-  const int64_t T = h.size(0), V = w.size(0);
-  LS_CHECK(V >= 1 && V < kSampleMaxVocab, op,
-           "argument 'w': vocab size (dim 0) must be in [1, 2^21), got ", V);
+namespace {
+
+// What sample and sample_logits check past their logits' inputs: T valid params entries, the
+// Philox counters, the [T] outputs.
+void check_sample_rows(const char* op, Device dev, int64_t T, int64_t V,
+                       std::span<const SamplingParams> params, const TensorView& request_ids,
+                       const TensorView& positions, const TensorView& token_ids,
+                       const TensorView& logp, const TensorView& lse, const TensorView& entropy,
+                       const char* vocab_arg) {
+  LS_CHECK(V >= 1 && V < kSampleMaxVocab, op, "argument '", vocab_arg,
+           "': vocab size must be in [1, 2^21), got ", V);
   LS_CHECK(int64_t(params.size()) == T, op, "argument 'params': expected ", T,
-           " entries (one per row of h), got ", params.size());
+           " entries (one per row), got ", params.size());
   for (int64_t t = 0; t < T; ++t) {
     try {
       params[size_t(t)].validate();
@@ -77,6 +78,38 @@ void check_sample(const char* op, Device dev, const TensorView& h, const TensorV
   check_tensor(op, "logp", logp, DType::kF32, {T}, dev);
   check_tensor(op, "lse", lse, DType::kF32, {T}, dev);
   check_tensor(op, "entropy", entropy, DType::kF32, {T}, dev);
+}
+
+}  // namespace
+
+void check_sample(const char* op, Device dev, const TensorView& h, const TensorView& w,
+                  std::span<const SamplingParams> params, const TensorView& request_ids,
+                  const TensorView& positions, const ContractConfig& cfg,
+                  const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
+                  const TensorView& entropy) {
+  cfg.validate();
+  check_h_w(op, dev, h, w, cfg);
+  check_sample_rows(op, dev, h.size(0), w.size(0), params, request_ids, positions, token_ids, logp,
+                    lse, entropy, "w");
+}
+
+void check_lm_head_logits(const char* op, Device dev, const TensorView& h, const TensorView& w,
+                          const ContractConfig& cfg, const TensorView& z) {
+  cfg.validate();
+  check_h_w(op, dev, h, w, cfg);
+  check_view(op, "z", z, DType::kF32, {h.size(0), w.size(0)}, dev);
+}
+
+void check_sample_logits(const char* op, Device dev, const TensorView& z,
+                         std::span<const SamplingParams> params, const TensorView& request_ids,
+                         const TensorView& positions, const ContractConfig& cfg,
+                         const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
+                         const TensorView& entropy) {
+  cfg.validate();
+  LS_CHECK(z.ndim == 2, op, "argument 'z' expected shape [T, V], got ", z.shape_string());
+  check_view(op, "z", z, DType::kF32, {-1, -1}, dev);
+  check_sample_rows(op, dev, z.size(0), z.size(1), params, request_ids, positions, token_ids, logp,
+                    lse, entropy, "z");
 }
 
 }  // namespace lockstep::contract

@@ -146,6 +146,60 @@ namespace cpu {
 using logprob_detail::f32_at;
 using logprob_detail::read_index;
 
+namespace {
+
+// One sampled row: the id and linear_logprob's values for it.
+struct SampledRow {
+  int64_t id = 0;
+  float logp = 0.0f, lse = 0.0f, entropy = 0.0f;
+};
+
+// [T] results, written to the outputs only once every row has been sampled (a row that cannot be
+// sampled throws before any output is written).
+struct SampledRows {
+  std::vector<SampledRow> rows;
+  explicit SampledRows(int64_t T) : rows(size_t(T)) {}
+  void write(const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
+             const TensorView& entropy) const {
+    for (size_t t = 0; t < rows.size(); ++t) {
+      const SampledRow& r = rows[t];
+      if (token_ids.dtype == DType::kI32) {
+        static_cast<int32_t*>(token_ids.data)[int64_t(t) * token_ids.stride[0]] = int32_t(r.id);
+      } else {
+        static_cast<int64_t*>(token_ids.data)[int64_t(t) * token_ids.stride[0]] = r.id;
+      }
+      f32_at(logp, int64_t(t)) = r.logp;
+      f32_at(lse, int64_t(t)) = r.lse;
+      f32_at(entropy, int64_t(t)) = r.entropy;
+    }
+  }
+};
+
+// Row t from its logits y [lay.padded] (z in [0, V), anything after; tempered and padded here).
+SampledRow sample_row(const char* op, int64_t t, float* y, int64_t V, const LogprobVocabLayout& lay,
+                      const SamplingParams& p, uint64_t request_id, uint32_t position,
+                      std::vector<LogprobState>* scratch, std::vector<int64_t>* order,
+                      std::vector<int64_t>* kept) {
+  const float temperature = p.logprob_temperature();
+  for (int64_t v = 0; v < V; ++v) y[v] = y[v] / temperature;
+  for (int64_t v = V; v < lay.padded; ++v) y[v] = kNegInf;
+  const LogprobState st = logprob_detail::row_state(y, lay, scratch);
+  SampledRow r;
+  logprob_finish(st, &r.lse, &r.entropy);
+  LS_CHECK(std::isfinite(r.lse), op, "row ", t, ": logsumexp is ", r.lse,
+           " (NaN or +inf logits, or every logit -inf): nothing to sample");
+  if (p.temperature == 0.0f) {
+    r.id = argmax_lowest(y, V);  // y = z / 1 = z
+  } else {
+    const bool filtered = filter_row(y, V, r.lse, p, order, kept);
+    r.id = gumbel_argmax(y, V, !filtered, *kept, p.seed, request_id, position);
+  }
+  r.logp = canonical_f32(y[r.id] - r.lse);
+  return r;
+}
+
+}  // namespace
+
 void sample(const TensorView& h, const TensorView& w, std::span<const SamplingParams> params,
             const TensorView& request_ids, const TensorView& positions, const ContractConfig& cfg,
             const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
@@ -160,11 +214,7 @@ void sample(const TensorView& h, const TensorView& w, std::span<const SamplingPa
   // Blocks of kRowBlock rows: one GEMM over the whole vocab per block ([kRowBlock, V_pad] fp32,
   // bounded whatever T is), then each row alone. Nested parallel_for calls run serially when the
   // blocks already fill the pool, and spread one block's GEMM and rows over it otherwise.
-  // Results go to [T] buffers first: a row that cannot be sampled throws before any output is
-  // written.
-  std::vector<int64_t> out_id(static_cast<size_t>(T));
-  std::vector<float> out_logp(static_cast<size_t>(T)), out_lse(static_cast<size_t>(T)),
-      out_entropy(static_cast<size_t>(T));
+  SampledRows out(T);
   const int64_t n_blocks = (T + kRowBlock - 1) / kRowBlock;
   parallel_for(n_blocks, 1, [&](int64_t b0, int64_t b1) {
     std::vector<float> buf(static_cast<size_t>(kRowBlock * lay.padded));  // [rows, V_pad]
@@ -176,42 +226,48 @@ void sample(const TensorView& h, const TensorView& w, std::span<const SamplingPa
         std::vector<int64_t> order, kept;
         for (int64_t i = i0; i < i1; ++i) {
           const int64_t t = r0 + i;
-          float* y = buf.data() + i * lay.padded;  // [V_pad] this row's tempered logits
-          const SamplingParams& p = params[size_t(t)];
-          const float temperature = p.logprob_temperature();
-          for (int64_t v = 0; v < V; ++v) y[v] = y[v] / temperature;
-          for (int64_t v = V; v < lay.padded; ++v) y[v] = kNegInf;
-          const LogprobState st = logprob_detail::row_state(y, lay, &scratch);
-          float row_lse, row_entropy;
-          logprob_finish(st, &row_lse, &row_entropy);
-          LS_CHECK(std::isfinite(row_lse), op, "row ", t, ": logsumexp is ", row_lse,
-                   " (NaN or +inf logits, or every logit -inf): nothing to sample");
-          int64_t id;
-          if (p.temperature == 0.0f) {
-            id = argmax_lowest(y, V);  // y = z / 1 = z
-          } else {
-            bool filtered = filter_row(y, V, row_lse, p, &order, &kept);
-            id = gumbel_argmax(y, V, !filtered, kept, p.seed, uint64_t(read_index(request_ids, t)),
-                               uint32_t(read_index(positions, t)));
-          }
-          out_id[size_t(t)] = id;
-          out_logp[size_t(t)] = canonical_f32(y[id] - row_lse);
-          out_lse[size_t(t)] = row_lse;
-          out_entropy[size_t(t)] = row_entropy;
+          out.rows[size_t(t)] =
+              sample_row(op, t, buf.data() + i * lay.padded, V, lay, params[size_t(t)],
+                         uint64_t(read_index(request_ids, t)), uint32_t(read_index(positions, t)),
+                         &scratch, &order, &kept);
         }
       });
     }
   });
-  for (int64_t t = 0; t < T; ++t) {
-    if (token_ids.dtype == DType::kI32) {
-      static_cast<int32_t*>(token_ids.data)[t * token_ids.stride[0]] = int32_t(out_id[size_t(t)]);
-    } else {
-      static_cast<int64_t*>(token_ids.data)[t * token_ids.stride[0]] = out_id[size_t(t)];
+  out.write(token_ids, logp, lse, entropy);
+}
+
+void lm_head_logits(const TensorView& h, const TensorView& w, const ContractConfig& cfg,
+                    const TensorView& z) {
+  contract::check_lm_head_logits("lm_head_logits", Device::kCPU, h, w, cfg, z);
+  if (h.size(0) == 0 || w.size(0) == 0) return;
+  logprob_detail::tile_logits(h, w, cfg, static_cast<float*>(z.data), z.stride[0]);
+}
+
+void sample_logits(const TensorView& z, std::span<const SamplingParams> params,
+                   const TensorView& request_ids, const TensorView& positions,
+                   const ContractConfig& cfg, const TensorView& token_ids, const TensorView& logp,
+                   const TensorView& lse, const TensorView& entropy) {
+  const char* op = "sample_logits";
+  contract::check_sample_logits(op, Device::kCPU, z, params, request_ids, positions, cfg, token_ids,
+                                logp, lse, entropy);
+  const int64_t T = z.size(0), V = z.size(1);
+  if (T == 0) return;
+  const LogprobVocabLayout lay = logprob_vocab_layout(cfg, V);
+  SampledRows out(T);
+  parallel_for(T, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> y(static_cast<size_t>(lay.padded));
+    std::vector<LogprobState> scratch;
+    std::vector<int64_t> order, kept;
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* row = z.ptr<const float>() + t * z.stride[0];
+      std::copy(row, row + V, y.begin());
+      out.rows[size_t(t)] = sample_row(op, t, y.data(), V, lay, params[size_t(t)],
+                                       uint64_t(read_index(request_ids, t)),
+                                       uint32_t(read_index(positions, t)), &scratch, &order, &kept);
     }
-    f32_at(logp, t) = out_logp[size_t(t)];
-    f32_at(lse, t) = out_lse[size_t(t)];
-    f32_at(entropy, t) = out_entropy[size_t(t)];
-  }
+  });
+  out.write(token_ids, logp, lse, entropy);
 }
 
 }  // namespace cpu

@@ -207,6 +207,7 @@ std::string audit_report_json(const AuditReport& r) {
                    {"stop_on_eos", c.stop_on_eos},
                    {"tokenizer", "none: prompts are random token ids"}};
   j["rollout"] = {{"tp", c.rollout_tp},
+                  {"ranks", c.rollout_rank_threads ? "threads" : "simulated"},
                   {"page_size", c.rollout.kv.page_size},
                   {"kv_pages", c.rollout.kv.num_pages},
                   {"max_batch", c.rollout.scheduler.max_running},

@@ -6,10 +6,12 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
 #include <sstream>
 
 #include "baseline/cpu/backend.h"
 #include "core/philox.h"
+#include "dist/thread_transport.h"
 #include "lockstep/error.h"
 
 namespace lockstep::engine {
@@ -40,6 +42,23 @@ std::vector<int64_t> permutation(int64_t n, uint64_t seed) {
   for (int64_t i = n; i > 1; --i)
     std::swap(order[size_t(i - 1)], order[size_t(g.below(uint64_t(i)))]);
   return order;
+}
+
+// Bytes of a float vector, for memcmp.
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Two rollouts recorded the same tokens, finish reasons and fp32 bits for every request.
+bool same_records(const RolloutResult& a, const RolloutResult& b) {
+  if (a.completions.size() != b.completions.size()) return false;
+  for (size_t i = 0; i < a.completions.size(); ++i) {
+    const Completion &x = a.completions[i], &y = b.completions[i];
+    if (x.id != y.id || x.tokens != y.tokens || x.finish != y.finish ||
+        !same_bits(x.logp, y.logp) || !same_bits(x.lse, y.lse) || !same_bits(x.entropy, y.entropy))
+      return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -77,6 +96,8 @@ void AuditConfig::validate() const {
              tp, " needs gemm_segments and vocab_segments divisible by it (contract has ",
              contract.gemm_segments, " and ", contract.vocab_segments, "); raise --segments");
   }
+  LS_CHECK(!rollout_rank_threads || rollout_tp > 1, kOp,
+           "--rollout-ranks threads needs --rollout-tp > 1 (one rank has nothing to exchange)");
   RolloutConfig r = rollout;
   if (r.kv.num_pages == 0) r.kv.num_pages = 1;
   r.validate();
@@ -85,7 +106,8 @@ void AuditConfig::validate() const {
 
 std::string AuditConfig::rollout_string() const {
   std::ostringstream os;
-  os << "tp=" << rollout_tp << "; " << rollout.to_string() << "; arrival: seed=" << arrival_seed
+  os << "tp=" << rollout_tp << (rollout_rank_threads ? " (rank-local models on threads)" : "")
+     << "; " << rollout.to_string() << "; arrival: seed=" << arrival_seed
      << " stagger=" << arrival_stagger;
   return os.str();
 }
@@ -209,8 +231,14 @@ AuditSide run_audit_side(const AuditConfig& cfg, const ModelFactory& make_model,
   side.train_backend = train_backend->name();
   side.rollout_device = device_name(rollout_backend->device());
   side.train_device = device_name(train_backend->device());
-  std::unique_ptr<Model> rollout_model = make_model(cfg.rollout_tp, rollout_backend);
-  std::unique_ptr<Model> train_model = make_model(cfg.train_tp, train_backend);
+  LS_CHECK(!cfg.rollout_rank_threads || rollout_backend->device() == Device::kCPU, kOp,
+           "--rollout-ranks threads runs rank-local models over the thread transport, which moves "
+           "host memory only: it needs a CPU rollout backend, got '",
+           rollout_backend->name(), "' on ", device_name(rollout_backend->device()));
+  // The simulated rollout model also replays a mismatch for localization (a rank-local job has
+  // the same bits: tests/engine/test_model.cc ModelRanks).
+  std::unique_ptr<Model> rollout_model = make_model(cfg.rollout_tp, rollout_backend, nullptr);
+  std::unique_ptr<Model> train_model = make_model(cfg.train_tp, train_backend, nullptr);
   const Qwen3Config& mc = rollout_model->config();
   const std::vector<RolloutRequest> requests = make_audit_requests(cfg, mc);
 
@@ -231,7 +259,22 @@ AuditSide run_audit_side(const AuditConfig& cfg, const ModelFactory& make_model,
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
     log(buf);
   };
-  RolloutResult rr = run_rollout(*rollout_model, requests, rcfg, rh);
+  RolloutResult rr;
+  if (!cfg.rollout_rank_threads) {
+    rr = run_rollout(*rollout_model, requests, rcfg, rh);
+  } else {
+    std::vector<RolloutResult> ranks(static_cast<size_t>(cfg.rollout_tp));
+    dist::run_ranks(cfg.rollout_tp, [&](dist::Communicator& comm) {
+      const std::unique_ptr<Model> m = make_model(cfg.rollout_tp, rollout_backend, &comm);
+      ranks[size_t(comm.rank())] =
+          run_rollout(*m, requests, rcfg, comm.rank() == 0 ? rh : RolloutHooks{});
+    });
+    for (int r = 1; r < cfg.rollout_tp; ++r)
+      LS_CHECK(same_records(ranks[0], ranks[size_t(r)]), kOp, "rollout rank ", r,
+               " recorded other tokens or log-prob bits than rank 0 (rank-local models must "
+               "agree on every rank)");
+    rr = std::move(ranks[0]);
+  }
   side.rollout_seconds = rr.seconds;
   side.generated_tokens = rr.generated_tokens;
   side.rollout_stats = rr.stats;

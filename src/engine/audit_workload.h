@@ -45,6 +45,11 @@ struct AuditConfig {
 
   // Rollout side.
   int rollout_tp = 2;
+  // How the rollout's TP ranks run: false = simulated (one model holds and runs every rank's
+  // shards); true = one rank-local model per rank on its own thread, exchanging its parts over
+  // the thread transport (dist::run_ranks): the code path of multi-GPU TP, on host memory (CPU
+  // backends). Every rank's records are checked equal to rank 0's; rank 0's are compared.
+  bool rollout_rank_threads = false;
   RolloutConfig rollout;        // kv.num_pages 0 = enough for max_running full sequences
   uint64_t arrival_seed = 0;    // permutation of the arrival order; 0 = in order
   int64_t arrival_stagger = 1;  // steps between consecutive groups' arrivals (0: all at once)
@@ -91,9 +96,10 @@ struct AuditSide : LogprobComparison {
   std::optional<Localization> localization;
 };
 
-// Makes the model for one side: (tp, backend) -> Model with the audit's contract.
-using ModelFactory =
-    std::function<std::unique_ptr<Model>(int tp, std::shared_ptr<OpsBackend> backend)>;
+// Makes the model for one side: (tp, backend, comm) -> Model with the audit's contract; comm
+// nullptr: simulated TP, else a rank-local model of that communicator's job.
+using ModelFactory = std::function<std::unique_ptr<Model>(
+    int tp, std::shared_ptr<OpsBackend> backend, dist::Communicator* comm)>;
 
 struct AuditHooks {
   std::function<void(const std::string&)> log;  // progress lines (no newline)

@@ -2,17 +2,22 @@
 // q/k RMSNorm, RoPE, causal GQA attention, o_proj, post-attention RMSNorm, fused gate|up GEMM,
 // SiLU-and-mul, down_proj), final RMSNorm. Every number comes out of an OpsBackend call; this file
 // only moves bf16 bits (weight packing, views, copies). Tensor parallelism is simulated rank by
-// rank with the same shards a multi-GPU deployment would hold. Every weight, activation and KV
+// rank with the same shards a multi-GPU deployment would hold, or run rank-local: the model holds
+// one rank's shards and all-gathers the parts every combine needs (dist::Communicator). Every
+// weight, activation and KV
 // page lives on the backend's device (ops->device()); metadata is validated on the host and
 // uploaded once per call (engine/device.h). See docs/engine-model.md.
 #include "engine/model.h"
 
 #include <algorithm>
+#include <functional>
+#include <numeric>
 #include <unordered_set>
 #include <utility>
 
 #include "engine/device.h"
 #include "engine/text.h"
+#include "lockstep/dist/communicator.h"
 
 namespace lockstep::engine {
 
@@ -51,6 +56,29 @@ int64_t read_index(const TensorView& t, int64_t i) {
                                 : t.ptr<const int64_t>()[i * t.stride[0]];
 }
 
+// Blocks of whole bf16 views by name (WeightBlock: rows then columns; a 1-d view is one row).
+std::function<TensorView(const std::string&, const WeightBlock&)> blocks_of(
+    const std::map<std::string, TensorView>& src) {
+  return [&src](const std::string& name, const WeightBlock& b) {
+    TensorView v = src.at(name);
+    const int64_t C = v.shape[v.ndim - 1];
+    const int64_t c1 = b.c1 < 0 ? C : b.c1;
+    if (v.ndim == 2) v = v.rows(b.r0, b.r1 < 0 ? v.size(0) : b.r1);
+    v.data = static_cast<char*>(v.data) + b.c0 * dtype_size(v.dtype);
+    v.shape[v.ndim - 1] = c1 - b.c0;
+    return v;
+  };
+}
+
+// Slab r of a contiguous [n, ...] tensor: its [...] view.
+TensorView slab(const Tensor& t, int64_t r) {
+  const TensorView v = t.view();
+  const std::vector<int64_t> shape(v.shape + 1, v.shape + v.ndim);
+  const int64_t n = std::accumulate(shape.begin(), shape.end(), int64_t(1), std::multiplies<>());
+  return TensorView::contiguous(static_cast<char*>(v.data) + r * n * dtype_size(v.dtype), v.dtype,
+                                shape, v.device);
+}
+
 }  // namespace
 
 std::string ModelOptions::to_string() const {
@@ -69,11 +97,13 @@ struct RankShard {
   int64_t i0 = 0, ni = 0;    // intermediate columns [i0, i0 + ni) (= the down_proj K range)
 };
 
+// Per-rank weights are indexed by the model's local slot i (rank Impl::local[i]): every rank of a
+// simulated-TP model, the one rank of a rank-local model.
 struct LayerWeights {
   TensorView input_norm, post_norm;  // [H]
   TensorView q_norm, k_norm;         // [D]
-  TensorView wo;                     // [H, Hq·D]
-  TensorView wdown;                  // [H, I]
+  std::vector<TensorView> wo;        // per rank [H, nq·D]: o_proj columns of its query heads
+  std::vector<TensorView> wdown;     // per rank [H, ni]: down_proj columns [i0, i0 + ni)
   std::vector<TensorView> wqkv;      // per rank [(nq + 2·nkv)·D, H]: q rows | k rows | v rows
   std::vector<TensorView> wgu;       // per rank [2·ni, H]: gate rows | up rows
 };
@@ -83,7 +113,11 @@ struct WeightStore {
   Device device = Device::kCPU;
   std::optional<Checkpoint> ckpt;  // keeps zero-copy bf16 views valid (CPU backends)
   std::vector<Tensor> owned;       // copies, converted weights, fused per-rank weights
-  TensorView embed, lm_head, final_norm;
+  TensorView final_norm;
+  // Per rank: its vocab_shard rows of embed_tokens (tp = 1: the whole table) and its aligned
+  // vocab-segment rows of the lm_head (tp = 1: the whole head).
+  std::vector<TensorView> embed, lm_head_rows;
+  TensorView lm_head;  // the whole lm_head (sampling); empty in a rank-local model with tp > 1
   std::vector<LayerWeights> layers;
   RopeTable rope;     // host table (a device backend uploads it once)
   int64_t bytes = 0;  // weight bytes held on the device by this store
@@ -100,28 +134,35 @@ struct Model::Impl {
   AttentionConfig attn;
   RmsNormConfig norm;
   int64_t max_positions = 0;
-  std::vector<RankShard> ranks;
+  std::vector<RankShard> ranks;        // every rank's shard (rank-local models too)
+  dist::Communicator* comm = nullptr;  // rank-local: this model's rank's communicator
+  std::vector<int> local;              // the ranks this model runs: all, or the communicator's
   TraceFn trace;
 
   // A model's configs and rank shards on `ops`, checked; no weights yet.
   static std::unique_ptr<Impl> make(const Qwen3Config& cfg, const ModelOptions& opt,
-                                    std::shared_ptr<OpsBackend> ops) {
+                                    std::shared_ptr<OpsBackend> ops, dist::Communicator* comm) {
     LS_CHECK(ops != nullptr, kOp, "ops backend is null");
     auto m = std::make_unique<Impl>();
     m->cfg = cfg;
     m->opt = opt;
     m->ops = std::move(ops);
+    m->comm = comm;
     m->check_setup();
     m->setup();
     return m;
   }
   void check_setup() const;
   void setup();  // configs and rank shards (no weights)
-  // Builds the weight store from bf16 views on the host or on the backend's device. zero_copy:
-  // every view outlives the model (checkpoint mappings, tensors moved into `keep`), so a view
-  // already on the backend's device is used in place; otherwise everything is copied.
-  void build(const std::map<std::string, TensorView>& src, bool zero_copy,
-             std::optional<Checkpoint> ckpt, std::vector<Tensor> keep);
+  // A bf16 view of a block of a named weight (on the host or on the backend's device).
+  using BlockFn = std::function<TensorView(const std::string& name, const WeightBlock& block)>;
+  // Builds the weight store from `block`: every block it uses (a simulated model's whole weights
+  // and their rank slices, a rank-local model's shard blocks only). zero_copy: every view outlives
+  // the model (checkpoint mappings, tensors moved into `keep`, or appended to *lazy_keep while
+  // building), so a view already on the backend's device is used in place; otherwise everything
+  // is copied.
+  void build(const BlockFn& block, bool zero_copy, std::optional<Checkpoint> ckpt,
+             std::vector<Tensor> keep, std::vector<Tensor>* lazy_keep = nullptr);
 
   // The decoder over T tokens at `positions` (device views); `attend(layer, rank, q, k, v, out,
   // lse)` runs attention of one rank (its head slices) and may write the KV cache first; lse is
@@ -151,7 +192,43 @@ struct Model::Impl {
     trace(op, layer, h.view());
   }
   bool device_backend() const { return ops->device() != Device::kCPU; }
+
+  // The ranks' parts of a combine, in rank order (each a view of `like`'s shape): a simulated
+  // model's own per-rank tensors, or, rank-local, this rank's one part all-gathered from every
+  // rank (the gathered tensor is kept in *keep).
+  std::vector<TensorView> rank_parts(const std::vector<Tensor>& mine, Tensor* keep) const;
+  // A rank-local model's all_gather of `mine` into a new [tp, mine's shape] tensor on the
+  // backend's device (waits for the backend's ops first: the transport reads the bytes).
+  Tensor all_gather(const TensorView& mine) const;
+  // Column c0 of rank shard s's attention output (query heads) and act (intermediate columns) in
+  // this model's buffers: the full-width buffer of a simulated model, the rank's own columns of
+  // a rank-local one.
+  int64_t attn_col(const RankShard& s) const { return comm ? 0 : s.q0 * cfg.head_dim; }
+  int64_t act_col(const RankShard& s) const { return comm ? 0 : s.i0; }
+  // The index of rank r's per-rank tensors and weights (r one of `local`).
+  size_t slot(int r) const { return comm ? 0 : size_t(r); }
 };
+
+Tensor Model::Impl::all_gather(const TensorView& mine) const {
+  std::vector<int64_t> shape = {opt.tp};
+  shape.insert(shape.end(), mine.shape, mine.shape + mine.ndim);
+  Tensor all = ops->empty(mine.dtype, shape);
+  ops->synchronize();
+  comm->all_gather(mine, all.view());
+  return all;
+}
+
+std::vector<TensorView> Model::Impl::rank_parts(const std::vector<Tensor>& mine,
+                                                Tensor* keep) const {
+  std::vector<TensorView> parts;
+  if (!comm) {
+    for (const Tensor& t : mine) parts.push_back(t.view());
+    return parts;
+  }
+  *keep = all_gather(mine.at(0).view());
+  for (int r = 0; r < opt.tp; ++r) parts.push_back(slab(*keep, r));
+  return parts;
+}
 
 // --- construction ---
 
@@ -177,6 +254,13 @@ void Model::Impl::check_setup() const {
            " must be a multiple or a divisor of tp=", tp, " (kv heads are split or replicated)");
   LS_CHECK(opt.max_positions >= 0, kOp, "options.max_positions must be >= 0, got ",
            opt.max_positions);
+  if (comm) {
+    LS_CHECK(comm->size() == tp, kOp,
+             "a rank-local model needs a communicator of options.tp = ", tp, " ranks, got one of ",
+             comm->size());
+    LS_CHECK(comm->rank() >= 0 && comm->rank() < tp, kOp, "communicator rank ", comm->rank(),
+             " is outside [0, ", tp, ")");
+  }
   // o_proj is row-parallel over the attention output: each rank's K range (whole GEMM segments)
   // must be exactly its query heads.
   const GemmConfig g = GemmConfig::for_layer(opt.contract, LayerRole::kRowParallel);
@@ -213,10 +297,16 @@ void Model::Impl::setup() {
     s.i0 = kr.begin;
     s.ni = kr.end - kr.begin;
   }
+  local.clear();
+  if (comm) {
+    local.push_back(comm->rank());
+  } else {
+    for (int r = 0; r < tp; ++r) local.push_back(r);
+  }
 }
 
-void Model::Impl::build(const std::map<std::string, TensorView>& src, bool zero_copy,
-                        std::optional<Checkpoint> ckpt, std::vector<Tensor> keep) {
+void Model::Impl::build(const BlockFn& block, bool zero_copy, std::optional<Checkpoint> ckpt,
+                        std::vector<Tensor> keep, std::vector<Tensor>* lazy_keep) {
   const OpsBackend& op = *ops;
   const int64_t H = cfg.hidden_size, D = cfg.head_dim;
   auto store = std::make_shared<WeightStore>();
@@ -230,9 +320,9 @@ void Model::Impl::build(const std::map<std::string, TensorView>& src, bool zero_
   rc.max_positions = max_positions;
   st.rope = RopeTable::build(rc);
 
-  // A weight on the backend's device: in place when allowed, else one exact copy.
-  auto place = [&](const std::string& name) -> TensorView {
-    const TensorView& v = src.at(name);
+  // A weight (or a rank's slice of one) on the backend's device: in place when allowed, else one
+  // exact, contiguous copy. A rank-local model copies only its slices' bytes.
+  auto place_view = [&](const TensorView& v) -> TensorView {
     if (zero_copy && v.device == op.device()) return v;
     Tensor t = op.empty(DType::kBF16, std::vector<int64_t>(v.shape, v.shape + v.ndim));
     op.copy(t.view(), v);
@@ -240,9 +330,40 @@ void Model::Impl::build(const std::map<std::string, TensorView>& src, bool zero_
     st.owned.push_back(std::move(t));
     return st.owned.back().view();
   };
-
-  st.embed = place("model.embed_tokens.weight");
-  st.lm_head = cfg.tie_word_embeddings ? st.embed : place("lm_head.weight");
+  auto place = [&](const std::string& name) { return place_view(block(name, WeightBlock{})); };
+  auto rows_of = [&](const std::string& name, int64_t r0, int64_t r1) {
+    return block(name, WeightBlock{r0, r1, 0, -1});
+  };
+  auto cols_of = [&](const std::string& name, int64_t c0, int64_t c1) {
+    return block(name, WeightBlock{0, -1, c0, c1});
+  };
+  const int tp = opt.tp;
+  const int64_t V = cfg.vocab_size;
+  const std::string head_name =
+      cfg.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+  // Whole tensors where a simulated model uses them (its slices are views of them), else only
+  // the rank's rows.
+  const bool whole = !comm || tp == 1;
+  const TensorView embed_all = whole ? place("model.embed_tokens.weight") : TensorView{};
+  st.lm_head = !whole                    ? TensorView{}
+               : cfg.tie_word_embeddings ? embed_all
+                                         : place("lm_head.weight");
+  const LogprobVocabLayout lay = logprob_vocab_layout(opt.contract, V);
+  const int per = opt.contract.vocab_segments / tp;
+  for (int r : local) {
+    if (tp == 1) {
+      st.embed.push_back(embed_all);
+      st.lm_head_rows.push_back(st.lm_head);
+      continue;
+    }
+    const VocabShard sh = vocab_shard(V, r, tp);
+    const int64_t v0 = std::min(V, int64_t(r * per) * lay.segment_len);
+    const int64_t v1 = std::min(V, int64_t((r + 1) * per) * lay.segment_len);
+    st.embed.push_back(whole ? embed_all.rows(sh.begin, sh.end)
+                             : place_view(rows_of("model.embed_tokens.weight", sh.begin, sh.end)));
+    st.lm_head_rows.push_back(whole ? st.lm_head.rows(v0, v1)
+                                    : place_view(rows_of(head_name, v0, v1)));
+  }
   st.final_norm = place("model.norm.weight");
   st.layers.resize(size_t(cfg.num_hidden_layers));
   for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
@@ -252,27 +373,31 @@ void Model::Impl::build(const std::map<std::string, TensorView>& src, bool zero_
     L.post_norm = place(p + "post_attention_layernorm.weight");
     L.q_norm = place(p + "self_attn.q_norm.weight");
     L.k_norm = place(p + "self_attn.k_norm.weight");
-    L.wo = place(p + "self_attn.o_proj.weight");
-    L.wdown = place(p + "mlp.down_proj.weight");
-    const TensorView& wq = src.at(p + "self_attn.q_proj.weight");
-    const TensorView& wk = src.at(p + "self_attn.k_proj.weight");
-    const TensorView& wv = src.at(p + "self_attn.v_proj.weight");
-    const TensorView& wg = src.at(p + "mlp.gate_proj.weight");
-    const TensorView& wu = src.at(p + "mlp.up_proj.weight");
+    const TensorView wo_all = whole ? place(p + "self_attn.o_proj.weight") : TensorView{};
+    const TensorView wdown_all = whole ? place(p + "mlp.down_proj.weight") : TensorView{};
     // NOTE: fusing q|k|v and gate|up into one GEMM each gives the same bits as separate GEMMs:
     // every output column is its own reduction over K, independent of the other columns. The
     // fused per-rank weights are built straight from the source rows (exact copies).
-    for (const RankShard& s : ranks) {
+    for (int r : local) {
+      const RankShard& s = ranks[size_t(r)];
+      // o_proj / down_proj: the rank's K columns (row-parallel), whole K at tp = 1.
+      const int64_t q0 = s.q0 * D, q1 = (s.q0 + s.nq) * D;
+      L.wo.push_back(whole ? cols(wo_all, q0, q1)
+                           : place_view(cols_of(p + "self_attn.o_proj.weight", q0, q1)));
+      L.wdown.push_back(whole ? cols(wdown_all, s.i0, s.i0 + s.ni)
+                              : place_view(cols_of(p + "mlp.down_proj.weight", s.i0, s.i0 + s.ni)));
       Tensor qkv = op.empty(DType::kBF16, {(s.nq + 2 * s.nkv) * D, H});
       const TensorView q = qkv.view();
-      op.copy(q.rows(0, s.nq * D), wq.rows(s.q0 * D, (s.q0 + s.nq) * D));
-      op.copy(q.rows(s.nq * D, (s.nq + s.nkv) * D), wk.rows(s.kv0 * D, (s.kv0 + s.nkv) * D));
+      op.copy(q.rows(0, s.nq * D),
+              rows_of(p + "self_attn.q_proj.weight", s.q0 * D, (s.q0 + s.nq) * D));
+      op.copy(q.rows(s.nq * D, (s.nq + s.nkv) * D),
+              rows_of(p + "self_attn.k_proj.weight", s.kv0 * D, (s.kv0 + s.nkv) * D));
       op.copy(q.rows((s.nq + s.nkv) * D, (s.nq + 2 * s.nkv) * D),
-              wv.rows(s.kv0 * D, (s.kv0 + s.nkv) * D));
+              rows_of(p + "self_attn.v_proj.weight", s.kv0 * D, (s.kv0 + s.nkv) * D));
       Tensor gu = op.empty(DType::kBF16, {2 * s.ni, H});
       const TensorView g = gu.view();
-      op.copy(g.rows(0, s.ni), wg.rows(s.i0, s.i0 + s.ni));
-      op.copy(g.rows(s.ni, 2 * s.ni), wu.rows(s.i0, s.i0 + s.ni));
+      op.copy(g.rows(0, s.ni), rows_of(p + "mlp.gate_proj.weight", s.i0, s.i0 + s.ni));
+      op.copy(g.rows(s.ni, 2 * s.ni), rows_of(p + "mlp.up_proj.weight", s.i0, s.i0 + s.ni));
       L.wqkv.push_back(q);
       L.wgu.push_back(g);
       st.bytes += qkv.nbytes() + gu.nbytes();
@@ -280,15 +405,35 @@ void Model::Impl::build(const std::map<std::string, TensorView>& src, bool zero_
       st.owned.push_back(std::move(gu));
     }
   }
-  // Copies from host memory must finish before the sources may go away.
+  // Copies from host memory must finish before the sources may go away; blocks converted while
+  // building are kept where the store uses them in place.
   op.synchronize();
+  if (zero_copy && lazy_keep)
+    for (Tensor& t : *lazy_keep) st.owned.push_back(std::move(t));
   ws = std::move(store);
 }
 
 Model::Model(const Qwen3Config& cfg, const Checkpoint& ckpt, const ModelOptions& opt,
-             std::shared_ptr<OpsBackend> ops)
-    : impl_(Impl::make(cfg, opt, std::move(ops))) {
+             std::shared_ptr<OpsBackend> ops, dist::Communicator* comm)
+    : impl_(Impl::make(cfg, opt, std::move(ops), comm)) {
   Impl& m = *impl_;
+  const bool host = m.ops->device() == Device::kCPU;
+  if (comm) {
+    // A rank-local model reads its shard's bytes only: names, shapes and dtypes of every weight
+    // first, then each block it uses scanned for non-finite values and converted on its own.
+    LoadOptions names_only;
+    names_only.check_finite = false;
+    ckpt.check_qwen3(cfg, names_only);
+    std::map<std::string, std::vector<int64_t>> shapes;
+    for (const WeightSpec& spec : qwen3_weight_specs(cfg)) shapes[spec.name] = spec.shape;
+    std::vector<Tensor> converted;
+    m.build(
+        [&](const std::string& name, const WeightBlock& b) {
+          return ckpt.get_block_bf16(name, shapes.at(name), b, /*check_finite=*/true, &converted);
+        },
+        true, host ? std::optional<Checkpoint>(ckpt) : std::nullopt, {}, &converted);
+    return;
+  }
   // Layer count, names, shapes, dtypes and finite values, before any weight is used (the finite
   // scan is cached in the checkpoint: Checkpoint::load or an earlier Model already did it).
   // Warnings have no sink here: a caller that wants them (or strict) uses Checkpoint::load.
@@ -305,14 +450,13 @@ Model::Model(const Qwen3Config& cfg, const Checkpoint& ckpt, const ModelOptions&
   }
   // Zero-copy on a CPU backend (the mapping and the converted tensors are kept); a device
   // backend gets its own copy of every weight and the checkpoint's mapping is not needed.
-  const bool host = m.ops->device() == Device::kCPU;
-  m.build(src, true, host ? std::optional<Checkpoint>(ckpt) : std::nullopt,
+  m.build(blocks_of(src), true, host ? std::optional<Checkpoint>(ckpt) : std::nullopt,
           host ? std::move(converted) : std::vector<Tensor>{});
 }
 
 Model::Model(const Qwen3Config& cfg, const std::map<std::string, TensorView>& weights,
-             const ModelOptions& opt, std::shared_ptr<OpsBackend> ops)
-    : impl_(Impl::make(cfg, opt, std::move(ops))) {
+             const ModelOptions& opt, std::shared_ptr<OpsBackend> ops, dist::Communicator* comm)
+    : impl_(Impl::make(cfg, opt, std::move(ops), comm)) {
   Impl& m = *impl_;
   const std::vector<WeightSpec> specs = qwen3_weight_specs(cfg);
   for (const auto& [name, view] : weights) {
@@ -356,7 +500,7 @@ Model::Model(const Qwen3Config& cfg, const std::map<std::string, TensorView>& we
     converted.push_back(std::move(t));
   }
   // The caller's views need not outlive the model: every weight is copied.
-  m.build(src, false, std::nullopt, {});
+  m.build(blocks_of(src), false, std::nullopt, {});
 }
 
 std::unique_ptr<Model> Model::with_backend(std::shared_ptr<OpsBackend> ops) const {
@@ -365,7 +509,7 @@ std::unique_ptr<Model> Model::with_backend(std::shared_ptr<OpsBackend> ops) cons
            "' runs on ", device_name(ops->device()), " but the weights are on ",
            device_name(impl_->ws->device));
   std::unique_ptr<Model> m(new Model());
-  m->impl_ = Impl::make(impl_->cfg, impl_->opt, std::move(ops));
+  m->impl_ = Impl::make(impl_->cfg, impl_->opt, std::move(ops), impl_->comm);
   m->impl_->ws = impl_->ws;
   return m;
 }
@@ -379,6 +523,11 @@ const ModelOptions& Model::options() const { return impl_->opt; }
 const OpsBackend& Model::ops() const { return *impl_->ops; }
 const RopeTable& Model::rope_table() const { return impl_->ws->rope; }
 int64_t Model::weight_bytes() const { return impl_->ws->bytes; }
+int Model::rank() const { return impl_->comm ? impl_->comm->rank() : -1; }
+int64_t Model::cache_kv_heads() const {
+  return impl_->comm ? impl_->ranks[size_t(impl_->comm->rank())].nkv
+                     : impl_->cfg.num_key_value_heads;
+}
 void Model::set_trace(TraceFn fn) { impl_->trace = std::move(fn); }
 
 // --- forward ---
@@ -414,52 +563,73 @@ void Model::Impl::run(const TensorView& tokens, const TensorView& positions, con
   const int64_t V = cfg.vocab_size;
 
   // Activations on the backend's device.
-  Tensor res = op.empty(DType::kBF16, {T, H});        // residual stream
-  Tensor xn = op.empty(DType::kBF16, {T, H});         // normed input of a sublayer
-  Tensor out = op.empty(DType::kBF16, {T, H});        // o_proj / down_proj output
-  Tensor attn = op.empty(DType::kBF16, {T, Hq * D});  // attention output, all heads
-  Tensor act = op.empty(DType::kBF16, {T, I});        // SiLU-and-mul output, all columns
+  Tensor res = op.empty(DType::kBF16, {T, H});  // residual stream
+  Tensor xn = op.empty(DType::kBF16, {T, H});   // normed input of a sublayer
+  Tensor out = op.empty(DType::kBF16, {T, H});  // o_proj / down_proj output
+  // Attention output (query heads) and SiLU-and-mul output (intermediate columns): every rank's
+  // columns in a simulated model, the rank's own in a rank-local one (attn_col, act_col).
+  const RankShard& own = ranks[size_t(local[0])];
+  Tensor attn = op.empty(DType::kBF16, {T, comm ? own.nq * D : Hq * D});
+  Tensor act = op.empty(DType::kBF16, {T, comm ? own.ni : I});
   std::vector<Tensor> qkv, gu, partial;
-  for (const RankShard& s : ranks) {
+  for (int r : local) {
+    const RankShard& s = ranks[size_t(r)];
     qkv.push_back(op.empty(DType::kBF16, {T, (s.nq + 2 * s.nkv) * D}));
     gu.push_back(op.empty(DType::kBF16, {T, 2 * s.ni}));
     if (tp > 1) partial.push_back(op.empty(DType::kF32, {T, H}));
   }
-  std::vector<TensorView> partial_views;
-  for (const Tensor& p : partial) partial_views.push_back(p.view());
 
-  // Row-parallel projection (o_proj / down_proj): y = x · wᵀ over K; ranks own their K ranges.
-  auto row_parallel = [&](const TensorView& x, const TensorView& w, bool attn_side) {
+  // Row-parallel projection (o_proj / down_proj): y = x · wᵀ over K; ranks own their K ranges
+  // (w_parts: the ranks' column blocks of w), their fp32 partials combine in the canonical tree.
+  auto row_parallel = [&](const TensorView& x, const std::vector<TensorView>& w_parts,
+                          bool attn_side) {
     if (tp == 1) {
-      op.gemm(x, w, gemm_row, out.view());
+      op.gemm(x, w_parts[0], gemm_row, out.view());
       return;
     }
-    const int64_t K = x.size(1);
-    for (int r = 0; r < tp; ++r) {
-      const RankShard& s = ranks[size_t(r)];
-      const int64_t k0 = attn_side ? s.q0 * D : s.i0;
-      const int64_t k1 = attn_side ? (s.q0 + s.nq) * D : s.i0 + s.ni;
-      op.gemm_partial(cols(x, k0, k1), cols(w, k0, k1), K, tp, r, gemm_row,
-                      partial_views[size_t(r)]);
+    const int64_t K = attn_side ? Hq * D : I;
+    for (size_t i = 0; i < local.size(); ++i) {
+      const RankShard& s = ranks[size_t(local[i])];
+      const int64_t c0 = attn_side ? attn_col(s) : act_col(s);
+      const int64_t c1 = c0 + (attn_side ? s.nq * D : s.ni);
+      op.gemm_partial(cols(x, c0, c1), w_parts[i], K, tp, local[i], gemm_row, partial[i].view());
     }
-    op.gemm_combine(partial_views, out.view());
+    Tensor gathered;
+    op.gemm_combine(rank_parts(partial, &gathered), out.view());
   };
 
-  // Gathers a per-rank column block of every rank into one host [T, C] tensor for the trace.
-  auto trace_gather = [&](const char* name, int layer, std::vector<Tensor>& per_rank,
-                          auto col_range, int64_t C) {
+  // Gathers a per-rank column block of every rank into one host [T, C] tensor for the trace
+  // (rank-local: each rank's block padded to the widest, all-gathered, then placed).
+  // source(r): the buffer holding rank r's block; col_range(s): (its first column there, its
+  // first column in the full tensor, its width).
+  auto trace_gather = [&](const char* name, int layer, auto source, auto col_range, int64_t C,
+                          DType dtype = DType::kBF16) {
     if (!trace) return;
-    Tensor full(DType::kBF16, {T, C});
-    for (int r = 0; r < tp; ++r) {
-      auto [src0, dst0, n] = col_range(ranks[size_t(r)]);
-      op.copy(cols(full.view(), dst0, dst0 + n), cols(per_rank[size_t(r)].view(), src0, src0 + n));
+    Tensor full(dtype, {T, C});
+    if (!comm) {
+      for (int r = 0; r < tp; ++r) {
+        auto [src0, dst0, n] = col_range(ranks[size_t(r)]);
+        op.copy(cols(full.view(), dst0, dst0 + n), cols(source(r), src0, src0 + n));
+      }
+      op.synchronize();
+    } else {
+      int64_t widest = 0;
+      for (const RankShard& s : ranks) widest = std::max(widest, std::get<2>(col_range(s)));
+      Tensor mine = op.empty(dtype, {T, widest});
+      auto [src0, dst0, n] = col_range(own);
+      op.copy(cols(mine.view(), 0, n), cols(source(local[0]), src0, src0 + n));
+      const Tensor all = all_gather(mine.view());
+      for (int r = 0; r < tp; ++r) {
+        auto [s0, d0, w] = col_range(ranks[size_t(r)]);
+        op.copy(cols(full.view(), d0, d0 + w), cols(slab(all, r), 0, w));
+      }
+      op.synchronize();
     }
-    op.synchronize();
     emit(name, layer, full.view());
   };
   auto trace_qkv = [&](const char* name, int layer, int part) {  // part 0 q, 1 k, 2 v
     trace_gather(
-        name, layer, qkv,
+        name, layer, [&](int r) { return qkv[slot(r)].view(); },
         [&](const RankShard& s) {
           if (part == 0) return std::tuple<int64_t, int64_t, int64_t>{0, s.q0 * D, s.nq * D};
           const int64_t base = (s.nq + (part == 2 ? s.nkv : 0)) * D;
@@ -470,17 +640,16 @@ void Model::Impl::run(const TensorView& tokens, const TensorView& positions, con
 
   // Embedding (vocab-parallel for tp > 1: each rank gathers its rows, exact -0.0 elsewhere).
   if (tp == 1) {
-    op.embedding(tokens, W.embed, res.view());
+    op.embedding(tokens, W.embed[0], res.view());
   } else {
     std::vector<Tensor> parts;
-    std::vector<TensorView> views;
-    for (int r = 0; r < tp; ++r) {
-      const VocabShard sh = vocab_shard(V, r, tp);
+    for (size_t i = 0; i < local.size(); ++i) {
       parts.push_back(op.empty(DType::kBF16, {T, H}));
-      views.push_back(parts.back().view());
-      op.embedding_vocab_parallel(tokens, W.embed.rows(sh.begin, sh.end), sh, V, views.back());
+      op.embedding_vocab_parallel(tokens, W.embed[i], vocab_shard(V, local[i], tp), V,
+                                  parts.back().view());
     }
-    op.embedding_combine(views, res.view());
+    Tensor gathered;
+    op.embedding_combine(rank_parts(parts, &gathered), res.view());
   }
   emit("embed", -1, res.view());
 
@@ -497,14 +666,14 @@ void Model::Impl::run(const TensorView& tokens, const TensorView& positions, con
     emit("input_norm", l, xn.view());
 
     // Attention block, rank by rank (column-parallel q|k|v, heads split).
-    for (int r = 0; r < tp; ++r)
-      op.gemm(xn.view(), L.wqkv[size_t(r)], gemm_col, qkv[size_t(r)].view());
+    const size_t n_local = local.size();
+    for (size_t i = 0; i < n_local; ++i) op.gemm(xn.view(), L.wqkv[i], gemm_col, qkv[i].view());
     trace_qkv("q", l, 0);
     trace_qkv("k", l, 1);
     trace_qkv("v", l, 2);
-    for (int r = 0; r < tp; ++r) {
-      const RankShard& s = ranks[size_t(r)];
-      const TensorView m = qkv[size_t(r)].view();
+    for (size_t i = 0; i < n_local; ++i) {
+      const RankShard& s = ranks[size_t(local[i])];
+      const TensorView m = qkv[i].view();
       const TensorView q = heads_of(m, 0, s.nq, D);
       const TensorView k = heads_of(m, s.nq * D, s.nkv, D);
       op.rmsnorm(q, L.q_norm, norm, q);  // per head over D, in place
@@ -512,9 +681,9 @@ void Model::Impl::run(const TensorView& tokens, const TensorView& positions, con
     }
     trace_qkv("q_norm", l, 0);
     trace_qkv("k_norm", l, 1);
-    for (int r = 0; r < tp; ++r) {
-      const RankShard& s = ranks[size_t(r)];
-      const TensorView m = qkv[size_t(r)].view();
+    for (size_t i = 0; i < n_local; ++i) {
+      const RankShard& s = ranks[size_t(local[i])];
+      const TensorView m = qkv[i].view();
       const TensorView q = heads_of(m, 0, s.nq, D);
       const TensorView k = heads_of(m, s.nq * D, s.nkv, D);
       op.rope(q, positions, W.rope, q);
@@ -523,25 +692,28 @@ void Model::Impl::run(const TensorView& tokens, const TensorView& positions, con
     trace_qkv("q_rope", l, 0);
     trace_qkv("k_rope", l, 1);
     const bool keep_lse = trace && lse_out;
-    std::vector<Tensor> lse_r(size_t(keep_lse ? tp : 0));
-    for (int r = 0; r < tp; ++r) {
-      const RankShard& s = ranks[size_t(r)];
-      const TensorView m = qkv[size_t(r)].view();
-      if (keep_lse) lse_r[size_t(r)] = op.empty(DType::kF32, {T, s.nq});
-      attend(l, r, heads_of(m, 0, s.nq, D), heads_of(m, s.nq * D, s.nkv, D),
-             heads_of(m, (s.nq + s.nkv) * D, s.nkv, D), heads_of(attn.view(), s.q0 * D, s.nq, D),
-             keep_lse ? lse_r[size_t(r)].view() : TensorView{});
+    std::vector<Tensor> lse_r(keep_lse ? n_local : 0);
+    for (size_t i = 0; i < n_local; ++i) {
+      const RankShard& s = ranks[size_t(local[i])];
+      const TensorView m = qkv[i].view();
+      if (keep_lse) lse_r[i] = op.empty(DType::kF32, {T, s.nq});
+      attend(l, local[i], heads_of(m, 0, s.nq, D), heads_of(m, s.nq * D, s.nkv, D),
+             heads_of(m, (s.nq + s.nkv) * D, s.nkv, D), heads_of(attn.view(), attn_col(s), s.nq, D),
+             keep_lse ? lse_r[i].view() : TensorView{});
     }
-    emit("attn", l, attn.view());
-    if (keep_lse) {
-      Tensor lse(DType::kF32, {T, Hq});
-      for (int r = 0; r < tp; ++r) {
-        const RankShard& s = ranks[size_t(r)];
-        op.copy(cols(lse.view(), s.q0, s.q0 + s.nq), lse_r[size_t(r)].view());
-      }
-      op.synchronize();
-      emit("attn_lse", l, lse.view());
-    }
+    trace_gather(
+        "attn", l, [&](int) { return attn.view(); },
+        [&](const RankShard& s) {
+          return std::tuple<int64_t, int64_t, int64_t>{attn_col(s), s.q0 * D, s.nq * D};
+        },
+        Hq * D);
+    if (keep_lse)
+      trace_gather(
+          "attn_lse", l, [&](int r) { return lse_r[slot(r)].view(); },
+          [&](const RankShard& s) {
+            return std::tuple<int64_t, int64_t, int64_t>{0, s.q0, s.nq};
+          },
+          Hq, DType::kF32);
     row_parallel(attn.view(), L.wo, true);
     emit("o_proj", l, out.view());
 
@@ -551,27 +723,32 @@ void Model::Impl::run(const TensorView& tokens, const TensorView& positions, con
     emit("post_norm", l, xn.view());
 
     // MLP block (column-parallel gate|up over the rank's intermediate range, row-parallel down).
-    for (int r = 0; r < tp; ++r)
-      op.gemm(xn.view(), L.wgu[size_t(r)], gemm_col, gu[size_t(r)].view());
+    for (size_t i = 0; i < n_local; ++i) op.gemm(xn.view(), L.wgu[i], gemm_col, gu[i].view());
     trace_gather(
-        "gate", l, gu,
+        "gate", l, [&](int r) { return gu[slot(r)].view(); },
         [&](const RankShard& s) {
           return std::tuple<int64_t, int64_t, int64_t>{0, s.i0, s.ni};
         },
         I);
     trace_gather(
-        "up", l, gu,
+        "up", l, [&](int r) { return gu[slot(r)].view(); },
         [&](const RankShard& s) {
           return std::tuple<int64_t, int64_t, int64_t>{s.ni, s.i0, s.ni};
         },
         I);
-    for (int r = 0; r < tp; ++r) {
-      const RankShard& s = ranks[size_t(r)];
+    for (size_t i = 0; i < n_local; ++i) {
+      const RankShard& s = ranks[size_t(local[i])];
       if (s.ni == 0) continue;
-      const TensorView g = gu[size_t(r)].view();
-      op.silu_mul(cols(g, 0, s.ni), cols(g, s.ni, 2 * s.ni), cols(act.view(), s.i0, s.i0 + s.ni));
+      const TensorView g = gu[i].view();
+      op.silu_mul(cols(g, 0, s.ni), cols(g, s.ni, 2 * s.ni),
+                  cols(act.view(), act_col(s), act_col(s) + s.ni));
     }
-    emit("act", l, act.view());
+    trace_gather(
+        "act", l, [&](int) { return act.view(); },
+        [&](const RankShard& s) {
+          return std::tuple<int64_t, int64_t, int64_t>{act_col(s), s.i0, s.ni};
+        },
+        I);
     row_parallel(act.view(), L.wdown, false);
     emit("down", l, out.view());
   }
@@ -650,7 +827,8 @@ void Model::forward_step(const TensorView& tokens, const TensorView& seq, const 
   const char* op = "Model::forward_step";
   const Impl& m = *impl_;
   const Device dev = m.ops->device();
-  const int64_t L = m.cfg.num_hidden_layers, Hkv = m.cfg.num_key_value_heads, D = m.cfg.head_dim;
+  const int64_t L = m.cfg.num_hidden_layers, D = m.cfg.head_dim;
+  const int64_t Hkv = cache_kv_heads();  // the heads this model's cache holds
   const int64_t N = m.check_tokens(op, tokens);
   check_tensor(op, "seq", seq, DType::kI32, {N});
   check_tensor(op, "pos", pos, DType::kI32, {N});
@@ -767,8 +945,9 @@ void Model::forward_step(const TensorView& tokens, const TensorView& seq, const 
       [&](int l, int r, const TensorView& q, const TensorView& k, const TensorView& v,
           const TensorView& out, const TensorView&) {
         const RankShard& s = m.ranks[size_t(r)];
-        const TensorView kc = cache_heads(cache.k[size_t(l)], s.kv0, s.nkv);
-        const TensorView vc = cache_heads(cache.v[size_t(l)], s.kv0, s.nkv);
+        const int64_t h0 = m.comm ? 0 : s.kv0;  // a rank-local cache holds the rank's heads only
+        const TensorView kc = cache_heads(cache.k[size_t(l)], h0, s.nkv);
+        const TensorView vc = cache_heads(cache.v[size_t(l)], h0, s.nkv);
         // Every new token's K/V goes in before attention (chunked prefill reads its own
         // chunk's keys from the cache). Replicated kv heads (Hkv < tp) are written by each of
         // their ranks with identical bits.
@@ -823,19 +1002,16 @@ void Model::logprob(const TensorView& hidden, const TensorView& targets, float t
     stage.finish();
     return;
   }
-  // Vocab-parallel: rank r owns the aligned subtree of vocab segments [r·S/tp, (r+1)·S/tp).
-  const LogprobVocabLayout lay = logprob_vocab_layout(m.opt.contract, V);
+  // Vocab-parallel: rank r owns the aligned subtree of vocab segments [r·S/tp, (r+1)·S/tp);
+  // states [tp, T, 4] in rank order (rank-local: this rank's, all-gathered).
   const int per = m.opt.contract.vocab_segments / tp;
-  Tensor states = m.ops->empty(DType::kF32, {tp, T, 4});
-  for (int r = 0; r < tp; ++r) {
-    const LogprobShard sh{V, r * per, per};
-    const int64_t v0 = std::min(V, int64_t(r * per) * lay.segment_len);
-    const int64_t v1 = std::min(V, int64_t((r + 1) * per) * lay.segment_len);
-    const TensorView st = TensorView::contiguous(states.ptr<float>() + int64_t(r) * T * 4,
-                                                 DType::kF32, {T, 4}, states.device());
-    m.ops->linear_logprob_partial(h, m.ws->lm_head.rows(v0, v1), tg, params, m.opt.contract, sh,
-                                  st);
+  Tensor states = m.ops->empty(DType::kF32, {int64_t(m.local.size()), T, 4});
+  for (size_t i = 0; i < m.local.size(); ++i) {
+    const int r = m.local[i];
+    m.ops->linear_logprob_partial(h, m.ws->lm_head_rows[i], tg, params, m.opt.contract,
+                                  LogprobShard{V, r * per, per}, slab(states, int64_t(i)));
   }
+  if (m.comm) states = m.all_gather(slab(states, 0));
   m.ops->linear_logprob_combine(states.view(), tg, params, m.opt.contract, V, lp, ls, en);
   stage.finish();
 }
@@ -876,7 +1052,29 @@ void Model::sample(const TensorView& hidden, std::span<const SamplingParams> par
   const TensorView h = stage.input(hidden);
   const TensorView ids = stage.output(token_ids), lp = stage.output(logp), ls = stage.output(lse),
                    en = stage.output(entropy);
-  m.ops->sample(h, m.ws->lm_head, params, md[0], md[1], m.opt.contract, ids, lp, ls, en);
+  if (!m.comm || m.opt.tp == 1) {
+    m.ops->sample(h, m.ws->lm_head, params, md[0], md[1], m.opt.contract, ids, lp, ls, en);
+    stage.finish();
+    return;
+  }
+  // Rank-local: every rank computes the logits of its lm_head rows (padded to the widest shard),
+  // they are all-gathered and placed side by side, and each rank samples from the same [T, V]
+  // logits (the same bits as sample() over the whole lm_head: a logit is its own column).
+  const int64_t T = h.size(0), V = m.cfg.vocab_size;
+  const LogprobVocabLayout lay = logprob_vocab_layout(m.opt.contract, V);
+  const int per = m.opt.contract.vocab_segments / m.opt.tp;
+  const int64_t widest = std::min(V, int64_t(per) * lay.segment_len);
+  const int64_t own_rows = m.ws->lm_head_rows[0].size(0);
+  Tensor mine = m.ops->empty(DType::kF32, {T, widest});
+  m.ops->lm_head_logits(h, m.ws->lm_head_rows[0], m.opt.contract, cols(mine.view(), 0, own_rows));
+  const Tensor all = m.all_gather(mine.view());
+  Tensor z = m.ops->empty(DType::kF32, {T, V});
+  for (int r = 0; r < m.opt.tp; ++r) {
+    const int64_t v0 = std::min(V, int64_t(r * per) * lay.segment_len);
+    const int64_t v1 = std::min(V, int64_t((r + 1) * per) * lay.segment_len);
+    if (v1 > v0) m.ops->copy(cols(z.view(), v0, v1), cols(slab(all, r), 0, v1 - v0));
+  }
+  m.ops->sample_logits(z.view(), params, md[0], md[1], m.opt.contract, ids, lp, ls, en);
   stage.finish();
 }
 

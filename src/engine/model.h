@@ -1,8 +1,9 @@
 // The Qwen3 dense decoder (HF Qwen3ForCausalLM) on an OpsBackend: a training-side packed forward,
 // a rollout-side paged step, and the vocab-parallel log-prob / sampling heads, with tensor
-// parallelism simulated in-process (tp = 1, 2, 4). With the invariant backend a token's hidden
-// state and log-prob have the same bits on every path (packed or paged, any packing, chunking,
-// page size, split-KV, cascade, tp, thread count). Description: docs/engine-model.md.
+// parallelism simulated in-process (tp = 1, 2, 4, 8) or run rank-local (one model per rank over a
+// dist::Communicator). With the invariant backend a token's hidden state and log-prob have the
+// same bits on every path (packed or paged, any packing, chunking, page size, split-KV, cascade,
+// tp, simulated or rank-local, thread count). Description: docs/engine-model.md.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +24,10 @@
 #include "lockstep/ops/sampling.h"
 #include "lockstep/tensor.h"
 
+namespace lockstep::dist {
+class Communicator;
+}
+
 namespace lockstep::engine {
 
 // Dimension names (config.h): V vocab, H hidden, I intermediate, L layers, Hq / Hkv heads, D
@@ -32,15 +37,16 @@ namespace lockstep::engine {
 struct ModelOptions {
   ContractConfig
       contract;  // every bit-changing setting (gemm_segments >= tp, vocab_segments >= tp)
-  int tp = 1;    // tensor-parallel degree simulated in-process: 1, 2, 4 (or 8)
+  int tp = 1;    // tensor-parallel degree: 1, 2, 4 or 8 (simulated, or the communicator's size)
   // RoPE table rows (positions 0 .. max_positions-1); 0: config.max_position_embeddings. Any
   // value gives the same bits for a position (each table entry is computed alone).
   int64_t max_positions = 0;
   std::string to_string() const;  // "tp=2 contract 0.3: gemm_segments=4 ..."
 };
 
-// Per-layer paged KV cache storage owned by the caller (the rollout engine allocates pages). The
-// cache always holds all Hkv heads, whatever tp (rank r reads and writes its head slice).
+// Per-layer paged KV cache storage owned by the caller (the rollout engine allocates pages). A
+// simulated-TP model's cache holds all Hkv heads, whatever tp (rank r reads and writes its head
+// slice); a rank-local model's cache holds its rank's kv heads only (Model::cache_kv_heads()).
 struct KvCacheView {
   // per layer: [NP, P, Hkv, D] bf16 (last dim contiguous), on the backend's device
   std::vector<TensorView> k, v;
@@ -85,13 +91,26 @@ class Model {
   // are not reported here: use Checkpoint::load with a LoadOptions::warn sink, or strict, first),
   // and shards the weights for options.tp. A CPU-backend model keeps the checkpoint's mapping
   // alive.
+  //
+  // comm: nullptr simulates all options.tp ranks in this one model. Otherwise the model is rank
+  // comm->rank() of a job of comm->size() == options.tp ranks (one model per rank, each made with
+  // its own communicator, the same config, options and weights): it keeps only its rank's shards
+  // (its query / kv heads of q|k|v and o_proj, its intermediate columns of gate|up and down_proj,
+  // its vocab rows of the embedding and the lm_head; the norms are replicated) and exchanges the
+  // row-parallel fp32 partials, the embedding parts, the log-prob tile states and the sampling
+  // logits with the other ranks by all_gather, combining them with the same canonical ops as the
+  // simulated TP: every rank's outputs have the simulated model's bits. Every call (and
+  // set_trace) must then be made on every rank with the same arguments, like a collective. The
+  // communicator must outlive the model. The views the model hands to the communicator live on
+  // the backend's device (the thread transport takes host views only: a CPU backend).
   Model(const Qwen3Config& cfg, const Checkpoint& ckpt, const ModelOptions& opt,
-        std::shared_ptr<OpsBackend> ops);
+        std::shared_ptr<OpsBackend> ops, dist::Communicator* comm = nullptr);
   // Same from named weights (HF names, e.g. from random_qwen3_weights): bf16 or f32 views of the
   // qwen3_weight_specs(cfg) shapes (last dim contiguous) on the host, or bf16 views on the
   // backend's device; they are copied (f32 rounded to bf16 on the host).
   Model(const Qwen3Config& cfg, const std::map<std::string, TensorView>& weights,
-        const ModelOptions& opt, std::shared_ptr<OpsBackend> ops);
+        const ModelOptions& opt, std::shared_ptr<OpsBackend> ops,
+        dist::Communicator* comm = nullptr);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -101,9 +120,14 @@ class Model {
   const OpsBackend& ops() const;
   const RopeTable& rope_table() const;  // positions 0 .. max_position_embeddings-1
   int64_t weight_bytes() const;         // bytes of weights this model's store copied/packed
+  int rank() const;  // this model's rank in a rank-local job, -1 for a simulated-TP model
+  // kv heads per layer the KV cache of forward_step holds: Hkv (simulated TP), the rank's kv
+  // heads (rank-local: Hkv / tp, or 1 when Hkv < tp and heads are replicated).
+  int64_t cache_kv_heads() const;
 
-  // A model with the same weights (shared, not copied), config and options on another backend of
-  // the same device, e.g. the invariant and the baseline CUDA backends over one upload.
+  // A model with the same weights (shared, not copied), config, options and communicator on
+  // another backend of the same device, e.g. the invariant and the baseline CUDA backends over
+  // one upload.
   std::unique_ptr<Model> with_backend(std::shared_ptr<OpsBackend> ops) const;
 
   // Training side: packed sequences, tokens [T] i32/i64, cu_seqlens [B+1] i32 (B sequences,
@@ -143,7 +167,8 @@ class Model {
               const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
               const TensorView& entropy) const;
 
-  // Optional per-op activation capture (nullptr: off).
+  // Optional per-op activation capture (nullptr: off). A rank-local model gathers the other
+  // ranks' columns, so every rank sees the full activations: set it on every rank or on none.
   void set_trace(TraceFn fn);
 
  private:

@@ -250,6 +250,21 @@ void ProfiledBackend::sample(const TensorView& h, const TensorView& w,
   });
 }
 
+void ProfiledBackend::lm_head_logits(const TensorView& h, const TensorView& w_rows,
+                                     const ContractConfig& cfg, const TensorView& z) const {
+  timed("lm_head_logits", [&] { inner_->lm_head_logits(h, w_rows, cfg, z); });
+}
+
+void ProfiledBackend::sample_logits(const TensorView& z, std::span<const SamplingParams> params,
+                                    const TensorView& request_ids, const TensorView& positions,
+                                    const ContractConfig& cfg, const TensorView& token_ids,
+                                    const TensorView& logp, const TensorView& lse,
+                                    const TensorView& entropy) const {
+  timed("sample_logits", [&] {
+    inner_->sample_logits(z, params, request_ids, positions, cfg, token_ids, logp, lse, entropy);
+  });
+}
+
 // --- backward ---
 
 void ProfiledBackend::round_bf16(const TensorView& src, const TensorView& dst) const {

@@ -123,6 +123,12 @@ class ProfiledBackend final : public OpsBackend {
               const TensorView& request_ids, const TensorView& positions, const ContractConfig& cfg,
               const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
               const TensorView& entropy) const override;
+  void lm_head_logits(const TensorView& h, const TensorView& w_rows, const ContractConfig& cfg,
+                      const TensorView& z) const override;
+  void sample_logits(const TensorView& z, std::span<const SamplingParams> params,
+                     const TensorView& request_ids, const TensorView& positions,
+                     const ContractConfig& cfg, const TensorView& token_ids, const TensorView& logp,
+                     const TensorView& lse, const TensorView& entropy) const override;
 
   void round_bf16(const TensorView& src, const TensorView& dst) const override;
   void fill_zero(const TensorView& dst) const override;

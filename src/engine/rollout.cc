@@ -136,7 +136,7 @@ RolloutResult run_rollout(const Model& model, const std::vector<RolloutRequest>&
   }
   Scheduler sched(cfg.scheduler, cfg.kv, std::move(specs));
   const OpsBackend& ops = model.ops();
-  const KvCacheStorage storage(ops, mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim,
+  const KvCacheStorage storage(ops, mc.num_hidden_layers, model.cache_kv_heads(), mc.head_dim,
                                cfg.kv);
 
   RolloutResult res;

@@ -672,6 +672,62 @@ std::string multi_index(int64_t i, const std::vector<int64_t>& shape) {
 
 }  // namespace
 
+namespace {
+
+// The first element of raw [n] (a float weight of safetensors dtype `dtype`) that is NaN or Inf,
+// or an F32 value that rounds to Inf in bf16; -1 if none. *value describes it.
+int64_t first_nonfinite(const std::string& dtype, const uint8_t* raw, int64_t n,
+                        std::string* value) {
+  int64_t bad = -1;
+  if (dtype == "BF16") {
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(raw);
+    bad = first_flagged(p, n, [](uint16_t h) { return (h & 0x7f80u) == 0x7f80u; });
+    if (bad >= 0)
+      *value = fmt_float(bf16_to_f32(bf16{p[bad]})) +
+               detail::concat(" (BF16 bits 0x", std::hex, p[bad], ")");
+  } else if (dtype == "F16") {
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(raw);
+    bad = first_flagged(p, n, [](uint16_t h) { return (h & 0x7c00u) == 0x7c00u; });
+    if (bad >= 0)
+      *value =
+          fmt_float(f16_to_f32(p[bad])) + detail::concat(" (F16 bits 0x", std::hex, p[bad], ")");
+  } else {
+    // F32: |x| >= 0x7f7f8000 (the midpoint between the largest bf16 and Inf) is Inf or NaN
+    // already, or rounds to Inf when the load converts it to bf16.
+    const uint32_t* p = reinterpret_cast<const uint32_t*>(raw);
+    bad = first_flagged(p, n, [](uint32_t x) { return (x & 0x7fffffffu) >= 0x7f7f8000u; });
+    if (bad >= 0) {
+      float v;
+      std::memcpy(&v, &p[bad], 4);
+      *value = fmt_float(v) + detail::concat(" (F32 bits 0x", std::hex, p[bad], ")");
+      if (std::isfinite(v)) *value += ", which overflows to Inf when rounded to bf16";
+    }
+  }
+  return bad;
+}
+
+bool is_float_weight(const std::string& dtype) {
+  return dtype == "BF16" || dtype == "F32" || dtype == "F16";
+}
+
+// Element i of a raw float weight as bf16: a bit copy from BF16 (NaN payload kept), else RNE.
+bf16 raw_to_bf16(const std::string& dtype, const uint8_t* p, int64_t i) {
+  uint16_t h;
+  if (dtype == "BF16") {
+    std::memcpy(&h, p + 2 * i, 2);
+    return bf16{h};
+  }
+  if (dtype == "F16") {
+    std::memcpy(&h, p + 2 * i, 2);
+    return f32_to_bf16(f16_to_f32(h));
+  }
+  float v;
+  std::memcpy(&v, p + 4 * i, 4);
+  return f32_to_bf16(v);
+}
+
+}  // namespace
+
 void Checkpoint::check_finite(const std::string& name) const {
   {
     std::lock_guard<std::mutex> lock(finite_->mu);
@@ -679,37 +735,11 @@ void Checkpoint::check_finite(const std::string& name) const {
   }
   const Entry& e = entry(name);
   const TensorInfo& t = *e.info;
-  const uint8_t* raw = files_[e.file].raw(t);
-  const int64_t n = t.numel();
-  int64_t bad = -1;
-  std::string value;
-  if (t.dtype == "BF16") {
-    const uint16_t* p = reinterpret_cast<const uint16_t*>(raw);
-    bad = first_flagged(p, n, [](uint16_t h) { return (h & 0x7f80u) == 0x7f80u; });
-    if (bad >= 0)
-      value = fmt_float(bf16_to_f32(bf16{p[bad]})) +
-              detail::concat(" (BF16 bits 0x", std::hex, p[bad], ")");
-  } else if (t.dtype == "F16") {
-    const uint16_t* p = reinterpret_cast<const uint16_t*>(raw);
-    bad = first_flagged(p, n, [](uint16_t h) { return (h & 0x7c00u) == 0x7c00u; });
-    if (bad >= 0)
-      value =
-          fmt_float(f16_to_f32(p[bad])) + detail::concat(" (F16 bits 0x", std::hex, p[bad], ")");
-  } else if (t.dtype == "F32") {
-    // |x| >= 0x7f7f8000 (the midpoint between the largest bf16 and Inf) is Inf or NaN already,
-    // or rounds to Inf when the load converts it to bf16.
-    const uint32_t* p = reinterpret_cast<const uint32_t*>(raw);
-    bad = first_flagged(p, n, [](uint32_t x) { return (x & 0x7fffffffu) >= 0x7f7f8000u; });
-    if (bad >= 0) {
-      float v;
-      std::memcpy(&v, &p[bad], 4);
-      value = fmt_float(v) + detail::concat(" (F32 bits 0x", std::hex, p[bad], ")");
-      if (std::isfinite(v)) value += ", which overflows to Inf when rounded to bf16";
-    }
-  } else {
+  if (!is_float_weight(t.dtype))
     throw Error("checkpoint " + dir_ + ": tensor " + shown(name) + ": dtype " + t.dtype +
                 " is not a float weight type (BF16, F32 or F16)");
-  }
+  std::string value;
+  const int64_t bad = first_nonfinite(t.dtype, files_[e.file].raw(t), t.numel(), &value);
   if (bad >= 0)
     throw Error(detail::concat("checkpoint ", dir_, ": tensor ", shown(name), " in ",
                                files_[e.file].path(), ": non-finite weight at index ", bad, " ",
@@ -717,6 +747,65 @@ void Checkpoint::check_finite(const std::string& name) const {
                                " (the first one; a model with such a weight computes NaN)"));
   std::lock_guard<std::mutex> lock(finite_->mu);
   finite_->done.insert(name);
+}
+
+TensorView Checkpoint::get_block_bf16(const std::string& name, const std::vector<int64_t>& shape,
+                                      const WeightBlock& block, bool check_finite,
+                                      std::vector<Tensor>* keep) const {
+  const Entry& e = entry(name);
+  const TensorInfo& t = *e.info;
+  if (!is_float_weight(t.dtype))
+    throw Error("checkpoint " + dir_ + ": tensor " + shown(name) + ": dtype " + t.dtype + " in " +
+                files_[e.file].path() + " is not a float weight type (BF16, F32 or F16)");
+  check_shape(name, t, shape);
+  LS_CHECK(t.shape.size() == 1 || t.shape.size() == 2, "Checkpoint::get_block_bf16", "tensor ",
+           shown(name), " has ", t.shape.size(), " dims: blocks are of 1-d or 2-d weights");
+  // A 1-d weight is one row.
+  const int64_t R = t.shape.size() == 2 ? t.shape[0] : 1, C = t.shape.back();
+  const int64_t r0 = block.r0, r1 = block.r1 < 0 ? R : block.r1;
+  const int64_t c0 = block.c0, c1 = block.c1 < 0 ? C : block.c1;
+  LS_CHECK(0 <= r0 && r0 <= r1 && r1 <= R && 0 <= c0 && c0 <= c1 && c1 <= C,
+           "Checkpoint::get_block_bf16", "tensor ", shown(name), ": block rows [", r0, ", ", r1,
+           ") columns [", c0, ", ", c1, ") outside its shape ", t.shape_string());
+  const uint8_t* raw = files_[e.file].raw(t);
+  const size_t esize = t.dtype == "F32" ? 4 : 2;
+  if (check_finite) {
+    // Whole rows are one contiguous range; otherwise each row's columns are.
+    const bool whole_rows = c0 == 0 && c1 == C;
+    for (int64_t r = r0; r < r1; r += whole_rows ? (r1 - r0) : 1) {
+      const int64_t n = whole_rows ? (r1 - r0) * C : c1 - c0;
+      std::string value;
+      const int64_t bad = first_nonfinite(t.dtype, raw + size_t(r * C + c0) * esize, n, &value);
+      if (bad >= 0) {
+        const int64_t flat = whole_rows ? r * C + bad : r * C + c0 + bad;
+        throw Error(detail::concat(
+            "checkpoint ", dir_, ": tensor ", shown(name), " in ", files_[e.file].path(),
+            ": non-finite weight at index ", flat, " ", multi_index(flat, t.shape), " of ",
+            t.shape_string(), ": ", value,
+            " (the first one in this rank's shard; a model with such a weight computes NaN)"));
+      }
+    }
+  }
+  std::vector<int64_t> out_shape = {r1 - r0, c1 - c0};
+  if (t.shape.size() == 1) out_shape = {c1 - c0};
+  if (t.dtype == "BF16") {
+    TensorView v = files_[e.file].view(t);  // zero-copy
+    if (t.shape.size() == 1) {
+      v.data = static_cast<char*>(v.data) + c0 * 2;
+      v.shape[0] = c1 - c0;
+      return v;
+    }
+    v = v.rows(r0, r1);
+    v.data = static_cast<char*>(v.data) + c0 * 2;
+    v.shape[1] = c1 - c0;
+    return v;
+  }
+  Tensor out(DType::kBF16, out_shape);
+  bf16* o = out.ptr<bf16>();
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t c = c0; c < c1; ++c) *o++ = raw_to_bf16(t.dtype, raw, r * C + c);
+  keep->push_back(std::move(out));
+  return keep->back().view();
 }
 
 LoadReport Checkpoint::check_qwen3(const Qwen3Config& cfg, const LoadOptions& opt) const {

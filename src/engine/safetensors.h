@@ -101,6 +101,12 @@ struct LoadReport {
   std::vector<std::string> warnings;  // every warning, as given to LoadOptions::warn
 };
 
+// Rows [r0, r1) and columns [c0, c1) of a weight (r1, c1 = -1: to the end); a 1-d weight is one
+// row of columns.
+struct WeightBlock {
+  int64_t r0 = 0, r1 = -1, c0 = 0, c1 = -1;
+};
+
 // A model directory: config.json plus model.safetensors, or model.safetensors.index.json and the
 // shards its weight_map names (model.safetensors wins if both exist, as in transformers).
 class Checkpoint {
@@ -131,6 +137,15 @@ class Checkpoint {
   // `dtype` (kBF16 or kF32): exact widening, or round-to-nearest-even to bf16 (NaN -> 0x7FC0).
   Tensor get_converted(const std::string& name, DType dtype,
                        const std::vector<int64_t>& shape) const;
+
+  // A block of a 1-d or 2-d float weight as bf16, reading only the block's bytes (a rank-local
+  // model loads its shard this way): the same checks as get(), then, with check_finite, the
+  // block's elements scanned as check_qwen3 scans whole tensors (Error naming the tensor and the
+  // first bad element's index), then a zero-copy view of a BF16 tensor (rows strided), or the
+  // block converted (F32 / F16, RNE) into a new tensor appended to *keep.
+  TensorView get_block_bf16(const std::string& name, const std::vector<int64_t>& shape,
+                            const WeightBlock& block, bool check_finite,
+                            std::vector<Tensor>* keep) const;
 
   // Checks the checkpoint against `cfg` before any weight is used. Errors (lockstep::Error):
   //   - the layer count: tensors model.layers.{i}.* with i >= num_hidden_layers, or a config with

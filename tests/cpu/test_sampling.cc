@@ -7,6 +7,7 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -216,6 +217,62 @@ TEST(SamplingDeterminism, SameSeedSameIdsAnyThreadCount) {
   set_num_threads(saved);
   EXPECT_TRUE(results_equal(a, b));
   EXPECT_TRUE(results_equal(a, row_of(one, 0)));
+}
+
+// Vocab-parallel sampling: the logits of row ranges of the lm_head (shards of any sizes, one
+// empty), placed side by side in a strided [T, V] buffer, sample to sample()'s ids and values.
+TEST(SamplingVocabParallel, ShardLogitsSideBySideSampleLikeTheWholeHead) {
+  auto g = test::rng(12);
+  const int64_t T = 19, H = 48, V = 611;
+  Tensor h = test::random_bf16({T, H}, g, 1.5f), w = test::random_bf16({V, H}, g);
+  Rows rows = random_rows(T, g);
+  const ContractConfig cfg = config(64, 4, 2);
+  const Result want = run(h.view(), w.view(), rows, cfg);
+  for (const std::vector<int64_t>& cuts :
+       {std::vector<int64_t>{0, V}, {0, 256, 512, V}, {0, 1, 300, 300, V}}) {
+    Tensor zbuf = test::poisoned(DType::kF32, {T, V + 5});  // row stride V + 5
+    TensorView z = zbuf.view();
+    z.shape[1] = V;
+    for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+      TensorView zs = z;
+      zs.data = z.ptr<float>() + cuts[i];
+      zs.shape[1] = cuts[i + 1] - cuts[i];
+      cpu::lm_head_logits(h.view(), w.view().rows(cuts[i], cuts[i + 1]), cfg, zs);
+    }
+    Tensor rid(DType::kI64, {T}), pos(DType::kI64, {T});
+    std::copy(rows.request_ids.begin(), rows.request_ids.end(), rid.ptr<int64_t>());
+    std::copy(rows.positions.begin(), rows.positions.end(), pos.ptr<int64_t>());
+    Tensor ids = test::poisoned(DType::kI64, {T}), lp = test::poisoned(DType::kF32, {T}),
+           ls = test::poisoned(DType::kF32, {T}), en = test::poisoned(DType::kF32, {T});
+    cpu::sample_logits(z, rows.params, rid.view(), pos.view(), cfg, ids.view(), lp.view(),
+                       ls.view(), en.view());
+    Result got;
+    got.ids.assign(ids.ptr<int64_t>(), ids.ptr<int64_t>() + T);
+    got.logp.assign(lp.ptr<float>(), lp.ptr<float>() + T);
+    got.lse.assign(ls.ptr<float>(), ls.ptr<float>() + T);
+    got.entropy.assign(en.ptr<float>(), en.ptr<float>() + T);
+    EXPECT_TRUE(results_equal(want, got)) << cuts.size() - 1 << " shards";
+  }
+  // Bad arguments.
+  Tensor z(DType::kF32, {T, V}), zbad(DType::kF32, {T, V - 1}), rid(DType::kI64, {T}),
+      pos(DType::kI64, {T}), ids(DType::kI64, {T}), lp(DType::kF32, {T}), ls(DType::kF32, {T}),
+      en(DType::kF32, {T});
+  test::expect_error_mentioning([&] { cpu::lm_head_logits(h.view(), w.view(), cfg, zbad.view()); },
+                                "'z'");
+  test::expect_error_mentioning(
+      [&] {
+        cpu::sample_logits(z.view(), std::span<const SamplingParams>(rows.params).first(3),
+                           rid.view(), pos.view(), cfg, ids.view(), lp.view(), ls.view(),
+                           en.view());
+      },
+      "expected 19 entries");
+  Tensor z3(DType::kF32, {T, 2, 3});
+  test::expect_error_mentioning(
+      [&] {
+        cpu::sample_logits(z3.view(), rows.params, rid.view(), pos.view(), cfg, ids.view(),
+                           lp.view(), ls.view(), en.view());
+      },
+      "expected shape [T, V]");
 }
 
 TEST(SamplingInvariance, I32IdsAndStridedViews) {

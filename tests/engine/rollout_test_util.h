@@ -73,13 +73,15 @@ class TinyModel {
     for (auto& [name, t] : weights_) views_[name] = t.view();
   }
   const Qwen3Config& config() const { return cfg_; }
+  // comm: a rank-local model of that communicator's job (nullptr: simulated TP).
   std::unique_ptr<Model> make(int tp, std::shared_ptr<OpsBackend> backend = nullptr,
-                              const ContractConfig& contract = tiny_contract()) const {
+                              const ContractConfig& contract = tiny_contract(),
+                              dist::Communicator* comm = nullptr) const {
     ModelOptions o;
     o.contract = contract;
     o.tp = tp;
     if (!backend) backend = std::shared_ptr<OpsBackend>(make_invariant_backend());
-    return std::make_unique<Model>(cfg_, views_, o, std::move(backend));
+    return std::make_unique<Model>(cfg_, views_, o, std::move(backend), comm);
   }
 
  private:

@@ -32,8 +32,8 @@ const TinyModel& tiny() {
 }
 
 ModelFactory factory(const ContractConfig& contract) {
-  return [contract](int tp, std::shared_ptr<OpsBackend> b) {
-    return tiny().make(tp, std::move(b), contract);
+  return [contract](int tp, std::shared_ptr<OpsBackend> b, dist::Communicator* comm) {
+    return tiny().make(tp, std::move(b), contract, comm);
   };
 }
 
@@ -58,6 +58,41 @@ AuditSide run(const AuditConfig& c, std::shared_ptr<OpsBackend> b = nullptr) {
   AuditConfig r = c;
   if (r.rollout.kv.num_pages == 0) r.rollout.kv.num_pages = audit_auto_kv_pages(r);
   return run_audit_side(r, factory(r.contract), b ? b : invariant());
+}
+
+// The rollout run rank-locally (one model per rank, on threads, over the thread transport) vs the
+// training forward at tp 1, 2: zero mismatches, with prefix sharing, cascade and preemption.
+TEST(Audit, RankLocalRolloutOnThreadsHasZeroMismatches) {
+  for (auto [rtp, ttp] : {std::pair{2, 1}, std::pair{4, 1}, std::pair{4, 2}}) {
+    AuditConfig c = small_config();
+    c.prompts = 3;
+    c.group_size = 3;
+    c.prompt_len_min = 20;
+    c.prompt_len_max = 90;
+    c.max_new_tokens = 12;
+    c.rollout_tp = rtp;
+    c.train_tp = ttp;
+    c.rollout_rank_threads = true;
+    c.rollout.scheduler.prefix_sharing = true;
+    c.rollout.step.cascade = true;
+    c.rollout.step.kv_splits = 2;
+    c.rollout.kv.page_size = 3;
+    c.rollout.kv.num_pages = c.rollout.kv.pages_for(c.prompt_len_max + c.max_new_tokens) + 4;
+    SCOPED_TRACE(c.rollout_string() + " | training " + c.training_string());
+    EXPECT_NE(c.rollout_string().find("rank-local models on threads"), std::string::npos);
+    const AuditSide s = run(c);
+    EXPECT_GT(s.tokens_compared, 0);
+    EXPECT_EQ(s.mismatches, 0);
+    EXPECT_EQ(s.entropy_mismatches, 0);
+    EXPECT_FALSE(s.first.has_value());
+    EXPECT_GT(s.rollout_stats.preemptions, 0) << "the tight pool did not preempt";
+  }
+  AuditConfig one = small_config();
+  one.rollout_tp = 1;
+  one.rollout_rank_threads = true;
+  EXPECT_NE(
+      error_of([&] { one.validate(); }).find("--rollout-ranks threads needs --rollout-tp > 1"),
+      std::string::npos);
 }
 
 TEST(Audit, RandomConfigurationsHaveZeroMismatches) {

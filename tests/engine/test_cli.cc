@@ -44,6 +44,17 @@ std::string parse_error(const std::vector<std::string>& args) {
   return "<no error>";
 }
 
+TEST(CliEngineFlags, RolloutRanks) {
+  EXPECT_FALSE(parse_engine_args({}).cfg.rollout_rank_threads);
+  EXPECT_TRUE(parse_engine_args({"--rollout-ranks", "threads"}).cfg.rollout_rank_threads);
+  EXPECT_FALSE(parse_engine_args({"--rollout-ranks", "simulated"}).cfg.rollout_rank_threads);
+  EXPECT_NE(parse_error({"--rollout-ranks", "processes"}).find("--rollout-ranks"),
+            std::string::npos);
+  EXPECT_NE(parse_error({"--rollout-ranks", "threads", "--rollout-tp", "1"})
+                .find("--rollout-ranks threads needs --rollout-tp > 1"),
+            std::string::npos);
+}
+
 TEST(CliEngineFlags, DefaultsAndFlags) {
   const EngineCommandLine d = parse_engine_args({});
   EXPECT_EQ(d.cfg.prompts, 64);

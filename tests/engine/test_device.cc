@@ -483,7 +483,9 @@ TEST(Device, AuditCrossDevicePasses) {
   a.contract = test_util::tiny_contract();
   a.rollout.kv.num_pages = 0;
   a.localize = true;
-  ModelFactory f = [&](int tp, std::shared_ptr<OpsBackend> b) { return tm.make(tp, b); };
+  ModelFactory f = [&](int tp, std::shared_ptr<OpsBackend> b, dist::Communicator* comm) {
+    return tm.make(tp, b, test_util::tiny_contract(), comm);
+  };
   auto d = fake();
   const AuditSide cross = run_audit_side(a, f, d, cpu());
   EXPECT_EQ(cross.mismatches, 0);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -16,10 +17,12 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "dist/thread_transport.h"
 #include "engine/default_model.h"
 #include "engine/model.h"
 #include "engine/rollout_test_util.h"
 #include "engine/safetensors.h"
+#include "lockstep/dist/communicator.h"
 #include "lockstep/error.h"
 #include "lockstep/ops/gemm.h"
 #include "util/test_util.h"
@@ -120,13 +123,15 @@ struct PagedCache {
   // prefix sharing
   std::optional<Tensor> pbt, shared_len, seq_group;
 
+  // kv_heads: the heads per layer the model's cache holds (-1: all, cfg.num_key_value_heads).
   PagedCache(const Qwen3Config& cfg, int64_t num_pages, int64_t page, int64_t max_pages,
-             int64_t seqs, std::mt19937_64& g)
+             int64_t seqs, std::mt19937_64& g, int64_t kv_heads = -1)
       : NP(num_pages), P(page), MP(max_pages), S(seqs) {
+    const int64_t Hkv = kv_heads < 0 ? cfg.num_key_value_heads : kv_heads;
     for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
       // NaN-poisoned: a read of an unwritten slot shows up as NaN in the hidden states.
-      k.push_back(test::poisoned(DType::kBF16, {NP, P, cfg.num_key_value_heads, cfg.head_dim}));
-      v.push_back(test::poisoned(DType::kBF16, {NP, P, cfg.num_key_value_heads, cfg.head_dim}));
+      k.push_back(test::poisoned(DType::kBF16, {NP, P, Hkv, cfg.head_dim}));
+      v.push_back(test::poisoned(DType::kBF16, {NP, P, Hkv, cfg.head_dim}));
     }
     block_table = Tensor(DType::kI32, {S, MP});
     std::fill_n(block_table.ptr<int32_t>(), S * MP, -1);
@@ -203,7 +208,8 @@ std::vector<std::vector<bf16>> rollout_hidden(const Model& m,
     max_len = std::max<int64_t>(max_len, int64_t(s.size()));
     total_pages += (int64_t(s.size()) + page - 1) / page;
   }
-  PagedCache cache(m.config(), total_pages + 3, page, (max_len + page - 1) / page + 1, S, g);
+  PagedCache cache(m.config(), total_pages + 3, page, (max_len + page - 1) / page + 1, S, g,
+                   m.cache_kv_heads());
   std::vector<std::vector<bf16>> res(static_cast<size_t>(S));
   std::vector<int64_t> done(size_t(S), 0);
   std::uniform_int_distribution<int> chunk(1, max_chunk);
@@ -1186,6 +1192,266 @@ TEST(Model, StepMetadataValidatedOnceGivesTheSameBits) {
   cu[2] = 2;
   expect_error([&] { PackedSeqs::validate("test", i32_view(cu), T); },
                "cu_seqlens must be non-decreasing");
+}
+
+// --- rank-local models (issue 15): one model per rank over a communicator ---
+
+std::unique_ptr<Model> make_rank_model(const TestModel& tm, int tp, dist::Communicator& comm,
+                                       std::shared_ptr<OpsBackend> ops = make_invariant_backend()) {
+  ModelOptions opt;
+  opt.contract = test_contract();
+  opt.tp = tp;
+  return std::make_unique<Model>(tm.cfg, tm.views, opt, std::move(ops), &comm);
+}
+
+template <typename T>
+void append_bytes(std::vector<uint8_t>* out, const T* p, int64_t n) {
+  const uint8_t* b = reinterpret_cast<const uint8_t*>(p);
+  out->insert(out->end(), b, b + n * int64_t(sizeof(T)));
+}
+
+// Everything a model computes on a fixed workload, as bytes, one entry per output: packed hidden,
+// a shared-prompt forward, a chunked paged rollout, the trace of a packed forward, log-probs at two
+// temperatures and sampled ids with their values. The rollout schedule comes from `seed` alone,
+// so every rank of a rank-local job (and any model) drives the same steps.
+std::vector<std::pair<std::string, std::vector<uint8_t>>> workload_bytes(
+    Model& m, const std::vector<std::vector<int32_t>>& seqs, uint64_t seed) {
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> out;
+  const int64_t H = m.config().hidden_size;
+  auto packed = packed_hidden(m, seqs, iota_order(seqs.size()));
+  for (size_t s = 0; s < seqs.size(); ++s)
+    append_bytes(&out.emplace_back("packed", std::vector<uint8_t>{}).second, packed[s].data(),
+                 int64_t(packed[s].size()));
+  {  // one prompt (seqs[0]) shared by completions seqs[1] and seqs[2]
+    std::vector<int32_t> tokens, cu{0}, prompt_of{-1, 0, 0};
+    for (size_t s = 0; s < 3; ++s) {
+      tokens.insert(tokens.end(), seqs[s].begin(), seqs[s].end());
+      cu.push_back(int32_t(tokens.size()));
+    }
+    Tensor h = test::poisoned(DType::kBF16, {int64_t(tokens.size()), H});
+    m.forward_packed_shared(i32_view(tokens), i32_view(cu), i32_view(prompt_of), h.view());
+    append_bytes(&out.emplace_back("shared", std::vector<uint8_t>{}).second, h.ptr<bf16>(),
+                 h.numel());
+  }
+  std::mt19937_64 g(seed);
+  auto step = rollout_hidden(m, seqs, 4, 5, StepOptions{}, g);
+  EXPECT_TRUE(same_hidden(packed, step)) << "rank " << m.rank();
+  for (size_t s = 0; s < seqs.size(); ++s)
+    append_bytes(&out.emplace_back("step", std::vector<uint8_t>{}).second, step[s].data(),
+                 int64_t(step[s].size()));
+  {
+    std::vector<uint8_t>& tr = out.emplace_back("trace", std::vector<uint8_t>{}).second;
+    m.set_trace([&](const std::string& op, int layer, const TensorView& t) {
+      append_bytes(&tr, op.data(), int64_t(op.size()));
+      append_bytes(&tr, &layer, 1);
+      append_bytes(&tr, static_cast<const uint8_t*>(t.data), t.numel() * dtype_size(t.dtype));
+    });
+    packed_hidden(m, {seqs[1]}, {0});
+    m.set_trace(nullptr);
+  }
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const int64_t T = int64_t(seqs[s].size());
+    TensorView h = TensorView::contiguous(packed[s].data(), DType::kBF16, {T, H});
+    std::vector<int32_t> tgt(seqs[s].begin() + 1, seqs[s].end());
+    tgt.push_back(-1);
+    for (float temp : {1.0f, 0.7f}) {
+      Tensor lp = test::poisoned(DType::kF32, {T}), lse = test::poisoned(DType::kF32, {T}),
+             ent = test::poisoned(DType::kF32, {T});
+      m.logprob(h, i32_view(tgt), temp, lp.view(), lse.view(), ent.view());
+      std::vector<uint8_t>& b = out.emplace_back("logprob", std::vector<uint8_t>{}).second;
+      for (const Tensor* t : {&lp, &lse, &ent}) append_bytes(&b, t->ptr<float>(), T);
+    }
+    std::vector<SamplingParams> params(static_cast<size_t>(T));
+    Tensor req(DType::kI64, {T}), posn(DType::kI32, {T}), ids(DType::kI64, {T});
+    for (int64_t t = 0; t < T; ++t) {
+      params[size_t(t)].seed = 77 + s;
+      params[size_t(t)].temperature = t % 3 == 0 ? 0.0f : (t % 3 == 1 ? 1.0f : 0.6f);
+      params[size_t(t)].top_k = t % 4 == 1 ? 20 : 0;
+      params[size_t(t)].top_p = t % 5 == 2 ? 0.9f : 1.0f;
+      params[size_t(t)].min_p = t % 7 == 3 ? 0.05f : 0.0f;
+      req.ptr<int64_t>()[t] = int64_t(s) * 3 + 2;
+      posn.ptr<int32_t>()[t] = int32_t(t);
+    }
+    Tensor lp(DType::kF32, {T}), lse(DType::kF32, {T}), ent(DType::kF32, {T});
+    m.sample(h, params, req.view(), posn.view(), ids.view(), lp.view(), lse.view(), ent.view());
+    std::vector<uint8_t>& b = out.emplace_back("sample", std::vector<uint8_t>{}).second;
+    append_bytes(&b, ids.ptr<int64_t>(), T);
+    for (const Tensor* t : {&lp, &lse, &ent}) append_bytes(&b, t->ptr<float>(), T);
+  }
+  return out;
+}
+
+::testing::AssertionResult same_workload(
+    const std::vector<std::pair<std::string, std::vector<uint8_t>>>& a,
+    const std::vector<std::pair<std::string, std::vector<uint8_t>>>& b) {
+  if (a.size() != b.size()) return ::testing::AssertionFailure() << "output counts differ";
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].first != b[i].first || a[i].second.size() != b[i].second.size())
+      return ::testing::AssertionFailure()
+             << "output " << i << " (" << a[i].first << ") differs in kind or size";
+    if (std::memcmp(a[i].second.data(), b[i].second.data(), a[i].second.size()) != 0)
+      return ::testing::AssertionFailure()
+             << "output " << i << " (" << a[i].first << ") differs in its bits";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Every output of a rank-local job, on every rank, has the bits of the simulated-TP model of the
+// same degree and of tp = 1: split kv heads (small) and one kv head replicated on all ranks (gqa,
+// tied embeddings: the embedding and lm_head shards are different row ranges of one table).
+TEST(ModelRanks, RankLocalEqualsSimulatedTpAndTp1) {
+  auto g = test::rng(31);
+  for (const Qwen3Config& cfg : {small_config(), gqa_config()}) {
+    SCOPED_TRACE(cfg.to_string());
+    TestModel tm = make_weights(cfg, 41);
+    auto seqs = random_seqs({23, 9, 31}, cfg.vocab_size, g);
+    const auto ref = workload_bytes(*make_model(tm, 1), seqs, 5);
+    for (int tp : {1, 2, 4}) {
+      SCOPED_TRACE("tp " + std::to_string(tp));
+      EXPECT_TRUE(same_workload(ref, workload_bytes(*make_model(tm, tp), seqs, 5)));
+      std::vector<std::vector<std::pair<std::string, std::vector<uint8_t>>>> got;
+      got.resize(size_t(tp));
+      dist::run_ranks(tp, [&](dist::Communicator& comm) {
+        auto m = make_rank_model(tm, tp, comm);
+        EXPECT_EQ(m->rank(), comm.rank());
+        got[size_t(comm.rank())] = workload_bytes(*m, seqs, 5);
+      });
+      for (int r = 0; r < tp; ++r) EXPECT_TRUE(same_workload(ref, got[size_t(r)])) << "rank " << r;
+    }
+  }
+}
+
+// A rank-local model holds its shards only: over the ranks every weight byte is held once, but
+// the norms, which every rank keeps. Its cache holds the rank's kv heads (a simulated model's all).
+TEST(ModelRanks, EachRankHoldsOnlyItsShards) {
+  const Qwen3Config cfg = small_config();  // untied, Hkv = 2: no replicated heads at tp 2
+  TestModel tm = make_weights(cfg, 42);
+  const int tp = 2;
+  const int64_t L = cfg.num_hidden_layers, H = cfg.hidden_size, D = cfg.head_dim;
+  const int64_t norm_bytes = ((2 * L + 1) * H + 2 * L * D) * 2;
+  const int64_t simulated = make_model(tm, tp)->weight_bytes();
+  std::vector<int64_t> bytes(tp), heads(tp);
+  dist::run_ranks(tp, [&](dist::Communicator& comm) {
+    auto m = make_rank_model(tm, tp, comm);
+    bytes[size_t(comm.rank())] = m->weight_bytes();
+    heads[size_t(comm.rank())] = m->cache_kv_heads();
+  });
+  EXPECT_EQ(bytes[0] + bytes[1], simulated + (tp - 1) * norm_bytes);
+  EXPECT_LT(bytes[0], simulated * 3 / 4);
+  EXPECT_LT(bytes[1], simulated * 3 / 4);
+  EXPECT_EQ(heads, (std::vector<int64_t>{1, 1}));
+  EXPECT_EQ(make_model(tm, tp)->cache_kv_heads(), 2);
+  EXPECT_EQ(make_model(tm, tp)->rank(), -1);
+}
+
+// Per-rank checkpoint loading: a rank-local model built from a checkpoint reads its shard's
+// blocks only (bf16 in place, f32 blocks rounded alone) with the bits of the weight-map model, and
+// scans only its own blocks: a NaN in rank 1's o_proj columns fails rank 1, not rank 0.
+TEST(ModelRanks, CheckpointShardsLoadAloneAndAreChecked) {
+  namespace fs = std::filesystem;
+  auto g = test::rng(45);
+  TestModel tm = make_weights(small_config(), 46);
+  auto seqs = random_seqs({17, 6}, tm.cfg.vocab_size, g);
+  const auto want = packed_hidden(*make_model(tm, 2), seqs, {0, 1});
+  const std::string base =
+      (fs::path(::testing::TempDir()) / ("lockstep_ranks_" + std::to_string(::getpid()))).string();
+  ModelOptions opt;
+  opt.contract = test_contract();
+  opt.tp = 2;
+  // bf16 and f32 files (f32: the bf16 values widened, so the blocks round back exactly).
+  for (const char* dtype : {"bfloat16", "float32"}) {
+    SCOPED_TRACE(dtype);
+    Qwen3Config c = tm.cfg;
+    c.torch_dtype = dtype;
+    Weights w;
+    for (auto& [name, t] : tm.weights) {
+      if (std::string(dtype) == "bfloat16") {
+        w.emplace_back(name, t);
+        continue;
+      }
+      Tensor f(DType::kF32, t.shape());
+      for (int64_t i = 0; i < t.numel(); ++i) f.ptr<float>()[i] = bf16_to_f32(t.ptr<bf16>()[i]);
+      w.emplace_back(name, f);
+    }
+    const std::string dir = base + "_" + dtype;
+    fs::remove_all(dir);
+    write_model_files(dir, serialize_qwen3_model(c, w));
+    const Checkpoint ck = Checkpoint::open(dir);
+    std::vector<std::vector<std::vector<bf16>>> got(2);
+    dist::run_ranks(2, [&](dist::Communicator& comm) {
+      Model m(tm.cfg, ck, opt, make_invariant_backend(), &comm);
+      got[size_t(comm.rank())] = packed_hidden(m, seqs, {0, 1});
+    });
+    EXPECT_TRUE(same_hidden(want, got[0]));
+    EXPECT_TRUE(same_hidden(want, got[1]));
+    fs::remove_all(dir);
+  }
+  // A NaN in the last o_proj column of layer 1: rank 1's K range.
+  Weights bad;
+  const std::string wo = "model.layers.1.self_attn.o_proj.weight";
+  for (auto& [name, t] : tm.weights) {
+    if (name != wo) {
+      bad.emplace_back(name, t);
+      continue;
+    }
+    Tensor c(DType::kBF16, t.shape());
+    std::copy_n(t.ptr<bf16>(), t.numel(), c.ptr<bf16>());
+    c.ptr<bf16>()[t.shape()[1] - 1] = bf16{0x7fc0};  // row 0, last column
+    bad.emplace_back(name, c);
+  }
+  const std::string dir = base + "_nan";
+  fs::remove_all(dir);
+  write_model_files(dir, serialize_qwen3_model(tm.cfg, bad));
+  const Checkpoint ck = Checkpoint::open(dir);
+  std::vector<std::string> outcome(2, "loaded");
+  EXPECT_THROW(dist::run_ranks(2,
+                               [&](dist::Communicator& comm) {
+                                 try {
+                                   Model m(tm.cfg, ck, opt, make_invariant_backend(), &comm);
+                                 } catch (const Error& e) {
+                                   outcome[size_t(comm.rank())] = e.what();
+                                   throw;
+                                 }
+                               }),
+               Error);
+  EXPECT_EQ(outcome[0], "loaded");
+  EXPECT_NE(outcome[1].find("tensor " + wo), std::string::npos) << outcome[1];
+  EXPECT_NE(outcome[1].find("non-finite weight at index 63 [0, 63]"), std::string::npos)
+      << outcome[1];
+  expect_error([&] { Model m(tm.cfg, ck, opt, make_invariant_backend()); }, "non-finite weight");
+  fs::remove_all(dir);
+}
+
+TEST(ModelRanks, BadJobsGiveClearErrors) {
+  TestModel tm = make_weights(small_config(), 43);
+  auto g = test::rng(44);
+  auto seq = random_tokens(12, tm.cfg.vocab_size, g);
+  // A communicator of another size than options.tp.
+  dist::run_ranks(2, [&](dist::Communicator& comm) {
+    expect_error([&] { make_rank_model(tm, 4, comm); },
+                 "a rank-local model needs a communicator of options.tp = 4 ranks, got one of 2");
+  });
+  // Ranks that do not make the same call: a clear error on every rank, not a hang.
+  dist::CommOptions quick;
+  quick.timeout = std::chrono::milliseconds(20'000);
+  std::vector<std::string> errors(2);
+  EXPECT_THROW(dist::run_ranks(
+                   2,
+                   [&](dist::Communicator& comm) {
+                     auto m = make_rank_model(tm, 2, comm);
+                     const int64_t n = comm.rank() == 0 ? 12 : 7;
+                     std::vector<int32_t> t(seq.begin(), seq.begin() + n), cu{0, int32_t(n)};
+                     Tensor h(DType::kBF16, {n, tm.cfg.hidden_size});
+                     try {
+                       m->forward_packed(i32_view(t), i32_view(cu), h.view());
+                     } catch (const Error& e) {
+                       errors[size_t(comm.rank())] = e.what();
+                       throw;
+                     }
+                   },
+                   quick),
+               Error);
+  for (const std::string& e : errors) EXPECT_NE(e.find("all_gather"), std::string::npos) << e;
 }
 
 }  // namespace

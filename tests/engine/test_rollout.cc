@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "dist/thread_transport.h"
 #include "engine/rollout.h"
 #include "engine/rollout_test_util.h"
 #include "engine/trainer.h"
@@ -147,6 +148,32 @@ TEST(Rollout, CascadeOverLongSharedPromptsRecordsIdenticalBits) {
     const RolloutResult res = run_rollout(*model, reqs, cfg);
     EXPECT_GT(res.cascade_rows, 0) << "P=" << P;
     EXPECT_TRUE(same_completions(ref.completions, res.completions)) << "P=" << P;
+  }
+}
+
+// The rollout engine over rank-local models (one per rank, over the thread transport): every
+// rank's scheduler takes the same decisions (the sampled ids are the same on every rank), its KV
+// pool holds the rank's kv heads, and every rank records the single-model bits, with prefix
+// sharing, cascade, split-KV and preemption.
+TEST(Rollout, RankLocalModelsRecordTheSingleModelBits) {
+  auto g = test::rng(9);
+  const auto reqs = make_requests(g, 3, 4, 30, 16, tiny().config().vocab_size);
+  const RolloutResult ref = run_rollout(*tiny().make(1), reqs, reference_config());
+  for (int tp : {2, 4}) {
+    RolloutConfig cfg = random_config(g, reqs);
+    cfg.kv.num_pages = std::max<int64_t>(4, cfg.kv.num_pages / 3);  // some preemption
+    int64_t need = 1;
+    for (const auto& r : reqs)
+      need = std::max(need, cfg.kv.pages_for(int64_t(r.prompt.size()) + r.max_new_tokens - 1));
+    cfg.kv.num_pages = std::max(cfg.kv.num_pages, need);
+    SCOPED_TRACE("tp=" + std::to_string(tp) + " " + cfg.to_string());
+    std::vector<RolloutResult> got(static_cast<size_t>(tp));
+    dist::run_ranks(tp, [&](dist::Communicator& comm) {
+      auto m = tiny().make(tp, nullptr, test_util::tiny_contract(), &comm);
+      got[size_t(comm.rank())] = run_rollout(*m, reqs, cfg);
+    });
+    for (int r = 0; r < tp; ++r)
+      EXPECT_TRUE(same_completions(ref.completions, got[size_t(r)].completions)) << "rank " << r;
   }
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The library's layers depend only downwards (CMakeLists.txt names them):
 
-  core <- contract <- cpu <- engine (+ baseline/cpu);  contract <- cuda, baseline/cuda kernels;
+  core <- contract <- cpu (+ dist) <- engine (+ baseline/cpu);  contract <- cuda, baseline/cuda kernels;
   engine + cuda + baseline/cuda <- engine/cuda
 
 Checked two ways: (1) every #include "..." of a source file names a header of its own layer or of a
@@ -26,8 +26,9 @@ ALLOWED = {
     # ranks' communicators: bytes only, no numerics (built into lockstep_cpu)
     "src/dist": ("lockstep/", "core/", "dist/"),
     "src/cuda": ("lockstep/", "core/", "contract/", "cuda/"),
-    # the audit compares the invariant backend with the baseline one
-    "src/engine": ("lockstep/", "core/", "contract/", "cpu/", "engine/", "baseline/cpu/"),
+    # the audit compares the invariant backend with the baseline one, and runs rank-local
+    # rollouts over the thread transport (dist/, part of lockstep_cpu)
+    "src/engine": ("lockstep/", "core/", "contract/", "cpu/", "dist/", "engine/", "baseline/cpu/"),
     "src/engine/cuda": ("lockstep/", "core/", "contract/", "cpu/", "engine/", "cuda/"),
     "src/baseline": ("lockstep/", "core/", "contract/", "engine/"),
     "src/baseline/cpu": ("lockstep/", "core/", "contract/", "engine/", "baseline/"),

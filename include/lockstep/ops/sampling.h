@@ -35,5 +35,20 @@ void sample(const TensorView& h, const TensorView& w, std::span<const SamplingPa
             const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
             const TensorView& entropy);
 
+// Vocab-parallel sampling in two steps, with sample's bits: each rank computes the logits of its
+// lm_head rows, the ranks gather them side by side, and one sample_logits call decides.
+//   lm_head_logits: z [T, N] f32 (rows may be strided, last dim contiguous) = h · wᵀ by the
+//                   logits GEMM of linear_logprob and sample (logprob_logits_gemm(cfg)); h, w as
+//                   sample's, N = w's rows (any row range of an lm_head). z[t, j] depends only on
+//                   h row t and w row j: a shard's logits are the full logits' columns.
+//   sample_logits:  sample() from z [T, V] f32, the lm_head_logits of the whole lm_head (or of
+//                   its shards side by side): the same ids and values as sample(h, w, ...).
+void lm_head_logits(const TensorView& h, const TensorView& w, const ContractConfig& cfg,
+                    const TensorView& z);
+void sample_logits(const TensorView& z, std::span<const SamplingParams> params,
+                   const TensorView& request_ids, const TensorView& positions,
+                   const ContractConfig& cfg, const TensorView& token_ids, const TensorView& logp,
+                   const TensorView& lse, const TensorView& entropy);
+
 }  // namespace cpu
 }  // namespace lockstep

@@ -569,49 +569,93 @@ class BaselineBackend final : public BaselineOps<OpsBackend> {
     const int64_t T = h.size(0), V = w.size(0);
     if (T == 0) return;
     // Results go to [T] buffers first: a row that cannot be sampled throws before any output.
-    std::vector<int64_t> out_id(static_cast<size_t>(T));
-    std::vector<float> out_logp(static_cast<size_t>(T)), out_lse(static_cast<size_t>(T)),
-        out_entropy(static_cast<size_t>(T));
+    std::vector<Sampled> out(static_cast<size_t>(T));
     const auto temperature = [&](int64_t t) { return params[size_t(t)].logprob_temperature(); };
     for_logit_rows(op, h, w, V, temperature, [&](int64_t t, const float* y) {
-      const SamplingParams& p = params[size_t(t)];
-      const RowStats st = row_stats(y, V);
-      LS_CHECK(std::isfinite(st.lse), op, "row ", t, ": logsumexp is ", st.lse,
-               " (NaN or +inf logits, or every logit -inf): nothing to sample");
-      int64_t id;
-      if (p.temperature == 0.0f) {
-        id = 0;  // greedy: argmax, lowest index among ties
-        for (int64_t v = 1; v < V; ++v)
-          if (y[v] > y[id]) id = v;
-      } else {
-        const bool filtered = (p.top_k > 0 && p.top_k < V) || p.top_p < 1.0f || p.min_p > 0.0f;
-        const uint64_t rid = uint64_t(index_at(request_ids, t));
-        const uint32_t pos = uint32_t(index_at(positions, t));
-        if (filtered) {
-          const std::vector<int64_t> kept = sampling_candidates(y, V, st.lse, p);
-          id = gumbel_argmax(y, V, &kept, p.seed, rid, pos);
-        } else {
-          id = gumbel_argmax(y, V, nullptr, p.seed, rid, pos);
-        }
-      }
-      out_id[size_t(t)] = id;
-      out_logp[size_t(t)] = y[id] - st.lse;
-      out_lse[size_t(t)] = st.lse;
-      out_entropy[size_t(t)] = st.entropy;
+      out[size_t(t)] = sample_row(op, t, y, V, params[size_t(t)], request_ids, positions);
     });
-    for (int64_t t = 0; t < T; ++t) {
-      if (token_ids.dtype == DType::kI32) {
-        token_ids.ptr<int32_t>()[t * token_ids.stride[0]] = int32_t(out_id[size_t(t)]);
-      } else {
-        token_ids.ptr<int64_t>()[t * token_ids.stride[0]] = out_id[size_t(t)];
+    write_samples(out, token_ids, logp, lse, entropy);
+  }
+
+  // Vocab-parallel sampling: the same logits and decisions as sample(), in two steps.
+  void lm_head_logits(const TensorView& h, const TensorView& w_rows, const ContractConfig& cfg,
+                      const TensorView& z) const override {
+    const char* op = "baseline lm_head_logits";
+    check_lm_head_logits(op, Device::kCPU, h, w_rows, cfg, z);
+    const int64_t N = w_rows.size(0);
+    if (h.size(0) == 0 || N == 0) return;
+    for_logit_rows(
+        op, h, w_rows, N, [](int64_t) { return 1.0f; },
+        [&](int64_t t, const float* y) { std::copy(y, y + N, z.ptr<float>() + t * z.stride[0]); });
+  }
+  void sample_logits(const TensorView& z, std::span<const SamplingParams> params,
+                     const TensorView& request_ids, const TensorView& positions,
+                     const ContractConfig& cfg, const TensorView& token_ids, const TensorView& logp,
+                     const TensorView& lse, const TensorView& entropy) const override {
+    const char* op = "baseline sample_logits";
+    check_sample_logits(op, Device::kCPU, z, params, request_ids, positions, cfg, token_ids, logp,
+                        lse, entropy);
+    const int64_t T = z.size(0), V = z.size(1);
+    std::vector<Sampled> out(static_cast<size_t>(T));
+    parallel_for(T, 1, [&](int64_t t0, int64_t t1) {
+      std::vector<float> y(static_cast<size_t>(V));
+      for (int64_t t = t0; t < t1; ++t) {
+        const float temp = params[size_t(t)].logprob_temperature();
+        const float* row = z.ptr<const float>() + t * z.stride[0];
+        for (int64_t v = 0; v < V; ++v) y[size_t(v)] = row[v] / temp;
+        out[size_t(t)] = sample_row(op, t, y.data(), V, params[size_t(t)], request_ids, positions);
       }
-      f32_at(logp, t) = out_logp[size_t(t)];
-      f32_at(lse, t) = out_lse[size_t(t)];
-      f32_at(entropy, t) = out_entropy[size_t(t)];
-    }
+    });
+    write_samples(out, token_ids, logp, lse, entropy);
   }
 
  private:
+  // One sampled row: the id and the values recorded with it.
+  struct Sampled {
+    int64_t id = 0;
+    float logp = 0.0f, lse = 0.0f, entropy = 0.0f;
+  };
+  // Row t from its tempered logits y [V].
+  static Sampled sample_row(const char* op, int64_t t, const float* y, int64_t V,
+                            const SamplingParams& p, const TensorView& request_ids,
+                            const TensorView& positions) {
+    const RowStats st = row_stats(y, V);
+    LS_CHECK(std::isfinite(st.lse), op, "row ", t, ": logsumexp is ", st.lse,
+             " (NaN or +inf logits, or every logit -inf): nothing to sample");
+    int64_t id;
+    if (p.temperature == 0.0f) {
+      id = 0;  // greedy: argmax, lowest index among ties
+      for (int64_t v = 1; v < V; ++v)
+        if (y[v] > y[id]) id = v;
+    } else {
+      const bool filtered = (p.top_k > 0 && p.top_k < V) || p.top_p < 1.0f || p.min_p > 0.0f;
+      const uint64_t rid = uint64_t(index_at(request_ids, t));
+      const uint32_t pos = uint32_t(index_at(positions, t));
+      if (filtered) {
+        const std::vector<int64_t> kept = sampling_candidates(y, V, st.lse, p);
+        id = gumbel_argmax(y, V, &kept, p.seed, rid, pos);
+      } else {
+        id = gumbel_argmax(y, V, nullptr, p.seed, rid, pos);
+      }
+    }
+    return Sampled{id, y[id] - st.lse, st.lse, st.entropy};
+  }
+  static void write_samples(const std::vector<Sampled>& out, const TensorView& token_ids,
+                            const TensorView& logp, const TensorView& lse,
+                            const TensorView& entropy) {
+    for (int64_t t = 0; t < int64_t(out.size()); ++t) {
+      const Sampled& r = out[size_t(t)];
+      if (token_ids.dtype == DType::kI32) {
+        token_ids.ptr<int32_t>()[t * token_ids.stride[0]] = int32_t(r.id);
+      } else {
+        token_ids.ptr<int64_t>()[t * token_ids.stride[0]] = r.id;
+      }
+      f32_at(logp, t) = r.logp;
+      f32_at(lse, t) = r.lse;
+      f32_at(entropy, t) = r.entropy;
+    }
+  }
+
   void gather(const char* op, const TensorView& ids, const TensorView& table,
               const VocabShard& shard, int64_t vocab, const TensorView& out) const override {
     const int64_t T = check_gather(op, Device::kCPU, ids, table, shard.size(), vocab, out);
