@@ -35,21 +35,28 @@ struct Rows {
   std::vector<int64_t> request_ids, positions;
 };
 
-Result run(const TensorView& h, const TensorView& w, const Rows& rows, const ContractConfig& cfg) {
-  const int64_t T = h.size(0);
+// Runs `sample_fn(request_ids, positions, ids, logp, lse, entropy)` (a sample or sample_logits
+// call over T rows) on fresh buffers and collects what it wrote.
+template <typename F>
+Result run_rows(int64_t T, const Rows& rows, F&& sample_fn) {
   Tensor rid(DType::kI64, {T}), pos(DType::kI64, {T});
   std::copy(rows.request_ids.begin(), rows.request_ids.end(), rid.ptr<int64_t>());
   std::copy(rows.positions.begin(), rows.positions.end(), pos.ptr<int64_t>());
   Tensor ids = test::poisoned(DType::kI64, {T}), lp = test::poisoned(DType::kF32, {T}),
          ls = test::poisoned(DType::kF32, {T}), en = test::poisoned(DType::kF32, {T});
-  cpu::sample(h, w, rows.params, rid.view(), pos.view(), cfg, ids.view(), lp.view(), ls.view(),
-              en.view());
+  sample_fn(rid.view(), pos.view(), ids.view(), lp.view(), ls.view(), en.view());
   Result r;
   r.ids.assign(ids.ptr<int64_t>(), ids.ptr<int64_t>() + T);
   r.logp.assign(lp.ptr<float>(), lp.ptr<float>() + T);
   r.lse.assign(ls.ptr<float>(), ls.ptr<float>() + T);
   r.entropy.assign(en.ptr<float>(), en.ptr<float>() + T);
   return r;
+}
+
+Result run(const TensorView& h, const TensorView& w, const Rows& rows, const ContractConfig& cfg) {
+  return run_rows(h.size(0), rows, [&](auto rid, auto pos, auto ids, auto lp, auto ls, auto en) {
+    cpu::sample(h, w, rows.params, rid, pos, cfg, ids, lp, ls, en);
+  });
 }
 
 ::testing::AssertionResult results_equal(const Result& a, const Result& b) {
@@ -239,18 +246,10 @@ TEST(SamplingVocabParallel, ShardLogitsSideBySideSampleLikeTheWholeHead) {
       zs.shape[1] = cuts[i + 1] - cuts[i];
       cpu::lm_head_logits(h.view(), w.view().rows(cuts[i], cuts[i + 1]), cfg, zs);
     }
-    Tensor rid(DType::kI64, {T}), pos(DType::kI64, {T});
-    std::copy(rows.request_ids.begin(), rows.request_ids.end(), rid.ptr<int64_t>());
-    std::copy(rows.positions.begin(), rows.positions.end(), pos.ptr<int64_t>());
-    Tensor ids = test::poisoned(DType::kI64, {T}), lp = test::poisoned(DType::kF32, {T}),
-           ls = test::poisoned(DType::kF32, {T}), en = test::poisoned(DType::kF32, {T});
-    cpu::sample_logits(z, rows.params, rid.view(), pos.view(), cfg, ids.view(), lp.view(),
-                       ls.view(), en.view());
-    Result got;
-    got.ids.assign(ids.ptr<int64_t>(), ids.ptr<int64_t>() + T);
-    got.logp.assign(lp.ptr<float>(), lp.ptr<float>() + T);
-    got.lse.assign(ls.ptr<float>(), ls.ptr<float>() + T);
-    got.entropy.assign(en.ptr<float>(), en.ptr<float>() + T);
+    const Result got =
+        run_rows(T, rows, [&](auto rid, auto pos, auto ids, auto lp, auto ls, auto en) {
+          cpu::sample_logits(z, rows.params, rid, pos, cfg, ids, lp, ls, en);
+        });
     EXPECT_TRUE(results_equal(want, got)) << cuts.size() - 1 << " shards";
   }
   // Bad arguments.
