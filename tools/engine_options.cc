@@ -162,6 +162,14 @@ void add_engine_options(CLI::App& app, EngineCommandLine& o) {
           "engine steps between groups' arrivals", r);
 
   const std::string t = "training side";
+  app.add_option_function<std::string>(
+         "--train-ranks", [&c](const std::string& v) { c.train_rank_threads = v == "threads"; },
+         "how the training forward's TP ranks run: simulated or threads (as --rollout-ranks; "
+         "audit only)")
+      ->check(CLI::IsMember({"simulated", "threads"}).description(""))
+      ->type_name("simulated|threads")
+      ->default_str("simulated")
+      ->group(t);
   app.add_option("--train-tp", c.train_tp, "tensor-parallel degree")
       ->transform(int_one_of({1, 2, 4, 8}))
       ->type_name("N")

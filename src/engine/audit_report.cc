@@ -219,6 +219,7 @@ std::string audit_report_json(const AuditReport& r) {
                   {"arrival_stagger", c.arrival_stagger},
                   {"description", c.rollout_string()}};
   j["training"] = {{"tp", c.train_tp},
+                   {"ranks", c.train_rank_threads ? "threads" : "simulated"},
                    {"micro_batch_tokens", c.packing.micro_batch_tokens},
                    {"packing_seed", c.packing.seed},
                    {"description", c.training_string()}};

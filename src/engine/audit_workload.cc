@@ -49,6 +49,17 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// Two training forwards computed the same fp32 bits for every sequence.
+bool same_records(const TrainResult& a, const TrainResult& b) {
+  if (a.sequences.size() != b.sequences.size()) return false;
+  for (size_t i = 0; i < a.sequences.size(); ++i) {
+    const TrainTokens &x = a.sequences[i], &y = b.sequences[i];
+    if (!same_bits(x.logp, y.logp) || !same_bits(x.lse, y.lse) || !same_bits(x.entropy, y.entropy))
+      return false;
+  }
+  return true;
+}
+
 // Two rollouts recorded the same tokens, finish reasons and fp32 bits for every request.
 bool same_records(const RolloutResult& a, const RolloutResult& b) {
   if (a.completions.size() != b.completions.size()) return false;
@@ -59,6 +70,29 @@ bool same_records(const RolloutResult& a, const RolloutResult& b) {
       return false;
   }
   return true;
+}
+
+// Runs `job(model, rank)` on tp rank-local models, one thread per rank over the thread transport
+// (`side`: "rollout" or "training", for errors), checks that every rank's result equals rank 0's
+// and returns rank 0's.
+template <typename R>
+R on_rank_threads(const char* side, int tp, const ModelFactory& make_model,
+                  const std::shared_ptr<OpsBackend>& backend,
+                  const std::function<R(const Model&, int)>& job) {
+  LS_CHECK(backend->device() == Device::kCPU, kOp, "--", side,
+           "-ranks threads runs rank-local models over the thread transport, which moves host "
+           "memory only: it needs a CPU ",
+           side, " backend, got '", backend->name(), "' on ", device_name(backend->device()));
+  std::vector<R> results(static_cast<size_t>(tp));
+  dist::run_ranks(tp, [&](dist::Communicator& comm) {
+    const std::unique_ptr<Model> m = make_model(tp, backend, &comm);
+    results[size_t(comm.rank())] = job(*m, comm.rank());
+  });
+  for (int r = 1; r < tp; ++r)
+    LS_CHECK(same_records(results[0], results[size_t(r)]), kOp, side, " rank ", r,
+             " computed other tokens or log-prob bits than rank 0 (rank-local models must agree "
+             "on every rank)");
+  return std::move(results[0]);
 }
 
 }  // namespace
@@ -98,6 +132,8 @@ void AuditConfig::validate() const {
   }
   LS_CHECK(!rollout_rank_threads || rollout_tp > 1, kOp,
            "--rollout-ranks threads needs --rollout-tp > 1 (one rank has nothing to exchange)");
+  LS_CHECK(!train_rank_threads || train_tp > 1, kOp,
+           "--train-ranks threads needs --train-tp > 1 (one rank has nothing to exchange)");
   RolloutConfig r = rollout;
   if (r.kv.num_pages == 0) r.kv.num_pages = 1;
   r.validate();
@@ -114,7 +150,8 @@ std::string AuditConfig::rollout_string() const {
 
 std::string AuditConfig::training_string() const {
   std::ostringstream os;
-  os << "tp=" << train_tp << "; " << packing.to_string();
+  os << "tp=" << train_tp << (train_rank_threads ? " (rank-local models on threads)" : "") << "; "
+     << packing.to_string();
   return os.str();
 }
 
@@ -231,10 +268,6 @@ AuditSide run_audit_side(const AuditConfig& cfg, const ModelFactory& make_model,
   side.train_backend = train_backend->name();
   side.rollout_device = device_name(rollout_backend->device());
   side.train_device = device_name(train_backend->device());
-  LS_CHECK(!cfg.rollout_rank_threads || rollout_backend->device() == Device::kCPU, kOp,
-           "--rollout-ranks threads runs rank-local models over the thread transport, which moves "
-           "host memory only: it needs a CPU rollout backend, got '",
-           rollout_backend->name(), "' on ", device_name(rollout_backend->device()));
   // The simulated rollout model also replays a mismatch for localization (a rank-local job has
   // the same bits: tests/engine/test_model.cc ModelRanks).
   std::unique_ptr<Model> rollout_model = make_model(cfg.rollout_tp, rollout_backend, nullptr);
@@ -259,22 +292,14 @@ AuditSide run_audit_side(const AuditConfig& cfg, const ModelFactory& make_model,
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
     log(buf);
   };
-  RolloutResult rr;
-  if (!cfg.rollout_rank_threads) {
-    rr = run_rollout(*rollout_model, requests, rcfg, rh);
-  } else {
-    std::vector<RolloutResult> ranks(static_cast<size_t>(cfg.rollout_tp));
-    dist::run_ranks(cfg.rollout_tp, [&](dist::Communicator& comm) {
-      const std::unique_ptr<Model> m = make_model(cfg.rollout_tp, rollout_backend, &comm);
-      ranks[size_t(comm.rank())] =
-          run_rollout(*m, requests, rcfg, comm.rank() == 0 ? rh : RolloutHooks{});
-    });
-    for (int r = 1; r < cfg.rollout_tp; ++r)
-      LS_CHECK(same_records(ranks[0], ranks[size_t(r)]), kOp, "rollout rank ", r,
-               " recorded other tokens or log-prob bits than rank 0 (rank-local models must "
-               "agree on every rank)");
-    rr = std::move(ranks[0]);
-  }
+  const RolloutResult rr =
+      !cfg.rollout_rank_threads
+          ? run_rollout(*rollout_model, requests, rcfg, rh)
+          : on_rank_threads<RolloutResult>("rollout", cfg.rollout_tp, make_model, rollout_backend,
+                                           [&](const Model& m, int rank) {
+                                             return run_rollout(m, requests, rcfg,
+                                                                rank == 0 ? rh : RolloutHooks{});
+                                           });
   side.rollout_seconds = rr.seconds;
   side.generated_tokens = rr.generated_tokens;
   side.rollout_stats = rr.stats;
@@ -292,7 +317,14 @@ AuditSide run_audit_side(const AuditConfig& cfg, const ModelFactory& make_model,
     log("[" + side.backend + "] training: " + std::to_string(done) + "/" + std::to_string(total) +
         " sequences");
   };
-  TrainResult tr = run_training_forward(*train_model, train_seqs, cfg.packing, th);
+  const TrainResult tr =
+      !cfg.train_rank_threads
+          ? run_training_forward(*train_model, train_seqs, cfg.packing, th)
+          : on_rank_threads<TrainResult>(
+                "train", cfg.train_tp, make_model, train_backend, [&](const Model& m, int rank) {
+                  return run_training_forward(m, train_seqs, cfg.packing,
+                                              rank == 0 ? th : TrainHooks{});
+                });
   side.train_seconds = tr.seconds;
   side.train_tokens = tr.tokens_forwarded;
   side.micro_batches = tr.micro_batches;

@@ -56,6 +56,7 @@ struct AuditConfig {
 
   // Training side.
   int train_tp = 1;
+  bool train_rank_threads = false;  // as rollout_rank_threads, for the training forward
   PackingConfig packing;
 
   // The deployment's contract (both sides). gemm/vocab segments must be >= both TP degrees.

@@ -60,10 +60,10 @@ AuditSide run(const AuditConfig& c, std::shared_ptr<OpsBackend> b = nullptr) {
   return run_audit_side(r, factory(r.contract), b ? b : invariant());
 }
 
-// The rollout run rank-locally (one model per rank, on threads, over the thread transport) vs the
-// training forward at tp 1, 2: zero mismatches, with prefix sharing, cascade and preemption.
-TEST(Audit, RankLocalRolloutOnThreadsHasZeroMismatches) {
-  for (auto [rtp, ttp] : {std::pair{2, 1}, std::pair{4, 1}, std::pair{4, 2}}) {
+// The rollout and / or the training forward run rank-locally (one model per rank, on threads, over
+// the thread transport): zero mismatches, with prefix sharing, cascade and preemption.
+TEST(Audit, RankLocalSidesOnThreadsHaveZeroMismatches) {
+  for (auto [rtp, ttp] : {std::pair{2, 1}, std::pair{4, 1}, std::pair{4, 2}, std::pair{1, 4}}) {
     AuditConfig c = small_config();
     c.prompts = 3;
     c.group_size = 3;
@@ -72,14 +72,18 @@ TEST(Audit, RankLocalRolloutOnThreadsHasZeroMismatches) {
     c.max_new_tokens = 12;
     c.rollout_tp = rtp;
     c.train_tp = ttp;
-    c.rollout_rank_threads = true;
+    c.rollout_rank_threads = rtp > 1;
+    c.train_rank_threads = ttp > 1;
     c.rollout.scheduler.prefix_sharing = true;
     c.rollout.step.cascade = true;
     c.rollout.step.kv_splits = 2;
     c.rollout.kv.page_size = 3;
     c.rollout.kv.num_pages = c.rollout.kv.pages_for(c.prompt_len_max + c.max_new_tokens) + 4;
     SCOPED_TRACE(c.rollout_string() + " | training " + c.training_string());
-    EXPECT_NE(c.rollout_string().find("rank-local models on threads"), std::string::npos);
+    EXPECT_EQ(c.rollout_string().find("rank-local models on threads") != std::string::npos,
+              rtp > 1);
+    EXPECT_EQ(c.training_string().find("rank-local models on threads") != std::string::npos,
+              ttp > 1);
     const AuditSide s = run(c);
     EXPECT_GT(s.tokens_compared, 0);
     EXPECT_EQ(s.mismatches, 0);
@@ -93,6 +97,11 @@ TEST(Audit, RankLocalRolloutOnThreadsHasZeroMismatches) {
   EXPECT_NE(
       error_of([&] { one.validate(); }).find("--rollout-ranks threads needs --rollout-tp > 1"),
       std::string::npos);
+  one.rollout_rank_threads = false;
+  one.train_tp = 1;
+  one.train_rank_threads = true;
+  EXPECT_NE(error_of([&] { one.validate(); }).find("--train-ranks threads needs --train-tp > 1"),
+            std::string::npos);
 }
 
 TEST(Audit, RandomConfigurationsHaveZeroMismatches) {

@@ -53,6 +53,10 @@ TEST(CliEngineFlags, RolloutRanks) {
   EXPECT_NE(parse_error({"--rollout-ranks", "threads", "--rollout-tp", "1"})
                 .find("--rollout-ranks threads needs --rollout-tp > 1"),
             std::string::npos);
+  EXPECT_TRUE(
+      parse_engine_args({"--train-ranks", "threads", "--train-tp", "2"}).cfg.train_rank_threads);
+  EXPECT_NE(parse_error({"--train-ranks", "threads"}).find("--train-ranks threads needs"),
+            std::string::npos);
 }
 
 TEST(CliEngineFlags, DefaultsAndFlags) {
