@@ -121,16 +121,18 @@ int64_t sample_gumbel_bound_violations(cudaStream_t stream) {
 
 }  // namespace detail
 
-void sample(const TensorView& h, const TensorView& w, std::span<const SamplingParams> params,
-            const TensorView& request_ids, const TensorView& positions, const ContractConfig& cfg,
-            const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
-            const TensorView& entropy, void* stream) {
-  const char* op = "cuda::sample";
-  contract::check_sample(op, Device::kCUDA, h, w, params, request_ids, positions, cfg, token_ids,
-                         logp, lse, entropy);
-  const int64_t T = h.size(0), V = w.size(0);
+namespace {
+
+// sample and sample_logits after their checks: T rows of vocab V; `logits(r0, rows, zv)` writes
+// the raw logits of rows [r0, r0 + rows) into zv ([rows, V] f32, row stride lay.padded) on the
+// stream; then each block's tempering, LogP state and choice, and the scatter of the results.
+template <typename LogitsFn>
+void sample_rows(const char* op, int64_t T, int64_t V, std::span<const SamplingParams> params,
+                 const TensorView& request_ids, const TensorView& positions,
+                 const ContractConfig& cfg, const TensorView& token_ids, const TensorView& logp,
+                 const TensorView& lse, const TensorView& entropy, cudaStream_t s,
+                 const LogitsFn& logits) {
   if (T == 0) return;
-  const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const LogprobVocabLayout lay = logprob_vocab_layout(cfg, V);
   const int64_t n_tiles = lay.padded / lay.tile;
   const detail::SamplePlan sp = detail::sample_plan(lay);
@@ -164,18 +166,16 @@ void sample(const TensorView& h, const TensorView& w, std::span<const SamplingPa
                                .entropy = out_ent,
                                .out_id = out_id,
                                .out_logp = out_logp};
-  const GemmConfig gcfg = logprob_logits_gemm(cfg);
   for (int64_t r0 = 0; r0 < T; r0 += sp.row_block) {
     const int64_t rows = std::min(sp.row_block, T - r0);
     TensorView zv = TensorView::contiguous(z, DType::kF32, {rows, V}, Device::kCUDA);
     zv.stride[0] = lay.padded;
-    gemm_bf16_nt(h.rows(r0, r0 + rows), w, nullptr, gcfg, zv, stream);
+    logits(r0, rows, zv);
     bp.rows = rows;
     bp.row0 = r0;
     detail::sample_block_state(bp, lay, s, op);
     detail::sample_block_choose(bp, s, op);
   }
-
   // A row that cannot be sampled is an error, and then nothing is written (§S.3).
   std::vector<float> host_lse(static_cast<size_t>(T));
   detail::check_cuda(
@@ -203,6 +203,51 @@ void sample(const TensorView& h, const TensorView& w, std::span<const SamplingPa
   sc.s_entropy = entropy.stride[0];
   detail::sample_scatter_kernel<<<detail::grid_for(T, 256), 256, 0, s>>>(sc);
   detail::check_launch(op);
+}
+
+}  // namespace
+
+void sample(const TensorView& h, const TensorView& w, std::span<const SamplingParams> params,
+            const TensorView& request_ids, const TensorView& positions, const ContractConfig& cfg,
+            const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
+            const TensorView& entropy, void* stream) {
+  const char* op = "cuda::sample";
+  contract::check_sample(op, Device::kCUDA, h, w, params, request_ids, positions, cfg, token_ids,
+                         logp, lse, entropy);
+  const GemmConfig gcfg = logprob_logits_gemm(cfg);
+  sample_rows(op, h.size(0), w.size(0), params, request_ids, positions, cfg, token_ids, logp, lse,
+              entropy, static_cast<cudaStream_t>(stream),
+              [&](int64_t r0, int64_t rows, const TensorView& zv) {
+                gemm_bf16_nt(h.rows(r0, r0 + rows), w, nullptr, gcfg, zv, stream);
+              });
+}
+
+void lm_head_logits(const TensorView& h, const TensorView& w, const ContractConfig& cfg,
+                    const TensorView& z, void* stream) {
+  contract::check_lm_head_logits("cuda::lm_head_logits", Device::kCUDA, h, w, cfg, z);
+  if (h.size(0) == 0 || w.size(0) == 0) return;
+  gemm_bf16_nt(h, w, nullptr, logprob_logits_gemm(cfg), z, stream);
+}
+
+void sample_logits(const TensorView& z, std::span<const SamplingParams> params,
+                   const TensorView& request_ids, const TensorView& positions,
+                   const ContractConfig& cfg, const TensorView& token_ids, const TensorView& logp,
+                   const TensorView& lse, const TensorView& entropy, void* stream) {
+  const char* op = "cuda::sample_logits";
+  contract::check_sample_logits(op, Device::kCUDA, z, params, request_ids, positions, cfg,
+                                token_ids, logp, lse, entropy);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const int64_t V = z.size(1);
+  sample_rows(op, z.size(0), V, params, request_ids, positions, cfg, token_ids, logp, lse, entropy,
+              s, [&](int64_t r0, int64_t rows, const TensorView& zv) {
+                // The block's rows into the padded scratch (the tempering kernel pads).
+                detail::check_cuda(op,
+                                   cudaMemcpy2DAsync(zv.data, size_t(zv.stride[0]) * 4,
+                                                     z.ptr<const float>() + r0 * z.stride[0],
+                                                     size_t(z.stride[0]) * 4, size_t(V) * 4,
+                                                     size_t(rows), cudaMemcpyDeviceToDevice, s),
+                                   "copy of the logits");
+              });
 }
 
 }  // namespace lockstep::cuda

@@ -127,8 +127,8 @@ namespace {
 }
 [[noreturn]] void no_vocab_parallel_sampling(const OpsBackend& b, const char* op) {
   LS_CHECK(false, op, "not implemented on the '", b.name(), "' backend (", device_name(b.device()),
-           "): vocab-parallel sampling (a rank-local model's sample) runs on the CPU backends "
-           "so far");
+           "): vocab-parallel sampling (a rank-local model's sample) runs on the invariant "
+           "backends and the CPU baseline");
   throw;  // unreachable
 }
 }  // namespace
@@ -246,16 +246,6 @@ class InvariantBackend final : public InvariantOps<OpsBackend> {
   void rope_backward(const TensorView& gy, const TensorView& positions, const RopeTable& table,
                      const TensorView& dx) const override {
     cpu::rope_backward(gy, positions, table, dx);
-  }
-  void lm_head_logits(const TensorView& h, const TensorView& w_rows, const ContractConfig& cfg,
-                      const TensorView& z) const override {
-    cpu::lm_head_logits(h, w_rows, cfg, z);
-  }
-  void sample_logits(const TensorView& z, std::span<const SamplingParams> params,
-                     const TensorView& request_ids, const TensorView& positions,
-                     const ContractConfig& cfg, const TensorView& token_ids, const TensorView& logp,
-                     const TensorView& lse, const TensorView& entropy) const override {
-    cpu::sample_logits(z, params, request_ids, positions, cfg, token_ids, logp, lse, entropy);
   }
 };
 

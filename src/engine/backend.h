@@ -156,9 +156,9 @@ class OpsBackend {
                       const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
                       const TensorView& entropy) const = 0;
   // Vocab-parallel sampling (lockstep/ops/sampling.h): the logits of a row range of the lm_head,
-  // and sample() from logits gathered side by side, with sample's bits. The invariant CPU backend
-  // runs lockstep::cpu's ops and the CPU baseline its own; the CUDA backends do not have them yet
-  // (they throw lockstep::Error naming themselves and the op).
+  // and sample() from logits gathered side by side, with sample's bits. The invariant backends run
+  // the contract ops (lockstep::cpu's, lockstep::cuda's), the CPU baseline its own; the CUDA
+  // baseline does not have them (it throws lockstep::Error naming itself and the op).
   virtual void lm_head_logits(const TensorView& h, const TensorView& w_rows,
                               const ContractConfig& cfg, const TensorView& z) const;
   virtual void sample_logits(const TensorView& z, std::span<const SamplingParams> params,

@@ -717,6 +717,30 @@ void check_sample(const std::string& tag, Problem& pb, const ContractConfig& cfg
           size_t(3 * T), 4);
   if (ids32) report(gaps_ok, "sample i32 strided ids: gaps untouched" + sfx);
 
+  // Vocab-parallel: the logits of two row ranges of w side by side in a strided [T, V] buffer,
+  // then sample_logits: the same ids and values as sample over the whole w.
+  {
+    const int64_t V = pb.V, ld = V + 7, cut = V / 2;
+    float* zb = static_cast<float*>(d.alloc(size_t(T * ld) * 4));
+    for (auto [v0, v1] : {std::pair{int64_t(0), cut}, std::pair{cut, V}}) {
+      TensorView zs = view(zb + v0, DType::kF32, {T, v1 - v0}, {ld});
+      cuda::lm_head_logits(pb.dev_h(), pb.dev_w().rows(v0, v1), cfg, zs);
+    }
+    void* vout = d.alloc(size_t(4 * T) * 8);
+    int64_t* vid = static_cast<int64_t*>(vout);
+    float* vo = reinterpret_cast<float*>(vid + T);
+    cuda::sample_logits(view(zb, DType::kF32, {T, V}, {ld}), ps,
+                        host_meta ? rid.view() : view(drid, DType::kI64, {T}),
+                        host_meta ? hpos : view(dpos, DType::kI32, {T}, {2}), cfg,
+                        view(vid, DType::kI64, {T}), view(vo, DType::kF32, {T}),
+                        view(vo + T, DType::kF32, {T}), view(vo + 2 * T, DType::kF32, {T}));
+    const std::vector<uint8_t> g = download(vout, size_t(T) * 8 + size_t(3 * T) * 4);
+    bitwise("sample_logits (2 shards' lm_head_logits) ids" + sfx, g.data(), ids.data(), size_t(T),
+            8);
+    bitwise("sample_logits (2 shards' lm_head_logits) logp, lse, entropy" + sfx,
+            g.data() + size_t(T) * 8, o, size_t(3 * T), 4);
+  }
+
   // Invariance: two rows alone.
   for (int64_t t : {int64_t(0), T - 1}) {
     void* d1 = d.alloc(32);

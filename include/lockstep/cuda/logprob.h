@@ -36,6 +36,15 @@ void sample(const TensorView& h, const TensorView& w, std::span<const SamplingPa
             const TensorView& token_ids, const TensorView& logp, const TensorView& lse,
             const TensorView& entropy, void* stream = nullptr);
 
+// Vocab-parallel sampling (lockstep/ops/sampling.h has the contract): the logits of a row range
+// of the lm_head, and sample() from logits gathered side by side, with sample's bits.
+void lm_head_logits(const TensorView& h, const TensorView& w, const ContractConfig& cfg,
+                    const TensorView& z, void* stream = nullptr);
+void sample_logits(const TensorView& z, std::span<const SamplingParams> params,
+                   const TensorView& request_ids, const TensorView& positions,
+                   const ContractConfig& cfg, const TensorView& token_ids, const TensorView& logp,
+                   const TensorView& lse, const TensorView& entropy, void* stream = nullptr);
+
 std::string logprob_launch_plan(const ContractConfig& cfg, int64_t hidden, int64_t vocab);
 
 }  // namespace lockstep::cuda
