@@ -6,9 +6,12 @@
 # (build-gpu itself is too big to carry: --build packs the stripped runnables and the CLI's
 # OpenBLAS runtime into build-gpu-pack/gpu.txz, which the device side unpacks into build-gpu/.)
 # Parts (default: tests bench): tests = every GPU test (build-gpu/test_*: each exits non-zero on
-# any mismatch) and the MMA probe (quick mode); bench = the GEMM, small-M GEMM, attention and
+# any mismatch) and the MMA probe (quick mode); test_dist_nccl runs one rank per visible GPU, so
+# on a 1-GPU machine only its 1-rank cases run (its summary line says the multi-rank ones did not:
+# run it on nvidia-h200-x2 or larger for those); bench = the GEMM, small-M GEMM, attention and
 # log-prob benchmarks, each beside its peer (cuBLAS, PyTorch SDPA, PyTorch log_softmax, the torch
-# sampler for the sampling choice stage); bwdbench = the backward's benchmarks beside theirs
+# sampler for the sampling choice stage), and the NCCL transport's all-gather beside NCCL's
+# all-reduce (bench_dist_nccl, over every visible GPU); bwdbench = the backward's benchmarks beside theirs
 # (cuBLAS, SDPA, torch / Liger / cut-cross-entropy: carry .whl too); share = group-shared prompts
 # in training (bench_train_shared, then `lockstep grpo --device cuda --share-prompts`); grpo = the
 # GRPO loop at the Qwen3-0.6B shape beside --baseline (step time by phase); sanitize =
@@ -20,7 +23,7 @@
 # sanitize parts to those test binaries (e.g. GPU_CHECK_TESTS=test_baseline_cuda; the MMA probe
 # runs only if probe_mma is named), GPU_CHECK_BENCH=NAME[,NAME...] the bench part to those
 # benchmarks (bench_gemm_cuda, bench_gemm_small_m, bench_attention, bench_elementwise,
-# bench_logprob; bwdbench:
+# bench_logprob, bench_dist_nccl; bwdbench:
 # bench_gemm_bwd, bench_attention_bwd, bench_logprob_bwd, bench_train; share: bench_train_shared,
 # grpo_share_cuda).
 set -uo pipefail
@@ -77,6 +80,24 @@ fi
 [ -x build-gpu/test_smoke ] || { log "no build-gpu/: run 'bash scripts/gpu_check.sh --build' here and carry build-gpu-pack"; exit 1; }
 
 export LD_LIBRARY_PATH="$PWD/build-gpu/rt${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The NCCL programs (build-gpu/*_nccl) load the GPU machine's libnccl.so.2 (it is too big to
+# carry): the system's if the loader finds one, else the one of the nvidia-nccl pip package that
+# PyTorch uses. NVLink multicast stays off (the transport sets it too; KINDS.md says why).
+export NCCL_NVLS_ENABLE=0
+if [ -x build-gpu/test_dist_nccl ]; then
+  if ldd build-gpu/test_dist_nccl | grep -q 'libnccl.so.2 => not found'; then
+    nccl_dir=$(python3 -c '
+import glob, os
+import nvidia
+for p in nvidia.__path__:
+    for f in sorted(glob.glob(os.path.join(p, "**", "libnccl.so.2"), recursive=True)):
+        print(os.path.dirname(f))
+        raise SystemExit
+' 2>/dev/null)
+    [ -n "$nccl_dir" ] && export LD_LIBRARY_PATH="$nccl_dir:$LD_LIBRARY_PATH"
+  fi
+  log "nccl $(ldd build-gpu/test_dist_nccl | awk '/libnccl/ {print $3}')"
+fi
 parts="${*:-tests bench}"
 has() { [[ " $parts " == *" $1 "* ]]; }
 pass=0
@@ -148,6 +169,7 @@ if has bench; then
   bench bench_attention bash -c "PYTHONUNBUFFERED=1 python3 bench/cuda/attention_sdpa.py --out '$L/sdpa.csv' &&
     build-gpu/bench_attention --sdpa '$L/sdpa.csv'"
   bench bench_elementwise build-gpu/bench_elementwise
+  [ -x build-gpu/bench_dist_nccl ] && bench bench_dist_nccl build-gpu/bench_dist_nccl
   bench bench_logprob bash -c "build-gpu/bench_logprob --json '$L/lp.json' &&
     PYTHONUNBUFFERED=1 python3 bench/cuda/logprob_torch.py --ours '$L/lp.json' &&
     PYTHONUNBUFFERED=1 python3 bench/cuda/sampling_torch.py --ours '$L/lp.json'"
@@ -204,6 +226,14 @@ if has sanitize; then
     for t in build-gpu/test_*; do
       selected "$t" || continue
       name=$(basename "$t")
+      case "$name" in
+        *_nccl)
+          # NOTE: its only kernels are NCCL's (and the GEMM's, sanitized by test_gemm_parity); NCCL
+          # under compute-sanitizer has not been tried here.
+          log "SKIP $tool $name (NCCL's kernels and threads: not sanitized)"
+          continue
+          ;;
+      esac
       tlog="$OUT/logs/$name.$tool.log"
       if compute-sanitizer --tool "$tool" --error-exitcode 99 "$t" --quick >"$tlog" 2>&1; then
         pass=$((pass + 1))

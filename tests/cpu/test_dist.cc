@@ -13,6 +13,7 @@
 
 #include "dist/thread_transport.h"
 #include "engine/backend.h"
+#include "util/rank_errors.h"
 #include "util/test_util.h"
 
 namespace lockstep {
@@ -36,18 +37,9 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 // Runs body on n ranks; returns each rank's Error message ("" for a rank that did not throw).
 std::vector<std::string> rank_errors(int n, const std::function<void(Communicator&)>& body,
                                      const CommOptions& options = {}) {
-  std::vector<std::string> errors(static_cast<size_t>(n));
-  run_ranks(
-      n,
-      [&](Communicator& c) {
-        try {
-          body(c);
-        } catch (const Error& e) {
-          errors[size_t(c.rank())] = e.what();
-        }
-      },
-      options);
-  return errors;
+  return test::rank_errors(
+      [&](int k, const std::function<void(Communicator&)>& b) { run_ranks(k, b, options); }, n,
+      body);
 }
 
 void expect_all_mention(const std::vector<std::string>& errors, const std::string& needle) {

@@ -25,6 +25,8 @@ ALLOWED = {
     "src/cpu": ("lockstep/", "core/", "contract/", "cpu/"),
     # ranks' communicators: bytes only, no numerics (built into lockstep_cpu)
     "src/dist": ("lockstep/", "core/", "dist/"),
+    # the NCCL transport (lockstep_dist_nccl, CUDA on): the same, over the CUDA runtime and NCCL
+    "src/dist/nccl": ("lockstep/", "core/", "dist/"),
     "src/cuda": ("lockstep/", "core/", "contract/", "cuda/"),
     # the audit compares the invariant backend with the baseline one, and runs rank-local
     # rollouts over the thread transport (dist/, part of lockstep_cpu)
