@@ -46,7 +46,8 @@ std::vector<int64_t> permutation(int64_t n, uint64_t seed) {
 
 // Bytes of a float vector, for memcmp.
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 // Two training forwards computed the same fp32 bits for every sequence.

@@ -284,7 +284,7 @@ bool process_dead_now(pid_t pid) {
   if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
   std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
   std::string stat;
-  if (!std::getline(f, stat)) return true;  // vanished between the two looks
+  if (!std::getline(f, stat)) return true;    // vanished between the two looks
   const std::size_t paren = stat.rfind(')');  // the command name may hold spaces and parentheses
   return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z';
 }
