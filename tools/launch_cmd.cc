@@ -160,10 +160,13 @@ class Launcher {
     Clock::time_point kill_at = Clock::time_point::max(), drain_until = Clock::time_point::max();
     while (any_running() || any_stream_open()) {
       const Clock::time_point now = Clock::now();
-      if (!stopping_ && g_signal != 0) {
+      if (g_signal != 0 && interrupted_ == 0) {
         interrupted_ = g_signal;
-        kill_at = stop_all("got signal " + std::to_string(int(g_signal)) + " (" +
-                           strsignal(g_signal) + ")");
+        if (stopping_)
+          kill_at = now;  // asked again while stopping: no grace
+        else
+          kill_at = stop_all("got signal " + std::to_string(int(g_signal)) + " (" +
+                             strsignal(g_signal) + ")");
       } else if (!stopping_ && f_.timeout_s > 0 &&
                  now - t0 >= std::chrono::duration<double>(f_.timeout_s)) {
         timed_out_ = true;

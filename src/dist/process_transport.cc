@@ -49,6 +49,10 @@ constexpr size_t kTextBytes = 2048;                 // a failure text in the seg
 constexpr milliseconds kWatchSlice{20};
 // How often a rank looks for rank 0's segment while joining.
 constexpr milliseconds kOpenRetry{5};
+// How long a rank waits for the segment's mutex beyond its call's deadline. The mutex is only held
+// for short bookkeeping, so a rank whose deadline has passed still takes it (to fail the job with
+// a clear message); only a holder that is stopped or hung makes this run out.
+constexpr milliseconds kLockGrace{10'000};
 
 static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
                   std::atomic<uint32_t>::is_always_lock_free,
@@ -337,7 +341,7 @@ class ShmCommunicator final : public ProcessCommunicator {
   ~ShmCommunicator() override {
     // Tell the others this rank has left (or, unwinding an exception, failed); never throws.
     try {
-      Lock lock(*this, "close", Clock::now() + options_.timeout);
+      Lock lock(*this, "close", Clock::now());
       if (std::uncaught_exceptions() > uncaught_)
         fail_locked(failed_text(rank_, "its communicator was closed by an exception"));
       exited_[rank_] = 1;
@@ -352,7 +356,7 @@ class ShmCommunicator final : public ProcessCommunicator {
 
   void fail(const std::string& what) override {
     try {
-      Lock lock(*this, "fail", Clock::now() + options_.timeout);
+      Lock lock(*this, "fail", Clock::now());
       fail_locked(failed_text(rank_, what));
     } catch (...) {
     }
@@ -399,8 +403,8 @@ class ShmCommunicator final : public ProcessCommunicator {
   }
 
  private:
-  // The segment's mutex, taken by the constructor (bounded by a deadline) and released by the
-  // destructor. A rank that died holding it fails the job (EOWNERDEAD).
+  // The segment's mutex, taken by the constructor and released by the destructor, waiting at most
+  // kLockGrace past `deadline`. A rank that died holding it fails the job (EOWNERDEAD).
   class Lock {
    public:
     Lock(ShmCommunicator& c, const char* op, Clock::time_point deadline)
@@ -412,16 +416,16 @@ class ShmCommunicator final : public ProcessCommunicator {
     }
     void lock() {
       Header& h = c_.header();
-      const timespec abs = to_timespec(deadline_.time_since_epoch());
+      const Clock::time_point until = std::max(deadline_, Clock::now()) + kLockGrace;
+      const timespec abs = to_timespec(until.time_since_epoch());
       const int rc = pthread_mutex_clocklock(&h.mu, CLOCK_MONOTONIC, &abs);
       if (rc == EOWNERDEAD) {
         pthread_mutex_consistent(&h.mu);
         held_ = true;
         c_.fail_locked(c_.dead_holder(h.holder));
       } else {
-        LS_CHECK(rc != ETIMEDOUT, op_, "rank ", c_.rank_,
-                 " could not take the job's lock (held by rank ", h.holder,
-                 ") before its deadline");
+        LS_CHECK(rc != ETIMEDOUT, op_, "rank ", c_.rank_, " could not take the job's lock: rank ",
+                 h.holder, " has held it for over ", kLockGrace.count(), " ms (stopped?)");
         LS_CHECK(rc == 0, op_, "rank ", c_.rank_, ": the job's lock: ", std::strerror(rc));
         held_ = true;
       }
@@ -432,7 +436,6 @@ class ShmCommunicator final : public ProcessCommunicator {
       held_ = false;
       pthread_mutex_unlock(&c_.header().mu);
     }
-    Clock::time_point deadline() const { return deadline_; }
 
    private:
     ShmCommunicator& c_;
@@ -463,6 +466,10 @@ class ShmCommunicator final : public ProcessCommunicator {
                                     "): every process of a job needs its own RANK"));
     me.pid = ::getpid();
     me.start_time = process_start_time(me.pid);
+    if (me.start_time == 0)
+      fail_and_throw(detail::concat(mine,
+                                    "cannot read /proc/self/stat (the ranks watch each "
+                                    "other's processes through /proc)"));
     joined_[rank_] = 1;
     if (++h.joined == world_) remove_job_segment(s.job_id);  // every rank has it mapped
     bump(h);
