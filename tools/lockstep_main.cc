@@ -2,7 +2,8 @@
 // a model, compared bit for bit. `lockstep selfcheck` runs the contract's invariances on every CPU
 // op in seconds; `lockstep contract` prints the contract every subcommand starts from. Each
 // subcommand is one add_*_command (tools/cli.h says how to add one); `lockstep plan` prints the
-// kernels a forward runs; exit codes: tools/cli.h.
+// kernels a forward runs; `lockstep launch` runs a command as the ranks of one job (docs/dist.md);
+// exit codes: tools/cli.h.
 #include <cstdio>
 #include <memory>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "tools/bench_engine_cmd.h"
 #include "tools/cli.h"
 #include "tools/grpo_cmd.h"
+#include "tools/launch_cmd.h"
 #include "tools/plan_cmd.h"
 #include "tools/score_cmd.h"
 #include "tools/selfcheck.h"
@@ -42,7 +44,7 @@ int lockstep_main(int argc, char** argv) {
   const std::vector<Command> commands = {
       add_audit_command(app),     add_bench_engine_command(app), add_score_command(app),
       add_selfcheck_command(app), add_contract_command(app),     add_plan_command(app),
-      add_grpo_command(app),
+      add_grpo_command(app),      add_launch_command(app),       add_dist_selftest_command(app),
   };
   return run_cli(app, commands, argc, argv);
 }

@@ -30,8 +30,6 @@ const char* collective_name(CollectiveOp op) {
 
 namespace {
 
-int64_t nbytes(const TensorView& t) { return t.numel() * dtype_size(t.dtype); }
-
 void check_view(const char* op, int rank, const char* arg, const TensorView& t, Device device,
                 const char* transport) {
   LS_CHECK(t.device == device, op, "rank ", rank, ": ", arg, ": the ", transport,
@@ -66,7 +64,7 @@ void check_local(const CollectiveCall& call, int rank, int size, Device device,
   LS_CHECK(shape_ok, op, "rank ", rank, ": recv: expected ", dtype_name(s.dtype), "[", size,
            s.ndim > 0 ? ", " : "", s.shape_string().substr(1), " (size() copies of send ",
            s.describe(), "), got ", r.describe());
-  const int64_t n = nbytes(s);
+  const int64_t n = view_bytes(s);
   if (n == 0) return;
   const auto* sb = static_cast<const char*>(s.data);
   const auto* rb = static_cast<const char*>(r.data);
@@ -93,6 +91,32 @@ void check_agree(std::span<const CollectiveCall> calls) {
     LS_CHECK(c0.op != CollectiveOp::kBroadcast || c.root == c0.root, op,
              "ranks disagree on root: rank 0 has ", c0.root, ", rank ", r, " has ", c.root);
   }
+}
+
+int64_t view_bytes(const TensorView& t) { return t.numel() * dtype_size(t.dtype); }
+
+std::string rank_list(std::span<const uint8_t> flags, bool value) {
+  std::string s = "[";
+  for (size_t r = 0; r < flags.size(); ++r)
+    if ((flags[r] != 0) == value) s += (s.size() > 1 ? ", " : "") + std::to_string(r);
+  return s + "]";
+}
+
+int missing_and_exited(std::span<const uint8_t> arrived, std::span<const uint8_t> exited) {
+  for (size_t r = 0; r < arrived.size(); ++r)
+    if (arrived[r] == 0 && exited[r] != 0) return int(r);
+  return -1;
+}
+
+std::string timeout_message(const char* op, int rank, std::chrono::milliseconds timeout,
+                            std::span<const uint8_t> arrived) {
+  return detail::concat(op, ": rank ", rank, " timed out after ", timeout.count(),
+                        " ms waiting for ranks ", rank_list(arrived, false),
+                        " (arrived: ", rank_list(arrived, true), ")");
+}
+
+std::string returned_message(const char* op, int rank, int returned) {
+  return detail::concat(op, ": rank ", rank, ": rank ", returned, " returned without calling ", op);
 }
 
 }  // namespace lockstep::dist

@@ -3,6 +3,8 @@
 // rank has arrived (each rank runs it on the same calls, so all throw the same Error or none).
 #pragma once
 
+#include <chrono>
+#include <cstdint>
 #include <span>
 #include <string>
 
@@ -28,5 +30,19 @@ void check_local(const CollectiveCall& call, int rank, int size, Device device,
 // Throws lockstep::Error naming the first rank whose call differs from rank 0's (op, dtype,
 // shape, root).
 void check_agree(std::span<const CollectiveCall> calls);
+
+int64_t view_bytes(const TensorView& t);  // numel · dtype size
+
+// The waits' words, shared so that every transport says the same thing. Per-rank flags are one
+// byte a rank (1 = set) so that they fit shared memory as well as a std::vector.
+// "[1, 3]": the ranks r with flags[r] == value.
+std::string rank_list(std::span<const uint8_t> flags, bool value);
+// The first rank that has not arrived and has left the job (exited[r]), or -1.
+int missing_and_exited(std::span<const uint8_t> arrived, std::span<const uint8_t> exited);
+// "barrier: rank 0 timed out after 250 ms waiting for ranks [1] (arrived: [0, 2])"
+std::string timeout_message(const char* op, int rank, std::chrono::milliseconds timeout,
+                            std::span<const uint8_t> arrived);
+// "broadcast: rank 0: rank 2 returned without calling broadcast"
+std::string returned_message(const char* op, int rank, int returned);
 
 }  // namespace lockstep::dist

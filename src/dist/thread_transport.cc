@@ -19,13 +19,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string rank_list(const std::vector<bool>& flags, bool value) {
-  std::string s = "[";
-  for (size_t r = 0; r < flags.size(); ++r)
-    if (flags[r] == value) s += (s.size() > 1 ? ", " : "") + std::to_string(r);
-  return s + "]";
-}
-
 // The state the n ranks share. Every member below the mutex is guarded by it.
 class Group {
  public:
@@ -47,7 +40,7 @@ class Group {
     if (failed_rank_ >= 0) throw_failed(op, rank);
     const uint64_t gen = generation_;
     calls_[size_t(rank)] = call;
-    arrived_[size_t(rank)] = true;
+    arrived_[size_t(rank)] = 1;
     if (++count_ == n_) {
       snapshot_ = calls_;
       verdict_.clear();
@@ -60,20 +53,15 @@ class Group {
       complete();
     } else {
       const bool woken = cv_.wait_until(lock, deadline, [&] {
-        return generation_ != gen || failed_rank_ >= 0 || missing_rank_exited();
+        return generation_ != gen || failed_rank_ >= 0 ||
+               missing_and_exited(arrived_, exited_) >= 0;
       });
       if (generation_ == gen) {
         if (failed_rank_ >= 0) throw_failed(op, rank);
-        std::string msg =
-            detail::concat(op, ": rank ", rank, " timed out after ", options_.timeout.count(),
-                           " ms waiting for ranks ", rank_list(arrived_, false),
-                           " (arrived: ", rank_list(arrived_, true), ")");
-        for (int r = 0; woken && r < n_; ++r)
-          if (!arrived_[size_t(r)] && exited_[size_t(r)]) {
-            msg =
-                detail::concat(op, ": rank ", rank, ": rank ", r, " returned without calling ", op);
-            break;
-          }
+        const int returned = woken ? missing_and_exited(arrived_, exited_) : -1;
+        const std::string msg = returned >= 0
+                                    ? returned_message(op, rank, returned)
+                                    : timeout_message(op, rank, options_.timeout, arrived_);
         fail_locked(rank, msg);
         throw Error(msg);
       }
@@ -96,7 +84,7 @@ class Group {
   // A rank's body ended: with an error (`what` set) it fails the job.
   void exit(int rank, const std::string* what) {
     std::lock_guard<std::mutex> lock(mu_);
-    exited_[size_t(rank)] = true;
+    exited_[size_t(rank)] = 1;
     if (what != nullptr) fail_locked(rank, *what);
     cv_.notify_all();
   }
@@ -115,7 +103,7 @@ class Group {
  private:
   void complete() {
     count_ = 0;
-    arrived_.assign(size_t(n_), false);
+    arrived_.assign(size_t(n_), 0);
     ++generation_;
     cv_.notify_all();
   }
@@ -125,11 +113,6 @@ class Group {
       failed_what_ = what;
     }
     cv_.notify_all();
-  }
-  bool missing_rank_exited() const {
-    for (int r = 0; r < n_; ++r)
-      if (!arrived_[size_t(r)] && exited_[size_t(r)]) return true;
-    return false;
   }
   [[noreturn]] void throw_failed(const char* op, int rank) const {
     throw Error(
@@ -143,8 +126,8 @@ class Group {
   uint64_t generation_ = 0;  // completed rendezvous
   int count_ = 0;            // ranks arrived at the current one
   std::vector<CollectiveCall> calls_, snapshot_;
-  std::string verdict_;  // check_agree's error on snapshot_, or empty
-  std::vector<bool> arrived_, exited_;
+  std::string verdict_;                    // check_agree's error on snapshot_, or empty
+  std::vector<uint8_t> arrived_, exited_;  // one flag a rank (collective.h)
   int failed_rank_ = -1;
   std::string failed_what_;
 };
@@ -159,7 +142,7 @@ class ThreadCommunicator final : public Communicator {
   void all_gather(const TensorView& send, const TensorView& recv) override {
     const Clock::time_point deadline = Clock::now() + options().timeout;
     run(CollectiveCall{CollectiveOp::kAllGather, send, recv, 0}, deadline, [&] {
-      const int64_t n = send.numel() * dtype_size(send.dtype);
+      const int64_t n = view_bytes(send);
       auto* out = static_cast<char*>(recv.data);
       for (int r = 0; r < size(); ++r) {
         const void* src = group_.snapshot()[size_t(r)].send.data;
@@ -171,7 +154,7 @@ class ThreadCommunicator final : public Communicator {
   void broadcast(const TensorView& buf, int root) override {
     const Clock::time_point deadline = Clock::now() + options().timeout;
     run(CollectiveCall{CollectiveOp::kBroadcast, buf, TensorView{}, root}, deadline, [&] {
-      const int64_t n = buf.numel() * dtype_size(buf.dtype);
+      const int64_t n = view_bytes(buf);
       if (rank_ != root && n > 0)
         std::memcpy(buf.data, group_.snapshot()[size_t(root)].send.data, size_t(n));
     });

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -408,10 +409,12 @@ TEST(CliBinary, TopLevel) {
 }
 
 TEST(CliBinary, EverySubcommandHasHelpAndRejectsUnknownFlags) {
-  for (const char* cmd :
-       {"audit", "bench-engine", "score", "selfcheck", "contract", "plan", "grpo"}) {
+  for (const char* cmd : {"audit", "bench-engine", "score", "selfcheck", "contract", "plan", "grpo",
+                          "launch", "dist-selftest"}) {
     EXPECT_RUN(lockstep(std::string(cmd) + " --help"), 0, std::string("Usage: lockstep ") + cmd);
-    EXPECT_RUN(lockstep(std::string(cmd) + " --frob"), 2, "--frob");
+    // launch checks its required flags first: give them.
+    const std::string rest = std::string(cmd) == "launch" ? " --nproc 1 -- true" : "";
+    EXPECT_RUN(lockstep(std::string(cmd) + " --frob" + rest), 2, "--frob");
   }
   EXPECT_RUN(lockstep("selfcheck extra"), 2, "extra");
   EXPECT_RUN(run(LOCKSTEP_SCORE_CLI, "--help"), 0, "Usage: lockstep-score");
@@ -613,6 +616,113 @@ TEST(CliBinary, BuiltInModelGoesToTheCache) {
   EXPECT_RUN(lockstep(tiny + "--model-cache '" + cache.str() + "' > /dev/full"), 2,
              "standard output");
   EXPECT_RUN(lockstep(tiny + "--temperature 1.5x"), 2, "got '1.5x'");
+}
+
+// ----- lockstep launch (and its rank, lockstep dist-selftest) -----
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The job id a rank printed as "[rank R] id=<id>".
+std::string job_id_in(const std::string& out, int rank) {
+  const std::string key = "[rank " + std::to_string(rank) + "] id=";
+  const size_t at = out.find(key);
+  if (at == std::string::npos) return "";
+  const size_t begin = at + key.size();
+  return out.substr(begin, out.find('\n', begin) - begin);
+}
+
+TEST(Launch, EveryRankGetsItsVariablesAndItsLinesLabelled) {
+  const Result r = lockstep(
+      "launch --nproc 3 -- sh -c 'echo \"$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE\"; "
+      "echo id=$LOCKSTEP_JOB_ID; echo to-stderr >&2; printf no-newline'");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const std::string job = job_id_in(r.out, 0);
+  EXPECT_FALSE(job.empty()) << r.out;
+  for (int rank = 0; rank < 3; ++rank) {
+    const std::string label = "[rank " + std::to_string(rank) + "] ", rs = std::to_string(rank);
+    EXPECT_NE(r.out.find(label + rs + " 3 " + rs + " 3\n"), std::string::npos) << r.out;
+    EXPECT_EQ(job_id_in(r.out, rank), job) << r.out;
+    EXPECT_NE(r.out.find(label + "to-stderr\n"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(label + "no-newline\n"), std::string::npos) << r.out;
+  }
+  // Each launch is its own job; what follows "--" is the command's, flags included.
+  const Result again = lockstep("launch --nproc 1 -- sh -c 'echo id=$LOCKSTEP_JOB_ID $0' --nproc");
+  ASSERT_EQ(again.rc, 0) << again.out;
+  EXPECT_NE(job_id_in(again.out, 0), job) << again.out;
+  EXPECT_NE(again.out.find(" --nproc\n"), std::string::npos) << again.out;
+  EXPECT_RUN(lockstep("launch --nproc 2 -- true"), 0, "");
+}
+
+TEST(Launch, DistSelftestPassesOnEveryRank) {
+  const Result r = lockstep("launch --nproc 3 --timeout 300 -- '" + std::string(LOCKSTEP_CLI) +
+                            "' dist-selftest --slot-bytes 256");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  for (int rank = 0; rank < 3; ++rank) {
+    const std::string rs = std::to_string(rank);
+    EXPECT_NE(r.out.find("[rank " + rs + "] dist-selftest: rank " + rs + " of 3 (pid "),
+              std::string::npos)
+        << r.out;
+  }
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 3) << r.out;
+  // One rank alone, from the environment.
+  EXPECT_RUN(lockstep("dist-selftest",
+                      "RANK=0 WORLD_SIZE=1 LOCKSTEP_JOB_ID=test-cli-" + std::to_string(getpid())),
+             0, "rank 0 of 1 (pid ");
+}
+
+TEST(Launch, FailingRankStopsTheOthersAndNamesItself) {
+  // Rank 1 fails once rank 0's dist-selftest has made the job's segment and waits in its join for
+  // rank 1 (60 s): the launcher must stop rank 0, and unlink the segment rank 0 leaves.
+  const auto t0 = std::chrono::steady_clock::now();
+  Result r = lockstep(
+      "launch --nproc 2 -- sh -c 'echo id=$LOCKSTEP_JOB_ID; if [ $RANK = 0 ]; then exec \"$0\" "
+      "dist-selftest; fi; for i in $(seq 1000); do [ -e /dev/shm/lockstep.$LOCKSTEP_JOB_ID ] && "
+      "break; sleep 0.01; done; echo failing >&2; exit 3' '" +
+      std::string(LOCKSTEP_CLI) + "'");
+  EXPECT_LT(seconds_since(t0), 30.0);
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.out.find("[rank 1] failing\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("lockstep launch: failed: rank 1 (pid "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(") exited with status 3 (the first rank to fail); stopped ranks [0]"),
+            std::string::npos)
+      << r.out;
+  const std::string job = job_id_in(r.out, 0);
+  ASSERT_FALSE(job.empty()) << r.out;
+  EXPECT_FALSE(fs::exists("/dev/shm/lockstep." + job)) << "the job's segment is left";
+
+  EXPECT_RUN(lockstep("launch --nproc 3 -- sh -c 'if [ $RANK = 1 ]; then exit 3; fi; "
+                      "exec sleep 60'"),
+             1, ") exited with status 3 (the first rank to fail); stopped ranks [0, 2]");
+  EXPECT_RUN(lockstep("launch --nproc 2 -- sh -c 'if [ $RANK = 0 ]; then kill -9 $$; fi; "
+                      "exec sleep 60'"),
+             1, ") was killed by signal 9 (Killed) (the first rank to fail); stopped ranks [1]");
+  EXPECT_RUN(lockstep("launch --nproc 2 --timeout 1 -- sleep 60"), 1,
+             "lockstep launch: failed: the job ran past --timeout 1 s; stopped ranks [0, 1]");
+  EXPECT_LT(seconds_since(t0), 60.0);  // none of them waited for its sleep
+}
+
+TEST(Launch, BadUsageIsAClearError) {
+  EXPECT_RUN(lockstep("launch"), 2, "--nproc is required");
+  EXPECT_RUN(lockstep("launch --nproc 0 -- true"), 2,
+             "--nproc: expects an integer in [1, 1024], got '0'");
+  EXPECT_RUN(lockstep("launch --nproc 1025 -- true"), 2, "--nproc");
+  EXPECT_RUN(lockstep("launch --nproc two -- true"), 2, "got 'two'");
+  EXPECT_RUN(lockstep("launch --nproc 2"), 2, "command is required");
+  EXPECT_RUN(lockstep("launch --nproc 2 --"), 2, "command is required");
+  EXPECT_RUN(lockstep("launch --nproc 2 true"), 2, "put the command after '--'");
+  EXPECT_RUN(lockstep("launch --nproc 2 --timeout 0 -- true"), 2, "--timeout");
+  EXPECT_RUN(lockstep("launch --nproc 2 --timeout nan -- true"), 2, "--timeout");
+  EXPECT_RUN(lockstep("launch --nproc 2 -- /nonexistent/command"), 2,
+             "lockstep launch: error: cannot run '/nonexistent/command': No such file or "
+             "directory");
+  EXPECT_RUN(lockstep("dist-selftest", "env -u WORLD_SIZE"), 2, "WORLD_SIZE is not set");
+  EXPECT_RUN(lockstep("dist-selftest", "RANK=0 WORLD_SIZE=1 LOCKSTEP_JOB_ID= MASTER_ADDR="), 2,
+             "LOCKSTEP_JOB_ID: expected 1..200 characters");
+  EXPECT_RUN(lockstep("dist-selftest", "RANK=1 WORLD_SIZE=1"), 2,
+             "RANK: expected in [0, 1) (WORLD_SIZE=1), got 1");
+  EXPECT_RUN(lockstep("dist-selftest --slot-bytes 63"), 2, "--slot-bytes");
 }
 
 }  // namespace
