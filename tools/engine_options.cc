@@ -30,6 +30,18 @@ CLI::Option* add_seed(CLI::App& app, const std::string& name, uint64_t& target,
       ->group(group);
 }
 
+// --rollout-ranks / --train-ranks: simulated | threads, into `threads`.
+CLI::Option* add_ranks(CLI::App& app, const std::string& name, bool& threads,
+                       const std::string& description, const std::string& group) {
+  return app
+      .add_option_function<std::string>(
+          name, [&threads](const std::string& v) { threads = v == "threads"; }, description)
+      ->check(CLI::IsMember({"simulated", "threads"}).description(""))
+      ->type_name("simulated|threads")
+      ->default_str("simulated")
+      ->group(group);
+}
+
 CLI::Option* add_device(CLI::App& app, const std::string& name,
                         std::function<void(const std::string&)> set, const std::string& description,
                         const std::string& group) {
@@ -124,15 +136,11 @@ void add_engine_options(CLI::App& app, EngineCommandLine& o) {
       ->type_name("N")
       ->capture_default_str()
       ->group(r);
-  app.add_option_function<std::string>(
-         "--rollout-ranks", [&c](const std::string& v) { c.rollout_rank_threads = v == "threads"; },
-         "how the rollout's TP ranks run: simulated (one model runs every rank's shards) or "
-         "threads (one rank-local model per rank on its own thread, exchanging partials over the "
-         "thread transport: multi-GPU TP's code path, on the CPU; audit only)")
-      ->check(CLI::IsMember({"simulated", "threads"}).description(""))
-      ->type_name("simulated|threads")
-      ->default_str("simulated")
-      ->group(r);
+  add_ranks(app, "--rollout-ranks", c.rollout_rank_threads,
+            "how the rollout's TP ranks run: simulated (one model runs every rank's shards) or "
+            "threads (one rank-local model per rank on its own thread, exchanging partials over "
+            "the thread transport: multi-GPU TP's code path, on the CPU; audit only)",
+            r);
   add_int(app, "--page-size", c.rollout.kv.page_size, 1, 1 << 20, "KV page size (keys)", r);
   add_int(app, "--kv-pages", c.rollout.kv.num_pages, 0, kBig,
           "KV pool size; 0 = half of what --max-batch full-length sequences need (long runs "
@@ -162,14 +170,10 @@ void add_engine_options(CLI::App& app, EngineCommandLine& o) {
           "engine steps between groups' arrivals", r);
 
   const std::string t = "training side";
-  app.add_option_function<std::string>(
-         "--train-ranks", [&c](const std::string& v) { c.train_rank_threads = v == "threads"; },
-         "how the training forward's TP ranks run: simulated or threads (as --rollout-ranks; "
-         "audit only)")
-      ->check(CLI::IsMember({"simulated", "threads"}).description(""))
-      ->type_name("simulated|threads")
-      ->default_str("simulated")
-      ->group(t);
+  add_ranks(app, "--train-ranks", c.train_rank_threads,
+            "how the training forward's TP ranks run: simulated or threads (as --rollout-ranks; "
+            "audit only)",
+            t);
   app.add_option("--train-tp", c.train_tp, "tensor-parallel degree")
       ->transform(int_one_of({1, 2, 4, 8}))
       ->type_name("N")

@@ -186,6 +186,26 @@ float f16_to_f32(uint16_t x) {
   return f32_from_bits(sign | ((exp + 112) << 23) | (man << 13));
 }
 
+bool is_float_weight(const std::string& dtype) {
+  return dtype == "BF16" || dtype == "F32" || dtype == "F16";
+}
+
+// Element i of a raw float weight as bf16: a bit copy from BF16 (NaN payload kept), else RNE.
+bf16 raw_to_bf16(const std::string& dtype, const uint8_t* p, int64_t i) {
+  uint16_t h;
+  if (dtype == "BF16") {
+    std::memcpy(&h, p + 2 * i, 2);
+    return bf16{h};
+  }
+  if (dtype == "F16") {
+    std::memcpy(&h, p + 2 * i, 2);
+    return f32_to_bf16(f16_to_f32(h));
+  }
+  float v;
+  std::memcpy(&v, p + 4 * i, 4);
+  return f32_to_bf16(v);
+}
+
 }  // namespace
 
 int safetensors_dtype_bits(const std::string& dtype) {
@@ -561,7 +581,7 @@ Tensor Checkpoint::get_converted(const std::string& name, DType dtype,
            "target dtype must be bf16 or f32, got ", dtype_name(dtype));
   const Entry& e = entry(name);
   const std::string& src = e.info->dtype;
-  if (src != "BF16" && src != "F32" && src != "F16")
+  if (!is_float_weight(src))
     throw Error("checkpoint " + dir_ + ": tensor " + shown(name) + ": dtype " + src + " in " +
                 files_[e.file].path() + " is not a float weight type (BF16, F32 or F16)");
   check_shape(name, *e.info, shape);
@@ -569,20 +589,14 @@ Tensor Checkpoint::get_converted(const std::string& name, DType dtype,
   const int64_t n = e.info->numel();
   Tensor out(dtype, e.info->shape);
   for (int64_t i = 0; i < n; ++i) {
-    float v;
-    if (src == "F32") {
-      std::memcpy(&v, p + 4 * i, 4);
+    if (dtype == DType::kBF16) {
+      out.ptr<bf16>()[i] = raw_to_bf16(src, p, i);  // bit copy from BF16 (NaN payload kept)
+    } else if (src == "F32") {
+      std::memcpy(out.ptr<float>() + i, p + 4 * i, 4);
     } else {
       uint16_t h;
       std::memcpy(&h, p + 2 * i, 2);
-      v = src == "BF16" ? bf16_to_f32(bf16{h}) : f16_to_f32(h);
-    }
-    if (dtype == DType::kF32) {
-      out.ptr<float>()[i] = v;
-    } else if (src == "BF16") {
-      out.ptr<uint16_t>()[i] = uint16_t(f32_bits(v) >> 16);  // bit copy, NaN payload kept
-    } else {
-      out.ptr<bf16>()[i] = f32_to_bf16(v);
+      out.ptr<float>()[i] = src == "BF16" ? bf16_to_f32(bf16{h}) : f16_to_f32(h);
     }
   }
   return out;
@@ -704,26 +718,6 @@ int64_t first_nonfinite(const std::string& dtype, const uint8_t* raw, int64_t n,
     }
   }
   return bad;
-}
-
-bool is_float_weight(const std::string& dtype) {
-  return dtype == "BF16" || dtype == "F32" || dtype == "F16";
-}
-
-// Element i of a raw float weight as bf16: a bit copy from BF16 (NaN payload kept), else RNE.
-bf16 raw_to_bf16(const std::string& dtype, const uint8_t* p, int64_t i) {
-  uint16_t h;
-  if (dtype == "BF16") {
-    std::memcpy(&h, p + 2 * i, 2);
-    return bf16{h};
-  }
-  if (dtype == "F16") {
-    std::memcpy(&h, p + 2 * i, 2);
-    return f32_to_bf16(f16_to_f32(h));
-  }
-  float v;
-  std::memcpy(&v, p + 4 * i, 4);
-  return f32_to_bf16(v);
 }
 
 }  // namespace
