@@ -5,13 +5,16 @@
 //   - plain rows (no filter, or min-p only): one pass, Gumbel-max over the entries with
 //     y != −inf (and p_v >= min_p·p_max);
 //   - top-k / top-p rows: a radix select on the canonical order instead of a sort. Pass 1: a
-//     histogram over lse − y in bins of 1/128 nat (4095 bins, then a tail) of counts and exact
-//     integer masses floor(p·2^32); the scans give the bins [b_lo, b_hi] that can hold the top-k
-//     boundary and the top-p boundary (whose threshold depends on the top-k set's mass: its
-//     possible range). Pass 2: the entries of bins < b_lo are candidates (Gumbel now); those of
-//     [b_lo, b_hi] go to a shared-memory list, where 8-bit digit histograms of the unique keys
-//     (y descending, v ascending) narrow each boundary to one key. If the list overflows, extra
-//     passes narrow by 12-bit key digits over the row, then one last pass scores the candidates.
+//     histogram over lse − y in bins of 1/128 nat (4095 bins, then a tail) of counts (top-k) or
+//     exact integer masses floor(p·2^32) (top-p alone); the scans give the bins [b_lo, b_hi]
+//     that can hold the boundaries. With top-k, when the bins up to top-k's bin hold at most
+//     kListCap entries, they all go to the list (b_lo = 0) and top-p's boundary is found there:
+//     no row masses at all (otherwise pass 1 runs again with masses, and b_lo is top-p's
+//     bin). Pass 2: a bin is a range of y (bin_cut), so each entry is two compares: y above
+//     b_lo's range is a candidate (Gumbel now), y inside [b_lo, b_hi] goes to a shared-memory
+//     list, where 8-bit digit histograms of the unique keys (y descending, v ascending) narrow
+//     each boundary to one key. If the list overflows, extra passes narrow by 12-bit key digits
+//     over the row, then one last pass scores the candidates.
 // Every count and mass is an integer sum, the order is strict and total, so the boundaries are
 // those of a full sort whatever the reduction order. Every argmax is a reduction with the total
 // order "greater score, or equal score and lower id" (§S.7); entries whose score bound
@@ -121,16 +124,20 @@ __device__ __forceinline__ int level0_bin(float d) {
   return b < uint32_t(kTail) ? int(b) : kTail;
 }
 
-// Exact u64 += q into a (lo, hi) pair of shared u32 words: the carries out of lo are counted by
-// the adds that wrap, whatever their order.
+// A mass sum in two shared u32 words: lo = the sum of the masses' low kMassLoBits bits, hi = the
+// sum of the rest (q >> kMassLoBits). Neither wraps: lo < V·2^11 < 2^32, and hi <= the total mass
+// (about 2^32, never above 2^33) / 2^11. Both are plain adds without a returned value (reductions),
+// exact whatever their order.
+constexpr int kMassLoBits = 11;
+static_assert(kVocabBits + kMassLoBits <= 32, "the low-bit sums of a row fit a u32");
 __device__ __forceinline__ void add_mass(uint32_t* lo, uint32_t* hi, uint64_t q) {
-  const uint32_t ql = uint32_t(q);
-  uint32_t carry = uint32_t(q >> 32);
-  if (ql != 0) {
-    const uint32_t old = atomicAdd(lo, ql);
-    carry += old + ql < old ? 1u : 0u;
-  }
-  if (carry != 0) atomicAdd(hi, carry);
+  const uint32_t ql = uint32_t(q) & ((1u << kMassLoBits) - 1u);
+  const uint32_t qh = uint32_t(q >> kMassLoBits);
+  if (ql != 0) atomicAdd(lo, ql);
+  if (qh != 0) atomicAdd(hi, qh);
+}
+__device__ __forceinline__ uint64_t mass_of(uint32_t lo, uint32_t hi) {
+  return (uint64_t(hi) << kMassLoBits) + uint64_t(lo);
 }
 
 // A histogram of counts and masses in shared memory; after scan_hist, inclusive prefixes.
@@ -146,9 +153,7 @@ struct Hist {
     add_mass(&lo[b], &hi[b], q);
   }
   __device__ uint64_t count(int b) const { return b < 0 ? 0 : cnt[b]; }
-  __device__ uint64_t mass(int b) const {
-    return b < 0 ? 0 : (uint64_t(hi[b]) << 32) | uint64_t(lo[b]);
-  }
+  __device__ uint64_t mass(int b) const { return b < 0 ? 0 : mass_of(lo[b], hi[b]); }
   __device__ uint64_t cum(int b, bool by_mass) const { return by_mass ? mass(b) : count(b); }
 };
 
@@ -235,8 +240,8 @@ __device__ void scan_hist(const Hist& h, int n, ChooseSmem& sm) {
     ce += h.cnt[b];
     me += h.mass(b);
     h.cnt[b] = uint32_t(ce);
-    h.lo[b] = uint32_t(me);
-    h.hi[b] = uint32_t(me >> 32);
+    h.lo[b] = uint32_t(me) & ((1u << kMassLoBits) - 1u);  // the prefix in the same form
+    h.hi[b] = uint32_t(me >> kMassLoBits);
   }
   __syncthreads();
 }
@@ -345,27 +350,94 @@ struct ListRange {
   }
 };
 
+// The lowest finite float: y >= kFiniteLow is y != −inf (y is never NaN in a row whose lse is
+// finite).
+constexpr float kFiniteLow = -0x1.fffffep127f;
+
+// The smallest y (in float order, −inf … +inf) whose level-0 bin is below b; level0_bin(y − lse) is
+// non-increasing in y, so an entry's bin is < b exactly when y >= bin_cut(b) (−0 and +0 share a
+// bin). NaN (no y) for b <= 0. A binary search over the ordered bits: 32 steps.
+__device__ __forceinline__ float bin_cut(int b, float lse) {
+  if (b <= 0) return __uint_as_float(0x7fc00000u);
+  uint32_t lo = ordered(neg_inf_f32()), hi = ordered(__uint_as_float(0x7f800000u));
+  while (lo < hi) {
+    const uint32_t mid = lo + (hi - lo) / 2;
+    if (level0_bin(__fsub_rn(from_ordered(mid), lse)) < b) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return from_ordered(lo);
+}
+
+// What the slow path of an entry needs from its row.
+struct GumbelRow {
+  float lse, min_p_thr;
+  int min_p;      // the min-p filter is on
+  uint64_t last;  // candidates have key <= last (all ones: no such bound)
+};
+
+// An entry whose bound y + G(u's top bits) reached the best score: its exact score (§S.6-S.7) if
+// it is a candidate; the better of it and best. Not inlined: rare, and the passes inline their
+// per-group code many times (for_each_group).
+static __device__ __noinline__ Cand consider_slow(Cand best, float yv, int v, uint32_t word,
+                                                  GumbelRow gr, uint32_t* score_thr) {
+  if (gr.last != ~uint64_t(0) && sample_key(yv, v) > gr.last) return best;
+  if (gr.min_p && !(row_prob(yv, gr.lse) >= gr.min_p_thr)) return best;
+  const Cand c{__fadd_rn(yv, gumbel_from_word(word)), v};
+  if (!better(c, best)) return best;
+  atomicMax(score_thr, ordered(c.score));
+  return c;
+}
+
 // Calls fn(g, ys, nv) for this thread's 4-entry groups g of the row (ys = y[4g .. 4g+3], nv of
 // them below V), the next kAhead groups' loads in flight; descending group order when `reverse`.
+// Every lane of a warp calls fn together (a lane past the row's end with nv = 0 and ys = −inf),
+// and the warp reconverges after each call: lanes whose group took a rare path would otherwise
+// run the rest of the loop apart from the others, each subset issuing every instruction again.
+// NOTE: fn is inlined once (a small loop body: the kernel's code is large, and unrolling the
+// groups with two load buffers cost more in instruction fetch than it gained in loads in flight;
+// docs/perf.md, 2026-12-04).
 template <class Fn>
 __device__ __forceinline__ void for_each_group(const float* __restrict__ y, int64_t V, bool reverse,
                                                Fn&& fn) {
   const int ng = int((V + 3) >> 2), nv_last = int(V - 4 * int64_t(ng - 1));  // V < 2^21
   const float4* y4 = reinterpret_cast<const float4*>(y);
   auto at = [&](int i) {
-    return i < ng ? __ldg(y4 + (reverse ? ng - 1 - i : i)) : make_float4(0, 0, 0, 0);
+    return i < ng ? __ldg(y4 + (reverse ? ng - 1 - i : i))
+                  : make_float4(neg_inf_f32(), neg_inf_f32(), neg_inf_f32(), neg_inf_f32());
   };
   float4 ahead[kAhead];
 #pragma unroll
   for (int j = 0; j < kAhead; ++j) ahead[j] = at(int(threadIdx.x) + j * kChooseThreads);
-  for (int i = int(threadIdx.x); i < ng; i += kChooseThreads) {
+  const int lane0 = int(threadIdx.x) & ~31;  // the warp's first thread: warp-uniform trip count
+  for (int k = 0; lane0 + k < ng; k += kChooseThreads) {
+    const int i = int(threadIdx.x) + k;
     const float4 cur = ahead[0];
 #pragma unroll
     for (int j = 0; j + 1 < kAhead; ++j) ahead[j] = ahead[j + 1];
     ahead[kAhead - 1] = at(i + kAhead * kChooseThreads);
     const int g = reverse ? ng - 1 - i : i;
     const float ys[4] = {cur.x, cur.y, cur.z, cur.w};
-    fn(int64_t(g), ys, g == ng - 1 ? nv_last : 4);
+    fn(int64_t(i < ng ? g : 0), ys, i >= ng ? 0 : g == ng - 1 ? nv_last : 4);
+    __syncwarp();
+  }
+}
+
+// The entries v0 + e (e < nv) with list_lo <= y < cand_lo onto the shared-memory list, with
+// their masses when hp (entries past kListCap are counted, not stored: the list then overflows).
+static __device__ __forceinline__ void list_append(ChooseSmem& sm, float4 y4, int64_t v0, int nv,
+                                                   float list_lo, float cand_lo, bool hp,
+                                                   float lse) {
+  const float ys[4] = {y4.x, y4.y, y4.z, y4.w};
+  for (int e = 0; e < nv; ++e) {
+    if (!(ys[e] >= list_lo) || ys[e] >= cand_lo) continue;
+    const uint32_t i = atomicAdd(&sm.list_n, 1u);
+    if (i < uint32_t(kListCap)) {
+      sm.u.list.key[i] = sample_key(ys[e], v0 + e);
+      sm.u.list.q[i] = hp ? mass_q32(__fsub_rn(ys[e], lse)) : 0;
+    }
   }
 }
 
@@ -448,70 +520,79 @@ static __global__ void __launch_bounds__(kChooseThreads)
 
   // The Gumbel-max. score_thr: the best score found so far by any thread (a candidate's); an
   // entry whose bound y + G is below it cannot win (strictly below: a tie might have a lower id).
+  // A thread reads it once per group: a stale value is lower, so it only skips less.
   Cand best = arg;
   auto threshold = [&] { return from_ordered(load_relaxed(&sm.score_thr)); };
-  auto consider = [&](float yv, int64_t v, uint32_t word) {
-    if (__fadd_rn(yv, sm.gbound[word >> (32 - kGumbelBoundBits)]) < threshold()) return;
-    if (min_p && !(row_prob(yv, lse) >= min_p_thr)) return;
-    const Cand c{__fadd_rn(yv, gumbel_from_word(word)), int(v)};
-    if (better(c, best)) {
-      best = c;
-      atomicMax(&sm.score_thr, ordered(c.score));
-    }
-  };
-  // One pass over the row scoring the entries is_cand accepts (it may do more with each entry),
-  // one Philox call per group with an entry that might win.
-  auto gumbel_pass = [&](bool reverse, auto&& is_cand) {
+  const GumbelRow gr{lse, min_p_thr, min_p ? 1 : 0, ~uint64_t(0)};
+  // One pass over the row scoring the candidates, the entries with y >= cand_lo (and key <= last),
+  // and, with_list, appending the entries with list_lo <= y < cand_lo to the list (with their
+  // masses when hp). One Philox call per group with an entry that might win.
+  auto gumbel_pass = [&](bool reverse, float cand_lo, bool with_list, float list_lo,
+                         uint64_t last) {
+    GumbelRow g_row = gr;
+    g_row.last = last;
     for_each_group(y, V, reverse, [&](int64_t g, const float* ys, int nv) {
-      bool c[4] = {false, false, false, false};
-      bool any = false;
-      const float s = threshold();
+      const float m = fmaxf(fmaxf(ys[0], ys[1]), fmaxf(ys[2], ys[3]));
+      if (with_list && nv > 0 && m >= list_lo) {
+        bool any = false;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (e >= nv) break;
-        c[e] = is_cand(ys[e], 4 * g + e) && ys[e] != neg_inf_f32() && !(__fadd_rn(ys[e], gmax) < s);
-        any = any || c[e];
+        for (int e = 0; e < 4; ++e) any = any || (ys[e] >= list_lo && !(ys[e] >= cand_lo));
+        if (any)
+          list_append(sm, make_float4(ys[0], ys[1], ys[2], ys[3]), 4 * g, nv, list_lo, cand_lo, hp,
+                      lse);
       }
-      if (!any) return;
+      __syncwarp();
+      const float s = threshold();
+      if (!(nv > 0 && m >= cand_lo && !(__fadd_rn(m, gmax) < s))) return;
       const Philox4 w = words_of(g);
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        if (c[e]) consider(ys[e], 4 * g + e, w.v[e]);
+      for (int e = 0; e < 4; ++e) {
+        // (entries past V are the row's −inf padding: never >= cand_lo, a finite value)
+        if (ys[e] >= cand_lo &&
+            !(__fadd_rn(ys[e], sm.gbound[w.v[e] >> (32 - kGumbelBoundBits)]) < s))
+          best = consider_slow(best, ys[e], int(4 * g + e), w.v[e], g_row, &sm.score_thr);
+      }
     });
   };
 
   if (!filtered) {
-    gumbel_pass(false, [](float, int64_t) { return true; });
+    gumbel_pass(false, kFiniteLow, false, kFiniteLow, ~uint64_t(0));
     write_choice(p, t, y, lse, best_of(best));
     return;
   }
 
-  // Pass 1: level 0 (counts for top-k, masses for top-p); the tail bin in registers.
-  uint32_t tail_n = 0;
-  uint64_t tail_q = 0;
-  for_each_group(y, V, false, [&](int64_t, const float* ys, int nv) {
+  // Pass 1: level 0 (counts for top-k; masses for top-p unless top-k's bins alone can be listed);
+  // the tail bin in registers.
+  auto level0_pass = [&](bool counts, bool masses) {
+    uint32_t tail_n = 0;
+    uint64_t tail_q = 0;
+    for_each_group(y, V, false, [&](int64_t, const float* ys, int nv) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if (e >= nv) break;
-      const float d = __fsub_rn(ys[e], lse);
-      const int b = level0_bin(d);
-      const uint64_t q = hp ? mass_q32(d) : 0;
-      if (b == kTail) {
-        tail_n += 1;
-        tail_q += q;
-      } else {
-        if (hk) atomicAdd(&sm.cnt[b], 1u);
-        if (q != 0) add_mass(&sm.lo[b], &sm.hi[b], q);
+      for (int e = 0; e < 4; ++e) {
+        if (e >= nv) break;
+        const float d = __fsub_rn(ys[e], lse);
+        const int b = level0_bin(d);
+        const uint64_t q = masses ? mass_q32(d) : 0;
+        if (b == kTail) {
+          tail_n += 1;
+          tail_q += q;
+        } else {
+          if (counts) atomicAdd(&sm.cnt[b], 1u);
+          if (q != 0) add_mass(&sm.lo[b], &sm.hi[b], q);
+        }
       }
-    }
-  });
-  if (hk && tail_n != 0) atomicAdd(&sm.cnt[kTail], tail_n);
-  if (tail_q != 0) add_mass(&sm.lo[kTail], &sm.hi[kTail], tail_q);
-  __syncthreads();
+    });
+    if (counts && tail_n != 0) atomicAdd(&sm.cnt[kTail], tail_n);
+    if (tail_q != 0) add_mass(&sm.lo[kTail], &sm.hi[kTail], tail_q);
+    __syncthreads();
+  };
+  level0_pass(hk, hp && !hk);
   scan_hist(h0, kBuckets, sm);
 
   // The bins that can hold the boundaries: top-k's b_k; top-p's bin for thr = ceil(top_p·Q)
   // (after top-k, Q lies between the mass before b_k and the mass up to b_k; thr is monotone).
+  // With top-k, when the bins up to b_k fit the list, they are the list (b_lo = 0): top-p's
+  // boundary is then found in the list, and the row's masses are never needed.
   const uint64_t k = uint64_t(info.top_k);
   auto thr_of = [&](uint64_t Q) {
     return uint64_t(ceil(__dmul_rn(double(info.top_p), double(Q))));
@@ -522,26 +603,25 @@ static __global__ void __launch_bounds__(kChooseThreads)
   int b_lo, b_hi;
   if (hk) {
     b_hi = first_reaching(h0, kBuckets, k, false, sm);
-    b_lo = hp ? min(b_hi, mass_bin(thr_of(h0.mass(b_hi - 1)))) : b_hi;
+    if (h0.count(b_hi) <= uint64_t(kListCap)) {
+      b_lo = 0;
+    } else if (hp) {
+      // Level 0 again, with the masses.
+      h0.clear(kBuckets);
+      __syncthreads();
+      level0_pass(true, true);
+      scan_hist(h0, kBuckets, sm);
+      b_lo = min(b_hi, mass_bin(thr_of(h0.mass(b_hi - 1))));
+    } else {
+      b_lo = b_hi;
+    }
   } else {
     b_lo = b_hi = mass_bin(thr_of(h0.mass(kTail)));
   }
 
   // Pass 2 (descending: the row's end is the most recently read): bins < b_lo are candidates,
-  // [b_lo, b_hi] go to the list.
-  gumbel_pass(true, [&](float yv, int64_t v) {
-    const float d = __fsub_rn(yv, lse);
-    const int b = level0_bin(d);
-    if (b < b_lo) return true;
-    if (b <= b_hi) {
-      const uint32_t i = atomicAdd(&sm.list_n, 1u);
-      if (i < uint32_t(kListCap)) {
-        sm.u.list.key[i] = sample_key(yv, v);
-        sm.u.list.q[i] = hp ? mass_q32(d) : 0;
-      }
-    }
-    return false;
-  });
+  // [b_lo, b_hi] go to the list. A bin is a range of y (level0_bin is non-increasing in y).
+  gumbel_pass(true, bin_cut(b_lo, lse), true, bin_cut(b_hi + 1, lse), ~uint64_t(0));
   __syncthreads();
 
   // The list's window: its smallest and largest key, its count and mass.
@@ -644,7 +724,9 @@ static __global__ void __launch_bounds__(kChooseThreads)
       const int64_t v = int64_t(key & kVocabMask);
       const float yv = y[v];
       if (yv == neg_inf_f32() || __fadd_rn(yv, gmax) < threshold()) continue;
-      consider(yv, v, words_of(v >> 2).v[v & 3]);
+      const uint32_t word = words_of(v >> 2).v[v & 3];
+      if (__fadd_rn(yv, sm.gbound[word >> (32 - kGumbelBoundBits)]) < threshold()) continue;
+      best = consider_slow(best, yv, int(v), word, gr, &sm.score_thr);
     }
   } else {
     // Pass 2's candidates may not be this row's: score every candidate again from the argmax.
@@ -652,7 +734,8 @@ static __global__ void __launch_bounds__(kChooseThreads)
     __syncthreads();
     if (tid == 0) sm.score_thr = ordered(arg.score);
     __syncthreads();
-    gumbel_pass(false, [&](float yv, int64_t v) { return sample_key(yv, v) <= last; });
+    const float y_last = from_ordered(~uint32_t(last >> kVocabBits));  // key <= last => y >= y_last
+    gumbel_pass(false, fmaxf(y_last, kFiniteLow), false, kFiniteLow, last);
   }
   write_choice(p, t, y, lse, best_of(best));
 }
