@@ -428,6 +428,7 @@ __device__ __forceinline__ void dq_scores(float (&s)[32], float (&dp)[32], float
                                           uint32_t k_prev, const float (&lam)[2],
                                           const float (&del)[2], float sigma, int rw, int tq) {
   if constexpr (PREV) {
+    wgmma_fence();
     chain_tile(acc, da_prev, k_prev);
     wgmma_wait<2>();  // S (dP and the previous dQ may still run)
   } else {
@@ -507,14 +508,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto load_block = [&](int t) {  // warp 0: lane 0 issues
     const int st = t % kQStages;
     if (t >= kQStages) mbar_wait(empty_bar(st), uint32_t((t / kQStages - 1) & 1));
-    if (lane != 0) return;
-    mbar_arrive_expect_tx(full_bar(st), uint32_t(kQStage));
-    const uint32_t dst = st0 + uint32_t(st) * kQStage;
-    const int32_t row = it.t0 + t * kBlk;
-    tma_load_2d(dst, &tm_k, kvh * kD, row, full_bar(st));
-    tma_load_2d(dst + kBox64, &tm_k, kvh * kD + 64, row, full_bar(st));
-    tma_load_2d(dst + kTile64, &tm_v, kvh * kD, row, full_bar(st));
-    tma_load_2d(dst + kTile64 + kBox64, &tm_v, kvh * kD + 64, row, full_bar(st));
+    if (lane == 0) {
+      mbar_arrive_expect_tx(full_bar(st), uint32_t(kQStage));
+      const uint32_t dst = st0 + uint32_t(st) * kQStage;
+      const int32_t row = it.t0 + t * kBlk;
+      tma_load_2d(dst, &tm_k, kvh * kD, row, full_bar(st));
+      tma_load_2d(dst + kBox64, &tm_k, kvh * kD + 64, row, full_bar(st));
+      tma_load_2d(dst + kTile64, &tm_v, kvh * kD, row, full_bar(st));
+      tma_load_2d(dst + kTile64 + kBox64, &tm_v, kvh * kD + 64, row, full_bar(st));
+    }
   };
   const bool loader = tid < 32;  // warp 0
   if (loader) {
