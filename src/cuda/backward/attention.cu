@@ -262,7 +262,7 @@ void run_backward_wg(const char* op, const TensorView& q, const TensorView& k, c
     if (r == CUDA_SUCCESS) r = encode(&tq[i], t, kv_side ? wg::kBlk : wg::kWide);
   }
   LS_CHECK(r == CUDA_SUCCESS, op, "cuTensorMapEncodeTiled failed (", int(r), ")");
-  launch_wg<wg::dkdv_wg_kernel>(op, wg::kThreads, wg::kKvSmem, unsigned(kv.size() * size_t(Hkv)),
+  launch_wg<wg::dkdv_wg_kernel>(op, wg::kKvThreads, wg::kKvSmem, unsigned(kv.size() * size_t(Hkv)),
                                 s, tkv, p, items);
   launch_wg<wg::dq_wg_kernel>(op, wg::kThreads, wg::kQSmem, unsigned(qi.size() * size_t(Hq)), s, tq,
                               p, items + kv.size());

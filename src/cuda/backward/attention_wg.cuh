@@ -12,10 +12,10 @@
 // start at kc: §B.9's 64·⌊j/64⌋), each consumer warpgroup:
 //   1. Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: 8 wgmma m64n64k16 each (keys × rows; A = K / V, B = Q / dO, all
 //      K-major), chains over D from +0 (scale-d = 0 on k-block 0): the score bits of §A.4 step 1.
-//   2. P = exp2(s ⊗ σ ⊖ λ) (exp2_mma: exp2_bits's bits), Pb = bf16 (masked: +0); dV += Pbᵀ·dO:
-//      4 wgmma m64n128k16 with Pb as the register A operand (the accumulator layout of step 1 is
-//      the A layout) and dO as the MN-major B operand — the tile's 16-row k-blocks ascending,
-//      issued before step 3.
+//   2. P = exp2_bits(s ⊗ σ ⊖ λ), Pb = bf16 (masked: +0); dV += Pbᵀ·dO: 4 wgmma m64n128k16 with Pb
+//   as
+//      the register A operand (the accumulator layout of step 1 is the A layout) and dO as the
+//      MN-major B operand — the 16-row k-blocks of the tile ascending, issued before step 3.
 //   3. dS = P ⊗ (dP ⊖ δ), dSb (masked: +0); dK += dSbᵀ·Q (4 wgmma, Q MN-major).
 //   So dV[j, d] (dK) is one chain from +0 over heads ascending, then rows kc … end in 16-row
 //   k-blocks ascending: §B.9's order. After the walk dV, dK ⊗ scale_f are stored (keys < len).
@@ -67,14 +67,11 @@ using detail::wgmma_wait;
 constexpr int kD = 128;     // head_dim (compile time)
 constexpr int kBlk = 64;    // rows / keys per tile (contract A.2)
 constexpr int kWide = 128;  // keys (dkdv) / rows (dq) per CTA: two warpgroups
-// Both kernels: 256 threads, the two consumer warpgroups, and no producer warp: 8 warps leave ptxas
-// 255 registers per thread (a ninth warp puts three warps on one SM sub-partition: 168, and
-// setmaxnreg only moves the run-time budget, not ptxas's allocation); dkdv's 128 dV / dK
-// accumulators + 64 scores, and dq's deferred dQ, need more than 168. Warp 0 (dkdv) or thread 0
-// (dq) issues the loads in-line, refilling a slot once both warpgroups have released it.
-constexpr int kThreads = 256;
-constexpr int kStages = 3;               // dkdv ring slots (Q, dO, λ, δ)
-constexpr int kQStages = 4;              // dq ring slots (K, V)
+// dq: 2 consumer warpgroups + 1 producer warp (168 registers: 64 accumulators + 64 scores fit);
+// the consumers come first (a warpgroup is 4 warps from a multiple of 4). dkdv: kKvThreads below.
+constexpr int kConsumers = 256;
+constexpr int kThreads = kConsumers + 32;
+constexpr int kStages = 3;               // ring slots
 constexpr int kBox64 = kBlk * 64 * 2;    // one box: 64 columns x 64 rows (8 KB)
 constexpr int kBox128 = kWide * 64 * 2;  // one box: 64 columns x 128 rows (16 KB)
 constexpr int kTile64 = 2 * kBox64;      // [64, 128] bf16: two boxes
@@ -88,7 +85,7 @@ constexpr int kKvSmem =
     2 * kTile128 + kStages * (kKvStage + kLdStage) + 8 * (2 * kStages + 1) + 1024;
 // dq: Q, dO of the CTA (128 rows each), then per stage K, V (64 keys each).
 constexpr int kQStage = 2 * kTile64;
-constexpr int kQSmem = 2 * kTile128 + kQStages * kQStage + 8 * (2 * kQStages + 1) + 1024;
+constexpr int kQSmem = 2 * kTile128 + kStages * kQStage + 8 * (2 * kStages + 1) + 1024;
 static_assert(kKvStage % 1024 == 0 && kQStage % 1024 == 0, "stage alignment");
 
 // One CTA: the sequence's first packed row t0 and length len, its first key (dkdv) or row (dq)
@@ -251,7 +248,12 @@ __device__ __forceinline__ void dkdv_tile(float (&s)[32], float (&dp)[32], float
   fence_u32(da);
 }
 
-// dkdv's loads: at step s warp 0 refills the slot of step s − 1 with step s + kStages − 1.
+// NOTE: dkdv runs 256 threads (the two consumer warpgroups) and no producer warp: 8 warps leave
+// ptxas 255 registers per thread, which the 128 dV / dK accumulators + 64 scores need (a ninth warp
+// puts three warps on one SM sub-partition: 168 registers, and setmaxnreg only moves the run-time
+// budget, not ptxas's allocation). Warp 0 issues the loads in-line: at step s it refills the slot
+// of step s − 1 with step s + kStages − 1 once both warpgroups have released it.
+constexpr int kKvThreads = kConsumers;
 
 // 4 bytes global → shared by cp.async, +0 when !valid (src-size 0: nothing is read).
 __device__ __forceinline__ void cp_async4(uint32_t dst, const float* src, bool valid) {
@@ -265,7 +267,7 @@ __device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kKvThreads, 1)
     dkdv_wg_kernel(const __grid_constant__ CUtensorMap tm_q,
                    const __grid_constant__ CUtensorMap tm_k,
                    const __grid_constant__ CUtensorMap tm_v,
@@ -418,22 +420,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // ------------------------------------------------------------------------------------------------
-// dq: dS of one key block (diagonal: key j ≤ row i, per entry) into the bf16 A fragments da.
-// Before the scores are read, dQ += dSb·K of the previous block (prev: its fragments and K tile)
-// is issued behind S and dP, so the tensor cores run it while this block's exps run; it is waited
-// for (and its slot released by the caller) after dS.
-template <bool DIAG, bool PREV>
-__device__ __forceinline__ void dq_scores(float (&s)[32], float (&dp)[32], float (&acc)[64],
-                                          uint32_t (&da)[4][4], const uint32_t (&da_prev)[4][4],
-                                          uint32_t k_prev, const float (&lam)[2],
-                                          const float (&del)[2], float sigma, int rw, int tq) {
-  if constexpr (PREV) {
-    wgmma_fence();
-    chain_tile(acc, da_prev, k_prev);
-    wgmma_wait<2>();  // S (dP and the previous dQ may still run)
-  } else {
-    wgmma_wait<1>();
-  }
+// dq: dS of one key block (diagonal: key j ≤ row i, per entry), then dQ += dSb·K.
+template <bool DIAG>
+__device__ __forceinline__ void dq_block(float (&s)[32], float (&dp)[32], float (&acc)[64],
+                                         const float (&lam)[2], const float (&del)[2],
+                                         uint32_t k_tile, float sigma, int rw, int tq) {
+  wgmma_wait<1>();  // S (dP may still run)
   fence_acc(s);
 #pragma unroll
   for (int n = 0; n < 8; ++n)
@@ -444,11 +436,7 @@ __device__ __forceinline__ void dq_scores(float (&s)[32], float (&dp)[32], float
         float& x = s[4 * n + 2 * h + e];
         x = exp2_mma(__fsub_rn(__fmul_rn(x, sigma), lam[h]));
       }
-  if constexpr (PREV) {
-    wgmma_wait<1>();  // dP (the previous dQ may still run)
-  } else {
-    wgmma_wait<0>();
-  }
+  wgmma_wait<0>();
   fence_acc(dp);
 #pragma unroll
   for (int n = 0; n < 8; ++n)
@@ -460,12 +448,16 @@ __device__ __forceinline__ void dq_scores(float (&s)[32], float (&dp)[32], float
         const float dsv = __fmul_rn(s[4 * n + 2 * h + e], __fsub_rn(y, del[h]));
         y = (!DIAG || 8 * n + 2 * tq + e <= rw + 8 * h) ? dsv : 0.0f;
       }
+  uint32_t da[4][4];
   pack_frags(da, dp);
+  fence_acc(acc);
+  wgmma_fence();
+  chain_tile(acc, da, k_tile);
+  wgmma_wait<0>();
+  fence_acc(acc);
+  fence_u32(da);
 }
 
-// dq's loads: block t goes to slot t % kQStages; a warpgroup releases block b's slot only once its
-// dQ has run (during block b + 1), so at block b thread 0 refills block b − 2's slot with block
-// b + kQStages − 2.
 __global__ void __launch_bounds__(kThreads, 1)
     dq_wg_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                  const __grid_constant__ CUtensorMap tm_v,
@@ -476,23 +468,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t base = (raw + 1023u) & ~1023u;
   uint8_t* const gbase = smem + (base - raw);  // generic pointer to `base`
   const uint32_t q_s = base, do_s = base + kTile128;
-  const uint32_t st0 = base + 2 * kTile128;  // slot s: K, V at st0 + s·kQStage
-  const uint32_t bars = st0 + kQStages * kQStage;
+  const uint32_t st0 = base + 2 * kTile128;  // stage s: K, V at st0 + s·kQStage
+  const uint32_t bars = st0 + kStages * kQStage;
   auto full_bar = [&](int s) { return bars + 8u * uint32_t(s); };
-  auto empty_bar = [&](int s) { return bars + 8u * uint32_t(kQStages + s); };
-  const uint32_t q_bar = bars + 8u * uint32_t(2 * kQStages);
+  auto empty_bar = [&](int s) { return bars + 8u * uint32_t(kStages + s); };
+  const uint32_t q_bar = bars + 8u * uint32_t(2 * kStages);
 
   const WgItem it = items[blockIdx.x / p.Hq];
   const int h = blockIdx.x % p.Hq, kvh = h / p.G;
   const int r0 = it.x0, len = it.len;
   const int last = min(r0 + kWide, len) - 1;  // the CTA's last row
-  const int nblk = last / kBlk + 1;           // key blocks loaded
+  const int nblk = last / kBlk + 1;           // key blocks the producer loads
 
   const int tid = threadIdx.x;
-  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
-  const int wt = tid & 127, warp = wt >> 5, lane = wt & 31, g = lane >> 2, tq = lane & 3;
   if (tid == 0) {
-    for (int s = 0; s < kQStages; ++s) {
+    for (int s = 0; s < kStages; ++s) {
       mbar_init(full_bar(s), 1);
       mbar_init(empty_bar(s), 8);
     }
@@ -505,31 +495,35 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
-  auto load_block = [&](int t) {  // warp 0: lane 0 issues
-    const int st = t % kQStages;
-    if (t >= kQStages) mbar_wait(empty_bar(st), uint32_t((t / kQStages - 1) & 1));
-    if (lane == 0) {
-      mbar_arrive_expect_tx(full_bar(st), uint32_t(kQStage));
-      const uint32_t dst = st0 + uint32_t(st) * kQStage;
-      const int32_t row = it.t0 + t * kBlk;
-      tma_load_2d(dst, &tm_k, kvh * kD, row, full_bar(st));
-      tma_load_2d(dst + kBox64, &tm_k, kvh * kD + 64, row, full_bar(st));
-      tma_load_2d(dst + kTile64, &tm_v, kvh * kD, row, full_bar(st));
-      tma_load_2d(dst + kTile64 + kBox64, &tm_v, kvh * kD + 64, row, full_bar(st));
-    }
-  };
-  const bool loader = tid < 32;  // warp 0
-  if (loader) {
-    if (lane == 0) {
+  if (tid >= kConsumers) {
+    if (tid == kConsumers) {  // the producer warp's lane 0
       mbar_arrive_expect_tx(q_bar, uint32_t(2 * kTile128));
       tma_load_2d(q_s, &tm_q, h * kD, it.t0 + r0, q_bar);
       tma_load_2d(q_s + kBox128, &tm_q, h * kD + 64, it.t0 + r0, q_bar);
       tma_load_2d(do_s, &tm_do, h * kD, it.t0 + r0, q_bar);
       tma_load_2d(do_s + kBox128, &tm_do, h * kD + 64, it.t0 + r0, q_bar);
+      int stage = 0;
+      uint32_t phase = 0;
+      for (int b = 0; b < nblk; ++b) {
+        mbar_wait(empty_bar(stage), phase ^ 1u);
+        mbar_arrive_expect_tx(full_bar(stage), uint32_t(kQStage));
+        const uint32_t dst = st0 + uint32_t(stage) * kQStage;
+        const int32_t row = it.t0 + b * kBlk;
+        tma_load_2d(dst, &tm_k, kvh * kD, row, full_bar(stage));
+        tma_load_2d(dst + kBox64, &tm_k, kvh * kD + 64, row, full_bar(stage));
+        tma_load_2d(dst + kTile64, &tm_v, kvh * kD, row, full_bar(stage));
+        tma_load_2d(dst + kTile64 + kBox64, &tm_v, kvh * kD + 64, row, full_bar(stage));
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1u;
+        }
+      }
     }
-    for (int t = 0; t < kQStages - 1 && t < nblk; ++t) load_block(t);
+    return;
   }
 
+  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+  const int wt = tid & 127, warp = wt >> 5, lane = wt & 31, g = lane >> 2, tq = lane & 3;
   const int r0w = r0 + 64 * wg;                   // first row of this warpgroup
   const int nb = r0w < len ? r0w / kBlk + 1 : 0;  // key blocks it computes
   const int rw = 16 * warp + g;                   // its rows rw, rw + 8 (of 64)
@@ -538,7 +532,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int i = r0w + rw + 8 * hh;
-    const int64_t idx = (int64_t(it.t0) + min(i, len - 1)) * p.Hq + h;
+    const int64_t idx = (int64_t(it.t0) + i) * p.Hq + h;
     lam[hh] = i < len ? p.lam[idx] : 0.0f;
     del[hh] = i < len ? p.delta[idx] : 0.0f;
   }
@@ -550,28 +544,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint64_t dao = sw128_desc(do_s + uint32_t(wg) * 8192u);
   mbar_wait(q_bar, 0);
 
-  // Block b − 1's dQ is issued during block b: blocks 0 … nb − 1 are computed in a row, so it is
-  // pending at block b exactly when 0 < b ≤ nb. The fragments alternate between fa (even blocks)
-  // and fb (odd ones): no copies between the wgmma reads of one and the writes of the other.
-  uint32_t fa[4][4], fb[4][4];
-  // Issues and waits for the pending dQ of block b − 1 (fragments prv), then releases its slot.
-  auto flush = [&](int b, uint32_t(&prv)[4][4]) {
-    const int st = (b - 1) % kQStages;
-    fence_acc(acc);
-    wgmma_fence();
-    chain_tile(acc, prv, st0 + uint32_t(st) * kQStage);
-    wgmma_wait<0>();
-    fence_acc(acc);
-    fence_u32(prv);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty_bar(st));
-  };
-  // Block b: dS into cur, block b − 1's dQ (fragments prv) run meanwhile.
-  auto step = [&](int b, uint32_t(&cur)[4][4], uint32_t(&prv)[4][4]) {
-    const int t = b + kQStages - 2;
-    if (loader && b > 0 && t < nblk) load_block(t);
-    const int stage = b % kQStages;
-    mbar_wait(full_bar(stage), uint32_t((b / kQStages) & 1));
+  int stage = 0;
+  uint32_t phase = 0;
+  for (int b = 0; b < nblk; ++b) {
+    mbar_wait(full_bar(stage), phase);
     if (b < nb) {
       const uint32_t k_t = st0 + uint32_t(stage) * kQStage, v_t = k_t + kTile64;
       const int jb = b * kBlk;
@@ -584,47 +560,20 @@ __global__ void __launch_bounds__(kThreads, 1)
         named_bar_sync(1 + wg, 128);
       }
       float sc[32], dp[32];
-      fence_acc(acc);
       wgmma_fence();
       chain_d<kBox128, kBox64>(sc, daq, sw128_desc(k_t));
       chain_d<kBox128, kBox64>(dp, dao, sw128_desc(v_t));
-      const uint32_t k_prev = st0 + uint32_t((b + kQStages - 1) % kQStages) * kQStage;
-      const bool diag = b == nb - 1;
-      if (b == 0) {
-        if (diag) {
-          dq_scores<true, false>(sc, dp, acc, cur, prv, k_prev, lam, del, p.sigma, rw, tq);
-        } else {
-          dq_scores<false, false>(sc, dp, acc, cur, prv, k_prev, lam, del, p.sigma, rw, tq);
-        }
+      if (b == nb - 1) {
+        dq_block<true>(sc, dp, acc, lam, del, k_t, p.sigma, rw, tq);
       } else {
-        if (diag) {
-          dq_scores<true, true>(sc, dp, acc, cur, prv, k_prev, lam, del, p.sigma, rw, tq);
-        } else {
-          dq_scores<false, true>(sc, dp, acc, cur, prv, k_prev, lam, del, p.sigma, rw, tq);
-        }
+        dq_block<false>(sc, dp, acc, lam, del, k_t, p.sigma, rw, tq);
       }
-      wgmma_wait<0>();  // the previous dQ (if any)
-      fence_acc(acc);
-      fence_u32(prv);
-      if (b > 0) {
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty_bar((b + kQStages - 1) % kQStages));
-      }
-    } else {
-      if (b == nb && nb > 0) flush(b, prv);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty_bar(stage));
     }
-  };
-  for (int b = 0; b < nblk; b += 2) {
-    step(b, fa, fb);
-    if (b + 1 < nblk) step(b + 1, fb, fa);
-  }
-  if (nb == nblk) {  // the last block's dQ (nblk ≥ 1)
-    if ((nblk - 1) % 2 == 0) {
-      flush(nblk, fa);
-    } else {
-      flush(nblk, fb);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty_bar(stage));
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1u;
     }
   }
 
