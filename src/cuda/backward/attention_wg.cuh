@@ -1,38 +1,47 @@
 // Hopper kernels of the packed varlen attention backward for head_dim 128 (docs/contract.md §B.9):
-// wgmma for every product, TMA loads through an mbarrier ring, two consumer warpgroups. The same
-// chains in the same order as attention.cuh's dkdv_kernel / dq_kernel (and the CPU spec): only the
-// layout of the products differs (§M: one wgmma k16 = one k-block, a↔b symmetric, chained through
-// the accumulator registers).
+// wgmma for every product, TMA loads through an mbarrier ring, two consumer warpgroups per CTA.
+// The same chains in the same order as attention.cuh's dkdv_kernel / dq_kernel (and the CPU spec):
+// only the layout of the products differs (§M: one wgmma k16 = one k-block, a↔b symmetric, chained
+// through the accumulator registers).
 //
-// dkdv_wg_kernel: one CTA per (sequence, kv head, 128 keys [j0, j0 + 128)); consumer warpgroup c
-// owns the 64 keys kc = j0 + 64c … (their dK, dV chains stay in its registers, 128 per thread).
-// The producer loads K and V of the 128 keys once and then, for the group's query heads e
-// ascending and per head the 64-row query tiles i0 = j0, j0 + 64, … to the sequence end, Q, dO
-// (TMA) and λ, δ (plain loads) into kStages ring slots. Per tile with i0 ≥ kc (the chain's rows
-// start at kc: §B.9's 64·⌊j/64⌋), each consumer warpgroup:
+// dkdv_wg_kernel: one CTA of 256 threads per (sequence, kv head, 128 keys [j0, j0 + 128));
+// warpgroup c owns the 64 keys kc = j0 + 64c … (their dK, dV chains stay in its registers, 128 per
+// thread). Warp 0 loads K and V of the 128 keys once (TMA) and then, in-line, for the group's query
+// heads e ascending and per head the 64-row query tiles i0 = j0, j0 + 64, … to the sequence end,
+// Q, dO (TMA) and λ, δ (cp.async) into kStages ring slots. Per tile with i0 ≥ kc (the chain's rows
+// start at kc: §B.9's 64·⌊j/64⌋), each warpgroup:
 //   1. Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: 8 wgmma m64n64k16 each (keys × rows; A = K / V, B = Q / dO, all
 //      K-major), chains over D from +0 (scale-d = 0 on k-block 0): the score bits of §A.4 step 1.
-//   2. P = exp2(s ⊗ σ ⊖ λ) (exp2_mma: exp2_bits's bits), Pb = bf16 (masked: +0); dV += Pbᵀ·dO: 4
-//   wgmma m64n128k16 with Pb as
-//      the register A operand (the accumulator layout of step 1 is the A layout) and dO as the
-//      MN-major B operand — the 16-row k-blocks of the tile ascending, issued before step 3.
+//   2. P = exp2(s ⊗ σ ⊖ λ) (exp2_mma: exp2_bits's bits), Pb = bf16 (masked: +0); dV += Pbᵀ·dO:
+//      4 wgmma m64n128k16 with Pb as the register A operand (the accumulator layout of step 1 is
+//      the A layout) and dO as the MN-major B operand — the tile's 16-row k-blocks ascending,
+//      issued before step 3 (the tensor cores run it during step 3).
 //   3. dS = P ⊗ (dP ⊖ δ), dSb (masked: +0); dK += dSbᵀ·Q (4 wgmma, Q MN-major).
 //   So dV[j, d] (dK) is one chain from +0 over heads ascending, then rows kc … end in 16-row
 //   k-blocks ascending: §B.9's order. After the walk dV, dK ⊗ scale_f are stored (keys < len).
-// dq_wg_kernel: one CTA per (sequence, query head, 128 rows [r0, r0 + 128)); consumer warpgroup w
-// owns rows r0 + 64w … (dQ in registers). Q and dO of the 128 rows are loaded once, then the 64-key
-// blocks 0 … of K and V; per block b ≤ (r0 + 64w) / 64 each warpgroup computes S = Q·Kᵀ and
-// dP = dO·Vᵀ (rows × keys), dS (masked: +0), and dQ += dSb·K (4 wgmma, K MN-major): one chain
-// from +0 over the keys 0 … 64·⌊i/64⌋ + 63 in 16-key k-blocks ascending, then ⊗ scale_f.
+// dq_wg_kernel: one CTA per (sequence, query head, 128 rows [r0, r0 + 128)): consumer warpgroup w
+// owns rows r0 + 64w … (dQ in registers), a producer warp loads (TMA) Q and dO of the 128 rows
+// once, then the 64-key blocks 0 … of K and V; per block b ≤ (r0 + 64w) / 64 each warpgroup
+// computes S = Q·Kᵀ and dP = dO·Vᵀ (rows × keys), dS (masked: +0), and dQ += dSb·K (4 wgmma, K
+// MN-major): one chain from +0 over the keys 0 … 64·⌊i/64⌋ + 63 in 16-key k-blocks ascending,
+// then ⊗ scale_f.
+//
 // Masking and the sequence end (§B.9): masked entries (key > row, or a row past the end) are +0
 // beside their real operands. TMA reads whole 64-row boxes, so rows past the sequence end hold the
 // next sequence's rows (zeros only past T): where they are a chain's k dimension they must be +0
 // (§B.9: rows past the end have dout = q = +0, keys past the end k = +0), so the consumers zero
 // them in shared memory before the products — dkdv: the Q and dO rows of a head's last tile; dq:
-// the K rows of the last key block. Elsewhere (keys past the end in dkdv, rows past the end in
-// dq) they only reach outputs that are never stored.
+// the K rows of the last key block. Elsewhere (keys past the end in dkdv, rows past the end in dq)
+// they only reach outputs that are never stored.
 // Pb and dSb are rounded by cvt.rn.bf16x2 (the bits of f32_to_bf16 for every non-NaN value; a NaN
 // operand makes the MMA's result 0x7fffffff whatever its payload, §M.1).
+//
+// NOTE (H200, 2026-12-04, bench_attention_bwd: B = 4, S = 4096, Hq = 32, Hkv = 8): backward
+// 4.66 ms (delta + dkdv 2.51 ms + dq 1.97 ms by ncu), 2.0x the mma.sync kernels' 9.35 ms; both
+// kernels issue on ~47-51% of the cycles with the tensor pipe ~46% busy (latency between a
+// warpgroup's MMA and exp phases, two warpgroups per SM). Tried and not kept: issuing a tile's dK
+// (dkdv) or dQ (dq) behind the next tile's scores, so the tensor cores run it during the exps:
+// dkdv 2.75 ms, dq 2.16 ms (slower; the later slot release stalls the loads).
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only)
@@ -71,8 +80,7 @@ constexpr int kWide = 128;  // keys (dkdv) / rows (dq) per CTA: two warpgroups
 // the consumers come first (a warpgroup is 4 warps from a multiple of 4). dkdv: kKvThreads below.
 constexpr int kConsumers = 256;
 constexpr int kThreads = kConsumers + 32;
-constexpr int kStages = 3;               // dq ring slots (K, V)
-constexpr int kKvStages = 4;             // dkdv ring slots (Q, dO, λ, δ)
+constexpr int kStages = 3;               // ring slots
 constexpr int kBox64 = kBlk * 64 * 2;    // one box: 64 columns x 64 rows (8 KB)
 constexpr int kBox128 = kWide * 64 * 2;  // one box: 64 columns x 128 rows (16 KB)
 constexpr int kTile64 = 2 * kBox64;      // [64, 128] bf16: two boxes
@@ -83,7 +91,7 @@ constexpr int kTile128 = 2 * kBox128;    // [128, 128] bf16: two boxes
 constexpr int kKvStage = 2 * kTile64;
 constexpr int kLdStage = 2 * kBlk * 4;
 constexpr int kKvSmem =
-    2 * kTile128 + kKvStages * (kKvStage + kLdStage) + 8 * (2 * kKvStages + 1) + 1024;
+    2 * kTile128 + kStages * (kKvStage + kLdStage) + 8 * (2 * kStages + 1) + 1024;
 // dq: Q, dO of the CTA (128 rows each), then per stage K, V (64 keys each).
 constexpr int kQStage = 2 * kTile64;
 constexpr int kQSmem = 2 * kTile128 + kStages * kQStage + 8 * (2 * kStages + 1) + 1024;
@@ -187,24 +195,14 @@ __device__ __forceinline__ float exp2_mma(float x) {
 // Accumulator layout of an m64n64 tile: c[4n + 2h + e] = M index 16·warp + g + 8h, N index
 // 8n + 2tq + e. dkdv: M = keys, N = rows; dq: M = rows, N = keys.
 
-// dkdv steps 2 and 3 for tile t, entered with Sᵀ and dPᵀ issued. MASK: per entry, key j ≤ row i
-// and row i < len (the diagonal tile, the sequence's last tile); else every entry is valid. PREV:
-// tile t − 1's dK (its fragments in da, its Q tile q_prev) is issued here, behind Sᵀ and dPᵀ, so
-// the tensor cores run it during this tile's exps. Leaves dK of tile t to the next tile (or the
-// caller's flush), with its fragments in da.
-template <bool MASK, bool PREV>
+// dkdv steps 2 and 3 for one tile. MASK: per entry, key j ≤ row i and row i < len (the diagonal
+// tile, the sequence's last tile); else every entry is valid.
+template <bool MASK>
 __device__ __forceinline__ void dkdv_tile(float (&s)[32], float (&dp)[32], float (&dv)[64],
-                                          float (&dk)[64], uint32_t (&pa)[4][4],
-                                          uint32_t (&da)[4][4], const float* lam_s,
-                                          const float* del_s, uint32_t q_prev, uint32_t do_tile,
-                                          float sigma, int key, int row, int len, int tq) {
-  if constexpr (PREV) {
-    wgmma_fence();
-    chain_tile(dk, da, q_prev);
-    wgmma_wait<2>();  // Sᵀ (dPᵀ and the previous dK may still run)
-  } else {
-    wgmma_wait<1>();  // Sᵀ (dPᵀ may still run)
-  }
+                                          float (&dk)[64], const float* lam_s, const float* del_s,
+                                          uint32_t q_tile, uint32_t do_tile, float sigma, int key,
+                                          int row, int len, int tq) {
+  wgmma_wait<1>();  // Sᵀ (dPᵀ may still run)
   fence_acc(s);
 #pragma unroll
   for (int n = 0; n < 8; ++n) {
@@ -223,14 +221,13 @@ __device__ __forceinline__ void dkdv_tile(float (&s)[32], float (&dp)[32], float
         }
       }
   }
+  uint32_t pa[4][4];
   pack_frags(pa, s);
   fence_acc(dv);
   wgmma_fence();
   chain_tile(dv, pa, do_tile);
-  wgmma_wait<1>();  // dPᵀ and the previous dK (dV may still run)
+  wgmma_wait<1>();  // dPᵀ (dV may still run)
   fence_acc(dp);
-  fence_acc(dk);
-  fence_u32(da);
 #pragma unroll
   for (int n = 0; n < 8; ++n) {
     const float2 dl = *reinterpret_cast<const float2*>(del_s + 8 * n + 2 * tq);
@@ -248,18 +245,23 @@ __device__ __forceinline__ void dkdv_tile(float (&s)[32], float (&dp)[32], float
         }
       }
   }
+  uint32_t da[4][4];
   pack_frags(da, dp);
-  wgmma_wait<0>();  // dV (a wgmma left running across steps makes ptxas serialize them all)
+  fence_acc(dk);
+  wgmma_fence();
+  chain_tile(dk, da, q_tile);
+  wgmma_wait<0>();
   fence_acc(dv);
+  fence_acc(dk);
   fence_u32(pa);
+  fence_u32(da);
 }
 
 // NOTE: dkdv runs 256 threads (the two consumer warpgroups) and no producer warp: 8 warps leave
 // ptxas 255 registers per thread, which the 128 dV / dK accumulators + 64 scores need (a ninth warp
 // puts three warps on one SM sub-partition: 168 registers, and setmaxnreg only moves the run-time
-// budget, not ptxas's allocation). Warp 0 issues the loads in-line. A warpgroup releases step s's
-// slot once its dK has run (during step s + 1), so at step s warp 0 refills the slot of step s − 2
-// with step s + kKvStages − 2.
+// budget, not ptxas's allocation). Warp 0 issues the loads in-line: at step s it refills the slot
+// of step s − 1 with step s + kStages − 1 once both warpgroups have released it.
 constexpr int kKvThreads = kConsumers;
 
 // 4 bytes global → shared by cp.async, +0 when !valid (src-size 0: nothing is read).
@@ -285,12 +287,12 @@ __global__ void __launch_bounds__(kKvThreads, 1)
   const uint32_t base = (raw + 1023u) & ~1023u;
   uint8_t* const gbase = smem + (base - raw);  // generic pointer to `base`
   const uint32_t k_s = base, v_s = base + kTile128;
-  const uint32_t st0 = base + 2 * kTile128;         // stage s: Q, dO at st0 + s·kKvStage
-  const uint32_t ld0 = st0 + kKvStages * kKvStage;  // stage s: λ, δ at ld0 + s·kLdStage
-  const uint32_t bars = ld0 + kKvStages * kLdStage;
+  const uint32_t st0 = base + 2 * kTile128;       // stage s: Q, dO at st0 + s·kKvStage
+  const uint32_t ld0 = st0 + kStages * kKvStage;  // stage s: λ, δ at ld0 + s·kLdStage
+  const uint32_t bars = ld0 + kStages * kLdStage;
   auto full_bar = [&](int s) { return bars + 8u * uint32_t(s); };
-  auto empty_bar = [&](int s) { return bars + 8u * uint32_t(kKvStages + s); };
-  const uint32_t kv_bar = bars + 8u * uint32_t(2 * kKvStages);
+  auto empty_bar = [&](int s) { return bars + 8u * uint32_t(kStages + s); };
+  const uint32_t kv_bar = bars + 8u * uint32_t(2 * kStages);
 
   const int Hkv = p.Hq / p.G;
   const WgItem it = items[blockIdx.x / Hkv];
@@ -306,7 +308,7 @@ __global__ void __launch_bounds__(kKvThreads, 1)
   const bool loader = tid < 32;  // warp 0
 
   if (tid == 0) {
-    for (int s = 0; s < kKvStages; ++s) {
+    for (int s = 0; s < kStages; ++s) {
       mbar_init(full_bar(s), 1 + 32);  // lane 0's arrive.expect_tx + warp 0's cp.async arrivals
       mbar_init(empty_bar(s), 8);      // lane 0 of each consumer warp
     }
@@ -319,10 +321,10 @@ __global__ void __launch_bounds__(kKvThreads, 1)
   }
   __syncthreads();
 
-  // Step t's loads into slot t % kKvStages (warp 0): Q, dO by TMA (lane 0), λ, δ by cp.async.
+  // Step t's loads into slot t % kStages (warp 0): Q, dO by TMA (lane 0), λ, δ by cp.async.
   auto load_step = [&](int t) {
-    const int st = t % kKvStages;
-    if (t >= kKvStages) mbar_wait(empty_bar(st), uint32_t((t / kKvStages - 1) & 1));
+    const int st = t % kStages;
+    if (t >= kStages) mbar_wait(empty_bar(st), uint32_t((t / kStages - 1) & 1));
     const int h = kvh * p.G + t / per_head, i0 = j0 + kBlk * (t % per_head);
     const uint32_t q_t = st0 + uint32_t(st) * kKvStage;
     if (lane == 0) {
@@ -351,7 +353,7 @@ __global__ void __launch_bounds__(kKvThreads, 1)
       tma_load_2d(v_s, &tm_v, kvh * kD, it.t0 + j0, kv_bar);
       tma_load_2d(v_s + kBox128, &tm_v, kvh * kD + 64, it.t0 + j0, kv_bar);
     }
-    for (int t = 0; t < kKvStages - 1 && t < nsteps; ++t) load_step(t);
+    for (int t = 0; t < kStages - 1 && t < nsteps; ++t) load_step(t);
   }
 
   const int kc = j0 + 64 * wg;         // this warpgroup's first key
@@ -369,35 +371,13 @@ __global__ void __launch_bounds__(kKvThreads, 1)
   const uint64_t dav = sw128_desc(v_s + uint32_t(wg) * 8192u);
   mbar_wait(kv_bar, 0);
 
-  // Step s is computed by this warpgroup iff its tile starts at or after kc (warpgroup 1 skips
-  // each head's first tile).
-  auto computed = [&](int s) { return live && (wg == 0 || s % per_head != 0); };
-  auto slot = [&](int s) { return st0 + uint32_t(s % kKvStages) * kKvStage; };
-  auto release = [&](int s) {
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty_bar(s % kKvStages));
-  };
-  uint32_t pa[4][4], da[4][4];  // Pb, dSb fragments (dV / dK A operands)
-  // The pending dK of step s − 1 (fragments da): issued, waited for, its slot released.
-  auto flush = [&](int s) {
-    fence_acc(dk);
-    wgmma_fence();
-    chain_tile(dk, da, slot(s - 1));
-    wgmma_wait<0>();
-    fence_acc(dv);
-    fence_acc(dk);
-    fence_u32(pa);
-    fence_u32(da);
-    release(s - 1);
-  };
+  int stage = 0, i0 = j0;
+  uint32_t phase = 0;
   for (int s = 0; s < nsteps; ++s) {
-    const int t = s + kKvStages - 2;
-    if (loader && s > 0 && t < nsteps) load_step(t);
-    mbar_wait(full_bar(s % kKvStages), uint32_t((s / kKvStages) & 1));
-    const int i0 = j0 + kBlk * (s % per_head);
-    const bool prev = s > 0 && computed(s - 1);
-    if (computed(s)) {
-      const uint32_t q_t = slot(s), do_t = q_t + kTile64;
+    if (loader && s + kStages - 1 < nsteps) load_step(s + kStages - 1);
+    mbar_wait(full_bar(stage), phase);
+    const uint32_t q_t = st0 + uint32_t(stage) * kKvStage, do_t = q_t + kTile64;
+    if (live && i0 >= kc) {
       if (i0 + kBlk > len) {
         // A head's last tile: rows past the end are +0 in Q and dO (the chains' k dimension).
         // Every warpgroup that computes this tile zeroes them (the same stores), then both sync:
@@ -411,35 +391,23 @@ __global__ void __launch_bounds__(kKvThreads, 1)
       wgmma_fence();
       chain_d<kBox128, kBox64>(sc, dak, sw128_desc(q_t));
       chain_d<kBox128, kBox64>(dp, dav, sw128_desc(do_t));
-      const float* lam_s =
-          reinterpret_cast<const float*>(gbase + (ld0 - base) + (s % kKvStages) * kLdStage);
+      const float* lam_s = reinterpret_cast<const float*>(gbase + (ld0 - base) + stage * kLdStage);
       const float* del_s = lam_s + kBlk;
-      const uint32_t q_prev = slot(s + kKvStages - 1);
-      const bool mask = i0 == kc || i0 + kBlk > len;
-      if (prev) {
-        if (mask) {
-          dkdv_tile<true, true>(sc, dp, dv, dk, pa, da, lam_s, del_s, q_prev, do_t, p.sigma, key,
-                                i0, len, tq);
-        } else {
-          dkdv_tile<false, true>(sc, dp, dv, dk, pa, da, lam_s, del_s, q_prev, do_t, p.sigma, key,
-                                 i0, len, tq);
-        }
-        release(s - 1);
+      if (i0 == kc || i0 + kBlk > len) {
+        dkdv_tile<true>(sc, dp, dv, dk, lam_s, del_s, q_t, do_t, p.sigma, key, i0, len, tq);
       } else {
-        if (mask) {
-          dkdv_tile<true, false>(sc, dp, dv, dk, pa, da, lam_s, del_s, q_prev, do_t, p.sigma, key,
-                                 i0, len, tq);
-        } else {
-          dkdv_tile<false, false>(sc, dp, dv, dk, pa, da, lam_s, del_s, q_prev, do_t, p.sigma, key,
-                                  i0, len, tq);
-        }
+        dkdv_tile<false>(sc, dp, dv, dk, lam_s, del_s, q_t, do_t, p.sigma, key, i0, len, tq);
       }
-    } else {
-      if (prev) flush(s);
-      release(s);
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty_bar(stage));
+    i0 += kBlk;
+    if (i0 >= len) i0 = j0;
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1u;
     }
   }
-  if (nsteps > 0 && computed(nsteps - 1)) flush(nsteps);
 
   if (!live) return;
 #pragma unroll
