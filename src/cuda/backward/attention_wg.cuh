@@ -41,7 +41,11 @@
 // kernels issue on ~47-51% of the cycles with the tensor pipe ~46% busy (latency between a
 // warpgroup's MMA and exp phases, two warpgroups per SM). Tried and not kept: issuing a tile's dK
 // (dkdv) or dQ (dq) behind the next tile's scores, so the tensor cores run it during the exps:
-// dkdv 2.75 ms, dq 2.16 ms (slower; the later slot release stalls the loads).
+// dkdv 2.75 ms, dq 2.16 ms (slower; the later slot release stalls the loads); ping-pong turns
+// (named barriers: the warpgroups alternate issuing S / dP, as FA3's forward does): dkdv 2.59 ms,
+// dq 2.01 ms (slower: the two warpgroups are not held back by being in phase). The m64n64k16
+// score products read both operands from shared memory (4 KB per 32 cycles of MMA): a likely
+// limit, not yet measured.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only)
@@ -64,7 +68,6 @@ using detail::mbar_arrive;
 using detail::mbar_arrive_expect_tx;
 using detail::mbar_init;
 using detail::mbar_wait;
-using detail::named_bar_arrive;
 using detail::named_bar_sync;
 using detail::smem_u32;
 using detail::sw128_desc;
@@ -81,9 +84,7 @@ constexpr int kWide = 128;  // keys (dkdv) / rows (dq) per CTA: two warpgroups
 // the consumers come first (a warpgroup is 4 warps from a multiple of 4). dkdv: kKvThreads below.
 constexpr int kConsumers = 256;
 constexpr int kThreads = kConsumers + 32;
-constexpr int kStages = 3;  // ring slots
-// Named barriers: 1 (dkdv) and 1, 2 (dq) for the zeroed rows, kTurn + w: warpgroup w's turn.
-constexpr int kTurn = 3;
+constexpr int kStages = 3;               // ring slots
 constexpr int kBox64 = kBlk * 64 * 2;    // one box: 64 columns x 64 rows (8 KB)
 constexpr int kBox128 = kWide * 64 * 2;  // one box: 64 columns x 128 rows (16 KB)
 constexpr int kTile64 = 2 * kBox64;      // [64, 128] bf16: two boxes
@@ -374,33 +375,26 @@ __global__ void __launch_bounds__(kKvThreads, 1)
   const uint64_t dav = sw128_desc(v_s + uint32_t(wg) * 8192u);
   mbar_wait(kv_bar, 0);
 
-  if (wg == 1) named_bar_arrive(kTurn, 256);  // warpgroup 0 issues first
   int stage = 0, i0 = j0;
   uint32_t phase = 0;
   for (int s = 0; s < nsteps; ++s) {
     if (loader && s + kStages - 1 < nsteps) load_step(s + kStages - 1);
     mbar_wait(full_bar(stage), phase);
     const uint32_t q_t = st0 + uint32_t(stage) * kKvStage, do_t = q_t + kTile64;
-    const bool comp = live && i0 >= kc;
-    if (comp && i0 + kBlk > len) {
-      // A head's last tile: rows past the end are +0 in Q and dO (the chains' k dimension). Every
-      // warpgroup that computes this tile zeroes them (the same stores), then both sync:
-      // warpgroup 1 computes it iff i0 ≥ j0 + 64.
-      const int n = i0 >= j0 + kBlk ? 256 : 128;
-      zero_rows(gbase + (q_t - base), 4, kBlk, len - i0, n == 256 ? tid : wt, n);
-      fence_proxy_async();
-      named_bar_sync(1, n);
-    }
-    // Ping-pong: the warpgroups take turns issuing their Sᵀ / dPᵀ (one turn per step, taken also
-    // by a warpgroup that skips the step), so one's products run during the other's exps.
-    named_bar_sync(kTurn + wg, 256);
-    if (!comp) named_bar_arrive(kTurn + 1 - wg, 256);
-    if (comp) {
+    if (live && i0 >= kc) {
+      if (i0 + kBlk > len) {
+        // A head's last tile: rows past the end are +0 in Q and dO (the chains' k dimension).
+        // Every warpgroup that computes this tile zeroes them (the same stores), then both sync:
+        // warpgroup 1 computes it iff i0 ≥ j0 + 64.
+        const int n = i0 >= j0 + kBlk ? 256 : 128;
+        zero_rows(gbase + (q_t - base), 4, kBlk, len - i0, n == 256 ? tid : wt, n);
+        fence_proxy_async();
+        named_bar_sync(1, n);
+      }
       float sc[32], dp[32];
       wgmma_fence();
       chain_d<kBox128, kBox64>(sc, dak, sw128_desc(q_t));
       chain_d<kBox128, kBox64>(dp, dav, sw128_desc(do_t));
-      named_bar_arrive(kTurn + 1 - wg, 256);
       const float* lam_s = reinterpret_cast<const float*>(gbase + (ld0 - base) + stage * kLdStage);
       const float* del_s = lam_s + kBlk;
       if (i0 == kc || i0 + kBlk > len) {
@@ -418,7 +412,6 @@ __global__ void __launch_bounds__(kKvThreads, 1)
       phase ^= 1u;
     }
   }
-  if (wg == 0) named_bar_sync(kTurn, 256);  // warpgroup 1's last turn
 
   if (!live) return;
 #pragma unroll
@@ -564,30 +557,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint64_t dao = sw128_desc(do_s + uint32_t(wg) * 8192u);
   mbar_wait(q_bar, 0);
 
-  if (wg == 1) named_bar_arrive(kTurn, 256);  // warpgroup 0 issues first
   int stage = 0;
   uint32_t phase = 0;
   for (int b = 0; b < nblk; ++b) {
     mbar_wait(full_bar(stage), phase);
-    const uint32_t k_t = st0 + uint32_t(stage) * kQStage, v_t = k_t + kTile64;
-    const bool comp = b < nb;
-    if (comp && b * kBlk + kBlk > len) {
-      // The sequence's last key block: keys past the end are +0 in K (dQ's k dimension). Only the
-      // warpgroup holding the last row computes this block (the other one has no rows or stops a
-      // block earlier), so it syncs alone.
-      zero_rows(gbase + (k_t - base), 2, kBlk, len - b * kBlk, wt, 128);
-      fence_proxy_async();
-      named_bar_sync(1 + wg, 128);
-    }
-    // Ping-pong as in dkdv: the warpgroups take turns issuing S / dP, one turn per block.
-    named_bar_sync(kTurn + wg, 256);
-    if (!comp) named_bar_arrive(kTurn + 1 - wg, 256);
-    if (comp) {
+    if (b < nb) {
+      const uint32_t k_t = st0 + uint32_t(stage) * kQStage, v_t = k_t + kTile64;
+      const int jb = b * kBlk;
+      if (jb + kBlk > len) {
+        // The sequence's last key block: keys past the end are +0 in K (dQ's k dimension). Only
+        // the warpgroup holding the last row computes this block (the other one has no rows or
+        // stops a block earlier), so it syncs alone.
+        zero_rows(gbase + (k_t - base), 2, kBlk, len - jb, wt, 128);
+        fence_proxy_async();
+        named_bar_sync(1 + wg, 128);
+      }
       float sc[32], dp[32];
       wgmma_fence();
       chain_d<kBox128, kBox64>(sc, daq, sw128_desc(k_t));
       chain_d<kBox128, kBox64>(dp, dao, sw128_desc(v_t));
-      named_bar_arrive(kTurn + 1 - wg, 256);
       if (b == nb - 1) {
         dq_block<true>(sc, dp, acc, lam, del, k_t, p.sigma, rw, tq);
       } else {
@@ -601,7 +589,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       phase ^= 1u;
     }
   }
-  if (wg == 0) named_bar_sync(kTurn, 256);  // warpgroup 1's last turn
 
   if (nb == 0) return;
 #pragma unroll
