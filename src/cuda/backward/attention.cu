@@ -4,6 +4,12 @@
 // on `stream`: δ / λ, dK / dV, dQ. Each output element is one chain in the contract's order inside
 // one thread, so no choice made here (grid order, CTA placement) can change a bit. The varlen op
 // is the shared one without completions, on kernels compiled without the part walk.
+// Which kernels run (the same bits either way: only speed differs):
+//   - varlen, head_dim 128, sm_90, q / k / v / dout rows TMA can read (wg_ok): the Hopper kernels
+//     of attention_wg.cuh (wgmma + TMA), dK / dV per 128 keys and dQ per 128 rows;
+//   - everything else — the shared form (§B.11), D ≠ 128, other GPUs, strides TMA cannot read:
+//     the mma.sync kernels of attention.cuh.
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -12,6 +18,8 @@
 
 #include "contract/checks.h"
 #include "cuda/backward/attention.cuh"
+#include "cuda/backward/attention_wg.cuh"
+#include "cuda/tensor_map.h"
 #include "lockstep/cuda/backward.h"
 #include "lockstep/error.h"
 
@@ -175,6 +183,91 @@ BwdPlan plan_backward(const std::vector<std::vector<HostPart>>& groups, int64_t 
   return pl;
 }
 
+// ------------------------------------------------------------------------------------------------
+// The Hopper kernels (attention_wg.cuh).
+
+// [rows, heads, 128] bf16 with the heads of a row adjacent (stride 128), the row stride a multiple
+// of 8 elements (16 bytes) and a 16-byte aligned base: one 2-D tensor map [rows, heads·128].
+bool wg_rows(const TensorView& t) {
+  namespace wg = attn_bwd_wg;
+  return t.ndim == 3 && t.shape[2] == wg::kD && t.stride[2] == 1 &&
+         (t.shape[1] == 1 || t.stride[1] == wg::kD) && t.stride[0] % 8 == 0 &&
+         (reinterpret_cast<uintptr_t>(t.data) & 15u) == 0 && t.shape[0] < (int64_t(1) << 31) - 256;
+}
+bool wg_ok(int64_t D, const TensorView& q, const TensorView& k, const TensorView& v,
+           const TensorView& dout) {
+  static const bool sm90 = [] {
+    int dev = 0, major = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+           major == 9 && detail::tensor_map_encoder() != nullptr;
+  }();
+  return sm90 && D == attn_bwd_wg::kD && wg_rows(q) && wg_rows(k) && wg_rows(v) && wg_rows(dout);
+}
+
+template <auto Kernel>
+void launch_wg(const char* op, int threads, int smem, unsigned grid, cudaStream_t s,
+               const CUtensorMap (&tm)[4], const BwdParams& p, const attn_bwd_wg::WgItem* items) {
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  LS_CHECK(attr == cudaSuccess, op, "cudaFuncSetAttribute failed: ", cudaGetErrorString(attr));
+  Kernel<<<grid, threads, smem, s>>>(tm[0], tm[1], tm[2], tm[3], p, items);
+  cuda_check(op, cudaGetLastError(), "kernel launch");
+}
+
+// dK / dV per (sequence, 128 keys) and dQ per (sequence, 128 rows), each over every head (CTA
+// item·heads + head), the costliest first (a dK / dV CTA walks the rows from its keys to the end,
+// a dQ CTA the keys up to its rows): scheduling only, every CTA owns its outputs.
+void run_backward_wg(const char* op, const TensorView& q, const TensorView& k, const TensorView& v,
+                     const TensorView& dout, const BwdParams& p, const std::vector<HostPart>& seqs,
+                     Scratch& scr, cudaStream_t s) {
+  namespace wg = attn_bwd_wg;
+  const int64_t Hq = p.Hq, Hkv = Hq / p.G;
+  struct Costed {
+    int64_t cost;
+    wg::WgItem it;
+  };
+  std::vector<Costed> kv, qi;
+  for (const HostPart& sq : seqs) {
+    for (int64_t x0 = 0; x0 < sq.n; x0 += wg::kWide) {
+      const wg::WgItem it{int32_t(sq.t0), int32_t(sq.n), int32_t(x0), 0};
+      kv.push_back({sq.n - x0, it});
+      qi.push_back({std::min<int64_t>(x0 + wg::kWide, sq.n), it});
+    }
+  }
+  if (kv.empty()) return;
+  auto by_cost = [](const Costed& a, const Costed& b) { return a.cost > b.cost; };
+  std::stable_sort(kv.begin(), kv.end(), by_cost);
+  std::stable_sort(qi.begin(), qi.end(), by_cost);
+  LS_CHECK(qi.size() * size_t(Hq) < (size_t(1) << 31), op, "problem too large for one launch (",
+           qi.size() * size_t(Hq), " CTAs)");
+  std::vector<uint8_t> blob((kv.size() + qi.size()) * sizeof(wg::WgItem));
+  for (size_t i = 0; i < kv.size(); ++i)
+    std::memcpy(blob.data() + i * sizeof(wg::WgItem), &kv[i].it, sizeof(wg::WgItem));
+  for (size_t i = 0; i < qi.size(); ++i)
+    std::memcpy(blob.data() + (kv.size() + i) * sizeof(wg::WgItem), &qi[i].it, sizeof(wg::WgItem));
+  const auto* items = static_cast<const wg::WgItem*>(scr.upload(blob));
+
+  // Maps [T, H·128] per tensor: 64-row boxes for the ring's tiles, 128-row boxes for the CTA's own.
+  auto encode = [&](CUtensorMap* m, const TensorView& t, int box_rows) {
+    return detail::encode_bf16_tensor_map(m, t.ptr<const uint16_t>(), t.shape[0],
+                                          t.shape[1] * wg::kD, t.stride[0], box_rows);
+  };
+  CUtensorMap tkv[4], tq[4];  // q, k, v, dout
+  CUresult r = CUDA_SUCCESS;
+  for (int i = 0; i < 4 && r == CUDA_SUCCESS; ++i) {
+    const TensorView& t = i == 0 ? q : i == 1 ? k : i == 2 ? v : dout;
+    const bool kv_side = i == 1 || i == 2;
+    r = encode(&tkv[i], t, kv_side ? wg::kWide : wg::kBlk);
+    if (r == CUDA_SUCCESS) r = encode(&tq[i], t, kv_side ? wg::kBlk : wg::kWide);
+  }
+  LS_CHECK(r == CUDA_SUCCESS, op, "cuTensorMapEncodeTiled failed (", int(r), ")");
+  launch_wg<wg::dkdv_wg_kernel>(op, wg::kKvThreads, wg::kKvSmem, unsigned(kv.size() * size_t(Hkv)),
+                                s, tkv, p, items);
+  launch_wg<wg::dq_wg_kernel>(op, wg::kThreads, wg::kQSmem, unsigned(qi.size() * size_t(Hq)), s, tq,
+                              p, items + kv.size());
+}
+
 // The three launches over the groups' parts; shared: the kernels' part walk (§B.11), else each
 // group is one sequence (§B.9).
 void run_backward(const char* op, bool shared, const TensorView& q, const TensorView& k,
@@ -232,6 +325,12 @@ void run_backward(const char* op, bool shared, const TensorView& q, const Tensor
 
   delta_kernel<<<dim3(unsigned((T * Hq + 7) / 8)), 256, 0, s>>>(p);
   cuda_check(op, cudaGetLastError(), "kernel launch");
+  if (!shared && wg_ok(D, q, k, v, dout)) {
+    std::vector<HostPart> seqs;
+    for (const std::vector<HostPart>& gr : groups) seqs.push_back(gr[0]);
+    run_backward_wg(op, q, k, v, dout, p, seqs, scr, s);
+    return;
+  }
 
   // The dK / dV items, the dQ items and the parts in ONE upload.
   std::vector<uint8_t> blob;
