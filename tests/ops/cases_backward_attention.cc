@@ -168,6 +168,11 @@ void add_backward_attention_cases(CaseList& t) {
   add(t, {2, 2, 32}, all, 0.3, true, K::kNormal);
   add(t, {8, 8, 64}, {63, 64, 65, 1}, 0.0, false, K::kNormal, {1, 3});
   add(t, {4, 1, 128}, {130, 16, 0, 65}, 0.0, false, K::kNormal, {3});
+  // Contiguous head_dim 128: the Hopper wgmma kernels against the CPU (sequence ends inside and
+  // on 64- and 128-row tiles, GQA 4 and 1, specials and large values).
+  add(t, {8, 2, 128}, {0, 300, 17, 65, 1, 129, 128, 257}, 0.0, false, K::kNormal, {3});
+  add(t, {8, 2, 128}, {63, 130, 200}, 0.0, false, K::kSpecials, {1});
+  add(t, {4, 4, 128}, {200, 64, 1}, 0.0, false, K::kLarge, {1});
   // Head dims that are not a power of two (δ's tree padded with +0) or below the kernel tile.
   add(t, {2, 1, 48}, {17, 100, 64}, 0.0, false, K::kNormal, {3});
   add(t, {2, 2, 96}, {65, 1, 130}, 0.0, true, K::kNormal, {1});
