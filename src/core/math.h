@@ -36,6 +36,18 @@ constexpr uint32_t kNegInfBits = 0xff800000u;
 // explicitly: x86 and CUDA arithmetic produce different NaN patterns (contract §2).
 LS_HD bool is_nan_bits(uint32_t u) { return (u & 0x7fffffffu) > 0x7f800000u; }
 
+// 2^r for |r| <= 1/2 (in [0.70, 1.42]): 1 + r * q(r), q = minimax fit of (2^r - 1) / r on
+// [-1/2, 1/2], Horner with fma.
+LS_HD float exp2_reduced(float r) {
+  float q = 0x1.41a702p-13f;
+  q = fmaf(q, r, 0x1.5f053ap-10f);
+  q = fmaf(q, r, 0x1.3b2d58p-7f);
+  q = fmaf(q, r, 0x1.c6af74p-5f);
+  q = fmaf(q, r, 0x1.ebfbdep-3f);
+  q = fmaf(q, r, 0x1.62e430p-1f);
+  return fmaf(q, r, 1.0f);
+}
+
 // p * 2^k for p in [0.7, 1.5] and k in [-152, 130]. 2^k = 2^k1 * 2^k2 with both factors normal:
 // the first product is exact, the second rounds once (into the subnormal range, or to inf).
 LS_HD float scale_pow2(float p, int32_t k) {
@@ -102,16 +114,21 @@ LS_HD float ls_exp2f(float x) {
   float kf = kt - kRoundMagic;  // k = nearest integer to x
   int32_t k = int32_t(f32_bits(kt) - kRoundMagicBits);
   float r = xc - kf;  // exact, |r| <= 1/2
-  // 2^r = 1 + r * q(r), q = minimax fit of (2^r - 1) / r on [-1/2, 1/2], Horner with fma.
-  float q = 0x1.41a702p-13f;
-  q = fmaf(q, r, 0x1.5f053ap-10f);
-  q = fmaf(q, r, 0x1.3b2d58p-7f);
-  q = fmaf(q, r, 0x1.c6af74p-5f);
-  q = fmaf(q, r, 0x1.ebfbdep-3f);
-  q = fmaf(q, r, 0x1.62e430p-1f);
-  float p = fmaf(q, r, 1.0f);
-  float y = scale_pow2(p, k);
+  float y = scale_pow2(exp2_reduced(r), k);
   return is_nan_bits(f32_bits(x)) ? f32_from_bits(kCanonicalNanF32) : y;
+}
+
+// ls_exp2f(x) for x in [-125, 0], the same bits in fewer operations (the softmax's fast path;
+// callers check the range, NaN excluded): no clamp (k = round(x) is in [-125, 0]), no NaN select,
+// and p * 2^k, which is normal there (p in [0.70, 1.42]), as one add to p's exponent field:
+// bits(p) + k * 2^23 = bits(p) + bits(kt) * 2^23 (mod 2^32), since kRoundMagicBits * 2^23 is
+// 0 mod 2^32. tests/cpu/test_math.cc compares it with ls_exp2f on every float of the range.
+LS_HD float ls_exp2f_normal_range(float x) {
+  using namespace math_detail;
+  float kt = x + kRoundMagic;
+  float kf = kt - kRoundMagic;
+  float r = x - kf;
+  return f32_from_bits(f32_bits(exp2_reduced(r)) + (f32_bits(kt) << 23));
 }
 
 // e^x. Max error 0.874 ulp (all inputs). Direct reduction x = k ln2 + r (not exp2(x log2 e)):

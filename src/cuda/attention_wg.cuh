@@ -58,7 +58,7 @@ using detail::wgmma_wait;
 constexpr int kD = 128;                       // head_dim (compile time)
 constexpr int kRows = 128;                    // query rows per CTA
 constexpr int kBlk = 64;                      // keys per block (contract A.2)
-constexpr int kStages = 2;                    // K/V ring slots
+constexpr int kStages = 3;                    // K/V ring slots
 constexpr int kThreads = 384;                 // producer warpgroup + 2 consumer warpgroups
 constexpr int kQBytes = kRows * kD * 2;       // two boxes of 64 columns x 128 rows
 constexpr int kKvBoxBytes = kBlk * 64 * 2;    // one box: 64 columns x 64 keys
@@ -67,6 +67,7 @@ constexpr int kRunBytes = 2 * 64 * 128 * 4;   // the run state's acc of both war
 constexpr int kSmem = kQBytes + kStages * kStageBytes + kRunBytes + 8 * (2 * kStages + 1) + 1024;
 constexpr float kLn2f = 0x1.62e43p-1f;
 constexpr float kNegInf = -__builtin_huge_valf();
+constexpr float kPosInf = __builtin_huge_valf();
 
 // One CTA's tile: the sequence's first token t0 and length len, the tile's first position r0,
 // the query head.
@@ -126,15 +127,29 @@ __device__ __forceinline__ void v_frag_masked(const uint8_t* v, int kb, int i, i
   b1 &= (k0 + 8 < t ? 0x0000ffffu : 0u) | (k0 + 9 < t ? 0xffff0000u : 0u);
 }
 
+// min with NaN propagation (PTX min.NaN): a NaN among the inputs gives NaN.
+__device__ __forceinline__ float min_nan(float a, float b) {
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
 // A.4 steps 1-5 for one block of a warpgroup's scores s[4n + 2h + e] (row rw + 8h, key
 // 8n + 2tq + e of the block): x = s ⊗ σ, the block max over the valid keys, m_use, s <- p
 // (masked: +0), α, l. DIAG: row r keeps keys 0 .. r (the warpgroup's diagonal block); else every
 // key is valid. The exps run for every entry, masked ones selected away after (no branch).
+// Same bits as the contract's steps, in fewer instructions:
+// - the max rule's chain (max_rule per key: the larger, -0 made +0) is the plain maximum of the
+//   non-NaN values with a zero made +0 once at the end (fmaxf ignores NaN as `b > a` does);
+// - when every valid x ⊖ m_use of the thread's rows lies in [-125, 0] (the smallest x decides:
+//   ⊖ is monotone; a NaN fails the test), p = ls_exp2f_normal_range (ls_exp2f's bits there),
+//   else ls_exp2f. The NaN select of ls_exp2f is moot there anyway (only the MMA, FADD and the
+//   bf16 conversion read p, and each returns its own NaN).
 template <bool DIAG>
 __device__ __forceinline__ void softmax_step(float (&s)[32], float scale, bool first, int rw,
                                              int tq, float (&m)[2], float (&l)[2],
                                              float (&alpha)[2]) {
-  float pm[2] = {kNegInf, kNegInf};
+  float pm[2] = {kNegInf, kNegInf}, lo[2] = {kPosInf, kPosInf};
 #pragma unroll
   for (int n = 0; n < 8; ++n)
 #pragma unroll
@@ -144,12 +159,14 @@ __device__ __forceinline__ void softmax_step(float (&s)[32], float scale, bool f
         float& x = s[4 * n + 2 * h + e];
         x = __fmul_rn(x, scale);
         const bool valid = !DIAG || 8 * n + 2 * tq + e <= rw + 8 * h;
-        const float c = max_rule(pm[h], x);
-        pm[h] = valid ? c : pm[h];
+        pm[h] = fmaxf(pm[h], valid ? x : kNegInf);
+        lo[h] = min_nan(lo[h], valid ? x : kPosInf);
       }
   float use[2];
+  bool fast = true;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
+    pm[h] = pm[h] == 0.0f ? 0.0f : pm[h];
     pm[h] = max_rule(pm[h], __shfl_xor_sync(0xffffffffu, pm[h], 1));
     pm[h] = max_rule(pm[h], __shfl_xor_sync(0xffffffffu, pm[h], 2));
     const float mprev = first ? kNegInf : m[h];
@@ -157,19 +174,33 @@ __device__ __forceinline__ void softmax_step(float (&s)[32], float scale, bool f
     use[h] = mn == kNegInf ? 0.0f : mn;
     alpha[h] = ls_exp2f(__fsub_rn(mprev, use[h]));
     m[h] = mn;
+    fast = fast && __fsub_rn(lo[h], use[h]) >= -125.0f;
   }
+  if (fast) {
 #pragma unroll
-  for (int n = 0; n < 8; ++n)
+    for (int n = 0; n < 8; ++n)
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float& x = s[4 * n + 2 * h + e];
-        const float pv = ls_exp2f(__fsub_rn(x, use[h]));
-        x = (!DIAG || 8 * n + 2 * tq + e <= rw + 8 * h) ? pv : 0.0f;
-      }
-      // Row sums: the halving tree over key column c = 8n + 2tq + e (A.3): levels 32, 16, 8 over n
-      // in the thread, 4 and 2 across the quad (xor 2, xor 1), 1 over e.
+        for (int e = 0; e < 2; ++e) {
+          float& x = s[4 * n + 2 * h + e];
+          const float pv = ls_exp2f_normal_range(__fsub_rn(x, use[h]));
+          x = (!DIAG || 8 * n + 2 * tq + e <= rw + 8 * h) ? pv : 0.0f;
+        }
+  } else {
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = s[4 * n + 2 * h + e];
+          const float pv = ls_exp2f(__fsub_rn(x, use[h]));
+          x = (!DIAG || 8 * n + 2 * tq + e <= rw + 8 * h) ? pv : 0.0f;
+        }
+  }
+  // Row sums: the halving tree over key column c = 8n + 2tq + e (A.3): levels 32, 16, 8 over n
+  // in the thread, 4 and 2 across the quad (xor 2, xor 1), 1 over e.
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float c[2];
@@ -272,154 +303,191 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
-  mbar_wait(q_bar, 0);
+  float s[32];        // the scores of the block in the softmax step
+  uint32_t pa[4][4];  // P of the block whose PV is issued next
 
-  int stage = 0;
-  uint32_t phase = 0;
-  for (int b = 0; b < nblk; ++b) {
-    mbar_wait(full_bar(stage), phase);
-    if (b < nb) {
-      const uint32_t kst = st0 + uint32_t(stage) * kStageBytes;
-      const uint32_t vst = kst + 2 * kKvBoxBytes;
-      const int j0 = b * kBlk;
-      const bool first = j0 % p.K == 0;  // a chunk's first block
-      const bool diag = b == nb - 1;     // row rw + 8h keeps keys j0 .. j0 + rw + 8h
-
-      // 1. Scores: s[4n + 2h + e] = row rw + 8h, key j0 + 8n + 2tq + e.
-      float s[32];
-      {
-        uint64_t da[8], db[8];
-#pragma unroll
-        for (int kb = 0; kb < 8; ++kb) {
-          da[kb] = sw128_desc(q_s + uint32_t(kb >> 2) * (kQBytes / 2) + uint32_t(wg) * 8192u +
-                              32u * uint32_t(kb & 3));
-          db[kb] = sw128_desc(kst + uint32_t(kb >> 2) * kKvBoxBytes + 32u * uint32_t(kb & 3));
-          asm volatile("" : "+l"(da[kb]), "+l"(db[kb]));
-        }
-        int sd0 = 0, sd1 = 1;
-        asm volatile("" : "+r"(sd0), "+r"(sd1));
-        wgmma_fence();
-        detail::wgmma_k16<64>(s, da[0], db[0], sd0);
-#pragma unroll
-        for (int kb = 1; kb < 8; ++kb) detail::wgmma_k16<64>(s, da[kb], db[kb], sd1);
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_acc(s);
-      }
-
-      // 2. Softmax step (A.4 steps 1-5); only the diagonal block masks.
-      float alpha[2];
-      if (diag) {
-        softmax_step<true>(s, p.scale, first, rw, tq, m, l, alpha);
-      } else {
-        softmax_step<false>(s, p.scale, first, rw, tq, m, l, alpha);
-      }
-
-      // 3. P as the A operand (bf16 RNE; a NaN p is any NaN: the MMA makes it 0x7fffffff, §M):
-      // k-block kb = keys 16kb .. 16kb + 15.
-      uint32_t pa[4][4];
-#pragma unroll
-      for (int kb = 0; kb < 4; ++kb) {
-        pa[kb][0] = pack_bf16_rn(s[8 * kb + 0], s[8 * kb + 1]);
-        pa[kb][1] = pack_bf16_rn(s[8 * kb + 2], s[8 * kb + 3]);
-        pa[kb][2] = pack_bf16_rn(s[8 * kb + 4], s[8 * kb + 5]);
-        pa[kb][3] = pack_bf16_rn(s[8 * kb + 6], s[8 * kb + 7]);
-      }
-      if (!first) {
-#pragma unroll
-        for (int i = 0; i < 64; ++i) acc[i] = __fmul_rn(alpha[(i >> 1) & 1], acc[i]);
-      }
-      // A.6: a masked key's V must act as +0: keys 1 .. 63 of the diagonal block are masked for
-      // some row. Every warp scans the whole tile, so the choice is the same in the warpgroup.
-      const uint8_t* vgen = gbase + (vst - base);
-      const bool slow = diag && v_nonfinite(vgen, 1, lane);
-      if (!slow) {
-        uint64_t dv[4];
-#pragma unroll
-        for (int kb = 0; kb < 4; ++kb) {
-          dv[kb] = sw128_mn_desc(vst + 2048u * uint32_t(kb));
-          asm volatile("" : "+l"(dv[kb]));
-        }
-        int sd0 = first ? 0 : 1, sd1 = 1;
-        asm volatile("" : "+r"(sd0), "+r"(sd1));
-        fence_acc(acc);
-        wgmma_fence();
-        detail::wgmma_m64n128k16_rs<1>(acc, pa[0], dv[0], sd0);
-        detail::wgmma_m64n128k16_rs<1>(acc, pa[1], dv[1], sd1);
-        detail::wgmma_m64n128k16_rs<1>(acc, pa[2], dv[2], sd1);
-        detail::wgmma_m64n128k16_rs<1>(acc, pa[3], dv[3], sd1);
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_acc(acc);
-      } else {
-        // Per row limit tl (row rw + 8h keeps tl = rw + 8h + 1 keys): the chain from c = α ⊗ acc
-        // (+0 on a chunk's first block) with keys >= tl zeroed; each row takes its own limit's
-        // result. A row's acc still holds its c until its limit's pass (rows are taken once).
-#pragma unroll 1
-        for (int tl = 16 * warp + 1; tl <= 16 * warp + 16; ++tl) {
-#pragma unroll
-          for (int i = 0; i < 16; ++i) {
-            float tmp[4];
-#pragma unroll
-            for (int r = 0; r < 4; ++r) tmp[r] = first ? 0.0f : acc[4 * i + r];
-#pragma unroll
-            for (int kb = 0; kb < 4; ++kb) {
-              uint32_t b0, b1;
-              v_frag_masked(vgen, kb, i, tl, lane, b0, b1);
-              mma_16816(tmp, pa[kb], b0, b1);
-            }
-#pragma unroll
-            for (int r = 0; r < 4; ++r)
-              if (rw + 8 * (r >> 1) + 1 == tl) acc[4 * i + r] = tmp[r];
-          }
-        }
-      }
-
-      // 4. Chunk end: fold into the run state (chunk 0 is taken as is). After the last block acc
-      // holds the run state's acc; before it, the run's acc goes to shared memory.
-      if ((j0 + kBlk) % p.K == 0 || diag) {
-        if (j0 / p.K == 0) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            m_s[h] = m[h];
-            l_s[h] = l[h];
-          }
-          if (!diag) {
-#pragma unroll
-            for (int i = 0; i < 64; ++i) run[i * 128] = acc[i];
-          }
-        } else {
-          float fa[2], fb[2];
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const float mm = max_rule(m_s[h], m[h]);
-            const float mu = mm == kNegInf ? 0.0f : mm;
-            fa[h] = ls_exp2f(__fsub_rn(m_s[h], mu));
-            fb[h] = ls_exp2f(__fsub_rn(m[h], mu));
-            l_s[h] = __fadd_rn(__fmul_rn(fa[h], l_s[h]), __fmul_rn(fb[h], l[h]));
-            m_s[h] = mm;
-          }
-#pragma unroll
-          for (int i = 0; i < 64; ++i) {
-            const int h = (i >> 1) & 1;
-            const float v = __fadd_rn(__fmul_rn(fa[h], run[i * 128]), __fmul_rn(fb[h], acc[i]));
-            if (diag) {
-              acc[i] = v;
-            } else {
-              run[i * 128] = v;
-            }
-          }
-        }
-      }
-    }
+  // Blocks b = 0 .. nb - 1 in a software pipeline (one warpgroup's view; a warp's wgmma groups
+  // complete in issue order). Iteration b: issue S_b = Q·K_bᵀ, then PV_{b-1} (P_{b-1} from
+  // registers); wait for S_b; the softmax step of S_b runs while PV_{b-1} is on the tensor cores;
+  // wait for PV_{b-1} (its K/V slot goes back to the producer); acc = α_b ⊗ acc; P_b packed. A
+  // chunk that ends at block b - 1 folds right after PV_{b-1} (before S_b's softmax step resets
+  // m, l). Only the order of issue changes: every chain and every rounding is the one above.
+  // Every wgmma wait below is reached on every path through the iteration (ptxas serializes all
+  // wgmma of the kernel when it cannot place its own waits).
+  auto slot = [&](int b) { return st0 + uint32_t(b % kStages) * kStageBytes; };
+  auto wait_full = [&](int b) { mbar_wait(full_bar(b % kStages), uint32_t(b / kStages) & 1u); };
+  auto release = [&](int b) {
     __syncwarp();
-    if (lane == 0) mbar_arrive(empty_bar(stage));
-    if (++stage == kStages) {
-      stage = 0;
-      phase ^= 1u;
+    if (lane == 0) mbar_arrive(empty_bar(b % kStages));
+  };
+  // 1. Scores of block b into s: s[4n + 2h + e] = row rw + 8h, key 64b + 8n + 2tq + e (issued,
+  // committed, not waited for).
+  auto issue_scores = [&](int b) {
+    const uint32_t kst = slot(b);
+    uint64_t da[8], db[8];
+#pragma unroll
+    for (int kb = 0; kb < 8; ++kb) {
+      da[kb] = sw128_desc(q_s + uint32_t(kb >> 2) * (kQBytes / 2) + uint32_t(wg) * 8192u +
+                          32u * uint32_t(kb & 3));
+      db[kb] = sw128_desc(kst + uint32_t(kb >> 2) * kKvBoxBytes + 32u * uint32_t(kb & 3));
+      asm volatile("" : "+l"(da[kb]), "+l"(db[kb]));
     }
-  }
+    int sd0 = 0, sd1 = 1;
+    asm volatile("" : "+r"(sd0), "+r"(sd1));
+    wgmma_fence();
+    detail::wgmma_k16<64>(s, da[0], db[0], sd0);
+#pragma unroll
+    for (int kb = 1; kb < 8; ++kb) detail::wgmma_k16<64>(s, da[kb], db[kb], sd1);
+    wgmma_commit();
+  };
+  // 3. acc += P_b·V_b: 4 wgmma m64n128k16 with P (bf16 RNE, packed in pa) as the register A
+  // operand and V MN-major (issued, committed, not waited for); c = +0 on a chunk's first block.
+  auto issue_pv = [&](int b) {
+    const uint32_t vst = slot(b) + 2 * kKvBoxBytes;
+    uint64_t dv[4];
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {
+      dv[kb] = sw128_mn_desc(vst + 2048u * uint32_t(kb));
+      asm volatile("" : "+l"(dv[kb]));
+    }
+    int sd0 = (b * kBlk) % p.K == 0 ? 0 : 1, sd1 = 1;
+    asm volatile("" : "+r"(sd0), "+r"(sd1));
+    fence_acc(acc);
+    wgmma_fence();
+    detail::wgmma_m64n128k16_rs<1>(acc, pa[0], dv[0], sd0);
+    detail::wgmma_m64n128k16_rs<1>(acc, pa[1], dv[1], sd1);
+    detail::wgmma_m64n128k16_rs<1>(acc, pa[2], dv[2], sd1);
+    detail::wgmma_m64n128k16_rs<1>(acc, pa[3], dv[3], sd1);
+    wgmma_commit();
+  };
+  // 2. Softmax step of block b (A.4 steps 1-5; only the diagonal block masks), then, once PV_{b-1}
+  // is done, acc = α ⊗ acc and P_b into pa (a NaN p is any NaN: the MMA makes it 0x7fffffff, §M;
+  // k-block kb = keys 16kb .. 16kb + 15).
+  auto softmax_and_pack = [&](int b) {
+    const bool first = (b * kBlk) % p.K == 0;
+    float alpha[2];
+    if (b == nb - 1) {
+      softmax_step<true>(s, p.scale, first, rw, tq, m, l, alpha);
+    } else {
+      softmax_step<false>(s, p.scale, first, rw, tq, m, l, alpha);
+    }
+    wgmma_wait<0>();
+    fence_acc(acc);
+    if (b > 0) release(b - 1);
+    if (!first) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) acc[i] = __fmul_rn(alpha[(i >> 1) & 1], acc[i]);
+    }
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {
+      pa[kb][0] = pack_bf16_rn(s[8 * kb + 0], s[8 * kb + 1]);
+      pa[kb][1] = pack_bf16_rn(s[8 * kb + 2], s[8 * kb + 3]);
+      pa[kb][2] = pack_bf16_rn(s[8 * kb + 4], s[8 * kb + 5]);
+      pa[kb][3] = pack_bf16_rn(s[8 * kb + 6], s[8 * kb + 7]);
+    }
+  };
+  // 4. The chunk that ends at block b folds into the run state (chunk 0 is taken as is). After the
+  // last block acc holds the run state's acc; before it, the run's acc goes to shared memory.
+  auto fold = [&](int b) {
+    const bool last = b == nb - 1;
+    if ((b * kBlk) / p.K == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        m_s[h] = m[h];
+        l_s[h] = l[h];
+      }
+      if (!last) {
+#pragma unroll
+        for (int i = 0; i < 64; ++i) run[i * 128] = acc[i];
+      }
+    } else {
+      float fa[2], fb[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float mm = max_rule(m_s[h], m[h]);
+        const float mu = mm == kNegInf ? 0.0f : mm;
+        fa[h] = ls_exp2f(__fsub_rn(m_s[h], mu));
+        fb[h] = ls_exp2f(__fsub_rn(m[h], mu));
+        l_s[h] = __fadd_rn(__fmul_rn(fa[h], l_s[h]), __fmul_rn(fb[h], l[h]));
+        m_s[h] = mm;
+      }
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        const int h = (i >> 1) & 1;
+        const float v = __fadd_rn(__fmul_rn(fa[h], run[i * 128]), __fmul_rn(fb[h], acc[i]));
+        if (last) {
+          acc[i] = v;
+        } else {
+          run[i * 128] = v;
+        }
+      }
+    }
+  };
 
+  mbar_wait(q_bar, 0);
+  if (nb > 0) {
+    wait_full(0);
+    issue_scores(0);
+    wgmma_wait<0>();
+    fence_acc(s);
+    softmax_and_pack(0);
+  }
+#pragma unroll 1
+  for (int b = 1; b < nb; ++b) {
+    wait_full(b);
+    issue_scores(b);
+    issue_pv(b - 1);
+    if ((b * kBlk) % p.K == 0) {  // a chunk ended at block b - 1
+      wgmma_wait<0>();
+      fence_acc(acc);
+      fold(b - 1);
+    }
+    wgmma_wait<1>();
+    fence_acc(s);
+    softmax_and_pack(b);
+  }
+  if (nb > 0) {
+    // The diagonal block's PV. A.6: a masked key's V must act as +0: keys 1 .. 63 of the diagonal
+    // block are masked for some row. Every warp scans the whole tile, so the choice is the same
+    // in the warpgroup.
+    const int b = nb - 1;
+    const bool first = (b * kBlk) % p.K == 0;
+    const uint8_t* vgen = gbase + (slot(b) + 2 * kKvBoxBytes - base);
+    if (!v_nonfinite(vgen, 1, lane)) {
+      issue_pv(b);
+      wgmma_wait<0>();
+      fence_acc(acc);
+    } else {
+      // Per row limit tl (row rw + 8h keeps tl = rw + 8h + 1 keys): the chain from c = α ⊗ acc
+      // (+0 on a chunk's first block) with keys >= tl zeroed; each row takes its own limit's
+      // result. A row's acc still holds its c until its limit's pass (rows are taken once).
+#pragma unroll 1
+      for (int tl = 16 * warp + 1; tl <= 16 * warp + 16; ++tl) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          float tmp[4];
+#pragma unroll
+          for (int r = 0; r < 4; ++r) tmp[r] = first ? 0.0f : acc[4 * i + r];
+#pragma unroll
+          for (int kb = 0; kb < 4; ++kb) {
+            uint32_t b0, b1;
+            v_frag_masked(vgen, kb, i, tl, lane, b0, b1);
+            mma_16816(tmp, pa[kb], b0, b1);
+          }
+#pragma unroll
+          for (int r = 0; r < 4; ++r)
+            if (rw + 8 * (r >> 1) + 1 == tl) acc[4 * i + r] = tmp[r];
+        }
+      }
+    }
+    release(b);
+    fold(b);
+  }
+  // Blocks the producer loads for the other warpgroup only: taken in order and given back.
+  for (int b = nb; b < nblk; ++b) {
+    wait_full(b);
+    release(b);
+  }
   // Output rows of this thread: positions r0w + rw + 8h inside the sequence.
 #pragma unroll
   for (int h = 0; h < 2; ++h) {

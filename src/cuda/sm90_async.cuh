@@ -43,12 +43,16 @@ __device__ __forceinline__ uint64_t global_ns() {
 // NOTE: a wait that has not completed after kMbarWaitLimitNs traps (the launch fails with an
 // error) instead of hanging the process: every wait here lasts microseconds when the pipeline is
 // sound, so this only turns a deadlock bug into an error.
+// The trap sits in a function of its own: an inline trap in a warp-specialized kernel made ptxas
+// keep every warp at the launch bound's register count (168 at 384 threads), ignoring the
+// consumers' setmaxnreg.inc (docs/perf.md, 2026-12-04 evening).
 constexpr uint64_t kMbarWaitLimitNs = 10000000000ull;
+__device__ __noinline__ inline void mbar_wait_timed_out() { __trap(); }
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   if (mbar_try_wait(bar, parity)) return;
   const uint64_t t0 = global_ns();
   while (!mbar_try_wait(bar, parity)) {
-    if (global_ns() - t0 > kMbarWaitLimitNs) __trap();
+    if (global_ns() - t0 > kMbarWaitLimitNs) mbar_wait_timed_out();
   }
 }
 

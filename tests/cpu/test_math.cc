@@ -262,6 +262,19 @@ TEST(MathSpecial, Exp2OfNonPositiveStaysInUnitInterval) {
   EXPECT_EQ(ls_exp2f(-0x1p-24f), 0x1.fffffep-1f);  // 1 - 2^-24 ln2 rounds to the float below 1
 }
 
+// The softmax's fast path (ls_exp2f_normal_range, used by the GPU attention kernels when every
+// exponent of a block lies in [-125, 0]) gives ls_exp2f's bits on every float of its range.
+TEST(MathSpecial, Exp2NormalRangeMatchesExp2OnEveryInput) {
+  const uint32_t lo_bits = f32_bits(-125.0f);
+  uint64_t mismatches = 0;
+  for (uint64_t b = 0x80000000u; b <= lo_bits; ++b) {
+    const float x = f32_from_bits(uint32_t(b));
+    mismatches += f32_bits(ls_exp2f_normal_range(x)) != f32_bits(ls_exp2f(x));
+  }
+  mismatches += f32_bits(ls_exp2f_normal_range(0.0f)) != f32_bits(ls_exp2f(0.0f));
+  EXPECT_EQ(mismatches, 0u);
+}
+
 // The bits are the contract: FNV-1a over the outputs of each function on every 4099th pattern.
 // A change here is a change of the contract (bump kContractVersion, update the CUDA side).
 uint64_t known_answer_hash(MathFn f) {
