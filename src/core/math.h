@@ -118,9 +118,9 @@ LS_HD float ls_exp2f(float x) {
   return is_nan_bits(f32_bits(x)) ? f32_from_bits(kCanonicalNanF32) : y;
 }
 
-// ls_exp2f(x) for x in [-125, 0], the same bits in fewer operations (the softmax's fast path;
-// callers check the range, NaN excluded): no clamp (k = round(x) is in [-125, 0]), no NaN select,
-// and p * 2^k, which is normal there (p in [0.70, 1.42]), as one add to p's exponent field:
+// ls_exp2f(x) for x in [-125, 125], the same bits in fewer operations (the softmax's fast path;
+// callers check the range, NaN excluded): no clamp (k = round(x) is in [-125, 125]), no NaN
+// select, and p * 2^k, which is normal there (p in [0.70, 1.42]), as one add to p's exponent field:
 // bits(p) + k * 2^23 = bits(p) + bits(kt) * 2^23 (mod 2^32), since kRoundMagicBits * 2^23 is
 // 0 mod 2^32. tests/cpu/test_math.cc compares it with ls_exp2f on every float of the range.
 LS_HD float ls_exp2f_normal_range(float x) {

@@ -606,7 +606,10 @@ static __global__ void __launch_bounds__(kChooseThreads)
     if (h0.count(b_hi) <= uint64_t(kListCap)) {
       b_lo = 0;
     } else if (hp) {
-      // Level 0 again, with the masses.
+      // Level 0 again, with the masses. NOTE: the barrier first: a thread that cleared h0 before
+      // another had read h0.count(b_hi) sent that one down the other branch (racecheck found it:
+      // mismatched barriers from then on).
+      __syncthreads();
       h0.clear(kBuckets);
       __syncthreads();
       level0_pass(true, true);

@@ -263,15 +263,16 @@ TEST(MathSpecial, Exp2OfNonPositiveStaysInUnitInterval) {
 }
 
 // The softmax's fast path (ls_exp2f_normal_range, used by the GPU attention kernels when every
-// exponent of a block lies in [-125, 0]) gives ls_exp2f's bits on every float of its range.
+// exponent of a block lies in [-125, 125]) gives ls_exp2f's bits on every float of its range.
 TEST(MathSpecial, Exp2NormalRangeMatchesExp2OnEveryInput) {
-  const uint32_t lo_bits = f32_bits(-125.0f);
   uint64_t mismatches = 0;
-  for (uint64_t b = 0x80000000u; b <= lo_bits; ++b) {
-    const float x = f32_from_bits(uint32_t(b));
-    mismatches += f32_bits(ls_exp2f_normal_range(x)) != f32_bits(ls_exp2f(x));
+  for (uint32_t sign : {0x00000000u, 0x80000000u}) {
+    const uint64_t lo = sign, hi = sign | f32_bits(125.0f);
+    for (uint64_t b = lo; b <= hi; ++b) {
+      const float x = f32_from_bits(uint32_t(b));
+      mismatches += f32_bits(ls_exp2f_normal_range(x)) != f32_bits(ls_exp2f(x));
+    }
   }
-  mismatches += f32_bits(ls_exp2f_normal_range(0.0f)) != f32_bits(ls_exp2f(0.0f));
   EXPECT_EQ(mismatches, 0u);
 }
 

@@ -195,6 +195,23 @@ __device__ __forceinline__ float exp2_mma(float x) {
   return scale_pow2(fmaf(q, r, 1.0f), k);
 }
 
+// x <- exp2_mma(x) for a thread's 32 entries of a tile. When every |x| ≤ 125 (the usual case:
+// x = s ⊗ σ ⊖ λ ≤ ~0 for the real entries) ls_exp2f_normal_range gives the same bits in ~11
+// instead of ~19 instructions (tests/cpu/test_math.cc checks every float of the range); a NaN or
+// a larger |x| anywhere in the tile takes exp2_mma for all 32.
+__device__ __forceinline__ void exp2_tile(float (&x)[32]) {
+  float hi = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) asm("max.NaN.f32 %0, %0, %1;\n" : "+f"(hi) : "f"(fabsf(x[i])));
+  if (hi <= 125.0f) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) x[i] = ls_exp2f_normal_range(x[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) x[i] = exp2_mma(x[i]);
+  }
+}
+
 // ------------------------------------------------------------------------------------------------
 // Accumulator layout of an m64n64 tile: c[4n + 2h + e] = M index 16·warp + g + 8h, N index
 // 8n + 2tq + e. dkdv: M = keys, N = rows; dq: M = rows, N = keys.
@@ -216,14 +233,21 @@ __device__ __forceinline__ void dkdv_tile(float (&s)[32], float (&dp)[32], float
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float& x = s[4 * n + 2 * h + e];
-        const float pv = exp2_mma(__fsub_rn(__fmul_rn(x, sigma), e ? lm.y : lm.x));
-        if constexpr (MASK) {
-          const int i = row + 8 * n + 2 * tq + e, j = key + 8 * h;
-          x = (j <= i && i < len) ? pv : 0.0f;
-        } else {
-          x = pv;
-        }
+        x = __fsub_rn(__fmul_rn(x, sigma), e ? lm.y : lm.x);
       }
+  }
+  exp2_tile(s);
+  if constexpr (MASK) {
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int i = row + 8 * n + 2 * tq + e, j = key + 8 * h;
+          float& x = s[4 * n + 2 * h + e];
+          x = (j <= i && i < len) ? x : 0.0f;
+        }
   }
   uint32_t pa[4][4];
   pack_frags(pa, s);
@@ -263,9 +287,10 @@ __device__ __forceinline__ void dkdv_tile(float (&s)[32], float (&dp)[32], float
 
 // NOTE: dkdv runs 256 threads (the two consumer warpgroups) and no producer warp: 8 warps leave
 // ptxas 255 registers per thread, which the 128 dV / dK accumulators + 64 scores need (a ninth warp
-// puts three warps on one SM sub-partition: 168 registers, and setmaxnreg only moves the run-time
-// budget, not ptxas's allocation). Warp 0 issues the loads in-line: at step s it refills the slot
-// of step s − 1 with step s + kStages − 1 once both warpgroups have released it.
+// puts three warps on one SM sub-partition: 168 registers at launch; setmaxnreg could move them
+// since mbar_wait's trap went out of line, not yet tried here). Warp 0 issues the loads in-line: at
+// step s it refills the slot of step s − 1 with step s + kStages − 1 once both warpgroups have
+// released it.
 constexpr int kKvThreads = kConsumers;
 
 // 4 bytes global → shared by cp.async, +0 when !valid (src-size 0: nothing is read).
@@ -314,7 +339,7 @@ __global__ void __launch_bounds__(kKvThreads, 1)
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full_bar(s), 1 + 32);  // lane 0's arrive.expect_tx + warp 0's cp.async arrivals
-      mbar_init(empty_bar(s), 8);      // lane 0 of each consumer warp
+      mbar_init(empty_bar(s), kKvThreads);  // every consumer thread
     }
     mbar_init(kv_bar, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -403,8 +428,7 @@ __global__ void __launch_bounds__(kKvThreads, 1)
         dkdv_tile<false>(sc, dp, dv, dk, lam_s, del_s, q_t, do_t, p.sigma, key, i0, len, tq);
       }
     }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty_bar(stage));
+    mbar_arrive(empty_bar(stage));  // every lane (its λ, δ reads are its own)
     i0 += kBlk;
     if (i0 >= len) i0 = j0;
     if (++stage == kStages) {
@@ -447,8 +471,9 @@ __device__ __forceinline__ void dq_block(float (&s)[32], float (&dp)[32], float 
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float& x = s[4 * n + 2 * h + e];
-        x = exp2_mma(__fsub_rn(__fmul_rn(x, sigma), lam[h]));
+        x = __fsub_rn(__fmul_rn(x, sigma), lam[h]);
       }
+  exp2_tile(s);
   wgmma_wait<0>();
   fence_acc(dp);
 #pragma unroll
