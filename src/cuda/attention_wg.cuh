@@ -176,28 +176,22 @@ __device__ __forceinline__ void softmax_step(float (&s)[32], float scale, bool f
     m[h] = mn;
     fast = fast && __fsub_rn(lo[h], use[h]) >= -125.0f;
   }
+  auto exps = [&](auto exp2) {
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = s[4 * n + 2 * h + e];
+          const float pv = exp2(__fsub_rn(x, use[h]));
+          x = (!DIAG || 8 * n + 2 * tq + e <= rw + 8 * h) ? pv : 0.0f;
+        }
+  };
   if (fast) {
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& x = s[4 * n + 2 * h + e];
-          const float pv = ls_exp2f_normal_range(__fsub_rn(x, use[h]));
-          x = (!DIAG || 8 * n + 2 * tq + e <= rw + 8 * h) ? pv : 0.0f;
-        }
+    exps([](float d) { return ls_exp2f_normal_range(d); });
   } else {
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& x = s[4 * n + 2 * h + e];
-          const float pv = ls_exp2f(__fsub_rn(x, use[h]));
-          x = (!DIAG || 8 * n + 2 * tq + e <= rw + 8 * h) ? pv : 0.0f;
-        }
+    exps([](float d) { return ls_exp2f(d); });
   }
   // Row sums: the halving tree over key column c = 8n + 2tq + e (A.3): levels 32, 16, 8 over n
   // in the thread, 4 and 2 across the quad (xor 2, xor 1), 1 over e.

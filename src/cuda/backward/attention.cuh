@@ -65,13 +65,7 @@ __device__ __forceinline__ float exp2_bits(float x) {
   const float kf = __fsub_rn(kt, kRoundMagic);
   const int32_t k = int32_t(__float_as_uint(kt) - kRoundMagicBits);
   const float r = __fsub_rn(xc, kf);
-  float q = 0x1.41a702p-13f;
-  q = fmaf(q, r, 0x1.5f053ap-10f);
-  q = fmaf(q, r, 0x1.3b2d58p-7f);
-  q = fmaf(q, r, 0x1.c6af74p-5f);
-  q = fmaf(q, r, 0x1.ebfbdep-3f);
-  q = fmaf(q, r, 0x1.62e430p-1f);
-  const float y = scale_pow2(fmaf(q, r, 1.0f), k);
+  const float y = scale_pow2(exp2_reduced(r), k);
   return x != x ? __uint_as_float(kCanonicalNanF32) : y;
 }
 // P = exp2(s ⊗ σ ⊖ λ), dS = P ⊗ (dP ⊖ δ): the unmasked entry of §B.9.

@@ -36,16 +36,8 @@
 // Pb and dSb are rounded by cvt.rn.bf16x2 (the bits of f32_to_bf16 for every non-NaN value; a NaN
 // operand makes the MMA's result 0x7fffffff whatever its payload, §M.1).
 //
-// NOTE (H200, 2026-12-04, bench_attention_bwd: B = 4, S = 4096, Hq = 32, Hkv = 8): backward
-// 4.66 ms (delta + dkdv 2.51 ms + dq 1.97 ms by ncu), 2.0x the mma.sync kernels' 9.35 ms; both
-// kernels issue on ~47-51% of the cycles with the tensor pipe ~46% busy (latency between a
-// warpgroup's MMA and exp phases, two warpgroups per SM). Tried and not kept: issuing a tile's dK
-// (dkdv) or dQ (dq) behind the next tile's scores, so the tensor cores run it during the exps:
-// dkdv 2.75 ms, dq 2.16 ms (slower; the later slot release stalls the loads); ping-pong turns
-// (named barriers: the warpgroups alternate issuing S / dP, as FA3's forward does): dkdv 2.59 ms,
-// dq 2.01 ms (slower: the two warpgroups are not held back by being in phase). The m64n64k16
-// score products read both operands from shared memory (4 KB per 32 cycles of MMA): a likely
-// limit, not yet measured.
+// NOTE: what was measured and tried (interleaving a tile's dK / dQ behind the next scores,
+// FA3-style ping-pong turns: both slower) is in docs/perf.md, 2026-12-04 (sessions 16, 17).
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only)
@@ -186,13 +178,7 @@ __device__ __forceinline__ float exp2_mma(float x) {
   const float kf = __fsub_rn(kt, kRoundMagic);
   const int32_t k = int32_t(__float_as_uint(kt) - kRoundMagicBits);
   const float r = __fsub_rn(xc, kf);
-  float q = 0x1.41a702p-13f;
-  q = fmaf(q, r, 0x1.5f053ap-10f);
-  q = fmaf(q, r, 0x1.3b2d58p-7f);
-  q = fmaf(q, r, 0x1.c6af74p-5f);
-  q = fmaf(q, r, 0x1.ebfbdep-3f);
-  q = fmaf(q, r, 0x1.62e430p-1f);
-  return scale_pow2(fmaf(q, r, 1.0f), k);
+  return scale_pow2(exp2_reduced(r), k);
 }
 
 // x <- exp2_mma(x) for a thread's 32 entries of a tile. When every |x| ≤ 125 (the usual case:
