@@ -226,6 +226,10 @@ struct ShardRows {
   int64_t v0 = 0, v1 = 0;
 };
 
+// A vocab shard: an aligned power-of-two subtree of cfg.vocab_segments (cfg validated by the
+// caller); its rows and the whole vocab's layout.
+ShardRows check_logprob_shard(const char* op, const ContractConfig& cfg, const LogprobShard& shard);
+
 // Everything linear_logprob_partial checks (cfg and params too).
 ShardRows check_linear_logprob_partial(const char* op, Device dev, const TensorView& h,
                                        const TensorView& w_shard, const TensorView& targets,
@@ -322,6 +326,15 @@ LogprobVocabLayout check_linear_logprob_backward(const char* op, Device dev, con
                                                  const TensorView& entropy, const TensorView& g_lp,
                                                  const TensorView* g_ent, const TensorView& dh,
                                                  const TokenOrder& order, const TensorView& dw);
+// The same for linear_logprob_backward_partial: w_shard and dw_shard hold the shard's vocab rows
+// [v0, v1) of a vocab of shard.vocab_size (targets are ids of that whole vocab), dh_partial [T, H]
+// f32. Returns the shard's rows and the whole vocab's layout.
+ShardRows check_linear_logprob_backward_partial(
+    const char* op, Device dev, const TensorView& h, const TensorView& w_shard,
+    const TensorView& targets, const LogprobParams& params, const ContractConfig& cfg,
+    const LogprobShard& shard, const TensorView& lse, const TensorView& entropy,
+    const TensorView& g_lp, const TensorView* g_ent, const TensorView& dh_partial,
+    const TokenOrder& order, const TensorView& dw_shard);
 
 // --- backward_attention.cc (packed varlen attention)
 

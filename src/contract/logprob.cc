@@ -149,14 +149,8 @@ void check_linear_logprob(const char* op, Device dev, const TensorView& h, const
   check_outputs(op, dev, logp, lse, entropy, T);
 }
 
-ShardRows check_linear_logprob_partial(const char* op, Device dev, const TensorView& h,
-                                       const TensorView& w_shard, const TensorView& targets,
-                                       const LogprobParams& params, const ContractConfig& cfg,
-                                       const LogprobShard& shard, const TensorView& state) {
-  cfg.validate();
-  params.validate();
-  check_h(op, dev, h, cfg);
-  const int64_t T = h.size(0), H = h.size(1);
+ShardRows check_logprob_shard(const char* op, const ContractConfig& cfg,
+                              const LogprobShard& shard) {
   LS_CHECK(shard.vocab_size >= 1, op, "shard.vocab_size must be >= 1, got ", shard.vocab_size);
   LS_CHECK(pow2_upto8(shard.seg_count) && cfg.vocab_segments % shard.seg_count == 0 &&
                shard.seg_begin >= 0 && shard.seg_begin % shard.seg_count == 0 &&
@@ -168,6 +162,18 @@ ShardRows check_linear_logprob_partial(const char* op, Device dev, const TensorV
   sr.v0 = std::min(shard.vocab_size, int64_t(shard.seg_begin) * sr.lay.segment_len);
   sr.v1 =
       std::min(shard.vocab_size, int64_t(shard.seg_begin + shard.seg_count) * sr.lay.segment_len);
+  return sr;
+}
+
+ShardRows check_linear_logprob_partial(const char* op, Device dev, const TensorView& h,
+                                       const TensorView& w_shard, const TensorView& targets,
+                                       const LogprobParams& params, const ContractConfig& cfg,
+                                       const LogprobShard& shard, const TensorView& state) {
+  cfg.validate();
+  params.validate();
+  check_h(op, dev, h, cfg);
+  const int64_t T = h.size(0), H = h.size(1);
+  const ShardRows sr = check_logprob_shard(op, cfg, shard);
   check_view(op, "w_shard", w_shard, DType::kBF16, {sr.v1 - sr.v0, H}, dev);
   check_targets(op, dev, targets, T, shard.vocab_size, params.ignore_index);
   check_view(op, "state", state, DType::kF32, {T, 4}, dev);

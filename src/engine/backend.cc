@@ -216,6 +216,17 @@ void OpsBackend::attention_backward_varlen(const TensorView&, const TensorView&,
                                            const TensorView&) const {
   no_backward(*this, "attention_backward_varlen");
 }
+void OpsBackend::linear_logprob_backward_partial(const TensorView&, const TensorView&,
+                                                 const TensorView&, const LogprobParams&,
+                                                 const ContractConfig&, const LogprobShard&,
+                                                 const TensorView&, const TensorView&,
+                                                 const TensorView&, const TensorView*,
+                                                 const TensorView&, const TokenOrder&,
+                                                 const TensorView&) const {
+  LS_CHECK(false, "OpsBackend::linear_logprob_backward_partial", "the '", name(),
+           "' backend does not implement linear_logprob_backward_partial (vocab-parallel "
+           "rank-local training runs on the invariant CPU backend only)");
+}
 void OpsBackend::attention_prefill_shared(const TensorView&, const TensorView&, const TensorView&,
                                           const SharedPromptSeqs&, const AttentionConfig&,
                                           const TensorView&, const TensorView&) const {
@@ -246,6 +257,16 @@ class InvariantBackend final : public InvariantOps<OpsBackend> {
   void rope_backward(const TensorView& gy, const TensorView& positions, const RopeTable& table,
                      const TensorView& dx) const override {
     cpu::rope_backward(gy, positions, table, dx);
+  }
+  void linear_logprob_backward_partial(const TensorView& h, const TensorView& w_shard,
+                                       const TensorView& targets, const LogprobParams& params,
+                                       const ContractConfig& cfg, const LogprobShard& shard,
+                                       const TensorView& lse, const TensorView& entropy,
+                                       const TensorView& g_lp, const TensorView* g_ent,
+                                       const TensorView& dh_partial, const TokenOrder& order,
+                                       const TensorView& dw_shard) const override {
+    cpu::linear_logprob_backward_partial(h, w_shard, targets, params, cfg, shard, lse, entropy,
+                                         g_lp, g_ent, dh_partial, order, dw_shard);
   }
 };
 

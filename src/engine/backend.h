@@ -204,6 +204,15 @@ class OpsBackend {
                                          const PackedSeqs& seqs, const AttentionConfig& cfg,
                                          const TensorView& dq, const TensorView& dk,
                                          const TensorView& dv) const;
+  // Vocab-parallel log-prob backward (lockstep/ops/backward.h, a rank-local Backprop): the
+  // invariant CPU backend runs cpu::linear_logprob_backward_partial; every other backend (the
+  // CUDA ones too, not implemented there yet) throws lockstep::Error naming itself and the op.
+  virtual void linear_logprob_backward_partial(
+      const TensorView& h, const TensorView& w_shard, const TensorView& targets,
+      const LogprobParams& params, const ContractConfig& cfg, const LogprobShard& shard,
+      const TensorView& lse, const TensorView& entropy, const TensorView& g_lp,
+      const TensorView* g_ent, const TensorView& dh_partial, const TokenOrder& order,
+      const TensorView& dw_shard) const;
 
   // --- shared-prompt groups (docs/contract.md §B.11) ---
   // The forward and backward of attention over SharedPromptSeqs (host metadata). The invariant

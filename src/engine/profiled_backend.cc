@@ -320,6 +320,17 @@ void ProfiledBackend::linear_logprob_backward(const TensorView& h, const TensorV
                                     order, dw);
   });
 }
+void ProfiledBackend::linear_logprob_backward_partial(
+    const TensorView& h, const TensorView& w_shard, const TensorView& targets,
+    const LogprobParams& params, const ContractConfig& cfg, const LogprobShard& shard,
+    const TensorView& lse, const TensorView& entropy, const TensorView& g_lp,
+    const TensorView* g_ent, const TensorView& dh_partial, const TokenOrder& order,
+    const TensorView& dw_shard) const {
+  timed("linear_logprob_backward_partial", [&] {
+    inner_->linear_logprob_backward_partial(h, w_shard, targets, params, cfg, shard, lse, entropy,
+                                            g_lp, g_ent, dh_partial, order, dw_shard);
+  });
+}
 void ProfiledBackend::attention_backward_varlen(const TensorView& q, const TensorView& k,
                                                 const TensorView& v, const TensorView& out,
                                                 const TensorView& lse, const TensorView& dout,

@@ -155,6 +155,13 @@ class ProfiledBackend final : public OpsBackend {
                                const TensorView& g_lp, const TensorView* g_ent,
                                const TensorView& dh, const TokenOrder& order,
                                const TensorView& dw) const override;
+  void linear_logprob_backward_partial(const TensorView& h, const TensorView& w_shard,
+                                       const TensorView& targets, const LogprobParams& params,
+                                       const ContractConfig& cfg, const LogprobShard& shard,
+                                       const TensorView& lse, const TensorView& entropy,
+                                       const TensorView& g_lp, const TensorView* g_ent,
+                                       const TensorView& dh_partial, const TokenOrder& order,
+                                       const TensorView& dw_shard) const override;
   void attention_backward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                                  const TensorView& out, const TensorView& lse,
                                  const TensorView& dout, const PackedSeqs& seqs,

@@ -339,6 +339,85 @@ TEST(LogprobBackward, VocabParallelRanksGiveTheSameDh) {
   }
 }
 
+// The op's own vocab-parallel form: rank r of R runs linear_logprob_backward_partial on its
+// segments' W rows; the dh partials combined in rank order == the op's dh, and each rank's dw rows
+// == the op's dw rows (from a nonzero dw, padding rows and several sequences in the order), for
+// every R, every layout, with and without g_ent, in hidden chunks too; a rank whose segments lie
+// past V holds no rows.
+TEST(LogprobBackward, PartialOpRanksGiveTheOpsBits) {
+  for (const Shape& s : kShapes) {
+    for (bool with_ent : {true, false}) {
+      auto g = test::rng(40 + uint64_t(s.V) + (with_ent ? 1 : 0));
+      Problem p = make_problem(37, s.H, s.V, make_cfg(s.tile, s.vseg, s.gseg), 0.9f, with_ent, g);
+      int64_t rows = 0;
+      TokenOrder order = pack({3, 17, 9}, 4, 2, 1, &rows);
+      ASSERT_LE(rows, p.T);
+      order = TokenOrder::make(
+          "test", std::vector<TokenSeq>(order.seqs().begin(), order.seqs().end()), p.T);
+      const std::vector<float> dw0 = random_dw(p, g);
+      const Grads op = run_op(p, order, dw0);
+      Tensor tg(DType::kI64, {p.T});
+      for (int64_t t = 0; t < p.T; ++t) tg.ptr<int64_t>()[t] = p.targets[size_t(t)];
+      TensorView ge = f32_view(p.g_ent);
+      for (int R = 1; R <= s.vseg; R *= 2) {
+        const int per = s.vseg / R;
+        std::vector<std::vector<float>> partial(static_cast<size_t>(R));
+        std::vector<TensorView> views;
+        std::vector<float> dw(dw0);
+        for (int r = 0; r < R; ++r) {
+          const LogprobShard sh{p.V, r * per, per};
+          const LogprobVocabLayout lay = logprob_vocab_layout(p.cfg, p.V);
+          const int64_t v0 = std::min(p.V, int64_t(r * per) * lay.segment_len);
+          const int64_t v1 = std::min(p.V, int64_t((r + 1) * per) * lay.segment_len);
+          partial[size_t(r)].assign(size_t(p.T * p.H), std::nanf(""));
+          TensorView y = TensorView::contiguous(partial[size_t(r)].data(), DType::kF32, {p.T, p.H});
+          TensorView dws =
+              TensorView::contiguous(dw.data() + v0 * p.H, DType::kF32, {v1 - v0, p.H});
+          Chunking ch;
+          ch.chunk_blocks = 1 + r;
+          ch.wt_budget_bytes = r % 2 ? 0 : ch.wt_budget_bytes;
+          ch.hidden_chunk = 7;
+          cpu::logprob_backward_detail::linear_logprob_backward_partial_chunked(
+              p.h.view(), p.w.view().rows(v0, v1), tg.view(), p.params, p.cfg, sh,
+              f32_view(p.lse), f32_view(p.entropy), f32_view(p.g_lp), with_ent ? &ge : nullptr, y,
+              order, dws, ch);
+          views.push_back(y);
+        }
+        std::vector<float> dh(size_t(p.T * p.H));
+        cpu::gemm_tree_combine(views, nullptr,
+                               TensorView::contiguous(dh.data(), DType::kF32, {p.T, p.H}));
+        const std::string what = "V=" + std::to_string(s.V) + " S=" + std::to_string(s.vseg) +
+                                 " R=" + std::to_string(R) + " g_ent=" + std::to_string(with_ent);
+        EXPECT_TRUE(test::bitwise_equal(dh, op.dh)) << what;
+        EXPECT_TRUE(test::bitwise_equal(dw, op.dw)) << what;
+      }
+    }
+  }
+}
+
+// The partial form's argument errors name the shard and its rows.
+TEST(LogprobBackward, PartialOpErrors) {
+  auto g = test::rng(44);
+  Problem p = make_problem(5, 9, 61, make_cfg(8, 4, 8), 1.0f, false, g);
+  TokenOrder order = TokenOrder::make("test", {{0, 0, p.T}}, p.T);
+  Tensor tg(DType::kI64, {p.T});
+  for (int64_t t = 0; t < p.T; ++t) tg.ptr<int64_t>()[t] = p.targets[size_t(t)];
+  Tensor dh(DType::kF32, {p.T, p.H}), dw(DType::kF32, {p.V, p.H});
+  const LogprobVocabLayout lay = logprob_vocab_layout(p.cfg, p.V);
+  const int64_t n = std::min(p.V, 2 * lay.segment_len);
+  auto run = [&](LogprobShard sh, int64_t w_rows, int64_t dw_rows) {
+    cpu::linear_logprob_backward_partial(p.h.view(), p.w.view().rows(0, w_rows), tg.view(),
+                                         p.params, p.cfg, sh, f32_view(p.lse), f32_view(p.entropy),
+                                         f32_view(p.g_lp), nullptr, dh.view(), order,
+                                         dw.view().rows(0, dw_rows));
+  };
+  test::expect_error_mentioning([&] { run({p.V, 1, 2}, n, n); }, "not an aligned power-of-two subtree");
+  test::expect_error_mentioning([&] { run({p.V, 0, 3}, n, n); }, "not an aligned power-of-two subtree");
+  test::expect_error_mentioning([&] { run({p.V, 0, 2}, n - 1, n); }, "argument 'w_shard' has");
+  test::expect_error_mentioning([&] { run({p.V, 0, 2}, n, n + 1); }, "dw_shard");
+  EXPECT_NO_THROW(run({p.V, 0, 2}, n, n));
+}
+
 // The chunk of token blocks the op materializes (1, 2, 3, 4, all), Wᵀ built once or in hidden
 // chunks of 64 / 17 / 1 columns change no bit; nor do the thread count (1 vs 3) and reruns.
 TEST(LogprobBackward, ChunkingThreadsAndRerunsChangeNothing) {

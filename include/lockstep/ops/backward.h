@@ -82,6 +82,20 @@ void linear_logprob_backward(const TensorView& h, const TensorView& w, const Ten
                              const TensorView& g_lp, const TensorView* g_ent, const TensorView& dh,
                              const TokenOrder& order, const TensorView& dw);
 
+// Vocab-parallel (§B.8): the op over the vocab segments of `shard` (an aligned subtree, as
+// linear_logprob_partial's): w_shard [v1 − v0, H] bf16 holds their rows, targets are ids of the
+// whole vocab (shard.vocab_size), lse / entropy are the whole vocab's (the forward's combine).
+// dh_partial [T, H] f32 (written) = the shard's subtree of dh's segment tree: gemm_tree_combine of
+// the ranks' partials in rank order gives linear_logprob_backward's dh; dw_shard [v1 − v0, H] f32
+// (in/out) gets dw's rows [v0, v1), the same bits.
+void linear_logprob_backward_partial(const TensorView& h, const TensorView& w_shard,
+                                     const TensorView& targets, const LogprobParams& params,
+                                     const ContractConfig& cfg, const LogprobShard& shard,
+                                     const TensorView& lse, const TensorView& entropy,
+                                     const TensorView& g_lp, const TensorView* g_ent,
+                                     const TensorView& dh_partial, const TokenOrder& order,
+                                     const TensorView& dw_shard);
+
 // ---- B.9 Attention (packed varlen, causal, GQA) ---------------------------------------------
 
 // q [T, Hq, D], k, v [T, Hkv, D], out [T, Hq, D], dout [T, Hq, D] bf16; lse [T, Hq] f32 (the

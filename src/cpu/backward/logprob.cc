@@ -58,13 +58,15 @@ std::vector<Block> token_blocks(const TokenOrder& order, int64_t T) {
 // Columns of G and of the re-laid-out Wᵀ: vocab segment k's entries at [k·seg_pad,
 // k·seg_pad + seg_len), zeros up to (k + 1)·seg_pad, seg_pad = seg_len rounded up to 16. So the
 // GEMM's own K layout (S equal segments of width/S, a multiple of 16) is exactly §B.8's.
+// A vocab shard (segments [s0, s0 + sc)) lays out only its own segments, from column 0.
 struct GLayout {
-  int64_t seg_len = 0, seg_pad = 0, width = 0;
-  explicit GLayout(const LogprobVocabLayout& lay)
+  int64_t seg_len = 0, seg_pad = 0, width = 0, s0 = 0;
+  GLayout(const LogprobVocabLayout& lay, int seg_begin, int seg_count)
       : seg_len(lay.segment_len),
         seg_pad((lay.segment_len + kMmaK - 1) / kMmaK * kMmaK),
-        width(seg_pad * lay.segments) {}
-  int64_t col(int64_t v) const { return v / seg_len * seg_pad + v % seg_len; }
+        width(seg_pad * seg_count),
+        s0(seg_begin) {}
+  int64_t col(int64_t v) const { return (v / seg_len - s0) * seg_pad + v % seg_len; }
 };
 
 // The per-token values of §B.8 that do not depend on v.
@@ -84,40 +86,41 @@ inline bf16 grad_entry(float z, bool is_target, const TokenGrad& tg, bool with_e
   return f32_to_bf16(gy / tau);
 }
 
-// Wᵀ columns [h0, h0 + hc) re-laid out: wt[j·width + col(v)] = w[v, h0 + j] (padding stays +0).
-void relayout_wt(const TensorView& w, const GLayout& gl, int64_t h0, int64_t hc, bf16* wt) {
-  const int64_t V = w.size(0), ldw = w.stride[0];
+// Wᵀ columns [h0, h0 + hc) re-laid out: wt[j·width + col(v)] = w[v − v0, h0 + j] for the rows
+// v ∈ [v0, v0 + w.size(0)) that w holds (padding stays +0).
+void relayout_wt(const TensorView& w, int64_t v0, const GLayout& gl, int64_t h0, int64_t hc,
+                 bf16* wt) {
+  const int64_t n = w.size(0), ldw = w.stride[0];
   const bf16* src = w.ptr<const bf16>();
   parallel_for(hc, 1, [&](int64_t j0, int64_t j1) {
     for (int64_t j = j0; j < j1; ++j) {
       bf16* dst = wt + j * gl.width;
-      for (int64_t v = 0; v < V; ++v) dst[gl.col(v)] = src[v * ldw + h0 + j];
+      for (int64_t v = 0; v < n; ++v) dst[gl.col(v0 + v)] = src[v * ldw + h0 + j];
     }
   });
 }
 
-}  // namespace
-
-void linear_logprob_backward_chunked(const TensorView& h, const TensorView& w,
-                                     const TensorView& targets, const LogprobParams& params,
-                                     const ContractConfig& cfg, const TensorView& lse,
-                                     const TensorView& entropy, const TensorView& g_lp,
-                                     const TensorView* g_ent, const TensorView& dh,
-                                     const TokenOrder& order, const TensorView& dw,
-                                     const Chunking& chunking) {
-  const char* op = "linear_logprob_backward";
-  const LogprobVocabLayout lay = contract::check_linear_logprob_backward(
-      op, Device::kCPU, h, w, targets, params, cfg, lse, entropy, g_lp, g_ent, dh, order, dw);
+// The op over the vocab segments [seg_begin, seg_begin + seg_count) of `lay` (checked by the
+// caller): w and dw hold their rows [v0, …), dh = the segments' subtree of the dh tree (all
+// segments: the whole tree, dh itself).
+void backward_segments(const char* op, const TensorView& h, const TensorView& w,
+                       const TensorView& targets, const LogprobParams& params,
+                       const ContractConfig& cfg, const LogprobVocabLayout& lay, int seg_begin,
+                       int seg_count, const TensorView& lse, const TensorView& entropy,
+                       const TensorView& g_lp, const TensorView* g_ent, const TensorView& dh,
+                       const TokenOrder& order, const TensorView& dw, const Chunking& chunking) {
   const int64_t chunk_blocks = chunking.chunk_blocks;
   LS_CHECK(chunk_blocks >= 1 && chunking.hidden_chunk >= 1, op,
            "chunking: chunk_blocks and hidden_chunk must be >= 1, got ", chunk_blocks, " and ",
            chunking.hidden_chunk);
-  const int64_t T = h.size(0), H = h.size(1), V = w.size(0);
+  const int64_t T = h.size(0), H = h.size(1), V = lay.vocab_size;
   if (T == 0) return;
-  const int64_t L = lay.tile, n_tiles = lay.padded / L;
+  const int64_t L = lay.tile, n_tiles = lay.tiles_per_segment * seg_count;
+  const int64_t v_lo = std::min(V, seg_begin * lay.segment_len);  // w's first row
   const float tau = params.temperature;
   const bool with_ent = g_ent != nullptr;
-  const GLayout gl(lay);
+  const GLayout gl(lay, seg_begin, seg_count);
+  const bool whole = seg_count == lay.segments;
   const GemmConfig dh_cfg{lay.segments};  // the vocab segments are the dh GEMM's K segments
 
   std::vector<TokenGrad> tok(static_cast<size_t>(T));
@@ -137,7 +140,7 @@ void linear_logprob_backward_chunked(const TensorView& h, const TensorView& w,
       H * gl.width * 2 <= chunking.wt_budget_bytes ? H : std::min(H, chunking.hidden_chunk);
   const bool wt_once = hc_step == H;
   std::vector<bf16> wt(static_cast<size_t>(hc_step * gl.width), bf16{0});
-  if (wt_once) relayout_wt(w, gl, 0, H, wt.data());
+  if (wt_once) relayout_wt(w, v_lo, gl, 0, H, wt.data());
 
   const std::vector<Block> blocks = token_blocks(order, T);
   const int64_t n_blocks = int64_t(blocks.size());
@@ -158,10 +161,11 @@ void linear_logprob_backward_chunked(const TensorView& h, const TensorView& w,
       for (int64_t it = i0; it < i1; ++it) {
         const int64_t b = it / n_tiles, i = it % n_tiles;
         const Block& blk = blocks[size_t(c0 + b)];
-        const int64_t v0 = i * L, valid = std::clamp<int64_t>(V - v0, 0, L);
+        const int64_t v0 = seg_begin * lay.segment_len + i * L;
+        const int64_t valid = std::clamp<int64_t>(V - v0, 0, L);
         if (valid == 0) continue;  // all padding: G stays +0
-        logprob_detail::tile_logits(h.rows(blk.r0, blk.r0 + blk.n), w.rows(v0, v0 + valid), cfg,
-                                    z.data(), L);
+        logprob_detail::tile_logits(h.rows(blk.r0, blk.r0 + blk.n),
+                                    w.rows(v0 - v_lo, v0 - v_lo + valid), cfg, z.data(), L);
         const int64_t col0 = gl.col(v0);  // a tile lies inside one segment
         for (int64_t r = 0; r < blk.n; ++r) {
           const TokenGrad& tg = tok[size_t(blk.r0 + r)];
@@ -178,10 +182,15 @@ void linear_logprob_backward_chunked(const TensorView& h, const TensorView& w,
     const TensorView gv = TensorView::contiguous(G.data(), DType::kBF16, {rows, gl.width});
     for (int64_t h0 = 0; h0 < H; h0 += hc_step) {
       const int64_t hc = std::min(hc_step, H - h0);
-      if (!wt_once) relayout_wt(w, gl, h0, hc, wt.data());
+      if (!wt_once) relayout_wt(w, v_lo, gl, h0, hc, wt.data());
       TensorView y = TensorView::contiguous(dh_out.data() + h0, DType::kF32, {rows, hc});
       y.stride[0] = H;
-      gemm_bf16_nt(gv, TensorView::contiguous(wt.data(), DType::kBF16, {hc, gl.width}), dh_cfg, y);
+      const TensorView wtv = TensorView::contiguous(wt.data(), DType::kBF16, {hc, gl.width});
+      if (whole)
+        gemm_bf16_nt(gv, wtv, dh_cfg, y);
+      else  // the shard's segments are rank seg_begin / seg_count of lay.segments / seg_count
+        gemm_bf16_nt_partial(gv, wtv, gl.seg_pad * lay.segments, lay.segments / seg_count,
+                             seg_begin / seg_count, dh_cfg, y);
     }
     for (int64_t b = 0; b < nb; ++b) {
       const Block& blk = blocks[size_t(c0 + b)];
@@ -207,10 +216,10 @@ void linear_logprob_backward_chunked(const TensorView& h, const TensorView& w,
         for (int64_t j = 0; j < H; ++j) dst[j * kTokenBlock + r] = src[j];
       }
     }
-    parallel_for(V, 8, [&](int64_t va, int64_t vb) {
+    parallel_for(dw.size(0), 8, [&](int64_t va, int64_t vb) {
       bf16 a[kTokenBlock];
       for (int64_t v = va; v < vb; ++v) {
-        const int64_t col = gl.col(v);
+        const int64_t col = gl.col(v_lo + v);
         float* row = dw.ptr<float>() + v * dw.stride[0];
         for (size_t q = 0; q < dw_blocks.size(); ++q) {
           const int64_t b = dw_blocks[q], n = blocks[size_t(c0 + b)].n;
@@ -227,7 +236,49 @@ void linear_logprob_backward_chunked(const TensorView& h, const TensorView& w,
   }
 }
 
+}  // namespace
+
+void linear_logprob_backward_chunked(const TensorView& h, const TensorView& w,
+                                     const TensorView& targets, const LogprobParams& params,
+                                     const ContractConfig& cfg, const TensorView& lse,
+                                     const TensorView& entropy, const TensorView& g_lp,
+                                     const TensorView* g_ent, const TensorView& dh,
+                                     const TokenOrder& order, const TensorView& dw,
+                                     const Chunking& chunking) {
+  const char* op = "linear_logprob_backward";
+  const LogprobVocabLayout lay = contract::check_linear_logprob_backward(
+      op, Device::kCPU, h, w, targets, params, cfg, lse, entropy, g_lp, g_ent, dh, order, dw);
+  backward_segments(op, h, w, targets, params, cfg, lay, 0, lay.segments, lse, entropy, g_lp,
+                    g_ent, dh, order, dw, chunking);
+}
+
+void linear_logprob_backward_partial_chunked(
+    const TensorView& h, const TensorView& w_shard, const TensorView& targets,
+    const LogprobParams& params, const ContractConfig& cfg, const LogprobShard& shard,
+    const TensorView& lse, const TensorView& entropy, const TensorView& g_lp,
+    const TensorView* g_ent, const TensorView& dh_partial, const TokenOrder& order,
+    const TensorView& dw_shard, const Chunking& chunking) {
+  const char* op = "linear_logprob_backward_partial";
+  const contract::ShardRows sr = contract::check_linear_logprob_backward_partial(
+      op, Device::kCPU, h, w_shard, targets, params, cfg, shard, lse, entropy, g_lp, g_ent,
+      dh_partial, order, dw_shard);
+  backward_segments(op, h, w_shard, targets, params, cfg, sr.lay, shard.seg_begin, shard.seg_count,
+                    lse, entropy, g_lp, g_ent, dh_partial, order, dw_shard, chunking);
+}
+
 }  // namespace logprob_backward_detail
+
+void linear_logprob_backward_partial(const TensorView& h, const TensorView& w_shard,
+                                     const TensorView& targets, const LogprobParams& params,
+                                     const ContractConfig& cfg, const LogprobShard& shard,
+                                     const TensorView& lse, const TensorView& entropy,
+                                     const TensorView& g_lp, const TensorView* g_ent,
+                                     const TensorView& dh_partial, const TokenOrder& order,
+                                     const TensorView& dw_shard) {
+  logprob_backward_detail::linear_logprob_backward_partial_chunked(
+      h, w_shard, targets, params, cfg, shard, lse, entropy, g_lp, g_ent, dh_partial, order,
+      dw_shard, logprob_backward_detail::Chunking{});
+}
 
 void linear_logprob_backward(const TensorView& h, const TensorView& w, const TensorView& targets,
                              const LogprobParams& params, const ContractConfig& cfg,
