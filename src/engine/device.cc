@@ -148,4 +148,13 @@ Tensor to_host(const OpsBackend& ops, const TensorView& t) {
   return h;
 }
 
+TensorView slab(const Tensor& t, int64_t r) {
+  const TensorView v = t.view();
+  const std::vector<int64_t> shape(v.shape + 1, v.shape + v.ndim);
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return TensorView::contiguous(static_cast<char*>(v.data) + r * n * dtype_size(v.dtype), v.dtype,
+                                shape, v.device);
+}
+
 }  // namespace lockstep::engine

@@ -59,6 +59,9 @@ PagedMeta paged_meta_for_views(DeviceStage& stage, const char* op, const TensorV
                                const TensorView& q_pos, const PagedKv& kv,
                                const SharedPrefix* prefix, const AttentionConfig& cfg);
 
+// Slab r of a contiguous [n, ...] tensor (any device): its [...] view.
+TensorView slab(const Tensor& t, int64_t r);
+
 // Copies `t` (any device, last dim contiguous) into a new contiguous host tensor, waiting for it.
 Tensor to_host(const OpsBackend& ops, const TensorView& t);
 

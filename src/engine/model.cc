@@ -70,14 +70,6 @@ std::function<TensorView(const std::string&, const WeightBlock&)> blocks_of(
   };
 }
 
-// Slab r of a contiguous [n, ...] tensor: its [...] view.
-TensorView slab(const Tensor& t, int64_t r) {
-  const TensorView v = t.view();
-  const std::vector<int64_t> shape(v.shape + 1, v.shape + v.ndim);
-  const int64_t n = std::accumulate(shape.begin(), shape.end(), int64_t(1), std::multiplies<>());
-  return TensorView::contiguous(static_cast<char*>(v.data) + r * n * dtype_size(v.dtype), v.dtype,
-                                shape, v.device);
-}
 
 }  // namespace
 

@@ -8,6 +8,8 @@
 #include <utility>
 
 #include "engine/device.h"
+#include "lockstep/contract/embedding.h"
+#include "lockstep/dist/communicator.h"
 #include "lockstep/contract/gemm.h"
 #include "lockstep/contract/norm.h"
 #include "lockstep/error.h"
@@ -67,27 +69,124 @@ TensorView flat(const TensorView& v3) {  // [T, n, D] contiguous -> [T, n·D]
 
 }  // namespace
 
-// --- Gradients ---
+// --- rank blocks ---
 
-Gradients::Gradients(const Qwen3Config& cfg) : cfg_(cfg) {
-  auto zeros = [](std::vector<int64_t> shape) {
-    Tensor t(DType::kF32, std::move(shape));
-    std::memset(t.data(), 0, size_t(t.nbytes()));  // +0
-    return t;
-  };
-  for (const WeightSpec& s : qwen3_weight_specs(cfg)) {
-    index_[s.name] = grads_.size();
-    grads_.emplace_back(s.name, zeros(s.shape));
+namespace {
+
+// The slice `b` of a view (rows and columns; r1 / c1 = -1: to the end).
+TensorView block_of(const TensorView& v, const WeightBlock& b) {
+  TensorView out = v;
+  const int64_t r1 = b.r1 < 0 ? v.shape[0] : b.r1;
+  out = out.rows(b.r0, r1);
+  if (v.ndim == 2) {
+    const int64_t c1 = b.c1 < 0 ? v.shape[1] : b.c1;
+    out = cols(out, b.c0, c1);
   }
-  if (cfg.tie_word_embeddings) tied_lm_ = zeros({cfg.vocab_size, cfg.hidden_size});
+  return out;
 }
 
-Gradients::Gradients(const Qwen3Config& cfg, const OpsBackend& ops) : cfg_(cfg), ops_(&ops) {
-  for (const WeightSpec& s : qwen3_weight_specs(cfg)) {
-    index_[s.name] = grads_.size();
-    grads_.emplace_back(s.name, ops.empty(DType::kF32, s.shape));
+std::vector<int64_t> block_shape(const std::vector<int64_t>& shape, const WeightBlock& b) {
+  std::vector<int64_t> s = shape;
+  s[0] = (b.r1 < 0 ? shape[0] : b.r1) - b.r0;
+  if (s.size() == 2) s[1] = (b.c1 < 0 ? shape[1] : b.c1) - b.c0;
+  return s;
+}
+
+bool ends_with(const std::string& s, const char* suffix) {
+  const size_t n = std::strlen(suffix);
+  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
+}
+
+// The lm_head rows of rank r's vocab segments (the forward's vocab-parallel head).
+WeightBlock head_rows(const Qwen3Config& cfg, const ModelOptions& opt, int r) {
+  if (opt.tp == 1) return {};
+  const LogprobVocabLayout lay = logprob_vocab_layout(opt.contract, cfg.vocab_size);
+  const int per = opt.contract.vocab_segments / opt.tp;
+  const int64_t V = cfg.vocab_size;
+  return {std::min(V, int64_t(r * per) * lay.segment_len),
+          std::min(V, int64_t((r + 1) * per) * lay.segment_len), 0, -1};
+}
+
+// The rank's shares of a layer in a rank-local job (whole at tp = 1, and for a simulated model).
+struct RankPart {
+  int64_t q0 = 0, nq = 0, kv0 = 0, nkv = 0, i0 = 0, ni = 0;
+};
+
+RankPart rank_part(const Qwen3Config& cfg, const ModelOptions& opt, int r) {
+  const int tp = opt.tp;
+  const int64_t Hq = cfg.num_attention_heads, Hkv = cfg.num_key_value_heads;
+  LS_CHECK(tp >= 1 && r >= 0 && r < tp, kOp, "rank ", r, " is outside [0, tp = ", tp, ")");
+  LS_CHECK(Hq % tp == 0 && Hkv % tp == 0, kOp, "tp (", tp, ") must divide Hq (", Hq,
+           ") and Hkv (", Hkv, "): kv heads replicated across ranks are not supported");
+  RankPart p;
+  p.nq = Hq / tp;
+  p.q0 = r * p.nq;
+  p.nkv = Hkv / tp;
+  p.kv0 = r * p.nkv;
+  const GemmConfig down = GemmConfig::for_layer(opt.contract, LayerRole::kRowParallel);
+  const GemmKRange ir = gemm_tp_k_range(down, cfg.intermediate_size, tp, r);
+  p.i0 = ir.begin;
+  p.ni = ir.end - ir.begin;
+  return p;
+}
+
+}  // namespace
+
+WeightBlock gradient_block(const Qwen3Config& cfg, const ModelOptions& opt, int rank,
+                           const std::string& name) {
+  bool known = false;
+  for (const WeightSpec& s : qwen3_weight_specs(cfg)) known = known || s.name == name;
+  LS_CHECK(known, kOp, "no parameter named '", name, "'");
+  LS_CHECK(opt.tp >= 1 && rank >= 0 && rank < opt.tp, kOp, "rank ", rank,
+           " is outside [0, tp = ", opt.tp, ")");
+  if (opt.tp == 1) return {};
+  const RankPart p = rank_part(cfg, opt, rank);
+  const int64_t D = cfg.head_dim;
+  if (name == "model.embed_tokens.weight") {
+    const VocabShard sh = vocab_shard(cfg.vocab_size, rank, opt.tp);
+    return {sh.begin, sh.end, 0, -1};
   }
-  if (cfg.tie_word_embeddings) tied_lm_ = ops.empty(DType::kF32, {cfg.vocab_size, cfg.hidden_size});
+  if (name == "lm_head.weight") return head_rows(cfg, opt, rank);
+  if (ends_with(name, ".self_attn.q_proj.weight")) return {p.q0 * D, (p.q0 + p.nq) * D, 0, -1};
+  if (ends_with(name, ".self_attn.k_proj.weight") || ends_with(name, ".self_attn.v_proj.weight"))
+    return {p.kv0 * D, (p.kv0 + p.nkv) * D, 0, -1};
+  if (ends_with(name, ".self_attn.o_proj.weight")) return {0, -1, p.q0 * D, (p.q0 + p.nq) * D};
+  if (ends_with(name, ".mlp.gate_proj.weight") || ends_with(name, ".mlp.up_proj.weight"))
+    return {p.i0, p.i0 + p.ni, 0, -1};
+  if (ends_with(name, ".mlp.down_proj.weight")) return {0, -1, p.i0, p.i0 + p.ni};
+  return {};  // norms: replicated
+}
+
+// --- Gradients ---
+
+Gradients::Gradients(const Qwen3Config& cfg) : cfg_(cfg) { allocate(); }
+
+Gradients::Gradients(const Qwen3Config& cfg, const OpsBackend& ops) : cfg_(cfg), ops_(&ops) {
+  allocate();
+}
+
+Gradients::Gradients(const Qwen3Config& cfg, const ModelOptions& opt, dist::Communicator& comm,
+                     const OpsBackend* ops)
+    : cfg_(cfg), ops_(ops), comm_(&comm), opt_(opt), rank_(comm.rank()), tp_(opt.tp) {
+  LS_CHECK(comm.size() == opt.tp, "Gradients", "the communicator has ", comm.size(),
+           " ranks, options.tp is ", opt.tp);
+  allocate();
+}
+
+void Gradients::allocate() {
+  cfg_.validate();
+  auto make = [&](std::vector<int64_t> shape) {
+    return ops_ ? ops_->empty(DType::kF32, std::move(shape)) : Tensor(DType::kF32, std::move(shape));
+  };
+  for (const WeightSpec& s : qwen3_weight_specs(cfg_)) {
+    const WeightBlock b = comm_ ? gradient_block(cfg_, opt_, rank_, s.name) : WeightBlock{};
+    index_[s.name] = grads_.size();
+    grads_.emplace_back(s.name, make(block_shape(s.shape, b)));
+  }
+  if (cfg_.tie_word_embeddings) {
+    const WeightBlock b = comm_ ? head_rows(cfg_, opt_, rank_) : WeightBlock{};
+    tied_lm_ = make(block_shape({cfg_.vocab_size, cfg_.hidden_size}, b));
+  }
   reset();
 }
 
@@ -114,7 +213,7 @@ TensorView Gradients::operator[](const std::string& name) const {
 }
 
 TensorView Gradients::tied_lm_head() const {
-  return tied_lm_.numel() ? tied_lm_.view() : TensorView{};
+  return cfg_.tie_word_embeddings ? tied_lm_.view() : TensorView{};
 }
 
 void Gradients::finish() {
@@ -124,13 +223,83 @@ void Gradients::finish() {
   // dE = d_lm_head ⊕ d_embed, element-wise, in that order (B.7), a NaN stored canonical: the
   // two-leaf tree of the GEMM combine on a device backend.
   const TensorView e = (*this)["model.embed_tokens.weight"];
-  if (ops_ && ops_->device() != Device::kCPU) {
-    ops_->gemm_combine({tied_lm_.view(), e}, e);
+  auto add_rows = [&](const TensorView& l, const TensorView& dst) {  // dst = l ⊕ dst
+    if (!l.numel()) return;
+    if (ops_ && ops_->device() != Device::kCPU) {
+      ops_->gemm_combine({l, dst}, dst);
+      return;
+    }
+    for (int64_t r = 0; r < l.shape[0]; ++r) {
+      const float* a = l.ptr<const float>() + r * l.stride[0];
+      float* d = dst.ptr<float>() + r * dst.stride[0];
+      for (int64_t c = 0; c < l.shape[1]; ++c) d[c] = canonical_f32(a[c] + d[c]);
+    }
+  };
+  if (!comm_ || tp_ == 1) {
+    add_rows(tied_lm_.view(), e);
     return;
   }
-  float* pe = e.ptr<float>();
-  const float* l = tied_lm_.ptr<float>();
-  for (int64_t i = 0; i < tied_lm_.numel(); ++i) pe[i] = canonical_f32(l[i] + pe[i]);
+  // Rank-local: the lm_head part of each rank (its vocab segments' rows) goes to the ranks whose
+  // embedding rows (vocab_shard) it overlaps: one broadcast per rank, rank order.
+  const VocabShard mine = vocab_shard(cfg_.vocab_size, rank_, tp_);
+  const int64_t H = cfg_.hidden_size;
+  for (int root = 0; root < tp_; ++root) {
+    const WeightBlock hb = head_rows(cfg_, opt_, root);
+    const int64_t n = hb.r1 - hb.r0;
+    Tensor buf;
+    TensorView bv;
+    if (root == rank_) {
+      bv = tied_lm_.view();
+    } else {
+      buf = ops_ ? ops_->empty(DType::kF32, {n, H}) : Tensor(DType::kF32, {n, H});
+      bv = buf.view();
+    }
+    if (ops_) ops_->synchronize();
+    comm_->broadcast(bv, root);
+    const int64_t a = std::max(hb.r0, mine.begin), b = std::min(hb.r1, mine.end);
+    if (a < b) add_rows(bv.rows(a - hb.r0, b - hb.r0), e.rows(a - mine.begin, b - mine.begin));
+  }
+}
+
+Weights Gradients::gather() const {
+  Weights out;
+  auto host = [&](const TensorView& v) {
+    return ops_ && ops_->device() != Device::kCPU ? to_host(*ops_, v) : copy_of(v);
+  };
+  for (const WeightSpec& s : qwen3_weight_specs(cfg_)) {
+    const TensorView mine = (*this)[s.name];
+    if (!comm_ || tp_ == 1 ||
+        block_shape(s.shape, gradient_block(cfg_, opt_, rank_, s.name)) == s.shape) {
+      out.emplace_back(s.name, host(mine));
+      continue;
+    }
+    // Each rank's block padded to the widest, all-gathered, then placed.
+    std::vector<WeightBlock> bl;
+    int64_t mr = 0, mc = 0;
+    for (int r = 0; r < tp_; ++r) {
+      bl.push_back(gradient_block(cfg_, opt_, r, s.name));
+      const std::vector<int64_t> sh = block_shape(s.shape, bl.back());
+      mr = std::max(mr, sh[0]);
+      mc = std::max(mc, sh[1]);
+    }
+    Tensor pad(DType::kF32, {mr, mc});
+    std::memset(pad.data(), 0, size_t(pad.nbytes()));
+    const Tensor h = host(mine);
+    for (int64_t r = 0; r < h.shape()[0]; ++r)
+      std::memcpy(pad.ptr<float>() + r * mc, h.ptr<float>() + r * h.shape()[1],
+                  size_t(h.shape()[1]) * sizeof(float));
+    Tensor all(DType::kF32, {int64_t(tp_), mr, mc});
+    comm_->all_gather(pad.view(), all.view());
+    Tensor full(DType::kF32, s.shape);
+    for (int r = 0; r < tp_; ++r) {
+      const TensorView dst = block_of(full.view(), bl[size_t(r)]);
+      for (int64_t i = 0; i < dst.shape[0]; ++i)
+        std::memcpy(dst.ptr<float>() + i * dst.stride[0], all.ptr<float>() + (r * mr + i) * mc,
+                    size_t(dst.shape[1]) * sizeof(float));
+    }
+    out.emplace_back(s.name, std::move(full));
+  }
+  return out;
 }
 
 int64_t SavedForward::bytes() const {
@@ -200,6 +369,14 @@ Backprop::Backprop(const Qwen3Config& cfg, const std::map<std::string, TensorVie
   init(weights);
 }
 
+Backprop::Backprop(const Qwen3Config& cfg, const std::map<std::string, TensorView>& weights,
+                   const ModelOptions& opt, const OpsBackend& ops, dist::Communicator& comm)
+    : cfg_(cfg), opt_(opt), ops_(&ops), comm_(&comm), comm_rank_(comm.rank()) {
+  LS_CHECK(comm.size() == opt.tp, kOp, "the communicator has ", comm.size(),
+           " ranks, options.tp is ", opt.tp);
+  init(weights);
+}
+
 void Backprop::init(const std::map<std::string, TensorView>& weights) {
   const Qwen3Config& cfg = cfg_;
   const ModelOptions& opt = opt_;
@@ -214,9 +391,15 @@ void Backprop::init(const std::map<std::string, TensorView>& weights) {
            "): kv heads replicated across TP shards are not supported (docs/contract.md §B.2)");
   LS_CHECK(opt.tp >= 1 && S % opt.tp == 0, kOp, "tp (", opt.tp, ") must divide gemm_segments (", S,
            ")");
+  // A rank-local job with tp > 1 holds blocks; tp = 1 (one rank) is the whole model.
+  const bool blocks = comm_ && opt.tp > 1;
+  LS_CHECK(!blocks || opt.contract.vocab_segments % opt.tp == 0, kOp, "tp (", opt.tp,
+           ") must divide vocab_segments (", opt.contract.vocab_segments, ")");
+  const std::string head_name =
+      cfg.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
   // The weights may be on the host or already on the backend's device (a trainer's optimizer
   // weights): the backward's own copies are made with the backend's copies either way (device to
-  // device: no host round trip).
+  // device: no host round trip). Rank-local: only the blocks the backward reads directly.
   for (const WeightSpec& s : qwen3_weight_specs(cfg)) {
     auto it = weights.find(s.name);
     LS_CHECK(it != weights.end(), kOp, "missing weight '", s.name, "'");
@@ -227,8 +410,17 @@ void Backprop::init(const std::map<std::string, TensorView>& weights) {
              device_name(v.device));
     LS_CHECK(std::vector<int64_t>(v.shape, v.shape + v.ndim) == s.shape, kOp, "weight '", s.name,
              "' has shape ", v.shape_string());
-    Tensor t = ops.empty(DType::kBF16, s.shape);
-    ops.copy(t.view(), v);
+    WeightBlock b;
+    if (blocks) {
+      const bool direct = s.shape.size() == 1 || ends_with(s.name, ".o_proj.weight") ||
+                          ends_with(s.name, ".down_proj.weight") || s.name == head_name;
+      if (!direct) continue;  // q|k|v, gate|up: in the shards below; the embedding: not read
+      b = s.name == head_name ? head_rows(cfg, opt, comm_rank_)
+                              : gradient_block(cfg, opt, comm_rank_, s.name);
+    }
+    const TensorView src = block_of(v, b);
+    Tensor t = ops.empty(DType::kBF16, std::vector<int64_t>(src.shape, src.shape + src.ndim));
+    ops.copy(t.view(), src);
     w_[s.name] = std::move(t);
   }
   RopeConfig rc;
@@ -237,22 +429,35 @@ void Backprop::init(const std::map<std::string, TensorView>& weights) {
   rc.max_positions = opt.max_positions > 0 ? opt.max_positions : cfg.max_position_embeddings;
   rope_ = RopeTable::build(rc);
   const GemmConfig down = GemmConfig::for_layer(opt.contract, LayerRole::kRowParallel);
-  // Row ranges of weights stacked into one [Σ rows, H] tensor on the backend, in order.
+  // Row ranges of weights stacked into one [Σ rows, H] tensor on the backend, in order (read from
+  // the given views: the whole weights are not all copied for a rank-local job).
   auto stack = [&](const std::vector<std::tuple<std::string, int64_t, int64_t>>& parts) {
     int64_t n = 0;
     for (const auto& [name, a, b] : parts) n += b - a;
     Tensor t = ops.empty(DType::kBF16, {n, cfg.hidden_size});
     int64_t o = 0;
     for (const auto& [name, a, b] : parts) {
-      ops.copy(t.view().rows(o, o + (b - a)), w_.at(name).view().rows(a, b));
+      ops.copy(t.view().rows(o, o + (b - a)), weights.at(name).rows(a, b));
       o += b - a;
     }
     return t;
   };
+  // The TP = S shards this object runs: all S, or rank r's S / tp, whose intermediate columns
+  // are the rank's (the down_proj K ranges nest: checked).
+  const int per = blocks ? S / opt.tp : S;
+  shard0_ = blocks ? comm_rank_ * per : 0;
+  if (blocks) {
+    const RankPart rp = rank_part(cfg, opt, comm_rank_);
+    const GemmKRange first = gemm_tp_k_range(down, I, S, shard0_);
+    const GemmKRange last = gemm_tp_k_range(down, I, S, shard0_ + per - 1);
+    LS_CHECK(first.begin == rp.i0 && last.end == rp.i0 + rp.ni, kOp,
+             "the TP = S shards' intermediate ranges do not nest in rank ", comm_rank_,
+             "'s (internal error)");
+  }
   for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     std::vector<Tensor> qkv, gu;
-    for (int s = 0; s < S; ++s) {
+    for (int s = shard0_; s < shard0_ + per; ++s) {
       // Shard s (B.2): its q rows, k rows, v rows; its gate rows, up rows.
       const int64_t q0 = s * (Hq / S) * D, q1 = (s + 1) * (Hq / S) * D;
       const int64_t k0 = s * (Hkv / S) * D, k1 = (s + 1) * (Hkv / S) * D;
@@ -267,6 +472,15 @@ void Backprop::init(const std::map<std::string, TensorView>& weights) {
     gu_shards_.push_back(std::move(gu));
   }
   ops.synchronize();
+}
+
+int64_t Backprop::weight_bytes() const {
+  int64_t n = 0;
+  for (const auto& [name, t] : w_) n += t.nbytes();
+  for (const auto& layer : {&qkv_shards_, &gu_shards_})
+    for (const auto& shards : *layer)
+      for (const Tensor& t : shards) n += t.nbytes();
+  return n;
 }
 
 const TensorView Backprop::w(const std::string& name) const {
@@ -409,12 +623,26 @@ void Backprop::backward_impl(const SavedForward& f, const HeadRows* head, const 
   const int64_t T = f.tokens.numel();
   const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size, D = cfg_.head_dim;
   const int64_t Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads;
+  const int64_t V = cfg_.vocab_size;
   const int S = opt_.contract.gemm_segments, tp = opt_.tp;
   const ContractConfig& contract = opt_.contract;
   const GemmConfig down = GemmConfig::for_layer(contract, LayerRole::kRowParallel);
   RmsNormConfig norm;
   norm.eps = cfg_.rms_norm_eps_f32();
   const AttentionConfig attn = AttentionConfig::from_contract(contract);
+  // Rank-local with tp > 1: this rank's heads, intermediate columns and S / tp shards; else all.
+  const bool ranked = comm_ && tp > 1;
+  const RankPart me = ranked ? rank_part(cfg_, opt_, comm_rank_)
+                             : RankPart{0, Hq, 0, Hkv, 0, I};
+  const int n_shards = ranked ? S / tp : S;
+  LS_CHECK(grads.rank() == rank() && (!comm_ || grads.tp() == tp), kOp,
+           "the gradients are ",
+           grads.rank() < 0 ? std::string("whole")
+                            : "rank " + std::to_string(grads.rank()) + " of " +
+                                  std::to_string(grads.tp()) + "'s blocks",
+           ", this backward is ",
+           rank() < 0 ? std::string("simulated TP (whole gradients)")
+                      : "rank " + std::to_string(rank()) + " of " + std::to_string(tp));
 
   LS_CHECK(f.cu_seqlens.view().device == Device::kCPU, kOp,
            "the saved cu_seqlens must be on the host");
@@ -463,40 +691,84 @@ void Backprop::backward_impl(const SavedForward& f, const HeadRows* head, const 
     }
     return t;
   };
+  // This rank's columns [c0, c1) of a saved [T, C] activation, contiguous: the tensor itself when
+  // they are all of it (simulated TP, tp = 1), else a copy kept in `keep`.
+  std::vector<Tensor> keep;
+  auto mine = [&](const Tensor& t, int64_t c0, int64_t c1) -> TensorView {
+    if (c0 == 0 && c1 == t.shape()[1]) return t.view();
+    keep.push_back(stack_cols(t.view(), {{c0, c1}}));
+    return keep.back().view();
+  };
+  auto as_heads = [](const TensorView& m, int64_t n) {  // contiguous [T, n·D] -> [T, n, D]
+    return TensorView::contiguous(m.data, m.dtype, {m.shape[0], n, m.shape[1] / n}, m.device);
+  };
+  // Every rank's `part` ([T, C] f32, contiguous) all-gathered: [tp, T, C] in rank order.
+  auto gather = [&](const Tensor& part) {
+    std::vector<int64_t> shape = {tp};
+    for (int64_t d : part.shape()) shape.push_back(d);
+    Tensor all = empty(part.dtype(), shape);
+    ops.synchronize();
+    comm_->all_gather(part.view(), all.view());
+    return all;
+  };
 
   // The dX of a column-parallel layer (B.2, B.3): one chain per TP = S shard, the shard results
-  // combined by tree; simulated TP: rank r of tp combines its S/tp shards, then the ranks combine.
+  // combined by tree; rank r of tp combines its S/tp shards, then the ranks combine (simulated:
+  // in-process; rank-local: the ranks' fp32 partials all-gathered).
   auto column_dx = [&](const Tensor& dy_b, const std::vector<Tensor>& w_shards,
                        const std::vector<std::vector<std::pair<int64_t, int64_t>>>& shard_cols) {
     std::vector<Tensor> part;
-    for (int s = 0; s < S; ++s) {
-      const Tensor dys = stack_cols(dy_b.view(), shard_cols[size_t(s)]);
+    for (int i = 0; i < n_shards; ++i) {
+      const Tensor dys = stack_cols(dy_b.view(), shard_cols[size_t(i)]);
       part.push_back(empty(DType::kF32, {T, H}));
-      ops.gemm_dx(dys.view(), w_shards[size_t(s)].view(), one, part.back().view());
+      ops.gemm_dx(dys.view(), w_shards[size_t(i)].view(), one, part.back().view());
     }
     std::vector<Tensor> rank;
     std::vector<TensorView> rank_views;
-    for (int r = 0; r < tp; ++r) {
-      std::vector<TensorView> mine;
-      for (int s = r * (S / tp); s < (r + 1) * (S / tp); ++s)
-        mine.push_back(part[size_t(s)].view());
+    const int n_ranks = ranked ? 1 : tp;
+    for (int r = 0; r < n_ranks; ++r) {
+      std::vector<TensorView> own;
+      for (int i = r * (n_shards / n_ranks); i < (r + 1) * (n_shards / n_ranks); ++i)
+        own.push_back(part[size_t(i)].view());
       rank.push_back(empty(DType::kF32, {T, H}));
-      ops.gemm_combine(mine, rank.back().view());
+      ops.gemm_combine(own, rank.back().view());
       rank_views.push_back(rank.back().view());
+    }
+    Tensor all;
+    if (ranked) {
+      all = gather(rank[0]);
+      rank_views.clear();
+      for (int r = 0; r < tp; ++r) rank_views.push_back(slab(all, r));
     }
     Tensor dx = empty(DType::kF32, {T, H});
     ops.gemm_combine(rank_views, dx.view());
     return dx;
   };
 
-  // Head: dh and dW of the lm_head (tied: the separate lm_head buffer, B.7).
+  // Head: dh and dW of the lm_head (tied: the separate lm_head buffer, B.7). Rank-local: the
+  // rank's vocab segments, the ranks' dh partials all-gathered and combined in rank order.
   const bool tied = cfg_.tie_word_embeddings;
   const TensorView w_lm = w(tied ? "model.embed_tokens.weight" : "lm_head.weight");
   const TensorView dw_lm = tied ? grads.tied_lm_head() : grads["lm_head.weight"];
+  auto head_backward = [&](const TensorView& h, const TokenOrder& ord, const TensorView& dh) {
+    if (!ranked) {
+      ops.linear_logprob_backward(h, w_lm, tg, params, contract, lse_d, ent_d, glp_d,
+                                  g_ent ? &gent_d : nullptr, dh, ord, dw_lm);
+      return;
+    }
+    const int per = contract.vocab_segments / tp;
+    Tensor part = empty(DType::kF32, {h.shape[0], H});
+    ops.linear_logprob_backward_partial(h, w_lm, tg, params, contract,
+                                        LogprobShard{V, comm_rank_ * per, per}, lse_d, ent_d,
+                                        glp_d, g_ent ? &gent_d : nullptr, part.view(), ord, dw_lm);
+    const Tensor all = gather(part);
+    std::vector<TensorView> parts;
+    for (int r = 0; r < tp; ++r) parts.push_back(slab(all, r));
+    ops.gemm_combine(parts, dh);
+  };
   Tensor gh = empty(DType::kF32, {T, H});
   if (!head) {
-    ops.linear_logprob_backward(f.hidden.view(), w_lm, tg, params, contract, lse_d, ent_d, glp_d,
-                                g_ent ? &gent_d : nullptr, gh.view(), order, dw_lm);
+    head_backward(f.hidden.view(), order, gh.view());
   } else {
     // Shared prompts (§B.11): the head over its own rows and order, then each packed row's dh is
     // its head rows' dh summed in head-row order (the first taken as is; +0 for none).
@@ -504,8 +776,7 @@ void Backprop::backward_impl(const SavedForward& f, const HeadRows* head, const 
     const TokenOrder head_order = TokenOrder::make(kOp, head->seqs, Th);
     const Tensor hh = head_hidden(f, *head);
     Tensor ghh = empty(DType::kF32, {Th, H});
-    ops.linear_logprob_backward(hh.view(), w_lm, tg, params, contract, lse_d, ent_d, glp_d,
-                                g_ent ? &gent_d : nullptr, ghh.view(), head_order, dw_lm);
+    head_backward(hh.view(), head_order, ghh.view());
     // The fold runs on the host (a device backend: ghh down, gh up, Th·H + T·H f32 over the bus;
     // one fold per micro-batch, small beside the layers' work).
     const bool on_host = ops.device() == Device::kCPU;
@@ -537,27 +808,33 @@ void Backprop::backward_impl(const SavedForward& f, const HeadRows* head, const 
                                   zero.view(), d.view(), &order, &dwn);
   }
 
+  const int64_t nq = me.nq, nkv = me.nkv, ni = me.ni;
   for (int64_t l = cfg_.num_hidden_layers - 1; l >= 0; --l) {
     const SavedForward::Layer& A = f.layers[size_t(l)];
     const std::string p = "model.layers." + std::to_string(l) + ".";
+    keep.clear();
     // d: the gradient of this layer's down output and of s2 (both feed the next add).
-    // MLP: down (row-parallel: one segment), SiLU-and-mul, gate|up (column-parallel).
+    // MLP: down (row-parallel: one segment; the rank's K columns), SiLU-and-mul, gate|up
+    // (column-parallel).
     const Tensor dy_down = to_bf16(d);
-    Tensor d_act = empty(DType::kF32, {T, I});
+    Tensor d_act = empty(DType::kF32, {T, ni});
     ops.gemm_dx(dy_down.view(), w(p + "mlp.down_proj.weight"), one, d_act.view());
-    ops.gemm_dw(dy_down.view(), A.act.view(), order, grads[p + "mlp.down_proj.weight"]);
-    Tensor gu = empty(DType::kBF16, {T, 2 * I});  // the forward's gate|up layout (§E.3)
-    ops.copy(cols(gu.view(), 0, I), A.gate.view());
-    ops.copy(cols(gu.view(), I, 2 * I), A.up.view());
-    Tensor dgu = empty(DType::kF32, {T, 2 * I});
+    ops.gemm_dw(dy_down.view(), mine(A.act, me.i0, me.i0 + ni), order,
+                grads[p + "mlp.down_proj.weight"]);
+    Tensor gu = empty(DType::kBF16, {T, 2 * ni});  // the forward's gate|up layout (§E.3)
+    ops.copy(cols(gu.view(), 0, ni), cols(A.gate.view(), me.i0, me.i0 + ni));
+    ops.copy(cols(gu.view(), ni, 2 * ni), cols(A.up.view(), me.i0, me.i0 + ni));
+    Tensor dgu = empty(DType::kF32, {T, 2 * ni});
     ops.silu_mul_backward(gu.view(), d_act.view(), dgu.view());
     const Tensor dgu_b = to_bf16(dgu);
-    ops.gemm_dw(cols(dgu_b.view(), 0, I), A.xn2.view(), order, grads[p + "mlp.gate_proj.weight"]);
-    ops.gemm_dw(cols(dgu_b.view(), I, 2 * I), A.xn2.view(), order, grads[p + "mlp.up_proj.weight"]);
+    ops.gemm_dw(cols(dgu_b.view(), 0, ni), A.xn2.view(), order, grads[p + "mlp.gate_proj.weight"]);
+    ops.gemm_dw(cols(dgu_b.view(), ni, 2 * ni), A.xn2.view(), order,
+                grads[p + "mlp.up_proj.weight"]);
     std::vector<std::vector<std::pair<int64_t, int64_t>>> gu_cols;
-    for (int s = 0; s < S; ++s) {
+    for (int s = shard0_; s < shard0_ + n_shards; ++s) {
       const GemmKRange ir = gemm_tp_k_range(down, I, S, s);
-      gu_cols.push_back({{ir.begin, ir.end}, {I + ir.begin, I + ir.end}});
+      const int64_t a = ir.begin - me.i0, b = ir.end - me.i0;
+      gu_cols.push_back({{a, b}, {ni + a, ni + b}});
     }
     const Tensor d_xn2 = column_dx(dgu_b, gu_shards_[size_t(l)], gu_cols);
     Tensor ds2 = empty(DType::kF32, {T, H});
@@ -567,51 +844,78 @@ void Backprop::backward_impl(const SavedForward& f, const HeadRows* head, const 
                                     d_xn2.view(), d.view(), ds2.view(), &order, &dwn);
     }
 
-    // Attention: o_proj (row-parallel), attention, RoPE, q/k norms, q|k|v (column-parallel).
+    // Attention: o_proj (row-parallel), attention, RoPE, q/k norms, q|k|v (column-parallel), on
+    // the rank's query heads [q0, q0 + nq) and kv heads [kv0, kv0 + nkv).
     const Tensor dy_o = to_bf16(ds2);
-    Tensor d_attn = empty(DType::kF32, {T, Hq * D});
+    const int64_t qc0 = me.q0 * D, qc1 = (me.q0 + nq) * D;
+    const int64_t kc0 = me.kv0 * D, kc1 = (me.kv0 + nkv) * D;
+    Tensor d_attn = empty(DType::kF32, {T, nq * D});
     ops.gemm_dx(dy_o.view(), w(p + "self_attn.o_proj.weight"), one, d_attn.view());
-    ops.gemm_dw(dy_o.view(), A.attn.view(), order, grads[p + "self_attn.o_proj.weight"]);
+    const TensorView attn_out = mine(A.attn, qc0, qc1);
+    ops.gemm_dw(dy_o.view(), attn_out, order, grads[p + "self_attn.o_proj.weight"]);
     const Tensor dout = to_bf16(d_attn);
-    Tensor dq = empty(DType::kF32, {T, Hq, D}), dk = empty(DType::kF32, {T, Hkv, D});
-    Tensor dv = empty(DType::kF32, {T, Hkv, D});
+    Tensor dq = empty(DType::kF32, {T, nq, D}), dk = empty(DType::kF32, {T, nkv, D});
+    Tensor dv = empty(DType::kF32, {T, nkv, D});
+    const TensorView q_h = as_heads(mine(A.q_rope, qc0, qc1), nq);
+    const TensorView k_h = as_heads(mine(A.k_rope, kc0, kc1), nkv);
+    const TensorView v_h = as_heads(mine(A.v, kc0, kc1), nkv);
+    const TensorView o_h = as_heads(attn_out, nq);
+    const TensorView lse_h = mine(A.lse, me.q0, me.q0 + nq);
+    const TensorView dout_h = as_heads(dout.view(), nq);
     if (segs)
-      ops.attention_backward_shared(
-          heads(A.q_rope, Hq, D), heads(A.k_rope, Hkv, D), heads(A.v, Hkv, D), heads(A.attn, Hq, D),
-          A.lse.view(), heads(dout, Hq, D), *segs, attn, dq.view(), dk.view(), dv.view());
+      ops.attention_backward_shared(q_h, k_h, v_h, o_h, lse_h, dout_h, *segs, attn, dq.view(),
+                                    dk.view(), dv.view());
     else
-      ops.attention_backward_varlen(
-          heads(A.q_rope, Hq, D), heads(A.k_rope, Hkv, D), heads(A.v, Hkv, D), heads(A.attn, Hq, D),
-          A.lse.view(), heads(dout, Hq, D), seqs, attn, dq.view(), dk.view(), dv.view());
+      ops.attention_backward_varlen(q_h, k_h, v_h, o_h, lse_h, dout_h, seqs, attn, dq.view(),
+                                    dk.view(), dv.view());
     ops.rope_backward(dq.view(), f.positions.view(), rope_, dq.view());
     ops.rope_backward(dk.view(), f.positions.view(), rope_, dk.view());
-    const int64_t W = (Hq + 2 * Hkv) * D;
+    const int64_t W = (nq + 2 * nkv) * D;
     Tensor dqkv = empty(DType::kF32, {T, W});
     {
+      // q_norm / k_norm: a token's weight-gradient term sums all its heads in order (B.4), so a
+      // rank-local job all-gathers the ranks' dq / dk and every rank runs the whole norm backward
+      // (the same bits on every rank), keeping its heads' dx.
+      auto all_heads = [&](const Tensor& part, int64_t n, int64_t total) {
+        if (!ranked) return Tensor();
+        const Tensor all = gather(part);  // [tp, T, n, D]
+        Tensor full = empty(DType::kF32, {T, total, D});
+        const TensorView fv = TensorView::contiguous(full.view().data, DType::kF32,
+                                                     {T, total * D}, full.view().device);
+        for (int r = 0; r < tp; ++r) {
+          const TensorView src = slab(all, r);
+          ops.copy(cols(fv, r * n * D, (r + 1) * n * D),
+                   TensorView::contiguous(src.data, DType::kF32, {T, n * D}, src.device));
+        }
+        return full;
+      };
+      const Tensor dq_all = all_heads(dq, nq, Hq), dk_all = all_heads(dk, nkv, Hkv);
+      const TensorView dq_in = ranked ? dq_all.view() : dq.view();
+      const TensorView dk_in = ranked ? dk_all.view() : dk.view();
       Tensor dq_raw = empty(DType::kF32, {T, Hq, D}), dk_raw = empty(DType::kF32, {T, Hkv, D});
       const TensorView dqn = grads[p + "self_attn.q_norm.weight"];
       const TensorView dkn = grads[p + "self_attn.k_norm.weight"];
-      ops.rmsnorm_backward(heads(A.q, Hq, D), w(p + "self_attn.q_norm.weight"), norm, dq.view(),
+      ops.rmsnorm_backward(heads(A.q, Hq, D), w(p + "self_attn.q_norm.weight"), norm, dq_in,
                            dq_raw.view(), &order, &dqn);
-      ops.rmsnorm_backward(heads(A.k, Hkv, D), w(p + "self_attn.k_norm.weight"), norm, dk.view(),
+      ops.rmsnorm_backward(heads(A.k, Hkv, D), w(p + "self_attn.k_norm.weight"), norm, dk_in,
                            dk_raw.view(), &order, &dkn);
-      ops.copy(cols(dqkv.view(), 0, Hq * D), flat(dq_raw.view()));
-      ops.copy(cols(dqkv.view(), Hq * D, (Hq + Hkv) * D), flat(dk_raw.view()));
-      ops.copy(cols(dqkv.view(), (Hq + Hkv) * D, W), flat(dv.view()));
+      ops.copy(cols(dqkv.view(), 0, nq * D), cols(flat(dq_raw.view()), qc0, qc1));
+      ops.copy(cols(dqkv.view(), nq * D, (nq + nkv) * D), cols(flat(dk_raw.view()), kc0, kc1));
+      ops.copy(cols(dqkv.view(), (nq + nkv) * D, W), flat(dv.view()));
     }
     const Tensor dqkv_b = to_bf16(dqkv);
-    ops.gemm_dw(cols(dqkv_b.view(), 0, Hq * D), A.xn1.view(), order,
+    ops.gemm_dw(cols(dqkv_b.view(), 0, nq * D), A.xn1.view(), order,
                 grads[p + "self_attn.q_proj.weight"]);
-    ops.gemm_dw(cols(dqkv_b.view(), Hq * D, (Hq + Hkv) * D), A.xn1.view(), order,
+    ops.gemm_dw(cols(dqkv_b.view(), nq * D, (nq + nkv) * D), A.xn1.view(), order,
                 grads[p + "self_attn.k_proj.weight"]);
-    ops.gemm_dw(cols(dqkv_b.view(), (Hq + Hkv) * D, W), A.xn1.view(), order,
+    ops.gemm_dw(cols(dqkv_b.view(), (nq + nkv) * D, W), A.xn1.view(), order,
                 grads[p + "self_attn.v_proj.weight"]);
     std::vector<std::vector<std::pair<int64_t, int64_t>>> qkv_cols;
-    for (int s = 0; s < S; ++s) {
-      const int64_t q0 = s * (Hq / S) * D, q1 = (s + 1) * (Hq / S) * D;
-      const int64_t k0 = s * (Hkv / S) * D, k1 = (s + 1) * (Hkv / S) * D;
+    for (int s = shard0_; s < shard0_ + n_shards; ++s) {
+      const int64_t q0 = s * (Hq / S) * D - qc0, q1 = (s + 1) * (Hq / S) * D - qc0;
+      const int64_t k0 = s * (Hkv / S) * D - kc0, k1 = (s + 1) * (Hkv / S) * D - kc0;
       qkv_cols.push_back(
-          {{q0, q1}, {Hq * D + k0, Hq * D + k1}, {(Hq + Hkv) * D + k0, (Hq + Hkv) * D + k1}});
+          {{q0, q1}, {nq * D + k0, nq * D + k1}, {(nq + nkv) * D + k0, (nq + nkv) * D + k1}});
     }
     const Tensor d_xn1 = column_dx(dqkv_b, qkv_shards_[size_t(l)], qkv_cols);
     {
@@ -620,8 +924,30 @@ void Backprop::backward_impl(const SavedForward& f, const HeadRows* head, const 
                                     d_xn1.view(), ds2.view(), d.view(), &order, &dwn);
     }
   }
-  // d: the gradient of the embedding output.
-  ops.embedding_backward(f.tokens.view(), d.view(), order, grads["model.embed_tokens.weight"]);
+  // d: the gradient of the embedding output. Rank-local: the rank applies the tokens whose id
+  // lies in its vocab_shard rows (B.7: each table row is its own chains, so the same bits), as
+  // one-token sequences in canonical order with ids relative to the shard.
+  const TensorView d_embed = grads["model.embed_tokens.weight"];
+  if (!ranked) {
+    ops.embedding_backward(f.tokens.view(), d.view(), order, d_embed);
+  } else {
+    const VocabShard sh = vocab_shard(V, comm_rank_, tp);
+    const Tensor ids = to_host(ops, f.tokens.view());
+    Tensor local(DType::kI32, {T});  // rows no one-token sequence covers are never read
+    std::memset(local.data(), 0, size_t(local.nbytes()));
+    std::vector<TokenSeq> ones;
+    int64_t k = 0;
+    for (const TokenSeq& q : order.seqs())  // canonical order: by step index, then position
+      for (int64_t i = 0; i < q.len; ++i) {
+        const int64_t row = q.row + i, id = ids.ptr<int32_t>()[row];
+        if (id < sh.begin || id >= sh.end) continue;
+        ones.push_back({k++, row, 1});
+        local.ptr<int32_t>()[row] = int32_t(id - sh.begin);
+      }
+    const TokenOrder shard_order = TokenOrder::make(kOp, std::move(ones), T);
+    const Tensor local_dev = to_backend(ops, std::move(local));
+    ops.embedding_backward(local_dev.view(), d.view(), shard_order, d_embed);
+  }
   ops.synchronize();
 }
 

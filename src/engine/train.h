@@ -20,7 +20,21 @@
 #include "lockstep/contract/logprob.h"
 #include "lockstep/tensor.h"
 
+namespace lockstep::dist {
+class Communicator;
+}
+
 namespace lockstep::engine {
+
+// Rank-local training (docs/dist.md): the block of weight `name` (an HF name of
+// qwen3_weight_specs(cfg)) that rank `rank` of opt.tp holds and whose gradient it computes:
+// q|k|v and gate|up their rank's rows (its query heads, kv heads, intermediate range), o_proj and
+// down_proj their rank's K columns, the lm_head its vocab segments' rows (as the forward's
+// vocab-parallel head), embed_tokens its vocab_shard rows (tied too: the lm_head part of a tied
+// table has the segments' rows and Gradients::finish moves it), the norms whole (replicated:
+// every rank computes the same bits). tp = 1: every block is whole. r1 / c1 = -1: to the end.
+WeightBlock gradient_block(const Qwen3Config& cfg, const ModelOptions& opt, int rank,
+                           const std::string& name);
 
 // One training step's fp32 gradients, one per weight of qwen3_weight_specs(cfg) (HF names), all
 // +0 at construction and after reset(). Micro-batches add to them in the canonical order (B.1:
@@ -32,17 +46,33 @@ class Gradients {
   explicit Gradients(const Qwen3Config& cfg);  // host buffers
   // Buffers on `ops`'s device (kept: `ops` must outlive this object).
   Gradients(const Qwen3Config& cfg, const OpsBackend& ops);
+  // Rank-local (docs/dist.md): rank comm.rank() of a job of comm.size() == opt.tp ranks holds
+  // the gradient blocks gradient_block(cfg, opt, rank, name) only (host buffers, or on `ops`'s
+  // device). Its Backprop must be the rank-local one of the same rank; finish() is then a
+  // collective (call it on every rank). The communicator must outlive this object.
+  Gradients(const Qwen3Config& cfg, const ModelOptions& opt, dist::Communicator& comm,
+            const OpsBackend* ops = nullptr);
   void reset();
-  TensorView operator[](const std::string& name) const;  // f32, the weight's shape
+  TensorView operator[](const std::string& name) const;  // f32, the weight's (block's) shape
   const Weights& all() const { return grads_; }
   GradStep& step() { return step_; }
   // Tied embeddings: embed_tokens += the lm_head part (once; a second call throws).
   void finish();
   TensorView tied_lm_head() const;  // the lm_head part of a tied embedding (empty view: untied)
+  int rank() const { return comm_ ? rank_ : -1; }  // -1: whole gradients (not rank-local)
+  int tp() const { return tp_; }                   // the job's size (1: whole gradients)
+  // Rank-local: every rank's blocks gathered, on every rank (a collective): the whole fp32
+  // gradients on the host, the bits of a simulated step's Gradients (after finish()). Whole
+  // gradients: host copies.
+  Weights gather() const;
 
  private:
   Qwen3Config cfg_;
   const OpsBackend* ops_ = nullptr;  // nullptr: host buffers
+  dist::Communicator* comm_ = nullptr;
+  ModelOptions opt_;
+  int rank_ = 0, tp_ = 1;
+  void allocate();
   Weights grads_;
   std::map<std::string, size_t> index_;
   Tensor tied_lm_;
@@ -124,7 +154,20 @@ class Backprop {
            const ModelOptions& opt);
   Backprop(const Qwen3Config& cfg, const std::map<std::string, TensorView>& weights,
            const ModelOptions& opt, const OpsBackend& ops);
+  // Rank-local (docs/dist.md): rank comm.rank() of a job of comm.size() == opt.tp ranks, each
+  // built from the same weights, keeping only its rank's blocks (gradient_block) and TP = S
+  // shards. Each rank differentiates its own shards and exchanges, by all_gather, the parts the
+  // simulated TP combines in-process (column-parallel dX partials, the vocab-parallel head's dh
+  // partials, q/k gradients for the replicated q_norm / k_norm weights); the combines are the
+  // same ops in rank order, so every rank's gradient blocks have the simulated step's bits. Its
+  // gradients must be a rank-local Gradients of the same rank; every call is a collective. tp > 1
+  // needs the invariant CPU backend (the vocab-parallel head backward exists there only). The
+  // communicator must outlive this object.
+  Backprop(const Qwen3Config& cfg, const std::map<std::string, TensorView>& weights,
+           const ModelOptions& opt, const OpsBackend& ops, dist::Communicator& comm);
   const OpsBackend& ops() const { return *ops_; }
+  int rank() const { return comm_ ? comm_rank_ : -1; }  // -1: simulated TP
+  int64_t weight_bytes() const;                         // the weight copies this object holds
 
   // model.forward_packed(tokens, cu_seqlens) with its activations kept. The model must have been
   // built from the same weights and options (its outputs are what the backward differentiates).
@@ -167,9 +210,15 @@ class Backprop {
   ModelOptions opt_;
   std::unique_ptr<OpsBackend> own_;  // the CPU backend of the first constructor
   const OpsBackend* ops_ = nullptr;
-  std::map<std::string, Tensor> w_;  // bf16 copies on ops_'s device, HF names
-  // Per layer, the TP = S shards (B.2) of the fused column-parallel weights.
+  dist::Communicator* comm_ = nullptr;  // rank-local: this rank's communicator
+  int comm_rank_ = 0;
+  // bf16 copies on ops_'s device, HF names (rank-local: the rank's blocks of the weights the
+  // backward reads directly: norms, o_proj / down_proj columns, the head's rows).
+  std::map<std::string, Tensor> w_;
+  // Per layer, the TP = S shards (B.2) of the fused column-parallel weights that this object runs
+  // (all S, or the rank's S / tp from shard0_ on).
   std::vector<std::vector<Tensor>> qkv_shards_, gu_shards_;
+  int shard0_ = 0;
   RopeTable rope_;
   void init(const std::map<std::string, TensorView>& weights);
   const TensorView w(const std::string& name) const;

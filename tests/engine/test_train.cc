@@ -11,6 +11,8 @@
 #include <random>
 
 #include "core/thread_pool.h"
+#include "dist/process_transport.h"
+#include "dist/thread_transport.h"
 #include "engine/backend.h"
 #include "engine/default_model.h"
 #include "engine/model.h"
@@ -86,13 +88,10 @@ TrainSetup make_setup(bool tied, int tp) {
   return s;
 }
 
-// Runs one step: micro-batches = runs of the step's sequence indices, each packed in the order
-// given (a permutation of the run). Returns the finished gradients.
-Gradients run_step(const TrainSetup& s, const StepData& d,
-                   const std::vector<std::vector<int64_t>>& micro_batches) {
-  Model model(s.cfg, s.views, s.opt, make_invariant_backend());
-  Backprop bp(s.cfg, s.views, s.opt);
-  Gradients grads(s.cfg);
+// Runs one step on (model, bp, grads): micro-batches = runs of the step's sequence indices, each
+// packed in the order given (a permutation of the run); then finishes the gradients.
+void step_batches(const StepData& d, const std::vector<std::vector<int64_t>>& micro_batches,
+                  Model& model, const Backprop& bp, Gradients& grads) {
   for (const auto& mb : micro_batches) {
     std::vector<int32_t> tokens, cu = {0};
     std::vector<int64_t> targets;
@@ -120,7 +119,44 @@ Gradients run_step(const TrainSetup& s, const StepData& d,
     bp.backward(f, tg, params, lse.view(), ent.view(), glp, &gent, mb, grads);
   }
   grads.finish();
+}
+
+// One step with a simulated-TP model and backward (s.opt.tp). Returns the finished gradients.
+Gradients run_step(const TrainSetup& s, const StepData& d,
+                   const std::vector<std::vector<int64_t>>& micro_batches) {
+  Model model(s.cfg, s.views, s.opt, make_invariant_backend());
+  Backprop bp(s.cfg, s.views, s.opt);
+  Gradients grads(s.cfg);
+  step_batches(d, micro_batches, model, bp, grads);
   return grads;
+}
+
+// The same step on rank comm.rank() of a rank-local job of s.opt.tp ranks (model, backward and
+// gradients rank-local): its own gradient blocks and every rank's, gathered.
+struct RankStep {
+  Weights blocks, gathered;
+  int64_t weight_bytes = 0, grad_bytes = 0;
+};
+RankStep run_rank_step(const TrainSetup& s, const StepData& d,
+                       const std::vector<std::vector<int64_t>>& micro_batches,
+                       dist::Communicator& comm) {
+  std::shared_ptr<OpsBackend> ops = make_invariant_backend();
+  Model model(s.cfg, s.views, s.opt, ops, &comm);
+  Backprop bp(s.cfg, s.views, s.opt, *ops, comm);
+  Gradients grads(s.cfg, s.opt, comm);
+  EXPECT_EQ(bp.rank(), comm.rank());
+  EXPECT_EQ(grads.rank(), comm.rank());
+  step_batches(d, micro_batches, model, bp, grads);
+  RankStep r;
+  for (const auto& [name, t] : grads.all()) {
+    Tensor c(t.dtype(), t.shape());
+    std::memcpy(c.data(), t.data(), size_t(t.nbytes()));
+    r.blocks.emplace_back(name, std::move(c));
+    r.grad_bytes += t.nbytes();
+  }
+  r.gathered = grads.gather();
+  r.weight_bytes = bp.weight_bytes();
+  return r;
 }
 
 void expect_same(const Gradients& a, const Gradients& b, const std::string& what) {
@@ -223,6 +259,143 @@ TEST(Train, RefusesWeightsOfTheWrongDtypeOrShape) {
   views.erase(name);
   test::expect_error_mentioning([&] { Backprop(s.cfg, views, s.opt); },
                                 "missing weight '" + name + "'");
+}
+
+// --- rank-local training (issue 15, docs/dist.md): one model, backward and gradients per rank ---
+
+// Whether `got` (a rank's block) has the bits of `ref`'s block b (whole gradients).
+::testing::AssertionResult same_block(const Tensor& ref, const WeightBlock& b, const Tensor& got) {
+  const int64_t R = ref.shape()[0], C = ref.shape().size() == 2 ? ref.shape()[1] : 1;
+  const int64_t r0 = b.r0, r1 = b.r1 < 0 ? R : b.r1, c0 = b.c0, c1 = b.c1 < 0 ? C : b.c1;
+  if (got.numel() != (r1 - r0) * (c1 - c0))
+    return ::testing::AssertionFailure() << "block size " << got.numel();
+  for (int64_t r = r0; r < r1; ++r)
+    if (std::memcmp(ref.ptr<float>() + r * C + c0, got.ptr<float>() + (r - r0) * (c1 - c0),
+                    size_t(c1 - c0) * sizeof(float)) != 0)
+      return ::testing::AssertionFailure() << "row " << r << " differs";
+  return ::testing::AssertionSuccess();
+}
+
+// Every rank's gradient blocks, and the gradients gathered on every rank, have the bits of the
+// simulated step (tp = 1 and the simulated tp): tied and untied heads, tp 1, 2, 4, micro-batch
+// splits with shuffled packing; over the ranks every weight byte is held once, but the norms.
+TEST(TrainRanks, RankLocalGradientsEqualTheSimulatedStep) {
+  auto g = test::rng(5);
+  for (bool tied : {true, false}) {
+    const TrainSetup s1 = make_setup(tied, 1);
+    const StepData d = make_step(s1.cfg, g);
+    const Gradients ref = run_step(s1, d, one_micro_batch(d.seqs.size()));
+    const std::vector<std::vector<int64_t>> mbs = {{2, 0, 1}, {3}, {6, 4, 5}};
+    int64_t whole_bytes = 0, norm_bytes = 0;
+    for (const auto& [name, t] : ref.all()) {
+      whole_bytes += t.nbytes();
+      if (t.shape().size() == 1) norm_bytes += t.nbytes();
+    }
+    for (int tp : {1, 2, 4}) {
+      SCOPED_TRACE("tied " + std::to_string(tied) + " tp " + std::to_string(tp));
+      const TrainSetup st = make_setup(tied, tp);
+      std::vector<RankStep> got(static_cast<size_t>(tp));
+      dist::run_ranks(tp, [&](dist::Communicator& comm) {
+        got[size_t(comm.rank())] = run_rank_step(st, d, mbs, comm);
+      });
+      int64_t grad_bytes = 0;
+      for (int r = 0; r < tp; ++r) {
+        const RankStep& rs = got[size_t(r)];
+        grad_bytes += rs.grad_bytes;
+        ASSERT_EQ(rs.gathered.size(), ref.all().size());
+        for (size_t i = 0; i < ref.all().size(); ++i) {
+          const auto& [name, t] = ref.all()[i];
+          EXPECT_EQ(rs.gathered[i].first, name);
+          EXPECT_TRUE(test::bitwise_equal(t.data(), rs.gathered[i].second.data(), t.numel(),
+                                          DType::kF32))
+              << "rank " << r << " gathered " << name;
+          EXPECT_TRUE(same_block(t, gradient_block(st.cfg, st.opt, r, name), rs.blocks[i].second))
+              << "rank " << r << " block of " << name;
+        }
+      }
+      EXPECT_EQ(grad_bytes, whole_bytes + (tp - 1) * norm_bytes);
+    }
+  }
+}
+
+// The same on the process transport (one rank per process): each rank checks its blocks and the
+// gathered gradients against the reference computed before the ranks fork, and throws on a
+// difference (which fails the job with the rank's message).
+TEST(TrainRanks, RankLocalGradientsOnProcesses) {
+  auto g = test::rng(6);
+  const TrainSetup s1 = make_setup(true, 1);
+  const StepData d = make_step(s1.cfg, g);
+  const Gradients ref = run_step(s1, d, one_micro_batch(d.seqs.size()));
+  for (int tp : {2, 4}) {
+    const TrainSetup st = make_setup(true, tp);
+    dist::run_rank_processes(tp, [&](dist::Communicator& comm) {
+      const RankStep rs = run_rank_step(st, d, {{0, 1, 2, 3}, {5, 4, 6}}, comm);
+      for (size_t i = 0; i < ref.all().size(); ++i) {
+        const auto& [name, t] = ref.all()[i];
+        if (!test::bitwise_equal(t.data(), rs.gathered[i].second.data(), t.numel(), DType::kF32))
+          throw Error("rank " + std::to_string(comm.rank()) + ": gathered " + name + " differs");
+        if (!same_block(t, gradient_block(st.cfg, st.opt, comm.rank(), name), rs.blocks[i].second))
+          throw Error("rank " + std::to_string(comm.rank()) + ": block of " + name + " differs");
+      }
+    });
+  }
+}
+
+// A rank-local backward holds the blocks it reads only: over the ranks every weight it uses is
+// held once (q|k|v and gate|up as the rank's shards, o_proj / down_proj columns, the head's rows),
+// the norms on every rank, the embedding table nowhere (its backward does not read it).
+TEST(TrainRanks, EachRankHoldsOnlyItsWeightBlocks) {
+  for (int tp : {2, 4}) {
+    const TrainSetup st = make_setup(false, tp);
+    int64_t expected = 0;
+    for (const WeightSpec& w : qwen3_weight_specs(st.cfg)) {
+      if (w.name == "model.embed_tokens.weight") continue;
+      int64_t n = 2;  // bf16
+      for (int64_t d : w.shape) n *= d;
+      expected += w.shape.size() == 1 ? tp * n : n;
+    }
+    std::vector<int64_t> bytes(static_cast<size_t>(tp));
+    dist::run_ranks(tp, [&](dist::Communicator& comm) {
+      auto ops = make_invariant_backend();
+      bytes[size_t(comm.rank())] = Backprop(st.cfg, st.views, st.opt, *ops, comm).weight_bytes();
+    });
+    int64_t sum = 0;
+    for (int64_t b : bytes) sum += b;
+    EXPECT_EQ(sum, expected) << "tp " << tp;
+  }
+}
+
+TEST(TrainRanks, MismatchedJobsAndGradientsAreRefused) {
+  const TrainSetup st = make_setup(false, 2);
+  const TrainSetup s1 = make_setup(false, 1);
+  auto g = test::rng(7);
+  const StepData d = make_step(st.cfg, g);
+  dist::run_ranks(4, [&](dist::Communicator& comm) {
+    auto ops = make_invariant_backend();
+    test::expect_error_mentioning([&] { Backprop(st.cfg, st.views, st.opt, *ops, comm); },
+                                  "the communicator has 4 ranks, options.tp is 2");
+    test::expect_error_mentioning([&] { Gradients(st.cfg, st.opt, comm); },
+                                  "the communicator has 4 ranks, options.tp is 2");
+  });
+  dist::run_ranks(2, [&](dist::Communicator& comm) {
+    std::shared_ptr<OpsBackend> ops = make_invariant_backend();
+    Model model(st.cfg, st.views, st.opt, ops, &comm);
+    Backprop bp(st.cfg, st.views, st.opt, *ops, comm);
+    Gradients whole(st.cfg);
+    test::expect_error_mentioning([&] { step_batches(d, {{0, 1}}, model, bp, whole); },
+                                  "the gradients are whole, this backward is rank");
+  });
+  Model model(s1.cfg, s1.views, s1.opt, make_invariant_backend());
+  Backprop bp(s1.cfg, s1.views, s1.opt);
+  dist::run_ranks(1, [&](dist::Communicator& comm) {
+    Gradients ranked(s1.cfg, s1.opt, comm);
+    test::expect_error_mentioning([&] { step_batches(d, {{0, 1}}, model, bp, ranked); },
+                                  "this backward is simulated TP");
+  });
+  test::expect_error_mentioning([&] { gradient_block(st.cfg, st.opt, 2, "lm_head.weight"); },
+                                "rank 2 is outside [0, tp = 2)");
+  test::expect_error_mentioning([&] { gradient_block(st.cfg, st.opt, 0, "nope"); },
+                                "no parameter named 'nope'");
 }
 
 }  // namespace
