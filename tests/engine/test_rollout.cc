@@ -116,7 +116,9 @@ TEST(Rollout, PreemptionRecomputesTheSameBits) {
   int64_t need = 1;
   for (const auto& r : reqs)
     need = std::max(need, cfg.kv.pages_for(int64_t(r.prompt.size()) + r.max_new_tokens - 1));
-  cfg.kv.num_pages = need + 2;
+  // As few pages as the longest sequence needs: 12 running sequences must preempt (with two
+  // spare pages some random workloads, whose sequences stop early, never ran out).
+  cfg.kv.num_pages = need;
   cfg.scheduler.max_running = 12;
   cfg.scheduler.max_batched_tokens = 32;
   cfg.scheduler.prefix_sharing = true;
