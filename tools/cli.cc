@@ -120,6 +120,17 @@ CLI::Option* add_on_off(CLI::App& app, const std::string& name, bool& target,
       ->default_str(target ? "on" : "off");
 }
 
+CLI::Option* add_ranks(CLI::App& app, const std::string& name, bool& threads,
+                       const std::string& description, const std::string& group) {
+  return app
+      .add_option_function<std::string>(
+          name, [&threads](const std::string& v) { threads = v == "threads"; }, description)
+      ->check(CLI::IsMember({"simulated", "threads"}).description(""))
+      ->type_name("simulated|threads")
+      ->default_str("simulated")
+      ->group(group);
+}
+
 void add_contract_options(CLI::App& app, ContractConfig& c) {
   const std::string g = "contract (both sides; every setting that can change bits)";
   // NOTE: CLI11 runs option callbacks in the order they are defined, so --gemm-segments and

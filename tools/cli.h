@@ -72,6 +72,10 @@ CLI::Validator float_in(float lo, float hi, bool lo_open = false);
 CLI::Option* add_on_off(CLI::App& app, const std::string& name, bool& target,
                         const std::string& description);
 
+// --rollout-ranks / --train-ranks: simulated | threads (how TP ranks run), into `threads`.
+CLI::Option* add_ranks(CLI::App& app, const std::string& name, bool& threads,
+                       const std::string& description, const std::string& group);
+
 // Flushes stdout; throws lockstep::Error when a write to it failed (e.g. `> /dev/full`), so a
 // lost result is never reported as success. Every command calls it after its output.
 void flush_stdout();

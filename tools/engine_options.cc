@@ -30,18 +30,6 @@ CLI::Option* add_seed(CLI::App& app, const std::string& name, uint64_t& target,
       ->group(group);
 }
 
-// --rollout-ranks / --train-ranks: simulated | threads, into `threads`.
-CLI::Option* add_ranks(CLI::App& app, const std::string& name, bool& threads,
-                       const std::string& description, const std::string& group) {
-  return app
-      .add_option_function<std::string>(
-          name, [&threads](const std::string& v) { threads = v == "threads"; }, description)
-      ->check(CLI::IsMember({"simulated", "threads"}).description(""))
-      ->type_name("simulated|threads")
-      ->default_str("simulated")
-      ->group(group);
-}
-
 CLI::Option* add_device(CLI::App& app, const std::string& name,
                         std::function<void(const std::string&)> set, const std::string& description,
                         const std::string& group) {

@@ -300,6 +300,11 @@ Command add_grpo_command(CLI::App& top) {
   sub->add_option("--train-tp", f->cfg.train_tp, "training tensor parallelism (simulated)")
       ->transform(int_one_of({1, 2, 4, 8}))
       ->capture_default_str();
+  add_ranks(*sub, "--train-ranks", f->cfg.train_rank_threads,
+            "how the training side's TP ranks run: simulated (one model combines them) or "
+            "threads (one rank-local model, backward and gradient blocks per thread, parts "
+            "exchanged by all_gather; the same bits; invariant CPU only)",
+            "Options");
   sub->add_option("--micro-batch-tokens", f->cfg.micro_batch_tokens, "tokens per micro-batch")
       ->transform(int_in(1, int64_t(1) << 24))
       ->capture_default_str();

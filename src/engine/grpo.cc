@@ -15,6 +15,7 @@
 
 #include "baseline/cpu/backend.h"
 #include "core/thread_pool.h"
+#include "dist/thread_transport.h"
 #include "engine/backend.h"
 #include "engine/file_io.h"
 #include "engine/model.h"
@@ -217,6 +218,12 @@ void GrpoConfig::validate() const {
              "share_prompts cuts mini-batches at group boundaries: mini_batches (", mini_batches,
              ") must be <= prompts (", prompts, ")");
   }
+  if (train_rank_threads)
+    LS_CHECK(train_tp > 1 && !baseline && device == Device::kCPU, kOp,
+             "train ranks on threads need train_tp > 1 (one rank has nothing to exchange), the "
+             "invariant kernels and the CPU (the vocab-parallel head backward exists there only); "
+             "got train_tp ",
+             train_tp, baseline ? ", baseline kernels" : "", ", device ", device_name(device));
   contract.validate();
   optim.validate();
   loss.validate();
@@ -224,7 +231,8 @@ void GrpoConfig::validate() const {
 }
 
 std::string GrpoConfig::to_string() const {
-  return settings_string(*this) + "\n  device " + device_name(device);
+  return settings_string(*this) + "\n  device " + device_name(device) +
+         (train_rank_threads ? "; training ranks: threads (rank-local)" : "");
 }
 
 GrpoDevice cpu_grpo_device() {
@@ -495,13 +503,26 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
                  seqs[size_t(s)].c->id, "'s (version ", seqs[size_t(s)].weight_version, ")");
         met.max_staleness = std::max(met.max_staleness, lag);
       }
-      std::unique_ptr<Gradients> grads;
-      {
+      // The mini-batch's forwards, loss and backward into gradients: on the simulated-TP model
+      // (comm null), or as rank comm->rank() of a rank-local job (train_rank_threads: one thread
+      // per rank, each with its own copies of seqs / met / train_tokens; rank 0's are kept).
+      // `tick` times phases (rank 0 only in a job).
+      auto train_minibatch = [&](dist::Communicator* comm, std::vector<TrainSeq>& seqs,
+                                 GrpoStepMetrics& met, int64_t& train_tokens) {
+        const bool timing = !comm || comm->rank() == 0;
+        auto tick = [&](double& into) {
+          if (timing) lap(into);
+        };
+        std::unique_ptr<Gradients> grads;
         // The training model over the optimizer's weights, and its backward's own copies of them
-        // (on the device: device to device).
-        Model train_model(mcfg, views_of(adam->bf16_weights()), topt, fwd_ops);
-        const Backprop bp(mcfg, views_of(adam->bf16_weights()), topt, *ops);
-        lap(met.weight_sync_s);
+        // (on the device: device to device). Rank-local: each rank's shards only.
+        Model train_model(mcfg, views_of(adam->bf16_weights()), topt, fwd_ops, comm);
+        const std::unique_ptr<Backprop> bp_own =
+            comm ? std::make_unique<Backprop>(mcfg, views_of(adam->bf16_weights()), topt, *ops,
+                                              *comm)
+                 : std::make_unique<Backprop>(mcfg, views_of(adam->bf16_weights()), topt, *ops);
+        const Backprop& bp = *bp_own;
+        tick(met.weight_sync_s);
         // Forwards of the micro-batches (consecutive runs of at most micro_batch_tokens tokens).
         std::vector<MicroBatch> mbs;
         for (int64_t s = m0; cfg.share_prompts && s < m1;) {
@@ -601,7 +622,7 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
             }
           }
         }
-        lap(met.forward_s);
+        tick(met.forward_s);
         // The loss over the mini-batch, then the backward micro-batch by micro-batch.
         std::vector<SeqLoss> sl;
         for (int64_t k = m0; k < m1; ++k) {
@@ -622,7 +643,8 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
           met.entropy_mean = lr.entropy_mean;
           met.loss = lr.loss;
         }
-        grads = std::make_unique<Gradients>(mcfg, *ops);
+        grads = comm ? std::make_unique<Gradients>(mcfg, topt, *comm)
+                     : std::make_unique<Gradients>(mcfg, *ops);
         for (const MicroBatch& u : mbs) {
           const int64_t T = int64_t(u.targets.size());
           std::vector<float> g_lp(size_t(T), 0.0f), g_ent(size_t(T), 0.0f);
@@ -649,9 +671,34 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
             bp.backward(u.saved, tg, params, u.lse.view(), u.ent.view(), gl_v, &ge_v, idx, *grads);
         }
         grads->finish();
+        return grads;
+      };
+      Weights gathered;  // rank-local: the gradients of every rank's blocks
+      std::unique_ptr<Gradients> grads;
+      if (!cfg.train_rank_threads) {
+        grads = train_minibatch(nullptr, seqs, met, train_tokens);
+      } else {
+        std::vector<TrainSeq> seqs0;
+        GrpoStepMetrics met0;
+        int64_t tokens0 = 0;
+        dist::run_ranks(cfg.train_tp, [&](dist::Communicator& comm) {
+          std::vector<TrainSeq> my_seqs = seqs;
+          GrpoStepMetrics my_met = met;
+          int64_t my_tokens = train_tokens;
+          const std::unique_ptr<Gradients> g = train_minibatch(&comm, my_seqs, my_met, my_tokens);
+          Weights w = g->gather();
+          if (comm.rank() != 0) return;
+          seqs0 = std::move(my_seqs);
+          met0 = my_met;
+          tokens0 = my_tokens;
+          gathered = std::move(w);
+        });
+        seqs = std::move(seqs0);
+        met = met0;
+        train_tokens = tokens0;
       }
       lap(met.backward_s);
-      const StepStats st = adam->step(grads->all());
+      const StepStats st = adam->step(grads ? grads->all() : gathered);
       met.grad_norm = st.grad_norm;
       met.lr = st.lr;
       lap(met.optimizer_s);

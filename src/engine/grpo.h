@@ -42,6 +42,10 @@ struct GrpoConfig {
   uint64_t seed = 1;
   ContractConfig contract;
   int rollout_tp = 2, train_tp = 1;
+  // Training side (forwards, backward) as train_tp rank-local ranks on threads over the thread
+  // transport (docs/dist.md), their gradient blocks gathered for AdamW; false: the simulated TP.
+  // The same bits either way (not a setting of the bits). Invariant CPU kernels, train_tp > 1.
+  bool train_rank_threads = false;
   int64_t micro_batch_tokens = 512;
   int64_t mini_batches = 1;  // optimizer steps per rollout batch (PPO mini-batches)
   bool baseline = false;     // ordinary (non-invariant) kernels for rollout and training forward

@@ -70,7 +70,6 @@ std::function<TensorView(const std::string&, const WeightBlock&)> blocks_of(
   };
 }
 
-
 }  // namespace
 
 std::string ModelOptions::to_string() const {

@@ -9,9 +9,9 @@
 
 #include "engine/device.h"
 #include "lockstep/contract/embedding.h"
-#include "lockstep/dist/communicator.h"
 #include "lockstep/contract/gemm.h"
 #include "lockstep/contract/norm.h"
+#include "lockstep/dist/communicator.h"
 #include "lockstep/error.h"
 #include "lockstep/ops/attention.h"
 #include "lockstep/ops/backward.h"
@@ -116,8 +116,8 @@ RankPart rank_part(const Qwen3Config& cfg, const ModelOptions& opt, int r) {
   const int tp = opt.tp;
   const int64_t Hq = cfg.num_attention_heads, Hkv = cfg.num_key_value_heads;
   LS_CHECK(tp >= 1 && r >= 0 && r < tp, kOp, "rank ", r, " is outside [0, tp = ", tp, ")");
-  LS_CHECK(Hq % tp == 0 && Hkv % tp == 0, kOp, "tp (", tp, ") must divide Hq (", Hq,
-           ") and Hkv (", Hkv, "): kv heads replicated across ranks are not supported");
+  LS_CHECK(Hq % tp == 0 && Hkv % tp == 0, kOp, "tp (", tp, ") must divide Hq (", Hq, ") and Hkv (",
+           Hkv, "): kv heads replicated across ranks are not supported");
   RankPart p;
   p.nq = Hq / tp;
   p.q0 = r * p.nq;
@@ -176,7 +176,8 @@ Gradients::Gradients(const Qwen3Config& cfg, const ModelOptions& opt, dist::Comm
 void Gradients::allocate() {
   cfg_.validate();
   auto make = [&](std::vector<int64_t> shape) {
-    return ops_ ? ops_->empty(DType::kF32, std::move(shape)) : Tensor(DType::kF32, std::move(shape));
+    return ops_ ? ops_->empty(DType::kF32, std::move(shape))
+                : Tensor(DType::kF32, std::move(shape));
   };
   for (const WeightSpec& s : qwen3_weight_specs(cfg_)) {
     const WeightBlock b = comm_ ? gradient_block(cfg_, opt_, rank_, s.name) : WeightBlock{};
@@ -632,11 +633,9 @@ void Backprop::backward_impl(const SavedForward& f, const HeadRows* head, const 
   const AttentionConfig attn = AttentionConfig::from_contract(contract);
   // Rank-local with tp > 1: this rank's heads, intermediate columns and S / tp shards; else all.
   const bool ranked = comm_ && tp > 1;
-  const RankPart me = ranked ? rank_part(cfg_, opt_, comm_rank_)
-                             : RankPart{0, Hq, 0, Hkv, 0, I};
+  const RankPart me = ranked ? rank_part(cfg_, opt_, comm_rank_) : RankPart{0, Hq, 0, Hkv, 0, I};
   const int n_shards = ranked ? S / tp : S;
-  LS_CHECK(grads.rank() == rank() && (!comm_ || grads.tp() == tp), kOp,
-           "the gradients are ",
+  LS_CHECK(grads.rank() == rank() && (!comm_ || grads.tp() == tp), kOp, "the gradients are ",
            grads.rank() < 0 ? std::string("whole")
                             : "rank " + std::to_string(grads.rank()) + " of " +
                                   std::to_string(grads.tp()) + "'s blocks",
@@ -759,8 +758,8 @@ void Backprop::backward_impl(const SavedForward& f, const HeadRows* head, const 
     const int per = contract.vocab_segments / tp;
     Tensor part = empty(DType::kF32, {h.shape[0], H});
     ops.linear_logprob_backward_partial(h, w_lm, tg, params, contract,
-                                        LogprobShard{V, comm_rank_ * per, per}, lse_d, ent_d,
-                                        glp_d, g_ent ? &gent_d : nullptr, part.view(), ord, dw_lm);
+                                        LogprobShard{V, comm_rank_ * per, per}, lse_d, ent_d, glp_d,
+                                        g_ent ? &gent_d : nullptr, part.view(), ord, dw_lm);
     const Tensor all = gather(part);
     std::vector<TensorView> parts;
     for (int r = 0; r < tp; ++r) parts.push_back(slab(all, r));
@@ -880,8 +879,8 @@ void Backprop::backward_impl(const SavedForward& f, const HeadRows* head, const 
         if (!ranked) return Tensor();
         const Tensor all = gather(part);  // [tp, T, n, D]
         Tensor full = empty(DType::kF32, {T, total, D});
-        const TensorView fv = TensorView::contiguous(full.view().data, DType::kF32,
-                                                     {T, total * D}, full.view().device);
+        const TensorView fv = TensorView::contiguous(full.view().data, DType::kF32, {T, total * D},
+                                                     full.view().device);
         for (int r = 0; r < tp; ++r) {
           const TensorView src = slab(all, r);
           ops.copy(cols(fv, r * n * D, (r + 1) * n * D),

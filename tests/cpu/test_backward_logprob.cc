@@ -378,9 +378,8 @@ TEST(LogprobBackward, PartialOpRanksGiveTheOpsBits) {
           ch.wt_budget_bytes = r % 2 ? 0 : ch.wt_budget_bytes;
           ch.hidden_chunk = 7;
           cpu::logprob_backward_detail::linear_logprob_backward_partial_chunked(
-              p.h.view(), p.w.view().rows(v0, v1), tg.view(), p.params, p.cfg, sh,
-              f32_view(p.lse), f32_view(p.entropy), f32_view(p.g_lp), with_ent ? &ge : nullptr, y,
-              order, dws, ch);
+              p.h.view(), p.w.view().rows(v0, v1), tg.view(), p.params, p.cfg, sh, f32_view(p.lse),
+              f32_view(p.entropy), f32_view(p.g_lp), with_ent ? &ge : nullptr, y, order, dws, ch);
           views.push_back(y);
         }
         std::vector<float> dh(size_t(p.T * p.H));
@@ -411,8 +410,16 @@ TEST(LogprobBackward, PartialOpErrors) {
                                          f32_view(p.g_lp), nullptr, dh.view(), order,
                                          dw.view().rows(0, dw_rows));
   };
-  test::expect_error_mentioning([&] { run({p.V, 1, 2}, n, n); }, "not an aligned power-of-two subtree");
-  test::expect_error_mentioning([&] { run({p.V, 0, 3}, n, n); }, "not an aligned power-of-two subtree");
+  test::expect_error_mentioning(
+      [&] {
+        run({p.V, 1, 2}, n, n);
+      },
+      "not an aligned power-of-two subtree");
+  test::expect_error_mentioning(
+      [&] {
+        run({p.V, 0, 3}, n, n);
+      },
+      "not an aligned power-of-two subtree");
   test::expect_error_mentioning([&] { run({p.V, 0, 2}, n - 1, n); }, "argument 'w_shard' has");
   test::expect_error_mentioning([&] { run({p.V, 0, 2}, n, n + 1); }, "dw_shard");
   EXPECT_NO_THROW(run({p.V, 0, 2}, n, n));

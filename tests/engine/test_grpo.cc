@@ -17,6 +17,7 @@
 #include "engine/sha256.h"
 #include "lockstep/error.h"
 #include "util/grpo_test_util.h"
+#include "util/test_util.h"
 
 namespace lockstep::engine {
 namespace {
@@ -206,6 +207,40 @@ TEST(Grpo, SharedPromptsKeepZeroMismatchesAndAreDeterministic) {
   bad = g;
   bad.mini_batches = 5;
   EXPECT_THROW(run(bad), Error);
+}
+
+// The training side as rank-local ranks on threads (one model, backward and gradient blocks per
+// rank, docs/dist.md): every step's weights have the simulated run's bits, with and without shared
+// prompts and with several mini-batches; the metrics (mismatches, ratios, grad norm) too.
+TEST(Grpo, RankLocalTrainingGivesTheSimulatedWeightsEveryStep) {
+  for (bool shared : {false, true}) {
+    for (int tp : {2, 4}) {
+      SCOPED_TRACE("shared " + std::to_string(shared) + " train tp " + std::to_string(tp));
+      GrpoConfig g = small_run();
+      g.share_prompts = shared;
+      g.train_tp = tp;
+      g.mini_batches = 2;
+      g.steps = 2;
+      const GrpoRun sim = run(g);
+      g.train_rank_threads = true;
+      const GrpoRun ranks = run(g);
+      ASSERT_EQ(ranks.steps.size(), sim.steps.size());
+      for (size_t i = 0; i < sim.steps.size(); ++i) {
+        EXPECT_EQ(ranks.steps[i].weights_sha256, sim.steps[i].weights_sha256) << "step " << i;
+        EXPECT_EQ(ranks.steps[i].logp_compared, sim.steps[i].logp_compared);
+        EXPECT_EQ(ranks.steps[i].logp_mismatches, 0);
+        EXPECT_EQ(ranks.steps[i].grad_norm, sim.steps[i].grad_norm);
+        EXPECT_EQ(ranks.steps[i].loss, sim.steps[i].loss);
+      }
+    }
+  }
+  GrpoConfig bad = small_run();
+  bad.train_rank_threads = true;  // train_tp 1
+  lockstep::test::expect_error_mentioning([&] { run(bad); },
+                                          "train ranks on threads need train_tp > 1");
+  bad.train_tp = 2;
+  bad.baseline = true;
+  lockstep::test::expect_error_mentioning([&] { run(bad); }, "baseline kernels");
 }
 
 TEST(Grpo, BadConfigsAreRefused) {

@@ -306,8 +306,8 @@ TEST(TrainRanks, RankLocalGradientsEqualTheSimulatedStep) {
         for (size_t i = 0; i < ref.all().size(); ++i) {
           const auto& [name, t] = ref.all()[i];
           EXPECT_EQ(rs.gathered[i].first, name);
-          EXPECT_TRUE(test::bitwise_equal(t.data(), rs.gathered[i].second.data(), t.numel(),
-                                          DType::kF32))
+          EXPECT_TRUE(
+              test::bitwise_equal(t.data(), rs.gathered[i].second.data(), t.numel(), DType::kF32))
               << "rank " << r << " gathered " << name;
           EXPECT_TRUE(same_block(t, gradient_block(st.cfg, st.opt, r, name), rs.blocks[i].second))
               << "rank " << r << " block of " << name;
@@ -382,15 +382,21 @@ TEST(TrainRanks, MismatchedJobsAndGradientsAreRefused) {
     Model model(st.cfg, st.views, st.opt, ops, &comm);
     Backprop bp(st.cfg, st.views, st.opt, *ops, comm);
     Gradients whole(st.cfg);
-    test::expect_error_mentioning([&] { step_batches(d, {{0, 1}}, model, bp, whole); },
-                                  "the gradients are whole, this backward is rank");
+    test::expect_error_mentioning(
+        [&] {
+          step_batches(d, {{0, 1}}, model, bp, whole);
+        },
+        "the gradients are whole, this backward is rank");
   });
   Model model(s1.cfg, s1.views, s1.opt, make_invariant_backend());
   Backprop bp(s1.cfg, s1.views, s1.opt);
   dist::run_ranks(1, [&](dist::Communicator& comm) {
     Gradients ranked(s1.cfg, s1.opt, comm);
-    test::expect_error_mentioning([&] { step_batches(d, {{0, 1}}, model, bp, ranked); },
-                                  "this backward is simulated TP");
+    test::expect_error_mentioning(
+        [&] {
+          step_batches(d, {{0, 1}}, model, bp, ranked);
+        },
+        "this backward is simulated TP");
   });
   test::expect_error_mentioning([&] { gradient_block(st.cfg, st.opt, 2, "lm_head.weight"); },
                                 "rank 2 is outside [0, tp = 2)");

@@ -248,16 +248,17 @@ void linear_logprob_backward_chunked(const TensorView& h, const TensorView& w,
   const char* op = "linear_logprob_backward";
   const LogprobVocabLayout lay = contract::check_linear_logprob_backward(
       op, Device::kCPU, h, w, targets, params, cfg, lse, entropy, g_lp, g_ent, dh, order, dw);
-  backward_segments(op, h, w, targets, params, cfg, lay, 0, lay.segments, lse, entropy, g_lp,
-                    g_ent, dh, order, dw, chunking);
+  backward_segments(op, h, w, targets, params, cfg, lay, 0, lay.segments, lse, entropy, g_lp, g_ent,
+                    dh, order, dw, chunking);
 }
 
-void linear_logprob_backward_partial_chunked(
-    const TensorView& h, const TensorView& w_shard, const TensorView& targets,
-    const LogprobParams& params, const ContractConfig& cfg, const LogprobShard& shard,
-    const TensorView& lse, const TensorView& entropy, const TensorView& g_lp,
-    const TensorView* g_ent, const TensorView& dh_partial, const TokenOrder& order,
-    const TensorView& dw_shard, const Chunking& chunking) {
+void linear_logprob_backward_partial_chunked(const TensorView& h, const TensorView& w_shard,
+                                             const TensorView& targets, const LogprobParams& params,
+                                             const ContractConfig& cfg, const LogprobShard& shard,
+                                             const TensorView& lse, const TensorView& entropy,
+                                             const TensorView& g_lp, const TensorView* g_ent,
+                                             const TensorView& dh_partial, const TokenOrder& order,
+                                             const TensorView& dw_shard, const Chunking& chunking) {
   const char* op = "linear_logprob_backward_partial";
   const contract::ShardRows sr = contract::check_linear_logprob_backward_partial(
       op, Device::kCPU, h, w_shard, targets, params, cfg, shard, lse, entropy, g_lp, g_ent,

@@ -28,11 +28,12 @@ void linear_logprob_backward_chunked(const TensorView& h, const TensorView& w,
                                      const Chunking& chunking);
 
 // cpu::linear_logprob_backward_partial with the given chunking.
-void linear_logprob_backward_partial_chunked(
-    const TensorView& h, const TensorView& w_shard, const TensorView& targets,
-    const LogprobParams& params, const ContractConfig& cfg, const LogprobShard& shard,
-    const TensorView& lse, const TensorView& entropy, const TensorView& g_lp,
-    const TensorView* g_ent, const TensorView& dh_partial, const TokenOrder& order,
-    const TensorView& dw_shard, const Chunking& chunking);
+void linear_logprob_backward_partial_chunked(const TensorView& h, const TensorView& w_shard,
+                                             const TensorView& targets, const LogprobParams& params,
+                                             const ContractConfig& cfg, const LogprobShard& shard,
+                                             const TensorView& lse, const TensorView& entropy,
+                                             const TensorView& g_lp, const TensorView* g_ent,
+                                             const TensorView& dh_partial, const TokenOrder& order,
+                                             const TensorView& dw_shard, const Chunking& chunking);
 
 }  // namespace lockstep::cpu::logprob_backward_detail
