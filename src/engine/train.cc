@@ -269,19 +269,21 @@ Weights Gradients::gather() const {
   };
   for (const WeightSpec& s : qwen3_weight_specs(cfg_)) {
     const TensorView mine = (*this)[s.name];
-    if (!comm_ || tp_ == 1 ||
-        block_shape(s.shape, gradient_block(cfg_, opt_, rank_, s.name)) == s.shape) {
-      out.emplace_back(s.name, host(mine));
-      continue;
-    }
-    // Each rank's block padded to the widest, all-gathered, then placed.
+    // Each rank's block padded to the widest, all-gathered, then placed; a weight whose blocks
+    // are all whole (the norms) is every rank's own copy (decided alike on every rank).
     std::vector<WeightBlock> bl;
+    bool whole = true;
     int64_t mr = 0, mc = 0;
-    for (int r = 0; r < tp_; ++r) {
+    for (int r = 0; comm_ && r < tp_; ++r) {
       bl.push_back(gradient_block(cfg_, opt_, r, s.name));
       const std::vector<int64_t> sh = block_shape(s.shape, bl.back());
+      whole = whole && sh == s.shape;
       mr = std::max(mr, sh[0]);
-      mc = std::max(mc, sh[1]);
+      mc = std::max(mc, sh.size() == 2 ? sh[1] : 1);
+    }
+    if (!comm_ || whole) {
+      out.emplace_back(s.name, host(mine));
+      continue;
     }
     Tensor pad(DType::kF32, {mr, mc});
     std::memset(pad.data(), 0, size_t(pad.nbytes()));
