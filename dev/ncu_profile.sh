@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Hardware counters of the kernels that hold the open performance bars, in ONE device call (a
+# development aid: its output goes to docs/perf.md by hand). Needs the carried build
+# (bash scripts/gpu_check.sh --build; carry build-gpu-pack) and ncu on the device machine.
+#   device: run(command="bash dev/ncu_profile.sh [NAME ...]", carry=["build-gpu-pack"])
+# NAME: prefill (attn_wg_prefill_kernel at seq 4096, kv_chunk 1024: bench_attention --quick), dkdv / dq (the attention
+# backward's wgmma kernels, bench_attention_bwd --quick), dw (the first dW accumulate launch of
+# bench_gemm_bwd: T = 1024, qkv), fwd (the first forward GEMM of bench_gemm_cuda). Default: all.
+# Writes $OUT/ncu_NAME.txt (details page) and a one-line summary per kernel on stdout.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+# Unpack the carried build the way scripts/gpu_check.sh does (its first lines), without its parts.
+bash scripts/gpu_check.sh none >/dev/null 2>&1
+export LD_LIBRARY_PATH="$PWD/build-gpu/rt${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
+[ -n "$NCU" ] || { echo "no ncu on this machine"; exit 1; }
+sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis
+  --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats
+  --section InstructionStats)
+prof() {  # prof NAME KERNEL_REGEX SKIP CMD...
+  local name=$1 kern=$2 skip=$3
+  shift 3
+  timeout 300 "$NCU" --clock-control none --kernel-name "regex:$kern" --launch-skip "$skip" \
+    --launch-count 1 "${sections[@]}" --print-summary none "$@" >"$OUT/ncu_$name.txt" 2>&1
+  echo "== $name: $(grep -E 'Duration|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Registers Per' \
+    "$OUT/ncu_$name.txt" | awk '{$1=$1; print}' | tr '\n' ';')"
+}
+parts="${*:-prefill dkdv dq dw fwd}"
+for p in $parts; do
+  case $p in
+    prefill) prof prefill attn_wg_prefill_kernel 10 build-gpu/bench_attention --quick ;;
+    dkdv) prof dkdv dkdv_wg_kernel 2 build-gpu/bench_attention_bwd --quick ;;
+    dq) prof dq dq_wg_kernel 2 build-gpu/bench_attention_bwd --quick ;;
+    dw) prof dw 'gemm_sm90_kernel.*Accumulate' 2 build-gpu/bench_gemm_bwd ;;
+    fwd) prof fwd 'gemm_sm90_kernel' 2 build-gpu/bench_gemm_cuda ;;
+    *) echo "unknown part $p" ;;
+  esac
+done
