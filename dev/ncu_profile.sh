@@ -6,13 +6,15 @@
 # NAME: prefill (attn_wg_prefill_kernel at seq 4096, kv_chunk 1024: bench_attention --quick), dkdv / dq (the attention
 # backward's wgmma kernels, bench_attention_bwd --quick), dw (the first dW accumulate launch of
 # bench_gemm_bwd: T = 1024, qkv), fwd (the first forward GEMM of bench_gemm_cuda). Default: all.
-# Writes $OUT/ncu_NAME.txt (details page) and a one-line summary per kernel on stdout.
+# Writes $OUT/ncu_NAME.txt (details page) and a one-line summary per kernel on stdout. BIN: the
+# folder of the benchmark binaries (default build-gpu, from the carried pack).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 # Unpack the carried build the way scripts/gpu_check.sh does (its first lines), without its parts.
 bash scripts/gpu_check.sh none >/dev/null 2>&1
+BIN=${BIN:-build-gpu}
 export LD_LIBRARY_PATH="$PWD/build-gpu/rt${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
 [ -n "$NCU" ] || { echo "no ncu on this machine"; exit 1; }
@@ -30,11 +32,11 @@ prof() {  # prof NAME KERNEL_REGEX SKIP CMD...
 parts="${*:-prefill dkdv dq dw fwd}"
 for p in $parts; do
   case $p in
-    prefill) prof prefill attn_wg_prefill_kernel 10 build-gpu/bench_attention --quick ;;
-    dkdv) prof dkdv dkdv_wg_kernel 2 build-gpu/bench_attention_bwd --quick ;;
-    dq) prof dq dq_wg_kernel 2 build-gpu/bench_attention_bwd --quick ;;
-    dw) prof dw 'gemm_sm90_kernel.*Accumulate' 2 build-gpu/bench_gemm_bwd ;;
-    fwd) prof fwd 'gemm_sm90_kernel' 2 build-gpu/bench_gemm_cuda ;;
+    prefill) prof prefill attn_wg_prefill_kernel 10 $BIN/bench_attention --quick ;;
+    dkdv) prof dkdv dkdv_wg_kernel 2 $BIN/bench_attention_bwd --quick ;;
+    dq) prof dq dq_wg_kernel 2 $BIN/bench_attention_bwd --quick ;;
+    dw) prof dw 'gemm_sm90_kernel.*Accumulate' 2 $BIN/bench_gemm_bwd ;;
+    fwd) prof fwd 'gemm_sm90_kernel' 2 $BIN/bench_gemm_cuda ;;
     *) echo "unknown part $p" ;;
   esac
 done
