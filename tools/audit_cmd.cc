@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "dist/process_transport.h"
 #include "engine/audit.h"
 #include "engine/backend.h"
 #include "lockstep/error.h"
@@ -21,11 +22,12 @@ namespace lockstep::tools {
 
 namespace {
 
-int run_audit(EngineCommandLine& o) {
-  resolve_engine_options(o);
-  if (o.threads > 0) set_num_threads(o.threads);
+// The audit proper, on every process alike (`job`: this process's rank of a launched job, or
+// nullptr). Only rank 0 (or a process without a job) logs and prints the report.
+int run_audit_on(EngineCommandLine& o, dist::Communicator* job) {
+  const bool speaks = job == nullptr || job->rank() == 0;
   auto log = [&](const std::string& s) {
-    if (!o.quiet) std::fprintf(stderr, "%s\n", s.c_str());
+    if (!o.quiet && speaks) std::fprintf(stderr, "%s\n", s.c_str());
   };
 
   // Backends first: a missing device fails before any model work.
@@ -62,6 +64,7 @@ int run_audit(EngineCommandLine& o) {
   report.model = source.description();
   report.devices = "rollout " + device_description(o.rollout_device) + "; training " +
                    device_description(o.train_device);
+  if (job) report.devices += "; " + std::to_string(job->size()) + " processes (lockstep launch)";
   report.contract = cfg.contract.to_string();
   report.config = cfg;
   engine::AuditHooks hooks;
@@ -69,14 +72,43 @@ int run_audit(EngineCommandLine& o) {
   log("lockstep audit: " + cfg.workload_string());
   log("lockstep audit: " + report.devices);
   for (const Pair& p : pairs)
-    report.sides.push_back(engine::run_audit_side(cfg, factory, p.rollout, p.train, hooks));
+    report.sides.push_back(engine::run_audit_side(cfg, factory, p.rollout, p.train, hooks, job));
 
-  if (o.json)
-    std::printf("%s\n", engine::audit_report_json(report).c_str());
-  else
-    std::fputs(engine::format_audit_report(report).c_str(), stdout);
-  flush_stdout();
+  if (speaks) {
+    if (o.json)
+      std::printf("%s\n", engine::audit_report_json(report).c_str());
+    else
+      std::fputs(engine::format_audit_report(report).c_str(), stdout);
+    flush_stdout();
+  }
+  // Every rank computed the same report; rank 0 has written it. A rank that failed to (or failed
+  // at all) fails this barrier on every rank, so every rank's exit status says so.
+  if (job) job->barrier();
   return report.passed() ? kExitOk : kExitCheckFailed;
+}
+
+int run_audit(EngineCommandLine& o) {
+  resolve_engine_options(o);
+  using engine::RankMode;
+  const engine::AuditConfig& cfg = o.cfg;
+  if (cfg.rollout_ranks != RankMode::kLaunch && cfg.train_ranks != RankMode::kLaunch) {
+    if (o.threads > 0) set_num_threads(o.threads);
+    return run_audit_on(o, nullptr);
+  }
+  // A rank of a launched job: the job's WORLD_SIZE is the launched side's TP degree (both sides'
+  // when both are launched: resolve_engine_options checked they are equal).
+  const bool rollout = cfg.rollout_ranks == RankMode::kLaunch;
+  const dist::ProcessGroupSpec spec =
+      rollout ? launched_job_spec("--rollout-ranks launch", "--rollout-tp", cfg.rollout_tp)
+              : launched_job_spec("--train-ranks launch", "--train-tp", cfg.train_tp);
+  set_threads_of_rank(o.threads, spec);
+  const std::unique_ptr<dist::ProcessCommunicator> job = dist::join_process_group(spec);
+  try {
+    return run_audit_on(o, job.get());
+  } catch (const std::exception& e) {
+    job->fail(e.what());  // the other ranks stop waiting for this one
+    throw;
+  }
 }
 
 }  // namespace
@@ -89,7 +121,9 @@ Command add_audit_command(CLI::App& top) {
       "Generates completions like an RL rollout engine, recomputes their log-probs like a "
       "training engine,\nand compares every generated token's fp32 log-prob (and entropy) bit for "
       "bit.\nExit status: 0 all log-probs agree, 1 some differ, 2 bad usage, bad input or an "
-      "error.");
+      "error.\n"
+      "Rank-local TP across processes (one per rank, as on GPUs; the same bits as simulated):\n"
+      "  lockstep launch --nproc 2 -- lockstep audit --rollout-tp 2 --rollout-ranks launch");
   add_engine_options(*sub, *o);
   return {sub, [o] { return run_audit(*o); }};
 }

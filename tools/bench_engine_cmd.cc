@@ -161,9 +161,11 @@ struct BenchConfig {
 // The configurations to time: the flags' own if a contract or TP flag was given, else the audit's
 // contract and one GPU's.
 std::vector<BenchConfig> bench_configs(const EngineCommandLine& o, const CLI::App& app) {
-  LS_CHECK(!o.cfg.rollout_rank_threads && !o.cfg.train_rank_threads, "bench-engine",
-           "--rollout-ranks / --train-ranks threads are audit flags: bench-engine times the engine "
-           "on one device (simulated TP)");
+  LS_CHECK(o.cfg.rollout_ranks == engine::RankMode::kSimulated &&
+               o.cfg.train_ranks == engine::RankMode::kSimulated,
+           "bench-engine",
+           "--rollout-ranks / --train-ranks threads|launch are audit flags: bench-engine times "
+           "the engine on one device (simulated TP)");
   for (const char* f : {"--segments", "--gemm-segments", "--vocab-segments", "--kv-chunk",
                         "--vocab-tile", "--rollout-tp", "--train-tp"})
     if (app.count(f) > 0) return {{"flags", o.cfg}};

@@ -120,13 +120,20 @@ CLI::Option* add_on_off(CLI::App& app, const std::string& name, bool& target,
       ->default_str(target ? "on" : "off");
 }
 
-CLI::Option* add_ranks(CLI::App& app, const std::string& name, bool& threads,
+CLI::Option* add_ranks(CLI::App& app, const std::string& name, engine::RankMode& mode,
                        const std::string& description, const std::string& group) {
+  using engine::RankMode;
   return app
       .add_option_function<std::string>(
-          name, [&threads](const std::string& v) { threads = v == "threads"; }, description)
-      ->check(CLI::IsMember({"simulated", "threads"}).description(""))
-      ->type_name("simulated|threads")
+          name,
+          [&mode](const std::string& v) {
+            mode = v == "threads"  ? RankMode::kThreads
+                   : v == "launch" ? RankMode::kLaunch
+                                   : RankMode::kSimulated;
+          },
+          description)
+      ->check(CLI::IsMember({"simulated", "threads", "launch"}).description(""))
+      ->type_name("simulated|threads|launch")
       ->default_str("simulated")
       ->group(group);
 }

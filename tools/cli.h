@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/ranks.h"
 #include "engine/safetensors.h"
 #include "lockstep/contract.h"
 
@@ -72,8 +73,9 @@ CLI::Validator float_in(float lo, float hi, bool lo_open = false);
 CLI::Option* add_on_off(CLI::App& app, const std::string& name, bool& target,
                         const std::string& description);
 
-// --rollout-ranks / --train-ranks: simulated | threads (how TP ranks run), into `threads`.
-CLI::Option* add_ranks(CLI::App& app, const std::string& name, bool& threads,
+// --rollout-ranks / --train-ranks: simulated | threads | launch (how TP ranks run,
+// engine/ranks.h), into `mode`.
+CLI::Option* add_ranks(CLI::App& app, const std::string& name, engine::RankMode& mode,
                        const std::string& description, const std::string& group);
 
 // Flushes stdout; throws lockstep::Error when a write to it failed (e.g. `> /dev/full`), so a

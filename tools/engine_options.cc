@@ -124,10 +124,13 @@ void add_engine_options(CLI::App& app, EngineCommandLine& o) {
       ->type_name("N")
       ->capture_default_str()
       ->group(r);
-  add_ranks(app, "--rollout-ranks", c.rollout_rank_threads,
-            "how the rollout's TP ranks run: simulated (one model runs every rank's shards) or "
+  add_ranks(app, "--rollout-ranks", c.rollout_ranks,
+            "how the rollout's TP ranks run: simulated (one model runs every rank's shards), "
             "threads (one rank-local model per rank on its own thread, exchanging partials over "
-            "the thread transport: multi-GPU TP's code path, on the CPU; audit only)",
+            "the thread transport: multi-GPU TP's code path, on the CPU) or launch (this process "
+            "is one rank: run it under `lockstep launch --nproc N`, N = --rollout-tp; one "
+            "rank-local model per process over shared memory; the other side runs on every "
+            "process alike, rank 0 prints); the same bits in every mode; audit only",
             r);
   add_int(app, "--page-size", c.rollout.kv.page_size, 1, 1 << 20, "KV page size (keys)", r);
   add_int(app, "--kv-pages", c.rollout.kv.num_pages, 0, kBig,
@@ -158,9 +161,9 @@ void add_engine_options(CLI::App& app, EngineCommandLine& o) {
           "engine steps between groups' arrivals", r);
 
   const std::string t = "training side";
-  add_ranks(app, "--train-ranks", c.train_rank_threads,
-            "how the training forward's TP ranks run: simulated or threads (as --rollout-ranks; "
-            "audit only)",
+  add_ranks(app, "--train-ranks", c.train_ranks,
+            "how the training forward's TP ranks run: simulated, threads or launch (as "
+            "--rollout-ranks, N = --train-tp; audit only)",
             t);
   app.add_option("--train-tp", c.train_tp, "tensor-parallel degree")
       ->transform(int_one_of({1, 2, 4, 8}))

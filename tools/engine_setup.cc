@@ -1,9 +1,11 @@
 // Backends by device and the model source shared by `lockstep audit` and `lockstep bench-engine`.
 #include "tools/engine_setup.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <thread>
 
 #include "core/thread_pool.h"
 #include "lockstep/error.h"
@@ -53,6 +55,29 @@ std::string device_description(const std::string& device) {
   if (device == "cuda") return "cuda: " + cuda::device_summary();
 #endif
   return device;
+}
+
+dist::ProcessGroupSpec launched_job_spec(const std::string& ranks_flag, const std::string& tp_flag,
+                                         int tp,
+                                         const std::function<const char*(const char*)>& getenv) {
+  const std::string how = detail::concat("run it under `lockstep launch --nproc ", tp,
+                                         "` (one process per TP rank, ", tp_flag, " ", tp, ")");
+  dist::ProcessGroupSpec spec;
+  try {
+    spec = dist::ProcessGroupSpec::from_env(getenv);
+  } catch (const Error& e) {
+    throw Error(
+        detail::concat(ranks_flag, ": this process is one rank of a job: ", how, "; ", e.what()));
+  }
+  LS_CHECK(spec.world_size == tp, ranks_flag, "the job has WORLD_SIZE=", spec.world_size,
+           " ranks but ", tp_flag, " is ", tp, ": ", how);
+  return spec;
+}
+
+void set_threads_of_rank(int threads, const dist::ProcessGroupSpec& spec) {
+  if (threads > 0) return set_num_threads(threads);
+  set_num_threads(
+      std::max(1, int(std::max(1u, std::thread::hardware_concurrency())) / spec.world_size));
 }
 
 engine::Qwen3Config model_config_of(const ModelFlags& m) {

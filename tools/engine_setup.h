@@ -12,6 +12,7 @@
 #include <tuple>
 #include <utility>
 
+#include "dist/process_transport.h"
 #include "engine/audit.h"
 #include "engine/backend.h"
 #include "engine/config.h"
@@ -34,6 +35,18 @@ std::string device_description(const std::string& device);
 // plan, e.g. `lockstep plan`): m.dir's config.json, else the named shape's (qwen3_shape_config;
 // "default" is the built-in model's).
 engine::Qwen3Config model_config_of(const ModelFlags& m);
+
+// For a side whose ranks are `launch` (`ranks_flag` "--rollout-ranks launch", `tp_flag`
+// "--rollout-tp" = tp): this process's place in its job, from the variables `lockstep launch`
+// sets (dist::ProcessGroupSpec::from_env; `getenv` as there, for tests). Throws lockstep::Error
+// naming the flags when they are missing or malformed ("run it under `lockstep launch --nproc
+// 2`") and when WORLD_SIZE differs from tp, naming both numbers.
+dist::ProcessGroupSpec launched_job_spec(
+    const std::string& ranks_flag, const std::string& tp_flag, int tp,
+    const std::function<const char*(const char*)>& getenv = {});
+// Under `lockstep launch` the job's processes share the host's cores: --threads not given
+// (threads 0) becomes hardware threads / local ranks (at least 1); bits never depend on it.
+void set_threads_of_rank(int threads, const dist::ProcessGroupSpec& spec);
 
 class ModelSource {
  public:

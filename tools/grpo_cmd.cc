@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/thread_pool.h"
+#include "dist/process_transport.h"
 #include "engine/default_model.h"
 #include "engine/grpo.h"
 #include "engine/safetensors.h"
@@ -51,7 +52,9 @@ engine::GrpoDevice grpo_device(const std::string& device) {
 #endif
 }
 
-engine::Weights load_weights(const ModelFlags& m, engine::Qwen3Config& cfg, std::string& desc) {
+// `log`: say so on stderr when random weights are generated.
+engine::Weights load_weights(const ModelFlags& m, engine::Qwen3Config& cfg, std::string& desc,
+                             bool log) {
   if (m.dir.empty()) {
     // The built-in model's weights, or random weights of a named shape (--weight-seed).
     cfg = engine::qwen3_shape_config(m.shape);
@@ -59,7 +62,7 @@ engine::Weights load_weights(const ModelFlags& m, engine::Qwen3Config& cfg, std:
     desc = m.shape == "default" && m.weight_seed == 0
                ? "built-in default model"
                : "random " + m.shape + " weights (seed " + std::to_string(seed) + ")";
-    if (m.shape != "default") std::fprintf(stderr, "[grpo] generating %s\n", desc.c_str());
+    if (log && m.shape != "default") std::fprintf(stderr, "[grpo] generating %s\n", desc.c_str());
     return engine::random_qwen3_weights(cfg, seed);
   }
   engine::LoadOptions lo;
@@ -123,14 +126,17 @@ void read_metrics(const std::string& path, PlotSeries& reward, PlotSeries& mism)
   LS_CHECK(n > 0, "lockstep grpo", "--plot-with ", path, " holds no step");
 }
 
-int run_grpo_cmd(GrpoFlags& f) {
-  if (f.threads > 0) set_num_threads(f.threads);
+// The run on every process alike (`job`: this process's rank of a launched training job, or
+// nullptr); only rank 0 (or a process without a job) prints and writes files.
+int run_grpo_on(GrpoFlags& f, dist::Communicator* job) {
+  const bool speaks = job == nullptr || job->rank() == 0;
   // The device first: a missing one fails before any model work.
-  const engine::GrpoDevice dev = grpo_device(f.device);
+  engine::GrpoDevice dev = grpo_device(f.device);
+  dev.train_job = job;
   f.cfg.device = dev.device;
   engine::Qwen3Config mcfg;
   std::string desc;
-  const engine::Weights init = load_weights(f.model, mcfg, desc);
+  const engine::Weights init = load_weights(f.model, mcfg, desc, speaks);
   engine::GrpoConfig& cfg = f.cfg;
   // The KV pool: every sequence of a step at once (prompt + completion), 16-token pages.
   cfg.rollout.kv.page_size = 16;
@@ -141,11 +147,17 @@ int run_grpo_cmd(GrpoFlags& f) {
   cfg.validate();
   if (is_png_path(f.plot)) check_png_plot_tool("lockstep grpo --plot");  // before the run
   std::FILE* metrics = nullptr;
+  if (!speaks) {  // the other ranks of a launched job: their output is rank 0's
+    f.json = false;
+    f.metrics.clear();
+    f.plot.clear();
+    f.out.clear();
+  }
   if (!f.metrics.empty()) {
     metrics = std::fopen(f.metrics.c_str(), "w");
     LS_CHECK(metrics, "lockstep grpo", "cannot write --metrics ", f.metrics);
   }
-  if (!f.json) {
+  if (speaks && !f.json) {
     std::printf("lockstep grpo: on-policy RL, rollout vs trainer log-probs compared bit for bit\n");
     std::printf("  model     %s: %s\n", desc.c_str(), mcfg.to_string().c_str());
     std::printf("  device    %s\n", device_description(f.device).c_str());
@@ -157,6 +169,7 @@ int run_grpo_cmd(GrpoFlags& f) {
   int64_t mismatches = 0;
   engine::GrpoHooks hooks;
   hooks.on_sft_step = [&](const engine::SftStepMetrics& s) {
+    if (!speaks) return;
     if (f.json) {
       std::printf(
           "{\"sft_step\": %lld, \"loss\": %.9g, \"token_accuracy\": %.9g, \"grad_norm\": "
@@ -168,7 +181,9 @@ int run_grpo_cmd(GrpoFlags& f) {
     }
     flush_stdout();
   };
-  hooks.progress = [](const std::string& s) { std::fprintf(stderr, "[grpo] %s\n", s.c_str()); };
+  hooks.progress = [speaks](const std::string& s) {
+    if (speaks) std::fprintf(stderr, "[grpo] %s\n", s.c_str());
+  };
   bool header = false;
   PlotSeries reward{cfg.baseline ? "baseline" : "lockstep", {}, {}};
   PlotSeries mism = reward;
@@ -178,6 +193,7 @@ int run_grpo_cmd(GrpoFlags& f) {
     reward.y.push_back(s.reward_mean);
     mism.x.push_back(double(s.step));
     mism.y.push_back(double(s.logp_mismatches));
+    if (!speaks) return;
     if (!f.json && !header) {
       header = true;
       // The step's time split (seconds): rollout, training forward, backward, optimizer, weight
@@ -229,7 +245,7 @@ int run_grpo_cmd(GrpoFlags& f) {
     engine::write_model_files(f.out, engine::serialize_qwen3_model(mcfg, final));
     if (!f.json) std::printf("\nwrote %s (config.json + model.safetensors)\n", f.out.c_str());
   }
-  if (!f.json) {
+  if (speaks && !f.json) {
     std::printf("\n%s: %lld log-prob mismatches between rollout and trainer over %lld steps%s\n",
                 cfg.baseline      ? "BASELINE"
                 : mismatches == 0 ? "PASS"
@@ -238,7 +254,27 @@ int run_grpo_cmd(GrpoFlags& f) {
                 cfg.baseline ? " (ordinary kernels: what TIS / MIS corrections exist for)" : "");
   }
   flush_stdout();
+  // Every rank ran the same steps; rank 0 has written the output. A rank that failed to (or failed
+  // at all) fails this barrier on every rank, so every rank's exit status says so.
+  if (job) job->barrier();
   return mismatches == 0 || cfg.baseline ? kExitOk : kExitCheckFailed;
+}
+
+int run_grpo_cmd(GrpoFlags& f) {
+  if (f.cfg.train_ranks != engine::RankMode::kLaunch) {
+    if (f.threads > 0) set_num_threads(f.threads);
+    return run_grpo_on(f, nullptr);
+  }
+  const dist::ProcessGroupSpec spec =
+      launched_job_spec("--train-ranks launch", "--train-tp", f.cfg.train_tp);
+  set_threads_of_rank(f.threads, spec);
+  const std::unique_ptr<dist::ProcessCommunicator> job = dist::join_process_group(spec);
+  try {
+    return run_grpo_on(f, job.get());
+  } catch (const std::exception& e) {
+    job->fail(e.what());  // the other ranks stop waiting for this one
+    throw;
+  }
 }
 
 }  // namespace
@@ -300,10 +336,12 @@ Command add_grpo_command(CLI::App& top) {
   sub->add_option("--train-tp", f->cfg.train_tp, "training tensor parallelism (simulated)")
       ->transform(int_one_of({1, 2, 4, 8}))
       ->capture_default_str();
-  add_ranks(*sub, "--train-ranks", f->cfg.train_rank_threads,
-            "how the training side's TP ranks run: simulated (one model combines them) or "
-            "threads (one rank-local model, backward and gradient blocks per thread, parts "
-            "exchanged by all_gather; the same bits; invariant CPU only)",
+  add_ranks(*sub, "--train-ranks", f->cfg.train_ranks,
+            "how the training side's TP ranks run: simulated (one model combines them), threads "
+            "(one rank-local model, backward and gradient blocks per thread, parts exchanged by "
+            "all_gather) or launch (this process is one rank: run it under `lockstep launch "
+            "--nproc N`, N = --train-tp; rollout and AdamW run on every process alike, rank 0 "
+            "scores, prints and writes); the same bits; invariant CPU only",
             "Options");
   sub->add_option("--micro-batch-tokens", f->cfg.micro_batch_tokens, "tokens per micro-batch")
       ->transform(int_in(1, int64_t(1) << 24))

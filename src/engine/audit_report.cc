@@ -134,6 +134,8 @@ nlohmann::ordered_json side_json(const AuditSide& s) {
     j["max_abs_diff_is_nan_or_inf"] = true;
   }
   j["sequences"] = s.sequences;
+  j["rollout_sha256"] = s.rollout_sha256;
+  j["train_sha256"] = s.train_sha256;
   if (s.first) {
     const Divergence& d = *s.first;
     j["first_divergence"] = {{"request", d.request},
@@ -207,7 +209,7 @@ std::string audit_report_json(const AuditReport& r) {
                    {"stop_on_eos", c.stop_on_eos},
                    {"tokenizer", "none: prompts are random token ids"}};
   j["rollout"] = {{"tp", c.rollout_tp},
-                  {"ranks", c.rollout_rank_threads ? "threads" : "simulated"},
+                  {"ranks", rank_mode_name(c.rollout_ranks)},
                   {"page_size", c.rollout.kv.page_size},
                   {"kv_pages", c.rollout.kv.num_pages},
                   {"max_batch", c.rollout.scheduler.max_running},
@@ -219,7 +221,7 @@ std::string audit_report_json(const AuditReport& r) {
                   {"arrival_stagger", c.arrival_stagger},
                   {"description", c.rollout_string()}};
   j["training"] = {{"tp", c.train_tp},
-                   {"ranks", c.train_rank_threads ? "threads" : "simulated"},
+                   {"ranks", rank_mode_name(c.train_ranks)},
                    {"micro_batch_tokens", c.packing.micro_batch_tokens},
                    {"packing_seed", c.packing.seed},
                    {"description", c.training_string()}};

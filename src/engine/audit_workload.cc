@@ -12,6 +12,7 @@
 #include "baseline/cpu/backend.h"
 #include "core/philox.h"
 #include "dist/thread_transport.h"
+#include "engine/sha256.h"
 #include "lockstep/error.h"
 
 namespace lockstep::engine {
@@ -73,21 +74,66 @@ bool same_records(const RolloutResult& a, const RolloutResult& b) {
   return true;
 }
 
-// Runs `job(model, rank)` on tp rank-local models, one thread per rank over the thread transport
-// (`side`: "rollout" or "training", for errors), checks that every rank's result equals rank 0's
-// and returns rank 0's.
+// Appends the bytes of a value, or of a list after its length, to a digest's input.
+template <typename T>
+void append_bytes(std::string& out, const T& v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+template <typename T>
+void append_list(std::string& out, const std::vector<T>& v) {
+  append_bytes(out, int64_t(v.size()));
+  if (!v.empty()) out.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
+// How a side's ranks run, for errors: "--rollout-ranks threads".
+std::string ranks_flag(const char* side, RankMode mode) {
+  return detail::concat("--", side, "-ranks ", rank_mode_name(mode));
+}
+
+// What the configuration lines say of a side's rank mode.
+const char* rank_mode_text(RankMode mode) {
+  switch (mode) {
+    case RankMode::kSimulated:
+      return "";
+    case RankMode::kThreads:
+      return " (rank-local models on threads)";
+    case RankMode::kLaunch:
+      return " (rank-local models, one per process of a launched job)";
+  }
+  return "";
+}
+
+// Runs `job(model, rank)` on tp rank-local models (`side`: "rollout" or "train", for errors):
+// - threads: one thread per rank over the thread transport; checks that every rank's result
+//   equals rank 0's and returns rank 0's.
+// - launch: this process's rank of `comm` (a job of tp processes); checks by sha256 that every
+//   rank's result equals rank 0's (a collective) and returns this rank's.
 template <typename R>
-R on_rank_threads(const char* side, int tp, const ModelFactory& make_model,
-                  const std::shared_ptr<OpsBackend>& backend,
-                  const std::function<R(const Model&, int)>& job) {
-  LS_CHECK(backend->device() == Device::kCPU, kOp, "--", side,
-           "-ranks threads runs rank-local models over the thread transport, which moves host "
-           "memory only: it needs a CPU ",
+R on_rank_local_models(const char* side, RankMode mode, int tp, const ModelFactory& make_model,
+                       const std::shared_ptr<OpsBackend>& backend, dist::Communicator* comm,
+                       const std::function<R(const Model&, int)>& job) {
+  const std::string flag = ranks_flag(side, mode);
+  LS_CHECK(backend->device() == Device::kCPU, kOp, flag,
+           " runs rank-local models over a transport that moves host memory only: it needs a "
+           "CPU ",
            side, " backend, got '", backend->name(), "' on ", device_name(backend->device()));
+  if (mode == RankMode::kLaunch) {
+    LS_CHECK(comm != nullptr, kOp, flag,
+             ": this process is not a rank of a job (no communicator; run it under `lockstep "
+             "launch --nproc ",
+             tp, "`)");
+    LS_CHECK(comm->size() == tp, kOp, flag, ": the job has ", comm->size(), " ranks, but --", side,
+             "-tp is ", tp, " (one process per TP rank: `lockstep launch --nproc ", tp, "`)");
+    const std::unique_ptr<Model> m = make_model(tp, backend, comm);
+    R result = job(*m, comm->rank());
+    check_same_sha256_on_every_rank(*comm, records_sha256(result),
+                                    detail::concat(kOp, ": ", flag, ": the ", side, " records"));
+    return result;
+  }
   std::vector<R> results(static_cast<size_t>(tp));
-  dist::run_ranks(tp, [&](dist::Communicator& comm) {
-    const std::unique_ptr<Model> m = make_model(tp, backend, &comm);
-    results[size_t(comm.rank())] = job(*m, comm.rank());
+  dist::run_ranks(tp, [&](dist::Communicator& c) {
+    const std::unique_ptr<Model> m = make_model(tp, backend, &c);
+    results[size_t(c.rank())] = job(*m, c.rank());
   });
   for (int r = 1; r < tp; ++r)
     LS_CHECK(same_records(results[0], results[size_t(r)]), kOp, side, " rank ", r,
@@ -131,10 +177,19 @@ void AuditConfig::validate() const {
              tp, " needs gemm_segments and vocab_segments divisible by it (contract has ",
              contract.gemm_segments, " and ", contract.vocab_segments, "); raise --segments");
   }
-  LS_CHECK(!rollout_rank_threads || rollout_tp > 1, kOp,
-           "--rollout-ranks threads needs --rollout-tp > 1 (one rank has nothing to exchange)");
-  LS_CHECK(!train_rank_threads || train_tp > 1, kOp,
-           "--train-ranks threads needs --train-tp > 1 (one rank has nothing to exchange)");
+  LS_CHECK(rollout_ranks == RankMode::kSimulated || rollout_tp > 1, kOp,
+           ranks_flag("rollout", rollout_ranks),
+           " needs --rollout-tp > 1 (one rank has nothing to exchange)");
+  LS_CHECK(train_ranks == RankMode::kSimulated || train_tp > 1, kOp,
+           ranks_flag("train", train_ranks),
+           " needs --train-tp > 1 (one rank has nothing to exchange)");
+  // One job, one rank per process: both sides launched means one TP degree.
+  LS_CHECK(rollout_ranks != RankMode::kLaunch || train_ranks != RankMode::kLaunch ||
+               rollout_tp == train_tp,
+           kOp,
+           "--rollout-ranks launch and --train-ranks launch run both sides on the ranks of one "
+           "job: they need --rollout-tp == --train-tp, got ",
+           rollout_tp, " and ", train_tp);
   RolloutConfig r = rollout;
   if (r.kv.num_pages == 0) r.kv.num_pages = 1;
   r.validate();
@@ -143,16 +198,14 @@ void AuditConfig::validate() const {
 
 std::string AuditConfig::rollout_string() const {
   std::ostringstream os;
-  os << "tp=" << rollout_tp << (rollout_rank_threads ? " (rank-local models on threads)" : "")
-     << "; " << rollout.to_string() << "; arrival: seed=" << arrival_seed
-     << " stagger=" << arrival_stagger;
+  os << "tp=" << rollout_tp << rank_mode_text(rollout_ranks) << "; " << rollout.to_string()
+     << "; arrival: seed=" << arrival_seed << " stagger=" << arrival_stagger;
   return os.str();
 }
 
 std::string AuditConfig::training_string() const {
   std::ostringstream os;
-  os << "tp=" << train_tp << (train_rank_threads ? " (rank-local models on threads)" : "") << "; "
-     << packing.to_string();
+  os << "tp=" << train_tp << rank_mode_text(train_ranks) << "; " << packing.to_string();
   return os.str();
 }
 
@@ -164,6 +217,31 @@ std::string AuditConfig::workload_string() const {
      << " new tokens" << (stop_on_eos ? ", stop on EOS" : "") << "; sampling "
      << (mixed_sampling ? "mixed (per-group settings)" : sampling.to_string());
   return os.str();
+}
+
+std::string records_sha256(const RolloutResult& r) {
+  std::string bytes;
+  append_bytes(bytes, int64_t(r.completions.size()));
+  for (const Completion& c : r.completions) {
+    append_bytes(bytes, c.id);
+    append_bytes(bytes, int32_t(c.finish));
+    append_list(bytes, c.tokens);
+    append_list(bytes, c.logp);
+    append_list(bytes, c.lse);
+    append_list(bytes, c.entropy);
+  }
+  return sha256_hex(bytes.data(), bytes.size());
+}
+
+std::string records_sha256(const TrainResult& r) {
+  std::string bytes;
+  append_bytes(bytes, int64_t(r.sequences.size()));
+  for (const TrainTokens& t : r.sequences) {
+    append_list(bytes, t.logp);
+    append_list(bytes, t.lse);
+    append_list(bytes, t.entropy);
+  }
+  return sha256_hex(bytes.data(), bytes.size());
 }
 
 SamplingParams mixed_sampling_params(int64_t group, uint64_t seed) {
@@ -251,13 +329,15 @@ std::string audit_side_label(const OpsBackend& rollout, const OpsBackend& train)
 }
 
 AuditSide run_audit_side(const AuditConfig& cfg, const ModelFactory& make_model,
-                         std::shared_ptr<OpsBackend> backend, const AuditHooks& hooks) {
-  return run_audit_side(cfg, make_model, backend, backend, hooks);
+                         std::shared_ptr<OpsBackend> backend, const AuditHooks& hooks,
+                         dist::Communicator* job) {
+  return run_audit_side(cfg, make_model, backend, backend, hooks, job);
 }
 
 AuditSide run_audit_side(const AuditConfig& cfg, const ModelFactory& make_model,
                          std::shared_ptr<OpsBackend> rollout_backend,
-                         std::shared_ptr<OpsBackend> train_backend, const AuditHooks& hooks) {
+                         std::shared_ptr<OpsBackend> train_backend, const AuditHooks& hooks,
+                         dist::Communicator* job) {
   cfg.validate();
   LS_CHECK(rollout_backend != nullptr && train_backend != nullptr, kOp, "backend is null");
   auto log = [&](const std::string& s) {
@@ -294,13 +374,14 @@ AuditSide run_audit_side(const AuditConfig& cfg, const ModelFactory& make_model,
     log(buf);
   };
   const RolloutResult rr =
-      !cfg.rollout_rank_threads
+      cfg.rollout_ranks == RankMode::kSimulated
           ? run_rollout(*rollout_model, requests, rcfg, rh)
-          : on_rank_threads<RolloutResult>("rollout", cfg.rollout_tp, make_model, rollout_backend,
-                                           [&](const Model& m, int rank) {
-                                             return run_rollout(m, requests, rcfg,
-                                                                rank == 0 ? rh : RolloutHooks{});
-                                           });
+          : on_rank_local_models<RolloutResult>(
+                "rollout", cfg.rollout_ranks, cfg.rollout_tp, make_model, rollout_backend, job,
+                [&](const Model& m, int rank) {
+                  return run_rollout(m, requests, rcfg, rank == 0 ? rh : RolloutHooks{});
+                });
+  side.rollout_sha256 = records_sha256(rr);
   side.rollout_seconds = rr.seconds;
   side.generated_tokens = rr.generated_tokens;
   side.rollout_stats = rr.stats;
@@ -318,14 +399,15 @@ AuditSide run_audit_side(const AuditConfig& cfg, const ModelFactory& make_model,
     log("[" + side.backend + "] training: " + std::to_string(done) + "/" + std::to_string(total) +
         " sequences");
   };
-  const TrainResult tr =
-      !cfg.train_rank_threads
-          ? run_training_forward(*train_model, train_seqs, cfg.packing, th)
-          : on_rank_threads<TrainResult>(
-                "train", cfg.train_tp, make_model, train_backend, [&](const Model& m, int rank) {
-                  return run_training_forward(m, train_seqs, cfg.packing,
-                                              rank == 0 ? th : TrainHooks{});
-                });
+  const TrainResult tr = cfg.train_ranks == RankMode::kSimulated
+                             ? run_training_forward(*train_model, train_seqs, cfg.packing, th)
+                             : on_rank_local_models<TrainResult>(
+                                   "train", cfg.train_ranks, cfg.train_tp, make_model,
+                                   train_backend, job, [&](const Model& m, int rank) {
+                                     return run_training_forward(m, train_seqs, cfg.packing,
+                                                                 rank == 0 ? th : TrainHooks{});
+                                   });
+  side.train_sha256 = records_sha256(tr);
   side.train_seconds = tr.seconds;
   side.train_tokens = tr.tokens_forwarded;
   side.micro_batches = tr.micro_batches;

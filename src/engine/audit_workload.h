@@ -14,6 +14,7 @@
 #include "engine/audit_compare.h"
 #include "engine/backend.h"
 #include "engine/model.h"
+#include "engine/ranks.h"
 #include "engine/rollout.h"
 #include "engine/trainer.h"
 #include "lockstep/contract.h"
@@ -45,18 +46,21 @@ struct AuditConfig {
 
   // Rollout side.
   int rollout_tp = 2;
-  // How the rollout's TP ranks run: false = simulated (one model holds and runs every rank's
-  // shards); true = one rank-local model per rank on its own thread, exchanging its parts over
-  // the thread transport (dist::run_ranks): the code path of multi-GPU TP, on host memory (CPU
-  // backends). Every rank's records are checked equal to rank 0's; rank 0's are compared.
-  bool rollout_rank_threads = false;
+  // How the rollout's TP ranks run (engine/ranks.h): simulated (one model holds and runs every
+  // rank's shards); threads (one rank-local model per rank on its own thread, exchanging its
+  // parts over the thread transport, dist::run_ranks); launch (this process is one rank of a job
+  // of rollout_tp processes: one rank-local model over the job's communicator, run_audit_side's
+  // `job`). threads and launch are the code path of multi-GPU TP, on host memory (CPU backends).
+  // Every rank's records are checked equal to rank 0's (launch: by their sha256); rank 0's are
+  // compared.
+  RankMode rollout_ranks = RankMode::kSimulated;
   RolloutConfig rollout;        // kv.num_pages 0 = enough for max_running full sequences
   uint64_t arrival_seed = 0;    // permutation of the arrival order; 0 = in order
   int64_t arrival_stagger = 1;  // steps between consecutive groups' arrivals (0: all at once)
 
   // Training side.
   int train_tp = 1;
-  bool train_rank_threads = false;  // as rollout_rank_threads, for the training forward
+  RankMode train_ranks = RankMode::kSimulated;  // as rollout_ranks, for the training forward
   PackingConfig packing;
 
   // The deployment's contract (both sides). gemm/vocab segments must be >= both TP degrees.
@@ -94,8 +98,18 @@ struct AuditSide : LogprobComparison {
   SchedulerStats rollout_stats;
   int64_t cascade_rows = 0;  // RolloutResult::cascade_rows
   int64_t micro_batches = 0;
+  // Digests of what each side computed (records_sha256): equal whatever the TP layout and rank
+  // mode, so runs can be compared by them.
+  std::string rollout_sha256, train_sha256;
   std::optional<Localization> localization;
 };
+
+// sha256 (64 hex digits) of a rollout's records: per completion in order its id, finish reason,
+// tokens and the fp32 bits of its log-probs, logsumexps and entropies (little-endian, each list
+// after its length). Timings and statistics are not included.
+std::string records_sha256(const RolloutResult& r);
+// The same of a training forward's per-sequence log-probs, logsumexps and entropies.
+std::string records_sha256(const TrainResult& r);
 
 // Makes the model for one side: (tp, backend, comm) -> Model with the audit's contract; comm
 // nullptr: simulated TP, else a rank-local model of that communicator's job.
@@ -108,13 +122,19 @@ struct AuditHooks {
 };
 
 // Runs rollout and training with `backend` (both sides), compares, localizes if asked.
+// `job`: this process's rank of a launched job, required when a side's ranks are kLaunch (its
+// size must be that side's TP degree) and unused otherwise. Every rank of the job runs this call
+// with the same arguments: the launched side as its rank, everything else (the other side, the
+// comparison, the localization) identically on every rank, so every rank returns the same side.
 AuditSide run_audit_side(const AuditConfig& cfg, const ModelFactory& make_model,
-                         std::shared_ptr<OpsBackend> backend, const AuditHooks& hooks = {});
+                         std::shared_ptr<OpsBackend> backend, const AuditHooks& hooks = {},
+                         dist::Communicator* job = nullptr);
 // Cross-device (or cross-backend) form: the rollout runs on `rollout_backend`, the training
 // forward on `train_backend` (e.g. rollout on the GPU, training on the CPU).
 AuditSide run_audit_side(const AuditConfig& cfg, const ModelFactory& make_model,
                          std::shared_ptr<OpsBackend> rollout_backend,
-                         std::shared_ptr<OpsBackend> train_backend, const AuditHooks& hooks = {});
+                         std::shared_ptr<OpsBackend> train_backend, const AuditHooks& hooks = {},
+                         dist::Communicator* job = nullptr);
 // The column label of a side (see AuditSide::backend).
 std::string audit_side_label(const OpsBackend& rollout, const OpsBackend& train);
 

@@ -218,11 +218,11 @@ void GrpoConfig::validate() const {
              "share_prompts cuts mini-batches at group boundaries: mini_batches (", mini_batches,
              ") must be <= prompts (", prompts, ")");
   }
-  if (train_rank_threads)
-    LS_CHECK(train_tp > 1 && !baseline && device == Device::kCPU, kOp,
-             "train ranks on threads need train_tp > 1 (one rank has nothing to exchange), the "
-             "invariant kernels and the CPU (the vocab-parallel head backward exists there only); "
-             "got train_tp ",
+  if (train_ranks != RankMode::kSimulated)
+    LS_CHECK(train_tp > 1 && !baseline && device == Device::kCPU, kOp, "train ranks ",
+             train_ranks == RankMode::kThreads ? "on threads" : "of a launched job",
+             " need train_tp > 1 (one rank has nothing to exchange), the invariant kernels and the "
+             "CPU (the vocab-parallel head backward exists there only); got train_tp ",
              train_tp, baseline ? ", baseline kernels" : "", ", device ", device_name(device));
   contract.validate();
   optim.validate();
@@ -232,7 +232,10 @@ void GrpoConfig::validate() const {
 
 std::string GrpoConfig::to_string() const {
   return settings_string(*this) + "\n  device " + device_name(device) +
-         (train_rank_threads ? "; training ranks: threads (rank-local)" : "");
+         (train_ranks == RankMode::kThreads  ? "; training ranks: threads (rank-local)"
+          : train_ranks == RankMode::kLaunch ? "; training ranks: launch (rank-local, one per "
+                                               "process)"
+                                             : "");
 }
 
 GrpoDevice cpu_grpo_device() {
@@ -300,6 +303,18 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
            ", the GrpoDevice's ", device_name(dev.device));
   LS_CHECK(dev.backend && dev.adamw && dev.adamw_from_state, kOp,
            "the GrpoDevice lacks its backends or its optimizer");
+  // A launched training side: this process is rank job->rank() of train_tp processes.
+  dist::Communicator* const job = dev.train_job;
+  if (cfg.train_ranks == RankMode::kLaunch)
+    LS_CHECK(job != nullptr && job->size() == cfg.train_tp, kOp,
+             "train ranks of a launched job need the GrpoDevice's train_job, a job of train_tp = ",
+             cfg.train_tp, " ranks; got ",
+             job ? detail::concat("one of ", job->size(), " ranks") : std::string("none"));
+  else
+    LS_CHECK(job == nullptr, kOp,
+             "the GrpoDevice has a train_job but the training ranks are not launched (train_ranks ",
+             rank_mode_name(cfg.train_ranks), ")");
+  const bool writes = job == nullptr || job->rank() == 0;  // checkpoints
   // The invariant backend runs the warm-up and every backward (the baselines have none); the
   // rollout and the training forward run on the baseline backend with cfg.baseline.
   const std::shared_ptr<OpsBackend> ops = dev.backend(false);
@@ -449,9 +464,16 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
       groups.push_back(p);
     }
     met.rollout_weight_version = weight_version;
-    const std::vector<double> rewards = task->score(samples);
+    // A launched job scores on rank 0 alone (a reward command runs once) and broadcasts the
+    // rewards' bytes.
+    std::vector<double> rewards =
+        job && job->rank() != 0 ? std::vector<double>(samples.size()) : task->score(samples);
     LS_CHECK(rewards.size() == samples.size(), kOp, "the task returned ", rewards.size(),
              " rewards for ", samples.size(), " samples");
+    if (job)
+      job->broadcast(TensorView::contiguous(rewards.data(), DType::kU8,
+                                            {int64_t(rewards.size() * sizeof(double))}),
+                     0);
     double rs = 0, rq = 0;
     for (double r : rewards) rs += r;
     met.reward_mean = rs / double(rewards.size());
@@ -504,8 +526,9 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
         met.max_staleness = std::max(met.max_staleness, lag);
       }
       // The mini-batch's forwards, loss and backward into gradients: on the simulated-TP model
-      // (comm null), or as rank comm->rank() of a rank-local job (train_rank_threads: one thread
-      // per rank, each with its own copies of seqs / met / train_tokens; rank 0's are kept).
+      // (comm null), or as rank comm->rank() of a rank-local job (threads: one thread per rank,
+      // each with its own copies of seqs / met / train_tokens, rank 0's are kept; launch: this
+      // process's rank of the job).
       // `tick` times phases (rank 0 only in a job).
       auto train_minibatch = [&](dist::Communicator* comm, std::vector<TrainSeq>& seqs,
                                  GrpoStepMetrics& met, int64_t& train_tokens) {
@@ -675,8 +698,10 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
       };
       Weights gathered;  // rank-local: the gradients of every rank's blocks
       std::unique_ptr<Gradients> grads;
-      if (!cfg.train_rank_threads) {
+      if (cfg.train_ranks == RankMode::kSimulated) {
         grads = train_minibatch(nullptr, seqs, met, train_tokens);
+      } else if (cfg.train_ranks == RankMode::kLaunch) {
+        gathered = train_minibatch(job, seqs, met, train_tokens)->gather();
       } else {
         std::vector<TrainSeq> seqs0;
         GrpoStepMetrics met0;
@@ -711,9 +736,12 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
     // The step's weights on the host (the sha256, checkpoints, the result): one copy per step.
     host = adam->bf16_weights_host();
     met.weights_sha256 = weights_sha256(host);
+    if (job)
+      check_same_sha256_on_every_rank(*job, met.weights_sha256,
+                                      "grpo step " + std::to_string(step) + ": the weights");
     lap(met.hash_s);
     met.step_s = seconds_since(t_step);
-    if (!cfg.checkpoint_dir.empty() &&
+    if (writes && !cfg.checkpoint_dir.empty() &&
         ((cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0) ||
          step + 1 == cfg.steps))
       save_checkpoint(cfg, mcfg, *adam, host, step + 1);

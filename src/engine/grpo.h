@@ -17,6 +17,7 @@
 #include "engine/default_model.h"
 #include "engine/optim.h"
 #include "engine/policy_loss.h"
+#include "engine/ranks.h"
 #include "engine/rollout.h"
 #include "engine/tasks.h"
 #include "lockstep/contract/config.h"
@@ -42,10 +43,13 @@ struct GrpoConfig {
   uint64_t seed = 1;
   ContractConfig contract;
   int rollout_tp = 2, train_tp = 1;
-  // Training side (forwards, backward) as train_tp rank-local ranks on threads over the thread
-  // transport (docs/dist.md), their gradient blocks gathered for AdamW; false: the simulated TP.
-  // The same bits either way (not a setting of the bits). Invariant CPU kernels, train_tp > 1.
-  bool train_rank_threads = false;
+  // How the training side's (forwards, backward) TP ranks run (docs/dist.md): simulated (one
+  // model combines them); threads (train_tp rank-local ranks on threads over the thread
+  // transport); launch (this process is one rank of a job of train_tp processes, the
+  // GrpoDevice's train_job). Rank-local ranks gather their gradient blocks for the one AdamW. The
+  // same bits in every mode (not a setting of the bits). Rank-local: invariant CPU kernels,
+  // train_tp > 1.
+  RankMode train_ranks = RankMode::kSimulated;
   int64_t micro_batch_tokens = 512;
   int64_t mini_batches = 1;  // optimizer steps per rollout batch (PPO mini-batches)
   bool baseline = false;     // ordinary (non-invariant) kernels for rollout and training forward
@@ -141,6 +145,13 @@ struct GrpoDevice {
   std::function<std::unique_ptr<GrpoOptimizer>(const Weights&, const AdamWConfig&)> adamw;
   std::function<std::unique_ptr<GrpoOptimizer>(const Weights&, const AdamWConfig&)>
       adamw_from_state;
+  // cfg.train_ranks == kLaunch: this process's rank of the training job (train_tp processes, e.g.
+  // started by `lockstep launch`), nullptr otherwise. Every rank runs run_grpo with the same
+  // arguments: the warm-up, the rollout and AdamW (on the gathered gradients) alike on every
+  // rank, the training side as its rank; rank 0 alone scores the samples (a reward command runs
+  // once) and broadcasts the rewards, and alone writes checkpoints. Every step's weights are
+  // checked equal on every rank (their sha256).
+  dist::Communicator* train_job = nullptr;
 };
 
 // The CPU: the invariant and baseline CPU backends and engine::AdamW.

@@ -72,8 +72,8 @@ TEST(Audit, RankLocalSidesOnThreadsHaveZeroMismatches) {
     c.max_new_tokens = 12;
     c.rollout_tp = rtp;
     c.train_tp = ttp;
-    c.rollout_rank_threads = rtp > 1;
-    c.train_rank_threads = ttp > 1;
+    c.rollout_ranks = rtp > 1 ? RankMode::kThreads : RankMode::kSimulated;
+    c.train_ranks = ttp > 1 ? RankMode::kThreads : RankMode::kSimulated;
     c.rollout.scheduler.prefix_sharing = true;
     c.rollout.step.cascade = true;
     c.rollout.step.kv_splits = 2;
@@ -93,13 +93,13 @@ TEST(Audit, RankLocalSidesOnThreadsHaveZeroMismatches) {
   }
   AuditConfig one = small_config();
   one.rollout_tp = 1;
-  one.rollout_rank_threads = true;
+  one.rollout_ranks = RankMode::kThreads;
   EXPECT_NE(
       error_of([&] { one.validate(); }).find("--rollout-ranks threads needs --rollout-tp > 1"),
       std::string::npos);
-  one.rollout_rank_threads = false;
+  one.rollout_ranks = RankMode::kSimulated;
   one.train_tp = 1;
-  one.train_rank_threads = true;
+  one.train_ranks = RankMode::kThreads;
   EXPECT_NE(error_of([&] { one.validate(); }).find("--train-ranks threads needs --train-tp > 1"),
             std::string::npos);
 }

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -46,18 +47,71 @@ std::string parse_error(const std::vector<std::string>& args) {
 }
 
 TEST(CliEngineFlags, RolloutRanks) {
-  EXPECT_FALSE(parse_engine_args({}).cfg.rollout_rank_threads);
-  EXPECT_TRUE(parse_engine_args({"--rollout-ranks", "threads"}).cfg.rollout_rank_threads);
-  EXPECT_FALSE(parse_engine_args({"--rollout-ranks", "simulated"}).cfg.rollout_rank_threads);
+  using engine::RankMode;
+  EXPECT_EQ(parse_engine_args({}).cfg.rollout_ranks, RankMode::kSimulated);
+  EXPECT_EQ(parse_engine_args({"--rollout-ranks", "threads"}).cfg.rollout_ranks,
+            RankMode::kThreads);
+  EXPECT_EQ(parse_engine_args({"--rollout-ranks", "launch"}).cfg.rollout_ranks, RankMode::kLaunch);
+  EXPECT_EQ(parse_engine_args({"--rollout-ranks", "simulated"}).cfg.rollout_ranks,
+            RankMode::kSimulated);
   EXPECT_NE(parse_error({"--rollout-ranks", "processes"}).find("--rollout-ranks"),
             std::string::npos);
   EXPECT_NE(parse_error({"--rollout-ranks", "threads", "--rollout-tp", "1"})
                 .find("--rollout-ranks threads needs --rollout-tp > 1"),
             std::string::npos);
-  EXPECT_TRUE(
-      parse_engine_args({"--train-ranks", "threads", "--train-tp", "2"}).cfg.train_rank_threads);
+  EXPECT_NE(parse_error({"--rollout-ranks", "launch", "--rollout-tp", "1"})
+                .find("--rollout-ranks launch needs --rollout-tp > 1"),
+            std::string::npos);
+  EXPECT_EQ(parse_engine_args({"--train-ranks", "threads", "--train-tp", "2"}).cfg.train_ranks,
+            RankMode::kThreads);
+  EXPECT_EQ(parse_engine_args({"--train-ranks", "launch", "--train-tp", "2"}).cfg.train_ranks,
+            RankMode::kLaunch);
   EXPECT_NE(parse_error({"--train-ranks", "threads"}).find("--train-ranks threads needs"),
             std::string::npos);
+  // Both sides launched: one job, one TP degree.
+  EXPECT_NE(parse_error({"--rollout-ranks", "launch", "--train-ranks", "launch", "--train-tp", "4"})
+                .find("need --rollout-tp == --train-tp, got 2 and 4"),
+            std::string::npos);
+  EXPECT_EQ(
+      parse_engine_args({"--rollout-ranks", "launch", "--train-ranks", "launch", "--train-tp", "2"})
+          .cfg.train_ranks,
+      RankMode::kLaunch);
+}
+
+// --rollout-ranks / --train-ranks launch: the job from the environment `lockstep launch` sets,
+// with WORLD_SIZE equal to the side's TP degree; errors name the flags, the numbers and the fix.
+TEST(CliEngineFlags, LaunchedRanksReadTheJobFromTheEnvironment) {
+  std::map<std::string, std::string> env = {
+      {"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCKSTEP_JOB_ID", "job-x"}};
+  auto getenv = [&](const char* name) -> const char* {
+    const auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  };
+  const dist::ProcessGroupSpec spec =
+      launched_job_spec("--rollout-ranks launch", "--rollout-tp", 2, getenv);
+  EXPECT_EQ(spec.rank, 1);
+  EXPECT_EQ(spec.world_size, 2);
+  EXPECT_EQ(spec.job_id, "job-x");
+  auto error = [&](int tp) {
+    try {
+      launched_job_spec("--train-ranks launch", "--train-tp", tp, getenv);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("<no error>");
+  };
+  EXPECT_EQ(error(4),
+            "--train-ranks launch: the job has WORLD_SIZE=2 ranks but --train-tp is 4: run it "
+            "under `lockstep launch --nproc 4` (one process per TP rank, --train-tp 4)");
+  env.erase("WORLD_SIZE");
+  const std::string missing = error(2);
+  EXPECT_NE(missing.find("--train-ranks launch: this process is one rank of a job: run it under "
+                         "`lockstep launch --nproc 2`"),
+            std::string::npos)
+      << missing;
+  EXPECT_NE(missing.find("WORLD_SIZE is not set"), std::string::npos) << missing;
+  env["WORLD_SIZE"] = "two";
+  EXPECT_NE(error(2).find("WORLD_SIZE: expected a decimal integer, got 'two'"), std::string::npos);
 }
 
 TEST(CliEngineFlags, DefaultsAndFlags) {

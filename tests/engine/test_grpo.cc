@@ -222,7 +222,7 @@ TEST(Grpo, RankLocalTrainingGivesTheSimulatedWeightsEveryStep) {
       g.mini_batches = 2;
       g.steps = 2;
       const GrpoRun sim = run(g);
-      g.train_rank_threads = true;
+      g.train_ranks = RankMode::kThreads;
       const GrpoRun ranks = run(g);
       ASSERT_EQ(ranks.steps.size(), sim.steps.size());
       for (size_t i = 0; i < sim.steps.size(); ++i) {
@@ -235,7 +235,7 @@ TEST(Grpo, RankLocalTrainingGivesTheSimulatedWeightsEveryStep) {
     }
   }
   GrpoConfig bad = small_run();
-  bad.train_rank_threads = true;  // train_tp 1
+  bad.train_ranks = RankMode::kThreads;  // train_tp 1
   lockstep::test::expect_error_mentioning([&] { run(bad); },
                                           "train ranks on threads need train_tp > 1");
   bad.train_tp = 2;
