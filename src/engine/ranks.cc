@@ -24,7 +24,7 @@ const char* rank_mode_name(RankMode m) {
 void check_same_sha256_on_every_rank(dist::Communicator& job, const std::string& sha256,
                                      const std::string& what) {
   constexpr int64_t kHex = 64;
-  LS_CHECK(int64_t(sha256.size()) == kHex, what, ": expected a sha256 of 64 hex digits, got '",
+  LS_CHECK(int64_t(sha256.size()) == kHex, what, "expected a sha256 of 64 hex digits, got '",
            sha256, "'");
   const int n = job.size();
   std::vector<char> all(size_t(n) * size_t(kHex));
@@ -35,7 +35,7 @@ void check_same_sha256_on_every_rank(dist::Communicator& job, const std::string&
     if (std::memcmp(all.data() + size_t(r) * size_t(kHex), all.data(), size_t(kHex)) != 0)
       differ += (differ.empty() ? "" : ", ") + std::to_string(r);
   LS_CHECK(differ.empty(), what,
-           ": the ranks of the job disagree (rank-local models must compute the same bits on "
+           "the ranks of the job disagree (rank-local models must compute the same bits on "
            "every rank): ranks [",
            differ, "] differ from rank 0 (sha256 ", std::string(all.data(), size_t(kHex)), ")");
 }

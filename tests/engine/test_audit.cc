@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/thread_transport.h"
 #include "engine/audit.h"
 #include "engine/rollout_test_util.h"
 #include "lockstep/error.h"
@@ -101,6 +102,124 @@ TEST(Audit, RankLocalSidesOnThreadsHaveZeroMismatches) {
   one.train_tp = 1;
   one.train_ranks = RankMode::kThreads;
   EXPECT_NE(error_of([&] { one.validate(); }).find("--train-ranks threads needs --train-tp > 1"),
+            std::string::npos);
+}
+
+// A job's communicator that counts the collectives made over it.
+class CountingCommunicator : public dist::Communicator {
+ public:
+  explicit CountingCommunicator(dist::Communicator& c) : c_(c) {}
+  int rank() const override { return c_.rank(); }
+  int size() const override { return c_.size(); }
+  const dist::CommOptions& options() const override { return c_.options(); }
+  void all_gather(const TensorView& send, const TensorView& recv) override {
+    ++calls;
+    c_.all_gather(send, recv);
+  }
+  void broadcast(const TensorView& buf, int root) override {
+    ++calls;
+    c_.broadcast(buf, root);
+  }
+  void barrier() override {
+    ++calls;
+    c_.barrier();
+  }
+  int64_t calls = 0;
+
+ private:
+  dist::Communicator& c_;
+};
+
+// A side run as one rank of a launched job (RankMode::kLaunch): every rank of the job calls
+// run_audit_side with its communicator. The engine does not care which transport the job is on
+// (the command line's is the process transport, tests/engine/test_cli.cc Launch.*); here the
+// ranks are threads. Every rank returns the simulated run's records, bit for bit (by their sha256,
+// whose inputs are the records' fp32 bit patterns), and the same comparison.
+TEST(Audit, LaunchedSidesGiveTheSimulatedBitsOnEveryRank) {
+  for (auto [rollout, train] : {std::pair{RankMode::kLaunch, RankMode::kSimulated},
+                                std::pair{RankMode::kSimulated, RankMode::kLaunch},
+                                std::pair{RankMode::kLaunch, RankMode::kLaunch}}) {
+    AuditConfig c = small_config();
+    c.rollout_tp = 2;
+    c.train_tp = 2;
+    c.rollout.kv.num_pages = audit_auto_kv_pages(c);
+    const AuditSide sim = run(c);
+    c.rollout_ranks = rollout;
+    c.train_ranks = train;
+    SCOPED_TRACE(c.rollout_string() + " | training " + c.training_string());
+    std::vector<AuditSide> sides(2);
+    std::vector<int64_t> calls(2);
+    dist::run_ranks(2, [&](dist::Communicator& c2) {
+      CountingCommunicator job(c2);
+      sides[size_t(job.rank())] = run_audit_side(c, factory(c.contract), invariant(), {}, &job);
+      calls[size_t(job.rank())] = job.calls;
+    });
+    EXPECT_EQ(sim.rollout_sha256.size(), 64u);
+    // The launched sides' models exchanged their parts over the job: more collectives than the
+    // one digest check per launched side.
+    EXPECT_GT(calls[0], 2);
+    EXPECT_EQ(calls[0], calls[1]);
+    for (const AuditSide& s : sides) {
+      EXPECT_EQ(s.rollout_sha256, sim.rollout_sha256);
+      EXPECT_EQ(s.train_sha256, sim.train_sha256);
+      EXPECT_EQ(s.tokens_compared, sim.tokens_compared);
+      EXPECT_GT(s.tokens_compared, 0);
+      EXPECT_EQ(s.mismatches, 0);
+      EXPECT_EQ(s.entropy_mismatches, 0);
+    }
+  }
+  // The job must be there, of the side's TP degree.
+  AuditConfig c = small_config();
+  c.rollout.kv.num_pages = audit_auto_kv_pages(c);
+  c.rollout_ranks = RankMode::kLaunch;  // rollout_tp 2
+  EXPECT_NE(error_of([&] {
+              run_audit_side(c, factory(c.contract), invariant());
+            }).find("--rollout-ranks launch: this process is not a rank of a job"),
+            std::string::npos);
+  c.rollout_ranks = RankMode::kSimulated;
+  c.train_tp = 2;
+  c.train_ranks = RankMode::kLaunch;
+  std::vector<std::string> errors(4);
+  dist::run_ranks(4, [&](dist::Communicator& job) {
+    errors[size_t(job.rank())] =
+        error_of([&] { run_audit_side(c, factory(c.contract), invariant(), {}, &job); });
+  });
+  for (const std::string& e : errors)
+    EXPECT_NE(e.find("--train-ranks launch: the job has 4 ranks, but --train-tp is 2"),
+              std::string::npos)
+        << e;
+  c.rollout_ranks = RankMode::kLaunch;
+  c.train_tp = 4;
+  EXPECT_NE(error_of([&] { c.validate(); })
+                .find("--rollout-ranks launch and --train-ranks launch run both sides on the ranks "
+                      "of one job: they need --rollout-tp == --train-tp, got 2 and 4"),
+            std::string::npos);
+  c.rollout_tp = 1;
+  EXPECT_NE(error_of([&] { c.validate(); }).find("--rollout-ranks launch needs --rollout-tp > 1"),
+            std::string::npos);
+}
+
+// How a launched job's ranks check that they agree: one all_gather of their digests; a rank that
+// differs fails every rank with the same message, naming it.
+TEST(Audit, LaunchedRanksCheckTheirDigestsAgree) {
+  const std::string a(64, 'a'), b(64, 'b');
+  dist::run_ranks(
+      3, [&](dist::Communicator& job) { check_same_sha256_on_every_rank(job, a, "the records"); });
+  std::vector<std::string> errors(3);
+  dist::run_ranks(3, [&](dist::Communicator& job) {
+    errors[size_t(job.rank())] = error_of(
+        [&] { check_same_sha256_on_every_rank(job, job.rank() == 2 ? b : a, "the records"); });
+  });
+  for (const std::string& e : errors)
+    EXPECT_EQ(e,
+              "the records: the ranks of the job disagree (rank-local models must compute the "
+              "same bits on every rank): ranks [2] differ from rank 0 (sha256 " +
+                  a + ")");
+  EXPECT_NE(error_of([&] {
+              dist::run_ranks(2, [&](dist::Communicator& job) {
+                check_same_sha256_on_every_rank(job, "abc", "the records");
+              });
+            }).find("the records: expected a sha256 of 64 hex digits, got 'abc'"),
             std::string::npos);
 }
 

@@ -757,6 +757,205 @@ TEST(Launch, FailingRankStopsTheOthersAndNamesItself) {
   EXPECT_LT(seconds_since(t0), 60.0);  // none of them waited for its sleep
 }
 
+// ----- rank-local models under lockstep launch (--rollout-ranks / --train-ranks launch) -----
+
+// The lines of rank `rank` in a launch's output, without their label.
+std::vector<std::string> rank_lines(const std::string& out, int rank) {
+  const std::string label = "[rank " + std::to_string(rank) + "] ";
+  std::vector<std::string> lines;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(label, 0) == 0) lines.push_back(line.substr(label.size()));
+  return lines;
+}
+
+// The audit's JSON object: the one line of `out` (a plain run's, or rank 0's of a launch) that
+// starts with '{'.
+nlohmann::json audit_json(const std::string& out, bool launched) {
+  const std::vector<std::string> lines = launched ? rank_lines(out, 0) : [&] {
+    std::vector<std::string> all;
+    std::istringstream in(out);
+    for (std::string line; std::getline(in, line);) all.push_back(line);
+    return all;
+  }();
+  for (const std::string& line : lines)
+    if (!line.empty() && line[0] == '{') return nlohmann::json::parse(line);
+  ADD_FAILURE() << "no JSON object in:\n" << out;
+  return nlohmann::json::object();
+}
+
+// What must be equal whatever the rank mode: each column's comparison and its records' digests
+// (sha256 of every record's tokens and fp32 log-prob, logsumexp and entropy bit patterns).
+void expect_same_audit(const nlohmann::json& a, const nlohmann::json& b) {
+  for (const char* key : {"tokens_compared", "mismatches", "entropy_mismatches", "sequences",
+                          "generated_tokens", "rollout_sha256", "train_sha256", "passed"})
+    EXPECT_EQ(a[key], b[key]) << key;
+  EXPECT_EQ(a["rollout_sha256"].get<std::string>().size(), 64u);
+  ASSERT_TRUE(a.contains("baseline") && b.contains("baseline"));
+  for (const char* key : {"tokens_compared", "mismatches", "rollout_sha256", "train_sha256"})
+    EXPECT_EQ(a["baseline"][key], b["baseline"][key]) << "baseline " << key;
+}
+
+// `lockstep launch --nproc 2 -- lockstep audit --*-ranks launch`: one rank-local model per
+// process over the process transport gives the simulated TP's and the threads' bits (invariant
+// and baseline columns), for the rollout side, the training side and both; rank 0 alone prints
+// (progress lines included), and the report says how the ranks ran.
+TEST(Launch, AuditRanksAsProcessesGiveTheSimulatedAndThreadsBits) {
+  const std::string audit =
+      "audit --prompts 2 --group 2 --max-new-tokens 6 --prompt-len 8:40 "
+      "--threads 1 --json --model '" +
+      score_inputs().model + "' ";
+  const std::string launch =
+      "launch --nproc 2 --timeout 120 -- '" + std::string(LOCKSTEP_CLI) + "' " + audit;
+  struct Case {
+    std::string tp, simulated, threads, launched;
+  };
+  for (const Case& c :
+       {Case{"--rollout-tp 2 ", "", "--rollout-ranks threads", "--rollout-ranks launch"},
+        Case{"--train-tp 2 ", "", "--train-ranks threads", "--train-ranks launch"},
+        Case{"--rollout-tp 2 --train-tp 2 ", "", "--rollout-ranks threads --train-ranks threads",
+             "--rollout-ranks launch --train-ranks launch"}}) {
+    SCOPED_TRACE(c.tp + c.launched);
+    const Result sim = lockstep(audit + "--quiet " + c.tp + c.simulated);
+    const Result thr = lockstep(audit + "--quiet " + c.tp + c.threads);
+    const Result lau = lockstep(launch + c.tp + c.launched);
+    ASSERT_EQ(sim.rc, 0) << sim.out;
+    ASSERT_EQ(thr.rc, 0) << thr.out;
+    ASSERT_EQ(lau.rc, 0) << lau.out;
+    const nlohmann::json js = audit_json(sim.out, false), jl = audit_json(lau.out, true);
+    expect_same_audit(js, audit_json(thr.out, false));
+    expect_same_audit(js, jl);
+    EXPECT_GT(js["tokens_compared"].get<int64_t>(), 0);
+    EXPECT_EQ(js["mismatches"], 0);
+    EXPECT_TRUE(rank_lines(lau.out, 1).empty()) << "rank 1 printed:\n" << lau.out;
+    EXPECT_NE(lau.out.find("[rank 0] [invariant] rollout: step"), std::string::npos) << lau.out;
+    const bool rollout = c.launched.find("--rollout-ranks") != std::string::npos;
+    const bool train = c.launched.find("--train-ranks") != std::string::npos;
+    EXPECT_EQ(jl["rollout"]["ranks"], rollout ? "launch" : "simulated");
+    EXPECT_EQ(jl["training"]["ranks"], train ? "launch" : "simulated");
+    EXPECT_NE(jl["devices"].get<std::string>().find("2 processes (lockstep launch)"),
+              std::string::npos);
+  }
+}
+
+// A rank's job comes from `lockstep launch`: a wrong WORLD_SIZE and a missing environment are
+// clear errors naming the flags, the numbers and the command to run; a rank that fails ends the
+// whole job at once; a mismatch or an error makes every rank's exit status non-zero.
+TEST(Launch, AuditRanksNeedTheirJobAndEveryRankFails) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string cli = "'" + std::string(LOCKSTEP_CLI) + "'";
+  const std::string audit =
+      "audit --prompts 2 --group 2 --max-new-tokens 6 --prompt-len 8:40 "
+      "--threads 1 --quiet --model '" +
+      score_inputs().model + "' ";
+  const Result wrong = lockstep("launch --nproc 3 -- " + cli + " " + audit +
+                                "--rollout-tp 2 --rollout-ranks launch");
+  // Every rank fails alike; the launcher may stop the others before they print.
+  EXPECT_EQ(wrong.rc, 1) << wrong.out;
+  EXPECT_NE(wrong.out.find("] lockstep audit: error: --rollout-ranks launch: the job has "
+                           "WORLD_SIZE=3 ranks but --rollout-tp is 2: run it under `lockstep "
+                           "launch --nproc 2` (one process per TP rank, --rollout-tp 2)"),
+            std::string::npos)
+      << wrong.out;
+  const std::string no_job =
+      "env -u RANK -u WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE -u "
+      "LOCKSTEP_JOB_ID -u MASTER_ADDR -u MASTER_PORT";
+  for (const char* flags : {"--rollout-ranks launch", "--train-tp 4 --train-ranks launch"}) {
+    const Result r = lockstep(audit + flags, no_job);
+    EXPECT_EQ(r.rc, 2) << r.out;
+    EXPECT_NE(r.out.find("lockstep audit: error: " +
+                         std::string(flags).substr(std::string(flags).rfind("--")) +
+                         ": this process is one rank of a job: run it under `lockstep launch "
+                         "--nproc "),
+              std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find("WORLD_SIZE is not set"), std::string::npos) << r.out;
+  }
+  EXPECT_RUN(lockstep("grpo --steps 1 --sft-steps 0 --train-tp 2 --train-ranks launch", no_job), 2,
+             "lockstep grpo: error: --train-ranks launch: this process is one rank of a job: run "
+             "it under `lockstep launch --nproc 2` (one process per TP rank, --train-tp 2)");
+
+  // Rank 1 fails after joining (its model does not exist): the job ends, naming it.
+  const Result failed = lockstep(
+      "launch --nproc 2 -- sh -c 'if [ $RANK = 1 ]; then set -- --model /nonexistent/model; fi; "
+      "exec \"$0\" audit --prompts 2 --group 2 --max-new-tokens 6 --threads 1 --quiet "
+      "--rollout-ranks launch \"$@\"' " +
+      cli);
+  EXPECT_EQ(failed.rc, 1) << failed.out;
+  EXPECT_NE(failed.out.find("[rank 1] lockstep audit: error: checkpoint /nonexistent/model"),
+            std::string::npos)
+      << failed.out;
+  EXPECT_NE(failed.out.find("lockstep launch: failed: rank 1 (pid "), std::string::npos)
+      << failed.out;
+
+  // Every rank's own exit status: 1 on a mismatch (the baseline kernels at train TP 2 differ from
+  // the rollout's), 2 when rank 0 cannot write its report (the final barrier fails rank 1 too).
+  const std::string each = "launch --nproc 2 -- sh -c '\"$0\" " + audit +
+                           "--train-tp 2 --train-ranks launch --baseline %s; echo \"exit status "
+                           "$?\"' " +
+                           cli;
+  auto with = [&](const std::string& extra) {
+    std::string cmd = each;
+    cmd.replace(cmd.find("%s"), 2, extra);
+    return lockstep(cmd);
+  };
+  const Result mismatch = with("--json > /dev/null");
+  ASSERT_EQ(mismatch.rc, 0) << mismatch.out;
+  EXPECT_EQ(rank_lines(mismatch.out, 0), std::vector<std::string>{"exit status 1"}) << mismatch.out;
+  EXPECT_EQ(rank_lines(mismatch.out, 1), std::vector<std::string>{"exit status 1"}) << mismatch.out;
+  const Result full = with("> /dev/full");
+  ASSERT_EQ(full.rc, 0) << full.out;
+  EXPECT_NE(full.out.find("[rank 0] lockstep audit: error: writing standard output"),
+            std::string::npos)
+      << full.out;
+  EXPECT_NE(full.out.find("[rank 1] lockstep audit: error: barrier: rank 1: rank 0 failed: "
+                          "writing standard output"),
+            std::string::npos)
+      << full.out;
+  EXPECT_NE(full.out.find("[rank 0] exit status 2"), std::string::npos) << full.out;
+  EXPECT_NE(full.out.find("[rank 1] exit status 2"), std::string::npos) << full.out;
+  EXPECT_LT(seconds_since(t0), 60.0);
+}
+
+// `lockstep grpo --train-ranks launch`: the training side as one rank-local rank per process;
+// every step's weights equal the simulated run's; the reward command runs once per step (rank 0
+// scores and broadcasts); rank 1 prints nothing.
+TEST(Launch, GrpoTrainRanksAsProcessesGiveTheSimulatedWeights) {
+  const TempDir d("grpo_launch");
+  const std::string calls = (d.path / "calls").string();
+  const std::string grpo =
+      "grpo --steps 2 --sft-steps 1 --prompts 2 --group 2 --threads 1 --train-tp 2 --lr 0.01 "
+      "--json --reward-command \"echo run >> '" +
+      calls + "'; awk '{print NR % 2}'\" ";
+  auto shas = [](const std::vector<std::string>& lines) {
+    std::vector<std::string> out;
+    for (const std::string& line : lines)
+      if (line.rfind("{\"step\": ", 0) == 0)
+        out.push_back(nlohmann::json::parse(line)["weights_sha256"].get<std::string>());
+    return out;
+  };
+  auto lines_of = [](const std::string& text) {
+    std::vector<std::string> lines;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    return lines;
+  };
+  const Result sim = lockstep(grpo);
+  ASSERT_EQ(sim.rc, 0) << sim.out;
+  const std::vector<std::string> want = shas(lines_of(sim.out));
+  ASSERT_EQ(want.size(), 2u) << sim.out;
+  EXPECT_NE(want[0], want[1]) << "the rewards did not change the weights";
+  fs::remove(calls);
+  const Result lau = lockstep("launch --nproc 2 --timeout 120 -- '" + std::string(LOCKSTEP_CLI) +
+                              "' " + grpo + "--train-ranks launch");
+  ASSERT_EQ(lau.rc, 0) << lau.out;
+  EXPECT_EQ(shas(rank_lines(lau.out, 0)), want) << lau.out;
+  EXPECT_TRUE(rank_lines(lau.out, 1).empty()) << lau.out;
+  std::ifstream in(calls);
+  const std::string ran((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(ran, "run\nrun\n") << "the reward command ran other than once per step";
+}
+
 TEST(Launch, BadUsageIsAClearError) {
   EXPECT_RUN(lockstep("launch"), 2, "--nproc is required");
   EXPECT_RUN(lockstep("launch --nproc 0 -- true"), 2,
