@@ -174,7 +174,9 @@ void add_contract_options(CLI::App& app, ContractConfig& c) {
 }
 
 void add_threads_option(CLI::App& app, int& threads) {
-  app.add_option("--threads", threads, "CPU threads (bits never depend on it) [all cores]")
+  app.add_option("--threads", threads,
+                 "CPU threads (bits never depend on it) [all cores; a rank of a launched job: "
+                 "cores / WORLD_SIZE]")
       ->transform(int_in(1, 1024))
       ->type_name("N")
       ->group("run");
