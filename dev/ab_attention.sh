@@ -6,7 +6,8 @@
 # (alternated, so clock drift hits all alike), then each variant's test_parity --filter attention.
 #   device: run(command="bash dev/ab_attention.sh .base .v1 .v2", carry=[".base", ".v1", ".v2",
 #           "build-gpu-pack"])
-# Env: ROUNDS (default 2), PARTS ("fwd bwd parity", default all).
+# Env: ROUNDS (default 2), PARTS ("fwd bwd parity", default all), FWD_ARGS (e.g. --quick),
+# SDPA=0 (skip the peers: variants against each other only).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -17,11 +18,11 @@ ROUNDS=${ROUNDS:-2}
 PARTS=${PARTS:-fwd bwd parity}
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader
-if has fwd; then
+if has fwd && [ "${SDPA:-1}" != 0 ]; then
   timeout 120 python3 bench/cuda/attention_sdpa.py --out "$OUT/sdpa.csv" >"$OUT/sdpa.log" 2>&1 ||
     echo "attention_sdpa.py failed: $(tail -2 "$OUT/sdpa.log")"
 fi
-if has bwd; then
+if has bwd && [ "${SDPA:-1}" != 0 ]; then
   timeout 120 python3 bench/cuda/attention_bwd_sdpa.py --out "$OUT/sdpa_bwd.csv" >"$OUT/sdpa_bwd.log" 2>&1 ||
     echo "attention_bwd_sdpa.py failed: $(tail -2 "$OUT/sdpa_bwd.log")"
 fi
@@ -29,7 +30,7 @@ for r in $(seq "$ROUNDS"); do
   for v in "$@"; do
     n=${v#.}
     if has fwd; then
-      timeout 150 "$v/bench_attention" --sdpa "$OUT/sdpa.csv" >"$OUT/fwd_${n}_$r.txt" 2>&1 || echo "$v bench_attention failed"
+      timeout 150 "$v/bench_attention" ${FWD_ARGS:-} --sdpa "$OUT/sdpa.csv" >"$OUT/fwd_${n}_$r.txt" 2>&1 || echo "$v bench_attention failed"
       echo "fwd $n round $r: $(awk '$1 ~ /^[0-9]+$/ && NF >= 10 {printf "seq %s chunk %s: %s TF/s (%s cuDNN)  ", $1, $4, $6, $10}' "$OUT/fwd_${n}_$r.txt")"
     fi
     if has bwd; then

@@ -35,6 +35,16 @@ __device__ __forceinline__ uint64_t sw128_mn_desc(uint32_t addr) {
   return d;
 }
 
+// Both descriptors above have the same high word (SBO 1024, 128B swizzle); only the low word
+// (start address >> 4, and the LBO) varies. A k-block's descriptor is its tile's low word plus the
+// k-block's byte offset >> 4 (shared addresses stay below 2^18: the 14-bit start field never
+// carries into the LBO), so a kernel that keeps tile low words needs one 32-bit add and the
+// constant per operand instead of a 64-bit descriptor build.
+constexpr uint32_t kSw128DescHi = 0x40000040u;
+__device__ __forceinline__ uint64_t sw128_desc_lo(uint32_t lo) {
+  return (uint64_t(kSw128DescHi) << 32) | lo;
+}
+
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }

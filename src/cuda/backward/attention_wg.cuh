@@ -8,8 +8,8 @@
 // warpgroup c owns the 64 keys kc = j0 + 64c … (their dK, dV chains stay in its registers, 128 per
 // thread). Warp 0 loads K and V of the 128 keys once (TMA) and then, in-line, for the group's query
 // heads e ascending and per head the 64-row query tiles i0 = j0, j0 + 64, … to the sequence end,
-// Q, dO (TMA) and λ, δ (cp.async) into kStages ring slots. Per tile with i0 ≥ kc (the chain's rows
-// start at kc: §B.9's 64·⌊j/64⌋), each warpgroup:
+// Q, dO (TMA) and λ, δ (cp.async) into kKvStages ring slots. Per tile with i0 ≥ kc (the chain's
+// rows start at kc: §B.9's 64·⌊j/64⌋), each warpgroup:
 //   1. Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: 8 wgmma m64n64k16 each (keys × rows; A = K / V, B = Q / dO, all
 //      K-major), chains over D from +0 (scale-d = 0 on k-block 0): the score bits of §A.4 step 1.
 //   2. P = exp2(s ⊗ σ ⊖ λ) (exp2_mma: exp2_bits's bits), Pb = bf16 (masked: +0); dV += Pbᵀ·dO:
@@ -37,7 +37,8 @@
 // operand makes the MMA's result 0x7fffffff whatever its payload, §M.1).
 //
 // NOTE: what was measured and tried (interleaving a tile's dK / dQ behind the next scores,
-// FA3-style ping-pong turns: both slower) is in docs/perf.md, 2026-12-04 (sessions 16, 17).
+// FA3-style ping-pong turns: both slower; the ring of 4 slots: faster) is in docs/perf.md,
+// 2026-12-04 (sessions 16, 17) and 2026-12-06 (session 19).
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only)
@@ -76,7 +77,12 @@ constexpr int kWide = 128;  // keys (dkdv) / rows (dq) per CTA: two warpgroups
 // the consumers come first (a warpgroup is 4 warps from a multiple of 4). dkdv: kKvThreads below.
 constexpr int kConsumers = 256;
 constexpr int kThreads = kConsumers + 32;
-constexpr int kStages = 3;               // ring slots
+constexpr int kStages = 3;  // ring slots (dq)
+// dkdv: 4 ring slots, loaded 2 steps ahead, so warp 0 refills the slot of step s - 2 (which both
+// warpgroups have long released) rather than of step s - 1 (which made warpgroup 0 wait for
+// warpgroup 1 to finish its step before starting its own).
+constexpr int kKvStages = 4;
+constexpr int kKvAhead = 2;
 constexpr int kBox64 = kBlk * 64 * 2;    // one box: 64 columns x 64 rows (8 KB)
 constexpr int kBox128 = kWide * 64 * 2;  // one box: 64 columns x 128 rows (16 KB)
 constexpr int kTile64 = 2 * kBox64;      // [64, 128] bf16: two boxes
@@ -87,7 +93,7 @@ constexpr int kTile128 = 2 * kBox128;    // [128, 128] bf16: two boxes
 constexpr int kKvStage = 2 * kTile64;
 constexpr int kLdStage = 2 * kBlk * 4;
 constexpr int kKvSmem =
-    2 * kTile128 + kStages * (kKvStage + kLdStage) + 8 * (2 * kStages + 1) + 1024;
+    2 * kTile128 + kKvStages * (kKvStage + kLdStage) + 8 * (2 * kKvStages + 1) + 1024;
 // dq: Q, dO of the CTA (128 rows each), then per stage K, V (64 keys each).
 constexpr int kQStage = 2 * kTile64;
 constexpr int kQSmem = 2 * kTile128 + kStages * kQStage + 8 * (2 * kStages + 1) + 1024;
@@ -123,37 +129,44 @@ __device__ __forceinline__ void zero_rows(uint8_t* box, int boxes, int rows, int
         make_uint4(0u, 0u, 0u, 0u);
   }
 }
-// K-major descriptor of k-block kb (16 d) of a [rows, 128] operand stored as two boxes `box`
-// bytes apart, from the descriptor of its start d0 (the start address is the descriptor's low
-// field, addr >> 4; shared addresses stay below 2^18, so the sum never carries out of it).
-template <int kBox>
-__device__ __forceinline__ uint64_t kblock_desc(uint64_t d0, int kb) {
-  return d0 + uint64_t(((kb >> 2) * kBox + 32 * (kb & 3)) >> 4);
-}
+// The low word of sw128_desc(addr) (K-major; see sw128_desc_lo).
+__device__ __forceinline__ uint32_t lo_desc(uint32_t addr) { return uint32_t(sw128_desc(addr)); }
 // C = A·B over D = 128 (8 k-blocks ascending, the first with scale-d = 0: c = +0), one commit
-// group. a0, b0: the operands' start descriptors (K-major), boxes kBoxA / kBoxB bytes apart.
+// group. a_lo, b_lo: the low words of the operands' start descriptors (K-major, sw128_desc_lo),
+// each stored as two boxes kBoxA / kBoxB bytes apart; k-block kb starts (kb / 4)·kBox + 32·(kb % 4)
+// bytes in.
 template <int kBoxA, int kBoxB>
-__device__ __forceinline__ void chain_d(float (&c)[32], uint64_t a0, uint64_t b0) {
+__device__ __forceinline__ void chain_d(float (&c)[32], uint32_t a_lo, uint32_t b_lo) {
+  uint64_t da[8], db[8];
+#pragma unroll
+  for (int kb = 0; kb < 8; ++kb) {
+    da[kb] = detail::sw128_desc_lo(a_lo + uint32_t((kb >> 2) * kBoxA + 32 * (kb & 3)) / 16);
+    db[kb] = detail::sw128_desc_lo(b_lo + uint32_t((kb >> 2) * kBoxB + 32 * (kb & 3)) / 16);
+    asm volatile("" : "+l"(da[kb]), "+l"(db[kb]));
+  }
   int sd0 = 0, sd1 = 1;
   asm volatile("" : "+r"(sd0), "+r"(sd1));
-  detail::wgmma_k16<64>(c, a0, b0, sd0);
+  detail::wgmma_k16<64>(c, da[0], db[0], sd0);
 #pragma unroll
-  for (int kb = 1; kb < 8; ++kb)
-    detail::wgmma_k16<64>(c, kblock_desc<kBoxA>(a0, kb), kblock_desc<kBoxB>(b0, kb), sd1);
+  for (int kb = 1; kb < 8; ++kb) detail::wgmma_k16<64>(c, da[kb], db[kb], sd1);
   wgmma_commit();
 }
 // acc += A·B over the 4 k-blocks (16 rows / keys each) of a 64-row tile: A = the bf16 fragments in
-// registers, B = a [64, 128] tile of two boxes read MN-major; one commit group.
+// registers, B = a [64, 128] tile of two boxes read MN-major (2048 bytes per k-block); one commit
+// group.
 __device__ __forceinline__ void chain_tile(float (&acc)[64], const uint32_t (&a)[4][4],
                                            uint32_t tile) {
+  const uint32_t lo = uint32_t(sw128_mn_desc(tile));
   int sd1 = 1;
   asm volatile("" : "+r"(sd1));
+  uint64_t db[4];
 #pragma unroll
   for (int kb = 0; kb < 4; ++kb) {
-    uint64_t db = sw128_mn_desc(tile + 2048u * uint32_t(kb));
-    asm volatile("" : "+l"(db));
-    detail::wgmma_m64n128k16_rs<1>(acc, a[kb], db, sd1);
+    db[kb] = detail::sw128_desc_lo(lo + 128u * uint32_t(kb));
+    asm volatile("" : "+l"(db[kb]));
   }
+#pragma unroll
+  for (int kb = 0; kb < 4; ++kb) detail::wgmma_m64n128k16_rs<1>(acc, a[kb], db[kb], sd1);
   wgmma_commit();
 }
 // Accumulator entries c[8kb + 4j' + 2h + e] as bf16 A fragments: k-block kb holds columns
@@ -275,7 +288,7 @@ __device__ __forceinline__ void dkdv_tile(float (&s)[32], float (&dp)[32], float
 // ptxas 255 registers per thread, which the 128 dV / dK accumulators + 64 scores need (a ninth warp
 // puts three warps on one SM sub-partition: 168 registers at launch; setmaxnreg could move them
 // since mbar_wait's trap went out of line, not yet tried here). Warp 0 issues the loads in-line: at
-// step s it refills the slot of step s − 1 with step s + kStages − 1 once both warpgroups have
+// step s it refills the slot of step s − 2 with step s + kKvAhead once both warpgroups have
 // released it.
 constexpr int kKvThreads = kConsumers;
 
@@ -302,12 +315,12 @@ __global__ void __launch_bounds__(kKvThreads, 1)
   const uint32_t base = (raw + 1023u) & ~1023u;
   uint8_t* const gbase = smem + (base - raw);  // generic pointer to `base`
   const uint32_t k_s = base, v_s = base + kTile128;
-  const uint32_t st0 = base + 2 * kTile128;       // stage s: Q, dO at st0 + s·kKvStage
-  const uint32_t ld0 = st0 + kStages * kKvStage;  // stage s: λ, δ at ld0 + s·kLdStage
-  const uint32_t bars = ld0 + kStages * kLdStage;
+  const uint32_t st0 = base + 2 * kTile128;         // stage s: Q, dO at st0 + s·kKvStage
+  const uint32_t ld0 = st0 + kKvStages * kKvStage;  // stage s: λ, δ at ld0 + s·kLdStage
+  const uint32_t bars = ld0 + kKvStages * kLdStage;
   auto full_bar = [&](int s) { return bars + 8u * uint32_t(s); };
-  auto empty_bar = [&](int s) { return bars + 8u * uint32_t(kStages + s); };
-  const uint32_t kv_bar = bars + 8u * uint32_t(2 * kStages);
+  auto empty_bar = [&](int s) { return bars + 8u * uint32_t(kKvStages + s); };
+  const uint32_t kv_bar = bars + 8u * uint32_t(2 * kKvStages);
 
   const int Hkv = p.Hq / p.G;
   const WgItem it = items[blockIdx.x / Hkv];
@@ -323,7 +336,7 @@ __global__ void __launch_bounds__(kKvThreads, 1)
   const bool loader = tid < 32;  // warp 0
 
   if (tid == 0) {
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < kKvStages; ++s) {
       mbar_init(full_bar(s), 1 + 32);  // lane 0's arrive.expect_tx + warp 0's cp.async arrivals
       mbar_init(empty_bar(s), kKvThreads);  // every consumer thread
     }
@@ -336,10 +349,10 @@ __global__ void __launch_bounds__(kKvThreads, 1)
   }
   __syncthreads();
 
-  // Step t's loads into slot t % kStages (warp 0): Q, dO by TMA (lane 0), λ, δ by cp.async.
+  // Step t's loads into slot t % kKvStages (warp 0): Q, dO by TMA (lane 0), λ, δ by cp.async.
   auto load_step = [&](int t) {
-    const int st = t % kStages;
-    if (t >= kStages) mbar_wait(empty_bar(st), uint32_t((t / kStages - 1) & 1));
+    const int st = t % kKvStages;
+    if (t >= kKvStages) mbar_wait(empty_bar(st), uint32_t((t / kKvStages - 1) & 1));
     const int h = kvh * p.G + t / per_head, i0 = j0 + kBlk * (t % per_head);
     const uint32_t q_t = st0 + uint32_t(st) * kKvStage;
     if (lane == 0) {
@@ -368,7 +381,7 @@ __global__ void __launch_bounds__(kKvThreads, 1)
       tma_load_2d(v_s, &tm_v, kvh * kD, it.t0 + j0, kv_bar);
       tma_load_2d(v_s + kBox128, &tm_v, kvh * kD + 64, it.t0 + j0, kv_bar);
     }
-    for (int t = 0; t < kStages - 1 && t < nsteps; ++t) load_step(t);
+    for (int t = 0; t < kKvAhead && t < nsteps; ++t) load_step(t);
   }
 
   const int kc = j0 + 64 * wg;         // this warpgroup's first key
@@ -382,14 +395,14 @@ __global__ void __launch_bounds__(kKvThreads, 1)
     dk[i] = 0.0f;
   }
   // A = this warpgroup's 64 keys of K / V.
-  const uint64_t dak = sw128_desc(k_s + uint32_t(wg) * 8192u);
-  const uint64_t dav = sw128_desc(v_s + uint32_t(wg) * 8192u);
+  const uint32_t dak = lo_desc(k_s + uint32_t(wg) * 8192u);
+  const uint32_t dav = lo_desc(v_s + uint32_t(wg) * 8192u);
   mbar_wait(kv_bar, 0);
 
   int stage = 0, i0 = j0;
   uint32_t phase = 0;
   for (int s = 0; s < nsteps; ++s) {
-    if (loader && s + kStages - 1 < nsteps) load_step(s + kStages - 1);
+    if (loader && s + kKvAhead < nsteps) load_step(s + kKvAhead);
     mbar_wait(full_bar(stage), phase);
     const uint32_t q_t = st0 + uint32_t(stage) * kKvStage, do_t = q_t + kTile64;
     if (live && i0 >= kc) {
@@ -404,8 +417,8 @@ __global__ void __launch_bounds__(kKvThreads, 1)
       }
       float sc[32], dp[32];
       wgmma_fence();
-      chain_d<kBox128, kBox64>(sc, dak, sw128_desc(q_t));
-      chain_d<kBox128, kBox64>(dp, dav, sw128_desc(do_t));
+      chain_d<kBox128, kBox64>(sc, dak, lo_desc(q_t));
+      chain_d<kBox128, kBox64>(dp, dav, lo_desc(do_t));
       const float* lam_s = reinterpret_cast<const float*>(gbase + (ld0 - base) + stage * kLdStage);
       const float* del_s = lam_s + kBlk;
       if (i0 == kc || i0 + kBlk > len) {
@@ -417,7 +430,7 @@ __global__ void __launch_bounds__(kKvThreads, 1)
     mbar_arrive(empty_bar(stage));  // every lane (its λ, δ reads are its own)
     i0 += kBlk;
     if (i0 >= len) i0 = j0;
-    if (++stage == kStages) {
+    if (++stage == kKvStages) {
       stage = 0;
       phase ^= 1u;
     }
@@ -564,8 +577,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
   // A = this warpgroup's 64 rows of Q / dO.
-  const uint64_t daq = sw128_desc(q_s + uint32_t(wg) * 8192u);
-  const uint64_t dao = sw128_desc(do_s + uint32_t(wg) * 8192u);
+  const uint32_t daq = lo_desc(q_s + uint32_t(wg) * 8192u);
+  const uint32_t dao = lo_desc(do_s + uint32_t(wg) * 8192u);
   mbar_wait(q_bar, 0);
 
   int stage = 0;
@@ -585,8 +598,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       float sc[32], dp[32];
       wgmma_fence();
-      chain_d<kBox128, kBox64>(sc, daq, sw128_desc(k_t));
-      chain_d<kBox128, kBox64>(dp, dao, sw128_desc(v_t));
+      chain_d<kBox128, kBox64>(sc, daq, lo_desc(k_t));
+      chain_d<kBox128, kBox64>(dp, dao, lo_desc(v_t));
       if (b == nb - 1) {
         dq_block<true>(sc, dp, acc, lam, del, k_t, p.sigma, rw, tq);
       } else {
