@@ -101,14 +101,8 @@ int run_audit(EngineCommandLine& o) {
   const dist::ProcessGroupSpec spec =
       rollout ? launched_job_spec("--rollout-ranks launch", "--rollout-tp", cfg.rollout_tp)
               : launched_job_spec("--train-ranks launch", "--train-tp", cfg.train_tp);
-  set_threads_of_rank(o.threads, spec);
-  const std::unique_ptr<dist::ProcessCommunicator> job = dist::join_process_group(spec);
-  try {
-    return run_audit_on(o, job.get());
-  } catch (const std::exception& e) {
-    job->fail(e.what());  // the other ranks stop waiting for this one
-    throw;
-  }
+  return run_as_launched_rank(spec, o.threads,
+                              [&](dist::Communicator* job) { return run_audit_on(o, job); });
 }
 
 }  // namespace

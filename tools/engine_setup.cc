@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <thread>
 
@@ -78,6 +79,18 @@ void set_threads_of_rank(int threads, const dist::ProcessGroupSpec& spec) {
   if (threads > 0) return set_num_threads(threads);
   set_num_threads(
       std::max(1, int(std::max(1u, std::thread::hardware_concurrency())) / spec.world_size));
+}
+
+int run_as_launched_rank(const dist::ProcessGroupSpec& spec, int threads,
+                         const std::function<int(dist::Communicator*)>& body) {
+  set_threads_of_rank(threads, spec);
+  const std::unique_ptr<dist::ProcessCommunicator> job = dist::join_process_group(spec);
+  try {
+    return body(job.get());
+  } catch (const std::exception& e) {
+    job->fail(e.what());  // the other ranks stop waiting for this one
+    throw;
+  }
 }
 
 engine::Qwen3Config model_config_of(const ModelFlags& m) {

@@ -47,6 +47,11 @@ dist::ProcessGroupSpec launched_job_spec(
 // Under `lockstep launch` the job's processes share the host's cores: --threads not given
 // (threads 0) becomes hardware threads / local ranks (at least 1); bits never depend on it.
 void set_threads_of_rank(int threads, const dist::ProcessGroupSpec& spec);
+// This process as the rank `spec` names: sets its threads (set_threads_of_rank), joins the job and
+// returns body(job). An exception fails the job first (the other ranks stop waiting for this one),
+// then propagates.
+int run_as_launched_rank(const dist::ProcessGroupSpec& spec, int threads,
+                         const std::function<int(dist::Communicator*)>& body);
 
 class ModelSource {
  public:

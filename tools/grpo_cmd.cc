@@ -267,14 +267,8 @@ int run_grpo_cmd(GrpoFlags& f) {
   }
   const dist::ProcessGroupSpec spec =
       launched_job_spec("--train-ranks launch", "--train-tp", f.cfg.train_tp);
-  set_threads_of_rank(f.threads, spec);
-  const std::unique_ptr<dist::ProcessCommunicator> job = dist::join_process_group(spec);
-  try {
-    return run_grpo_on(f, job.get());
-  } catch (const std::exception& e) {
-    job->fail(e.what());  // the other ranks stop waiting for this one
-    throw;
-  }
+  return run_as_launched_rank(spec, f.threads,
+                              [&](dist::Communicator* job) { return run_grpo_on(f, job); });
 }
 
 }  // namespace
