@@ -75,15 +75,11 @@ dist::ProcessGroupSpec launched_job_spec(const std::string& ranks_flag, const st
   return spec;
 }
 
-void set_threads_of_rank(int threads, const dist::ProcessGroupSpec& spec) {
-  if (threads > 0) return set_num_threads(threads);
-  set_num_threads(
-      std::max(1, int(std::max(1u, std::thread::hardware_concurrency())) / spec.world_size));
-}
-
 int run_as_launched_rank(const dist::ProcessGroupSpec& spec, int threads,
                          const std::function<int(dist::Communicator*)>& body) {
-  set_threads_of_rank(threads, spec);
+  set_num_threads(threads > 0 ? threads
+                              : std::max(1, int(std::max(1u, std::thread::hardware_concurrency())) /
+                                                spec.world_size));
   const std::unique_ptr<dist::ProcessCommunicator> job = dist::join_process_group(spec);
   try {
     return body(job.get());

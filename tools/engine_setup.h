@@ -44,12 +44,10 @@ engine::Qwen3Config model_config_of(const ModelFlags& m);
 dist::ProcessGroupSpec launched_job_spec(
     const std::string& ranks_flag, const std::string& tp_flag, int tp,
     const std::function<const char*(const char*)>& getenv = {});
-// Under `lockstep launch` the job's processes share the host's cores: --threads not given
-// (threads 0) becomes hardware threads / local ranks (at least 1); bits never depend on it.
-void set_threads_of_rank(int threads, const dist::ProcessGroupSpec& spec);
-// This process as the rank `spec` names: sets its threads (set_threads_of_rank), joins the job and
-// returns body(job). An exception fails the job first (the other ranks stop waiting for this one),
-// then propagates.
+// This process as the rank `spec` names: sets its threads (the job's processes share the host's
+// cores: --threads not given, threads 0, becomes hardware threads / ranks, at least 1; bits never
+// depend on it), joins the job and returns body(job). An exception fails the job first (the other
+// ranks stop waiting for this one), then propagates.
 int run_as_launched_rank(const dist::ProcessGroupSpec& spec, int threads,
                          const std::function<int(dist::Communicator*)>& body);
 

@@ -40,7 +40,9 @@ __device__ __forceinline__ uint64_t sw128_mn_desc(uint32_t addr) {
 // k-block's byte offset >> 4 (shared addresses stay below 2^18: the 14-bit start field never
 // carries into the LBO), so a kernel that keeps tile low words needs one 32-bit add and the
 // constant per operand instead of a 64-bit descriptor build.
-constexpr uint32_t kSw128DescHi = 0x40000040u;
+constexpr uint32_t kSw128DescHi =  // SBO = 1024 bytes >> 4 (bits 32-45), 128B swizzle (bit 62)
+    uint32_t(((uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62)) >> 32);
+static_assert(kSw128DescHi == 0x40000040u, "sw128 descriptor high word");
 __device__ __forceinline__ uint64_t sw128_desc_lo(uint32_t lo) {
   return (uint64_t(kSw128DescHi) << 32) | lo;
 }
