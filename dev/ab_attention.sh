@@ -6,13 +6,24 @@
 # (alternated, so clock drift hits all alike), then each variant's test_parity --filter attention.
 #   device: run(command="bash dev/ab_attention.sh .base .v1 .v2", carry=[".base", ".v1", ".v2",
 #           "build-gpu-pack"])
+# A binary may travel xz-compressed (NAME.xz, `xz -9`: test_parity shrinks 11 MB -> 3.4 MB, so
+# several variants' tests fit the carry limit); it is decompressed first (Python's lzma: the GPU
+# machine may have no xz program).
 # Env: ROUNDS (default 2), PARTS ("fwd bwd parity", default all), FWD_ARGS (e.g. --quick),
-# SDPA=0 (skip the peers: variants against each other only).
+# SDPA=0 (skip the peers: variants against each other only), PARITY_FILTER (test_parity's
+# --filter, default attention).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-bash scripts/gpu_check.sh none >/dev/null 2>&1  # unpacks the carried build (for its runtime libs)
+[ -f build-gpu-pack/gpu.txz ] && bash scripts/gpu_check.sh none >/dev/null 2>&1  # unpacks the carried build (runtime libs)
+for v in "$@"; do
+  for z in "$v"/*.xz; do
+    [ -f "$z" ] || continue
+    python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
+      "$z" "${z%.xz}" && chmod +x "${z%.xz}" && rm -f "$z"
+  done
+done
 export LD_LIBRARY_PATH="$PWD/build-gpu/rt${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 ROUNDS=${ROUNDS:-2}
 PARTS=${PARTS:-fwd bwd parity}
@@ -42,7 +53,7 @@ done
 if has parity; then
   for v in "$@"; do
     [ -x "$v/test_parity" ] || continue
-    timeout 300 "$v/test_parity" --filter attention >"$OUT/parity_${v#.}.txt" 2>&1
+    timeout 300 "$v/test_parity" --filter "${PARITY_FILTER:-attention}" >"$OUT/parity_${v#.}.txt" 2>&1
     echo "parity ${v#.} (exit $?): $(tail -2 "$OUT/parity_${v#.}.txt" | tr '\n' ' ')"
   done
 fi
