@@ -24,7 +24,7 @@ sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section Mem
 prof() {  # prof NAME KERNEL_REGEX SKIP CMD...
   local name=$1 kern=$2 skip=$3
   shift 3
-  timeout 300 "$NCU" --clock-control none --kernel-name "regex:$kern" --launch-skip "$skip" \
+  timeout 300 "$NCU" --clock-control none --kernel-name-base "${NCU_NAME_BASE:-function}" --kernel-name "regex:$kern" --launch-skip "$skip" \
     --launch-count 1 "${sections[@]}" --print-summary none "$@" >"$OUT/ncu_$name.txt" 2>&1
   echo "== $name: $(grep -E 'Duration|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Registers Per' \
     "$OUT/ncu_$name.txt" | awk '{$1=$1; print}' | tr '\n' ';')"
@@ -35,7 +35,7 @@ for p in $parts; do
     prefill) prof prefill attn_wg_prefill_kernel 10 $BIN/bench_attention --quick ;;
     dkdv) prof dkdv dkdv_wg_kernel 2 $BIN/bench_attention_bwd --quick ;;
     dq) prof dq dq_wg_kernel 2 $BIN/bench_attention_bwd --quick ;;
-    dw) prof dw 'gemm_sm90_kernel.*Accumulate' 2 $BIN/bench_gemm_bwd ;;
+    dw) NCU_NAME_BASE=mangled prof dw 'Sm90AccumulateEpilogueELb1' 2 $BIN/bench_gemm_bwd ;;
     fwd) prof fwd 'gemm_sm90_kernel' 2 $BIN/bench_gemm_cuda ;;
     *) echo "unknown part $p" ;;
   esac

@@ -308,22 +308,27 @@ __global__ void __launch_bounds__(kThreads, 1)
   // m, l). Only the order of issue changes: every chain and every rounding is the one above.
   // Every wgmma wait below is reached on every path through the iteration (ptxas serializes all
   // wgmma of the kernel when it cannot place its own waits).
-  auto slot = [&](int b) { return st0 + uint32_t(b % kStages) * kStageBytes; };
-  auto wait_full = [&](int b) { mbar_wait(full_bar(b % kStages), uint32_t(b / kStages) & 1u); };
-  auto release = [&](int b) {
+  // Block b's ring slot and parity, and its place in its kv chunk, are carried from block to block
+  // (no division in the loop: a runtime p.K made every `% p.K` a dozen instructions).
+  const int bpc = p.K / kBlk;  // blocks per chunk (kv_chunk is a multiple of 64)
+  auto slot = [&](int st) { return st0 + uint32_t(st) * kStageBytes; };
+  auto wait_full = [&](int st, uint32_t ph) { mbar_wait(full_bar(st), ph); };
+  auto release = [&](int st) {
     __syncwarp();
-    if (lane == 0) mbar_arrive(empty_bar(b % kStages));
+    if (lane == 0) mbar_arrive(empty_bar(st));
   };
-  // 1. Scores of block b into s: s[4n + 2h + e] = row rw + 8h, key 64b + 8n + 2tq + e (issued,
-  // committed, not waited for).
-  auto issue_scores = [&](int b) {
-    const uint32_t kst = slot(b);
+  // Descriptors from low words (sw128_desc_lo): two instructions per operand.
+  auto desc_at = [](uint32_t lo) { return detail::sw128_desc_lo(lo); };
+  const uint32_t q_lo = uint32_t(sw128_desc(q_s + uint32_t(wg) * 8192u));
+  // 1. Scores of the block in slot st into s: s[4n + 2h + e] = row rw + 8h, key 8n + 2tq + e of
+  // the block (issued, committed, not waited for).
+  auto issue_scores = [&](int st) {
+    const uint32_t k_lo = uint32_t(sw128_desc(slot(st)));
     uint64_t da[8], db[8];
 #pragma unroll
     for (int kb = 0; kb < 8; ++kb) {
-      da[kb] = sw128_desc(q_s + uint32_t(kb >> 2) * (kQBytes / 2) + uint32_t(wg) * 8192u +
-                          32u * uint32_t(kb & 3));
-      db[kb] = sw128_desc(kst + uint32_t(kb >> 2) * kKvBoxBytes + 32u * uint32_t(kb & 3));
+      da[kb] = desc_at(q_lo + (uint32_t(kb >> 2) * (kQBytes / 2) + 32u * uint32_t(kb & 3)) / 16);
+      db[kb] = desc_at(k_lo + (uint32_t(kb >> 2) * kKvBoxBytes + 32u * uint32_t(kb & 3)) / 16);
       asm volatile("" : "+l"(da[kb]), "+l"(db[kb]));
     }
     int sd0 = 0, sd1 = 1;
@@ -334,17 +339,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int kb = 1; kb < 8; ++kb) detail::wgmma_k16<64>(s, da[kb], db[kb], sd1);
     wgmma_commit();
   };
-  // 3. acc += P_b·V_b: 4 wgmma m64n128k16 with P (bf16 RNE, packed in pa) as the register A
-  // operand and V MN-major (issued, committed, not waited for); c = +0 on a chunk's first block.
-  auto issue_pv = [&](int b) {
-    const uint32_t vst = slot(b) + 2 * kKvBoxBytes;
+  // 3. acc += P·V of the block in slot st: 4 wgmma m64n128k16 with P (bf16 RNE, packed in pa) as
+  // the register A operand and V MN-major (issued, committed, not waited for); c = +0 on a chunk's
+  // first block.
+  auto issue_pv = [&](int st, bool chunk_first) {
+    const uint32_t v_lo = uint32_t(sw128_mn_desc(slot(st) + 2 * kKvBoxBytes));
     uint64_t dv[4];
 #pragma unroll
     for (int kb = 0; kb < 4; ++kb) {
-      dv[kb] = sw128_mn_desc(vst + 2048u * uint32_t(kb));
+      dv[kb] = desc_at(v_lo + 128u * uint32_t(kb));  // + 2048 bytes per k-block (MN-major)
       asm volatile("" : "+l"(dv[kb]));
     }
-    int sd0 = (b * kBlk) % p.K == 0 ? 0 : 1, sd1 = 1;
+    int sd0 = chunk_first ? 0 : 1, sd1 = 1;
     asm volatile("" : "+r"(sd0), "+r"(sd1));
     fence_acc(acc);
     wgmma_fence();
@@ -354,20 +360,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     detail::wgmma_m64n128k16_rs<1>(acc, pa[3], dv[3], sd1);
     wgmma_commit();
   };
-  // 2. Softmax step of block b (A.4 steps 1-5; only the diagonal block masks), then, once PV_{b-1}
-  // is done, acc = α ⊗ acc and P_b into pa (a NaN p is any NaN: the MMA makes it 0x7fffffff, §M;
-  // k-block kb = keys 16kb .. 16kb + 15).
-  auto softmax_and_pack = [&](int b) {
-    const bool first = (b * kBlk) % p.K == 0;
+  // 2. Softmax step of a block (A.4 steps 1-5; only the diagonal block masks), then, once the PV of
+  // the block before is done, acc = α ⊗ acc and P into pa (a NaN p is any NaN: the MMA makes it
+  // 0x7fffffff, §M; k-block kb = keys 16kb .. 16kb + 15). diag: the warpgroup's last block; first:
+  // a chunk's first block; rel: the slot of the block before, given back once its PV is done, or
+  // -1.
+  auto softmax_and_pack = [&](bool diag, bool first, int rel) {
     float alpha[2];
-    if (b == nb - 1) {
+    if (diag) {
       softmax_step<true>(s, p.scale, first, rw, tq, m, l, alpha);
     } else {
       softmax_step<false>(s, p.scale, first, rw, tq, m, l, alpha);
     }
     wgmma_wait<0>();
     fence_acc(acc);
-    if (b > 0) release(b - 1);
+    if (rel >= 0) release(rel);
     if (!first) {
 #pragma unroll
       for (int i = 0; i < 64; ++i) acc[i] = __fmul_rn(alpha[(i >> 1) & 1], acc[i]);
@@ -382,9 +389,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   // 4. The chunk that ends at block b folds into the run state (chunk 0 is taken as is). After the
   // last block acc holds the run state's acc; before it, the run's acc goes to shared memory.
-  auto fold = [&](int b) {
-    const bool last = b == nb - 1;
-    if ((b * kBlk) / p.K == 0) {
+  // (chunk0: the block lies in chunk 0; last: the warpgroup's last block.)
+  auto fold = [&](bool chunk0, bool last) {
+    if (chunk0) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         m_s[h] = m[h];
@@ -418,37 +425,46 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
 
+  // Block b's slot st, its full barrier's parity ph, its place cpos in its chunk.
+  int st = 0, cpos = 0;
+  uint32_t ph = 0;
   mbar_wait(q_bar, 0);
   if (nb > 0) {
-    wait_full(0);
-    issue_scores(0);
+    wait_full(st, ph);
+    issue_scores(st);
     wgmma_wait<0>();
     fence_acc(s);
-    softmax_and_pack(0);
+    softmax_and_pack(nb == 1, true, -1);
   }
 #pragma unroll 1
   for (int b = 1; b < nb; ++b) {
-    wait_full(b);
-    issue_scores(b);
-    issue_pv(b - 1);
-    if ((b * kBlk) % p.K == 0) {  // a chunk ended at block b - 1
+    const int st_prev = st;
+    const bool prev_first = cpos == 0, prev_chunk0 = b - 1 < bpc;
+    if (++st == kStages) {
+      st = 0;
+      ph ^= 1u;
+    }
+    if (++cpos == bpc) cpos = 0;
+    wait_full(st, ph);
+    issue_scores(st);
+    issue_pv(st_prev, prev_first);
+    if (cpos == 0) {  // a chunk ended at block b - 1
       wgmma_wait<0>();
       fence_acc(acc);
-      fold(b - 1);
+      fold(prev_chunk0, false);
     }
     wgmma_wait<1>();
     fence_acc(s);
-    softmax_and_pack(b);
+    softmax_and_pack(b == nb - 1, cpos == 0, st_prev);
   }
   if (nb > 0) {
     // The diagonal block's PV. A.6: a masked key's V must act as +0: keys 1 .. 63 of the diagonal
     // block are masked for some row. Every warp scans the whole tile, so the choice is the same
     // in the warpgroup.
-    const int b = nb - 1;
-    const bool first = (b * kBlk) % p.K == 0;
-    const uint8_t* vgen = gbase + (slot(b) + 2 * kKvBoxBytes - base);
+    const bool first = cpos == 0;
+    const uint8_t* vgen = gbase + (slot(st) + 2 * kKvBoxBytes - base);
     if (!v_nonfinite(vgen, 1, lane)) {
-      issue_pv(b);
+      issue_pv(st, first);
       wgmma_wait<0>();
       fence_acc(acc);
     } else {
@@ -474,13 +490,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
-    release(b);
-    fold(b);
+    release(st);
+    fold(nb - 1 < bpc, true);
   }
   // Blocks the producer loads for the other warpgroup only: taken in order and given back.
   for (int b = nb; b < nblk; ++b) {
-    wait_full(b);
-    release(b);
+    wait_full(b % kStages, uint32_t(b / kStages) & 1u);
+    release(b % kStages);
   }
   // Output rows of this thread: positions r0w + rw + 8h inside the sequence.
 #pragma unroll
