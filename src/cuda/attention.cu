@@ -112,9 +112,14 @@ int kern_cols(Kern k) { return (k == Kern::kCs64 || k == Kern::kCs128) ? kCsCols
 int rows_per_item(Kern k, int64_t G) { return int(std::max<int64_t>(1, kern_cols(k) / G)); }
 
 constexpr int kCsStages = 2;
+// Key-split (decode) stages. NOTE: a decode CTA walks its chunk's blocks one after another, each
+// step short and latency-bound, so CTAs per SM matter more than blocks in flight per CTA: one
+// stage (4 CTAs per SM by registers) beat three (2 per SM by shared memory) on the engine's decode
+// step and at large batches, and lost on small grids (docs/perf.md, session 20). The bits do not
+// depend on the stage count.
 template <int DM>
 constexpr int ks_stages() {
-  return DM <= 128 ? 3 : (DM <= 256 ? 2 : 1);
+  return DM <= 128 ? 1 : (DM <= 256 ? 2 : 1);
 }
 
 // NOTE: one template instance per kernel (the kernel is a template argument), so the
