@@ -673,12 +673,11 @@ void Model::Impl::run(const TensorView& tokens, const TensorView& positions, con
     trace_qkv("q_norm", l, 0);
     trace_qkv("k_norm", l, 1);
     for (size_t i = 0; i < n_local; ++i) {
+      // The q and k heads are adjacent in a row of q|k|v: one RoPE call rotates both (RoPE acts
+      // per (row, head, pair), so the bits are those of one call per part; one launch fewer).
       const RankShard& s = ranks[size_t(local[i])];
-      const TensorView m = qkv[i].view();
-      const TensorView q = heads_of(m, 0, s.nq, D);
-      const TensorView k = heads_of(m, s.nq * D, s.nkv, D);
-      op.rope(q, positions, W.rope, q);
-      op.rope(k, positions, W.rope, k);
+      const TensorView qk = heads_of(qkv[i].view(), 0, s.nq + s.nkv, D);
+      op.rope(qk, positions, W.rope, qk);
     }
     trace_qkv("q_rope", l, 0);
     trace_qkv("k_rope", l, 1);
