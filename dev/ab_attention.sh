@@ -11,7 +11,7 @@
 # machine may have no xz program).
 # Env: ROUNDS (default 2), PARTS ("fwd bwd parity", default all), FWD_ARGS (e.g. --quick),
 # SDPA=0 (skip the peers: variants against each other only), PARITY_FILTER (test_parity's
-# --filter, default attention).
+# --filter, default attention). Prints prefill TFLOP/s and decode µs (batch x context) per run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -43,6 +43,7 @@ for r in $(seq "$ROUNDS"); do
     if has fwd; then
       timeout 150 "$v/bench_attention" ${FWD_ARGS:-} --sdpa "$OUT/sdpa.csv" >"$OUT/fwd_${n}_$r.txt" 2>&1 || echo "$v bench_attention failed"
       echo "fwd $n round $r: $(awk '$1 ~ /^[0-9]+$/ && NF >= 10 {printf "seq %s chunk %s: %s TF/s (%s cuDNN)  ", $1, $4, $6, $10}' "$OUT/fwd_${n}_$r.txt")"
+      echo "decode $n round $r: $(awk '/^decode \(paged/ {d = 1} d && $1 ~ /^[0-9]+$/ {printf "%sx%s %s us; ", $1, $2, $3}' "$OUT/fwd_${n}_$r.txt")"
     fi
     if has bwd; then
       timeout 150 "$v/bench_attention_bwd" --sdpa "$OUT/sdpa_bwd.csv" >"$OUT/bwd_${n}_$r.txt" 2>&1 || echo "$v bench_attention_bwd failed"
@@ -57,3 +58,6 @@ if has parity; then
     echo "parity ${v#.} (exit $?): $(tail -2 "$OUT/parity_${v#.}.txt" | tr '\n' ' ')"
   done
 fi
+# One archive instead of many files (the device tool brings back only so many files per call).
+(cd "$OUT" && shopt -s nullglob && f=(*.txt *.csv *.log) && [ ${#f[@]} -gt 0 ] &&
+  tar czf ab_logs.tgz "${f[@]}" && rm -f "${f[@]}")
