@@ -17,7 +17,7 @@
 # GRPO loop at the Qwen3-0.6B shape beside --baseline (step time by phase); sanitize =
 # compute-sanitizer memcheck and racecheck over every test in
 # --quick mode; audit = scripts/gpu_audit.sh (the engine on the GPU); after bench / audit,
-# scripts/perf_bars.py reports the issue's performance bars. Logs go under $OUT (./out by
+# scripts/perf_bars.py reports the open issues' performance bars. Logs go under $OUT (./out by
 # hand): summary.txt and logs.tar.gz (re-packed after every step, so a run cut off at its time
 # limit still returns what it did). GPU_CHECK_TESTS=NAME[,NAME...] limits the tests and
 # sanitize parts to those test binaries (e.g. GPU_CHECK_TESTS=test_baseline_cuda; the MMA probe
@@ -264,9 +264,9 @@ if has audit; then
   pack
 fi
 
-# The issue's performance bars, read off this run's benchmark and audit logs (a report: speed
-# never fails the check).
-if has bench || has audit; then
+# The open issues' performance bars, read off this run's benchmark and audit logs (a report:
+# speed never fails the check).
+if has bench || has bwdbench || has audit; then
   python3 scripts/perf_bars.py "$OUT/logs" 2>&1 | sed 's/^/[gpu_check] bar: /' | tee -a "$OUT/summary.txt"
 fi
 
