@@ -3,7 +3,8 @@
 # by hand): each variant is a folder holding a stripped `lockstep` CLI built here (optionally
 # `test_parity`), carried with the call; `lockstep bench-engine` on the 8B shape runs for each in
 # turn, ROUNDS times (alternated, so clock drift hits all alike), and prints each run's decode
-# step beside its memory floor, the rollout and training tokens/s. The carried pack
+# step beside its memory floor, the rollout and training tokens/s and the log-prob mismatches
+# (rollout vs training: 0 for the invariant engine). The carried pack
 # (build-gpu-pack) supplies the runtime libraries; `build-gpu` names its own binaries as a variant.
 #   device: run(command="bash dev/ab_engine.sh build-gpu .v1", carry=["build-gpu-pack", ".v1"])
 # A binary may travel xz-compressed (NAME.xz), as in dev/ab_attention.sh.
@@ -49,7 +50,7 @@ for r in $(seq "${ROUNDS:-2}"); do
       "${contract[@]}" --no-baseline --quiet ${ENGINE_ARGS:-}) >"$log" 2>&1
     rc=$?
     echo "$n round $r (exit $rc): $(awk '/^invariant@cuda/ && NF == 8 {printf "decode %s ms/step, %sx floor; ", $3, $5}
-      /^invariant@cuda/ && NF >= 11 {printf "rollout %s tok/s, train %s tok/s; ", $6, $9}' "$log")"
+      /^invariant@cuda/ && NF >= 12 {printf "rollout %s tok/s, train %s tok/s, log-prob mismatches %s of %s; ", $6, $9, $10, $12}' "$log")"
   done
 done
 rm -rf "$work"
