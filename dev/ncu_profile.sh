@@ -5,7 +5,9 @@
 #   device: run(command="bash dev/ncu_profile.sh [NAME ...]", carry=["build-gpu-pack"])
 # NAME: prefill (attn_wg_prefill_kernel at seq 4096, kv_chunk 1024: bench_attention --quick), dkdv / dq (the attention
 # backward's wgmma kernels, bench_attention_bwd --quick), dw (the first dW accumulate launch of
-# bench_gemm_bwd: T = 1024, qkv), fwd (the first forward GEMM of bench_gemm_cuda). Default: all.
+# bench_gemm_bwd: T = 1024, qkv), fwd (the first timed launch of the forward's 128x256 S = 1 tile
+# in bench_gemm_cuda --quick: o_proj, M = 1024, 128 tiles: is it L2-bound? docs/perf.md, session
+# 20). Default: all.
 # Writes $OUT/ncu_NAME.txt (details page) and a one-line summary per kernel on stdout. BIN: the
 # folder of the benchmark binaries (default build-gpu, from the carried pack).
 set -uo pipefail
@@ -26,7 +28,7 @@ prof() {  # prof NAME KERNEL_REGEX SKIP CMD...
   shift 3
   timeout 300 "$NCU" --clock-control none --kernel-name-base "${NCU_NAME_BASE:-function}" --kernel-name "regex:$kern" --launch-skip "$skip" \
     --launch-count 1 "${sections[@]}" --print-summary none "$@" >"$OUT/ncu_$name.txt" 2>&1
-  echo "== $name: $(grep -E 'Duration|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Registers Per' \
+  echo "== $name: $(grep -E 'Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|Issue Slots Busy|Registers Per' \
     "$OUT/ncu_$name.txt" | awk '{$1=$1; print}' | tr '\n' ';')"
 }
 parts="${*:-prefill dkdv dq dw fwd}"
@@ -36,7 +38,8 @@ for p in $parts; do
     dkdv) prof dkdv dkdv_wg_kernel 2 $BIN/bench_attention_bwd --quick ;;
     dq) prof dq dq_wg_kernel 2 $BIN/bench_attention_bwd --quick ;;
     dw) NCU_NAME_BASE=mangled prof dw 'Sm90AccumulateEpilogueELb1' 2 $BIN/bench_gemm_bwd ;;
-    fwd) prof fwd 'gemm_sm90_kernel' 2 $BIN/bench_gemm_cuda ;;
+    fwd) NCU_NAME_BASE=mangled prof fwd 'Li128ELi256ELi1ELi4ELi0ENS1_17Sm90StoreEpilogueELb0ELb0ELb0E' 3 \
+      $BIN/bench_gemm_cuda --quick ;;
     *) echo "unknown part $p" ;;
   esac
 done
