@@ -16,15 +16,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-[ -f build-gpu-pack/gpu.txz ] && bash scripts/gpu_check.sh none >/dev/null 2>&1  # unpacks the carried build (runtime libs)
-for v in "$@"; do
-  for z in "$v"/*.xz; do
-    [ -f "$z" ] || continue
-    python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
-      "$z" "${z%.xz}" && chmod +x "${z%.xz}" && rm -f "$z"
-  done
-done
-export LD_LIBRARY_PATH="$PWD/build-gpu/rt${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. dev/ab_common.sh
+ab_setup_runtime
+ab_unxz "$@"
 ROUNDS=${ROUNDS:-2}
 PARTS=${PARTS:-fwd bwd parity}
 has() { [[ " $PARTS " == *" $1 "* ]]; }
@@ -58,6 +52,4 @@ if has parity; then
     echo "parity ${v#.} (exit $?): $(tail -2 "$OUT/parity_${v#.}.txt" | tr '\n' ' ')"
   done
 fi
-# One archive instead of many files (the device tool brings back only so many files per call).
-(cd "$OUT" && shopt -s nullglob && f=(*.txt *.csv *.log) && [ ${#f[@]} -gt 0 ] &&
-  tar czf ab_logs.tgz "${f[@]}" && rm -f "${f[@]}")
+ab_pack_logs

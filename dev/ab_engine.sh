@@ -17,14 +17,10 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 OUT=${OUT:-$ROOT/out}
 mkdir -p "$OUT"
-[ -f build-gpu-pack/gpu.txz ] && bash scripts/gpu_check.sh none >/dev/null 2>&1  # unpacks build-gpu
-export LD_LIBRARY_PATH="$ROOT/build-gpu/rt${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. dev/ab_common.sh
+ab_setup_runtime
+ab_unxz "$@"
 for v in "$@"; do
-  for z in "$v"/*.xz; do
-    [ -f "$z" ] || continue
-    python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
-      "$z" "${z%.xz}" && chmod +x "${z%.xz}" && rm -f "$z"
-  done
   [ -x "$v/lockstep" ] || { echo "$v: no lockstep binary"; exit 2; }
 done
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader
@@ -54,6 +50,4 @@ for r in $(seq "${ROUNDS:-2}"); do
   done
 done
 rm -rf "$work"
-# One archive instead of many files (the device tool brings back only so many files per call).
-(cd "$OUT" && shopt -s nullglob && f=(*.txt *.csv *.log) && [ ${#f[@]} -gt 0 ] &&
-  tar czf ab_logs.tgz "${f[@]}" && rm -f "${f[@]}")
+ab_pack_logs

@@ -48,8 +48,6 @@ using detail::mbar_init;
 using detail::mbar_wait;
 using detail::mma_16816;
 using detail::smem_u32;
-using detail::sw128_desc;
-using detail::sw128_mn_desc;
 using detail::tma_load_2d;
 using detail::wgmma_commit;
 using detail::wgmma_fence;
@@ -318,17 +316,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (lane == 0) mbar_arrive(empty_bar(st));
   };
   // Descriptors from low words (sw128_desc_lo): two instructions per operand.
-  auto desc_at = [](uint32_t lo) { return detail::sw128_desc_lo(lo); };
-  const uint32_t q_lo = uint32_t(sw128_desc(q_s + uint32_t(wg) * 8192u));
+  const uint32_t q_lo = detail::sw128_lo(q_s + uint32_t(wg) * 8192u);
   // 1. Scores of the block in slot st into s: s[4n + 2h + e] = row rw + 8h, key 8n + 2tq + e of
   // the block (issued, committed, not waited for).
   auto issue_scores = [&](int st) {
-    const uint32_t k_lo = uint32_t(sw128_desc(slot(st)));
+    const uint32_t k_lo = detail::sw128_lo(slot(st));
     uint64_t da[8], db[8];
 #pragma unroll
     for (int kb = 0; kb < 8; ++kb) {
-      da[kb] = desc_at(q_lo + (uint32_t(kb >> 2) * (kQBytes / 2) + 32u * uint32_t(kb & 3)) / 16);
-      db[kb] = desc_at(k_lo + (uint32_t(kb >> 2) * kKvBoxBytes + 32u * uint32_t(kb & 3)) / 16);
+      da[kb] = detail::sw128_desc_lo(
+          q_lo + (uint32_t(kb >> 2) * (kQBytes / 2) + 32u * uint32_t(kb & 3)) / 16);
+      db[kb] = detail::sw128_desc_lo(
+          k_lo + (uint32_t(kb >> 2) * kKvBoxBytes + 32u * uint32_t(kb & 3)) / 16);
       asm volatile("" : "+l"(da[kb]), "+l"(db[kb]));
     }
     int sd0 = 0, sd1 = 1;
@@ -343,11 +342,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   // the register A operand and V MN-major (issued, committed, not waited for); c = +0 on a chunk's
   // first block.
   auto issue_pv = [&](int st, bool chunk_first) {
-    const uint32_t v_lo = uint32_t(sw128_mn_desc(slot(st) + 2 * kKvBoxBytes));
+    const uint32_t v_lo = detail::sw128_mn_lo(slot(st) + 2 * kKvBoxBytes);
     uint64_t dv[4];
 #pragma unroll
     for (int kb = 0; kb < 4; ++kb) {
-      dv[kb] = desc_at(v_lo + 128u * uint32_t(kb));  // + 2048 bytes per k-block (MN-major)
+      dv[kb] =
+          detail::sw128_desc_lo(v_lo + 128u * uint32_t(kb));  // + 2048 bytes per k-block (MN-major)
       asm volatile("" : "+l"(dv[kb]));
     }
     int sd0 = chunk_first ? 0 : 1, sd1 = 1;

@@ -46,6 +46,11 @@ static_assert(kSw128DescHi == 0x40000040u, "sw128 descriptor high word");
 __device__ __forceinline__ uint64_t sw128_desc_lo(uint32_t lo) {
   return (uint64_t(kSw128DescHi) << 32) | lo;
 }
+// The low words themselves (K-major and MN-major tiles at addr).
+__device__ __forceinline__ uint32_t sw128_lo(uint32_t addr) { return uint32_t(sw128_desc(addr)); }
+__device__ __forceinline__ uint32_t sw128_mn_lo(uint32_t addr) {
+  return uint32_t(sw128_mn_desc(addr));
+}
 
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");

@@ -63,8 +63,6 @@ using detail::mbar_init;
 using detail::mbar_wait;
 using detail::named_bar_sync;
 using detail::smem_u32;
-using detail::sw128_desc;
-using detail::sw128_mn_desc;
 using detail::tma_load_2d;
 using detail::wgmma_commit;
 using detail::wgmma_fence;
@@ -129,8 +127,6 @@ __device__ __forceinline__ void zero_rows(uint8_t* box, int boxes, int rows, int
         make_uint4(0u, 0u, 0u, 0u);
   }
 }
-// The low word of sw128_desc(addr) (K-major; see sw128_desc_lo).
-__device__ __forceinline__ uint32_t lo_desc(uint32_t addr) { return uint32_t(sw128_desc(addr)); }
 // C = A·B over D = 128 (8 k-blocks ascending, the first with scale-d = 0: c = +0), one commit
 // group. a_lo, b_lo: the low words of the operands' start descriptors (K-major, sw128_desc_lo),
 // each stored as two boxes kBoxA / kBoxB bytes apart; k-block kb starts (kb / 4)·kBox + 32·(kb % 4)
@@ -156,7 +152,7 @@ __device__ __forceinline__ void chain_d(float (&c)[32], uint32_t a_lo, uint32_t 
 // group.
 __device__ __forceinline__ void chain_tile(float (&acc)[64], const uint32_t (&a)[4][4],
                                            uint32_t tile) {
-  const uint32_t lo = uint32_t(sw128_mn_desc(tile));
+  const uint32_t lo = detail::sw128_mn_lo(tile);
   int sd1 = 1;
   asm volatile("" : "+r"(sd1));
   uint64_t db[4];
@@ -395,8 +391,8 @@ __global__ void __launch_bounds__(kKvThreads, 1)
     dk[i] = 0.0f;
   }
   // A = this warpgroup's 64 keys of K / V.
-  const uint32_t dak = lo_desc(k_s + uint32_t(wg) * 8192u);
-  const uint32_t dav = lo_desc(v_s + uint32_t(wg) * 8192u);
+  const uint32_t dak = detail::sw128_lo(k_s + uint32_t(wg) * 8192u);
+  const uint32_t dav = detail::sw128_lo(v_s + uint32_t(wg) * 8192u);
   mbar_wait(kv_bar, 0);
 
   int stage = 0, i0 = j0;
@@ -417,8 +413,8 @@ __global__ void __launch_bounds__(kKvThreads, 1)
       }
       float sc[32], dp[32];
       wgmma_fence();
-      chain_d<kBox128, kBox64>(sc, dak, lo_desc(q_t));
-      chain_d<kBox128, kBox64>(dp, dav, lo_desc(do_t));
+      chain_d<kBox128, kBox64>(sc, dak, detail::sw128_lo(q_t));
+      chain_d<kBox128, kBox64>(dp, dav, detail::sw128_lo(do_t));
       const float* lam_s = reinterpret_cast<const float*>(gbase + (ld0 - base) + stage * kLdStage);
       const float* del_s = lam_s + kBlk;
       if (i0 == kc || i0 + kBlk > len) {
@@ -577,8 +573,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
   // A = this warpgroup's 64 rows of Q / dO.
-  const uint32_t daq = lo_desc(q_s + uint32_t(wg) * 8192u);
-  const uint32_t dao = lo_desc(do_s + uint32_t(wg) * 8192u);
+  const uint32_t daq = detail::sw128_lo(q_s + uint32_t(wg) * 8192u);
+  const uint32_t dao = detail::sw128_lo(do_s + uint32_t(wg) * 8192u);
   mbar_wait(q_bar, 0);
 
   int stage = 0;
@@ -598,8 +594,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       float sc[32], dp[32];
       wgmma_fence();
-      chain_d<kBox128, kBox64>(sc, daq, lo_desc(k_t));
-      chain_d<kBox128, kBox64>(dp, dao, lo_desc(v_t));
+      chain_d<kBox128, kBox64>(sc, daq, detail::sw128_lo(k_t));
+      chain_d<kBox128, kBox64>(dp, dao, detail::sw128_lo(v_t));
       if (b == nb - 1) {
         dq_block<true>(sc, dp, acc, lam, del, k_t, p.sigma, rw, tq);
       } else {
