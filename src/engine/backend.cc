@@ -16,6 +16,20 @@ Tensor OpsBackend::empty(DType dtype, std::vector<int64_t> shape) const {
   return Tensor::empty(dtype, std::move(shape));
 }
 
+void OpsBackend::qk_norm_rope(const TensorView& qk, int64_t nq, const TensorView& q_weight,
+                              const TensorView& k_weight, const RmsNormConfig& cfg,
+                              const TensorView& positions, const RopeTable& table) const {
+  LS_CHECK(qk.ndim == 3 && nq >= 0 && nq <= qk.shape[1], "OpsBackend::qk_norm_rope",
+           "qk must be [T, heads, D] with 0 <= nq <= heads, got ", qk.describe(), " and nq = ", nq);
+  TensorView q = qk, k = qk;
+  q.shape[1] = nq;
+  k.data = static_cast<char*>(qk.data) + nq * qk.stride[1] * int64_t(dtype_size(qk.dtype));
+  k.shape[1] = qk.shape[1] - nq;
+  rmsnorm(q, q_weight, cfg, q);
+  rmsnorm(k, k_weight, cfg, k);
+  rope(qk, positions, table, qk);
+}
+
 void OpsBackend::copy(const TensorView& dst, const TensorView& src) const {
   LS_CHECK(dst.device == Device::kCPU && src.device == Device::kCPU, "OpsBackend", "backend '",
            name(), "' must override copy() for device views");

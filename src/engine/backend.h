@@ -79,6 +79,12 @@ class OpsBackend {
                                 const TensorView& residual_out, const TensorView& y) const = 0;
   virtual void rope(const TensorView& x, const TensorView& positions, const RopeTable& table,
                     const TensorView& y) const = 0;
+  // A layer's q and k heads in place: qk [T, heads, D] (q heads [0, nq), then the k heads);
+  // rmsnorm of the q heads with q_weight and of the k heads with k_weight, then rope over all of
+  // them. This default makes the three calls; a backend may fuse them (the same bits).
+  virtual void qk_norm_rope(const TensorView& qk, int64_t nq, const TensorView& q_weight,
+                            const TensorView& k_weight, const RmsNormConfig& cfg,
+                            const TensorView& positions, const RopeTable& table) const;
   // out = silu(gate) * up (gate, up may be strided column halves of one buffer).
   virtual void silu_mul(const TensorView& gate, const TensorView& up,
                         const TensorView& out) const = 0;

@@ -662,25 +662,35 @@ void Model::Impl::run(const TensorView& tokens, const TensorView& positions, con
     trace_qkv("q", l, 0);
     trace_qkv("k", l, 1);
     trace_qkv("v", l, 2);
-    for (size_t i = 0; i < n_local; ++i) {
-      const RankShard& s = ranks[size_t(local[i])];
-      const TensorView m = qkv[i].view();
-      const TensorView q = heads_of(m, 0, s.nq, D);
-      const TensorView k = heads_of(m, s.nq * D, s.nkv, D);
-      op.rmsnorm(q, L.q_norm, norm, q);  // per head over D, in place
-      op.rmsnorm(k, L.k_norm, norm, k);
+    if (trace) {
+      // Step by step, so the trace holds every intermediate (q_norm, k_norm, q_rope, k_rope).
+      for (size_t i = 0; i < n_local; ++i) {
+        const RankShard& s = ranks[size_t(local[i])];
+        const TensorView m = qkv[i].view();
+        const TensorView q = heads_of(m, 0, s.nq, D);
+        const TensorView k = heads_of(m, s.nq * D, s.nkv, D);
+        op.rmsnorm(q, L.q_norm, norm, q);  // per head over D, in place
+        op.rmsnorm(k, L.k_norm, norm, k);
+      }
+      trace_qkv("q_norm", l, 0);
+      trace_qkv("k_norm", l, 1);
+      for (size_t i = 0; i < n_local; ++i) {
+        // The q and k heads are adjacent in a row of q|k|v: one RoPE call rotates both (RoPE acts
+        // per (row, head, pair), so the bits are those of one call per part).
+        const RankShard& s = ranks[size_t(local[i])];
+        const TensorView qk = heads_of(qkv[i].view(), 0, s.nq + s.nkv, D);
+        op.rope(qk, positions, W.rope, qk);
+      }
+      trace_qkv("q_rope", l, 0);
+      trace_qkv("k_rope", l, 1);
+    } else {
+      // The same three steps as one backend call (fused on the GPU: one launch, the same bits).
+      for (size_t i = 0; i < n_local; ++i) {
+        const RankShard& s = ranks[size_t(local[i])];
+        op.qk_norm_rope(heads_of(qkv[i].view(), 0, s.nq + s.nkv, D), s.nq, L.q_norm, L.k_norm, norm,
+                        positions, W.rope);
+      }
     }
-    trace_qkv("q_norm", l, 0);
-    trace_qkv("k_norm", l, 1);
-    for (size_t i = 0; i < n_local; ++i) {
-      // The q and k heads are adjacent in a row of q|k|v: one RoPE call rotates both (RoPE acts
-      // per (row, head, pair), so the bits are those of one call per part; one launch fewer).
-      const RankShard& s = ranks[size_t(local[i])];
-      const TensorView qk = heads_of(qkv[i].view(), 0, s.nq + s.nkv, D);
-      op.rope(qk, positions, W.rope, qk);
-    }
-    trace_qkv("q_rope", l, 0);
-    trace_qkv("k_rope", l, 1);
     const bool keep_lse = trace && lse_out;
     std::vector<Tensor> lse_r(keep_lse ? n_local : 0);
     for (size_t i = 0; i < n_local; ++i) {

@@ -162,6 +162,12 @@ void ProfiledBackend::rope(const TensorView& x, const TensorView& positions, con
                            const TensorView& y) const {
   timed("rope", [&] { inner_->rope(x, positions, table, y); });
 }
+void ProfiledBackend::qk_norm_rope(const TensorView& qk, int64_t nq, const TensorView& q_weight,
+                                   const TensorView& k_weight, const RmsNormConfig& cfg,
+                                   const TensorView& positions, const RopeTable& table) const {
+  timed("qk_norm_rope",
+        [&] { inner_->qk_norm_rope(qk, nq, q_weight, k_weight, cfg, positions, table); });
+}
 void ProfiledBackend::silu_mul(const TensorView& gate, const TensorView& up,
                                const TensorView& out) const {
   timed("silu_mul", [&] { inner_->silu_mul(gate, up, out); });

@@ -74,6 +74,9 @@ class ProfiledBackend final : public OpsBackend {
                         const TensorView& y) const override;
   void rope(const TensorView& x, const TensorView& positions, const RopeTable& table,
             const TensorView& y) const override;
+  void qk_norm_rope(const TensorView& qk, int64_t nq, const TensorView& q_weight,
+                    const TensorView& k_weight, const RmsNormConfig& cfg,
+                    const TensorView& positions, const RopeTable& table) const override;
   void silu_mul(const TensorView& gate, const TensorView& up, const TensorView& out) const override;
 
   void embedding(const TensorView& ids, const TensorView& table,

@@ -114,7 +114,7 @@ TEST(ProfiledBackend, RolloutBitsAreTheInnerBackendsAndEveryOpIsCounted) {
   EXPECT_EQ(partials, 2 * steps * L * tp);
   EXPECT_EQ(calls(all, "gemm_combine"), 2 * steps * L);
   for (const char* label :
-       {"rmsnorm", "rmsnorm_residual", "rope", "silu_mul", "copy host->host", "empty"})
+       {"rmsnorm", "rmsnorm_residual", "qk_norm_rope", "silu_mul", "copy host->host", "empty"})
     EXPECT_GT(calls(all, label), 0) << label;
   EXPECT_EQ(row(all, "attention_prefill_varlen"), nullptr);  // the rollout's attention is paged
   EXPECT_GT(all.total.device_s, 0.0);

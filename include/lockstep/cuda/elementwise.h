@@ -29,6 +29,16 @@ void rmsnorm_residual(const TensorView& x, const TensorView& residual, const Ten
 void rope(const TensorView& x, const TensorView& positions, const TensorView& cos,
           const TensorView& sin, const TensorView& y, void* stream = nullptr);
 
+// A layer's q and k heads in place, in one launch: qk [T, heads, D] (q heads [0, nq), k heads
+// [nq, heads), e.g. the q|k columns of a q|k|v buffer); each q head rmsnorm'd with q_weight, each k
+// head with k_weight, then every head rotated by RoPE: the bits of rmsnorm on each part followed
+// by rope (docs/contract.md §E.1, §E.2), the normalized values never stored. Needs D = 128,
+// contiguous heads and 16-byte aligned rows (qk_norm_rope_supported); cos / sin as for rope.
+bool qk_norm_rope_supported(const TensorView& qk);
+void qk_norm_rope(const TensorView& qk, int64_t nq, const TensorView& q_weight,
+                  const TensorView& k_weight, const RmsNormConfig& cfg, const TensorView& positions,
+                  const TensorView& cos, const TensorView& sin, void* stream = nullptr);
+
 void silu_mul(const TensorView& gate, const TensorView& up, const TensorView& out,
               void* stream = nullptr);
 // silu_mul of the halves of gate_up [T, 2I] (out [T, I]), as cpu::silu_and_mul.

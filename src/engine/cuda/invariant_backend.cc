@@ -38,6 +38,18 @@ class CudaInvariantBackend final : public InvariantOps<CudaDeviceBackend> {
     const DeviceTable& t = device_table(table);
     cuda::rope(x, positions, t.cos.view(), t.sin.view(), y, stream_);
   }
+  // The fused kernel where it applies (head_dim 128, aligned rows), else the three ops.
+  void qk_norm_rope(const TensorView& qk, int64_t nq, const TensorView& q_weight,
+                    const TensorView& k_weight, const RmsNormConfig& cfg,
+                    const TensorView& positions, const RopeTable& table) const override {
+    if (!cuda::qk_norm_rope_supported(qk)) {
+      OpsBackend::qk_norm_rope(qk, nq, q_weight, k_weight, cfg, positions, table);
+      return;
+    }
+    const DeviceTable& t = device_table(table);
+    cuda::qk_norm_rope(qk, nq, q_weight, k_weight, cfg, positions, t.cos.view(), t.sin.view(),
+                       stream_);
+  }
   void rope_backward(const TensorView& gy, const TensorView& positions, const RopeTable& table,
                      const TensorView& dx) const override {
     const DeviceTable& t = device_table(table);

@@ -8,6 +8,9 @@
 //     (aligned and unaligned), per-head [T, heads, D] views inside a fused qkv buffer, in place;
 //   - RoPE: 40960 positions, D = 2, 6, 128, i32 / i64 / strided positions, q inside qkv, in place,
 //     out-of-table device positions -> canonical-NaN rows;
+//   - q/k norm + RoPE in one launch (cuda::qk_norm_rope) == rmsnorm of each part, then rope, over a
+//     q|k|v buffer (v untouched), special heads, a token alone == in the batch, out-of-table
+//     device positions -> NaN heads, argument errors;
 //   - SiLU-and-mul: every bf16 gate x special up values, random rows, odd widths, in place;
 //   - embedding: random bit-pattern tables, strided ids / tables / outputs, vocab-parallel partials
 //     TP = 1, 2, 3, 4, 8 and their combine (also in place), invalid device ids -> NaN rows;
@@ -367,6 +370,157 @@ void test_rope(int64_t T, int64_t heads, int64_t D, bool pos32, int64_t pos_stri
   }
 }
 
+// ---- q/k norm + RoPE in one launch (cuda::qk_norm_rope) --------------------------------------
+
+// qk = the q|k columns of a q|k|v buffer [T, (nq + 2·nkv)·128]: cuda::qk_norm_rope must equal
+// cpu::rmsnorm of the q heads (q_w) and of the k heads (k_w), then cpu::rope of all of them, in
+// place, bit for bit over the whole buffer (the v columns untouched). Rows at several magnitudes
+// (squares that underflow or overflow fp32), NaN / inf / zero heads; the last token alone == in
+// the batch; a device position outside the table -> a canonical-NaN row (that token only).
+void test_qk_norm_rope(int64_t T, int64_t nq, int64_t nkv, bool pos32) {
+  constexpr int64_t D = 128;
+  lockstep::RopeConfig rc;
+  rc.head_dim = D;
+  rc.max_positions = 40960;
+  const lockstep::RopeTable table = lockstep::RopeTable::build(rc);
+  const lockstep::RmsNormConfig cfg{1e-6f};
+  const int64_t heads = nq + nkv, ld = (heads + nkv) * D;
+  Tensor xb(DType::kBF16, {T, ld});
+  const float mags[] = {1.0f, 3.0f, 1e-20f, 1e20f, 1e-3f};
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < heads + nkv; ++h)
+      fill_bf16(xb.ptr<bf16>() + t * ld + h * D, D, mags[(t + h) % 5]);
+  xb.ptr<bf16>()[3] = bf16{0xffc3};                           // NaN in q head 0 of token 0
+  if (T > 1) xb.ptr<bf16>()[ld + nq * D + 5] = bf16{0x7f80};  // +inf in k head 0 of token 1
+  if (T > 2) std::memset(xb.ptr<bf16>() + 2 * ld + D, 0, size_t(D) * 2);  // a zero q head
+  Tensor wq(DType::kBF16, {D}), wk(DType::kBF16, {D});
+  fill_bf16(wq.ptr<bf16>(), D, 1.0f);
+  fill_bf16(wk.ptr<bf16>(), D, 1.0f);
+  Tensor pos(pos32 ? DType::kI32 : DType::kI64, {T});
+  std::uniform_int_distribution<int64_t> pd(0, rc.max_positions - 1);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t p = t < 3 ? t : pd(g_rng);
+    if (pos32) {
+      pos.ptr<int32_t>()[t] = int32_t(p);
+    } else {
+      pos.ptr<int64_t>()[t] = p;
+    }
+  }
+  // CPU: the three ops, in place on a copy.
+  Tensor yb(DType::kBF16, {T, ld});
+  std::memcpy(yb.data(), xb.data(), size_t(xb.nbytes()));
+  const TensorView hpos = view(pos.data(), pos.dtype(), {T}, {1}, Device::kCPU);
+  const TensorView hq = view(yb.data(), DType::kBF16, {T, nq, D}, {ld, D, 1}, Device::kCPU);
+  const TensorView hk =
+      view(yb.ptr<bf16>() + nq * D, DType::kBF16, {T, nkv, D}, {ld, D, 1}, Device::kCPU);
+  const TensorView hqk = view(yb.data(), DType::kBF16, {T, heads, D}, {ld, D, 1}, Device::kCPU);
+  lockstep::cpu::rmsnorm(hq, view(wq.data(), DType::kBF16, {D}, {1}, Device::kCPU), cfg, hq);
+  lockstep::cpu::rmsnorm(hk, view(wk.data(), DType::kBF16, {D}, {1}, Device::kCPU), cfg, hk);
+  lockstep::cpu::rope(hqk, hpos, table, hqk);
+
+  DevPool d;
+  const size_t nb = size_t(xb.nbytes());
+  void* dx = d.upload(xb.data(), nb);
+  void* dwq = d.upload(wq.data(), size_t(D) * 2);
+  void* dwk = d.upload(wk.data(), size_t(D) * 2);
+  void* dp = d.upload(pos.data(), size_t(pos.nbytes()));
+  void* dc = d.upload(table.cos.data(), table.cos.size() * 4);
+  void* dsn = d.upload(table.sin.data(), table.sin.size() * 4);
+  const TensorView vc = view(dc, DType::kF32, {rc.max_positions, D / 2});
+  const TensorView vs = view(dsn, DType::kF32, {rc.max_positions, D / 2});
+  const TensorView vwq = view(dwq, DType::kBF16, {D}), vwk = view(dwk, DType::kBF16, {D});
+  const TensorView vp = view(dp, pos.dtype(), {T});
+  const TensorView vqk = view(dx, DType::kBF16, {T, heads, D}, {ld, D, 1});
+  lockstep::cuda::qk_norm_rope(vqk, nq, vwq, vwk, cfg, vp, vc, vs);
+  char tag[96];
+  std::snprintf(tag, sizeof tag, " T=%lld nq=%lld nkv=%lld pos %s", (long long)T, (long long)nq,
+                (long long)nkv, pos32 ? "i32" : "i64");
+  bitwise(std::string("qk_norm_rope == rmsnorm q, rmsnorm k, rope (v untouched)") + tag,
+          download(dx, nb).data(), yb.data(), size_t(T * ld), 2);
+  // Invariance: the last token alone.
+  if (T > 1) {
+    void* d1 = d.upload(xb.ptr<bf16>() + (T - 1) * ld, size_t(ld) * 2);
+    lockstep::cuda::qk_norm_rope(view(d1, DType::kBF16, {1, heads, D}, {ld, D, 1}), nq, vwq, vwk,
+                                 cfg, vp.rows(T - 1, T), vc, vs);
+    const std::vector<uint8_t> g = download(d1, size_t(ld) * 2);
+    report(std::memcmp(g.data(), yb.ptr<bf16>() + (T - 1) * ld, size_t(ld) * 2) == 0,
+           std::string("qk_norm_rope last token alone == in batch") + tag);
+  }
+  // A device position outside the table: that token's q and k heads are canonical NaN, the
+  // others as before.
+  if (T > 1) {
+    void* dx2 = d.upload(xb.data(), nb);
+    Tensor bad(pos.dtype(), {T});
+    std::memcpy(bad.data(), pos.data(), size_t(pos.nbytes()));
+    if (pos32) {
+      bad.ptr<int32_t>()[1] = int32_t(rc.max_positions);
+    } else {
+      bad.ptr<int64_t>()[1] = -1;
+    }
+    void* dpb = d.upload(bad.data(), size_t(bad.nbytes()));
+    lockstep::cuda::qk_norm_rope(view(dx2, DType::kBF16, {T, heads, D}, {ld, D, 1}), nq, vwq, vwk,
+                                 cfg, view(dpb, bad.dtype(), {T}), vc, vs);
+    std::vector<uint8_t> g = download(dx2, nb);
+    const auto* gb = reinterpret_cast<const uint16_t*>(g.data());
+    bool nan_row = true;
+    for (int64_t i = 0; i < heads * D; ++i) nan_row = nan_row && gb[ld + i] == 0x7FC0;
+    report(nan_row, std::string("qk_norm_rope out-of-table position -> NaN heads") + tag);
+    std::memcpy(g.data() + ld * 2, yb.ptr<bf16>() + ld, size_t(heads * D) * 2);
+    report(std::memcmp(g.data(), yb.data(), nb) == 0,
+           std::string("qk_norm_rope out-of-table position: other tokens unchanged") + tag);
+  }
+}
+
+void test_qk_norm_rope_errors() {
+  DevPool d;
+  constexpr int64_t D = 128;
+  lockstep::RopeConfig rc;
+  rc.head_dim = D;
+  rc.max_positions = 64;
+  const lockstep::RopeTable table = lockstep::RopeTable::build(rc);
+  const lockstep::RmsNormConfig cfg{1e-6f};
+  void* dx = d.alloc(size_t(4 * 6 * D) * 2);
+  void* dw = d.alloc(size_t(D) * 2);
+  void* dp = d.alloc(4 * 8);
+  void* dc = d.upload(table.cos.data(), table.cos.size() * 4);
+  void* dsn = d.upload(table.sin.data(), table.sin.size() * 4);
+  const TensorView vc = view(dc, DType::kF32, {64, D / 2}),
+                   vs = view(dsn, DType::kF32, {64, D / 2});
+  const TensorView w = view(dw, DType::kBF16, {D}), p = view(dp, DType::kI64, {4});
+  const TensorView x = view(dx, DType::kBF16, {4, 6, D});
+  expect_error(
+      "qk_norm_rope nq > heads", [&] { lockstep::cuda::qk_norm_rope(x, 7, w, w, cfg, p, vc, vs); },
+      "'nq'");
+  expect_error(
+      "qk_norm_rope head_dim 64",
+      [&] {
+        lockstep::cuda::qk_norm_rope(view(dx, DType::kBF16, {4, 12, 64}), 6, w, w, cfg, p, vc, vs);
+      },
+      "qk");
+  expect_error(
+      "qk_norm_rope unaligned rows",
+      [&] {
+        lockstep::cuda::qk_norm_rope(view(dx, DType::kBF16, {2, 6, D}, {6 * D + 4, D, 1}), 4, w, w,
+                                     cfg, view(dp, DType::kI64, {2}), vc, vs);
+      },
+      "16-byte");
+  expect_error(
+      "qk_norm_rope host qk",
+      [&] {
+        Tensor h(DType::kBF16, {4, 6, D});
+        lockstep::cuda::qk_norm_rope(h.view(), 4, w, w, cfg, p, vc, vs);
+      },
+      "qk");
+  expect_error(
+      "qk_norm_rope weight of the wrong size",
+      [&] { lockstep::cuda::qk_norm_rope(x, 4, view(dw, DType::kBF16, {64}), w, cfg, p, vc, vs); },
+      "weight");
+  expect_error(
+      "qk_norm_rope positions of the wrong length",
+      [&] { lockstep::cuda::qk_norm_rope(x, 4, w, w, cfg, view(dp, DType::kI64, {3}), vc, vs); },
+      "positions");
+}
+
 void test_rope_bad_positions_and_errors() {
   lockstep::RopeConfig rc;
   rc.head_dim = 8;
@@ -670,6 +824,10 @@ void run_elementwise_checks() {
   test_rope(17, 3, 2, true, 2);
   test_rope(g_quick ? 9 : 111, 5, 6, true, 1);
   test_rope_bad_positions_and_errors();
+  test_qk_norm_rope(g_quick ? 9 : 300, 32, 8, false);
+  test_qk_norm_rope(g_quick ? 5 : 77, 4, 1, true);
+  test_qk_norm_rope(1, 2, 2, false);
+  test_qk_norm_rope_errors();
   test_silu();
   test_silu_odd();
   test_embedding();
