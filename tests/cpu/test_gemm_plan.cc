@@ -1,7 +1,7 @@
 // The CUDA GEMM planner (src/cuda/gemm/plan.h), on the CPU: the plans for the Qwen3-0.6B and 8B
 // layer shapes equal the choices of the dispatch it replaced (commit 90d8be4), except where the
-// ping-pong rule now applies; the planner is a pure function; the layouts of the backward are a
-// clear error; every legal plan is distinct and plan_gemm's choice is one of them.
+// ping-pong and stash rules now apply; the planner is a pure function; the layouts of the backward
+// are a clear error; every legal plan is distinct and plan_gemm's choice is one of them.
 //
 // Where the expectations come from: the table kDispatch90d8be4 below was produced by a verbatim
 // host transcription of 90d8be4's dispatch — src/cuda/gemm_bf16_nt.cu choose_sm90 (kPlanSMs = 132)
@@ -319,28 +319,47 @@ GemmProblem problem(int64_t M, int64_t N, int64_t K, int S) {
   return p;
 }
 
-// The one deliberate change from 90d8be4: the ping-pong rule (docs/cuda-gemm.md "Ping-pong"):
-// one segment, M >= 4096, N > K.
+// The deliberate changes from 90d8be4: the ping-pong rule (docs/cuda-gemm.md "Ping-pong"): one
+// segment, M >= 4096, N > K; the stash rule ("Stash"): M > 64, S = 4 (or 8 with segments of >=
+// 1024), at least 132 tiles of 64x256.
 bool ping_pong_rule(int64_t M, int64_t N, int64_t K, int S) { return S == 1 && M >= 4096 && N > K; }
+bool stash_rule(int64_t M, int64_t N, int64_t K, int S) {
+  const int64_t seg_len = gemm_k_layout(GemmConfig{S}, K).segment_len;
+  return M > 64 && (S == 4 || (S == 8 && seg_len >= 1024)) &&
+         ((M + 63) / 64) * ((N + 255) / 256) >= 132;
+}
+GemmPlan stash_plan(int S) {
+  GemmPlan p = expected("kWgmma64x256PingPong", 1);
+  p.fold = GemmFold::kStash;
+  p.tree_levels = S == 2 ? 1 : S == 4 ? 2 : 3;
+  return p;
+}
 
 TEST(GemmPlan, QwenShapesMatchTheDispatchItReplaced) {
-  int ping_pong_rows = 0;
+  int ping_pong_rows = 0, stash_rows = 0;
   for (const Row& r : kDispatch90d8be4) {
     for (int si = 0; si < 4; ++si) {
       const int S = kSegments[si];
       const GemmProblem p = problem(r.M, r.N, r.K, S);
       const GemmPlan got = plan_gemm(p);
       const bool pp = ping_pong_rule(r.M, r.N, r.K, S);
+      const bool stash = stash_rule(r.M, r.N, r.K, S);
       ping_pong_rows += pp ? 1 : 0;
-      const GemmPlan want = expected(pp ? "kWgmma64x256PingPong" : r.by_s[si], S);
+      stash_rows += stash ? 1 : 0;
+      const GemmPlan want =
+          stash ? stash_plan(S) : expected(pp ? "kWgmma64x256PingPong" : r.by_s[si], S);
       EXPECT_EQ(got, want) << r.shape << " N=" << r.N << " K=" << r.K << " M=" << r.M << " S=" << S
                            << ": got " << got.to_string() << ", want " << want.to_string()
-                           << (pp ? " (ping-pong rule)" : "");
+                           << (pp      ? " (ping-pong rule)"
+                               : stash ? " (stash rule)"
+                                       : "");
       EXPECT_TRUE(gemm_plan_legal(p, got)) << got.to_string();
     }
   }
   // qkv, gate_up, lm_head of both models at M = 4096 and 16384 (N > K); never o_proj / down.
   EXPECT_EQ(ping_pong_rows, 12);
+  // S = 4 on the 28 rows with >= 132 tiles of 64x256, S = 8 on the 8B down_proj (segments of 1536)
+  EXPECT_EQ(stash_rows, 31);
 }
 
 // Operands TMA cannot read: the cp.async ring tiles for M <= 64 (90d8be4's small_m_default_variant,
@@ -437,7 +456,9 @@ TEST(GemmPlan, NnPlansAreTheWgmmaPlans) {
       EXPECT_EQ(chosen.mainloop, GemmMainloop::kWgmma) << chosen.to_string();
       EXPECT_TRUE(gemm_plan_legal(p, chosen)) << chosen.to_string();
       const GemmPlan nt_plan = plan_gemm(nt);
-      if (nt_plan.mainloop == GemmMainloop::kWgmma) EXPECT_EQ(chosen, nt_plan);
+      if (nt_plan.mainloop == GemmMainloop::kWgmma) {
+        EXPECT_EQ(chosen, nt_plan);
+      }
       for (const GemmPlan& q : gemm_legal_plans(p)) {
         EXPECT_EQ(q.mainloop, GemmMainloop::kWgmma) << q.to_string();
         EXPECT_TRUE(gemm_plan_legal(nt, q)) << q.to_string();  // an NT plan too
@@ -502,16 +523,18 @@ TEST(GemmPlan, LegalPlansAreDistinctAndContainTheChoice) {
         EXPECT_EQ(names.size(), v.size()) << "M=" << M << " S=" << S;
         EXPECT_TRUE(gemm_plan_legal(p, plan_gemm(p))) << plan_gemm(p).to_string();
         // The ping-pong and segment-pair plans are offered wherever their kernels run.
-        bool has_pp = false, has_pairs = false;
+        bool has_pp = false, has_pairs = false, has_stash = false;
         for (const GemmPlan& q : v) {
           has_pp |= q.ping_pong;
           has_pairs |= q.fold == GemmFold::kPairs;
+          has_stash |= q.fold == GemmFold::kStash;
           if (!tma) {
             EXPECT_TRUE(q.mainloop == K::kMmaSync || q.mainloop == K::kSmallMRing);
           }
         }
         EXPECT_EQ(has_pp, tma);
         EXPECT_EQ(has_pairs, tma && S >= 4);
+        EXPECT_EQ(has_stash, tma && S > 1);
       }
     }
   }

@@ -4,7 +4,8 @@
 // GPU by EVERY plan the launcher can run for it (plan_gemm's own choice through the public
 // function, and each of gemm_legal_plans through detail::gemm_bf16_nt_with_plan: mma.sync 32x64 /
 // 128x128, wgmma+TMA 128x256 / 128x128 / 64x128 / 64x256 ping-pong with per-segment fp32 planes,
-// 128x128 / 64x128 with the in-CTA register tree, the segment-pair path, every compiled small-M
+// 128x128 / 64x128 with the in-CTA register tree, the segment-pair path, the 64x256 ping-pong
+// tile with its segments folded through the stash, every compiled small-M
 // tile for M <= 64), in three layouts
 // (contiguous; padded rows with 16-byte strides, which TMA takes; odd strides and an unaligned
 // base, which it cannot, so the mma.sync kernel must run). Covered: odd M, N, K (K not a multiple
@@ -535,9 +536,23 @@ int main(int argc, char** argv) {
 
   try {
     std::vector<std::vector<int64_t>> shapes = {
-        {1, 1, 1},       {3, 17, 111},     {17, 3, 1000},    {111, 1000, 17}, {1000, 111, 1000},
-        {1, 1000, 1000}, {1000, 17, 3},    {130, 129, 333},  {64, 256, 4096}, {256, 384, 64},
-        {5, 7, 0},       {300, 520, 1000}, {257, 777, 4104}, {640, 1280, 512}};
+        {1, 1, 1},
+        {3, 17, 111},
+        {17, 3, 1000},
+        {111, 1000, 17},
+        {1000, 111, 1000},
+        {1, 1000, 1000},
+        {1000, 17, 3},
+        {130, 129, 333},
+        {64, 256, 4096},
+        {256, 384, 64},
+        {5, 7, 0},
+        {300, 520, 1000},
+        {257, 777, 4104},
+        {640, 1280, 512},
+        // 297 tiles of 64x256 on 132 CTAs: the stash plan's tile pairs and lone last tiles (2 or
+        // 3 tiles per CTA); K = 264: segments of one partial k-tile (S = 8) or 1.25 (S = 4)
+        {1700, 2600, 264}};
     if (g_quick) shapes = {{1, 1, 1}, {3, 17, 111}, {130, 129, 333}, {257, 300, 1000}, {5, 7, 0}};
     int variant = 0;
     for (const auto& sh : shapes) {

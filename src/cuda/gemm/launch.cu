@@ -119,7 +119,19 @@ void launch_sm90_plan(const GemmPlan& plan, const CUtensorMap& tx, const CUtenso
   using Store = detail::Sm90StoreEpilogue;
   const GemmTile& t = plan.tile;
   if (plan.ping_pong) {
-    launch_sm90_tile<64, 256, 5, 0, Store, true, false, BT>(kOp, tx, tw, p, s);
+    switch (plan.tree_levels) {  // 0: one segment; 1-3: the stash (S = 2, 4, 8)
+      case 0:
+        launch_sm90_tile<64, 256, 5, 0, Store, true, false, BT>(kOp, tx, tw, p, s);
+        break;
+      case 1:
+        launch_sm90_tile<64, 256, 5, 1, Store, true, false, BT>(kOp, tx, tw, p, s);
+        break;
+      case 2:
+        launch_sm90_tile<64, 256, 5, 2, Store, true, false, BT>(kOp, tx, tw, p, s);
+        break;
+      default:
+        launch_sm90_tile<64, 256, 5, 3, Store, true, false, BT>(kOp, tx, tw, p, s);
+    }
   } else if (plan.tree_levels == 1) {  // the register tree (S <= 2), or one segment pair
     launch_sm90_tile<128, 128, 6, 1, Store, false, false, BT>(kOp, tx, tw, p, s);
   } else if (plan.tree_levels == 3) {
@@ -311,7 +323,24 @@ void run_sm90(const GemmParams& c, const GemmPlan& plan, cudaStream_t s) {
     p.bias_stride = c.bias_stride;
     p.bias_f32 = c.bias_f32;
     const CUtensorMap tx = tensor_map(c.x, c.M, c.K, c.ldx, t.bm);
-    launch_sm90(c, plan, tx, tw, p, s);
+    if (plan.fold != GemmFold::kStash) {
+      launch_sm90(c, plan, tx, tw, p, s);
+      return;
+    }
+    // The stash: per CTA of the persistent grid (at most one per SM) and consumer warpgroup,
+    // tree_levels levels of a 64 x 256 fp32 tile.
+    const size_t bytes = size_t(detail::sm90_sm_count()) * 2 * plan.tree_levels * 64 * 256 * 4;
+    const cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&p.stash), bytes, s);
+    LS_CHECK(e == cudaSuccess, kOp, "cudaMallocAsync of the ", bytes,
+             "-byte segment stash failed: ", cudaGetErrorString(e));
+    try {
+      launch_sm90(c, plan, tx, tw, p, s);
+    } catch (...) {
+      cudaFreeAsync(p.stash, s);
+      throw;
+    }
+    const cudaError_t f = cudaFreeAsync(p.stash, s);
+    LS_CHECK(f == cudaSuccess, kOp, "cudaFreeAsync of the stash failed: ", cudaGetErrorString(f));
     return;
   }
   // Several segments: per-segment fp32 planes, then the tree (+ bias, one rounding) per row chunk.

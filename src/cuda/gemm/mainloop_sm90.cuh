@@ -3,14 +3,16 @@
 // (cp.async.bulk.tensor, 128B swizzle, zero fill out of bounds) through an NS-stage mbarrier
 // pipeline; warpgroup 0 produces (one thread issues the copies), warpgroups 1 and 2 consume.
 // Persistent: CTA b runs jobs b, b + grid, ...; a job is one BM x BN tile of one K segment, or
-// (LEVELS > 0) a whole tile with all its segments.
+// (LEVELS > 0) a whole tile with all its segments, or (ping-pong with LEVELS > 0) one segment of
+// one of the CTA's tiles, which go in pairs (sm90_stash_job).
 // Bits (docs/contract.md §G.3, §M.2): each output's segment is ONE wgmma chain, first k-block with
 // scale-d = 0 (= c = +0), then every k-block of 16 of the segment in ascending k, in order on the
 // same accumulator registers (accumulate mode: every k-block scale-d = 1 on y's value); k-blocks
 // past the segment end are never issued, elements k >= K are
 // TMA zero fill (exact no-ops). Segments are combined by the G.4 tree either in registers
-// (LEVELS > 0, fold.cuh) or, one job per segment, through workspace planes and the tree kernel
-// (tree_combine.cuh, G.10); then bias once (fp32 RNE), one rounding, canonical NaN (epilogue.cuh).
+// (LEVELS > 0, fold.cuh; ping-pong: through a stash in global memory) or, one job per segment,
+// through workspace planes and the tree kernel (tree_combine.cuh, G.10); then bias once (fp32 RNE),
+// one rounding, canonical NaN (epilogue.cuh).
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only; the encoder is fetched from the driver at run time)
@@ -56,6 +58,81 @@ __device__ __forceinline__ Sm90Job sm90_job(int64_t job, int64_t num_m, int64_t 
   const int64_t gm = (num_m - first) < kSm90GroupM ? (num_m - first) : kSm90GroupM;
   const int64_t r = tile - g * per_group;
   return Sm90Job{(first + r % gm) * BM, (r / gm) * BN, s};
+}
+
+// The stash schedule (PP with LEVELS > 0): the CTA's tiles t_i = blockIdx.x + i·gridDim.x (n of
+// them) are taken in pairs; a pair's 2·S jobs alternate between its two tiles segment by segment
+// (tile 2p: warpgroup 0, tile 2p + 1: warpgroup 1), so that one warpgroup folds a finished segment
+// while the other's segment keeps the tensor cores busy. A last tile without a partner runs its S
+// segments one after the other. Job l of the CTA -> (i, segment).
+struct Sm90StashJob {
+  int64_t i;
+  int sg;
+};
+__device__ __forceinline__ Sm90StashJob sm90_stash_job(int64_t l, int64_t n, int nseg) {
+  const int64_t pair = l / (2 * nseg), r = l - pair * 2 * nseg;
+  if (2 * pair + 1 < n) return Sm90StashJob{2 * pair + (r & 1), int(r >> 1)};
+  return Sm90StashJob{2 * pair, int(r)};
+}
+
+// One job of a CTA as both the producer and the consumers see it: the tile, its segments
+// [sg0, sg1), and (PP) which consumer warpgroup runs it.
+struct Sm90Turn {
+  Sm90Job j;
+  int sg0, sg1;
+  int owner;  // PP: the consumer warpgroup of the job (0 or 1)
+};
+template <int BM, int BN, bool PP, int LEVELS>
+__device__ __forceinline__ Sm90Turn sm90_turn(int64_t l, int64_t num_m, int64_t num_n, int nseg,
+                                              int64_t n_local) {
+  if constexpr (PP && LEVELS > 0) {
+    const Sm90StashJob sj = sm90_stash_job(l, n_local, nseg);
+    const Sm90Job j = sm90_job<BM, BN>(blockIdx.x + sj.i * gridDim.x, num_m, num_n, 1);
+    return Sm90Turn{j, sj.sg, sj.sg + 1, int(sj.i & 1)};
+  } else {
+    const int job_segs = LEVELS > 0 ? 1 : nseg;
+    const Sm90Job j = sm90_job<BM, BN>(blockIdx.x + l * gridDim.x, num_m, num_n, job_segs);
+    return Sm90Turn{j, LEVELS > 0 ? 0 : j.s, LEVELS > 0 ? nseg : j.s + 1, int(l & 1)};
+  }
+}
+
+// The stash fold (PP, LEVELS > 0) after segment sg of nseg: fold_segment's tree (fold.cuh) with
+// the pending left subtrees in global memory instead of registers (a 64 x BN warpgroup tile's
+// accumulators fill the registers): level v of this warpgroup at stash + v·(64·BN), each thread's
+// R values as R/4 float4 128 threads apart (coalesced, read back by the thread that wrote them).
+// The same adds in the same order as fold_segment: left = the earlier subtree.
+template <int R, int LEVELS>
+__device__ __forceinline__ void sm90_stash_fold(float (&acc)[R], float* stash, int sg, int nseg,
+                                                int wt) {
+  static_assert(LEVELS >= 1 && LEVELS <= 3 && R % 32 == 0, "S <= 8, whole float4 groups");
+  constexpr int64_t kLevel = int64_t(R) * 128;  // floats per level
+#pragma unroll
+  for (int v = 0; v < LEVELS; ++v) {
+    if (((sg >> v) & 1) == 0) break;
+    const float4* src = reinterpret_cast<const float4*>(stash + v * kLevel) + wt;
+#pragma unroll
+    for (int g = 0; g < R / 4; g += 8) {
+      float4 l[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) l[u] = __ldcg(src + (g + u) * 128);
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        float* a = acc + 4 * (g + u);
+        a[0] = __fadd_rn(l[u].x, a[0]);
+        a[1] = __fadd_rn(l[u].y, a[1]);
+        a[2] = __fadd_rn(l[u].z, a[2]);
+        a[3] = __fadd_rn(l[u].w, a[3]);
+      }
+    }
+  }
+  if (sg + 1 < nseg) {
+    const int v = (sg & 1) == 0 ? 0 : (sg & 2) == 0 ? 1 : 2;  // sg's lowest 0 bit
+    float4* dst = reinterpret_cast<float4*>(stash + v * kLevel) + wt;
+#pragma unroll
+    for (int q = 0; q < R / 4; ++q)
+      __stcg(dst + q * 128,
+             make_float4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]));
+  }
 }
 
 // The plain epilogue: the accumulators through this warp's staging rows to y (bias, one
@@ -159,6 +236,11 @@ __device__ __forceinline__ void sm90_load_acc(const Sm90Params& p, float (&acc)[
 // waited on, so each mbarrier parity wait is on the right phase. The same chains in the same
 // order as every other tile: the bits do not change. In accumulate mode a ping-pong warpgroup
 // loads y's values before it waits for the other's k-loop (the load overlaps those MMAs).
+// PP with LEVELS > 0 ("stash", S <= 2^LEVELS segments): a job is one segment of a tile; the tiles
+// of a CTA go in pairs, one per warpgroup, whose segments alternate (sm90_stash_job), and after
+// each of its segments a warpgroup folds it into the G.4 tree through its stash in global memory
+// (sm90_stash_fold: a 64 x BN tile's accumulators leave no registers for a stack) while the other
+// warpgroup's segment runs; after the tile's last segment, the final epilogue.
 // AT / BT ("nn", "tn" layouts: docs/cuda-gemm.md "Backward"): x / w is MN-major in memory — x
 // stored [K, M] (rows = k), w stored [K, N] — and is read by TMA in boxes of 64 columns x 64 k
 // rows (BM / 64 or BN / 64 boxes per stage, 8192 bytes apart), fed to wgmma with the transpose bit
@@ -175,8 +257,8 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
   constexpr int kABytes = BM * 128;
   constexpr int kStageBytes = (BM + BN) * 128;
   static_assert(BM == 64 * WGM && (WGN == 1 || WGN == 2), "tile shape");
-  static_assert(!PP || (BM == 64 && WGN == 1 && LEVELS == 0 && !Epi::kFused),
-                "ping-pong tile shape");
+  static_assert(!PP || (BM == 64 && WGN == 1 && !Epi::kFused), "ping-pong tile shape");
+  constexpr bool kStash = PP && LEVELS > 0;  // segments as turns, folded through p.stash
   static_assert(!Epi::kFused || LEVELS == 0, "a fused epilogue takes one segment");
   static_assert(kABytes % 1024 == 0 && kStageBytes % 1024 == 0, "stages 1024-aligned");
   static_assert(!sm90_accumulates<Epi>::value || (LEVELS == 0 && !Epi::kFused),
@@ -210,6 +292,10 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
   const int64_t num_n = (p.N + BN - 1) / BN;
   const int job_segs = LEVELS > 0 ? 1 : p.nseg;  // segments told apart by the job index
   const int64_t njobs = num_m * num_n * job_segs;
+  // This CTA's jobs: every gridDim.x-th job, or (kStash) its tiles' segments (sm90_stash_job).
+  const int64_t n_tiles = kStash ? (num_m * num_n - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+  const int64_t n_local =
+      kStash ? n_tiles * p.nseg : (njobs - blockIdx.x + gridDim.x - 1) / gridDim.x;
   const int nkt = int((p.seg_len + kSm90BK - 1) / kSm90BK);  // k-tiles per segment
 
   if (tid < 128) {
@@ -218,10 +304,10 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
     if (tid == 0) {
       int stage = 0;
       uint32_t phase = 0;
-      for (int64_t job = blockIdx.x; job < njobs; job += gridDim.x) {
-        const Sm90Job j = sm90_job<BM, BN>(job, num_m, num_n, job_segs);
-        const int s_end = LEVELS > 0 ? p.nseg : j.s + 1;
-        for (int sg = LEVELS > 0 ? 0 : j.s; sg < s_end; ++sg) {
+      for (int64_t l = 0; l < n_local; ++l) {
+        const Sm90Turn tu = sm90_turn<BM, BN, PP, LEVELS>(l, num_m, num_n, p.nseg, n_tiles);
+        const Sm90Job& j = tu.j;
+        for (int sg = tu.sg0; sg < tu.sg1; ++sg) {
           const int64_t kseg = int64_t(sg) * p.seg_len;
           int4 cur = make_int4(0, 0, 0, 0);
           if constexpr (sm90_blocked<Epi>::value) cur = sm90_block_entries(p, 0);
@@ -289,14 +375,16 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
     float acc[R];
     zero_all(acc);
     // Pending left subtrees of the tree (unused when LEVELS == 0).
-    float stack[LEVELS >= 1 ? LEVELS : 1][R];
+    float stack[(LEVELS >= 1 && !kStash) ? LEVELS : 1][R];
 
     int stage = 0;
     uint32_t phase = 0;
-    int64_t local = 0;  // PP: this CTA's job count so far (even: warpgroup 0's, odd: 1's)
-    for (int64_t job = blockIdx.x; job < njobs; job += gridDim.x, ++local) {
+    // PP: a job belongs to one warpgroup (alternate jobs; kStash: alternate segments of a tile
+    // pair); the other warpgroup steps over its ring slots.
+    for (int64_t l = 0; l < n_local; ++l) {
+      const Sm90Turn tu = sm90_turn<BM, BN, PP, LEVELS>(l, num_m, num_n, p.nseg, n_tiles);
       if constexpr (PP) {
-        if (int(local & 1) != cw) {  // the other warpgroup's job: step over its nkt ring slots
+        if (tu.owner != cw) {  // the other warpgroup's job: step over its nkt ring slots
           const int s2 = stage + nkt % NS;
           phase ^= uint32_t((nkt / NS) & 1);
           stage = s2 >= NS ? s2 - NS : s2;
@@ -304,14 +392,23 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
           continue;
         }
       }
-      const Sm90Job j = sm90_job<BM, BN>(job, num_m, num_n, job_segs);
+      const Sm90Job& j = tu.j;
+      // kStash: this warpgroup's levels (a CTA of the grid has two warpgroups' worth).
+      auto stash_of = [&](int w) {
+        return p.stash + (int64_t(blockIdx.x) * 2 + w) * LEVELS * (64 * BN);
+      };
+      // PP: job l's warpgroup (kStash: a lone last tile's segments are consecutive jobs of one).
+      auto owner = [&](int64_t i) {
+        if constexpr (kStash) return int(sm90_stash_job(i, n_tiles, p.nseg).i & 1);
+        return int(i & 1);
+      };
       if constexpr (PP) {
         if constexpr (sm90_accumulates<Epi>::value)
           sm90_load_acc(p, acc, j.m0 + warp * 16, j.n0, lane);  // while the other computes
-        if (local > 0) named_bar_sync(1 + cw, 256);  // the other's previous k-loop is done
+        if (l > 0 && owner(l - 1) != cw)
+          named_bar_sync(1 + cw, 256);  // the other's previous k-loop is done
       }
-      const int s_end = LEVELS > 0 ? p.nseg : j.s + 1;
-      for (int sg = LEVELS > 0 ? 0 : j.s; sg < s_end; ++sg) {
+      for (int sg = tu.sg0; sg < tu.sg1; ++sg) {
         if constexpr (sm90_accumulates<Epi>::value && !PP)
           sm90_load_acc(p, acc, j.m0 + row_off + warp * 16, j.n0 + col_off, lane);
         int prev = 0;
@@ -369,7 +466,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
         wgmma_wait<0>();
         fence_acc(acc);
         if (lane == 0) mbar_arrive(empty_bar(prev));
-        if constexpr (LEVELS > 0) {
+        if constexpr (LEVELS > 0 && !kStash) {
           // acc = segment sg: into the tree (the next segment's chain starts with scale-d = 0,
           // so acc needs no reset).
           fold_segment<false>(acc, stack, sg, p.nseg);
@@ -377,8 +474,15 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
         }
       }  // segments of this job
       if constexpr (PP) {
-        // The next job (the other warpgroup's) may start its k-loop.
-        if (job + gridDim.x < njobs) named_bar_arrive(1 + (cw ^ 1), 256);
+        // The next job, if it is the other warpgroup's, may start its k-loop.
+        if (l + 1 < n_local && owner(l + 1) != cw) named_bar_arrive(1 + (cw ^ 1), 256);
+      }
+      if constexpr (kStash) {
+        // Segment tu.sg0 into the tree while the other warpgroup's segment runs; the epilogue
+        // after the tile's last.
+        sm90_stash_fold<R, LEVELS>(acc, stash_of(cw), tu.sg0, p.nseg, wt);
+        fence_acc(acc);
+        if (tu.sg0 + 1 < p.nseg) continue;
       }
 
       if constexpr (Epi::kFused) {

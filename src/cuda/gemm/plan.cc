@@ -135,6 +135,15 @@ GemmPlan wgmma_tree(const GemmTile& t, int levels) {
   return GemmPlan{GemmMainloop::kWgmma, t, GemmFold::kRegisters, levels};
 }
 GemmPlan wgmma_pairs() { return GemmPlan{GemmMainloop::kWgmma, kWg128x128, GemmFold::kPairs, 1}; }
+// The ping-pong tile with its segments as turns, folded through the stash (S = 2, 4, 8: 1-3
+// levels).
+GemmPlan wgmma_stash(int S) {
+  return GemmPlan{GemmMainloop::kWgmma, kWg64x256, GemmFold::kStash,
+                  S == 2   ? 1
+                  : S == 4 ? 2
+                           : 3,
+                  /*ping_pong=*/true};
+}
 
 int64_t tiles(const GemmProblem& p, int bm, int bn) {
   return ((p.M + bm - 1) / bm) * ((p.N + bn - 1) / bn);
@@ -167,6 +176,11 @@ const GemmTile& wgmma_cost_tile(const GemmProblem& p) {
 
 GemmPlan plan_wgmma(const GemmProblem& p) {
   const int S = p.segments;
+  // NOTE (stash rule, measured on the H100: docs/cuda-gemm.md "Stash"): with enough 64x256 tiles
+  // for every SM, S = 4, and S = 8 with segments of >= 1024 (shorter ones lost to the 64x128
+  // register tree), run the ping-pong tile with its segments folded through the stash.
+  if ((S == 4 || (S == 8 && p.segment_len >= 1024)) && tiles(p, 64, 256) >= kPlanSMs)
+    return wgmma_stash(S);
   if (S > 1) {
     const int64_t tiles128 = tiles(p, 128, 128), tiles64 = tiles(p, 64, 128);
     if (S == 2 && tiles128 >= kPlanSMs) return wgmma_tree(kWg128x128, 1);
@@ -205,6 +219,7 @@ std::vector<GemmPlan> legal_wgmma_plans(int S) {
   if (S <= 2) v.push_back(wgmma_tree(kWg128x128, 1));
   v.push_back(wgmma_tree(kWg64x128, 3));
   if (S == 4 || S == 8) v.push_back(wgmma_pairs());
+  if (S > 1) v.push_back(wgmma_stash(S));
   return v;
 }
 
@@ -263,6 +278,8 @@ const char* gemm_fold_name(GemmFold f) {
       return "one job per segment into fp32 planes + tree kernel";
     case GemmFold::kPairs:
       return "S/2 launches of the S = 2 register tree into fp32 planes + tree kernel";
+    case GemmFold::kStash:
+      return "segments as alternate turns, folded through a per-warpgroup stash in L2";
   }
   return "?";
 }
@@ -286,7 +303,7 @@ std::string GemmPlan::to_string() const {
                    : ", 2 consumer warpgroups per tile";
   s += ", ";
   s += gemm_fold_name(fold);
-  if (fold == GemmFold::kRegisters || fold == GemmFold::kPairs)
+  if (fold == GemmFold::kRegisters || fold == GemmFold::kPairs || fold == GemmFold::kStash)
     s += " (" + std::to_string(tree_levels) + (tree_levels == 1 ? " level)" : " levels)");
   return s;
 }

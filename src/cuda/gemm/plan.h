@@ -51,6 +51,8 @@ enum class GemmFold {
   kRegisters,  // in the CTA, a register stack of pending subtrees
   kPlanes,     // one job per segment into fp32 planes, then the tree kernel (+ bias, rounding)
   kPairs,      // S/2 launches of the S = 2 register tree into fp32 planes, then the tree kernel
+  kStash,      // ping-pong: a tile's segments as alternate turns of the two consumer warpgroups,
+               // each folded into the tree through a per-warpgroup stash in global memory (L2)
 };
 const char* gemm_fold_name(GemmFold f);
 
@@ -70,7 +72,7 @@ struct GemmPlan {
   GemmMainloop mainloop = GemmMainloop::kWgmma;
   GemmTile tile;
   GemmFold fold = GemmFold::kNone;
-  int tree_levels = 0;     // kRegisters / kPairs: levels of the register stack (S <= 2^levels)
+  int tree_levels = 0;     // kRegisters / kPairs / kStash: levels of the stack (S <= 2^levels)
   bool ping_pong = false;  // kWgmma: consumer warpgroups on alternate tiles (64 x BN each)
   std::string to_string() const;
   bool operator==(const GemmPlan&) const = default;
