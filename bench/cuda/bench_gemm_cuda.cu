@@ -177,7 +177,7 @@ int main(int argc, char** argv) {
   for (const Shape& s : shapes) {
     for (int S : {1, 4, 8}) {
       for (int64_t M : {int64_t(1024), int64_t(4096), int64_t(16384)}) {
-        if ((quick && M != 4096) || (S > 1 && M > 4096)) continue;
+        if ((quick && M == 16384) || (S > 1 && M > 4096)) continue;
         const TensorView xq = TensorView::contiguous(dx, DType::kBF16, {M, s.K}, Device::kCUDA);
         const TensorView wq = TensorView::contiguous(dw, DType::kBF16, {s.N, s.K}, Device::kCUDA);
         const lockstep::cuda::GemmProblem q =

@@ -328,8 +328,11 @@ bool stash_rule(int64_t M, int64_t N, int64_t K, int S) {
   return M > 64 && (S == 4 || (S == 8 && seg_len >= 1024)) &&
          ((M + 63) / 64) * ((N + 255) / 256) >= 132;
 }
-GemmPlan stash_plan(int S) {
-  GemmPlan p = expected("kWgmma64x256PingPong", 1);
+// The stash plan: the ping-pong tile with at least two tile pairs per CTA (>= 528 tiles of
+// 64x256), else the 128x256 tile.
+GemmPlan stash_plan(int64_t M, int64_t N, int S) {
+  const bool pp = ((M + 63) / 64) * ((N + 255) / 256) >= 4 * 132;
+  GemmPlan p = expected(pp ? "kWgmma64x256PingPong" : "kWgmma128x256", 1);
   p.fold = GemmFold::kStash;
   p.tree_levels = S == 2 ? 1 : S == 4 ? 2 : 3;
   return p;
@@ -347,7 +350,7 @@ TEST(GemmPlan, QwenShapesMatchTheDispatchItReplaced) {
       ping_pong_rows += pp ? 1 : 0;
       stash_rows += stash ? 1 : 0;
       const GemmPlan want =
-          stash ? stash_plan(S) : expected(pp ? "kWgmma64x256PingPong" : r.by_s[si], S);
+          stash ? stash_plan(r.M, r.N, S) : expected(pp ? "kWgmma64x256PingPong" : r.by_s[si], S);
       EXPECT_EQ(got, want) << r.shape << " N=" << r.N << " K=" << r.K << " M=" << r.M << " S=" << S
                            << ": got " << got.to_string() << ", want " << want.to_string()
                            << (pp      ? " (ping-pong rule)"

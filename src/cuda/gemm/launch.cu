@@ -132,6 +132,17 @@ void launch_sm90_plan(const GemmPlan& plan, const CUtensorMap& tx, const CUtenso
       default:
         launch_sm90_tile<64, 256, 5, 3, Store, true, false, BT>(kOp, tx, tw, p, s);
     }
+  } else if (plan.fold == GemmFold::kStash) {  // the 128x256 tile (S = 2, 4, 8)
+    switch (plan.tree_levels) {
+      case 1:
+        launch_sm90_tile<128, 256, 4, 1, Store, false, false, BT>(kOp, tx, tw, p, s);
+        break;
+      case 2:
+        launch_sm90_tile<128, 256, 4, 2, Store, false, false, BT>(kOp, tx, tw, p, s);
+        break;
+      default:
+        launch_sm90_tile<128, 256, 4, 3, Store, false, false, BT>(kOp, tx, tw, p, s);
+    }
   } else if (plan.tree_levels == 1) {  // the register tree (S <= 2), or one segment pair
     launch_sm90_tile<128, 128, 6, 1, Store, false, false, BT>(kOp, tx, tw, p, s);
   } else if (plan.tree_levels == 3) {

@@ -258,7 +258,12 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
   constexpr int kStageBytes = (BM + BN) * 128;
   static_assert(BM == 64 * WGM && (WGN == 1 || WGN == 2), "tile shape");
   static_assert(!PP || (BM == 64 && WGN == 1 && !Epi::kFused), "ping-pong tile shape");
-  constexpr bool kStash = PP && LEVELS > 0;  // segments as turns, folded through p.stash
+  // The stash (segments folded through p.stash): a 64 x 256 warpgroup tile's accumulators leave no
+  // registers for a stack. PP: the segments are alternate turns; 128 x 256: a job is a whole tile,
+  // both warpgroups fold after each segment (the producer keeps loading the next one).
+  constexpr bool kStash = LEVELS > 0 && (PP || WN == 256);
+  static_assert(!kStash || WN == 256, "the stash holds 64 x 256 warpgroup tiles");
+  constexpr bool kTurns = PP && LEVELS > 0;  // jobs = segments of the CTA's tile pairs
   static_assert(!Epi::kFused || LEVELS == 0, "a fused epilogue takes one segment");
   static_assert(kABytes % 1024 == 0 && kStageBytes % 1024 == 0, "stages 1024-aligned");
   static_assert(!sm90_accumulates<Epi>::value || (LEVELS == 0 && !Epi::kFused),
@@ -292,10 +297,10 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
   const int64_t num_n = (p.N + BN - 1) / BN;
   const int job_segs = LEVELS > 0 ? 1 : p.nseg;  // segments told apart by the job index
   const int64_t njobs = num_m * num_n * job_segs;
-  // This CTA's jobs: every gridDim.x-th job, or (kStash) its tiles' segments (sm90_stash_job).
-  const int64_t n_tiles = kStash ? (num_m * num_n - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+  // This CTA's jobs: every gridDim.x-th job, or (kTurns) its tiles' segments (sm90_stash_job).
+  const int64_t n_tiles = kTurns ? (num_m * num_n - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
   const int64_t n_local =
-      kStash ? n_tiles * p.nseg : (njobs - blockIdx.x + gridDim.x - 1) / gridDim.x;
+      kTurns ? n_tiles * p.nseg : (njobs - blockIdx.x + gridDim.x - 1) / gridDim.x;
   const int nkt = int((p.seg_len + kSm90BK - 1) / kSm90BK);  // k-tiles per segment
 
   if (tid < 128) {
@@ -379,7 +384,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
 
     int stage = 0;
     uint32_t phase = 0;
-    // PP: a job belongs to one warpgroup (alternate jobs; kStash: alternate segments of a tile
+    // PP: a job belongs to one warpgroup (alternate jobs; kTurns: alternate segments of a tile
     // pair); the other warpgroup steps over its ring slots.
     for (int64_t l = 0; l < n_local; ++l) {
       const Sm90Turn tu = sm90_turn<BM, BN, PP, LEVELS>(l, num_m, num_n, p.nseg, n_tiles);
@@ -397,9 +402,9 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       auto stash_of = [&](int w) {
         return p.stash + (int64_t(blockIdx.x) * 2 + w) * LEVELS * (64 * BN);
       };
-      // PP: job l's warpgroup (kStash: a lone last tile's segments are consecutive jobs of one).
+      // PP: job l's warpgroup (kTurns: a lone last tile's segments are consecutive jobs of one).
       auto owner = [&](int64_t i) {
-        if constexpr (kStash) return int(sm90_stash_job(i, n_tiles, p.nseg).i & 1);
+        if constexpr (kTurns) return int(sm90_stash_job(i, n_tiles, p.nseg).i & 1);
         return int(i & 1);
       };
       if constexpr (PP) {
@@ -471,13 +476,16 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
           // so acc needs no reset).
           fold_segment<false>(acc, stack, sg, p.nseg);
           fence_acc(acc);
+        } else if constexpr (kStash && !PP) {
+          sm90_stash_fold<R, LEVELS>(acc, stash_of(cw), sg, p.nseg, wt);
+          fence_acc(acc);
         }
       }  // segments of this job
       if constexpr (PP) {
         // The next job, if it is the other warpgroup's, may start its k-loop.
         if (l + 1 < n_local && owner(l + 1) != cw) named_bar_arrive(1 + (cw ^ 1), 256);
       }
-      if constexpr (kStash) {
+      if constexpr (kTurns) {
         // Segment tu.sg0 into the tree while the other warpgroup's segment runs; the epilogue
         // after the tile's last.
         sm90_stash_fold<R, LEVELS>(acc, stash_of(cw), tu.sg0, p.nseg, wt);

@@ -135,14 +135,12 @@ GemmPlan wgmma_tree(const GemmTile& t, int levels) {
   return GemmPlan{GemmMainloop::kWgmma, t, GemmFold::kRegisters, levels};
 }
 GemmPlan wgmma_pairs() { return GemmPlan{GemmMainloop::kWgmma, kWg128x128, GemmFold::kPairs, 1}; }
-// The ping-pong tile with its segments as turns, folded through the stash (S = 2, 4, 8: 1-3
-// levels).
-GemmPlan wgmma_stash(int S) {
-  return GemmPlan{GemmMainloop::kWgmma, kWg64x256, GemmFold::kStash,
-                  S == 2   ? 1
-                  : S == 4 ? 2
-                           : 3,
-                  /*ping_pong=*/true};
+// The segments folded through the stash (S = 2, 4, 8: 1-3 levels): the ping-pong tile with its
+// segments as alternate turns, or the 128x256 tile (both warpgroups fold after each segment).
+int stash_levels(int S) { return S == 2 ? 1 : S == 4 ? 2 : 3; }
+GemmPlan wgmma_stash(int S, bool ping_pong) {
+  return GemmPlan{GemmMainloop::kWgmma, ping_pong ? kWg64x256 : kWg128x256, GemmFold::kStash,
+                  stash_levels(S), ping_pong};
 }
 
 int64_t tiles(const GemmProblem& p, int bm, int bn) {
@@ -178,9 +176,10 @@ GemmPlan plan_wgmma(const GemmProblem& p) {
   const int S = p.segments;
   // NOTE (stash rule, measured on the H100: docs/cuda-gemm.md "Stash"): with enough 64x256 tiles
   // for every SM, S = 4, and S = 8 with segments of >= 1024 (shorter ones lost to the 64x128
-  // register tree), run the ping-pong tile with its segments folded through the stash.
+  // register tree), fold through the stash: on the ping-pong tile when every CTA gets at least
+  // two tile pairs, else on the 128x256 tile (one ping-pong pair per CTA serializes its turns).
   if ((S == 4 || (S == 8 && p.segment_len >= 1024)) && tiles(p, 64, 256) >= kPlanSMs)
-    return wgmma_stash(S);
+    return wgmma_stash(S, tiles(p, 64, 256) >= 4 * kPlanSMs);
   if (S > 1) {
     const int64_t tiles128 = tiles(p, 128, 128), tiles64 = tiles(p, 64, 128);
     if (S == 2 && tiles128 >= kPlanSMs) return wgmma_tree(kWg128x128, 1);
@@ -219,7 +218,10 @@ std::vector<GemmPlan> legal_wgmma_plans(int S) {
   if (S <= 2) v.push_back(wgmma_tree(kWg128x128, 1));
   v.push_back(wgmma_tree(kWg64x128, 3));
   if (S == 4 || S == 8) v.push_back(wgmma_pairs());
-  if (S > 1) v.push_back(wgmma_stash(S));
+  if (S > 1) {
+    v.push_back(wgmma_stash(S, true));
+    v.push_back(wgmma_stash(S, false));
+  }
   return v;
 }
 
