@@ -24,8 +24,9 @@
 #include <exception>
 #include <vector>
 
-#include "cuda/cuda_ck.h"        // CK
-#include "cuda/gemm/internal.h"  // gemm_bf16_tn_accumulate (the TN plans table)
+#include "baseline/cuda/kernels.h"  // baseline::Context: the cuBLAS peer's handle
+#include "cuda/cuda_ck.h"           // CK
+#include "cuda/gemm/internal.h"     // gemm_bf16_tn_accumulate (the TN plans table)
 #include "cuda/gemm/plan.h"
 #include "lockstep/contract/backward.h"
 #include "lockstep/cuda/backward.h"
@@ -78,11 +79,10 @@ int main(int argc, char** argv) {
     uint64_t threshold = UINT64_MAX;
     CK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
   }
-  cublasHandle_t h;
-  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
-    std::printf("bench_gemm_bwd: cublasCreate failed\n");
-    return 1;
-  }
+  // cuBLAS as the baseline engine configures it (baseline::Context: a 32 MiB workspace, fp32
+  // split-K sums), so the GEMM bars and the engine's ratios share one peer.
+  const lockstep::cuda::baseline::Context cublas_ctx;
+  cublasHandle_t h = static_cast<cublasHandle_t>(cublas_ctx.cublas());
   struct Shape {
     const char* name;
     int64_t N, K;
@@ -245,7 +245,6 @@ int main(int argc, char** argv) {
   CK(cudaGetLastError());
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
-  cublasDestroy(h);
   cudaFree(x);
   cudaFree(w);
   cudaFree(dy);

@@ -20,9 +20,10 @@
 #include <ctime>
 #include <vector>
 
-#include "cuda/cuda_ck.h"        // CK
-#include "cuda/gemm/internal.h"  // gemm_bf16_nt_with_plan, gemm_problem (forced-plan table)
-#include "cuda/gemm/plan.h"      // GemmPlan, gemm_legal_plans
+#include "baseline/cuda/kernels.h"  // baseline::Context: the cuBLAS peer's handle
+#include "cuda/cuda_ck.h"           // CK
+#include "cuda/gemm/internal.h"     // gemm_bf16_nt_with_plan, gemm_problem (forced-plan table)
+#include "cuda/gemm/plan.h"         // GemmPlan, gemm_legal_plans
 #include "lockstep/cuda/gemm.h"
 
 using lockstep::Device;
@@ -73,11 +74,10 @@ int main(int argc, char** argv) {
     uint64_t threshold = UINT64_MAX;
     CK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
   }
-  cublasHandle_t h;
-  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
-    std::printf("bench_gemm: cublasCreate failed\n");
-    return 1;
-  }
+  // cuBLAS as the baseline engine configures it (baseline::Context: a 32 MiB workspace, fp32
+  // split-K sums), so the GEMM bars and the engine's ratios share one peer.
+  const lockstep::cuda::baseline::Context cublas_ctx;
+  cublasHandle_t h = static_cast<cublasHandle_t>(cublas_ctx.cublas());
   struct Shape {
     const char* name;
     int64_t N, K;
@@ -209,7 +209,6 @@ int main(int argc, char** argv) {
   force = nullptr;
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
-  cublasDestroy(h);
   cudaFree(dx);
   cudaFree(dw);
   cudaFree(dy);

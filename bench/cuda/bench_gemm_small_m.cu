@@ -31,6 +31,7 @@
 #ifdef LOCKSTEP_DEV_GEMM_SWEEP
 #include "dev/gemm/sweep_tiles.h"  // the sweep-only tiles
 #endif
+#include "baseline/cuda/kernels.h"  // baseline::Context: the cuBLAS peer's handle
 #include "lockstep/cuda/gemm.h"
 #include "lockstep/ops/gemm.h"
 
@@ -161,11 +162,10 @@ int main(int argc, char** argv) {
               prop.multiProcessorCount, prop.l2CacheSize >> 20, reps);
   cudaStream_t stream;
   CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cublasHandle_t h;
-  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
-    std::printf("cublasCreate failed\n");
-    return 1;
-  }
+  // cuBLAS as the baseline engine configures it (baseline::Context: a 32 MiB workspace, fp32
+  // split-K sums), so the GEMM bars and the engine's ratios share one peer.
+  const lockstep::cuda::baseline::Context cublas_ctx;
+  cublasHandle_t h = static_cast<cublasHandle_t>(cublas_ctx.cublas());
   cublasSetStream(h, stream);
   Timer timer(stream, reps);
 
@@ -382,7 +382,6 @@ int main(int argc, char** argv) {
     for (const Row& r : rows) used = used || r.vdef == v || r.vcand == v;
     if (used) std::printf("  #%d: %s\n", v, tiles[size_t(v)].name.c_str());
   }
-  cublasDestroy(h);
   CK(cudaStreamDestroy(stream));
   return 0;
 }
