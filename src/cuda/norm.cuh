@@ -60,6 +60,26 @@ __device__ __forceinline__ void store_group(uint16_t* row, int64_t k0, int n, bo
   }
 }
 
+// §E.1 step 2 over one 8-element group: acc + fp32(s_k)·fp32(s_k), k ascending (separate RNE
+// multiply and add).
+__device__ __forceinline__ float add_squares8(float acc, const uint16_t (&s)[8]) {
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const float v = bf16_bits_to_f32(s[k]);
+    acc = __fadd_rn(acc, __fmul_rn(v, v));
+  }
+  return acc;
+}
+
+// §E.1 steps 3-4 for a warp's row: the lanes' sums combined by the xor butterfly 16, 8, 4, 2, 1
+// (every lane gets the row's sum), then r = 1 / sqrt(sum / H + eps) (IEEE divide and sqrt).
+__device__ __forceinline__ float warp_rms_recip(float acc, float H, float eps) {
+#pragma unroll
+  for (int o = 16; o >= 1; o >>= 1) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, o));
+  const float mean = __fdiv_rn(acc, H);
+  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
+}
+
 // NOTE: no __restrict__ / __ldg: y may be the same memory as x, residual_out as residual or x
 // (each lane reads a group before it writes it, and re-reads only groups it wrote itself).
 static __global__ void __launch_bounds__(32 * kNormWarps) rmsnorm_kernel(const RmsNormParams p) {
@@ -106,10 +126,7 @@ static __global__ void __launch_bounds__(32 * kNormWarps) rmsnorm_kernel(const R
       }
     }
   }
-#pragma unroll
-  for (int o = 16; o >= 1; o >>= 1) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, o));
-  const float mean = __fdiv_rn(acc, float(H));
-  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, p.eps)));
+  const float r = warp_rms_recip(acc, float(H), p.eps);
 
   uint16_t* yr = p.y + p.ym.offset(row);
   for (int64_t g = lane; g * 8 < H; g += 32) {
@@ -182,16 +199,9 @@ static __global__ void __launch_bounds__(32 * kNormWarps)
       sv[i] = pack8(s);
       *reinterpret_cast<uint4*>(p.res_out + p.om.offset(row) + 8 * g) = sv[i];
     }
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const float v = bf16_bits_to_f32(s[k]);
-      acc = __fadd_rn(acc, __fmul_rn(v, v));
-    }
+    acc = add_squares8(acc, s);
   }
-#pragma unroll
-  for (int o = 16; o >= 1; o >>= 1) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, o));
-  const float mean = __fdiv_rn(acc, float(p.H));
-  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, p.eps)));
+  const float r = warp_rms_recip(acc, float(p.H), p.eps);
   uint16_t* yr = p.y + p.ym.offset(row);
 #pragma unroll
   for (int i = 0; i < GPL; ++i) {
@@ -258,11 +268,7 @@ static __global__ void __launch_bounds__(128) rmsnorm_cta_kernel(const RmsNormPa
       if (g >= ng) break;
       uint16_t e[8];
       unpack8(s_sh[g], e);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const float v = bf16_bits_to_f32(e[k]);
-        acc = __fadd_rn(acc, __fmul_rn(v, v));
-      }
+      acc = add_squares8(acc, e);
     }
 #pragma unroll
     for (int o = 16; o >= 1; o >>= 1) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, o));

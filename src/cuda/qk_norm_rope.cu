@@ -12,7 +12,7 @@
 
 #include "contract/checks.h"
 #include "cuda/elementwise_common.cuh"
-#include "cuda/norm.cuh"  // unpack8, pack8
+#include "cuda/norm.cuh"  // unpack8, pack8, add_squares8, warp_rms_recip
 #include "lockstep/cuda/elementwise.h"
 
 namespace lockstep::cuda {
@@ -50,18 +50,7 @@ __global__ void __launch_bounds__(32 * kQkWarps) qk_norm_rope_kernel(const QkNor
   // RMSNorm (§E.1).
   uint16_t s[8];
   unpack8(sv, s);
-  float acc = 0.0f;
-  if (own) {
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const float v = bf16_bits_to_f32(s[k]);
-      acc = __fadd_rn(acc, __fmul_rn(v, v));
-    }
-  }
-#pragma unroll
-  for (int o = 16; o >= 1; o >>= 1) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, o));
-  const float mean = __fdiv_rn(acc, float(kQkD));
-  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, p.eps)));
+  const float r = warp_rms_recip(own ? add_squares8(0.0f, s) : 0.0f, float(kQkD), p.eps);
   uint16_t wt[8], n[8];
   unpack8(wv, wt);
 #pragma unroll

@@ -112,6 +112,22 @@ void run_mma(const GemmParams& p, const GemmPlan& plan, cudaStream_t s) {
 }
 
 // ---- Hopper (mainloop_sm90.cuh): the instantiation of a wgmma plan; BT: w MN-major ("nn").
+// A tile's kernel with `levels` tree levels (0: one segment; 1-3: the stash, S = 2, 4, 8).
+template <int BM, int BN, int NS, bool PP, bool BT>
+void launch_sm90_levels(int levels, const CUtensorMap& tx, const CUtensorMap& tw,
+                        const detail::Sm90Params& p, cudaStream_t s) {
+  using detail::launch_sm90_tile;
+  using Store = detail::Sm90StoreEpilogue;
+  if (levels == 0) {
+    launch_sm90_tile<BM, BN, NS, 0, Store, PP, false, BT>(kOp, tx, tw, p, s);
+  } else if (levels == 1) {
+    launch_sm90_tile<BM, BN, NS, 1, Store, PP, false, BT>(kOp, tx, tw, p, s);
+  } else if (levels == 2) {
+    launch_sm90_tile<BM, BN, NS, 2, Store, PP, false, BT>(kOp, tx, tw, p, s);
+  } else {
+    launch_sm90_tile<BM, BN, NS, 3, Store, PP, false, BT>(kOp, tx, tw, p, s);
+  }
+}
 template <bool BT>
 void launch_sm90_plan(const GemmPlan& plan, const CUtensorMap& tx, const CUtensorMap& tw,
                       const detail::Sm90Params& p, cudaStream_t s) {
@@ -119,30 +135,9 @@ void launch_sm90_plan(const GemmPlan& plan, const CUtensorMap& tx, const CUtenso
   using Store = detail::Sm90StoreEpilogue;
   const GemmTile& t = plan.tile;
   if (plan.ping_pong) {
-    switch (plan.tree_levels) {  // 0: one segment; 1-3: the stash (S = 2, 4, 8)
-      case 0:
-        launch_sm90_tile<64, 256, 5, 0, Store, true, false, BT>(kOp, tx, tw, p, s);
-        break;
-      case 1:
-        launch_sm90_tile<64, 256, 5, 1, Store, true, false, BT>(kOp, tx, tw, p, s);
-        break;
-      case 2:
-        launch_sm90_tile<64, 256, 5, 2, Store, true, false, BT>(kOp, tx, tw, p, s);
-        break;
-      default:
-        launch_sm90_tile<64, 256, 5, 3, Store, true, false, BT>(kOp, tx, tw, p, s);
-    }
+    launch_sm90_levels<64, 256, 5, true, BT>(plan.tree_levels, tx, tw, p, s);
   } else if (plan.fold == GemmFold::kStash) {  // the 128x256 tile (S = 2, 4, 8)
-    switch (plan.tree_levels) {
-      case 1:
-        launch_sm90_tile<128, 256, 4, 1, Store, false, false, BT>(kOp, tx, tw, p, s);
-        break;
-      case 2:
-        launch_sm90_tile<128, 256, 4, 2, Store, false, false, BT>(kOp, tx, tw, p, s);
-        break;
-      default:
-        launch_sm90_tile<128, 256, 4, 3, Store, false, false, BT>(kOp, tx, tw, p, s);
-    }
+    launch_sm90_levels<128, 256, 4, false, BT>(plan.tree_levels, tx, tw, p, s);
   } else if (plan.tree_levels == 1) {  // the register tree (S <= 2), or one segment pair
     launch_sm90_tile<128, 128, 6, 1, Store, false, false, BT>(kOp, tx, tw, p, s);
   } else if (plan.tree_levels == 3) {
