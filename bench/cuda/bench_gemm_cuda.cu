@@ -1,13 +1,14 @@
 // Throughput of lockstep::cuda::gemm_bf16_nt vs cuBLAS, side by side in one process, on the
 // Qwen3-8B layer shapes: y[M,N] = x[M,K] · w[N,K]ᵀ, bf16 in, bf16 out (cuBLAS: cublasGemmEx
-// OP_T/OP_N, bf16 -> bf16, CUBLAS_COMPUTE_32F, the same row-major layout). Each point: 3 warm-up
+// OP_T/OP_N, bf16 -> bf16, CUBLAS_COMPUTE_32F, the same row-major layout, on the baseline engine's
+// handle). Each point: 3 warm-up
 // calls, then the median of 20 timed calls (one cudaEvent pair around each call; the lockstep
 // launcher's host-side checks and tensor-map encoding are inside the timing). Operands: random bf16
 // in ±[0.5, 2) (never zeros). Prints a markdown table (and the kernel plan of each shape); writes
 // nothing else. Usage: bench_gemm_cuda [--quick] (--quick: M in {1, 1024, 4096} only).
-// A last table times the large-M kernels the launcher can choose from (S = 1, 4, 8), each forced
-// (test hook), beside the automatic choice and cuBLAS (same bits on every path: test_gemm_parity);
-// it includes the ping-pong tile, which no automatic choice takes yet.
+// A last table times the large-M kernels the launcher can choose from (S = 1, 4, 8; M = 1024 and
+// 4096, --quick included), each forced (test hook), beside the automatic choice and cuBLAS (same
+// bits on every path: test_gemm_parity).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -164,8 +165,12 @@ int main(int argc, char** argv) {
   for (const Shape& s : shapes)
     for (int64_t M : Ms) row(s, M, 1);
   // Segments (the TP-invariant setting S > 1; cuBLAS computes the same product without them).
-  for (const Shape& s : shapes)
+  // (S = 4 at M = 1024 too: the training forward's micro-batch at the audit contract, where
+  // issue 13's row-parallel bar is read.)
+  for (const Shape& s : shapes) {
+    row(s, 1024, 4);
     for (int S : {2, 4, 8}) row(s, 4096, S);
+  }
   if (!quick)
     for (const Shape& s : shapes) row(s, 256, 4);
   // S = 4 / 8: every kernel that takes them, forced, beside the automatic choice.
