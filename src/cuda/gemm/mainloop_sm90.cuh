@@ -10,7 +10,8 @@
 // same accumulator registers (accumulate mode: every k-block scale-d = 1 on y's value); k-blocks
 // past the segment end are never issued, elements k >= K are
 // TMA zero fill (exact no-ops). Segments are combined by the G.4 tree either in registers
-// (LEVELS > 0, fold.cuh; ping-pong: through a stash in global memory) or, one job per segment,
+// (LEVELS > 0, fold.cuh; 64 x 256 warpgroup tiles: through a stash in global memory) or, one job
+// per segment,
 // through workspace planes and the tree kernel (tree_combine.cuh, G.10); then bias once (fp32 RNE),
 // one rounding, canonical NaN (epilogue.cuh).
 #pragma once
@@ -96,11 +97,12 @@ __device__ __forceinline__ Sm90Turn sm90_turn(int64_t l, int64_t num_m, int64_t 
   }
 }
 
-// The stash fold (PP, LEVELS > 0) after segment sg of nseg: fold_segment's tree (fold.cuh) with
-// the pending left subtrees in global memory instead of registers (a 64 x BN warpgroup tile's
-// accumulators fill the registers): level v of this warpgroup at stash + v·(64·BN), each thread's
-// R values as R/4 float4 128 threads apart (coalesced, read back by the thread that wrote them).
-// The same adds in the same order as fold_segment: left = the earlier subtree.
+// The stash fold (kStash: the ping-pong or the 128 x 256 tile, LEVELS > 0) after segment sg of
+// nseg: fold_segment's tree (fold.cuh) with the pending left subtrees in global memory instead of
+// registers (a 64 x BN warpgroup tile's accumulators fill the registers): level v of this warpgroup
+// at stash + v·(64·BN), each thread's R values as R/4 float4 128 threads apart (coalesced, read
+// back by the thread that wrote them). The same adds in the same order as fold_segment: left = the
+// earlier subtree.
 template <int R, int LEVELS>
 __device__ __forceinline__ void sm90_stash_fold(float (&acc)[R], float* stash, int sg, int nseg,
                                                 int wt) {
@@ -240,7 +242,9 @@ __device__ __forceinline__ void sm90_load_acc(const Sm90Params& p, float (&acc)[
 // of a CTA go in pairs, one per warpgroup, whose segments alternate (sm90_stash_job), and after
 // each of its segments a warpgroup folds it into the G.4 tree through its stash in global memory
 // (sm90_stash_fold: a 64 x BN tile's accumulators leave no registers for a stack) while the other
-// warpgroup's segment runs; after the tile's last segment, the final epilogue.
+// warpgroup's segment runs; after the tile's last segment, the final epilogue. The 128 x 256 tile
+// with LEVELS > 0 folds through the same stash: a job is a whole tile, and both warpgroups fold
+// after each segment (exposed; the producer keeps loading the next segment meanwhile).
 // AT / BT ("nn", "tn" layouts: docs/cuda-gemm.md "Backward"): x / w is MN-major in memory — x
 // stored [K, M] (rows = k), w stored [K, N] — and is read by TMA in boxes of 64 columns x 64 k
 // rows (BM / 64 or BN / 64 boxes per stage, 8192 bytes apart), fed to wgmma with the transpose bit
