@@ -7,7 +7,8 @@
 # backward's wgmma kernels, bench_attention_bwd --quick), dw (the first dW accumulate launch of
 # bench_gemm_bwd: T = 1024, qkv), fwd (the first timed launch of the forward's 128x256 S = 1 tile
 # in bench_gemm_cuda --quick: o_proj, M = 1024, 128 tiles: is it L2-bound? docs/perf.md, session
-# 20). Default: all.
+# 20), stash (the 128x256 stash kernel, S = 4, o_proj at M = 1024: docs/cuda-gemm.md "Stash").
+# Default: all.
 # Writes $OUT/ncu_NAME.txt (details page) and a one-line summary per kernel on stdout. BIN: the
 # folder of the benchmark binaries (default build-gpu, from the carried pack).
 set -uo pipefail
@@ -31,7 +32,7 @@ prof() {  # prof NAME KERNEL_REGEX SKIP CMD...
   echo "== $name: $(grep -E 'Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|Issue Slots Busy|Registers Per' \
     "$OUT/ncu_$name.txt" | awk '{$1=$1; print}' | tr '\n' ';')"
 }
-parts="${*:-prefill dkdv dq dw fwd}"
+parts="${*:-prefill dkdv dq dw fwd stash}"
 for p in $parts; do
   case $p in
     prefill) prof prefill attn_wg_prefill_kernel 10 $BIN/bench_attention --quick ;;
@@ -39,6 +40,10 @@ for p in $parts; do
     dq) prof dq dq_wg_kernel 2 $BIN/bench_attention_bwd --quick ;;
     dw) NCU_NAME_BASE=mangled prof dw 'Sm90AccumulateEpilogueELb1' 2 $BIN/bench_gemm_bwd ;;
     fwd) NCU_NAME_BASE=mangled prof fwd 'Li128ELi256ELi1ELi4ELi0ENS1_17Sm90StoreEpilogueELb0ELb0ELb0E' 3 \
+      $BIN/bench_gemm_cuda --quick ;;
+    # the 128x256 stash kernel (S = 4, 2 levels) on o_proj at M = 1024: bench_gemm_cuda --quick's
+    # main table runs it first for qkv at M = 1024 (3 warm-up + 20 timed launches), then o_proj
+    stash) NCU_NAME_BASE=mangled prof stash 'Li128ELi256ELi1ELi4ELi2ENS1_17Sm90StoreEpilogueELb0ELb0ELb0E' 26 \
       $BIN/bench_gemm_cuda --quick ;;
     *) echo "unknown part $p" ;;
   esac
