@@ -281,7 +281,7 @@ const char* gemm_fold_name(GemmFold f) {
     case GemmFold::kPairs:
       return "S/2 launches of the S = 2 register tree into fp32 planes + tree kernel";
     case GemmFold::kStash:
-      return "segments as alternate turns, folded through a per-warpgroup stash in L2";
+      return "segments folded through a per-warpgroup stash in L2";
   }
   return "?";
 }
@@ -301,8 +301,10 @@ std::string GemmPlan::to_string() const {
   s += tile.to_string();
   if (mainloop == GemmMainloop::kSmallMTma) s += " (+1 producer warp)";
   if (mainloop == GemmMainloop::kWgmma)
-    s += ping_pong ? ", 2 consumer warpgroups on alternate tiles (ping-pong)"
-                   : ", 2 consumer warpgroups per tile";
+    s += !ping_pong ? ", 2 consumer warpgroups per tile"
+         : fold == GemmFold::kStash
+             ? ", 2 consumer warpgroups on tile pairs, alternate segments (ping-pong)"
+             : ", 2 consumer warpgroups on alternate tiles (ping-pong)";
   s += ", ";
   s += gemm_fold_name(fold);
   if (fold == GemmFold::kRegisters || fold == GemmFold::kPairs || fold == GemmFold::kStash)

@@ -51,8 +51,8 @@ enum class GemmFold {
   kRegisters,  // in the CTA, a register stack of pending subtrees
   kPlanes,     // one job per segment into fp32 planes, then the tree kernel (+ bias, rounding)
   kPairs,      // S/2 launches of the S = 2 register tree into fp32 planes, then the tree kernel
-  kStash,      // ping-pong: a tile's segments as alternate turns of the two consumer warpgroups,
-               // each folded into the tree through a per-warpgroup stash in global memory (L2)
+  kStash,      // each segment folded into the tree through a per-warpgroup stash in global memory
+               // (L2): the 64x256 ping-pong tile (tile pairs, alternate segments) or 128x256
 };
 const char* gemm_fold_name(GemmFold f);
 
