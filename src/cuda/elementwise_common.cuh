@@ -73,6 +73,35 @@ inline IndexRef index_ref(const TensorView& v) {
   return r;
 }
 
+// The RoPE table on the device and the positions that index it (§E.2): token t's row is pos[t],
+// P rows of D/2 fp32 values, cos / sin rows cs / ss elements apart. Every RoPE kernel (forward,
+// backward, the fused q/k norm) reads its table through one of these.
+struct RopeTableRef {
+  IndexRef pos;      // [T]
+  const float* cos;  // [P, D/2], row stride cs
+  const float* sin;  // [P, D/2], row stride ss
+  int64_t cs, ss, P;
+};
+inline RopeTableRef rope_table_ref(const TensorView& positions, const TensorView& cos,
+                                   const TensorView& sin) {
+  return RopeTableRef{index_ref(positions),
+                      static_cast<const float*>(cos.data),
+                      static_cast<const float*>(sin.data),
+                      cos.stride[0],
+                      sin.stride[0],
+                      cos.shape[0]};
+}
+
+// One pair (i, i + D/2) of §E.2 from its fp32 inputs a = x_i, b = x_{i+D/2} and the table's c, s:
+// y_i = round(a·c − b·s), y_{i+D/2} = round(b·c + a·s), each product, the difference and the sum
+// one fp32 RNE op (no fma).
+__device__ __forceinline__ uint16_t rope_first(float a, float b, float c, float s) {
+  return f32_to_bf16_bits(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
+}
+__device__ __forceinline__ uint16_t rope_second(float a, float b, float c, float s) {
+  return f32_to_bf16_bits(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
+}
+
 // Every row of a bf16 view starts on a 16-byte boundary (8-element groups can be read as uint4).
 inline bool rows_16b_aligned(const TensorView& v) {
   if (reinterpret_cast<uintptr_t>(v.data) % 16 != 0) return false;

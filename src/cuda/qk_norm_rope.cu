@@ -29,10 +29,7 @@ struct QkNormRopeParams {
   const uint16_t* wk;  // [D]
   int32_t rows, heads, nq;
   float eps;
-  IndexRef pos;  // [T]
-  const float* cos;
-  const float* sin;
-  int64_t cs, ss, P;
+  RopeTableRef tab;
 };
 
 __global__ void __launch_bounds__(32 * kQkWarps) qk_norm_rope_kernel(const QkNormRopeParams p) {
@@ -46,7 +43,7 @@ __global__ void __launch_bounds__(32 * kQkWarps) qk_norm_rope_kernel(const QkNor
   const uint4 z = make_uint4(0u, 0u, 0u, 0u);
   const uint4 sv = own ? *reinterpret_cast<const uint4*>(xr + 8 * lane) : z;
   const uint4 wv = own ? *reinterpret_cast<const uint4*>(w + 8 * lane) : z;
-  const int64_t pos = p.pos[t];
+  const int64_t pos = p.tab.pos[t];
   // RMSNorm (§E.1).
   uint16_t s[8];
   unpack8(sv, s);
@@ -68,7 +65,7 @@ __global__ void __launch_bounds__(32 * kQkWarps) qk_norm_rope_kernel(const QkNor
   if (!own) return;
   uint16_t other[8], y[8];
   unpack8(ov, other);
-  if (pos < 0 || pos >= p.P) {
+  if (pos < 0 || pos >= p.tab.P) {
 #pragma unroll
     for (int k = 0; k < 8; ++k) y[k] = kNanBf16;
   } else {
@@ -76,11 +73,10 @@ __global__ void __launch_bounds__(32 * kQkWarps) qk_norm_rope_kernel(const QkNor
     const int i0 = 8 * (lane & 7);
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      const float c = p.cos[pos * p.cs + i0 + k], sn = p.sin[pos * p.ss + i0 + k];
+      const float c = p.tab.cos[pos * p.tab.cs + i0 + k], sn = p.tab.sin[pos * p.tab.ss + i0 + k];
       const float a = bf16_bits_to_f32(first ? n[k] : other[k]);
       const float b = bf16_bits_to_f32(first ? other[k] : n[k]);
-      y[k] = first ? f32_to_bf16_bits(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn)))
-                   : f32_to_bf16_bits(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, sn)));
+      y[k] = first ? rope_first(a, b, c, sn) : rope_second(a, b, c, sn);
     }
   }
   *reinterpret_cast<uint4*>(xr + 8 * lane) = pack8(y);
@@ -135,12 +131,7 @@ void qk_norm_rope(const TensorView& qk, int64_t nq, const TensorView& q_weight,
   p.heads = int32_t(heads);
   p.nq = int32_t(nq);
   p.eps = cfg.eps;
-  p.pos = detail::index_ref(positions);
-  p.cos = static_cast<const float*>(cos.data);
-  p.sin = static_cast<const float*>(sin.data);
-  p.cs = cos.stride[0];
-  p.ss = sin.stride[0];
-  p.P = P;
+  p.tab = detail::rope_table_ref(positions, cos, sin);
   const unsigned blocks = unsigned((rows + detail::kQkWarps - 1) / detail::kQkWarps);
   detail::
       qk_norm_rope_kernel<<<blocks, 32 * detail::kQkWarps, 0, static_cast<cudaStream_t>(stream)>>>(

@@ -34,12 +34,7 @@ void rope(const TensorView& x, const TensorView& positions, const TensorView& co
     q.xs1 = x.stride[1];
     q.ys0 = y.stride[0];
     q.ys1 = y.stride[1];
-    q.pos = detail::index_ref(positions);
-    q.cos = static_cast<const float*>(cos.data);
-    q.sin = static_cast<const float*>(sin.data);
-    q.cs = cos.stride[0];
-    q.ss = sin.stride[0];
-    q.P = P;
+    q.tab = detail::rope_table_ref(positions, cos, sin);
     q.rows = int32_t(rows);
     q.heads = int32_t(heads);
     const dim3 block{unsigned(half), unsigned(256 / half)};
@@ -53,12 +48,7 @@ void rope(const TensorView& x, const TensorView& positions, const TensorView& co
   p.y = static_cast<uint16_t*>(y.data);
   p.xm = detail::row_map(x);
   p.ym = detail::row_map(y);
-  p.pos = detail::index_ref(positions);
-  p.cos = static_cast<const float*>(cos.data);
-  p.sin = static_cast<const float*>(sin.data);
-  p.cs = cos.stride[0];
-  p.ss = sin.stride[0];
-  p.P = P;
+  p.tab = detail::rope_table_ref(positions, cos, sin);
   p.rows = rows;
   p.heads = heads;
   p.half = half;

@@ -17,10 +17,7 @@ struct RopeParams {
   const uint16_t* x;  // [T, heads, D] via xm (rows = T·heads)
   uint16_t* y;
   RowMap xm, ym;
-  IndexRef pos;      // [T]
-  const float* cos;  // [P, D/2], row stride cs
-  const float* sin;  // [P, D/2], row stride ss
-  int64_t cs, ss, P;
+  RopeTableRef tab;
   int64_t rows, heads, half;
 };
 
@@ -30,20 +27,18 @@ static __global__ void rope_kernel(const RopeParams p) {
   for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
        idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = idx / p.half, i = idx - row * p.half;
-    const int64_t pos = p.pos[row / p.heads];
+    const int64_t pos = p.tab.pos[row / p.heads];
     const uint16_t* xr = p.x + p.xm.offset(row);
     uint16_t* yr = p.y + p.ym.offset(row);
     const float a = bf16_bits_to_f32(xr[i]), b = bf16_bits_to_f32(xr[i + p.half]);
-    if (pos < 0 || pos >= p.P) {
+    if (pos < 0 || pos >= p.tab.P) {
       yr[i] = kNanBf16;
       yr[i + p.half] = kNanBf16;
       continue;
     }
-    const float c = p.cos[pos * p.cs + i], s = p.sin[pos * p.ss + i];
-    const float ac = __fmul_rn(a, c), bs = __fmul_rn(b, s), bc = __fmul_rn(b, c),
-                as = __fmul_rn(a, s);
-    yr[i] = f32_to_bf16_bits(__fsub_rn(ac, bs));
-    yr[i + p.half] = f32_to_bf16_bits(__fadd_rn(bc, as));
+    const float c = p.tab.cos[pos * p.tab.cs + i], s = p.tab.sin[pos * p.tab.ss + i];
+    yr[i] = rope_first(a, b, c, s);
+    yr[i + p.half] = rope_second(a, b, c, s);
   }
 }
 
@@ -53,10 +48,7 @@ struct RopeRowsParams {
   const uint16_t* x;
   uint16_t* y;
   int64_t xs0, xs1, ys0, ys1;
-  IndexRef pos;
-  const float* cos;
-  const float* sin;
-  int64_t cs, ss, P;
+  RopeTableRef tab;
   int32_t rows, heads;
 };
 static __global__ void __launch_bounds__(256) rope_rows_kernel(const RopeRowsParams p) {
@@ -66,18 +58,16 @@ static __global__ void __launch_bounds__(256) rope_rows_kernel(const RopeRowsPar
   const int i = threadIdx.x, half = blockDim.x;
   const uint16_t* xr = p.x + int64_t(t) * p.xs0 + int64_t(h) * p.xs1;
   uint16_t* yr = p.y + int64_t(t) * p.ys0 + int64_t(h) * p.ys1;
-  const int64_t pos = p.pos[t];
+  const int64_t pos = p.tab.pos[t];
   const float a = bf16_bits_to_f32(xr[i]), b = bf16_bits_to_f32(xr[i + half]);
-  if (pos < 0 || pos >= p.P) {
+  if (pos < 0 || pos >= p.tab.P) {
     yr[i] = kNanBf16;
     yr[i + half] = kNanBf16;
     return;
   }
-  const float c = p.cos[pos * p.cs + i], s = p.sin[pos * p.ss + i];
-  const float ac = __fmul_rn(a, c), bs = __fmul_rn(b, s), bc = __fmul_rn(b, c),
-              as = __fmul_rn(a, s);
-  yr[i] = f32_to_bf16_bits(__fsub_rn(ac, bs));
-  yr[i + half] = f32_to_bf16_bits(__fadd_rn(bc, as));
+  const float c = p.tab.cos[pos * p.tab.cs + i], s = p.tab.sin[pos * p.tab.ss + i];
+  yr[i] = rope_first(a, b, c, s);
+  yr[i + half] = rope_second(a, b, c, s);
 }
 
 }  // namespace lockstep::cuda::detail

@@ -192,12 +192,7 @@ void rope_backward(const TensorView& gy, const TensorView& positions, const Tens
   p.dx = static_cast<float*>(dx.data);
   p.gm = detail::row_map(gy);
   p.dm = detail::row_map(dx);
-  p.pos = detail::index_ref(positions);
-  p.cos = static_cast<const float*>(cos.data);
-  p.sin = static_cast<const float*>(sin.data);
-  p.cs = cos.stride[0];
-  p.ss = sin.stride[0];
-  p.P = P;
+  p.tab = detail::rope_table_ref(positions, cos, sin);
   p.rows = rows;
   p.heads = heads;
   p.half = half;

@@ -157,10 +157,7 @@ struct RopeBwdParams {
   const float* gy;  // [T, heads, D] f32 via gm (rows = T·heads)
   float* dx;        // via dm; may be the same view as gy
   RowMap gm, dm;
-  IndexRef pos;      // [T]
-  const float* cos;  // [P, D/2], row stride cs
-  const float* sin;  // [P, D/2], row stride ss
-  int64_t cs, ss, P;
+  RopeTableRef tab;
   int64_t rows, heads, half;
 };
 
@@ -172,16 +169,16 @@ static __global__ void rope_backward_kernel(const RopeBwdParams p) {
   for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
        idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = idx / p.half, i = idx - row * p.half;
-    const int64_t pos = p.pos[row / p.heads];
+    const int64_t pos = p.tab.pos[row / p.heads];
     const float* g = p.gy + p.gm.offset(row);
     float* o = p.dx + p.dm.offset(row);
     const float a = g[i], b = g[i + p.half];
-    if (pos < 0 || pos >= p.P) {
+    if (pos < 0 || pos >= p.tab.P) {
       o[i] = __uint_as_float(kCanonicalNanF32);
       o[i + p.half] = __uint_as_float(kCanonicalNanF32);
       continue;
     }
-    const float c = p.cos[pos * p.cs + i], s = p.sin[pos * p.ss + i];
+    const float c = p.tab.cos[pos * p.tab.cs + i], s = p.tab.sin[pos * p.tab.ss + i];
     const float ac = __fmul_rn(a, c), bs = __fmul_rn(b, s), bc = __fmul_rn(b, c),
                 as = __fmul_rn(a, s);
     o[i] = canonical(__fadd_rn(ac, bs));

@@ -335,7 +335,8 @@ void run_sm90(const GemmParams& c, const GemmPlan& plan, cudaStream_t s) {
     }
     // The stash: per CTA of the persistent grid (at most one per SM) and consumer warpgroup,
     // tree_levels levels of a 64 x 256 fp32 tile.
-    const size_t bytes = size_t(detail::sm90_sm_count()) * 2 * plan.tree_levels * 64 * 256 * 4;
+    const size_t bytes = size_t(detail::sm90_sm_count()) * 2 *
+                         detail::sm90_stash_floats_per_wg(plan.tree_levels) * 4;
     const cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&p.stash), bytes, s);
     LS_CHECK(e == cudaSuccess, kOp, "cudaMallocAsync of the ", bytes,
              "-byte segment stash failed: ", cudaGetErrorString(e));

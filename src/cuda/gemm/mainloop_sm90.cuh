@@ -75,6 +75,17 @@ __device__ __forceinline__ Sm90StashJob sm90_stash_job(int64_t l, int64_t n, int
   if (2 * pair + 1 < n) return Sm90StashJob{2 * pair + (r & 1), int(r >> 1)};
   return Sm90StashJob{2 * pair, int(r)};
 }
+// The stash of one consumer warpgroup: `levels` levels of a 64 x 256 fp32 tile; warpgroup w of
+// CTA b owns the (2b + w)-th (the launcher allocates grid · 2 of them).
+constexpr int64_t sm90_stash_floats_per_wg(int levels) { return int64_t(levels) * 64 * 256; }
+
+// PP: the consumer warpgroup that runs job l of the CTA (alternate jobs, or with kTurns the tile
+// of the job's pair: a lone last tile's segments are consecutive jobs of one warpgroup).
+template <bool PP, int LEVELS>
+__device__ __forceinline__ int sm90_job_owner(int64_t l, int64_t n_tiles, int nseg) {
+  if constexpr (PP && LEVELS > 0) return int(sm90_stash_job(l, n_tiles, nseg).i & 1);
+  return int(l & 1);
+}
 
 // One job of a CTA as both the producer and the consumers see it: the tile, its segments
 // [sg0, sg1), and (PP) which consumer warpgroup runs it.
@@ -89,11 +100,12 @@ __device__ __forceinline__ Sm90Turn sm90_turn(int64_t l, int64_t num_m, int64_t 
   if constexpr (PP && LEVELS > 0) {
     const Sm90StashJob sj = sm90_stash_job(l, n_local, nseg);
     const Sm90Job j = sm90_job<BM, BN>(blockIdx.x + sj.i * gridDim.x, num_m, num_n, 1);
-    return Sm90Turn{j, sj.sg, sj.sg + 1, int(sj.i & 1)};
+    return Sm90Turn{j, sj.sg, sj.sg + 1, int(sj.i & 1)};  // sm90_job_owner's rule
   } else {
     const int job_segs = LEVELS > 0 ? 1 : nseg;
     const Sm90Job j = sm90_job<BM, BN>(blockIdx.x + l * gridDim.x, num_m, num_n, job_segs);
-    return Sm90Turn{j, LEVELS > 0 ? 0 : j.s, LEVELS > 0 ? nseg : j.s + 1, int(l & 1)};
+    return Sm90Turn{j, LEVELS > 0 ? 0 : j.s, LEVELS > 0 ? nseg : j.s + 1,
+                    sm90_job_owner<PP, LEVELS>(l, n_local, nseg)};
   }
 }
 
@@ -402,15 +414,11 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
         }
       }
       const Sm90Job& j = tu.j;
-      // kStash: this warpgroup's levels (a CTA of the grid has two warpgroups' worth).
+      // kStash: warpgroup w's levels in this CTA's stash.
       auto stash_of = [&](int w) {
-        return p.stash + (int64_t(blockIdx.x) * 2 + w) * LEVELS * (64 * BN);
+        return p.stash + (int64_t(blockIdx.x) * 2 + w) * sm90_stash_floats_per_wg(LEVELS);
       };
-      // PP: job l's warpgroup (kTurns: a lone last tile's segments are consecutive jobs of one).
-      auto owner = [&](int64_t i) {
-        if constexpr (kTurns) return int(sm90_stash_job(i, n_tiles, p.nseg).i & 1);
-        return int(i & 1);
-      };
+      auto owner = [&](int64_t i) { return sm90_job_owner<PP, LEVELS>(i, n_tiles, p.nseg); };
       if constexpr (PP) {
         if constexpr (sm90_accumulates<Epi>::value)
           sm90_load_acc(p, acc, j.m0 + warp * 16, j.n0, lane);  // while the other computes

@@ -303,11 +303,16 @@ void test_rmsnorm_errors() {
 
 // ---- RoPE --------------------------------------------------------------------------------------
 
-void test_rope(int64_t T, int64_t heads, int64_t D, bool pos32, int64_t pos_stride) {
+// The table of head_dim D over positions [0, P).
+lockstep::RopeTable rope_table(int64_t D, int64_t P) {
   lockstep::RopeConfig rc;
   rc.head_dim = D;
-  rc.max_positions = 40960;
-  const lockstep::RopeTable table = lockstep::RopeTable::build(rc);
+  rc.max_positions = P;
+  return lockstep::RopeTable::build(rc);
+}
+
+void test_rope(int64_t T, int64_t heads, int64_t D, bool pos32, int64_t pos_stride) {
+  const lockstep::RopeTable table = rope_table(D, 40960);
   const int64_t half = D / 2;
   // x = q heads inside a qkv-like buffer [T, (heads + 2)·D]; y strided the same way.
   const int64_t ld = (heads + 2) * D;
@@ -316,7 +321,7 @@ void test_rope(int64_t T, int64_t heads, int64_t D, bool pos32, int64_t pos_stri
   xb.ptr<bf16>()[5 % D] = bf16{0xffc3};
   if (T > 1) xb.ptr<bf16>()[ld + 7 % D] = bf16{0x7f80};
   Tensor pos(pos32 ? DType::kI32 : DType::kI64, {T * pos_stride});
-  std::uniform_int_distribution<int64_t> pd(0, rc.max_positions - 1);
+  std::uniform_int_distribution<int64_t> pd(0, table.config.max_positions - 1);
   for (int64_t t = 0; t < T; ++t) {
     const int64_t p = t < 4 ? t : pd(g_rng);
     if (pos32) {
@@ -339,8 +344,8 @@ void test_rope(int64_t T, int64_t heads, int64_t D, bool pos32, int64_t pos_stri
   void* dp = d.upload(pos.data(), size_t(pos.nbytes()));
   void* dc = d.upload(table.cos.data(), table.cos.size() * 4);
   void* dsn = d.upload(table.sin.data(), table.sin.size() * 4);
-  const TensorView vc = view(dc, DType::kF32, {rc.max_positions, half});
-  const TensorView vs = view(dsn, DType::kF32, {rc.max_positions, half});
+  const TensorView vc = view(dc, DType::kF32, {table.config.max_positions, half});
+  const TensorView vs = view(dsn, DType::kF32, {table.config.max_positions, half});
   const TensorView vp = on(hpos, dp, pos.data());
   lockstep::cuda::rope(on(hx, dx, xb.data()), vp, vc, vs, on(hy, dy, yb.data()));
   char tag[96];
@@ -379,10 +384,7 @@ void test_rope(int64_t T, int64_t heads, int64_t D, bool pos32, int64_t pos_stri
 // the batch; a device position outside the table -> a canonical-NaN row (that token only).
 void test_qk_norm_rope(int64_t T, int64_t nq, int64_t nkv, bool pos32) {
   constexpr int64_t D = 128;
-  lockstep::RopeConfig rc;
-  rc.head_dim = D;
-  rc.max_positions = 40960;
-  const lockstep::RopeTable table = lockstep::RopeTable::build(rc);
+  const lockstep::RopeTable table = rope_table(D, 40960);
   const lockstep::RmsNormConfig cfg{1e-6f};
   const int64_t heads = nq + nkv, ld = (heads + nkv) * D;
   Tensor xb(DType::kBF16, {T, ld});
@@ -397,7 +399,7 @@ void test_qk_norm_rope(int64_t T, int64_t nq, int64_t nkv, bool pos32) {
   fill_bf16(wq.ptr<bf16>(), D, 1.0f);
   fill_bf16(wk.ptr<bf16>(), D, 1.0f);
   Tensor pos(pos32 ? DType::kI32 : DType::kI64, {T});
-  std::uniform_int_distribution<int64_t> pd(0, rc.max_positions - 1);
+  std::uniform_int_distribution<int64_t> pd(0, table.config.max_positions - 1);
   for (int64_t t = 0; t < T; ++t) {
     const int64_t p = t < 3 ? t : pd(g_rng);
     if (pos32) {
@@ -426,8 +428,8 @@ void test_qk_norm_rope(int64_t T, int64_t nq, int64_t nkv, bool pos32) {
   void* dp = d.upload(pos.data(), size_t(pos.nbytes()));
   void* dc = d.upload(table.cos.data(), table.cos.size() * 4);
   void* dsn = d.upload(table.sin.data(), table.sin.size() * 4);
-  const TensorView vc = view(dc, DType::kF32, {rc.max_positions, D / 2});
-  const TensorView vs = view(dsn, DType::kF32, {rc.max_positions, D / 2});
+  const TensorView vc = view(dc, DType::kF32, {table.config.max_positions, D / 2});
+  const TensorView vs = view(dsn, DType::kF32, {table.config.max_positions, D / 2});
   const TensorView vwq = view(dwq, DType::kBF16, {D}), vwk = view(dwk, DType::kBF16, {D});
   const TensorView vp = view(dp, pos.dtype(), {T});
   const TensorView vqk = view(dx, DType::kBF16, {T, heads, D}, {ld, D, 1});
@@ -453,7 +455,7 @@ void test_qk_norm_rope(int64_t T, int64_t nq, int64_t nkv, bool pos32) {
     Tensor bad(pos.dtype(), {T});
     std::memcpy(bad.data(), pos.data(), size_t(pos.nbytes()));
     if (pos32) {
-      bad.ptr<int32_t>()[1] = int32_t(rc.max_positions);
+      bad.ptr<int32_t>()[1] = int32_t(table.config.max_positions);
     } else {
       bad.ptr<int64_t>()[1] = -1;
     }
@@ -474,10 +476,7 @@ void test_qk_norm_rope(int64_t T, int64_t nq, int64_t nkv, bool pos32) {
 void test_qk_norm_rope_errors() {
   DevPool d;
   constexpr int64_t D = 128;
-  lockstep::RopeConfig rc;
-  rc.head_dim = D;
-  rc.max_positions = 64;
-  const lockstep::RopeTable table = lockstep::RopeTable::build(rc);
+  const lockstep::RopeTable table = rope_table(D, 64);
   const lockstep::RmsNormConfig cfg{1e-6f};
   void* dx = d.alloc(size_t(4 * 6 * D) * 2);
   void* dw = d.alloc(size_t(D) * 2);
@@ -522,10 +521,7 @@ void test_qk_norm_rope_errors() {
 }
 
 void test_rope_bad_positions_and_errors() {
-  lockstep::RopeConfig rc;
-  rc.head_dim = 8;
-  rc.max_positions = 100;
-  const lockstep::RopeTable table = lockstep::RopeTable::build(rc);
+  const lockstep::RopeTable table = rope_table(8, 100);
   const int64_t T = 5, heads = 2, D = 8;
   Tensor x(DType::kBF16, {T, heads, D});
   fill_bf16(x.ptr<bf16>(), size_t(T * heads * D), 1.0f);
