@@ -5,10 +5,16 @@
 // calls, then the median of 20 timed calls (one cudaEvent pair around each call; the lockstep
 // launcher's host-side checks and tensor-map encoding are inside the timing). Operands: random bf16
 // in ±[0.5, 2) (never zeros). Prints a markdown table (and the kernel plan of each shape); writes
-// nothing else. Usage: bench_gemm_cuda [--quick] (--quick: M in {1, 1024, 4096} only).
-// A last table times the large-M kernels the launcher can choose from (S = 1, 4, 8; M = 1024 and
-// 4096, --quick included), each forced (test hook), beside the automatic choice and cuBLAS (same
-// bits on every path: test_gemm_parity).
+// nothing else. Usage: bench_gemm_cuda [--quick] [--fill uniform|normal|ones] [--only SHAPE] [--m
+// LIST]
+// (--quick: M in {1, 1024, 4096} only; --fill normal: x ~ N(0, 1) and w ~ N(0, 0.02²), the
+// engine's random model and activations, instead of ±[0.5, 2); ones: every element 1, the
+// fewest toggling bits: a kernel whose time moves with the data is power-limited; --only: one of
+// qkv, o_proj, gate_up, down, lm_head (V = 151936, only by this flag); --m M,M,...: these M in the
+// main table, and in the forced table every wgmma plan at S = 1 and 4 at each of them, e.g. the
+// training forward's micro-batch sizes). A last table times the large-M kernels the launcher can
+// choose from (S = 1, 4, 8; M = 1024 and 4096, --quick included), each forced (test hook), beside
+// the automatic choice and cuBLAS (same bits on every path: test_gemm_parity).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -45,6 +51,21 @@ __global__ void bench_fill(uint16_t* p, int64_t n, uint64_t seed) {
   }
 }
 
+// Approximately N(0, std²) bf16 (the sum of four 16-bit uniforms, as the engine's random model
+// draws its weights), or every element 1 (std = 0).
+__global__ void bench_fill_normal(uint16_t* p, int64_t n, uint64_t seed, float std) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    uint64_t z = (uint64_t(i) + seed) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 31)) * 0xBF58476D1CE4E5B9ull;
+    z ^= z >> 29;
+    const int s = int(z & 0xffff) + int((z >> 16) & 0xffff) + int((z >> 32) & 0xffff) +
+                  int((z >> 48) & 0xffff) - 2 * 65535;
+    const float v = std == 0.0f ? 1.0f : float(s) * (std * 1.7320508f / 65536.0f);
+    p[i] = uint16_t(__float_as_uint(v) >> 16);
+  }
+}
+
 float median(std::vector<float> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -55,8 +76,54 @@ float median(std::vector<float> v) {
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IOLBF, 0);
   bool quick = false;
-  for (int i = 1; i < argc; ++i)
-    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+  const char* fill = "uniform";
+  const char* only = nullptr;
+  std::vector<int64_t>
+      m_list;  // --m: these M in the main table, and every wgmma plan forced at them
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else if (std::strcmp(argv[i], "--fill") == 0 && i + 1 < argc) {
+      fill = argv[++i];
+    } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
+      only = argv[++i];
+    } else if (std::strcmp(argv[i], "--m") == 0 && i + 1 < argc) {
+      for (const char* q = argv[++i]; *q;) {
+        char* end = nullptr;
+        const long long m = std::strtoll(q, &end, 10);
+        if (end == q || m < 1 || m > 16384 || (*end != ',' && *end != '\0')) {
+          std::fprintf(
+              stderr,
+              "bench_gemm_cuda: --m takes a comma-separated list of M in [1, 16384], got '%s'\n",
+              argv[i]);
+          return 2;
+        }
+        m_list.push_back(m);
+        q = *end ? end + 1 : end;
+      }
+    } else {
+      std::fprintf(
+          stderr,
+          "bench_gemm_cuda: unknown or incomplete argument '%s'\nusage: bench_gemm_cuda "
+          "[--quick] [--fill uniform|normal|ones] [--only qkv|o_proj|gate_up|down|lm_head] "
+          "[--m M,M,...]\n",
+          argv[i]);
+      return 2;
+    }
+  }
+  if (std::strcmp(fill, "uniform") != 0 && std::strcmp(fill, "normal") != 0 &&
+      std::strcmp(fill, "ones") != 0) {
+    std::fprintf(stderr, "bench_gemm_cuda: --fill takes uniform, normal or ones, not '%s'\n", fill);
+    return 2;
+  }
+  if (only && std::strcmp(only, "qkv") != 0 && std::strcmp(only, "o_proj") != 0 &&
+      std::strcmp(only, "gate_up") != 0 && std::strcmp(only, "down") != 0 &&
+      std::strcmp(only, "lm_head") != 0) {
+    std::fprintf(stderr,
+                 "bench_gemm_cuda: --only takes qkv, o_proj, gate_up, down or lm_head, not '%s'\n",
+                 only);
+    return 2;
+  }
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
   int driver = 0;
@@ -64,8 +131,8 @@ int main(int argc, char** argv) {
   const std::time_t now = std::time(nullptr);
   char date[64];
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
-  std::printf("bench_gemm: %s (%d SMs), CUDA driver %d, %s\n", prop.name, prop.multiProcessorCount,
-              driver, date);
+  std::printf("bench_gemm: %s (%d SMs), CUDA driver %d, %s; data: %s\n", prop.name,
+              prop.multiProcessorCount, driver, date, fill);
 
   // As the runtime does (src/cuda/runtime.cu): freed stream-ordered blocks stay in the default
   // pool, so a multi-segment call's workspace is not re-mapped after every synchronization.
@@ -83,17 +150,33 @@ int main(int argc, char** argv) {
     const char* name;
     int64_t N, K;
   };
-  const Shape shapes[] = {
+  const Shape all_shapes[] = {
       {"qkv", 6144, 4096}, {"o_proj", 4096, 4096}, {"gate_up", 24576, 4096}, {"down", 4096, 12288}};
+  std::vector<Shape> shapes;
+  for (const Shape& s : all_shapes)
+    if (!only || std::strcmp(only, s.name) == 0) shapes.push_back(s);
+  // The lm_head (V = 151936) only when asked for: its w alone is 1.2 GB.
+  const bool lm = only && std::strcmp(only, "lm_head") == 0;
+  if (lm) shapes.push_back(Shape{"lm_head", 151936, 4096});
   std::vector<int64_t> Ms = {1, 8, 64, 256, 1024, 4096, 16384};
   if (quick) Ms = {1, 1024, 4096};
-  const int64_t maxM = Ms.back(), maxK = 12288, maxN = 24576;
+  if (!m_list.empty()) Ms = m_list;
+  const int64_t maxM = std::max<int64_t>(4096, *std::max_element(Ms.begin(), Ms.end())),
+                maxK = 12288, maxN = lm ? 151936 : 24576;
   void *dx = nullptr, *dw = nullptr, *dy = nullptr;
   CK(cudaMalloc(&dx, size_t(maxM * maxK) * 2));
   CK(cudaMalloc(&dw, size_t(maxN * 4096) * 2));  // the largest w: 24576 x 4096 = 4096 x 12288
   CK(cudaMalloc(&dy, size_t(maxM * maxN) * 2));
-  bench_fill<<<4096, 256>>>(static_cast<uint16_t*>(dx), maxM * maxK, 12345);
-  bench_fill<<<4096, 256>>>(static_cast<uint16_t*>(dw), maxN * 4096, 67890);
+  if (std::strcmp(fill, "uniform") == 0) {
+    bench_fill<<<4096, 256>>>(static_cast<uint16_t*>(dx), maxM * maxK, 12345);
+    bench_fill<<<4096, 256>>>(static_cast<uint16_t*>(dw), maxN * 4096, 67890);
+  } else {
+    const bool ones = std::strcmp(fill, "ones") == 0;
+    bench_fill_normal<<<4096, 256>>>(static_cast<uint16_t*>(dx), maxM * maxK, 12345,
+                                     ones ? 0.0f : 1.0f);
+    bench_fill_normal<<<4096, 256>>>(static_cast<uint16_t*>(dw), maxN * 4096, 67890,
+                                     ones ? 0.0f : 0.02f);
+  }
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
   cudaEvent_t e0, e1;
@@ -179,10 +262,13 @@ int main(int argc, char** argv) {
       "| path | shape | S | M | K | N | lockstep us | lockstep TFLOP/s | cuBLAS us | cuBLAS "
       "TFLOP/s "
       "| ratio |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::vector<int64_t> forced_ms = {1024, 4096, 16384};
+  if (!m_list.empty()) forced_ms = m_list;
   for (const Shape& s : shapes) {
     for (int S : {1, 4, 8}) {
-      for (int64_t M : {int64_t(1024), int64_t(4096), int64_t(16384)}) {
-        if ((quick && M == 16384) || (S > 1 && M > 4096)) continue;
+      for (int64_t M : forced_ms) {
+        if (m_list.empty() && ((quick && M == 16384) || (S > 1 && M > 4096))) continue;
+        if (!m_list.empty() && (S == 8 || M < 64)) continue;
         const TensorView xq = TensorView::contiguous(dx, DType::kBF16, {M, s.K}, Device::kCUDA);
         const TensorView wq = TensorView::contiguous(dw, DType::kBF16, {s.N, s.K}, Device::kCUDA);
         const lockstep::cuda::GemmProblem q =
@@ -193,8 +279,9 @@ int main(int argc, char** argv) {
           for (const GemmPlan& pl : lockstep::cuda::gemm_legal_plans(q)) {
             if (pl.mainloop != lockstep::cuda::GemmMainloop::kWgmma) continue;
             const bool take =
-                kind == 0   ? pl.tile.bm == 128 && pl.tile.bn == 256
-                : kind == 1 ? pl.ping_pong
+                !m_list.empty() ? kind == 0  // --m: every wgmma plan
+                : kind == 0     ? pl.tile.bm == 128 && pl.tile.bn == 256
+                : kind == 1     ? pl.ping_pong
                 : kind == 2
                     ? S > 1 && pl.fold == lockstep::cuda::GemmFold::kRegisters && pl.tile.bm == 64
                     : pl.fold == lockstep::cuda::GemmFold::kPairs;

@@ -323,15 +323,32 @@ GemmProblem problem(int64_t M, int64_t N, int64_t K, int S) {
 // segment, M >= 4096, N > K; the stash rule ("Stash"): M > 64, S = 4 (or 8 with segments of >=
 // 1024), at least 132 tiles of 64x256.
 bool ping_pong_rule(int64_t M, int64_t N, int64_t K, int S) { return S == 1 && M >= 4096 && N > K; }
+// The busiest of 132 SMs' share of n jobs.
+int64_t busiest(int64_t n) { return (n + 131) / 132; }
+// The wave rule (session 22): S = 1, N > K, >= 2 x 132 jobs of 64x256, and strictly fewer rounds
+// (in tile area) than both the 128x256 tile and the plan the table names.
+bool wave_rule(int64_t M, int64_t N, int64_t K, int S, const GemmTile& named) {
+  const int64_t t64 = ((M + 63) / 64) * ((N + 255) / 256);
+  if (S != 1 || M <= 64 || N <= K || t64 < 2 * 132) return false;
+  auto area_rounds = [&](int64_t bm, int64_t bn) {
+    return busiest(((M + bm - 1) / bm) * ((N + bn - 1) / bn)) * bm * bn;
+  };
+  const int64_t pp = busiest(t64) * 64 * 256;
+  return pp < area_rounds(128, 256) && pp < area_rounds(named.bm, named.bn);
+}
 bool stash_rule(int64_t M, int64_t N, int64_t K, int S) {
   const int64_t seg_len = gemm_k_layout(GemmConfig{S}, K).segment_len;
   return M > 64 && (S == 4 || (S == 8 && seg_len >= 1024)) &&
          ((M + 63) / 64) * ((N + 255) / 256) >= 132;
 }
-// The stash plan: the ping-pong tile with at least two tile pairs per CTA (>= 528 tiles of
-// 64x256), else the 128x256 tile.
+// The stash plan (session 22's schedule rule): the ping-pong tile with at least two tile pairs per
+// CTA (>= 528 tiles of 64x256), or when its busiest CTA (pairs of 64x256 tiles at 1 unit, a lone
+// tile at 0.6) beats the 128x256 tile's rounds; else the 128x256 tile.
 GemmPlan stash_plan(int64_t M, int64_t N, int S) {
-  const bool pp = ((M + 63) / 64) * ((N + 255) / 256) >= 4 * 132;
+  const int64_t t64 = ((M + 63) / 64) * ((N + 255) / 256);
+  const int64_t per = busiest(t64);
+  const bool pp = t64 >= 4 * 132 || double(per / 2) + (per % 2 != 0 ? 0.6 : 0.0) <
+                                        double(busiest(((M + 127) / 128) * ((N + 255) / 256)));
   GemmPlan p = expected(pp ? "kWgmma64x256PingPong" : "kWgmma128x256", 1);
   p.fold = GemmFold::kStash;
   p.tree_levels = S == 2 ? 1 : S == 4 ? 2 : 3;
@@ -339,7 +356,7 @@ GemmPlan stash_plan(int64_t M, int64_t N, int S) {
 }
 
 TEST(GemmPlan, QwenShapesMatchTheDispatchItReplaced) {
-  int ping_pong_rows = 0, stash_rows = 0;
+  int ping_pong_rows = 0, stash_rows = 0, wave_rows = 0;
   for (const Row& r : kDispatch90d8be4) {
     for (int si = 0; si < 4; ++si) {
       const int S = kSegments[si];
@@ -349,12 +366,16 @@ TEST(GemmPlan, QwenShapesMatchTheDispatchItReplaced) {
       const bool stash = stash_rule(r.M, r.N, r.K, S);
       ping_pong_rows += pp ? 1 : 0;
       stash_rows += stash ? 1 : 0;
-      const GemmPlan want =
+      GemmPlan want =
           stash ? stash_plan(r.M, r.N, S) : expected(pp ? "kWgmma64x256PingPong" : r.by_s[si], S);
+      const bool wave = !stash && !pp && wave_rule(r.M, r.N, r.K, S, want.tile);
+      wave_rows += wave ? 1 : 0;
+      if (wave) want = expected("kWgmma64x256PingPong", 1);
       EXPECT_EQ(got, want) << r.shape << " N=" << r.N << " K=" << r.K << " M=" << r.M << " S=" << S
                            << ": got " << got.to_string() << ", want " << want.to_string()
                            << (pp      ? " (ping-pong rule)"
                                : stash ? " (stash rule)"
+                               : wave  ? " (wave rule)"
                                        : "");
       EXPECT_TRUE(gemm_plan_legal(p, got)) << got.to_string();
     }
@@ -363,6 +384,59 @@ TEST(GemmPlan, QwenShapesMatchTheDispatchItReplaced) {
   EXPECT_EQ(ping_pong_rows, 12);
   // S = 4 on the 28 rows with >= 132 tiles of 64x256, S = 8 on the 8B down_proj (segments of 1536)
   EXPECT_EQ(stash_rows, 31);
+  // The table's M (1, 16, 64, 1024, 4096, 16384) fill the SMs as well with either tile.
+  EXPECT_EQ(wave_rows, 0);
+}
+
+// The wave rule and the stash schedule at the training forward's micro-batch sizes (the points
+// measured on the H100, docs/perf.md session 22), and the rules' oracles over every M of the 8B
+// shapes from 65 to 3072.
+TEST(GemmPlan, WaveRuleAtMicroBatchSizes) {
+  const GemmPlan pp = expected("kWgmma64x256PingPong", 1);
+  // gate_up (N = 24576 > K): 14 x 96 = 1344 jobs = 11 rounds of half tiles against 6 whole ones
+  EXPECT_EQ(plan_gemm(problem(896, 24576, 4096, 1)), pp);
+  EXPECT_EQ(plan_gemm(problem(1280, 24576, 4096, 1)), pp);
+  EXPECT_EQ(plan_gemm(problem(1024, 24576, 4096, 1)), expected("kWgmma128x256", 1));  // 12 = 6
+  EXPECT_EQ(plan_gemm(problem(192, 151936, 4096, 1)), pp);  // the lm_head: 14 half rounds vs 9
+  // N <= K (o_proj, down): never
+  EXPECT_EQ(plan_gemm(problem(1152, 4096, 4096, 1)), expected("kWgmma128x128", 1));
+  EXPECT_EQ(plan_gemm(problem(1152, 4096, 12288, 1)), expected("kWgmma128x128", 1));
+  // qkv at M = 256: 96 jobs, fewer than two per CTA
+  EXPECT_EQ(plan_gemm(problem(256, 6144, 4096, 1)).ping_pong, false);
+  // The stash schedule at S = 4: o_proj / down at M = 1152 (3 tiles of 64x256 on the busiest CTA
+  // = 1.6 units against 2 rounds of 128x256) on the ping-pong tile; at M = 1024 (1 against 1) and
+  // 2048 (2 against 2) on the 128x256 tile.
+  for (const int64_t K : {int64_t(4096), int64_t(12288)}) {
+    EXPECT_EQ(plan_gemm(problem(1152, 4096, K, 4)), stash_plan(1152, 4096, 4));
+    EXPECT_TRUE(plan_gemm(problem(1152, 4096, K, 4)).ping_pong);
+    EXPECT_FALSE(plan_gemm(problem(1024, 4096, K, 4)).ping_pong);
+    EXPECT_FALSE(plan_gemm(problem(2048, 4096, K, 4)).ping_pong);
+    EXPECT_EQ(plan_gemm(problem(1024, 4096, K, 4)).fold, GemmFold::kStash);
+  }
+  // The oracles at every M: the stash rule's schedule, the wave rule's tile.
+  struct Sh {
+    int64_t N, K;
+  };
+  for (const Sh sh : {Sh{6144, 4096}, Sh{4096, 4096}, Sh{24576, 4096}, Sh{4096, 12288}}) {
+    for (int64_t M = 65; M <= 3072; ++M) {
+      for (const int S : {1, 4}) {
+        const GemmPlan got = plan_gemm(problem(M, sh.N, sh.K, S));
+        if (stash_rule(M, sh.N, sh.K, S)) {
+          EXPECT_EQ(got, stash_plan(M, sh.N, S)) << "M=" << M << " N=" << sh.N << " S=" << S;
+        } else if (S == 1 && !ping_pong_rule(M, sh.N, sh.K, S)) {
+          // got is the ping-pong tile exactly when the rule says so against the job tile the cost
+          // model would have taken (the plan with the rule off: got itself when not ping-pong).
+          if (got.ping_pong) {
+            EXPECT_GT(sh.N, sh.K) << "M=" << M;
+            EXPECT_GE(((M + 63) / 64) * ((sh.N + 255) / 256), 264) << "M=" << M;
+          } else {
+            EXPECT_FALSE(wave_rule(M, sh.N, sh.K, S, got.tile))
+                << "M=" << M << " N=" << sh.N << ": " << got.to_string();
+          }
+        }
+      }
+    }
+  }
 }
 
 // Operands TMA cannot read: the cp.async ring tiles for M <= 64 (90d8be4's small_m_default_variant,

@@ -172,14 +172,42 @@ const GemmTile& wgmma_cost_tile(const GemmProblem& p) {
   return *best;
 }
 
+// The busiest SM's job count in a persistent launch of `jobs` jobs.
+int64_t rounds(int64_t jobs) { return (jobs + kPlanSMs - 1) / kPlanSMs; }
+
+// NOTE (wave rule, measured on the H100 at M = 128 .. 3072: docs/perf.md, session 22): with one
+// segment and outputs wider than the reduction (N > K, as for the ping-pong rule), the 64x256
+// ping-pong tile when it needs strictly fewer rounds than the job tiles, counted in tile area (a
+// round of 64x256 jobs = half a round of 128x256 tiles), and gives every CTA two jobs at least
+// (alone, one warpgroup's tile ran 13% slower than a 128x128 tile). E.g. gate_up (N = 24576) at
+// M = 896: 11 rounds of 64x256 = 5.5 against 6 of 128x256: -15%. With N <= K (o_proj, down) it
+// lost up to 13%; on equal rounds it was within +-6% either way.
+bool ping_pong_fills(const GemmProblem& p, const GemmTile& t) {
+  const int64_t t64 = tiles(p, 64, 256);
+  if (p.N <= p.K || t64 < 2 * kPlanSMs) return false;
+  const int64_t pp = rounds(t64) * 64 * 256;
+  return pp < rounds(tiles(p, 128, 256)) * 128 * 256 &&
+         pp < rounds(tiles(p, t.bm, t.bn)) * t.bm * t.bn;
+}
+
+// NOTE (stash schedule, measured on the H100: docs/cuda-gemm.md "Stash", docs/perf.md session 22):
+// the ping-pong stash when every CTA gets at least two tile pairs, or when its busiest CTA (a pair
+// = one 128x256 tile's time, a lone tile ~0.6 of it) finishes before the 128x256 stash's busiest
+// (e.g. M = 1152: 3 tiles of 64x256 = 1.6 units against 2 rounds of 128x256).
+bool stash_ping_pong(const GemmProblem& p) {
+  const int64_t t64 = tiles(p, 64, 256);
+  if (t64 >= 4 * kPlanSMs) return true;
+  const int64_t per = rounds(t64);
+  return double(per / 2) + (per % 2 != 0 ? 0.6 : 0.0) < double(rounds(tiles(p, 128, 256)));
+}
+
 GemmPlan plan_wgmma(const GemmProblem& p) {
   const int S = p.segments;
   // NOTE (stash rule, measured on the H100: docs/cuda-gemm.md "Stash"): with enough 64x256 tiles
   // for every SM, S = 4, and S = 8 with segments of >= 1024 (shorter ones lost to the 64x128
-  // register tree), fold through the stash: on the ping-pong tile when every CTA gets at least
-  // two tile pairs, else on the 128x256 tile (one ping-pong pair per CTA serializes its turns).
+  // register tree), fold through the stash (the schedule: stash_ping_pong).
   if ((S == 4 || (S == 8 && p.segment_len >= 1024)) && tiles(p, 64, 256) >= kPlanSMs)
-    return wgmma_stash(S, tiles(p, 64, 256) >= 4 * kPlanSMs);
+    return wgmma_stash(S, stash_ping_pong(p));
   if (S > 1) {
     const int64_t tiles128 = tiles(p, 128, 128), tiles64 = tiles(p, 64, 128);
     if (S == 2 && tiles128 >= kPlanSMs) return wgmma_tree(kWg128x128, 1);
@@ -188,7 +216,9 @@ GemmPlan plan_wgmma(const GemmProblem& p) {
     if (tiles64 >= kPlanSMs) return wgmma_tree(kWg64x128, 3);
   }
   if (ping_pong_wins(p)) return wgmma_jobs(kWg64x256, S, /*ping_pong=*/true);
-  return wgmma_jobs(wgmma_cost_tile(p), S);
+  const GemmTile& t = wgmma_cost_tile(p);
+  if (S == 1 && ping_pong_fills(p, t)) return wgmma_jobs(kWg64x256, S, /*ping_pong=*/true);
+  return wgmma_jobs(t, S);
 }
 
 // TN (accumulate mode, MN-major operands): the ping-pong tile for short token runs (K <= 4096:
