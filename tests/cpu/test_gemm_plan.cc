@@ -1,6 +1,6 @@
 // The CUDA GEMM planner (src/cuda/gemm/plan.h), on the CPU: the plans for the Qwen3-0.6B and 8B
 // layer shapes equal the choices of the dispatch it replaced (commit 90d8be4), except where the
-// ping-pong and stash rules now apply; the planner is a pure function; the layouts of the backward
+// ping-pong, stash and wave rules now apply; the planner is a pure function; the layouts of the backward
 // are a clear error; every legal plan is distinct and plan_gemm's choice is one of them.
 //
 // Where the expectations come from: the table kDispatch90d8be4 below was produced by a verbatim
