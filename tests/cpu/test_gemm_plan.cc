@@ -1,7 +1,7 @@
 // The CUDA GEMM planner (src/cuda/gemm/plan.h), on the CPU: the plans for the Qwen3-0.6B and 8B
 // layer shapes equal the choices of the dispatch it replaced (commit 90d8be4), except where the
-// ping-pong, stash and wave rules now apply; the planner is a pure function; the layouts of the backward
-// are a clear error; every legal plan is distinct and plan_gemm's choice is one of them.
+// ping-pong, stash and wave rules now apply; the planner is a pure function; the layouts of the
+// backward are a clear error; every legal plan is distinct and plan_gemm's choice is one of them.
 //
 // Where the expectations come from: the table kDispatch90d8be4 below was produced by a verbatim
 // host transcription of 90d8be4's dispatch — src/cuda/gemm_bf16_nt.cu choose_sm90 (kPlanSMs = 132)
@@ -322,7 +322,10 @@ GemmProblem problem(int64_t M, int64_t N, int64_t K, int S) {
 // The deliberate changes from 90d8be4: the ping-pong rule (docs/cuda-gemm.md "Ping-pong"): one
 // segment, M >= 4096, N > K; the stash rule ("Stash"): M > 64, S = 4 (or 8 with segments of >=
 // 1024), at least 132 tiles of 64x256.
-bool ping_pong_rule(int64_t M, int64_t N, int64_t K, int S) { return S == 1 && M >= 4096 && N > K; }
+bool ping_pong_rule(int64_t M, int64_t N, int64_t K, int S) {
+  return S == 1 && N > K &&
+         (M >= 4096 || (M >= 1024 && N >= 6 * K));  // session 22: from 1024, N >= 6K
+}
 // The busiest of 132 SMs' share of n jobs.
 int64_t busiest(int64_t n) { return (n + 131) / 132; }
 // The wave rule (session 22): S = 1, N > K, >= 2 x 132 jobs of 64x256, and strictly fewer rounds
@@ -381,7 +384,8 @@ TEST(GemmPlan, QwenShapesMatchTheDispatchItReplaced) {
     }
   }
   // qkv, gate_up, lm_head of both models at M = 4096 and 16384 (N > K); never o_proj / down.
-  EXPECT_EQ(ping_pong_rows, 12);
+  // + gate_up and lm_head of both models at M = 1024 (N >= 6 K)
+  EXPECT_EQ(ping_pong_rows, 16);
   // S = 4 on the 28 rows with >= 132 tiles of 64x256, S = 8 on the 8B down_proj (segments of 1536)
   EXPECT_EQ(stash_rows, 31);
   // The table's M (1, 16, 64, 1024, 4096, 16384) fill the SMs as well with either tile.
@@ -396,7 +400,11 @@ TEST(GemmPlan, WaveRuleAtMicroBatchSizes) {
   // gate_up (N = 24576 > K): 14 x 96 = 1344 jobs = 11 rounds of half tiles against 6 whole ones
   EXPECT_EQ(plan_gemm(problem(896, 24576, 4096, 1)), pp);
   EXPECT_EQ(plan_gemm(problem(1280, 24576, 4096, 1)), pp);
-  EXPECT_EQ(plan_gemm(problem(1024, 24576, 4096, 1)), expected("kWgmma128x256", 1));  // 12 = 6
+  // qkv at M = 1024 (N = 1.5 K): 3 rounds of 64x256 = 1.5 against 128x128's 3 x 0.5 = 1.5: equal
+  EXPECT_EQ(plan_gemm(problem(1024, 6144, 4096, 1)), expected("kWgmma128x128", 1));
+  // gate_up at M = 1024: the ping-pong rule (N >= 6 K), not the wave rule (12 half rounds = 6)
+  EXPECT_EQ(plan_gemm(problem(1024, 24576, 4096, 1)), pp);
+  EXPECT_FALSE(wave_rule(1024, 24576, 4096, 1, expected("kWgmma128x256", 1).tile));
   EXPECT_EQ(plan_gemm(problem(192, 151936, 4096, 1)), pp);  // the lm_head: 14 half rounds vs 9
   // N <= K (o_proj, down): never
   EXPECT_EQ(plan_gemm(problem(1152, 4096, 4096, 1)), expected("kWgmma128x128", 1));

@@ -151,7 +151,13 @@ int64_t tiles(const GemmProblem& p, int bm, int bn) {
 // 64x256 ping-pong tile beat the tile the cost model picks on qkv (N = 6144, K = 4096) at M = 4096
 // and 16384 and gate_up (N = 24576, K = 4096) at M = 4096, and lost on down (N = 4096, K = 12288)
 // at M = 1024 and with S = 4 / 8: large M, outputs wider than the reduction, one segment.
-bool ping_pong_wins(const GemmProblem& p) { return p.segments == 1 && p.M >= 4096 && p.N > p.K; }
+// And (measured on the H100, docs/perf.md session 22, every plan forced at M = 128 .. 3072) from
+// M = 1024 for outputs at least 6x wider than the reduction (gate_up, N = 24576 = 6 K: -3 to -10%
+// at M = 1024 .. 2560 against the 128x256 tile in the same rounds; the lm_head, N = 151936: -8% at
+// M = 512, -19% at 1024).
+bool ping_pong_wins(const GemmProblem& p) {
+  return p.segments == 1 && p.N > p.K && (p.M >= 4096 || (p.M >= 1024 && p.N >= 6 * p.K));
+}
 
 // Estimated time ∝ waves x tile area x relative cost per output of the tile shape (bigger wgmma
 // N reuses shared memory better); the cheapest of the job tiles wins, ties to the bigger tile.
