@@ -121,7 +121,8 @@ def gemm_bwd(logdir, b):
         vals = []
         for r in rows:
             try:
-                if r["op"] == op and int(r["T"]) >= 1024:
+                # A forced path (e.g. dW "gathered (forced)") is a comparison, not the op's.
+                if r["op"] == op and int(r["T"]) >= 1024 and "forced" not in r["out"]:
                     vals.append((float(r["ratio"]), "%s T=%s %s" % (r["shape"], r["T"], r["out"])))
             except (KeyError, ValueError):
                 continue

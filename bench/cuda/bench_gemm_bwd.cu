@@ -8,7 +8,8 @@
 //       beta = 1, CUBLAS_COMPUTE_32F). lockstep's time includes the host token-slot table, its
 //       upload; sequences of 1024 (no padding slots) read dy and x in place in one run, sequences
 //       of 1000 (8 padding slots each) take the blocked form (full blocks in place, each
-//       sequence's last block gathered). One micro-batch.
+//       sequence's last block gathered), and again with the blocked form off (every row gathered:
+//       "gathered (forced)", not a bar). One micro-batch.
 // Each point: 2 warm-up calls, then the median of 10 timed calls (one cudaEvent pair around each
 // call, host-side checks inside). Operands: random bf16 in ±[0.5, 2)·2^-6 (dw stays finite).
 // Prints a markdown table; writes nothing else. Usage: bench_gemm_bwd [--quick] (--quick:
@@ -172,17 +173,24 @@ int main(int argc, char** argv) {
       }
       // dW (f32, accumulated): sequences of 1024 tokens in one micro-batch (the token slots are
       // consecutive rows: dy and x read in place), then sequences of 1000 (8 padding slots each:
-      // the blocked form).
-      for (const int64_t len : {int64_t(1024), int64_t(1000)}) {
+      // the blocked form), then the same with the blocked form off (rows gathered; a forced path,
+      // kept out of the bars: which of the two the op should take).
+      for (const int64_t len : {int64_t(1024), int64_t(1000), int64_t(-1000)}) {
+        const bool gathered = len < 0;
+        const int64_t seq_len = gathered ? -len : len;
         std::vector<int64_t> cu;
-        for (int64_t r = 0; r < T; r += len) cu.push_back(r);
+        for (int64_t r = 0; r < T; r += seq_len) cu.push_back(r);
         cu.push_back(T);
         const TokenOrder order = TokenOrder::packed(cu, 0);
         const TensorView dwv = TensorView::contiguous(dw, DType::kF32, {s.N, s.K}, Device::kCUDA);
         bool ok = true, cok = true;
         auto ours = [&] {
           try {
-            lockstep::cuda::gemm_bf16_dw(dyv, xv, order, dwv);
+            if (gathered) {
+              lockstep::cuda::detail::gemm_bf16_dw_gathered(dyv, xv, order, dwv);
+            } else {
+              lockstep::cuda::gemm_bf16_dw(dyv, xv, order, dwv);
+            }
           } catch (const std::exception& e) {
             if (ok) std::printf("lockstep error: %s\n", e.what());
             ok = false;
@@ -199,7 +207,11 @@ int main(int argc, char** argv) {
         };
         const float tl = time(ours), tc = time(theirs);
         CK(cudaGetLastError());
-        report("dW", s, T, len == 1024 ? "f32 +=, in place" : "f32 +=, blocked", tl, ok, tc, cok);
+        report("dW", s, T,
+               len == 1024 ? "f32 +=, in place"
+               : gathered  ? "f32 +=, gathered (forced)"
+                           : "f32 +=, blocked",
+               tl, ok, tc, cok);
       }
     }
   }

@@ -182,17 +182,24 @@ void run_case(const Case& c) {
               got.data(), ref.data(), dw0.size(), 4);
     }
   }
-  // The public op.
-  {
+  // The public op, and the same with the blocked form off (every run row-gathered).
+  for (const bool gathered : {false, true}) {
     DevPool pool;
     void* ddy = pool.upload(dy.data(), dy.size() * 2);
     void* dx = pool.upload(x.data(), x.size() * 2);
     void* ddw = pool.upload(dw0.data(), dw0.size() * 4);
-    cuda::gemm_bf16_dw(view(ddy, DType::kBF16, {rows, N}), view(dx, DType::kBF16, {rows, K}), order,
-                       view(ddw, DType::kF32, {N, K}));
+    const TensorView vdy = view(ddy, DType::kBF16, {rows, N}),
+                     vx = view(dx, DType::kBF16, {rows, K});
+    const TensorView vdw = view(ddw, DType::kF32, {N, K});
+    if (gathered) {
+      cuda::detail::gemm_bf16_dw_gathered(vdy, vx, order, vdw);
+    } else {
+      cuda::gemm_bf16_dw(vdy, vx, order, vdw);
+    }
     CK(cudaGetLastError());
     const std::vector<uint8_t> got = download(ddw, dw0.size() * 4);
-    bitwise(name + " cuda::gemm_bf16_dw", got.data(), ref.data(), dw0.size(), 4);
+    bitwise(name + (gathered ? " cuda::gemm_bf16_dw, blocked form off" : " cuda::gemm_bf16_dw"),
+            got.data(), ref.data(), dw0.size(), 4);
   }
 }
 

@@ -318,9 +318,12 @@ void gemm_bf16_dx_partial(const TensorView& dy_shard, const TensorView& w_shard,
   gemm_bf16_nt_partial(dy_shard, wt, n_total, tp_size, tp_rank, cfg, dx_partial, stream);
 }
 
-void gemm_bf16_dw(const TensorView& dy, const TensorView& x, const TokenOrder& order,
-                  const TensorView& dw, void* stream) {
-  contract::check_gemm_dw(kOpDw, Device::kCUDA, dy, x, order, dw);
+namespace {
+
+// gemm_bf16_dw after its checks; blocked: the blocked form may read several runs in place (else
+// they are row-gathered, window by window).
+void dw_runs(const TensorView& dy, const TensorView& x, const TokenOrder& order,
+             const TensorView& dw, bool blocked, void* stream) {
   const int64_t N = dy.size(1), K = x.size(1);
   if (N == 0 || K == 0) return;
   LS_CHECK(order.rows() < (int64_t(1) << 31), kOpDw, "dy: ", order.rows(),
@@ -342,7 +345,7 @@ void gemm_bf16_dw(const TensorView& dy, const TensorView& x, const TokenOrder& o
   // reads in place: the blocked path, one launch over every block.
   int64_t valid0 = 0;
   const bool one_run = in_place_piece(slots.data(), total, &valid0) == total;
-  if (!one_run &&
+  if (!one_run && blocked &&
       detail::gemm_tn_problem(dyp, dy.stride[0], xp, x.stride[0], N, K, order.rows()).tma_ok) {
     dw_blocked(dy, x, slots, dw, s);
     return;
@@ -388,5 +391,21 @@ void gemm_bf16_dw(const TensorView& dy, const TensorView& x, const TokenOrder& o
     pos += tc;
   }
 }
+
+}  // namespace
+
+void gemm_bf16_dw(const TensorView& dy, const TensorView& x, const TokenOrder& order,
+                  const TensorView& dw, void* stream) {
+  contract::check_gemm_dw(kOpDw, Device::kCUDA, dy, x, order, dw);
+  dw_runs(dy, x, order, dw, /*blocked=*/true, stream);
+}
+
+namespace detail {
+void gemm_bf16_dw_gathered(const TensorView& dy, const TensorView& x, const TokenOrder& order,
+                           const TensorView& dw, void* stream) {
+  contract::check_gemm_dw(kOpDw, Device::kCUDA, dy, x, order, dw);
+  dw_runs(dy, x, order, dw, /*blocked=*/false, stream);
+}
+}  // namespace detail
 
 }  // namespace lockstep::cuda

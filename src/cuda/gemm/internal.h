@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "cuda/gemm/plan.h"
+#include "lockstep/contract/backward.h"  // TokenOrder
 #include "lockstep/ops/gemm.h"
 #include "lockstep/tensor.h"
 
@@ -64,6 +65,12 @@ void gemm_bf16_tn_accumulate_blocked(const uint16_t* a, int64_t lda, const uint1
                                      const int32_t* blocks, int64_t nblocks, int64_t M, int64_t N,
                                      float* y, int64_t ldy, const GemmPlan* plan = nullptr,
                                      void* stream = nullptr);
+
+// cuda::gemm_bf16_dw without the blocked form (a benchmark / test hook): token runs that are not
+// one run of consecutive rows are row-gathered into token-major copies, window by window, even
+// where TMA could read them in place. The same bits as cuda::gemm_bf16_dw.
+void gemm_bf16_dw_gathered(const TensorView& dy, const TensorView& x, const TokenOrder& order,
+                           const TensorView& dw, void* stream = nullptr);
 
 // The NN layout (dX = dY · W with W read in place, plan.h): y [M, N] = the GEMM contract of cfg
 // (§G: segments over K, tree, one rounding to y's dtype) of x [M, K] and w [K, N] (MN-major, rows
