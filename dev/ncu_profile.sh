@@ -7,7 +7,9 @@
 # backward's wgmma kernels, bench_attention_bwd --quick), dw (the first dW accumulate launch of
 # bench_gemm_bwd: T = 1024, qkv), fwd (the first timed launch of the forward's 128x256 S = 1 tile
 # in bench_gemm_cuda --quick: o_proj, M = 1024, 128 tiles: is it L2-bound? docs/perf.md, session
-# 20), stash (the 128x256 stash kernel, S = 4, o_proj at M = 1024: docs/cuda-gemm.md "Stash").
+# 20), stash (the 128x256 stash kernel, S = 4, o_proj at M = 1024: docs/cuda-gemm.md "Stash"),
+# fwdsrc (the 128x256 S = 1 kernel at gate_up M = 1024 with --set full: the stall reasons and the
+# 25 SASS instructions with the most stall samples; not in the default list).
 # Default: all.
 # Writes $OUT/ncu_NAME.txt (details page) and a one-line summary per kernel on stdout. BIN: the
 # folder of the benchmark binaries (default build-gpu, from the carried pack).
@@ -45,6 +47,44 @@ for p in $parts; do
     # main table runs it first for qkv at M = 1024 (3 warm-up + 20 timed launches), then o_proj
     stash) NCU_NAME_BASE=mangled prof stash 'Li128ELi256ELi1ELi4ELi2ENS1_17Sm90StoreEpilogueELb0ELb0ELb0E' 26 \
       $BIN/bench_gemm_cuda --quick ;;
+    # Where the forward GEMM's warps wait (session 22: 65 M instructions for gate_up at M = 1,024,
+    # ~1,330 per k-tile per CTA, mostly barrier polling by count; which role polls?): the 128x256
+    # S = 1 kernel on gate_up at M = 1,024 (bench_gemm_cuda --quick --only gate_up: its first
+    # 128x256 launches), every section with their bodies (the stall reasons), then the SASS source
+    # page (stall samples per instruction) reduced to the 25 instructions with the most samples.
+    fwdsrc)
+      kern='regex:Li128ELi256ELi1ELi4ELi0ENS1_17Sm90StoreEpilogueELb0ELb0ELb0E'
+      timeout 300 "$NCU" --clock-control none --kernel-name-base mangled --kernel-name "$kern" \
+        --launch-skip 3 --launch-count 1 --set full --import-source no -o "$OUT/fwdsrc" -f \
+        $BIN/bench_gemm_cuda --quick --only gate_up >"$OUT/ncu_fwdsrc_run.txt" 2>&1
+      "$NCU" -i "$OUT/fwdsrc.ncu-rep" --page details --print-details all >"$OUT/ncu_fwdsrc.txt" 2>&1
+      "$NCU" -i "$OUT/fwdsrc.ncu-rep" --page source --print-source sass --csv \
+        >"$OUT/ncu_fwdsrc_sass.csv" 2>&1
+      python3 - "$OUT/ncu_fwdsrc_sass.csv" <<'PY' >"$OUT/ncu_fwdsrc_top.txt" 2>&1
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1], errors="replace")))
+head = next((i for i, r in enumerate(rows) if any("Source" == c or "Address" == c for c in r)), None)
+if head is None:
+    sys.exit("no SASS table in the source page")
+cols = rows[head]
+samp = [i for i, c in enumerate(cols) if "Sampling" in c and "All" in c] or \
+       [i for i, c in enumerate(cols) if "Sampling" in c]
+src = next(i for i, c in enumerate(cols) if c == "Source")
+def val(r, i):
+    try:
+        return float(r[i].replace(",", ""))
+    except (ValueError, IndexError):
+        return 0.0
+body = [r for r in rows[head + 1:] if len(r) == len(cols)]
+total = sum(val(r, samp[0]) for r in body) or 1.0
+print("columns:", [cols[i] for i in samp], "total samples", total)
+for r in sorted(body, key=lambda r: -val(r, samp[0]))[:25]:
+    print("%6.2f%%  %s" % (100 * val(r, samp[0]) / total, r[src][:110]))
+PY
+      echo "== fwdsrc: $(grep -E 'Duration|Stall' "$OUT/ncu_fwdsrc.txt" | head -12 | awk '{$1=$1; print}' | tr '\n' ';')"
+      head -30 "$OUT/ncu_fwdsrc_top.txt"
+      rm -f "$OUT/fwdsrc.ncu-rep"
+      ;;
     *) echo "unknown part $p" ;;
   esac
 done
