@@ -84,6 +84,13 @@ nlohmann::ordered_json op_section_json(const OpSection& s) {
   for (const engine::OpTimes& t : s.ops->rows)
     j["ops"].push_back(
         {{"label", t.label}, {"calls", t.calls}, {"device_s", t.device_s}, {"host_s", t.host_s}});
+  j["gaps"] = nlohmann::ordered_json::array();
+  for (const engine::OpGap& g : s.ops->gaps)
+    j["gaps"].push_back({{"from", g.from},
+                         {"to", g.to},
+                         {"count", g.count},
+                         {"device_idle_s", g.device_s},
+                         {"host_s", g.host_s}});
   return j;
 }
 
@@ -105,6 +112,21 @@ void print_op_section(const std::string& title, const OpSection& s) {
       "  not covered by device work (host work, launches, waits): %.3f ms (%.1f%% of "
       "wall)\n",
       1e3 * (s.wall_s - dev), s.wall_s > 0 ? 100.0 * (s.wall_s - dev) / s.wall_s : 0.0);
+  // Where the device waited: the transitions between consecutive ops with the most idle.
+  constexpr size_t kGapRows = 8;
+  if (s.ops->gaps.empty() || s.ops->gaps.front().device_s <= 0) return;
+  std::printf(
+      "  device idle between consecutive ops (after-mark to before-mark), largest %zu of %zu "
+      "transitions; host ms = host time between the two calls:\n",
+      std::min(kGapRows, s.ops->gaps.size()), s.ops->gaps.size());
+  std::printf("    %-58s %10s %10s %10s %10s\n", "from -> to", "count", "idle ms", "ms/step",
+              "host ms");
+  for (size_t i = 0; i < s.ops->gaps.size() && i < kGapRows; ++i) {
+    const engine::OpGap& g = s.ops->gaps[i];
+    const std::string t = g.from + " -> " + g.to;
+    std::printf("    %-58s %10" PRId64 " %10.3f %10.4f %10.3f\n", t.c_str(), g.count,
+                1e3 * g.device_s, 1e3 * per(g.device_s), 1e3 * g.host_s);
+  }
 }
 
 // The least time an engine step can take on its device: the bytes it must read — every weight

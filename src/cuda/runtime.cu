@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lockstep/cuda/runtime.h"
@@ -200,6 +201,14 @@ int EventPool::record(void* stream) {
   check_cuda(cudaEventRecord(static_cast<cudaEvent_t>(events_[size_t(used_)]), as_stream(stream)),
              "cuda::EventPool::record", "cudaEventRecord");
   return used_++;
+}
+
+int EventPool::keep_only(int i) {
+  LS_CHECK(i >= 0 && i < used_, "cuda::EventPool::keep_only", "event ", i, " is not recorded (",
+           used_, " since the last clear)");
+  std::swap(events_[0], events_[size_t(i)]);
+  used_ = 1;
+  return 0;
 }
 
 double EventPool::seconds(int a, int b) const {

@@ -71,6 +71,12 @@ class HostClock final : public OpClock {
     return std::chrono::duration<double>(marks_[size_t(b)] - marks_[size_t(a)]).count();
   }
   void clear() override { marks_.clear(); }
+  int keep_only(int mark) override {
+    LS_CHECK(mark >= 0 && size_t(mark) < marks_.size(), "OpClock::keep_only", "mark ", mark,
+             " is not recorded");
+    marks_ = {marks_[size_t(mark)]};
+    return 0;
+  }
 
  private:
   std::vector<std::chrono::steady_clock::time_point> marks_;

@@ -32,6 +32,8 @@ class OpClock {
   virtual int mark() = 0;
   virtual double seconds(int a, int b) = 0;
   virtual void clear() = 0;
+  // Forgets every mark but `mark`, which becomes mark 0 (the same time); returns 0.
+  virtual int keep_only(int mark) = 0;
 };
 
 // NOTE: methods are const: a backend's results may depend only on its arguments and its own

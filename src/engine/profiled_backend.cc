@@ -33,9 +33,10 @@ void ProfiledBackend::timed(const std::string& label, F&& f) const {
   const int before = clock_->mark();
   const auto t0 = std::chrono::steady_clock::now();
   f();
-  const double host = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto t1 = std::chrono::steady_clock::now();
+  const double host = std::chrono::duration<double>(t1 - t0).count();
   const int after = clock_->mark();
-  pending_.push_back(PendingOp{before, after, count_locked(label, host), decode_on_});
+  pending_.push_back(PendingOp{before, after, count_locked(label, host), decode_on_, t0, t1});
   if (2 * pending_.size() > kMaxPendingMarks) {
     inner_->synchronize();
     resolve_locked();
@@ -61,9 +62,25 @@ void ProfiledBackend::resolve_locked() const {
     const double s = clock_->seconds(p.before, p.after);
     all_[p.row].device_s += s;
     if (p.decode) decode_[p.row].device_s += s;
+    if (last_) {
+      const double idle = clock_->seconds(last_->after, p.before);
+      const double host = std::chrono::duration<double>(p.host_begin - last_->host_end).count();
+      for (auto* m : {&gaps_, p.decode ? &decode_gaps_ : nullptr}) {
+        if (!m) continue;
+        OpGap& g = (*m)[{last_->row, p.row}];
+        ++g.count;
+        g.device_s += idle;
+        g.host_s += host;
+      }
+    }
+    last_ = LastOp{p.after, p.row, p.host_end};
   }
   pending_.clear();
-  clock_->clear();
+  if (last_) {
+    last_->after = clock_->keep_only(last_->after);
+  } else {
+    clock_->clear();
+  }
 }
 
 void ProfiledBackend::set_decode(bool on) {
@@ -71,8 +88,20 @@ void ProfiledBackend::set_decode(bool on) {
   decode_on_ = on;
 }
 
-OpProfile ProfiledBackend::profile_of(const std::vector<OpTimes>& rows) const {
+OpProfile ProfiledBackend::profile_of(
+    const std::vector<OpTimes>& rows,
+    const std::map<std::pair<size_t, size_t>, OpGap>& gaps) const {
   OpProfile p;
+  for (const auto& [key, g] : gaps) {
+    OpGap named = g;
+    named.from = all_[key.first].label;
+    named.to = all_[key.second].label;
+    p.gaps.push_back(std::move(named));
+  }
+  std::sort(p.gaps.begin(), p.gaps.end(), [](const OpGap& a, const OpGap& b) {
+    if (a.device_s != b.device_s) return a.device_s > b.device_s;
+    return a.from != b.from ? a.from < b.from : a.to < b.to;
+  });
   p.total.label = "total";
   for (const OpTimes& t : rows)
     if (t.calls > 0) p.rows.push_back(t);
@@ -91,14 +120,14 @@ OpProfile ProfiledBackend::report() const {
   std::lock_guard<std::mutex> lock(mu_);
   inner_->synchronize();
   resolve_locked();
-  return profile_of(all_);
+  return profile_of(all_, gaps_);
 }
 
 OpProfile ProfiledBackend::decode_report() const {
   std::lock_guard<std::mutex> lock(mu_);
   inner_->synchronize();
   resolve_locked();
-  return profile_of(decode_);
+  return profile_of(decode_, decode_gaps_);
 }
 
 void ProfiledBackend::reset() {
@@ -108,6 +137,10 @@ void ProfiledBackend::reset() {
   row_of_.clear();
   all_.clear();
   decode_.clear();
+  last_.reset();
+  clock_->clear();
+  gaps_.clear();
+  decode_gaps_.clear();
   decode_on_ = false;
 }
 

@@ -5,15 +5,21 @@
 // OpClock taken just before and just after the call (CUDA: events on its stream; CPU: host time).
 // The results are the inner backend's, bit for bit; the two marks per op perturb the timing
 // slightly.
+// Device idle between ops: the time from one op's after-mark to the next op's before-mark (on a
+// GPU: the device waiting for the host to issue the next op), summed per transition "from -> to"
+// with the host time between the two calls, so that the wall time that no op covers can be traced
+// to the host work between two ops (e.g. a step's end and the next step's first upload).
 // NOTE: marks are read back ("resolved") after the inner synchronize() that the engine calls every
 // step when it reads the sampled tokens, so profiling adds no wait of its own there; only when more
 // than kMaxPendingMarks are pending (a long call with no wait) and at report() does it synchronize.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,9 +34,18 @@ struct OpTimes {
   double host_s = 0;    // Σ over the calls of the host time inside the call
 };
 
+// One transition between consecutive ops: the device idle and the host time between them.
+struct OpGap {
+  std::string from, to;  // the ops' labels
+  int64_t count = 0;
+  double device_s = 0;  // Σ the time between from's after-mark and to's before-mark
+  double host_s = 0;    // Σ the host time from from's return to to's call
+};
+
 struct OpProfile {
   std::vector<OpTimes> rows;  // largest device time first (ties: by label)
   OpTimes total;              // label "total": the sums over the rows, in row order
+  std::vector<OpGap> gaps;    // every transition, largest device idle first (ties: by labels)
 };
 
 class ProfiledBackend final : public OpsBackend {
@@ -188,12 +203,21 @@ class ProfiledBackend final : public OpsBackend {
   size_t count_locked(const std::string& label, double host_s) const;
   // Reads the pending marks' times into the rows (the inner backend must have synchronized).
   void resolve_locked() const;
-  OpProfile profile_of(const std::vector<OpTimes>& rows) const;
+  OpProfile profile_of(const std::vector<OpTimes>& rows,
+                       const std::map<std::pair<size_t, size_t>, OpGap>& gaps) const;
 
+  using HostTime = std::chrono::steady_clock::time_point;
   struct PendingOp {
     int before = 0, after = 0;  // marks
     size_t row = 0;             // into all_ (and decode_)
     bool decode = false;
+    HostTime host_begin, host_end;  // the inner call's
+  };
+  // The last resolved op: its after-mark is kept (OpClock::keep_only) for the next op's gap.
+  struct LastOp {
+    int after = 0;
+    size_t row = 0;
+    HostTime host_end;
   };
 
   std::shared_ptr<OpsBackend> inner_;
@@ -206,6 +230,10 @@ class ProfiledBackend final : public OpsBackend {
   mutable std::vector<PendingOp> pending_;
   mutable std::map<std::string, size_t> row_of_;  // label -> index into all_ / decode_
   mutable std::vector<OpTimes> all_, decode_;
+  mutable std::optional<LastOp> last_;
+  // (from row, to row) -> the transition's gaps; a gap counts into decode_gaps_ when the op after
+  // it does into decode_.
+  mutable std::map<std::pair<size_t, size_t>, OpGap> gaps_, decode_gaps_;
   bool decode_on_ = false;
 };
 

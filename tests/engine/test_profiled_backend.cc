@@ -3,8 +3,10 @@
 // kind the model issues (exact call counts where the model fixes them), with per-weight GEMM lines,
 // a decode section, and pending marks resolved past the limit.
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/profiled_backend.h"
@@ -175,6 +177,52 @@ TEST(OpClock, HostClockMarksAreOrdered) {
   EXPECT_GE(clock->seconds(a, b), 0.0);
   clock->clear();
   EXPECT_THROW(clock->seconds(a, b), Error);
+}
+
+TEST(OpClock, KeepOnlyKeepsOneMarkAndItsTime) {
+  const auto clock = make_invariant_backend()->make_op_clock();
+  const int a = clock->mark();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const int b = clock->mark();
+  clock->mark();
+  EXPECT_EQ(clock->keep_only(a), 0);
+  EXPECT_THROW(clock->seconds(0, b), Error);  // b is gone
+  const int c = clock->mark();
+  EXPECT_EQ(c, 1);
+  EXPECT_GE(clock->seconds(0, c), 0.02);  // mark 0 is still a's time
+  EXPECT_THROW(clock->keep_only(5), Error);
+}
+
+// The device idle between two ops lands on their transition, with the host time between the calls
+// (on the CPU both are host time: at least the sleep between the calls), also when a
+// synchronize() resolved the marks in between; reset() forgets it.
+TEST(ProfiledBackend, IdleBetweenOpsGoesToTheirTransition) {
+  ProfiledBackend prof(make_invariant_backend());
+  Tensor src(DType::kF32, {2, 3}), dst(DType::kBF16, {2, 3});
+  for (int64_t i = 0; i < 6; ++i) src.ptr<float>()[i] = float(i);
+  prof.round_bf16(src.view(), dst.view());
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  prof.fill_zero(dst.view());
+  prof.synchronize();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  prof.round_bf16(src.view(), dst.view());
+  const OpProfile p = prof.report();
+  ASSERT_EQ(p.gaps.size(), 2u);
+  const OpGap& first = p.gaps[0];  // largest first
+  EXPECT_EQ(first.from, "round_bf16");
+  EXPECT_EQ(first.to, "fill_zero");
+  EXPECT_EQ(first.count, 1);
+  EXPECT_GE(first.device_s, 0.03);
+  EXPECT_GE(first.host_s, 0.03);
+  const OpGap& second = p.gaps[1];  // across the synchronize
+  EXPECT_EQ(second.from, "fill_zero");
+  EXPECT_EQ(second.to, "round_bf16");
+  EXPECT_GE(second.device_s, 0.02);
+  EXPECT_GE(second.host_s, 0.02);
+  EXPECT_TRUE(prof.decode_report().gaps.empty());  // the decode flag was off
+  prof.reset();
+  prof.round_bf16(src.view(), dst.view());
+  EXPECT_TRUE(prof.report().gaps.empty());  // no op before it since the reset
 }
 
 }  // namespace

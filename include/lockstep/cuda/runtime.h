@@ -42,6 +42,9 @@ class EventPool {
   int record(void* stream = nullptr);
   double seconds(int a, int b) const;
   void clear() { used_ = 0; }
+  // Forgets every event but number i, which becomes event 0 (it keeps its recorded time); returns
+  // 0. i must be recorded.
+  int keep_only(int i);
   int size() const { return used_; }  // events recorded since the last clear()
 
  private:

@@ -42,6 +42,7 @@ class CudaDeviceBackend : public OpsBackend {
     int mark() override { return events_.record(stream_); }
     double seconds(int a, int b) override { return events_.seconds(a, b); }
     void clear() override { events_.clear(); }
+    int keep_only(int mark) override { return events_.keep_only(mark); }
 
    private:
     void* stream_;
