@@ -61,8 +61,15 @@ float median(std::vector<float> v) {
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IOLBF, 0);
   bool quick = false;
-  for (int i = 1; i < argc; ++i)
-    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") != 0) {
+      std::fprintf(stderr,
+                   "bench_gemm_bwd: unknown argument '%s'\nusage: bench_gemm_bwd [--quick]\n",
+                   argv[i]);
+      return 2;
+    }
+    quick = true;
+  }
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
   int driver = 0;
