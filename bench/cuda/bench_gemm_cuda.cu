@@ -5,10 +5,9 @@
 // calls, then the median of 20 timed calls (one cudaEvent pair around each call; the lockstep
 // launcher's host-side checks and tensor-map encoding are inside the timing). Operands: random bf16
 // in ±[0.5, 2) (never zeros). Prints a markdown table (and the kernel plan of each shape); writes
-// nothing else. Usage: bench_gemm_cuda [--quick] [--fill uniform|normal|ones] [--only SHAPE] [--m
-// LIST]
-// (--quick: M in {1, 1024, 4096} only; --fill normal: x ~ N(0, 1) and w ~ N(0, 0.02²), the
-// engine's random model and activations, instead of ±[0.5, 2); ones: every element 1, the
+// nothing else. Usage: bench_gemm_cuda [--quick] [--fill uniform|normal|ones] [--only SHAPE]
+// [--m LIST] (--quick: M in {1, 1024, 4096} only; --fill normal: x ~ N(0, 1) and w ~ N(0, 0.02²),
+// the engine's random model and activations, instead of ±[0.5, 2); ones: every element 1, the
 // fewest toggling bits: a kernel whose time moves with the data is power-limited; --only: one of
 // qkv, o_proj, gate_up, down, lm_head (V = 151936, only by this flag); --m M,M,...: these M in the
 // main table, and in the forced table every wgmma plan at S = 1 and 4 at each of them, e.g. the
@@ -25,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <iterator>
 #include <vector>
 
 #include "baseline/cuda/kernels.h"  // baseline::Context: the cuBLAS peer's handle
@@ -78,8 +78,8 @@ int main(int argc, char** argv) {
   bool quick = false;
   const char* fill = "uniform";
   const char* only = nullptr;
-  std::vector<int64_t>
-      m_list;  // --m: these M in the main table, and every wgmma plan forced at them
+  // --m: these M in the main table, and every wgmma plan forced at them
+  std::vector<int64_t> m_list;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
@@ -116,14 +116,29 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_gemm_cuda: --fill takes uniform, normal or ones, not '%s'\n", fill);
     return 2;
   }
-  if (only && std::strcmp(only, "qkv") != 0 && std::strcmp(only, "o_proj") != 0 &&
-      std::strcmp(only, "gate_up") != 0 && std::strcmp(only, "down") != 0 &&
-      std::strcmp(only, "lm_head") != 0) {
+  struct Shape {
+    const char* name;
+    int64_t N, K;
+  };
+  // The lm_head (V = 151936, the last) only when --only names it: its w alone is 1.2 GB.
+  const Shape all_shapes[] = {{"qkv", 6144, 4096},
+                              {"o_proj", 4096, 4096},
+                              {"gate_up", 24576, 4096},
+                              {"down", 4096, 12288},
+                              {"lm_head", 151936, 4096}};
+  const size_t n_default = std::size(all_shapes) - 1;
+  std::vector<Shape> shapes;
+  for (size_t i = 0; i < std::size(all_shapes); ++i)
+    if (only ? std::strcmp(only, all_shapes[i].name) == 0 : i < n_default)
+      shapes.push_back(all_shapes[i]);
+  if (shapes.empty()) {
     std::fprintf(stderr,
-                 "bench_gemm_cuda: --only takes qkv, o_proj, gate_up, down or lm_head, not '%s'\n",
+                 "bench_gemm_cuda: --only takes qkv, o_proj, gate_up, down or lm_head, "
+                 "not '%s'\n",
                  only);
     return 2;
   }
+  const bool lm = only && std::strcmp(only, "lm_head") == 0;
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
   int driver = 0;
@@ -146,18 +161,6 @@ int main(int argc, char** argv) {
   // split-K sums), so the GEMM bars and the engine's ratios share one peer.
   const lockstep::cuda::baseline::Context cublas_ctx;
   cublasHandle_t h = static_cast<cublasHandle_t>(cublas_ctx.cublas());
-  struct Shape {
-    const char* name;
-    int64_t N, K;
-  };
-  const Shape all_shapes[] = {
-      {"qkv", 6144, 4096}, {"o_proj", 4096, 4096}, {"gate_up", 24576, 4096}, {"down", 4096, 12288}};
-  std::vector<Shape> shapes;
-  for (const Shape& s : all_shapes)
-    if (!only || std::strcmp(only, s.name) == 0) shapes.push_back(s);
-  // The lm_head (V = 151936) only when asked for: its w alone is 1.2 GB.
-  const bool lm = only && std::strcmp(only, "lm_head") == 0;
-  if (lm) shapes.push_back(Shape{"lm_head", 151936, 4096});
   std::vector<int64_t> Ms = {1, 8, 64, 256, 1024, 4096, 16384};
   if (quick) Ms = {1, 1024, 4096};
   if (!m_list.empty()) Ms = m_list;
@@ -165,7 +168,7 @@ int main(int argc, char** argv) {
                 maxK = 12288, maxN = lm ? 151936 : 24576;
   void *dx = nullptr, *dw = nullptr, *dy = nullptr;
   CK(cudaMalloc(&dx, size_t(maxM * maxK) * 2));
-  CK(cudaMalloc(&dw, size_t(maxN * 4096) * 2));  // the largest w: 24576 x 4096 = 4096 x 12288
+  CK(cudaMalloc(&dw, size_t(maxN * 4096) * 2));  // the largest w: maxN x 4096 (= 4096 x 12288)
   CK(cudaMalloc(&dy, size_t(maxM * maxN) * 2));
   if (std::strcmp(fill, "uniform") == 0) {
     bench_fill<<<4096, 256>>>(static_cast<uint16_t*>(dx), maxM * maxK, 12345);

@@ -5,7 +5,7 @@
 // function, and each of gemm_legal_plans through detail::gemm_bf16_nt_with_plan: mma.sync 32x64 /
 // 128x128, wgmma+TMA 128x256 / 128x128 / 64x128 / 64x256 ping-pong with per-segment fp32 planes,
 // 128x128 / 64x128 with the in-CTA register tree, the segment-pair path, the 64x256 ping-pong
-// tile with its segments folded through the stash, every compiled small-M
+// and 128x256 tiles with their segments folded through the stash, every compiled small-M
 // tile for M <= 64), in three layouts
 // (contiguous; padded rows with 16-byte strides, which TMA takes; odd strides and an unaligned
 // base, which it cannot, so the mma.sync kernel must run). Covered: odd M, N, K (K not a multiple

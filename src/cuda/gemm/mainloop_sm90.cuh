@@ -11,9 +11,8 @@
 // past the segment end are never issued, elements k >= K are
 // TMA zero fill (exact no-ops). Segments are combined by the G.4 tree either in registers
 // (LEVELS > 0, fold.cuh; 64 x 256 warpgroup tiles: through a stash in global memory) or, one job
-// per segment,
-// through workspace planes and the tree kernel (tree_combine.cuh, G.10); then bias once (fp32 RNE),
-// one rounding, canonical NaN (epilogue.cuh).
+// per segment, through workspace planes and the tree kernel (tree_combine.cuh, G.10); then bias
+// once (fp32 RNE), one rounding, canonical NaN (epilogue.cuh).
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only; the encoder is fetched from the driver at run time)

@@ -56,8 +56,9 @@ struct Sm90Params {
   float* ws;
   int64_t ld_ws;     // even
   int64_t ws_plane;  // elements per segment plane
-  // the ping-pong tile's segments folded through global memory (mainloop_sm90.cuh,
-  // sm90_stash_fold): per CTA of the grid and consumer warpgroup, LEVELS levels of 64 x BN fp32
+  // kStash plans (the 64x256 ping-pong or the 128x256 tile): segments folded through global
+  // memory (mainloop_sm90.cuh, sm90_stash_fold): per CTA of the grid and consumer warpgroup, LEVELS
+  // levels of a 64 x 256 fp32 tile
   float* stash;
 };
 

@@ -151,10 +151,9 @@ int64_t tiles(const GemmProblem& p, int bm, int bn) {
 // 64x256 ping-pong tile beat the tile the cost model picks on qkv (N = 6144, K = 4096) at M = 4096
 // and 16384 and gate_up (N = 24576, K = 4096) at M = 4096, and lost on down (N = 4096, K = 12288)
 // at M = 1024 and with S = 4 / 8: large M, outputs wider than the reduction, one segment.
-// And (measured on the H100, docs/perf.md session 22, every plan forced at M = 128 .. 3072) from
-// M = 1024 for outputs at least 6x wider than the reduction (gate_up, N = 24576 = 6 K: -3 to -10%
-// at M = 1024 .. 2560 against the 128x256 tile in the same rounds; the lm_head, N = 151936: -8% at
-// M = 512, -19% at 1024).
+// And from M = 1024 for outputs at least 6x wider than the reduction (gate_up, the lm_head), where
+// it beat the 128x256 tile in the same number of rounds (H100, every plan forced at M = 128 ..
+// 3072: docs/perf.md, session 22).
 bool ping_pong_wins(const GemmProblem& p) {
   return p.segments == 1 && p.N > p.K && (p.M >= 4096 || (p.M >= 1024 && p.N >= 6 * p.K));
 }
@@ -185,9 +184,9 @@ int64_t rounds(int64_t jobs) { return (jobs + kPlanSMs - 1) / kPlanSMs; }
 // segment and outputs wider than the reduction (N > K, as for the ping-pong rule), the 64x256
 // ping-pong tile when it needs strictly fewer rounds than the job tiles, counted in tile area (a
 // round of 64x256 jobs = half a round of 128x256 tiles), and gives every CTA two jobs at least
-// (alone, one warpgroup's tile ran 13% slower than a 128x128 tile). E.g. gate_up (N = 24576) at
-// M = 896: 11 rounds of 64x256 = 5.5 against 6 of 128x256: -15%. With N <= K (o_proj, down) it
-// lost up to 13%; on equal rounds it was within +-6% either way.
+// (one warpgroup's tile alone ran slower than a 128x128 tile). E.g. gate_up (N = 24576) at
+// M = 896: 11 rounds of 64x256 = 5.5 against 6 of 128x256. With N <= K (o_proj, down) it lost;
+// on equal rounds it won or lost by a few percent.
 bool ping_pong_fills(const GemmProblem& p, const GemmTile& t) {
   const int64_t t64 = tiles(p, 64, 256);
   if (p.N <= p.K || t64 < 2 * kPlanSMs) return false;
