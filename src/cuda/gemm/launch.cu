@@ -188,7 +188,7 @@ detail::Sm90Params final_params(int64_t rows, int64_t N, int64_t seg_len, int ns
 template <typename Epi>
 void launch_tn_accumulate(const char* op, const GemmProblem& q, const GemmPlan* plan,
                           const CUtensorMap& tx, const CUtensorMap& tw,
-                          const detail::sm90_tail_maps_t<Epi>& tails, typename Epi::Params p,
+                          const detail::sm90_blocked_maps_t<Epi>& bmaps, typename Epi::Params p,
                           float* y, int64_t ldy, cudaStream_t s) {
   using detail::launch_sm90_tile;
   LS_CHECK(!plan || gemm_plan_legal(q, *plan), op, "the plan '", plan ? plan->to_string() : "",
@@ -197,13 +197,13 @@ void launch_tn_accumulate(const char* op, const GemmProblem& q, const GemmPlan* 
   static_cast<detail::Sm90Params&>(p) = final_params(q.M, q.N, q.segment_len, 1, y, ldy, true);
   const GemmTile& t = pl.tile;
   if (pl.ping_pong) {
-    launch_sm90_tile<64, 256, 5, 0, Epi, true, true, true>(op, tx, tw, p, s, tails);
+    launch_sm90_tile<64, 256, 5, 0, Epi, true, true, true>(op, tx, tw, p, s, bmaps);
   } else if (t.bm == 128 && t.bn == 128) {
-    launch_sm90_tile<128, 128, 6, 0, Epi, false, true, true>(op, tx, tw, p, s, tails);
+    launch_sm90_tile<128, 128, 6, 0, Epi, false, true, true>(op, tx, tw, p, s, bmaps);
   } else if (t.bm == 64) {
-    launch_sm90_tile<64, 128, 8, 0, Epi, false, true, true>(op, tx, tw, p, s, tails);
+    launch_sm90_tile<64, 128, 8, 0, Epi, false, true, true>(op, tx, tw, p, s, bmaps);
   } else {
-    launch_sm90_tile<128, 256, 4, 0, Epi, false, true, true>(op, tx, tw, p, s, tails);
+    launch_sm90_tile<128, 256, 4, 0, Epi, false, true, true>(op, tx, tw, p, s, bmaps);
   }
 }
 
@@ -510,18 +510,20 @@ void gemm_bf16_tn_accumulate_blocked(const uint16_t* a, int64_t lda, const uint1
                                            tma_matrix_ok(b_tail, tail_rows, N, ldb_tail));
   LS_CHECK(q.tma_ok && tma_matrix_ok(a, rows, M, lda) && tma_matrix_ok(b, rows, N, ldb) && tails_ok,
            op, "internal: operands not TMA-readable");
-  // Boxes of 64 columns x 16 rows (one token block); the tail maps are a kernel parameter like the
-  // main ones (mainloop_sm90.cuh Sm90TailMaps). No tails: the main maps stand in (never read).
+  // Boxes of 64 columns x 16 rows (one token block); the tail maps and the operands in 64-row
+  // boxes (runs of four consecutive blocks) are a kernel parameter like the main maps
+  // (mainloop_sm90.cuh Sm90BlockedMaps). No tails: the main maps stand in (never read).
   const CUtensorMap tx = tensor_map(a, rows, M, lda, 16);
   const CUtensorMap tw = tensor_map(b, rows, N, ldb, 16);
-  Sm90TailMaps tails{tx, tw};
+  Sm90BlockedMaps bmaps{tx, tw, tensor_map(a, rows, M, lda, kSm90BK),
+                        tensor_map(b, rows, N, ldb, kSm90BK)};
   if (tail_rows > 0) {
-    tails.x = tensor_map(a_tail, tail_rows, M, lda_tail, 16);
-    tails.w = tensor_map(b_tail, tail_rows, N, ldb_tail, 16);
+    bmaps.tail_x = tensor_map(a_tail, tail_rows, M, lda_tail, 16);
+    bmaps.tail_w = tensor_map(b_tail, tail_rows, N, ldb_tail, 16);
   }
   Sm90BlockedParams p{};
   p.blocks = blocks;
-  launch_tn_accumulate<Sm90BlockedAccumulateEpilogue>(op, q, plan, tx, tw, tails, p, y, ldy,
+  launch_tn_accumulate<Sm90BlockedAccumulateEpilogue>(op, q, plan, tx, tw, bmaps, p, y, ldy,
                                                       static_cast<cudaStream_t>(stream));
 }
 

@@ -174,8 +174,12 @@ struct sm90_accumulates<Epi, std::void_t<decltype(Epi::kAccumulate)>>
 // The blocked accumulate mode (dW on token blocks read in place, docs/cuda-gemm.md "Backward"):
 // the k axis is a list of 16-slot token blocks; block j's 16 rows start at row blocks[j] of the
 // operands' tensor maps (tm_x, tm_w: [rows, M] / [rows, N] in boxes of 64 columns x 16 rows) when
-// blocks[j] >= 0, else at row 16·(−blocks[j] − 1) of the tail maps tails.x / tails.w (the same
-// layout over a small buffer of the sequences' last, zero-padded blocks). blocks holds
+// blocks[j] >= 0, else at row 16·(−blocks[j] − 1) of the tail maps bmaps.tail_x / tail_w (the
+// same layout over a small buffer of the sequences' last, zero-padded blocks). A k-tile whose four
+// blocks are consecutive rows (blocks[4t + b] = blocks[4t] + 16 b, the bulk of a long sequence)
+// is one 64-row box per 64-column block from bmaps.run_x / run_w (the operands in 64-row boxes:
+// the same bytes where the four 16-row boxes would have put them, 6 copies instead of 24 on the
+// 128x256 tile). blocks holds
 // (nkt + 1) · 4 entries (the host pads it with a valid entry: the producer reads one k-tile ahead
 // and loads whole k-tiles).
 struct Sm90BlockedParams : Sm90Params {
@@ -191,21 +195,24 @@ template <typename Epi>
 struct sm90_blocked<Epi, std::void_t<decltype(Epi::kBlocked)>> : std::bool_constant<Epi::kBlocked> {
 };
 
-// The blocked mode's tail maps: a kernel parameter of their own, __grid_constant__ like tm_x and
-// tm_w, so that TMA reads them where the launch put them (no device copy per launch). Every other
-// epilogue takes Sm90NoTailMaps. NOTE: not members of p, which would then have to be
+// The blocked mode's other maps (tails, runs): a kernel parameter of their own, __grid_constant__
+// like tm_x and tm_w, so that TMA reads them where the launch put them (no device copy per
+// launch). Every other epilogue takes Sm90NoBlockedMaps. NOTE: not members of p, which would then
+// have to be
 // __grid_constant__ for every epilogue (that changed the code nvcc emits for the store epilogue of
-// every GEMM); the parameter comes last (p's offsets stay) and Sm90NoTailMaps holds an unused
+// every GEMM); the parameter comes last (p's offsets stay) and Sm90NoBlockedMaps holds an unused
 // int64_t (an empty, 1-byte-aligned last parameter made nvcc load p's first field byte by byte).
 // With both, the other kernels' PTX is the same as without the parameter.
-struct Sm90TailMaps {
-  CUtensorMap x, w;  // [tail rows, M] / [tail rows, N]; no tail rows: copies of tm_x / tm_w
+struct Sm90BlockedMaps {
+  CUtensorMap tail_x, tail_w;  // [tail rows, M] / [tail rows, N]; no tail rows: tm_x / tm_w
+  CUtensorMap run_x, run_w;    // tm_x / tm_w's operands in boxes of 64 columns x 64 rows
 };
-struct Sm90NoTailMaps {
+struct Sm90NoBlockedMaps {
   int64_t unused;
 };
 template <typename Epi>
-using sm90_tail_maps_t = std::conditional_t<sm90_blocked<Epi>::value, Sm90TailMaps, Sm90NoTailMaps>;
+using sm90_blocked_maps_t =
+    std::conditional_t<sm90_blocked<Epi>::value, Sm90BlockedMaps, Sm90NoBlockedMaps>;
 
 // The 4 block entries of k-tile kt (blocked mode).
 template <typename P>
@@ -265,7 +272,7 @@ template <int BM, int BN, int WGN, int NS, int LEVELS, typename Epi = Sm90StoreE
 __global__ void __launch_bounds__(kSm90Threads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap tm_x,
                      const __grid_constant__ CUtensorMap tm_w, const typename Epi::Params p,
-                     const __grid_constant__ sm90_tail_maps_t<Epi> tails) {
+                     const __grid_constant__ sm90_blocked_maps_t<Epi> bmaps) {
   constexpr int WGM = PP ? 1 : 2 / WGN;
   constexpr int WN = BN / WGN;  // columns per consumer warpgroup (wgmma N)
   constexpr int R = WN / 2;     // f32 accumulators per thread
@@ -339,23 +346,35 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
             const int32_t k = int32_t(kseg + int64_t(kt) * kSm90BK);
             const uint32_t dst = base + uint32_t(stage) * kStageBytes;
             if constexpr (sm90_blocked<Epi>::value) {
-              // Four 16-row blocks, each from its own row (in place or a tail), 2048 bytes apart
-              // inside every 64-column box: the layout one 64-row box would have written.
               const int32_t e[4] = {cur.x, cur.y, cur.z, cur.w};
-#pragma unroll
-              for (int b = 0; b < 4; ++b) {
-                const bool tail = e[b] < 0;
-                const int32_t row = tail ? 16 * (-e[b] - 1) : e[b];
-                const CUtensorMap* ma = tail ? &tails.x : &tm_x;
-                const CUtensorMap* mb = tail ? &tails.w : &tm_w;
+              if (e[0] >= 0 && e[1] == e[0] + 16 && e[2] == e[0] + 32 && e[3] == e[0] + 48) {
+                // Four consecutive full blocks: one 64-row box per 64-column block.
 #pragma unroll
                 for (int i = 0; i < BM / 64; ++i)
-                  tma_load_2d(dst + 8192u * i + 2048u * b, ma, int32_t(j.m0) + 64 * i, row,
+                  tma_load_2d(dst + 8192u * i, &bmaps.run_x, int32_t(j.m0) + 64 * i, e[0],
                               full_bar(stage));
 #pragma unroll
                 for (int i = 0; i < BN / 64; ++i)
-                  tma_load_2d(dst + kABytes + 8192u * i + 2048u * b, mb, int32_t(j.n0) + 64 * i,
-                              row, full_bar(stage));
+                  tma_load_2d(dst + kABytes + 8192u * i, &bmaps.run_w, int32_t(j.n0) + 64 * i, e[0],
+                              full_bar(stage));
+              } else {
+                // Four 16-row blocks, each from its own row (in place or a tail), 2048 bytes
+                // apart inside every 64-column box: the layout one 64-row box would have written.
+#pragma unroll
+                for (int b = 0; b < 4; ++b) {
+                  const bool tail = e[b] < 0;
+                  const int32_t row = tail ? 16 * (-e[b] - 1) : e[b];
+                  const CUtensorMap* ma = tail ? &bmaps.tail_x : &tm_x;
+                  const CUtensorMap* mb = tail ? &bmaps.tail_w : &tm_w;
+#pragma unroll
+                  for (int i = 0; i < BM / 64; ++i)
+                    tma_load_2d(dst + 8192u * i + 2048u * b, ma, int32_t(j.m0) + 64 * i, row,
+                                full_bar(stage));
+#pragma unroll
+                  for (int i = 0; i < BN / 64; ++i)
+                    tma_load_2d(dst + kABytes + 8192u * i + 2048u * b, mb, int32_t(j.n0) + 64 * i,
+                                row, full_bar(stage));
+                }
               }
               cur = nxt;
             } else {

@@ -49,13 +49,13 @@ inline int sm90_sm_count() {
   return n;
 }
 
-// AT / BT: x / w MN-major (their tensor maps are [K, M] / [K, N] with 64 x 64 boxes). tails: the
+// AT / BT: x / w MN-major (their tensor maps are [K, M] / [K, N] with 64 x 64 boxes). bmaps: the
 // blocked mode's tail maps (mainloop_sm90.cuh), nothing for every other epilogue.
 template <int BM, int BN, int NS, int LEVELS, typename Epi = Sm90StoreEpilogue, bool PP = false,
           bool AT = false, bool BT = false>
 void launch_sm90_tile(const char* op, const CUtensorMap& tx, const CUtensorMap& tw,
                       const typename Epi::Params& p, cudaStream_t s,
-                      const sm90_tail_maps_t<Epi>& tails = {}) {
+                      const sm90_blocked_maps_t<Epi>& bmaps = {}) {
   constexpr int WGN = (BM == 64 && !PP) ? 2 : 1;
   constexpr int kSmem = sm90_smem_bytes<BM, BN, NS>();
   allow_dynamic_smem<gemm_sm90_kernel<BM, BN, WGN, NS, LEVELS, Epi, PP, AT, BT>>(op, kSmem);
@@ -65,7 +65,7 @@ void launch_sm90_tile(const char* op, const CUtensorMap& tx, const CUtensorMap& 
   // Persistent grid: one CTA per multiprocessor at most.
   const unsigned grid = unsigned(std::min<int64_t>(jobs, sm90_sm_count()));
   gemm_sm90_kernel<BM, BN, WGN, NS, LEVELS, Epi, PP, AT, BT>
-      <<<grid, kSm90Threads, kSmem, s>>>(tx, tw, p, tails);
+      <<<grid, kSm90Threads, kSmem, s>>>(tx, tw, p, bmaps);
   check_launch(op);
 }
 
