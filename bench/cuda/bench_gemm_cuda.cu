@@ -276,18 +276,16 @@ int main(int argc, char** argv) {
         const TensorView wq = TensorView::contiguous(dw, DType::kBF16, {s.N, s.K}, Device::kCUDA);
         const lockstep::cuda::GemmProblem q =
             lockstep::cuda::detail::gemm_problem(xq, wq, GemmConfig{S});
-        // auto, then the 128x256 tile, the ping-pong tile, the 64x128 register tree, the pairs.
+        // auto, then the 128x256 tile, the ping-pong tile, the register trees, the pairs.
         std::vector<GemmPlan> plans;
         for (int kind = 0; kind < 4; ++kind) {
           for (const GemmPlan& pl : lockstep::cuda::gemm_legal_plans(q)) {
             if (pl.mainloop != lockstep::cuda::GemmMainloop::kWgmma) continue;
-            const bool take =
-                !m_list.empty() ? kind == 0  // --m: every wgmma plan
-                : kind == 0     ? pl.tile.bm == 128 && pl.tile.bn == 256
-                : kind == 1     ? pl.ping_pong
-                : kind == 2
-                    ? S > 1 && pl.fold == lockstep::cuda::GemmFold::kRegisters && pl.tile.bm == 64
-                    : pl.fold == lockstep::cuda::GemmFold::kPairs;
+            const bool take = !m_list.empty() ? kind == 0  // --m: every wgmma plan
+                              : kind == 0     ? pl.tile.bm == 128 && pl.tile.bn == 256
+                              : kind == 1     ? pl.ping_pong
+                              : kind == 2 ? S > 1 && pl.fold == lockstep::cuda::GemmFold::kRegisters
+                                          : pl.fold == lockstep::cuda::GemmFold::kPairs;
             if (take) plans.push_back(pl);
           }
         }

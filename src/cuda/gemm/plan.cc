@@ -251,6 +251,9 @@ std::vector<GemmPlan> legal_wgmma_plans(int S) {
   v.push_back(wgmma_jobs(kWg64x128, S));
   v.push_back(wgmma_jobs(kWg64x256, S, /*ping_pong=*/true));
   if (S <= 2) v.push_back(wgmma_tree(kWg128x128, 1));
+  // S = 4 in registers on the 128x128 tile: 64 accumulators + 2 pending levels of 64 per thread
+  // (branch s22-tree128: a forced plan, not chosen yet).
+  if (S == 4) v.push_back(wgmma_tree(kWg128x128, 2));
   v.push_back(wgmma_tree(kWg64x128, 3));
   if (S == 4 || S == 8) v.push_back(wgmma_pairs());
   if (S > 1) {
