@@ -109,4 +109,27 @@ __device__ __forceinline__ void fold_segment(Acc& acc, Acc (&stack)[LEVELS], I s
   }
 }
 
+// fold_segment<false, 2> (S <= 4) with the upper level in shared memory: top = this thread's
+// first word, its R words STRIDE floats apart (a warpgroup's threads side by side: no bank
+// conflict; only the thread that wrote a word reads it). The same adds in the same order.
+template <int STRIDE, int R>
+__device__ __forceinline__ void fold_segment_top_smem(float (&acc)[R], float (&low)[R], float* top,
+                                                      int sg, int nseg) {
+  if (sg & 1) {
+    tree_add(acc, low);
+    if (sg & 2) {
+#pragma unroll
+      for (int i = 0; i < R; ++i) acc[i] = __fadd_rn(top[i * STRIDE], acc[i]);
+    }
+  }
+  if (sg + 1 < nseg) {
+    if ((sg & 1) == 0) {
+      tree_park<false>(low, acc);
+    } else if ((sg & 2) == 0) {
+#pragma unroll
+      for (int i = 0; i < R; ++i) top[i * STRIDE] = acc[i];
+    }
+  }
+}
+
 }  // namespace lockstep::cuda::detail

@@ -141,7 +141,7 @@ void launch_sm90_plan(const GemmPlan& plan, const CUtensorMap& tx, const CUtenso
   } else if (plan.tree_levels == 1) {  // the register tree (S <= 2), or one segment pair
     launch_sm90_tile<128, 128, 6, 1, Store, false, false, BT>(kOp, tx, tw, p, s);
   } else if (plan.tree_levels == 2) {  // the 128x128 register tree at S = 4
-    launch_sm90_tile<128, 128, 6, 2, Store, false, false, BT>(kOp, tx, tw, p, s);
+    launch_sm90_tile<128, 128, 4, 2, Store, false, false, BT>(kOp, tx, tw, p, s);
   } else if (plan.tree_levels == 3) {
     launch_sm90_tile<64, 128, 8, 3, Store, false, false, BT>(kOp, tx, tw, p, s);
   } else if (t.bm == 128 && t.bn == 128) {

@@ -36,9 +36,19 @@ constexpr int kSm90GroupM = 8;     // tile raster: 8 row tiles share a column sw
 // Dynamic shared memory of one CTA: NS stages of A (BM rows) + B (BN rows) x 128 bytes, the
 // 2·NS mbarriers, the epilogue staging (epilogue.cuh), and slack to align the stages to 1024
 // bytes (the 128B swizzle atom).
-template <int BM, int BN, int NS>
+// The register tree of the 128 x 128 tile with two levels (S = 3, 4): 64 accumulators and two
+// pending levels of 64 leave ptxas too few registers (it spilled 148 bytes per thread around every
+// segment's k-loop, through L2: the stack's bytes again and again). Its upper level lives in
+// shared memory instead (one 64 x 128 fp32 tile per consumer warpgroup, each thread's own words:
+// no barrier), the lower one in registers.
+constexpr bool sm90_top_in_smem(int BM, int BN, int LEVELS) {
+  return BM == 128 && BN == 128 && LEVELS == 2;
+}
+
+template <int BM, int BN, int NS, int LEVELS = 0>
 constexpr int sm90_smem_bytes() {
-  return NS * (BM + BN) * 128 + 2 * NS * 8 + kSm90EpiBytes + 1024;
+  return NS * (BM + BN) * 128 + 2 * NS * 8 + kSm90EpiBytes + 1024 +
+         (sm90_top_in_smem(BM, BN, LEVELS) ? BM * BN * 4 : 0);
 }
 
 struct Sm90Job {
@@ -285,6 +295,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
   // both warpgroups fold after each segment (the producer keeps loading the next one).
   constexpr bool kStash = LEVELS > 0 && (PP || WN == 256);
   static_assert(!kStash || WN == 256, "the stash holds 64 x 256 warpgroup tiles");
+  constexpr bool kTopSmem = !PP && sm90_top_in_smem(BM, BN, LEVELS);
   constexpr bool kTurns = PP && LEVELS > 0;  // jobs = segments of the CTA's tile pairs
   static_assert(!Epi::kFused || LEVELS == 0, "a fused epilogue takes one segment");
   static_assert(kABytes % 1024 == 0 && kStageBytes % 1024 == 0, "stages 1024-aligned");
@@ -414,7 +425,9 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
     float acc[R];
     zero_all(acc);
     // Pending left subtrees of the tree (unused when LEVELS == 0).
-    float stack[(LEVELS >= 1 && !kStash) ? LEVELS : 1][R];
+    float stack[(LEVELS >= 1 && !kStash && !kTopSmem) ? LEVELS : 1][R];
+    // kTopSmem: this thread's words of the tree's upper level (sm90_top_in_smem).
+    float* const top = epi + kSm90EpiBytes / 4 + cw * 64 * WN + wt;
 
     int stage = 0;
     uint32_t phase = 0;
@@ -504,7 +517,10 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
         if constexpr (LEVELS > 0 && !kStash) {
           // acc = segment sg: into the tree (the next segment's chain starts with scale-d = 0,
           // so acc needs no reset).
-          fold_segment<false>(acc, stack, sg, p.nseg);
+          if constexpr (kTopSmem)
+            fold_segment_top_smem<128>(acc, stack[0], top, sg, p.nseg);
+          else
+            fold_segment<false>(acc, stack, sg, p.nseg);
           fence_acc(acc);
         } else if constexpr (kStash && !PP) {
           sm90_stash_fold<R, LEVELS>(acc, stash_of(cw), sg, p.nseg, wt);

@@ -121,6 +121,9 @@ constexpr GemmTile kMma128x128{128, 128, 64, 4};
 // ---- Hopper (TMA + wgmma): 1 producer + 2 consumer warpgroups, 64 k per stage.
 constexpr GemmTile kWg128x256{128, 256, 64, 4};
 constexpr GemmTile kWg128x128{128, 128, 64, 6};
+// The 128x128 register tree with two levels keeps its upper level in shared memory (64 KB:
+// mainloop_sm90.cuh, sm90_top_in_smem), which leaves room for 4 stages.
+constexpr GemmTile kWg128x128Tree2{128, 128, 64, 4};
 constexpr GemmTile kWg64x128{64, 128, 64, 8};
 constexpr GemmTile kWg64x256{64, 256, 64, 5};  // ping-pong: one consumer warpgroup per tile
 
@@ -128,9 +131,9 @@ GemmPlan wgmma_jobs(const GemmTile& t, int S, bool ping_pong = false) {
   return GemmPlan{GemmMainloop::kWgmma, t, S > 1 ? GemmFold::kPlanes : GemmFold::kNone, 0,
                   ping_pong};
 }
-// The register tree: 128x128 holds one pending level (S <= 2), 64x128 three (S <= 8). NOTE: the
-// consumers are compiled for 168 registers (65536 / 384 threads; setmaxnreg raises the budget at
-// run time, not ptxas's allocation): 128x128 with two levels spilled.
+// The register tree: 128x128 holds one pending level (S <= 2) in registers and a second in shared
+// memory (S <= 4), 64x128 three (S <= 8). The consumers have 232 registers (setmaxnreg; ptxas
+// allocates them): two register levels beside 64 accumulators spilled 148 bytes.
 GemmPlan wgmma_tree(const GemmTile& t, int levels) {
   return GemmPlan{GemmMainloop::kWgmma, t, GemmFold::kRegisters, levels};
 }
@@ -253,7 +256,7 @@ std::vector<GemmPlan> legal_wgmma_plans(int S) {
   if (S <= 2) v.push_back(wgmma_tree(kWg128x128, 1));
   // S = 4 in registers on the 128x128 tile: 64 accumulators + 2 pending levels of 64 per thread
   // (branch s22-tree128: a forced plan, not chosen yet).
-  if (S == 4) v.push_back(wgmma_tree(kWg128x128, 2));
+  if (S == 4) v.push_back(wgmma_tree(kWg128x128Tree2, 2));
   v.push_back(wgmma_tree(kWg64x128, 3));
   if (S == 4 || S == 8) v.push_back(wgmma_pairs());
   if (S > 1) {
@@ -347,6 +350,9 @@ std::string GemmPlan::to_string() const {
   s += gemm_fold_name(fold);
   if (fold == GemmFold::kRegisters || fold == GemmFold::kPairs || fold == GemmFold::kStash)
     s += " (" + std::to_string(tree_levels) + (tree_levels == 1 ? " level)" : " levels)");
+  if (fold == GemmFold::kRegisters && mainloop == GemmMainloop::kWgmma && tile.bm == 128 &&
+      tile.bn == 128 && tree_levels == 2)
+    s += ", the upper in shared memory";
   return s;
 }
 
