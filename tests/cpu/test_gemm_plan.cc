@@ -339,10 +339,20 @@ bool wave_rule(int64_t M, int64_t N, int64_t K, int S, const GemmTile& named) {
   const int64_t pp = busiest(t64) * 64 * 256;
   return pp < area_rounds(128, 256) && pp < area_rounds(named.bm, named.bn);
 }
+// S = 4 on the 128x128 register tree (2 levels, 4 stages) with >= 132 of its tiles.
+bool tree128_rule(int64_t M, int64_t N, int S) {
+  return M > 64 && S == 4 && ((M + 127) / 128) * ((N + 127) / 128) >= 132;
+}
+GemmPlan tree128_plan() {
+  GemmPlan p = expected("kWgmma128x128Tree", 1);
+  p.tree_levels = 2;
+  p.tile.stages = 4;  // its upper level in shared memory
+  return p;
+}
 bool stash_rule(int64_t M, int64_t N, int64_t K, int S) {
   const int64_t seg_len = gemm_k_layout(GemmConfig{S}, K).segment_len;
   return M > 64 && (S == 4 || (S == 8 && seg_len >= 1024)) &&
-         ((M + 63) / 64) * ((N + 255) / 256) >= 132;
+         ((M + 63) / 64) * ((N + 255) / 256) >= 132 && !tree128_rule(M, N, S);
 }
 // The stash plan (session 22's schedule rule): the ping-pong tile with at least two tile pairs per
 // CTA (>= 528 tiles of 64x256), or when its busiest CTA (pairs of 64x256 tiles at 1 unit, a lone
@@ -374,6 +384,7 @@ TEST(GemmPlan, QwenShapesMatchTheDispatchItReplaced) {
       const bool wave = !stash && !pp && wave_rule(r.M, r.N, r.K, S, want.tile);
       wave_rows += wave ? 1 : 0;
       if (wave) want = expected("kWgmma64x256PingPong", 1);
+      if (tree128_rule(r.M, r.N, S)) want = tree128_plan();
       EXPECT_EQ(got, want) << r.shape << " N=" << r.N << " K=" << r.K << " M=" << r.M << " S=" << S
                            << ": got " << got.to_string() << ", want " << want.to_string()
                            << (pp      ? " (ping-pong rule)"
@@ -386,8 +397,9 @@ TEST(GemmPlan, QwenShapesMatchTheDispatchItReplaced) {
   // qkv, gate_up, lm_head of both models at M = 4096 and 16384 (N > K); never o_proj / down.
   // + gate_up and lm_head of both models at M = 1024 (N >= 6 K)
   EXPECT_EQ(ping_pong_rows, 16);
-  // S = 4 on the 28 rows with >= 132 tiles of 64x256, S = 8 on the 8B down_proj (segments of 1536)
-  EXPECT_EQ(stash_rows, 31);
+  // S = 8 on the 8B down_proj (segments of 1536) at M = 1024, 4096, 16384; every S = 4 row with
+  // >= 132 tiles takes the 128x128 register tree instead.
+  EXPECT_EQ(stash_rows, 3);
   // The table's M (1, 16, 64, 1024, 4096, 16384) fill the SMs as well with either tile.
   EXPECT_EQ(wave_rows, 0);
 }
@@ -413,13 +425,10 @@ TEST(GemmPlan, WaveRuleAtMicroBatchSizes) {
   // The stash schedule at S = 4: o_proj / down at M = 1152 (3 tiles of 64x256 on the busiest CTA
   // = 1.6 units against 2 rounds of 128x256) on the ping-pong tile; at M = 1024 (1 against 1) and
   // 2048 (2 against 2) on the 128x256 tile.
-  for (const int64_t K : {int64_t(4096), int64_t(12288)}) {
-    EXPECT_EQ(plan_gemm(problem(1152, 4096, K, 4)), stash_plan(1152, 4096, 4));
-    EXPECT_TRUE(plan_gemm(problem(1152, 4096, K, 4)).ping_pong);
-    EXPECT_FALSE(plan_gemm(problem(1024, 4096, K, 4)).ping_pong);
-    EXPECT_FALSE(plan_gemm(problem(2048, 4096, K, 4)).ping_pong);
-    EXPECT_EQ(plan_gemm(problem(1024, 4096, K, 4)).fold, GemmFold::kStash);
-  }
+  // (At S = 4 the 128x128 register tree wherever its tiles fill the SMs.)
+  for (const int64_t K : {int64_t(4096), int64_t(12288)})
+    for (const int64_t M : {int64_t(1024), int64_t(1152), int64_t(2048)})
+      EXPECT_EQ(plan_gemm(problem(M, 4096, K, 4)), tree128_plan()) << "M=" << M << " K=" << K;
   // The oracles at every M: the stash rule's schedule, the wave rule's tile.
   struct Sh {
     int64_t N, K;
@@ -428,7 +437,9 @@ TEST(GemmPlan, WaveRuleAtMicroBatchSizes) {
     for (int64_t M = 65; M <= 3072; ++M) {
       for (const int S : {1, 4}) {
         const GemmPlan got = plan_gemm(problem(M, sh.N, sh.K, S));
-        if (stash_rule(M, sh.N, sh.K, S)) {
+        if (tree128_rule(M, sh.N, S)) {
+          EXPECT_EQ(got, tree128_plan()) << "M=" << M << " N=" << sh.N;
+        } else if (stash_rule(M, sh.N, sh.K, S)) {
           EXPECT_EQ(got, stash_plan(M, sh.N, S)) << "M=" << M << " N=" << sh.N << " S=" << S;
         } else if (S == 1 && !ping_pong_rule(M, sh.N, sh.K, S)) {
           // got is the ping-pong tile exactly when the rule says so against the job tile the cost

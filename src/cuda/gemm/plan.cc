@@ -211,6 +211,9 @@ bool stash_ping_pong(const GemmProblem& p) {
 
 GemmPlan plan_wgmma(const GemmProblem& p) {
   const int S = p.segments;
+  // NOTE (tree rule, measured on the H100: docs/perf.md session 23): S = 4 on the 128x128 register
+  // tree wherever its tiles fill the SMs; the stash's L2 traffic was nearly its whole cost.
+  if (S == 4 && tiles(p, 128, 128) >= kPlanSMs) return wgmma_tree(kWg128x128Tree2, 2);
   // NOTE (stash rule, measured on the H100: docs/cuda-gemm.md "Stash"): with enough 64x256 tiles
   // for every SM, S = 4, and S = 8 with segments of >= 1024 (shorter ones lost to the 64x128
   // register tree), fold through the stash (the schedule: stash_ping_pong).
@@ -254,8 +257,8 @@ std::vector<GemmPlan> legal_wgmma_plans(int S) {
   v.push_back(wgmma_jobs(kWg64x128, S));
   v.push_back(wgmma_jobs(kWg64x256, S, /*ping_pong=*/true));
   if (S <= 2) v.push_back(wgmma_tree(kWg128x128, 1));
-  // S = 4 in registers on the 128x128 tile: 64 accumulators + 2 pending levels of 64 per thread
-  // (branch s22-tree128: a forced plan, not chosen yet).
+  // S = 4 on the 128x128 tile: 64 accumulators + a pending level of 64 per thread, the upper level
+  // in shared memory.
   if (S == 4) v.push_back(wgmma_tree(kWg128x128Tree2, 2));
   v.push_back(wgmma_tree(kWg64x128, 3));
   if (S == 4 || S == 8) v.push_back(wgmma_pairs());
