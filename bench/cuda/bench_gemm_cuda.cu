@@ -13,7 +13,8 @@
 // main table, and in the forced table every wgmma plan at S = 1 and 4 at each of them, e.g. the
 // training forward's micro-batch sizes). A last table times the large-M kernels the launcher can
 // choose from (S = 1, 4, 8; M = 1024 and 4096, --quick included), each forced (test hook), beside
-// the automatic choice and cuBLAS (same bits on every path: test_gemm_parity).
+// the automatic choice and cuBLAS (same bits on every path: test_gemm_parity); at S = 1 the
+// 128x256, ping-pong and 128x128 tiles.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -276,16 +277,18 @@ int main(int argc, char** argv) {
         const TensorView wq = TensorView::contiguous(dw, DType::kBF16, {s.N, s.K}, Device::kCUDA);
         const lockstep::cuda::GemmProblem q =
             lockstep::cuda::detail::gemm_problem(xq, wq, GemmConfig{S});
-        // auto, then the 128x256 tile, the ping-pong tile, the register trees, the pairs.
+        // auto, then the 128x256 tile, the ping-pong tile, the register trees, the pairs, and at
+        // S = 1 the 128x128 tile (the register tree's S = 1 reference).
         std::vector<GemmPlan> plans;
-        for (int kind = 0; kind < 4; ++kind) {
+        for (int kind = 0; kind < 5; ++kind) {
           for (const GemmPlan& pl : lockstep::cuda::gemm_legal_plans(q)) {
             if (pl.mainloop != lockstep::cuda::GemmMainloop::kWgmma) continue;
             const bool take = !m_list.empty() ? kind == 0  // --m: every wgmma plan
                               : kind == 0     ? pl.tile.bm == 128 && pl.tile.bn == 256
                               : kind == 1     ? pl.ping_pong
                               : kind == 2 ? S > 1 && pl.fold == lockstep::cuda::GemmFold::kRegisters
-                                          : pl.fold == lockstep::cuda::GemmFold::kPairs;
+                              : kind == 3 ? pl.fold == lockstep::cuda::GemmFold::kPairs
+                                          : S == 1 && pl.tile.bm == 128 && pl.tile.bn == 128;
             if (take) plans.push_back(pl);
           }
         }
