@@ -33,18 +33,18 @@ constexpr int kSm90BK = 64;        // k per stage: one 128-byte (swizzle-width) 
 constexpr int kSm90Threads = 384;  // producer warpgroup + 2 consumer warpgroups
 constexpr int kSm90GroupM = 8;     // tile raster: 8 row tiles share a column sweep (L2 reuse)
 
-// Dynamic shared memory of one CTA: NS stages of A (BM rows) + B (BN rows) x 128 bytes, the
-// 2·NS mbarriers, the epilogue staging (epilogue.cuh), and slack to align the stages to 1024
-// bytes (the 128B swizzle atom).
-// The register tree of the 128 x 128 tile with two levels (S = 3, 4): 64 accumulators and two
-// pending levels of 64 leave ptxas too few registers (it spilled 148 bytes per thread around every
-// segment's k-loop, through L2: the stack's bytes again and again). Its upper level lives in
-// shared memory instead (one 64 x 128 fp32 tile per consumer warpgroup, each thread's own words:
-// no barrier), the lower one in registers.
+// The register tree of the 128 x 128 tile with two levels (S = 4): 64 accumulators and two
+// pending levels of 64 left ptxas too few registers even at setmaxnreg's 232 (it spilled 148 bytes
+// per thread around every segment's k-loop). Its upper level lives in shared memory instead (one
+// 64 x 128 fp32 tile per consumer warpgroup, each thread's own words: no barrier), the lower one
+// in registers.
 constexpr bool sm90_top_in_smem(int BM, int BN, int LEVELS) {
   return BM == 128 && BN == 128 && LEVELS == 2;
 }
 
+// Dynamic shared memory of one CTA: NS stages of A (BM rows) + B (BN rows) x 128 bytes, the
+// 2·NS mbarriers, the epilogue staging (epilogue.cuh), slack to align the stages to 1024 bytes
+// (the 128B swizzle atom), and the tree's upper level where sm90_top_in_smem.
 template <int BM, int BN, int NS, int LEVELS = 0>
 constexpr int sm90_smem_bytes() {
   return NS * (BM + BN) * 128 + 2 * NS * 8 + kSm90EpiBytes + 1024 +
@@ -189,9 +189,8 @@ struct sm90_accumulates<Epi, std::void_t<decltype(Epi::kAccumulate)>>
 // blocks are consecutive rows (blocks[4t + b] = blocks[4t] + 16 b, the bulk of a long sequence)
 // is one 64-row box per 64-column block from bmaps.run_x / run_w (the operands in 64-row boxes:
 // the same bytes where the four 16-row boxes would have put them, 6 copies instead of 24 on the
-// 128x256 tile). blocks holds
-// (nkt + 1) · 4 entries (the host pads it with a valid entry: the producer reads one k-tile ahead
-// and loads whole k-tiles).
+// 128x256 tile). blocks holds (nkt + 1) · 4 entries (the host pads it with a valid entry: the
+// producer reads one k-tile ahead and loads whole k-tiles).
 struct Sm90BlockedParams : Sm90Params {
   const int32_t* blocks;
 };
@@ -208,11 +207,10 @@ struct sm90_blocked<Epi, std::void_t<decltype(Epi::kBlocked)>> : std::bool_const
 // The blocked mode's other maps (tails, runs): a kernel parameter of their own, __grid_constant__
 // like tm_x and tm_w, so that TMA reads them where the launch put them (no device copy per
 // launch). Every other epilogue takes Sm90NoBlockedMaps. NOTE: not members of p, which would then
-// have to be
-// __grid_constant__ for every epilogue (that changed the code nvcc emits for the store epilogue of
-// every GEMM); the parameter comes last (p's offsets stay) and Sm90NoBlockedMaps holds an unused
-// int64_t (an empty, 1-byte-aligned last parameter made nvcc load p's first field byte by byte).
-// With both, the other kernels' PTX is the same as without the parameter.
+// have to be __grid_constant__ for every epilogue (that changed the code nvcc emits for the store
+// epilogue of every GEMM); the parameter comes last (p's offsets stay) and Sm90NoBlockedMaps holds
+// an unused int64_t (an empty, 1-byte-aligned last parameter made nvcc load p's first field byte
+// by byte). With both, the other kernels' PTX is the same as without the parameter.
 struct Sm90BlockedMaps {
   CUtensorMap tail_x, tail_w;  // [tail rows, M] / [tail rows, N]; no tail rows: tm_x / tm_w
   CUtensorMap run_x, run_w;    // tm_x / tm_w's operands in boxes of 64 columns x 64 rows
