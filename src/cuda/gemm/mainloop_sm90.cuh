@@ -293,7 +293,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
   // both warpgroups fold after each segment (the producer keeps loading the next one).
   constexpr bool kStash = LEVELS > 0 && (PP || WN == 256);
   static_assert(!kStash || WN == 256, "the stash holds 64 x 256 warpgroup tiles");
-  constexpr bool kTopSmem = !PP && sm90_top_in_smem(BM, BN, LEVELS);
+  constexpr bool kTopSmem = sm90_top_in_smem(BM, BN, LEVELS);  // never PP (BM = 64)
   constexpr bool kTurns = PP && LEVELS > 0;  // jobs = segments of the CTA's tile pairs
   static_assert(!Epi::kFused || LEVELS == 0, "a fused epilogue takes one segment");
   static_assert(kABytes % 1024 == 0 && kStageBytes % 1024 == 0, "stages 1024-aligned");
