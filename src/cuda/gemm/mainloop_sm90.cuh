@@ -24,6 +24,7 @@
 #include "cuda/gemm/epilogue.cuh"  // staging, sm90_store_rows
 #include "cuda/gemm/fold.cuh"      // fold_segment (§G.4)
 #include "cuda/gemm/params.cuh"    // Sm90Params
+#include "cuda/gemm/plan.h"        // gemm_tree_upper_in_smem
 #include "cuda/sm90_async.cuh"     // mbarriers, TMA loads
 #include "cuda/sm90_wgmma.cuh"     // wgmma, descriptors, accumulator fences
 
@@ -33,13 +34,13 @@ constexpr int kSm90BK = 64;        // k per stage: one 128-byte (swizzle-width) 
 constexpr int kSm90Threads = 384;  // producer warpgroup + 2 consumer warpgroups
 constexpr int kSm90GroupM = 8;     // tile raster: 8 row tiles share a column sweep (L2 reuse)
 
-// The register tree of the 128 x 128 tile with two levels (S = 4): 64 accumulators and two
-// pending levels of 64 left ptxas too few registers even at setmaxnreg's 232 (it spilled 148 bytes
-// per thread around every segment's k-loop). Its upper level lives in shared memory instead (one
-// 64 x 128 fp32 tile per consumer warpgroup, each thread's own words: no barrier), the lower one
-// in registers.
+// The register tree of the 128 x 128 tile with two levels (S = 4, plan.h
+// gemm_tree_upper_in_smem): 64 accumulators and two pending levels of 64 left ptxas too few
+// registers even at setmaxnreg's 232 (it spilled 148 bytes per thread around every segment's
+// k-loop). Its upper level lives in shared memory instead (one 64 x 128 fp32 tile per consumer
+// warpgroup, each thread's own words: no barrier), the lower one in registers.
 constexpr bool sm90_top_in_smem(int BM, int BN, int LEVELS) {
-  return BM == 128 && BN == 128 && LEVELS == 2;
+  return gemm_tree_upper_in_smem(BM, BN, LEVELS);
 }
 
 // Dynamic shared memory of one CTA: NS stages of A (BM rows) + B (BN rows) x 128 bytes, the

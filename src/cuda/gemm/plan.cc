@@ -353,8 +353,8 @@ std::string GemmPlan::to_string() const {
   s += gemm_fold_name(fold);
   if (fold == GemmFold::kRegisters || fold == GemmFold::kPairs || fold == GemmFold::kStash)
     s += " (" + std::to_string(tree_levels) + (tree_levels == 1 ? " level)" : " levels)");
-  if (fold == GemmFold::kRegisters && mainloop == GemmMainloop::kWgmma && tile.bm == 128 &&
-      tile.bn == 128 && tree_levels == 2)
+  if (fold == GemmFold::kRegisters && mainloop == GemmMainloop::kWgmma &&
+      gemm_tree_upper_in_smem(tile.bm, tile.bn, tree_levels))
     s += ", the upper in shared memory";
   return s;
 }

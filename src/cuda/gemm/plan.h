@@ -78,6 +78,13 @@ struct GemmPlan {
   bool operator==(const GemmPlan&) const = default;
 };
 
+// The wgmma register tree whose upper level lives in shared memory (the 128x128 tile with two
+// levels: 64 accumulators and two register levels of 64 spilled): the kernel's layout
+// (mainloop_sm90.cuh) and the plan's name follow it.
+constexpr bool gemm_tree_upper_in_smem(int bm, int bn, int tree_levels) {
+  return bm == 128 && bn == 128 && tree_levels == 2;
+}
+
 // The plan the launchers run. Throws lockstep::Error for NN or TN operands TMA cannot read, for
 // TN with segments != 1 or a partial, and for sizes or segments outside the contract. NN plans are
 // the wgmma plans of the NT layout (the same cost model); TN plans are the wgmma job tiles
