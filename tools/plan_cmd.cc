@@ -29,19 +29,13 @@ struct PlanFlags {
 
 // One layer GEMM as a rank launches it: column-parallel ones split N, row-parallel ones K (each
 // rank a K-subtree of S/tp segments, an fp32 partial).
-struct LayerGemm {
-  const char* name;
-  int64_t n, k_total;
-  bool row_parallel;
-};
-
-void print_gemm(const LayerGemm& g, const PlanFlags& f) {
+void print_gemm(const engine::GemmShape& g, const PlanFlags& f) {
   const GemmConfig gcfg = GemmConfig::for_layer(
       f.contract, g.row_parallel ? LayerRole::kRowParallel : LayerRole::kColumnParallel);
-  const GemmKLayout kl = gemm_k_layout(gcfg, g.k_total);
+  const GemmKLayout kl = gemm_k_layout(gcfg, g.k);
   const int tp = g.row_parallel ? f.tp : 1;
   const int64_t n = g.row_parallel ? g.n : g.n / f.tp;
-  const GemmKRange kr = gemm_tp_k_range(gcfg, g.k_total, tp, 0);
+  const GemmKRange kr = gemm_tp_k_range(gcfg, g.k, tp, 0);
   std::printf("  %-8s N=%lld K=%lld S=%d (K padded to %lld, segments of %lld)%s\n", g.name,
               (long long)n, (long long)(kr.end - kr.begin), gcfg.segments / tp,
               (long long)kl.padded, (long long)kl.segment_len,
@@ -78,14 +72,7 @@ int run_plan(const PlanFlags& f) {
   std::printf(
       "GEMM (cuda::gemm_bf16_nt, the same in every layer; the plan is a speed choice: every"
       " plan gives the same bits)\n");
-  const int64_t H = cfg.hidden_size, I = cfg.intermediate_size;
-  const std::vector<LayerGemm> gemms = {
-      {"qkv", cfg.q_dim() + 2 * cfg.kv_dim(), H, false},
-      {"o_proj", H, cfg.q_dim(), true},
-      {"gate_up", 2 * I, H, false},
-      {"down", H, I, true},
-  };
-  for (const LayerGemm& g : gemms) print_gemm(g, f);
+  for (const engine::GemmShape& g : engine::qwen3_gemm_shapes(cfg)) print_gemm(g, f);
 
   const AttentionConfig acfg = AttentionConfig::from_contract(c);
   std::printf("\n%s, head_dim %lld, %lld query / %lld kv heads per rank\n",
@@ -104,7 +91,7 @@ int run_plan(const PlanFlags& f) {
                                           std::max<int64_t>(1, cfg.num_key_value_heads / f.tp),
                                           cfg.head_dim)
                   .c_str(),
-              cuda::logprob_launch_plan(c, H, cfg.vocab_size).c_str());
+              cuda::logprob_launch_plan(c, cfg.hidden_size, cfg.vocab_size).c_str());
 #else
   std::printf(
       "\n(this binary has no CUDA backend: the attention and log-prob launch plans print "

@@ -29,6 +29,8 @@
 #include "cuda/cuda_ck.h"           // CK
 #include "cuda/gemm/internal.h"     // gemm_bf16_tn_accumulate (the TN plans table)
 #include "cuda/gemm/plan.h"
+#include "engine/config.h"         // qwen3_gemm_shapes
+#include "engine/default_model.h"  // qwen3_shape_config
 #include "lockstep/contract/backward.h"
 #include "lockstep/cuda/backward.h"
 
@@ -91,12 +93,9 @@ int main(int argc, char** argv) {
   // split-K sums), so the GEMM bars and the engine's ratios share one peer.
   const lockstep::cuda::baseline::Context cublas_ctx;
   cublasHandle_t h = static_cast<cublasHandle_t>(cublas_ctx.cublas());
-  struct Shape {
-    const char* name;
-    int64_t N, K;
-  };
-  const Shape shapes[] = {
-      {"qkv", 6144, 4096}, {"o_proj", 4096, 4096}, {"gate_up", 24576, 4096}, {"down", 4096, 12288}};
+  using Shape = lockstep::engine::GemmShape;
+  const std::vector<Shape> shapes =
+      lockstep::engine::qwen3_gemm_shapes(lockstep::engine::qwen3_shape_config("qwen3-8b"));
   std::vector<int64_t> Ts = {1024, 4096, 16384};
   if (quick) Ts = {4096};
   const int64_t maxT = Ts.back(), maxNK = 24576 * 4096;  // the largest w / dw: N·K
@@ -141,20 +140,20 @@ int main(int argc, char** argv) {
       "TFLOP/s | ratio |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
   auto report = [&](const char* op, const Shape& s, int64_t T, const char* out, float tl, bool ok,
                     float tc, bool cok) {
-    const double flop = 2.0 * double(T) * double(s.N) * double(s.K);
+    const double flop = 2.0 * double(T) * double(s.n) * double(s.k);
     const double fl = flop / (tl * 1e-3) / 1e12, fc = flop / (tc * 1e-3) / 1e12;
     std::printf("| %s | %s | %lld | %lld | %lld | %s | %.3f%s | %.1f | %.3f%s | %.1f | %.2f |\n",
-                op, s.name, (long long)T, (long long)s.N, (long long)s.K, out, tl,
+                op, s.name, (long long)T, (long long)s.n, (long long)s.k, out, tl,
                 ok ? "" : " (error)", fl, tc, cok ? "" : " (error)", fc, fl / fc);
   };
   for (const Shape& s : shapes) {
     for (int64_t T : Ts) {
-      const TensorView dyv = TensorView::contiguous(dy, DType::kBF16, {T, s.N}, Device::kCUDA);
-      const TensorView wv = TensorView::contiguous(w, DType::kBF16, {s.N, s.K}, Device::kCUDA);
-      const TensorView xv = TensorView::contiguous(x, DType::kBF16, {T, s.K}, Device::kCUDA);
+      const TensorView dyv = TensorView::contiguous(dy, DType::kBF16, {T, s.n}, Device::kCUDA);
+      const TensorView wv = TensorView::contiguous(w, DType::kBF16, {s.n, s.k}, Device::kCUDA);
+      const TensorView xv = TensorView::contiguous(x, DType::kBF16, {T, s.k}, Device::kCUDA);
       // dX, f32 and bf16 out.
       for (DType dt : {DType::kF32, DType::kBF16}) {
-        const TensorView dxv = TensorView::contiguous(dx, dt, {T, s.K}, Device::kCUDA);
+        const TensorView dxv = TensorView::contiguous(dx, dt, {T, s.k}, Device::kCUDA);
         bool ok = true, cok = true;
         auto ours = [&] {
           try {
@@ -169,9 +168,9 @@ int main(int argc, char** argv) {
         auto theirs = [&] {
           // Column-major: dxᵀ [K, T] = wᵀ [K, N] · dyᵀ [N, T].
           const cublasStatus_t st =
-              cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, int(s.K), int(T), int(s.N), &alpha, w,
-                           CUDA_R_16BF, int(s.K), dy, CUDA_R_16BF, int(s.N), &beta, dx, ct,
-                           int(s.K), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+              cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, int(s.k), int(T), int(s.n), &alpha, w,
+                           CUDA_R_16BF, int(s.k), dy, CUDA_R_16BF, int(s.n), &beta, dx, ct,
+                           int(s.k), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
           if (st != CUBLAS_STATUS_SUCCESS) cok = false;
         };
         const float tl = time(ours), tc = time(theirs);
@@ -189,7 +188,7 @@ int main(int argc, char** argv) {
         for (int64_t r = 0; r < T; r += seq_len) cu.push_back(r);
         cu.push_back(T);
         const TokenOrder order = TokenOrder::packed(cu, 0);
-        const TensorView dwv = TensorView::contiguous(dw, DType::kF32, {s.N, s.K}, Device::kCUDA);
+        const TensorView dwv = TensorView::contiguous(dw, DType::kF32, {s.n, s.k}, Device::kCUDA);
         bool ok = true, cok = true;
         auto ours = [&] {
           try {
@@ -207,9 +206,9 @@ int main(int argc, char** argv) {
         auto theirs = [&] {
           // Column-major: dwᵀ [K, N] += xᵀ [K, T] · dy [T, N].
           const cublasStatus_t st =
-              cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, int(s.K), int(s.N), int(T), &alpha, x,
-                           CUDA_R_16BF, int(s.K), dy, CUDA_R_16BF, int(s.N), &beta, dw, CUDA_R_32F,
-                           int(s.K), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+              cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, int(s.k), int(s.n), int(T), &alpha, x,
+                           CUDA_R_16BF, int(s.k), dy, CUDA_R_16BF, int(s.n), &beta, dw, CUDA_R_32F,
+                           int(s.k), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
           if (st != CUBLAS_STATUS_SUCCESS) cok = false;
         };
         const float tl = time(ours), tc = time(theirs);
@@ -241,21 +240,21 @@ int main(int argc, char** argv) {
       const auto* dyp = static_cast<const uint16_t*>(dy);
       const auto* xp = static_cast<const uint16_t*>(x);
       const lockstep::cuda::GemmProblem q =
-          lockstep::cuda::detail::gemm_tn_problem(dyp, s.N, xp, s.K, s.N, s.K, T);
+          lockstep::cuda::detail::gemm_tn_problem(dyp, s.n, xp, s.k, s.n, s.k, T);
       const lockstep::cuda::GemmPlan chosen = lockstep::cuda::plan_gemm(q);
       std::printf("| %s | %lld |", s.name, (long long)T);
       for (const auto& pl : tn_plans) {
         bool ok = true;
         const float t = time([&] {
           try {
-            lockstep::cuda::detail::gemm_bf16_tn_accumulate(dyp, s.N, xp, s.K, s.N, s.K, T,
-                                                            static_cast<float*>(dw), s.K, &pl);
+            lockstep::cuda::detail::gemm_bf16_tn_accumulate(dyp, s.n, xp, s.k, s.n, s.k, T,
+                                                            static_cast<float*>(dw), s.k, &pl);
           } catch (const std::exception& e) {
             if (ok) std::printf(" error: %s", e.what());
             ok = false;
           }
         });
-        const double tf = 2.0 * double(T) * double(s.N) * double(s.K) / (t * 1e-3) / 1e12;
+        const double tf = 2.0 * double(T) * double(s.n) * double(s.k) / (t * 1e-3) / 1e12;
         std::printf(" %.1f%s |", tf, pl == chosen ? "*" : "");
       }
       std::printf("\n");

@@ -32,6 +32,8 @@
 #include "cuda/cuda_ck.h"           // CK
 #include "cuda/gemm/internal.h"     // gemm_bf16_nt_with_plan, gemm_problem (forced-plan table)
 #include "cuda/gemm/plan.h"         // GemmPlan, gemm_legal_plans
+#include "engine/config.h"          // qwen3_gemm_shapes
+#include "engine/default_model.h"   // qwen3_shape_config
 #include "lockstep/cuda/gemm.h"
 
 using lockstep::Device;
@@ -117,19 +119,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_gemm_cuda: --fill takes uniform, normal or ones, not '%s'\n", fill);
     return 2;
   }
-  struct Shape {
-    const char* name;
-    int64_t N, K;
-  };
+  using Shape = lockstep::engine::GemmShape;
   // The lm_head (V = 151936, the last) only when --only names it: its w alone is 1.2 GB.
-  const Shape all_shapes[] = {{"qkv", 6144, 4096},
-                              {"o_proj", 4096, 4096},
-                              {"gate_up", 24576, 4096},
-                              {"down", 4096, 12288},
-                              {"lm_head", 151936, 4096}};
-  const size_t n_default = std::size(all_shapes) - 1;
+  const std::vector<Shape> all_shapes =
+      lockstep::engine::qwen3_gemm_shapes(lockstep::engine::qwen3_shape_config("qwen3-8b"), true);
+  const size_t n_default = all_shapes.size() - 1;
   std::vector<Shape> shapes;
-  for (size_t i = 0; i < std::size(all_shapes); ++i)
+  for (size_t i = 0; i < all_shapes.size(); ++i)
     if (only ? std::strcmp(only, all_shapes[i].name) == 0 : i < n_default)
       shapes.push_back(all_shapes[i]);
   if (shapes.empty()) {
@@ -190,7 +186,7 @@ int main(int argc, char** argv) {
 
   for (const Shape& s : shapes)
     std::printf("plan %s: %s\n", s.name,
-                lockstep::cuda::gemm_launch_plan(4096, s.N, s.K, GemmConfig{1}).c_str());
+                lockstep::cuda::gemm_launch_plan(4096, s.n, s.k, GemmConfig{1}).c_str());
   std::printf(
       "\ny[M,N] = x[M,K] w[N,K]^T, bf16 in, bf16 out; median of %d timed calls after %d "
       "warm-up; ratio = lockstep / cuBLAS throughput\n\n",
@@ -215,9 +211,9 @@ int main(int argc, char** argv) {
   using lockstep::cuda::GemmPlan;
   const GemmPlan* force = nullptr;  // nullptr: the launcher's own plan
   auto row = [&](const Shape& s, int64_t M, int S) {
-    TensorView xg = TensorView::contiguous(dx, DType::kBF16, {M, s.K}, Device::kCUDA);
-    TensorView wg = TensorView::contiguous(dw, DType::kBF16, {s.N, s.K}, Device::kCUDA);
-    TensorView yg = TensorView::contiguous(dy, DType::kBF16, {M, s.N}, Device::kCUDA);
+    TensorView xg = TensorView::contiguous(dx, DType::kBF16, {M, s.k}, Device::kCUDA);
+    TensorView wg = TensorView::contiguous(dw, DType::kBF16, {s.n, s.k}, Device::kCUDA);
+    TensorView yg = TensorView::contiguous(dy, DType::kBF16, {M, s.n}, Device::kCUDA);
     bool ok = true;
     auto ours = [&] {
       try {
@@ -236,17 +232,17 @@ int main(int argc, char** argv) {
     bool cublas_ok = true;
     auto theirs = [&] {
       const cublasStatus_t st =
-          cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(s.N), int(M), int(s.K), &alpha, dw,
-                       CUDA_R_16BF, int(s.K), dx, CUDA_R_16BF, int(s.K), &beta, dy, CUDA_R_16BF,
-                       int(s.N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+          cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(s.n), int(M), int(s.k), &alpha, dw,
+                       CUDA_R_16BF, int(s.k), dx, CUDA_R_16BF, int(s.k), &beta, dy, CUDA_R_16BF,
+                       int(s.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
       if (st != CUBLAS_STATUS_SUCCESS) cublas_ok = false;
     };
     const float tl = time(ours), tc = time(theirs);
     CK(cudaGetLastError());
-    const double flop = 2.0 * double(M) * double(s.N) * double(s.K);
+    const double flop = 2.0 * double(M) * double(s.n) * double(s.k);
     const double fl = flop / (tl * 1e-3) / 1e12, fc = flop / (tc * 1e-3) / 1e12;
     std::printf("| %s | %d | %lld | %lld | %lld | %.1f%s | %.1f | %.1f%s | %.1f | %.2f |\n", s.name,
-                S, (long long)M, (long long)s.K, (long long)s.N, tl * 1e3, ok ? "" : " (error)", fl,
+                S, (long long)M, (long long)s.k, (long long)s.n, tl * 1e3, ok ? "" : " (error)", fl,
                 tc * 1e3, cublas_ok ? "" : " (error)", fc, fl / fc);
   };
   for (const Shape& s : shapes)
@@ -273,8 +269,8 @@ int main(int argc, char** argv) {
       for (int64_t M : forced_ms) {
         if (m_list.empty() && ((quick && M == 16384) || (S > 1 && M > 4096))) continue;
         if (!m_list.empty() && (S == 8 || M < 64)) continue;
-        const TensorView xq = TensorView::contiguous(dx, DType::kBF16, {M, s.K}, Device::kCUDA);
-        const TensorView wq = TensorView::contiguous(dw, DType::kBF16, {s.N, s.K}, Device::kCUDA);
+        const TensorView xq = TensorView::contiguous(dx, DType::kBF16, {M, s.k}, Device::kCUDA);
+        const TensorView wq = TensorView::contiguous(dw, DType::kBF16, {s.n, s.k}, Device::kCUDA);
         const lockstep::cuda::GemmProblem q =
             lockstep::cuda::detail::gemm_problem(xq, wq, GemmConfig{S});
         // auto, then the 128x256 tile, the ping-pong tile, the register trees, the pairs, and at

@@ -28,6 +28,8 @@
 #include "cuda/cuda_ck.h"        // CK
 #include "cuda/gemm/internal.h"  // gemm_bf16_nt_with_plan, gemm_problem
 #include "cuda/gemm/plan.h"
+#include "engine/config.h"         // qwen3_gemm_shapes
+#include "engine/default_model.h"  // qwen3_shape_config
 #ifdef LOCKSTEP_DEV_GEMM_SWEEP
 #include "dev/gemm/sweep_tiles.h"  // the sweep-only tiles
 #endif
@@ -186,12 +188,9 @@ int main(int argc, char** argv) {
     CK(cudaFree(b));
   }
 
-  struct Shape {
-    const char* name;
-    int64_t N, K;
-  };
-  const Shape shapes[] = {
-      {"qkv", 6144, 4096}, {"o_proj", 4096, 4096}, {"gate_up", 24576, 4096}, {"down", 4096, 12288}};
+  using Shape = lockstep::engine::GemmShape;
+  const std::vector<Shape> shapes =
+      lockstep::engine::qwen3_gemm_shapes(lockstep::engine::qwen3_shape_config("qwen3-8b"));
   const int64_t Ms[] = {1, 8, 16, 32, 64};
   const float alpha = 1.0f, beta = 0.0f;
 
@@ -210,26 +209,26 @@ int main(int argc, char** argv) {
   std::printf("\nper row (cold us): default | candidate | public | cuBLAS\n");
 
   for (const Shape& s : shapes) {
-    const size_t wbytes = size_t(s.N * s.K * 2);
+    const size_t wbytes = size_t(s.n * s.k * 2);
     const int copies = int(std::max<size_t>(2, (size_t(240) << 20) / wbytes + 1));
     std::vector<void*> ws(copies);
     for (int c = 0; c < copies; ++c) {
       CK(cudaMalloc(&ws[c], wbytes));
-      fill_kernel<<<2048, 256, 0, stream>>>(static_cast<uint16_t*>(ws[c]), s.N * s.K, 77 + c);
+      fill_kernel<<<2048, 256, 0, stream>>>(static_cast<uint16_t*>(ws[c]), s.n * s.k, 77 + c);
     }
     void *dx = nullptr, *dy = nullptr, *dy2 = nullptr;
-    CK(cudaMalloc(&dx, size_t(64 * s.K * 2)));
-    CK(cudaMalloc(&dy, size_t(64 * s.N * 2)));
-    CK(cudaMalloc(&dy2, size_t(64 * s.N * 2)));
-    fill_kernel<<<256, 256, 0, stream>>>(static_cast<uint16_t*>(dx), 64 * s.K, 5);
+    CK(cudaMalloc(&dx, size_t(64 * s.k * 2)));
+    CK(cudaMalloc(&dy, size_t(64 * s.n * 2)));
+    CK(cudaMalloc(&dy2, size_t(64 * s.n * 2)));
+    fill_kernel<<<256, 256, 0, stream>>>(static_cast<uint16_t*>(dx), 64 * s.k, 5);
     CK(cudaStreamSynchronize(stream));
     CK(cudaGetLastError());
 
     for (int64_t M : Ms) {
-      TensorView xg = TensorView::contiguous(dx, DType::kBF16, {M, s.K}, Device::kCUDA);
-      TensorView yg = TensorView::contiguous(dy, DType::kBF16, {M, s.N}, Device::kCUDA);
+      TensorView xg = TensorView::contiguous(dx, DType::kBF16, {M, s.k}, Device::kCUDA);
+      TensorView yg = TensorView::contiguous(dy, DType::kBF16, {M, s.n}, Device::kCUDA);
       auto wv = [&](int i) {
-        return TensorView::contiguous(ws[i % copies], DType::kBF16, {s.N, s.K}, Device::kCUDA);
+        return TensorView::contiguous(ws[i % copies], DType::kBF16, {s.n, s.k}, Device::kCUDA);
       };
       bool ok = true;
       auto ours = [&](int i, int variant, const TensorView& y) {
@@ -253,9 +252,9 @@ int main(int argc, char** argv) {
       bool cub_ok = true;
       auto cub = [&](int i) {
         cublasStatus_t st =
-            cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(s.N), int(M), int(s.K), &alpha,
-                         ws[i % copies], CUDA_R_16BF, int(s.K), dx, CUDA_R_16BF, int(s.K), &beta,
-                         dy, CUDA_R_16BF, int(s.N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+            cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(s.n), int(M), int(s.k), &alpha,
+                         ws[i % copies], CUDA_R_16BF, int(s.k), dx, CUDA_R_16BF, int(s.k), &beta,
+                         dy, CUDA_R_16BF, int(s.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         if (st != CUBLAS_STATUS_SUCCESS) cub_ok = false;
       };
       Row r{s.name, M, double(wbytes)};
@@ -269,12 +268,12 @@ int main(int argc, char** argv) {
       if (r.vcand >= 0) {
         r.cold_cand = timer.us([&](int i) { ours(i, r.vcand, yg); });
         // Bits: the candidate's y against the default's, same x and w (copy 0).
-        TensorView y2 = TensorView::contiguous(dy2, DType::kBF16, {M, s.N}, Device::kCUDA);
-        CK(cudaMemsetAsync(dy, 0x11, size_t(M * s.N * 2), stream));
-        CK(cudaMemsetAsync(dy2, 0x22, size_t(M * s.N * 2), stream));
+        TensorView y2 = TensorView::contiguous(dy2, DType::kBF16, {M, s.n}, Device::kCUDA);
+        CK(cudaMemsetAsync(dy, 0x11, size_t(M * s.n * 2), stream));
+        CK(cudaMemsetAsync(dy2, 0x22, size_t(M * s.n * 2), stream));
         ours(0, r.vdef, yg);
         ours(0, r.vcand, y2);
-        std::vector<uint16_t> a(size_t(M * s.N)), b(a.size());
+        std::vector<uint16_t> a(size_t(M * s.n)), b(a.size());
         CK(cudaMemcpyAsync(a.data(), dy, a.size() * 2, cudaMemcpyDeviceToHost, stream));
         CK(cudaMemcpyAsync(b.data(), dy2, b.size() * 2, cudaMemcpyDeviceToHost, stream));
         CK(cudaStreamSynchronize(stream));

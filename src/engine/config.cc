@@ -408,4 +408,14 @@ int64_t qwen3_num_parameters(const Qwen3Config& c) {
   return n;
 }
 
+std::vector<GemmShape> qwen3_gemm_shapes(const Qwen3Config& cfg, bool with_lm_head) {
+  const int64_t H = cfg.hidden_size, I = cfg.intermediate_size;
+  std::vector<GemmShape> g = {{"qkv", cfg.q_dim() + 2 * cfg.kv_dim(), H, false},
+                              {"o_proj", H, cfg.q_dim(), true},
+                              {"gate_up", 2 * I, H, false},
+                              {"down", H, I, true}};
+  if (with_lm_head) g.push_back({"lm_head", cfg.vocab_size, H, false});
+  return g;
+}
+
 }  // namespace lockstep::engine

@@ -76,4 +76,17 @@ std::vector<WeightSpec> qwen3_weight_specs(const Qwen3Config& cfg);
 // Total number of parameters (elements) over qwen3_weight_specs(cfg).
 int64_t qwen3_num_parameters(const Qwen3Config& cfg);
 
+// One GEMM of the forward as the engine launches it: y[M, n] = x[M, k] · w[n, k]ᵀ (q|k|v and
+// gate|up fused). Row-parallel GEMMs split k across TP ranks, the others split n.
+struct GemmShape {
+  const char* name;  // "qkv", "o_proj", "gate_up", "down", "lm_head"
+  int64_t n, k;
+  bool row_parallel;
+};
+// The forward's GEMMs, in order: a decoder layer's qkv [Hq·D + 2·Hkv·D, H], o_proj [H, Hq·D],
+// gate_up [2·I, H], down [H, I]; then the lm_head [V, H] if `with_lm_head`. The one list the
+// plan command, the GEMM benchmarks and the GEMM parity tests read (qwen3_shape_config("qwen3-8b")
+// for the Qwen3-8B layer shapes).
+std::vector<GemmShape> qwen3_gemm_shapes(const Qwen3Config& cfg, bool with_lm_head = false);
+
 }  // namespace lockstep::engine

@@ -32,6 +32,8 @@
 #include "cuda/gemm/internal.h"  // gemm_bf16_nt_with_plan, gemm_problem
 #include "cuda/gemm/plan.h"      // GemmPlan, gemm_legal_plans
 #include "cuda/gpu_harness.h"
+#include "engine/config.h"         // qwen3_gemm_shapes
+#include "engine/default_model.h"  // qwen3_shape_config
 #include "lockstep/cuda/gemm.h"
 #include "lockstep/dtype.h"
 #include "lockstep/ops/gemm.h"
@@ -581,24 +583,19 @@ int main(int argc, char** argv) {
     run_partials(g_quick ? 70 : 300, g_quick ? 90 : 520, 1000, 8, /*pairs=*/true);
     if (!g_quick) run_partials(130, 260, 4104, 4);
     if (!g_quick) {
-      struct Q {
-        const char* name;
-        int64_t N, K;
-      };
-      const Q qs[] = {{"qkv", 6144, 4096},
-                      {"o_proj", 4096, 4096},
-                      {"gate_up", 24576, 4096},
-                      {"down", 4096, 12288}};
+      using Q = lockstep::engine::GemmShape;
+      const std::vector<Q> qs =
+          lockstep::engine::qwen3_gemm_shapes(lockstep::engine::qwen3_shape_config("qwen3-8b"));
       for (const Q& q : qs) {
-        run_qwen(q.name, q.N, q.K, 1, 1, DType::kBF16, false);
-        run_qwen(q.name, q.N, q.K, 8, 2, DType::kF32, true);
-        run_qwen(q.name, q.N, q.K, 4096, 1, DType::kBF16, q.N == 6144);
+        run_qwen(q.name, q.n, q.k, 1, 1, DType::kBF16, false);
+        run_qwen(q.name, q.n, q.k, 8, 2, DType::kF32, true);
+        run_qwen(q.name, q.n, q.k, 4096, 1, DType::kBF16, q.n == 6144);
       }
       run_qwen("qkv", 6144, 4096, 4096, 4, DType::kF32, false);
       run_qwen("down", 4096, 12288, 4096, 4, DType::kBF16, true);
       for (const Q& q : qs)
         std::printf("plan: %s\n",
-                    lockstep::cuda::gemm_launch_plan(4096, q.N, q.K, GemmConfig{1}).c_str());
+                    lockstep::cuda::gemm_launch_plan(4096, q.n, q.k, GemmConfig{1}).c_str());
       std::printf("plan: %s\n",
                   lockstep::cuda::gemm_launch_plan(8, 4096, 4096, GemmConfig{1}).c_str());
       std::printf("plan: %s\n",

@@ -38,6 +38,8 @@
 #include "cuda/gemm/plan.h"                  // plan_gemm, gemm_small_m_tiles
 #include "cuda/gemm/small_m_tma_layout.cuh"  // the kind 1 geometry (host emulation)
 #include "cuda/gpu_harness.h"
+#include "engine/config.h"         // qwen3_gemm_shapes
+#include "engine/default_model.h"  // qwen3_shape_config
 #include "lockstep/cuda/gemm.h"
 #include "lockstep/dtype.h"
 #include "lockstep/ops/gemm.h"
@@ -777,11 +779,12 @@ int main(int argc, char** argv) {
 
     // 5. Qwen3-8B layer shapes (N, K): qkv, o_proj, gate|up, down.
     if (!g_quick) {
-      const int64_t shapes[][2] = {{6144, 4096}, {4096, 4096}, {24576, 4096}, {4096, 12288}};
+      const std::vector<lockstep::engine::GemmShape> shapes =
+          lockstep::engine::qwen3_gemm_shapes(lockstep::engine::qwen3_shape_config("qwen3-8b"));
       int i = 0;
       for (int64_t M : {1, 8, 64})
-        for (auto& sh : shapes) {
-          run_case(Case{M, sh[0], sh[1], 1, DType::kBF16, (i % 4 == 3) ? 1 : 0});
+        for (const auto& sh : shapes) {
+          run_case(Case{M, sh.n, sh.k, 1, DType::kBF16, (i % 4 == 3) ? 1 : 0});
           ++i;
         }
     }

@@ -545,6 +545,20 @@ TEST(Audit, NamedModelShapes) {
   EXPECT_EQ(q8.intermediate_size, 12288);
   EXPECT_FALSE(q8.tie_word_embeddings);
   EXPECT_EQ(qwen3_num_parameters(q8), 8190735360);
+  // The GEMM list the benchmarks and parity tests read: Qwen3-8B's [N, K] per projection.
+  const std::vector<GemmShape> g = qwen3_gemm_shapes(q8, true);
+  ASSERT_EQ(g.size(), 5u);
+  const int64_t nk[5][2] = {
+      {6144, 4096}, {4096, 4096}, {24576, 4096}, {4096, 12288}, {151936, 4096}};
+  const char* names[5] = {"qkv", "o_proj", "gate_up", "down", "lm_head"};
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_STREQ(g[size_t(i)].name, names[i]);
+    EXPECT_EQ(g[size_t(i)].n, nk[i][0]);
+    EXPECT_EQ(g[size_t(i)].k, nk[i][1]);
+    EXPECT_EQ(g[size_t(i)].row_parallel, i == 1 || i == 3);
+  }
+  EXPECT_EQ(qwen3_gemm_shapes(q06).size(), 4u);
+  EXPECT_EQ(qwen3_gemm_shapes(q06)[0].n, 16 * 128 + 2 * 8 * 128);
   EXPECT_EQ(qwen3_shape_config("default").hidden_size, default_model_config().hidden_size);
   EXPECT_NE(error_of([] { qwen3_shape_config("x"); }).find("not one of"), std::string::npos);
 }
