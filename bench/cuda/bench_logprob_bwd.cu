@@ -266,13 +266,21 @@ int main(int argc, char** argv) {
               prop.name, (long long)T, (long long)H, (long long)V, (long long)seq_len,
               ent ? "g_lp + g_ent" : "g_lp only (cross-entropy)", cfg.to_string().c_str());
   using cuda::detail::LogprobBwdPath;
-  std::printf(
-      "plan: %s\n",
-      cuda::detail::logprob_backward_plan_string(cfg, T, H, V, LogprobBwdPath::kAuto).c_str());
-  if (other_path)
-    std::printf(
-        "other path: %s\n",
-        cuda::detail::logprob_backward_plan_string(cfg, T, H, V, LogprobBwdPath::kWtGemm).c_str());
+  {
+    // The timed calls' sequences (below): packed in order, so the plan reads the rows in place.
+    std::vector<TokenSeq> seqs;
+    for (int64_t r = 0, i = 0; r < T; r += seq_len, ++i)
+      seqs.push_back({i, r, std::min(seq_len, T - r)});
+    const bool in_place =
+        cuda::detail::logprob_rows_in_place(TokenOrder::make("bench_logprob_bwd", seqs, T), T);
+    std::printf("plan: %s\n", cuda::detail::logprob_backward_plan_string(
+                                  cfg, T, H, V, LogprobBwdPath::kAuto, in_place)
+                                  .c_str());
+    if (other_path)
+      std::printf("other path: %s\n", cuda::detail::logprob_backward_plan_string(
+                                          cfg, T, H, V, LogprobBwdPath::kWtGemm, in_place)
+                                          .c_str());
+  }
 
   const bool self_ok = plan_self_check();
   if (self_check_only) return self_ok ? 0 : 1;

@@ -41,9 +41,10 @@
 #include <vector>
 
 #include "core/math.h"
-#include "cuda/logprob_internal.h"   // linear_logprob_with_producer (fused / unfused)
-#include "cuda/parity_fixture.h"     // report, DevPool, view, bitwise, expect_error
-#include "cuda/sampling_internal.h"  // sample_gumbel_bound_violations
+#include "cuda/backward/logprob_plan.h"  // the backward's chunk plan (host)
+#include "cuda/logprob_internal.h"       // linear_logprob_with_producer (fused / unfused)
+#include "cuda/parity_fixture.h"         // report, DevPool, view, bitwise, expect_error
+#include "cuda/sampling_internal.h"      // sample_gumbel_bound_violations
 #include "lockstep/contract.h"
 #include "lockstep/cuda/gemm.h"
 #include "lockstep/cuda/logprob.h"
@@ -558,6 +559,34 @@ void test_producers() {
   }
 }
 
+// The backward's chunk plan (host only; the bits never depend on it): which token orders read
+// every chunk's rows in place, and that those plans reserve no gather buffers and give the bytes
+// to wider vocab slices within the same workspace budget.
+void test_backward_plan_rows() {
+  using cuda::detail::logprob_rows_in_place;
+  auto order = [](std::vector<TokenSeq> seqs, int64_t T) {
+    return TokenOrder::make("test_backward_plan_rows", seqs, T);
+  };
+  report(logprob_rows_in_place(order({{0, 0, 8192}}, 8192), 8192), "one sequence: in place");
+  report(logprob_rows_in_place(order({{0, 0, 1000}, {1, 1000, 37}, {2, 1037, 7155}}, 8192), 8192),
+         "sequences packed in step order (odd lengths): in place");
+  report(logprob_rows_in_place(order({{0, 0, 100}}, 130), 130),
+         "uncovered rows after the last sequence: in place");
+  report(!logprob_rows_in_place(order({{1, 0, 100}, {0, 100, 100}}, 200), 200),
+         "step order not row order: gathered");
+  report(!logprob_rows_in_place(order({{0, 0, 100}, {1, 130, 70}}, 200), 200),
+         "uncovered rows between sequences: gathered");
+  const LogprobVocabLayout lay = logprob_vocab_layout(ContractConfig{}, 151936);
+  using cuda::detail::logprob_backward_plan;
+  const auto gathered = logprob_backward_plan(lay, 4096, 8192);
+  const auto in_place = logprob_backward_plan(lay, 4096, 8192, {}, true);
+  report(in_place.gather_bytes == 0 && gathered.gather_bytes > 0,
+         "in-place plan reserves no gather buffers");
+  report(in_place.slice > gathered.slice && in_place.total_bytes() <= (int64_t(352) << 20),
+         "in-place plan: wider vocab slice (" + std::to_string(in_place.slice) + " vs " +
+             std::to_string(gathered.slice) + ") within the workspace budget");
+}
+
 void test_logprob_errors() {
   const ContractConfig cfg = make_cfg(8, 2, 1);
   const int64_t T = 3, H = 16, V = 30;
@@ -1021,6 +1050,7 @@ int main(int argc, char** argv) {
   test_producers();
   progress("fused vs unfused producer");
   test_logprob_errors();
+  test_backward_plan_rows();
   for (const Case& c : cases) test_sampling_case(c);
   progress("sampling");
   test_sampling_stress();

@@ -120,8 +120,18 @@ const char* logprob_bwd_path_name(LogprobBwdPath p) {
   return "?";
 }
 
+bool logprob_rows_in_place(const TokenOrder& order, int64_t T) {
+  int64_t next = 0;
+  for (const Chunk& c : make_chunks(order, T, std::max<int64_t>(T, kTokenBlock)))
+    for (const Piece& p : c.pieces) {
+      if (p.src != next) return false;
+      next += p.n;
+    }
+  return next == T;
+}
+
 LogprobBwdPlan logprob_backward_plan(const LogprobVocabLayout& lay, int64_t H, int64_t T,
-                                     LogprobBwdPath path) {
+                                     LogprobBwdPath path, bool in_place) {
   LogprobBwdPlan pl;
   pl.path = path == LogprobBwdPath::kWtGemm ? path : LogprobBwdPath::kDwForm;
   const bool dw_form = pl.path == LogprobBwdPath::kDwForm;
@@ -133,7 +143,7 @@ LogprobBwdPlan logprob_backward_plan(const LogprobVocabLayout& lay, int64_t H, i
   for (;; rows = std::max<int64_t>(kTokenBlock, (rows * 3 / 4) / kTokenBlock * kTokenBlock)) {
     pl.rows = rows;
     pl.partial_bytes = S > 1 ? S * rows * H * 4 : 0;
-    pl.gather_bytes = rows * (round_up(H, 8) * 2 + H * 4);  // gathered h rows + dh rows
+    pl.gather_bytes = in_place ? 0 : rows * (round_up(H, 8) * 2 + H * 4);  // h rows + dh rows
     const int64_t zc = std::max<int64_t>(kTokenBlock, kLogitsBudget / (rows * 4) / 16 * 16);
     if (dw_form) {
       // G [rows, slice] + Gᵀ [slice, rows] bf16 and the logits [rows, zcols] f32.
@@ -174,9 +184,9 @@ LogprobBwdPlan logprob_backward_plan(const LogprobVocabLayout& lay, int64_t H, i
 }
 
 std::string logprob_backward_plan_string(const ContractConfig& cfg, int64_t T, int64_t H, int64_t V,
-                                         LogprobBwdPath path) {
+                                         LogprobBwdPath path, bool in_place) {
   const LogprobVocabLayout lay = logprob_vocab_layout(cfg, V);
-  const LogprobBwdPlan pl = logprob_backward_plan(lay, H, T, path);
+  const LogprobBwdPlan pl = logprob_backward_plan(lay, H, T, path, in_place);
   auto mib = [](int64_t b) { return double(b) / double(1 << 20); };
   char wt[160] = "";
   if (pl.path == LogprobBwdPath::kWtGemm)
@@ -210,7 +220,7 @@ LogprobBwdPath linear_logprob_backward_with_path(
   const LogprobVocabLayout lay = contract::check_linear_logprob_backward(
       op, Device::kCUDA, h, w, targets, params, cfg, lse, entropy, g_lp, g_ent, dh, order, dw);
   const int64_t T = h.size(0), H = h.size(1), V = w.size(0);
-  LogprobBwdPlan pl = logprob_backward_plan(lay, H, T, path);
+  LogprobBwdPlan pl = logprob_backward_plan(lay, H, T, path, logprob_rows_in_place(order, T));
   if (force) {
     pl = *force;
     if (pl.path == LogprobBwdPath::kAuto) pl.path = LogprobBwdPath::kDwForm;

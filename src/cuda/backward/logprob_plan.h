@@ -24,7 +24,8 @@ enum class LogprobBwdPath : int { kAuto = 0, kDwForm, kWtGemm };
 const char* logprob_bwd_path_name(LogprobBwdPath p);
 
 // The chunk plan of cuda::linear_logprob_backward: a pure function of T (only as a cap on the
-// chunk), H, the vocab layout and the path; it never changes a bit.
+// chunk), H, the vocab layout, the path and whether the rows are read in place; it never changes a
+// bit.
 struct LogprobBwdPlan {
   LogprobBwdPath path = LogprobBwdPath::kDwForm;
   int64_t rows = 0;      // token rows per chunk (a multiple of 16)
@@ -39,11 +40,20 @@ struct LogprobBwdPlan {
     return g_bytes + z_bytes + wt_bytes + partial_bytes + gather_bytes;
   }
 };
+// in_place: every chunk's rows are consecutive rows of h whatever the chunk size (see
+// logprob_rows_in_place), so the plan reserves no gather buffers and gives their bytes to wider
+// vocab slices (fewer passes over dh's partials).
 LogprobBwdPlan logprob_backward_plan(const LogprobVocabLayout& lay, int64_t H, int64_t T,
-                                     LogprobBwdPath path = LogprobBwdPath::kAuto);
+                                     LogprobBwdPath path = LogprobBwdPath::kAuto,
+                                     bool in_place = false);
+// True iff the canonical token blocks of `order` followed by the rows no sequence covers are rows
+// 0, 1, ..., T − 1 in that order (sequences packed in step order with no gaps: the training
+// forward's micro-batches): then no chunk of any size gathers.
+bool logprob_rows_in_place(const TokenOrder& order, int64_t T);
 // The plan in words (benchmarks, audits).
 std::string logprob_backward_plan_string(const ContractConfig& cfg, int64_t T, int64_t H, int64_t V,
-                                         LogprobBwdPath path = LogprobBwdPath::kAuto);
+                                         LogprobBwdPath path = LogprobBwdPath::kAuto,
+                                         bool in_place = false);
 
 // cuda::linear_logprob_backward with the dh path as an option (kAuto: what the public function
 // runs) and, for self-checks, the chunk plan's sizes forced (`force`: rows and slice multiples of
