@@ -98,8 +98,10 @@ int main(int argc, char** argv) {
       lockstep::engine::qwen3_gemm_shapes(lockstep::engine::qwen3_shape_config("qwen3-8b"));
   std::vector<int64_t> Ts = {1024, 4096, 16384};
   if (quick) Ts = {4096};
-  const int64_t maxT = Ts.back(), maxNK = 24576 * 4096;  // the largest w / dw: N·K
-  const int64_t maxN = 24576, maxK = 12288;
+  int64_t maxNK = 0, maxN = 0, maxK = 0;  // the largest w / dw (N·K), dy row, x row
+  for (const Shape& s : shapes)
+    maxNK = std::max(maxNK, s.n * s.k), maxN = std::max(maxN, s.n), maxK = std::max(maxK, s.k);
+  const int64_t maxT = Ts.back();
   void *x = nullptr, *w = nullptr, *dy = nullptr, *dx = nullptr, *dw = nullptr;
   CK(cudaMalloc(&x, size_t(maxT * maxK) * 2));
   CK(cudaMalloc(&w, size_t(maxNK) * 2));

@@ -135,7 +135,6 @@ int main(int argc, char** argv) {
                  only);
     return 2;
   }
-  const bool lm = only && std::strcmp(only, "lm_head") == 0;
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
   int driver = 0;
@@ -161,21 +160,22 @@ int main(int argc, char** argv) {
   std::vector<int64_t> Ms = {1, 8, 64, 256, 1024, 4096, 16384};
   if (quick) Ms = {1, 1024, 4096};
   if (!m_list.empty()) Ms = m_list;
-  const int64_t maxM = std::max<int64_t>(4096, *std::max_element(Ms.begin(), Ms.end())),
-                maxK = 12288, maxN = lm ? 151936 : 24576;
+  const int64_t maxM = std::max<int64_t>(4096, *std::max_element(Ms.begin(), Ms.end()));
+  int64_t maxNK = 0, maxN = 0, maxK = 0;  // the largest w (N·K), y row, x row
+  for (const Shape& s : shapes)
+    maxNK = std::max(maxNK, s.n * s.k), maxN = std::max(maxN, s.n), maxK = std::max(maxK, s.k);
   void *dx = nullptr, *dw = nullptr, *dy = nullptr;
   CK(cudaMalloc(&dx, size_t(maxM * maxK) * 2));
-  CK(cudaMalloc(&dw, size_t(maxN * 4096) * 2));  // the largest w: maxN x 4096 (= 4096 x 12288)
+  CK(cudaMalloc(&dw, size_t(maxNK) * 2));
   CK(cudaMalloc(&dy, size_t(maxM * maxN) * 2));
   if (std::strcmp(fill, "uniform") == 0) {
     bench_fill<<<4096, 256>>>(static_cast<uint16_t*>(dx), maxM * maxK, 12345);
-    bench_fill<<<4096, 256>>>(static_cast<uint16_t*>(dw), maxN * 4096, 67890);
+    bench_fill<<<4096, 256>>>(static_cast<uint16_t*>(dw), maxNK, 67890);
   } else {
     const bool ones = std::strcmp(fill, "ones") == 0;
     bench_fill_normal<<<4096, 256>>>(static_cast<uint16_t*>(dx), maxM * maxK, 12345,
                                      ones ? 0.0f : 1.0f);
-    bench_fill_normal<<<4096, 256>>>(static_cast<uint16_t*>(dw), maxN * 4096, 67890,
-                                     ones ? 0.0f : 0.02f);
+    bench_fill_normal<<<4096, 256>>>(static_cast<uint16_t*>(dw), maxNK, 67890, ones ? 0.0f : 0.02f);
   }
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());

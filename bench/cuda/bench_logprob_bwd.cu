@@ -266,13 +266,14 @@ int main(int argc, char** argv) {
               prop.name, (long long)T, (long long)H, (long long)V, (long long)seq_len,
               ent ? "g_lp + g_ent" : "g_lp only (cross-entropy)", cfg.to_string().c_str());
   using cuda::detail::LogprobBwdPath;
+  // The timed calls' sequences of seq_len tokens, packed in order (so the plan reads the rows in
+  // place).
+  std::vector<TokenSeq> seqs;
+  for (int64_t r = 0, i = 0; r < T; r += seq_len, ++i)
+    seqs.push_back({i, r, std::min(seq_len, T - r)});
+  const TokenOrder order = TokenOrder::make("bench_logprob_bwd", seqs, T);
   {
-    // The timed calls' sequences (below): packed in order, so the plan reads the rows in place.
-    std::vector<TokenSeq> seqs;
-    for (int64_t r = 0, i = 0; r < T; r += seq_len, ++i)
-      seqs.push_back({i, r, std::min(seq_len, T - r)});
-    const bool in_place =
-        cuda::detail::logprob_rows_in_place(TokenOrder::make("bench_logprob_bwd", seqs, T), T);
+    const bool in_place = cuda::detail::logprob_rows_in_place(order, T);
     std::printf("plan: %s\n", cuda::detail::logprob_backward_plan_string(
                                   cfg, T, H, V, LogprobBwdPath::kAuto, in_place)
                                   .c_str());
@@ -315,10 +316,6 @@ int main(int argc, char** argv) {
                    gent = vec_view(4);
   const TensorView vdh = TensorView::contiguous(dh, DType::kF32, {T, H}, Device::kCUDA);
   const TensorView vdw = TensorView::contiguous(dw, DType::kF32, {V, H}, Device::kCUDA);
-  std::vector<TokenSeq> seqs;
-  for (int64_t r = 0, i = 0; r < T; r += seq_len, ++i)
-    seqs.push_back({i, r, std::min(seq_len, T - r)});
-  const TokenOrder order = TokenOrder::make("bench_logprob_bwd", seqs, T);
   const LogprobParams prm{1.0f};
 
   LogprobBwdPath path = LogprobBwdPath::kAuto, ran = LogprobBwdPath::kAuto;

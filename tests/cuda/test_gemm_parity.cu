@@ -586,20 +586,21 @@ int main(int argc, char** argv) {
       using Q = lockstep::engine::GemmShape;
       const std::vector<Q> qs =
           lockstep::engine::qwen3_gemm_shapes(lockstep::engine::qwen3_shape_config("qwen3-8b"));
+      const Q &qkv = qs[0], &down = qs[3];
       for (const Q& q : qs) {
         run_qwen(q.name, q.n, q.k, 1, 1, DType::kBF16, false);
         run_qwen(q.name, q.n, q.k, 8, 2, DType::kF32, true);
-        run_qwen(q.name, q.n, q.k, 4096, 1, DType::kBF16, q.n == 6144);
+        run_qwen(q.name, q.n, q.k, 4096, 1, DType::kBF16, &q == &qkv);
       }
-      run_qwen("qkv", 6144, 4096, 4096, 4, DType::kF32, false);
-      run_qwen("down", 4096, 12288, 4096, 4, DType::kBF16, true);
+      run_qwen(qkv.name, qkv.n, qkv.k, 4096, 4, DType::kF32, false);
+      run_qwen(down.name, down.n, down.k, 4096, 4, DType::kBF16, true);
       for (const Q& q : qs)
         std::printf("plan: %s\n",
                     lockstep::cuda::gemm_launch_plan(4096, q.n, q.k, GemmConfig{1}).c_str());
       std::printf("plan: %s\n",
                   lockstep::cuda::gemm_launch_plan(8, 4096, 4096, GemmConfig{1}).c_str());
       std::printf("plan: %s\n",
-                  lockstep::cuda::gemm_launch_plan(1024, 6144, 4096, GemmConfig{4}).c_str());
+                  lockstep::cuda::gemm_launch_plan(1024, qkv.n, qkv.k, GemmConfig{4}).c_str());
     }
     run_errors();
   } catch (const std::exception& e) {

@@ -37,12 +37,6 @@ namespace lockstep::cuda {
 namespace detail {
 namespace {
 
-// NOTE: the workspace budget of one call (G and Gᵀ or Wᵀ, logits, segment partials, gathered
-// rows): with dh itself ([T, H] f32) it keeps the training shape T = 8192, H = 4096, V = 151936
-// under 0.5 GiB beyond the lm_head's fp32 gradient, with room for the GEMMs' own workspace.
-// Larger chunks of rows mean fewer read-modify-write passes over dw (one per chunk) and fewer
-// passes over W; wider vocab slices mean fewer passes over dh's partials.
-constexpr int64_t kWorkspaceBudget = int64_t(352) << 20;
 constexpr int64_t kMaxChunkRows = 8192;
 constexpr int64_t kWtMaxChunkRows = 1024;             // kWtGemm: G holds whole segments
 constexpr int64_t kLogitsBudget = int64_t(32) << 20;  // [rows, columns] f32 logits per GEMM call
@@ -147,7 +141,7 @@ LogprobBwdPlan logprob_backward_plan(const LogprobVocabLayout& lay, int64_t H, i
     const int64_t zc = std::max<int64_t>(kTokenBlock, kLogitsBudget / (rows * 4) / 16 * 16);
     if (dw_form) {
       // G [rows, slice] + Gᵀ [slice, rows] bf16 and the logits [rows, zcols] f32.
-      const int64_t left = kWorkspaceBudget - pl.partial_bytes - pl.gather_bytes;
+      const int64_t left = kLogprobBwdWorkspaceBudget - pl.partial_bytes - pl.gather_bytes;
       pl.zcols = std::min(zc, pl.seg_pad);
       int64_t slice = std::max<int64_t>(left - rows * pl.zcols * 4, 0) / (rows * 4);
       slice = std::min(pl.seg_pad, slice / kTokenBlock * kTokenBlock);
@@ -166,7 +160,7 @@ LogprobBwdPlan logprob_backward_plan(const LogprobVocabLayout& lay, int64_t H, i
     pl.z_bytes = rows * pl.zcols * 4;
     pl.g_bytes = rows * pl.seg_pad * 2;
     const int64_t left =
-        kWorkspaceBudget - (pl.g_bytes + pl.z_bytes + pl.partial_bytes + pl.gather_bytes);
+        kLogprobBwdWorkspaceBudget - (pl.g_bytes + pl.z_bytes + pl.partial_bytes + pl.gather_bytes);
     if (wt_all <= left) {
       pl.wt_once = true;
       pl.hc = H;

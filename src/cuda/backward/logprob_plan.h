@@ -23,6 +23,13 @@ namespace lockstep::cuda::detail {
 enum class LogprobBwdPath : int { kAuto = 0, kDwForm, kWtGemm };
 const char* logprob_bwd_path_name(LogprobBwdPath p);
 
+// The workspace budget of one call (G and Gᵀ or Wᵀ, logits, segment partials, gathered rows):
+// with dh itself ([T, H] f32) it keeps the training shape T = 8192, H = 4096, V = 151936 under
+// 0.5 GiB beyond the lm_head's fp32 gradient, with room for the GEMMs' own workspace. Larger chunks
+// of rows mean fewer read-modify-write passes over dw (one per chunk) and fewer passes over W;
+// wider vocab slices mean fewer passes over dh's partials.
+constexpr int64_t kLogprobBwdWorkspaceBudget = int64_t(352) << 20;
+
 // The chunk plan of cuda::linear_logprob_backward: a pure function of T (only as a cap on the
 // chunk), H, the vocab layout, the path and whether the rows are read in place; it never changes a
 // bit.

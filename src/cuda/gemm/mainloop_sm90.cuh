@@ -39,17 +39,14 @@ constexpr int kSm90GroupM = 8;     // tile raster: 8 row tiles share a column sw
 // registers even at setmaxnreg's 232 (it spilled 148 bytes per thread around every segment's
 // k-loop). Its upper level lives in shared memory instead (one 64 x 128 fp32 tile per consumer
 // warpgroup, each thread's own words: no barrier), the lower one in registers.
-constexpr bool sm90_top_in_smem(int BM, int BN, int LEVELS) {
-  return gemm_tree_upper_in_smem(BM, BN, LEVELS);
-}
-
+//
 // Dynamic shared memory of one CTA: NS stages of A (BM rows) + B (BN rows) x 128 bytes, the
 // 2·NS mbarriers, the epilogue staging (epilogue.cuh), slack to align the stages to 1024 bytes
-// (the 128B swizzle atom), and the tree's upper level where sm90_top_in_smem.
+// (the 128B swizzle atom), and that upper level where gemm_tree_upper_in_smem.
 template <int BM, int BN, int NS, int LEVELS = 0>
 constexpr int sm90_smem_bytes() {
   return NS * (BM + BN) * 128 + 2 * NS * 8 + kSm90EpiBytes + 1024 +
-         (sm90_top_in_smem(BM, BN, LEVELS) ? BM * BN * 4 : 0);
+         (gemm_tree_upper_in_smem(BM, BN, LEVELS) ? BM * BN * 4 : 0);
 }
 
 struct Sm90Job {
@@ -294,7 +291,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
   // both warpgroups fold after each segment (the producer keeps loading the next one).
   constexpr bool kStash = LEVELS > 0 && (PP || WN == 256);
   static_assert(!kStash || WN == 256, "the stash holds 64 x 256 warpgroup tiles");
-  constexpr bool kTopSmem = sm90_top_in_smem(BM, BN, LEVELS);  // never PP (BM = 64)
+  constexpr bool kTopSmem = gemm_tree_upper_in_smem(BM, BN, LEVELS);  // never PP (BM = 64)
   constexpr bool kTurns = PP && LEVELS > 0;  // jobs = segments of the CTA's tile pairs
   static_assert(!Epi::kFused || LEVELS == 0, "a fused epilogue takes one segment");
   static_assert(kABytes % 1024 == 0 && kStageBytes % 1024 == 0, "stages 1024-aligned");
@@ -425,7 +422,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
     zero_all(acc);
     // Pending left subtrees of the tree (unused when LEVELS == 0).
     float stack[(LEVELS >= 1 && !kStash && !kTopSmem) ? LEVELS : 1][R];
-    // kTopSmem: this thread's words of the tree's upper level (sm90_top_in_smem).
+    // kTopSmem: this thread's words of the tree's upper level (gemm_tree_upper_in_smem).
     float* const top = epi + kSm90EpiBytes / 4 + cw * 64 * WN + wt;
 
     int stage = 0;

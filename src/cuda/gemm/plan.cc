@@ -122,7 +122,7 @@ constexpr GemmTile kMma128x128{128, 128, 64, 4};
 constexpr GemmTile kWg128x256{128, 256, 64, 4};
 constexpr GemmTile kWg128x128{128, 128, 64, 6};
 // The 128x128 register tree with two levels keeps its upper level in shared memory (64 KB:
-// mainloop_sm90.cuh, sm90_top_in_smem), which leaves room for 4 stages.
+// mainloop_sm90.cuh, gemm_tree_upper_in_smem), which leaves room for 4 stages.
 constexpr GemmTile kWg128x128Tree2{128, 128, 64, 4};
 constexpr GemmTile kWg64x128{64, 128, 64, 8};
 constexpr GemmTile kWg64x256{64, 256, 64, 5};  // ping-pong: one consumer warpgroup per tile
