@@ -5,7 +5,8 @@
 # kernel, the stack, the SASS size and the k-loop's wgmma waits, and any ptxas note that costs
 # speed: C7517 (a warpgroup.wait injected), C7520 (every wgmma serialized). Run it after touching
 # src/cuda/gemm/*.cuh (docs/perf.md session 25: an epilogue change can serialize the main loop).
-# Usage: bash dev/wgmma_ptxas_check.sh [SRC_ROOT]   (default: this checkout)
+# Usage: bash scripts/wgmma_ptxas_check.sh [SRC_ROOT]   (default: this checkout). CI runs it
+# wherever nvcc is (.ci/run); exit 1 on any C7517 / C7520 note.
 set -euo pipefail
 root=$(cd "${1:-$(dirname "$0")/..}" && pwd)
 nvcc=${NVCC:-/usr/local/cuda/bin/nvcc}
