@@ -124,8 +124,7 @@ __device__ __forceinline__ uint32_t pack_bf16x2_canonical(float lo, float hi) {
 // row stride are 16-byte aligned, so every 8-column chunk inside N is one 16-byte store.
 template <int R>
 __device__ __forceinline__ void sm90_store_bf16(const Sm90Params& p, const float (&acc)[R],
-                                                float* stg, int64_t row0, int64_t col0,
-                                                int lane) {
+                                                float* stg, int64_t row0, int64_t col0, int lane) {
   static_assert(R % 32 == 0, "whole 64-column pieces");
   uint16_t* const buf = reinterpret_cast<uint16_t*>(stg);
   // stmatrix.x4: lanes 8j .. 8j + 7 address matrix j's rows; matrix j = rows 8(j & 1) .., columns
@@ -150,20 +149,20 @@ __device__ __forceinline__ void sm90_store_bf16(const Sm90Params& p, const float
     }
     __syncwarp();
     const int64_t col = col0 + 64 * q + cc;
-#pragma unroll
+#pragma unroll 1  // (rolled: no accumulator indices here, and the kernel's code stays small)
     for (int t = 0; t < 4; ++t) {
       const int r = rr + 4 * t;
       const int64_t row = row0 + r;
       const uint4 v = *reinterpret_cast<const uint4*>(buf + r * kSm90Bf16Pitch + cc);
-      if (row < p.M) {
-        uint16_t* const dst = y + row * p.ldy + col;
-        if (col + 8 <= p.N) {
-          *reinterpret_cast<uint4*>(dst) = v;
-        } else if (col < p.N) {  // the last chunk of a row whose N is not a multiple of 8
-          const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll  // constant indices: w stays in registers
-          for (int e = 0; e < 7; ++e)
-            if (col + e < p.N) dst[e] = uint16_t(w[e >> 1] >> (16 * (e & 1)));
+      if (row >= p.M || col >= p.N) continue;
+      uint16_t* const dst = y + row * p.ldy + col;
+      if (col + 8 <= p.N) {
+        *reinterpret_cast<uint4*>(dst) = v;
+      } else {  // the last chunk of a row whose N is not a multiple of 8
+#pragma unroll 1
+        for (int e = 0; e < int(p.N - col); ++e) {
+          const uint32_t w = e < 2 ? v.x : e < 4 ? v.y : e < 6 ? v.z : v.w;
+          dst[e] = uint16_t(w >> (16 * (e & 1)));
         }
       }
     }
