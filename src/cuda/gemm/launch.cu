@@ -179,6 +179,8 @@ detail::Sm90Params final_params(int64_t rows, int64_t N, int64_t seg_len, int ns
   const uintptr_t pair_bytes = y_f32 ? 8 : 4;
   p.y_pair =
       (reinterpret_cast<uintptr_t>(y) % pair_bytes == 0 && (rows <= 1 || ldy % 2 == 0)) ? 1 : 0;
+  p.y_vec =
+      (!y_f32 && reinterpret_cast<uintptr_t>(y) % 16 == 0 && (rows <= 1 || ldy % 8 == 0)) ? 1 : 0;
   return p;
 }
 

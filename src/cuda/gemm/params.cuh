@@ -52,6 +52,9 @@ struct Sm90Params {
   int64_t ldy;
   int y_f32;
   int y_pair;  // 1: two adjacent outputs (even column) may be stored as one aligned word
+  // 1: bf16 y with a 16-byte aligned base and row stride (the Hopper kernel's 16-byte row-chunk
+  // stores, epilogue.cuh sm90_store_bf16)
+  int y_vec;
   // workspace mode
   float* ws;
   int64_t ld_ws;     // even
