@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "cuda/mma_sync.cuh"  // pack_bf16_rn
 #include "lockstep/dtype.h"
 
 namespace lockstep::cuda::attn_common {
@@ -35,14 +36,10 @@ __device__ __forceinline__ float canon(float f) {
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return uint32_t(f32_to_bf16(lo).bits) | (uint32_t(f32_to_bf16(hi).bits) << 16);
 }
-// The same bits as pack_bf16 for every input but NaN (cvt.rn is the RNE of f32_to_bf16, subnormals
-// and overflow to inf included); callers take pack_bf16 when any of their values is NaN and the
-// pattern is stored (an MMA operand needs no canonical NaN: §M makes any NaN input 0x7fffffff).
-__device__ __forceinline__ uint32_t pack_bf16_rn(float lo, float hi) {
-  uint32_t r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
+// pack_bf16_rn (mma_sync.cuh): the same bits as pack_bf16 for every input but NaN; callers take
+// pack_bf16 when any of their values is NaN and the pattern is stored (an MMA operand needs no
+// canonical NaN: §M makes any NaN input 0x7fffffff).
+using detail::pack_bf16_rn;
 __device__ __forceinline__ uint4 load8_scalar(const uint16_t* p) {
   uint4 v;
   v.x = uint32_t(p[0]) | (uint32_t(p[1]) << 16);

@@ -33,6 +33,23 @@ __device__ __forceinline__ uint16_t round_bf16_canonical(float v) {
   return uint16_t(u >> 16);
 }
 
+// Two values rounded to bf16 in one register, lo in the low half (the lower k index of an MMA
+// fragment, the lower column of an output pair) by the hardware's cvt.rn: the bits of
+// round_bf16_canonical for every input but NaN (bf16 is fp32's upper half, so cvt's RNE and the
+// integer RNE agree, subnormals and overflow to inf included); a NaN comes out as cvt's 0x7FFF.
+__device__ __forceinline__ uint32_t pack_bf16_rn(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+// pack_bf16_rn with every NaN made the canonical 0x7FC0: round_bf16_canonical's bits on each half.
+__device__ __forceinline__ uint32_t pack_bf16_rn_canonical(float lo, float hi) {
+  uint32_t d = pack_bf16_rn(lo, hi);
+  if (lo != lo) d = (d & 0xffff0000u) | 0x7FC0u;
+  if (hi != hi) d = (d & 0x0000ffffu) | 0x7FC00000u;
+  return d;
+}
+
 // fp32 bits with every NaN as the canonical 0x7FC00000 (contract §2).
 __device__ __forceinline__ uint32_t canonical_f32_bits(float v) {
   const uint32_t u = __float_as_uint(v);

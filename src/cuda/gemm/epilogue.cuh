@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "cuda/gemm/params.cuh"
-#include "cuda/mma_sync.cuh"    // round_bf16_canonical, canonical_f32_bits
+#include "cuda/mma_sync.cuh"    // round_bf16_canonical, pack_bf16_rn_canonical, canonical_f32_bits
 #include "cuda/sm90_async.cuh"  // smem_u32
 
 namespace lockstep::cuda::detail {
@@ -102,22 +102,10 @@ __device__ __forceinline__ void sm90_store_rows(const Sm90Params& p, int s, cons
 // 8h, column 8i + 2(lane%4) + c), rounded in registers, in pieces of 64 columns: stmatrix puts a
 // piece's bf16 rows in the warp's staging (rows 144 bytes apart: conflict-free for stmatrix's
 // 8-row writes and for the 16-byte row reads), then each lane stores 16-byte chunks (a warp store
-// = 4 rows x 128 bytes). The same values as sm90_store_rows; 4x fewer instructions than its fp32
-// round trip (per lane and piece: 32 roundings, 4 stmatrix, 4 loads and 4 stores).
+// = 4 rows x 128 bytes). The same values as sm90_store_rows (pack_bf16_rn_canonical's bits are
+// round_bf16_canonical's); per lane and piece: 32 roundings, 4 stmatrix, 4 loads and 4 stores.
 constexpr int kSm90Bf16Pitch = 72;  // bf16 per staged row: 64 + 8 of padding
 static_assert(16 * kSm90Bf16Pitch * 2 <= 16 * kSm90EpiLd * 4, "a piece fits a warp's staging");
-
-// Two values rounded to bf16 (RNE) in one word, lo in the low half; NaN canonical (0x7FC0: cvt's
-// own NaN is 0x7FFF). The same bits as round_bf16_canonical on each: bf16 is fp32's upper half, so
-// the conversion's RNE and the integer RNE agree on every non-NaN value (measured: docs/perf.md
-// session 24, test_gemm_parity on the cvt form).
-__device__ __forceinline__ uint32_t pack_bf16x2_canonical(float lo, float hi) {
-  uint32_t d;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
-  if (lo != lo) d = (d & 0xffff0000u) | 0x7FC0u;
-  if (hi != hi) d = (d & 0x0000ffffu) | 0x7FC00000u;
-  return d;
-}
 
 // y rows row0 .. row0 + 15 (those < p.M), columns col0 .. col0 + 2R − 1 (those < p.N) of the
 // warp's fragments, through stg (the warp's own staging, 16-byte aligned). p.y_vec: y's base and
@@ -138,10 +126,10 @@ __device__ __forceinline__ void sm90_store_bf16(const Sm90Params& p, const float
 #pragma unroll
     for (int b = 0; b < 4; ++b) {  // 16-column blocks of the piece: i = 8q + 2b, 8q + 2b + 1
       const int i = 8 * q + 2 * b;
-      const uint32_t r0 = pack_bf16x2_canonical(acc[4 * i], acc[4 * i + 1]);
-      const uint32_t r1 = pack_bf16x2_canonical(acc[4 * i + 2], acc[4 * i + 3]);
-      const uint32_t r2 = pack_bf16x2_canonical(acc[4 * i + 4], acc[4 * i + 5]);
-      const uint32_t r3 = pack_bf16x2_canonical(acc[4 * i + 6], acc[4 * i + 7]);
+      const uint32_t r0 = pack_bf16_rn_canonical(acc[4 * i], acc[4 * i + 1]);
+      const uint32_t r1 = pack_bf16_rn_canonical(acc[4 * i + 2], acc[4 * i + 3]);
+      const uint32_t r2 = pack_bf16_rn_canonical(acc[4 * i + 4], acc[4 * i + 5]);
+      const uint32_t r3 = pack_bf16_rn_canonical(acc[4 * i + 6], acc[4 * i + 7]);
       asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
                        st_addr + 32u * b),
                    "r"(r0), "r"(r1), "r"(r2), "r"(r3)

@@ -547,7 +547,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       // (instruction fetch; measured: docs/cuda-gemm.md "Things learned").
       float* stg = epi + (cw * 4 + warp) * 16 * kSm90EpiLd;
       const int64_t wrow0 = j.m0 + row_off + warp * 16;  // first row of this warp
-      if constexpr (!sm90_accumulates<Epi>::value && R % 32 == 0) {
+      if constexpr (!sm90_accumulates<Epi>::value) {
         if (p.y_vec && !p.ws_mode && !p.bias) {  // bf16 values, no bias (epilogue.cuh)
           sm90_store_bf16(p, acc, stg, wrow0, j.n0 + col_off, lane);
           continue;
