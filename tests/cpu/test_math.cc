@@ -296,6 +296,95 @@ TEST(MathDeterminism, KnownAnswerHashes) {
       << std::hex << known_answer_hash(ls_log2f);
   EXPECT_EQ(known_answer_hash(ls_logf), 0x7265d326f1d6d11aull)
       << std::hex << known_answer_hash(ls_logf);
+  EXPECT_EQ(known_answer_hash(ls_ex2_sfu), 0x199e01a2edfedab4ull)  // also checked on the GPU
+      << std::hex << known_answer_hash(ls_ex2_sfu);
+}
+
+// ls_ex2_sfu (§P.6): the SFU's exp2, reproduced from the tables read off the GPU. Its bits on the
+// GPU are checked over all 2^32 inputs by tests/cuda/test_math_parity; here: values the GPU
+// printed, the fixed-point structure, special values and the accuracy over every table entry.
+uint32_t sfu_bits(float x) { return f32_bits(ls_ex2_sfu(x)); }
+
+TEST(MathEx2Sfu, ValuesReadOffTheGpu) {
+  EXPECT_EQ(sfu_bits(0x1p-23f), 0x3f800001u);                    // T+[1]
+  EXPECT_EQ(sfu_bits(0.5f), 0x3fb504f3u);                        // T+[2^22]
+  EXPECT_EQ(sfu_bits(1.0f - 0x1p-23f), 0x3fffffffu);             // T+[2^23 - 1]
+  EXPECT_EQ(sfu_bits(-0x1p-23f), 0x3f7ffffeu);                   // T-[1]
+  EXPECT_EQ(sfu_bits(-0.5f), 0x3f3504f2u);                       // T-[2^22]
+  EXPECT_EQ(sfu_bits(-(1.0f - 0x1p-23f)), 0x3f000000u);          // T-[2^23 - 1]
+  EXPECT_EQ(sfu_bits(f32_from_bits(0xb40003a0u)), 0x3f7ffffeu);  // -1.19e-7: trunc -> T-[1]
+  EXPECT_EQ(sfu_bits(f32_from_bits(0x33800dc0u)), 0x3f800000u);  // 5.96e-8 < 2^-23: 1
+  EXPECT_EQ(sfu_bits(f32_from_bits(0x80805ea0u)), 0x3f800000u);  // -1.18e-38: 1
+}
+
+TEST(MathEx2Sfu, SpecialValues) {
+  EXPECT_EQ(sfu_bits(f32_from_bits(0x7fc00000u)), 0x7fffffffu);  // NaN: the SFU's NaN
+  EXPECT_EQ(sfu_bits(f32_from_bits(0xffc00001u)), 0x7fffffffu);
+  EXPECT_EQ(sfu_bits(INFINITY), 0x7f800000u);
+  EXPECT_EQ(sfu_bits(-INFINITY), 0u);
+  EXPECT_EQ(sfu_bits(128.0f), 0x7f800000u);
+  EXPECT_EQ(sfu_bits(0x1.fffffep6f), 0x7f7fffa8u);  // the largest input below 128 stays finite
+  EXPECT_EQ(sfu_bits(-128.0f), 0u);
+  EXPECT_EQ(sfu_bits(-126.0f), 0x00800000u);  // 2^-126, the smallest normal
+  EXPECT_EQ(sfu_bits(-126.5f), 0u);           // below 2^-126: +0 (ftz)
+  EXPECT_EQ(sfu_bits(0.0f), 0x3f800000u);
+  EXPECT_EQ(sfu_bits(-0.0f), 0x3f800000u);
+  EXPECT_EQ(sfu_bits(f32_from_bits(0x00000001u)), 0x3f800000u);  // subnormals count as 0
+  EXPECT_EQ(sfu_bits(f32_from_bits(0x807fffffu)), 0x3f800000u);
+}
+
+// x = ±(i + F 2^-23) (the fixed point, truncated): 2^x = T±[F] 2^±i, and every x of one cell of
+// the 2^-23 grid gives the same bits.
+TEST(MathEx2Sfu, FixedPointStructure) {
+  auto g = test::rng(11);
+  for (int n = 0; n < 200000; ++n) {
+    const uint32_t F = uint32_t(g()) & 0x7fffffu;
+    const int i = int(g() % 126);
+    const float f = float(F) * 0x1p-23f;
+    const float x = float(i) + f;  // exact when i + F 2^-23 fits 24 bits; skip the others
+    if (double(x) != double(i) + double(f)) continue;
+    ASSERT_EQ(ls_ex2_sfu(x), std::ldexp(ls_ex2_sfu(f), i)) << x;
+    const float yn = std::ldexp(ls_ex2_sfu(-f), -i);
+    ASSERT_EQ(sfu_bits(-x), yn >= 0x1p-126f ? f32_bits(yn) : 0u) << -x;
+  }
+  // Inside one cell [F 2^-23, (F + 1) 2^-23): the same bits (trunc of |x| 2^23).
+  for (uint32_t F : {0u, 1u, 12345u, 0x400000u, 0x7ffffeu}) {
+    const float lo = float(F) * 0x1p-23f;
+    const float hi = std::nextafter(float(F + 1) * 0x1p-23f, 0.0f);
+    EXPECT_EQ(sfu_bits(lo), sfu_bits(hi)) << F;
+    EXPECT_EQ(sfu_bits(-lo), sfu_bits(-hi)) << F;
+  }
+}
+
+// Error over every entry of both tables (x = ±F 2^-23), in ulps of the result's binade; over all
+// inputs with a normal result it is -2.06 .. +1.40 (measured on this host, every pattern).
+TEST(MathEx2Sfu, AccuracyOverEveryTableEntry) {
+  double lo[2] = {0, 0}, hi[2] = {0, 0};
+  for (uint32_t F = 0; F < (1u << 23); ++F) {
+    for (int s = 0; s < 2; ++s) {
+      const float x = (s ? -1.0f : 1.0f) * float(F) * 0x1p-23f;
+      const double ref = std::exp2(double(x));
+      const double ulp = std::ldexp(1.0, std::ilogb(ref) - 23);
+      const double e = (double(ls_ex2_sfu(x)) - ref) / ulp;
+      lo[s] = std::min(lo[s], e);
+      hi[s] = std::max(hi[s], e);
+    }
+  }
+  std::printf("[math] ls_ex2_sfu error (ulp): x >= 0 [%.4f, %.4f], x <= 0 [%.4f, %.4f]\n", lo[0],
+              hi[0], lo[1], hi[1]);
+  EXPECT_GE(lo[0], -0.75);
+  EXPECT_LE(hi[0], 1.40);
+  EXPECT_GE(lo[1], -2.06);
+  EXPECT_LE(hi[1], 0.56);
+  // Monotone along each table (the softmax never sees a larger p for a smaller x there).
+  uint32_t prev_p = 0, prev_n = 0xffffffffu;
+  for (uint32_t F = 0; F < (1u << 23); ++F) {
+    const uint32_t p = sfu_bits(float(F) * 0x1p-23f), n = sfu_bits(-float(F) * 0x1p-23f);
+    ASSERT_GE(p, prev_p) << F;
+    ASSERT_LE(n, prev_n) << F;
+    prev_p = p;
+    prev_n = n;
+  }
 }
 
 // Rerun and thread count: the same bits (the functions are pure; this guards against anything
@@ -306,7 +395,8 @@ TEST(MathDeterminism, RerunAndThreadCountGiveSameBits) {
   const int64_t n = 1 << 20;
   std::vector<float> x(static_cast<size_t>(n));
   for (float& v : x) v = f32_from_bits(uint32_t(g()));
-  for (MathFn f : {MathFn(ls_exp2f), MathFn(ls_expf), MathFn(ls_log2f), MathFn(ls_logf)}) {
+  for (MathFn f :
+       {MathFn(ls_exp2f), MathFn(ls_expf), MathFn(ls_log2f), MathFn(ls_logf), MathFn(ls_ex2_sfu)}) {
     auto run = [&](int threads) {
       set_num_threads(threads);
       std::vector<float> y(static_cast<size_t>(n));

@@ -25,8 +25,11 @@ void cpu_eval(int fn, uint32_t start, uint64_t n, float* out) {
           case 2:
             y = lockstep::ls_log2f(x);
             break;
-          default:
+          case 3:
             y = lockstep::ls_logf(x);
+            break;
+          default:
+            y = lockstep::ls_ex2_sfu(x);
             break;
         }
         out[i] = y;
