@@ -104,7 +104,7 @@ LS_HD float neg_inf_f32() { return f32_from_bits(math_detail::kNegInfBits); }
 
 // 2^x. Max error 0.910 ulp (all inputs). 2^-inf = +0, 2^+inf = +inf, NaN -> canonical NaN,
 // overflow -> +inf, results below 2^-126 are subnormals (gradual underflow) or +0.
-// Branch-free: this is the softmax primitive (x = (s - m) * scale * log2 e <= 0).
+// Branch-free. (Attention's softmax used it until contract 0.4; since 0.5 it uses ls_ex2_sfu.)
 LS_HD float ls_exp2f(float x) {
   using namespace math_detail;
   // Clamp (NaN passes both compares): 2^-151 rounds to 0 and 2^129 overflows, as they should.
@@ -116,19 +116,6 @@ LS_HD float ls_exp2f(float x) {
   float r = xc - kf;  // exact, |r| <= 1/2
   float y = scale_pow2(exp2_reduced(r), k);
   return is_nan_bits(f32_bits(x)) ? f32_from_bits(kCanonicalNanF32) : y;
-}
-
-// ls_exp2f(x) for x in [-125, 125], the same bits in fewer operations (the softmax's fast path;
-// callers check the range, NaN excluded): no clamp (k = round(x) is in [-125, 125]), no NaN
-// select, and p * 2^k, which is normal there (p in [0.70, 1.42]), as one add to p's exponent field:
-// bits(p) + k * 2^23 = bits(p) + bits(kt) * 2^23 (mod 2^32), since kRoundMagicBits * 2^23 is
-// 0 mod 2^32. tests/cpu/test_math.cc compares it with ls_exp2f on every float of the range.
-LS_HD float ls_exp2f_normal_range(float x) {
-  using namespace math_detail;
-  float kt = x + kRoundMagic;
-  float kf = kt - kRoundMagic;
-  float r = x - kf;
-  return f32_from_bits(f32_bits(exp2_reduced(r)) + (f32_bits(kt) << 23));
 }
 
 namespace math_detail {

@@ -1,5 +1,5 @@
 // The canonical attention arithmetic on the CPU (docs/contract.md §A A.3-A.4): one
-// 64-key block step (MMA-model scores, scale, max rule, ls_exp2f, bf16 P, halving-tree row sum,
+// 64-key block step (MMA-model scores, scale, max rule, ls_ex2_sfu, bf16 P, halving-tree row sum,
 // MMA-model PV chained from the rescaled accumulator), the chunk merge, the final normalization,
 // and the tile runner. Every (row, head) is computed by one task in this fixed order.
 #include "cpu/attention_engine.h"
@@ -80,7 +80,7 @@ void block_step(const bf16* q, const bf16* kblk, const bf16* vt, int nv, int nk,
   float p[kB];
   bf16 pb[kB];
   for (int j = 0; j < nv; ++j) {
-    p[j] = ls_exp2f(x[j] - m_use);
+    p[j] = ls_ex2_sfu(x[j] - m_use);
     pb[j] = f32_to_bf16(p[j]);
   }
   for (int j = nv; j < kB; ++j) {
@@ -88,7 +88,7 @@ void block_step(const bf16* q, const bf16* kblk, const bf16* vt, int nv, int nk,
     pb[j] = bf16{0};
   }
   const float rowsum = halving_tree64(p);
-  const float alpha = first ? 0.0f : ls_exp2f(m_old - m_use);
+  const float alpha = first ? 0.0f : ls_ex2_sfu(m_old - m_use);
   st[1] = first ? rowsum : alpha * st[1] + rowsum;
   // P·V: per d, the 4 k-blocks of the 64 keys chained from c = alpha·acc[d] (+0 when first).
   // Keys nv .. nk-1 are in vt but masked for this row: a copy with their V = +0 (0·inf is NaN).
@@ -113,7 +113,7 @@ void merge_state(float* run, const float* cur, int64_t D) {
   const float m_a = run[0], m_b = cur[0];
   const float m = max_rule(m_a, m_b);
   const float m_use = m == -INFINITY ? 0.0f : m;
-  const float a = ls_exp2f(m_a - m_use), b = ls_exp2f(m_b - m_use);
+  const float a = ls_ex2_sfu(m_a - m_use), b = ls_ex2_sfu(m_b - m_use);
   run[1] = a * run[1] + b * cur[1];
   for (int64_t d = 0; d < D; ++d) run[2 + d] = a * run[2 + d] + b * cur[2 + d];
   run[0] = m;

@@ -1,6 +1,6 @@
 // CUDA attention kernels (docs/contract.md §A): every (query row, head) is computed in the
 // canonical order of A.4 — 64-key blocks by absolute position, MMA-chain scores over D from +0,
-// x = s ⊗ σ, the max rule, p = ls_exp2f(x ⊖ m_use), P = bf16(p), the halving-tree row sum of the
+// x = s ⊗ σ, the max rule, p = ls_ex2_sfu(x ⊖ m_use), P = bf16(p), the halving-tree row sum of the
 // fp32 p, l = α ⊗ l ⊕ rowsum, per d the PV chain of 4 k-blocks from c = α ⊗ acc, chunk states
 // (kv_chunk keys) merged left to right, out = bf16(acc ⊗ (1 ⊘ l)), lse = (m ⊕ log2 l) ⊗ ln2_f.
 //
@@ -261,8 +261,8 @@ __device__ __forceinline__ void merge_factors(float ma, float la, float mb, floa
                                               float* fb, float* m, float* l) {
   const float mm = max_rule(ma, mb);
   const float mu = mm == kNegInf ? 0.0f : mm;
-  *fa = ls_exp2f(__fsub_rn(ma, mu));
-  *fb = ls_exp2f(__fsub_rn(mb, mu));
+  *fa = ls_ex2_sfu(__fsub_rn(ma, mu));
+  *fb = ls_ex2_sfu(__fsub_rn(mb, mu));
   *l = __fadd_rn(__fmul_rn(*fa, la), __fmul_rn(*fb, lb));
   *m = mm;
 }
@@ -479,7 +479,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_cs_kernel(const AttnParams p
         const float use = mn == kNegInf ? 0.0f : mn;
         const bool act = n[nt][e] > 0;
         mu[nt][e] = use;
-        alpha[nt][e] = act ? ls_exp2f(__fsub_rn(m[nt][e], use)) : 1.0f;
+        alpha[nt][e] = act ? ls_ex2_sfu(__fsub_rn(m[nt][e], use)) : 1.0f;
         mnext[nt][e] = act ? mn : m[nt][e];
       }
       // p (fp32), then the row sums.
@@ -491,7 +491,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_cs_kernel(const AttnParams p
         for (int r = 0; r < 4; ++r) {
           const int key = mt * 16 + (lane >> 2) + 8 * (r >> 1);
           const int e = r & 1;
-          s[mt][nt][r] = key < n[nt][e] ? ls_exp2f(__fsub_rn(s[mt][nt][r], mu[nt][e])) : 0.0f;
+          s[mt][nt][r] = key < n[nt][e] ? ls_ex2_sfu(__fsub_rn(s[mt][nt][r], mu[nt][e])) : 0.0f;
         }
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
@@ -876,14 +876,14 @@ __global__ void __launch_bounds__(kThreads) attn_ks_kernel(const AttnParams p) {
       const float use = mn == kNegInf ? 0.0f : mn;
       const bool act = n[e] > 0;
       mu[e] = use;
-      alpha[e] = act ? ls_exp2f(__fsub_rn(m[e], use)) : 1.0f;
+      alpha[e] = act ? ls_ex2_sfu(__fsub_rn(m[e], use)) : 1.0f;
       mnext[e] = act ? mn : m[e];
     }
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int key = warp * 16 + (lane >> 2) + 8 * (r >> 1);
       const int e = r & 1;
-      const float pv = key < n[e] ? ls_exp2f(__fsub_rn(s[r], mu[e])) : 0.0f;
+      const float pv = key < n[e] ? ls_ex2_sfu(__fsub_rn(s[r], mu[e])) : 0.0f;
       p_s[key * kKsCols + 2 * (lane & 3) + e] = pv;
     }
     __syncthreads();  // (C) p of all 64 keys

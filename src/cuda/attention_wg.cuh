@@ -10,7 +10,7 @@
 // Per block, each consumer warpgroup:
 //   1. S = Q·Kᵀ: 8 wgmma m64n64k16 (A = Q, B = K, both K-major, 128B swizzle), the chain over D
 //      from +0 (scale-d = 0 on the first k-block) — one MMA chain per score (§M).
-//   2. x = s ⊗ σ, the max rule over the valid keys, m_use, p = ls_exp2f(x ⊖ m_use) (masked: +0),
+//   2. x = s ⊗ σ, the max rule over the valid keys, m_use, p = ls_ex2_sfu(x ⊖ m_use) (masked: +0),
 //      the halving-tree row sum in the accumulator layout (A.3), α, l.
 //   3. acc = α ⊗ acc, then 4 wgmma m64n128k16 with P (bf16, RNE) as the register A operand and V
 //      as the MN-major B operand: the PV chain of 4 k-blocks per output (scale-d = 0 on a chunk's
@@ -65,7 +65,6 @@ constexpr int kRunBytes = 2 * 64 * 128 * 4;   // the run state's acc of both war
 constexpr int kSmem = kQBytes + kStages * kStageBytes + kRunBytes + 8 * (2 * kStages + 1) + 1024;
 constexpr float kLn2f = 0x1.62e43p-1f;
 constexpr float kNegInf = -__builtin_huge_valf();
-constexpr float kPosInf = __builtin_huge_valf();
 
 // One CTA's tile: the sequence's first token t0 and length len, the tile's first position r0,
 // the query head.
@@ -125,13 +124,6 @@ __device__ __forceinline__ void v_frag_masked(const uint8_t* v, int kb, int i, i
   b1 &= (k0 + 8 < t ? 0x0000ffffu : 0u) | (k0 + 9 < t ? 0xffff0000u : 0u);
 }
 
-// min with NaN propagation (PTX min.NaN): a NaN among the inputs gives NaN.
-__device__ __forceinline__ float min_nan(float a, float b) {
-  float r;
-  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-}
-
 // A.4 steps 1-5 for one block of a warpgroup's scores s[4n + 2h + e] (row rw + 8h, key
 // 8n + 2tq + e of the block): x = s ⊗ σ, the block max over the valid keys, m_use, s <- p
 // (masked: +0), α, l. DIAG: row r keeps keys 0 .. r (the warpgroup's diagonal block); else every
@@ -139,15 +131,12 @@ __device__ __forceinline__ float min_nan(float a, float b) {
 // Same bits as the contract's steps, in fewer instructions:
 // - the max rule's chain (max_rule per key: the larger, -0 made +0) is the plain maximum of the
 //   non-NaN values with a zero made +0 once at the end (fmaxf ignores NaN as `b > a` does);
-// - when every valid x ⊖ m_use of the thread's rows lies in [-125, 0] (the smallest x decides:
-//   ⊖ is monotone; a NaN fails the test), p = ls_exp2f_normal_range (ls_exp2f's bits there),
-//   else ls_exp2f. The NaN select of ls_exp2f is moot there anyway (only the MMA, FADD and the
-//   bf16 conversion read p, and each returns its own NaN).
+// - p = ls_ex2_sfu, one MUFU.EX2 (contract 0.5).
 template <bool DIAG>
 __device__ __forceinline__ void softmax_step(float (&s)[32], float scale, bool first, int rw,
                                              int tq, float (&m)[2], float (&l)[2],
                                              float (&alpha)[2]) {
-  float pm[2] = {kNegInf, kNegInf}, lo[2] = {kPosInf, kPosInf};
+  float pm[2] = {kNegInf, kNegInf};
 #pragma unroll
   for (int n = 0; n < 8; ++n)
 #pragma unroll
@@ -158,10 +147,8 @@ __device__ __forceinline__ void softmax_step(float (&s)[32], float scale, bool f
         x = __fmul_rn(x, scale);
         const bool valid = !DIAG || 8 * n + 2 * tq + e <= rw + 8 * h;
         pm[h] = fmaxf(pm[h], valid ? x : kNegInf);
-        lo[h] = min_nan(lo[h], valid ? x : kPosInf);
       }
   float use[2];
-  bool fast = true;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     pm[h] = pm[h] == 0.0f ? 0.0f : pm[h];
@@ -170,27 +157,19 @@ __device__ __forceinline__ void softmax_step(float (&s)[32], float scale, bool f
     const float mprev = first ? kNegInf : m[h];
     const float mn = max_rule(mprev, pm[h]);
     use[h] = mn == kNegInf ? 0.0f : mn;
-    alpha[h] = ls_exp2f(__fsub_rn(mprev, use[h]));
+    alpha[h] = ls_ex2_sfu(__fsub_rn(mprev, use[h]));
     m[h] = mn;
-    fast = fast && __fsub_rn(lo[h], use[h]) >= -125.0f;
   }
-  auto exps = [&](auto exp2) {
 #pragma unroll
-    for (int n = 0; n < 8; ++n)
+  for (int n = 0; n < 8; ++n)
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+    for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& x = s[4 * n + 2 * h + e];
-          const float pv = exp2(__fsub_rn(x, use[h]));
-          x = (!DIAG || 8 * n + 2 * tq + e <= rw + 8 * h) ? pv : 0.0f;
-        }
-  };
-  if (fast) {
-    exps([](float d) { return ls_exp2f_normal_range(d); });
-  } else {
-    exps([](float d) { return ls_exp2f(d); });
-  }
+      for (int e = 0; e < 2; ++e) {
+        float& x = s[4 * n + 2 * h + e];
+        const float pv = ls_ex2_sfu(__fsub_rn(x, use[h]));
+        x = (!DIAG || 8 * n + 2 * tq + e <= rw + 8 * h) ? pv : 0.0f;
+      }
   // Row sums: the halving tree over key column c = 8n + 2tq + e (A.3): levels 32, 16, 8 over n
   // in the thread, 4 and 2 across the quad (xor 2, xor 1), 1 over e.
 #pragma unroll
@@ -407,8 +386,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int h = 0; h < 2; ++h) {
         const float mm = max_rule(m_s[h], m[h]);
         const float mu = mm == kNegInf ? 0.0f : mm;
-        fa[h] = ls_exp2f(__fsub_rn(m_s[h], mu));
-        fb[h] = ls_exp2f(__fsub_rn(m[h], mu));
+        fa[h] = ls_ex2_sfu(__fsub_rn(m_s[h], mu));
+        fb[h] = ls_ex2_sfu(__fsub_rn(m[h], mu));
         l_s[h] = __fadd_rn(__fmul_rn(fa[h], l_s[h]), __fmul_rn(fb[h], l[h]));
         m_s[h] = mm;
       }

@@ -238,13 +238,13 @@ void spec_row(const bf16* q, const std::vector<const bf16*>& krow,
       const float m_new = mx(m, mb);
       const float m_use = m_new == -INFINITY ? 0.0f : m_new;
       for (int j = 0; j < 64; ++j) {
-        p[j] = j0 + j < n ? ls_exp2f(x[j] - m_use) : 0.0f;
+        p[j] = j0 + j < n ? ls_ex2_sfu(x[j] - m_use) : 0.0f;
         pb[j] = f32_to_bf16(p[j]);
       }
       for (int w = 32; w >= 1; w /= 2) {
         for (int i = 0; i < w; ++i) p[i] = p[i] + p[i + w];
       }
-      const float alpha = ls_exp2f(m - m_use);  // exp2(-inf) = 0 on the first block
+      const float alpha = ls_ex2_sfu(m - m_use);  // exp2(-inf) = 0 on the first block
       l = alpha * l + p[0];
       for (int64_t dd = 0; dd < D; ++dd) {
         float cc = alpha * acc[size_t(dd)];
@@ -267,7 +267,7 @@ void spec_row(const bf16* q, const std::vector<const bf16*>& krow,
     } else {
       const float Mn = mx(M, m);
       const float Mu = Mn == -INFINITY ? 0.0f : Mn;
-      const float a = ls_exp2f(M - Mu), b = ls_exp2f(m - Mu);
+      const float a = ls_ex2_sfu(M - Mu), b = ls_ex2_sfu(m - Mu);
       L = a * L + b * l;
       for (int64_t dd = 0; dd < D; ++dd)
         ACC[size_t(dd)] = a * ACC[size_t(dd)] + b * acc[size_t(dd)];

@@ -184,7 +184,7 @@ Grads literal_backward(const Dims& dm, int64_t L, const bf16* q, const bf16* k, 
       const float lambda = lse[i * Hq + h] * log2e_f;
       for (int64_t j = 0; j <= i; ++j) {
         const float x = mma_chain_bf16(Q(i, h), K(j, g), D, 0.0f) * sigma;
-        const float P = ls_exp2f(x - lambda);
+        const float P = ls_ex2_sfu(x - lambda);
         const float dP = mma_chain_bf16(DO(i, h), V(j, g), D, 0.0f);
         const float dS = P * (dP - delta);
         Pb[size_t((h * L + i) * L + j)] = f32_to_bf16(P);

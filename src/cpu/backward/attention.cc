@@ -171,7 +171,7 @@ void run_task(const Problem& pr, const std::vector<Part>& parts, int64_t g, Scra
           mma_chain_rows_bf16(pr.dout.at(t, h), ps.vblk.data(), D, nv, D, nullptr, dp);
           const float lam = ps.lambda[size_t(ri)], del = ps.delta[size_t(ri)];
           for (int64_t jj = 0; jj < nv; ++jj) {
-            const float pv = ls_exp2f(x[jj] - lam);
+            const float pv = ls_ex2_sfu(x[jj] - lam);
             const float ds = pv * (dp[jj] - del);
             sc.pt[size_t(jj * R + r)] = f32_to_bf16(pv);
             dsrow[jj] = f32_to_bf16(ds);

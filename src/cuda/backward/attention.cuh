@@ -55,23 +55,10 @@ using detail::cp_async_commit;
 using detail::cp_async_wait;
 using detail::mma_16816;
 
-// ls_exp2f (src/core/math.h) step for step, the same bits for every input: only the clamps are
-// fmaxf / fminf (one instruction each), which turn a NaN x into a number, but a NaN x returns
-// the canonical NaN at the end either way.
-__device__ __forceinline__ float exp2_bits(float x) {
-  using namespace math_detail;
-  const float xc = fminf(fmaxf(x, -151.0f), 129.0f);
-  const float kt = __fadd_rn(xc, kRoundMagic);
-  const float kf = __fsub_rn(kt, kRoundMagic);
-  const int32_t k = int32_t(__float_as_uint(kt) - kRoundMagicBits);
-  const float r = __fsub_rn(xc, kf);
-  const float y = scale_pow2(exp2_reduced(r), k);
-  return x != x ? __uint_as_float(kCanonicalNanF32) : y;
-}
 // P = exp2(s ⊗ σ ⊖ λ), dS = P ⊗ (dP ⊖ δ): the unmasked entry of §B.9.
 __device__ __forceinline__ void p_ds(float s, float dpv, float sigma, float lam, float del,
                                      float& pv, float& dsv) {
-  pv = exp2_bits(__fsub_rn(__fmul_rn(s, sigma), lam));
+  pv = ls_ex2_sfu(__fsub_rn(__fmul_rn(s, sigma), lam));
   dsv = __fmul_rn(pv, __fsub_rn(dpv, del));
 }
 // Four bf16 pairs of an m16 × n16 accumulator tile (c[n][r]) as an A fragment.

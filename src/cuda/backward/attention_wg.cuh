@@ -12,7 +12,7 @@
 // rows start at kc: §B.9's 64·⌊j/64⌋), each warpgroup:
 //   1. Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: 8 wgmma m64n64k16 each (keys × rows; A = K / V, B = Q / dO, all
 //      K-major), chains over D from +0 (scale-d = 0 on k-block 0): the score bits of §A.4 step 1.
-//   2. P = exp2(s ⊗ σ ⊖ λ) (exp2_mma: exp2_bits's bits), Pb = bf16 (masked: +0); dV += Pbᵀ·dO:
+//   2. P = ls_ex2_sfu(s ⊗ σ ⊖ λ), Pb = bf16 (masked: +0); dV += Pbᵀ·dO:
 //      4 wgmma m64n128k16 with Pb as the register A operand (the accumulator layout of step 1 is
 //      the A layout) and dO as the MN-major B operand — the tile's 16-row k-blocks ascending,
 //      issued before step 3 (the tensor cores run it during step 3).
@@ -174,37 +174,10 @@ __device__ __forceinline__ void pack_frags(uint32_t (&a)[4][4], const float (&c)
     for (int j = 0; j < 4; ++j) a[kb][j] = pack_bf16_rn(c[8 * kb + 2 * j], c[8 * kb + 2 * j + 1]);
 }
 
-// exp2_bits(x) for every non-NaN x (the same steps, ls_exp2f's bits); a NaN x gives a NaN of any
-// payload instead of the canonical one: the clamps propagate it (max.NaN / min.NaN), which saves
-// exp2_bits's final test and select. Enough here: P and dS only feed MMAs, and §M.1 makes any NaN
-// operand 0x7fffffff (the stored outputs are canonicalized), while finite bits are untouched.
-__device__ __forceinline__ float exp2_mma(float x) {
-  using namespace math_detail;
-  float xc;
-  asm("max.NaN.f32 %0, %1, 0fC3170000;\n" : "=f"(xc) : "f"(x));  // -151
-  asm("min.NaN.f32 %0, %0, 0f43010000;\n" : "+f"(xc));           // 129
-  const float kt = __fadd_rn(xc, kRoundMagic);
-  const float kf = __fsub_rn(kt, kRoundMagic);
-  const int32_t k = int32_t(__float_as_uint(kt) - kRoundMagicBits);
-  const float r = __fsub_rn(xc, kf);
-  return scale_pow2(exp2_reduced(r), k);
-}
-
-// x <- exp2_mma(x) for a thread's 32 entries of a tile. When every |x| ≤ 125 (the usual case:
-// x = s ⊗ σ ⊖ λ ≤ ~0 for the real entries) ls_exp2f_normal_range gives the same bits in ~11
-// instead of ~19 instructions (tests/cpu/test_math.cc checks every float of the range); a NaN or
-// a larger |x| anywhere in the tile takes exp2_mma for all 32.
+// x <- 2^x (ls_ex2_sfu: one MUFU.EX2 each, contract 0.5) for a thread's 32 entries of a tile.
 __device__ __forceinline__ void exp2_tile(float (&x)[32]) {
-  float hi = 0.0f;
 #pragma unroll
-  for (int i = 0; i < 32; ++i) asm("max.NaN.f32 %0, %0, %1;\n" : "+f"(hi) : "f"(fabsf(x[i])));
-  if (hi <= 125.0f) {
-#pragma unroll
-    for (int i = 0; i < 32; ++i) x[i] = ls_exp2f_normal_range(x[i]);
-  } else {
-#pragma unroll
-    for (int i = 0; i < 32; ++i) x[i] = exp2_mma(x[i]);
-  }
+  for (int i = 0; i < 32; ++i) x[i] = ls_ex2_sfu(x[i]);
 }
 
 // ------------------------------------------------------------------------------------------------
