@@ -161,7 +161,7 @@ __device__ __forceinline__ void softmax_step(float (&s)[32], float scale, bool f
     m[h] = mn;
   }
 #pragma unroll
-  for (int n = 0; n < 8; ++n)
+  for (int n = 0; n < 8; ++n) {
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -170,6 +170,7 @@ __device__ __forceinline__ void softmax_step(float (&s)[32], float scale, bool f
         const float pv = ls_ex2_sfu(__fsub_rn(x, use[h]));
         x = (!DIAG || 8 * n + 2 * tq + e <= rw + 8 * h) ? pv : 0.0f;
       }
+  }
   // Row sums: the halving tree over key column c = 8n + 2tq + e (A.3): levels 32, 16, 8 over n
   // in the thread, 4 and 2 across the quad (xor 2, xor 1), 1 over e.
 #pragma unroll

@@ -1,8 +1,8 @@
 // Causal GQA attention (bf16 q/k/v, bf16 output, fp32 LSE) in ONE canonical order fixed by absolute
-// key positions: scores by the MMA model, 64-key blocks with an online softmax (ls_ex2_sfu, the SFU's exp2), blocks
-// folded inside kv_chunk-key chunks, chunk states merged left to right by one formula. Packed
-// prefill, paged decode, chunked prefill, split-KV and prefix-shared (cascade) attention therefore
-// give identical bits for a (sequence, position, head). Normative text:
+// key positions: scores by the MMA model, 64-key blocks with an online softmax (ls_ex2_sfu, the
+// SFU's exp2), blocks folded inside kv_chunk-key chunks, chunk states merged left to right by one
+// formula. Packed prefill, paged decode, chunked prefill, split-KV and prefix-shared (cascade)
+// attention therefore give identical bits for a (sequence, position, head). Normative text:
 // docs/contract.md §A.
 #pragma once
 
