@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Packs the SFU exp2 tables that dev/ex2/probe_ex2.cu (x >= 0) and probe_ex2_neg.cu (x <= 0)
-read off the GPU into src/core/ex2_sfu_tables.tar.xz (contract §P.6).
+"""Packs the SFU exp2 tables that dev/ex2/probe_ex2.cu read off the GPU into
+src/core/ex2_sfu_tables.tar.xz (contract §P.11).
 
 Input: g_delta.bin and gn_delta.bin, 2^23 int8 each: the differences of consecutive bit patterns
 of T+[F] = ex2.approx.ftz.f32(F * 2^-23) and T-[F] = ex2.approx.ftz.f32(-F * 2^-23), T±[0] = 1.0.
@@ -8,7 +8,7 @@ Output (one member, ex2_sfu_tables.bin, 4 MiB, little-endian uint64): for T+ the
 planes of the steps |bits(T[F]) - bits(T[F - 1])| (each 0..3; entry 0's step is 0): plane 0 holds
 bit 0 of the steps, plane 1 bit 1; word w of a plane holds the steps of F = 64w .. 64w + 63, F's
 at bit F mod 64. Prints the SHA-256 of the member (CMakeLists.txt checks it).
-  python3 dev/ex2/make_tables.py POS_DIR NEG_DIR src/core/ex2_sfu_tables.tar.xz
+  python3 dev/ex2/make_tables.py OUTDIR OUTDIR src/core/ex2_sfu_tables.tar.xz   (the probe's OUTDIR)
 """
 import hashlib
 import io

@@ -1,6 +1,6 @@
-// The host side of ls_ex2_sfu (contract §P.6): 2^x exactly as Hopper's SFU computes it
+// The host side of ls_ex2_sfu (contract §P.11): 2^x exactly as Hopper's SFU computes it
 // (MUFU.EX2, PTX ex2.approx.ftz.f32), from the two 2^23-entry tables the GPU produced
-// (dev/ex2/probe_ex2*.cu; src/core/ex2_sfu_tables.tar.xz, unpacked and checked by CMake).
+// (dev/ex2/probe_ex2.cu; src/core/ex2_sfu_tables.tar.xz, unpacked and checked by CMake).
 #include <bit>
 #include <cstdint>
 #include <memory>
@@ -13,7 +13,7 @@
 #endif
 
 // The planes: T+ plane 0, T+ plane 1, T- plane 0, T- plane 1, 2^17 words each (see the tables'
-// layout in dev/ex2/make_tables.py and contract §P.6).
+// layout in dev/ex2/make_tables.py and contract §P.11).
 asm(".section .rodata.lockstep_ex2_sfu,\"a\",@progbits\n"
     ".balign 64\n"
     ".globl lockstep_ex2_sfu_planes\n"
