@@ -286,7 +286,7 @@ TEST(MathDeterminism, KnownAnswerHashes) {
       << std::hex << known_answer_hash(ls_ex2_sfu);
 }
 
-// ls_ex2_sfu (§P.6): the SFU's exp2, reproduced from the tables read off the GPU. Its bits on the
+// ls_ex2_sfu (§P.11): the SFU's exp2, reproduced from the tables read off the GPU. Its bits on the
 // GPU are checked over all 2^32 inputs by tests/cuda/test_math_parity; here: values the GPU
 // printed, the fixed-point structure, special values and the accuracy over every table entry.
 uint32_t sfu_bits(float x) { return f32_bits(ls_ex2_sfu(x)); }

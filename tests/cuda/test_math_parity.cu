@@ -28,7 +28,7 @@ __device__ float eval(int fn, float x) {
     case 3:
       return lockstep::ls_logf(x);
     default:
-      return lockstep::ls_ex2_sfu(x);  // the SFU's instruction vs the host's tables (§P.6)
+      return lockstep::ls_ex2_sfu(x);  // the SFU's instruction vs the host's tables (§P.11)
   }
 }
 
