@@ -31,6 +31,9 @@ extern "C" const uint64_t lockstep_ex2_sfu_planes_end[];
 namespace lockstep::math_detail {
 namespace {
 
+static_assert(std::endian::native == std::endian::little,
+              "the embedded tables are little-endian 64-bit words");
+
 constexpr uint32_t kWords = 1u << 17;  // 64 entries per word
 
 // The steps of table t (0: T+, 1: T-) from entry 64w + 1 up to 64w + r (r in 0 .. 63).
