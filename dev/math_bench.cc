@@ -1,5 +1,6 @@
 // Quick ns/call loop for src/core/math.h (dev tool; numbers go into docs/perf.md, not tests).
-//   g++ -O3 -std=c++20 -march=native -ffp-contract=off -Iinclude -Isrc dev/math_bench.cc -o /tmp/math_bench
+//   g++ -O3 -std=c++20 -march=native -ffp-contract=off -Iinclude -Isrc dev/math_bench.cc \
+//     build/liblockstep_core.a -lpthread -o /tmp/math_bench
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -28,6 +29,7 @@ int main() {
   for (size_t i = 0; i < n; ++i) { neg[i] = dn(g); any[i] = da(g); pos[i] = dp(g); }
   bench("ls_exp2f  x in [-30,0]", neg, [](float v) { return ls_exp2f(v); });
   bench("std exp2f x in [-30,0]", neg, [](float v) { return exp2f(v); });
+  bench("ls_ex2_sfu x in [-30,0]", neg, [](float v) { return ls_ex2_sfu(v); });
   bench("ls_expf   x in [-80,80]", any, [](float v) { return ls_expf(v); });
   bench("std expf  x in [-80,80]", any, [](float v) { return expf(v); });
   bench("ls_log2f  x in [1e-6,1e6]", pos, [](float v) { return ls_log2f(v); });

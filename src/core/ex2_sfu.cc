@@ -36,11 +36,10 @@ static_assert(std::endian::native == std::endian::little,
 
 constexpr uint32_t kWords = 1u << 17;  // 64 entries per word
 
-// The steps of table t (0: T+, 1: T-) from entry 64w + 1 up to 64w + r (r in 0 .. 63).
-uint32_t steps(int t, uint32_t w, uint32_t r) {
-  const uint64_t* p0 = lockstep_ex2_sfu_planes + size_t(2 * t) * kWords;
-  const uint64_t* p1 = p0 + kWords;
-  const uint64_t mask = r == 0 ? 0 : (~uint64_t{0} >> (64 - r)) << 1;
+// The sum of table t's (0: T+, 1: T-) steps in word w at the bits of mask.
+uint32_t step_sum(int t, uint32_t w, uint64_t mask) {
+  const uint64_t* p0 = lockstep_ex2_sfu_planes + size_t(2 * t) * kWords;  // bit 0 of the steps
+  const uint64_t* p1 = p0 + kWords;                                       // bit 1
   return uint32_t(std::popcount(p0[w] & mask) + 2 * std::popcount(p1[w] & mask));
 }
 
@@ -53,14 +52,12 @@ struct Bases {
     LS_CHECK(bytes == 4 * size_t(kWords) * sizeof(uint64_t), "ls_ex2_sfu", "tables of ", bytes,
              " bytes embedded, expected 4 MiB (src/core/ex2_sfu_tables.tar.xz)");
     for (int t = 0; t < 2; ++t) {
-      const uint64_t* p0 = lockstep_ex2_sfu_planes + size_t(2 * t) * kWords;
-      const uint64_t* p1 = p0 + kWords;
       uint32_t b = 0x3f800000u;
       for (uint32_t w = 0; w < kWords; ++w) {
-        const uint32_t first = uint32_t((p0[w] & 1u) + 2 * (p1[w] & 1u));  // the step into 64w
-        b = t == 0 ? b + first : b - first;
+        const uint32_t into = step_sum(t, w, 1u);            // the step into entry 64w
+        const uint32_t rest = step_sum(t, w, ~uint64_t{1});  // 64w + 1 .. 64w + 63
+        b = t == 0 ? b + into : b - into;
         base[t][w] = b;
-        const uint32_t rest = steps(t, w, 63);
         b = t == 0 ? b + rest : b - rest;
       }
     }
@@ -85,8 +82,10 @@ float ex2_sfu_host(float x) {
   const uint32_t X = e >= 0 ? m << e : (e > -24 ? m >> -e : 0u);
   const uint32_t i = X >> 23, f = X & 0x7fffffu;
   const int t = neg ? 1 : 0;
-  const uint32_t s = steps(t, f >> 6, f & 63u);
-  const uint32_t tb = neg ? bases().base[1][f >> 6] - s : bases().base[0][f >> 6] + s;
+  const uint32_t r = f & 63u;  // the steps of entries 64w + 1 .. 64w + r
+  const uint32_t s = step_sum(t, f >> 6, r == 0 ? 0 : (~uint64_t{0} >> (64 - r)) << 1);
+  const uint32_t base = bases().base[t][f >> 6];
+  const uint32_t tb = neg ? base - s : base + s;
   if (!neg) return f32_from_bits(tb + (i << 23));  // T+ in [1, 2): exponent 127 + i <= 254
   return (tb >> 23) > i ? f32_from_bits(tb - (i << 23)) : 0.0f;  // below 2^-126: +0 (ftz)
 }
