@@ -6,17 +6,19 @@
 // also forward and backward alone. Memory: the stream-ordered pool's high-water mark of used
 // bytes (cudaMemPoolAttrUsedMemHigh, reset before the calls) = the ops' scratch, plus dh ([T, H]
 // f32) and the [T] vectors: "extra beyond the lm_head's fp32 gradient" (inputs h, W excluded), and
-// cudaMemGetInfo before / after. Then: a rerun gives the same dh and dw bits, and the other dh
-// path (LogprobBwdPath: gemm_bf16_dw on Gᵀ vs gemm_bf16_nt on a re-laid-out Wᵀ) gives the same
-// bits (both compared on the device, word by word); first, a self-check of the chunk plan on a
-// small packed micro-batch (forced small chunks / slices / hidden slices: the same bits). Writes a
-// JSON summary (--json PATH) that bench/cuda/logprob_bwd_peers.py prints next to the peers'
-// numbers:
+// cudaMemGetInfo before / after. Then: a rerun gives the same dh and dw bits, and each other dh
+// path (LogprobBwdPath: gemm_bf16_dw on Gᵀ, gemm_bf16_nt on a re-laid-out Wᵀ,
+// gemm_bf16_nn_accumulate on G in place) gives the same bits (compared on the device, word by word)
+// and is timed alone; first, a self-check of the chunk plan on a small packed micro-batch (forced
+// small chunks / slices / hidden slices / each path: the same bits). Writes a JSON summary (--json
+// PATH) that bench/cuda/logprob_bwd_peers.py prints next to the peers' numbers:
 //   ./build-gpu/bench_logprob_bwd --json /tmp/lpb.json && python3 bench/cuda/logprob_bwd_peers.py \
 //       --ours /tmp/lpb.json
 // Options: T H V (positional), --vseg S (vocab_segments, default 1 = the contract default),
 // --gseg S (gemm_segments), --tile L (vocab_tile), --seq-len N, --ent, --reps N, --no-other-path,
-// --self-check-only (the plan self-check alone: seconds; exit status 0 iff identical).
+// --path auto|dw|wt|dx (the dh path of the timed calls; default auto = the library's choice),
+// --self-check-only (the plan self-check alone: seconds; exit status 0 iff identical), --once (one
+// forward + backward call and nothing else, for a profiler: `ncu --clock-control none ...`).
 // NOTE: the default pool's release threshold is raised so freed scratch stays reserved between
 // calls (as PyTorch's caching allocator keeps its blocks); the first, cold call is timed apart.
 #include <cuda_runtime.h>
@@ -131,7 +133,8 @@ double time_ms(int reps, const std::function<void()>& before, const std::functio
 // Self-check of the chunk plan on a small packed micro-batch (sequences in shuffled rows with
 // padding rows between them, seg_len 8 mod 16, gemm_segments 2): the automatic plan, forced small
 // chunks and slices (several chunks, gathered rows, several slices per segment, narrow logits
-// blocks), and the W^T path with hidden slices give the same dh and dw bits. Returns true if so.
+// blocks), the W^T path with hidden slices and the nn-accumulate path give the same dh and dw bits.
+// Returns true if so.
 bool plan_self_check() {
   const int64_t H = 72, V = 5000;
   ContractConfig cfg;
@@ -186,12 +189,17 @@ bool plan_self_check() {
   wt.slice = seg_pad;
   wt.zcols = 136;
   wt.hc = 17;
-  const LogprobBwdPlan* plans[3] = {nullptr, &tiny, &wt};
-  const char* names[3] = {"automatic plan", "forced rows 32, slice 48, logits 40 columns",
-                          "W^T path, rows 48, hidden slices of 17"};
+  LogprobBwdPlan dx = tiny;
+  dx.path = LogprobBwdPath::kDxForm;
+  dx.rows = 48;
+  dx.slice = 80;
+  const LogprobBwdPlan* plans[4] = {nullptr, &tiny, &wt, &dx};
+  const char* names[4] = {"automatic plan", "forced rows 32, slice 48, logits 40 columns",
+                          "W^T path, rows 48, hidden slices of 17",
+                          "G in place (nn accumulate), rows 48, slice 80, logits 40 columns"};
   std::vector<float> ref_dh, ref_dw;
   bool ok = true;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < 4; ++i) {
     CK(cudaMemset(dh, 0xA5, size_t(T * H) * 4));
     fill_f32_kernel<<<256, 256>>>(dw, V * H, 15, 0.1f);  // a nonzero incoming dw
     cuda::detail::linear_logprob_backward_with_path(
@@ -229,9 +237,9 @@ bool plan_self_check() {
 int main(int argc, char** argv) {
   int64_t T = 8192, H = 4096, V = 151936, seq_len = 0;
   int reps = 3;
-  bool ent = false, other_path = true, self_check_only = false;
+  bool ent = false, other_path = true, self_check_only = false, once = false;
   ContractConfig cfg;  // defaults: gemm_segments 1, vocab_tile 256, vocab_segments 1
-  std::string json;
+  std::string json, path_arg = "auto";
   std::vector<int64_t> pos;
   for (int i = 1; i < argc; ++i) {
     auto next = [&] { return i + 1 < argc ? std::atoll(argv[++i]) : 0; };
@@ -253,6 +261,10 @@ int main(int argc, char** argv) {
       other_path = false;
     } else if (std::strcmp(argv[i], "--self-check-only") == 0) {
       self_check_only = true;
+    } else if (std::strcmp(argv[i], "--once") == 0) {
+      once = true;
+    } else if (std::strcmp(argv[i], "--path") == 0 && i + 1 < argc) {
+      path_arg = argv[++i];
     } else {
       pos.push_back(std::atoll(argv[i]));
     }
@@ -283,7 +295,7 @@ int main(int argc, char** argv) {
                                           .c_str());
   }
 
-  const bool self_ok = plan_self_check();
+  const bool self_ok = once || plan_self_check();
   if (self_check_only) return self_ok ? 0 : 1;
   cudaMemPool_t pool;
   CK(cudaDeviceGetDefaultMemPool(&pool, 0));
@@ -318,7 +330,17 @@ int main(int argc, char** argv) {
   const TensorView vdw = TensorView::contiguous(dw, DType::kF32, {V, H}, Device::kCUDA);
   const LogprobParams prm{1.0f};
 
-  LogprobBwdPath path = LogprobBwdPath::kAuto, ran = LogprobBwdPath::kAuto;
+  LogprobBwdPath ran = LogprobBwdPath::kAuto;
+  const LogprobBwdPath main_path = path_arg == "dx"   ? LogprobBwdPath::kDxForm
+                                   : path_arg == "dw" ? LogprobBwdPath::kDwForm
+                                   : path_arg == "wt" ? LogprobBwdPath::kWtGemm
+                                                      : LogprobBwdPath::kAuto;
+  if (main_path == LogprobBwdPath::kAuto && path_arg != "auto") {
+    std::fprintf(stderr, "bench_logprob_bwd: --path takes auto, dx, dw or wt, got '%s'\n",
+                 path_arg.c_str());
+    return 2;
+  }
+  LogprobBwdPath path = main_path;
   auto fwd = [&] { cuda::linear_logprob(vh, vw, vt, prm, cfg, lp, ls, en); };
   auto bwd = [&] {
     ran = cuda::detail::linear_logprob_backward_with_path(
@@ -331,6 +353,13 @@ int main(int argc, char** argv) {
   auto zero_dw = [&] { CK(cudaMemsetAsync(dw, 0, size_t(V * H) * 4)); };
   auto nothing = [] {};
 
+  if (once) {  // one forward and one backward call, nothing else: for a profiler (ncu)
+    zero_dw();
+    both();
+    CK(cudaDeviceSynchronize());
+    std::printf("--once: one forward + backward call ran\n");
+    return 0;
+  }
   size_t free0 = 0, total = 0;
   CK(cudaMemGetInfo(&free0, &total));
   uint64_t zero = 0;
@@ -364,24 +393,41 @@ int main(int argc, char** argv) {
   std::printf("rerun: dh %s (%llu words differ), dw %s (%llu words differ)\n",
               rerun_dh ? "DIFFERS" : "identical", rerun_dh, rerun_dw ? "DIFFERS" : "identical",
               rerun_dw);
-  double other_ms = 0;
-  uint64_t other_used = 0;
-  unsigned long long other_dh = 0, other_dw = 0;
-  if (other_path) {
-    path = LogprobBwdPath::kWtGemm;
+  // The other dh paths (each of dw / wt / dx that is not the timed one): the same bits, and
+  // their backward's time.
+  struct Other {
+    LogprobBwdPath path;
+    double ms = 0;
+    uint64_t used = 0;
+    unsigned long long dh = 0, dw = 0;
+  };
+  std::vector<Other> others;
+  const LogprobBwdPath timed = ran;
+  for (LogprobBwdPath p :
+       {LogprobBwdPath::kDwForm, LogprobBwdPath::kWtGemm, LogprobBwdPath::kDxForm}) {
+    if (!other_path || p == timed) continue;
+    Other o{p};
+    path = p;
     CK(cudaMemset(dh, 0xA5, size_t(T * H) * 4));
     zero_dw();
     bwd();  // warm, and the outputs compared below
     CK(cudaDeviceSynchronize());
-    other_dh = count_diff(dh, dh2, T * H * 4);
-    other_dw = count_diff(dw, dw2, V * H * 4);
+    o.dh = count_diff(dh, dh2, T * H * 4);
+    o.dw = count_diff(dw, dw2, V * H * 4);
     CK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
-    other_ms = time_ms(reps, zero_dw, bwd);
-    CK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &other_used));
+    o.ms = time_ms(reps, zero_dw, bwd);
+    CK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &o.used));
     std::printf("other path (%s): dh %s (%llu words differ), dw %s (%llu words differ)\n",
-                cuda::detail::logprob_bwd_path_name(ran), other_dh ? "DIFFERS" : "identical",
-                other_dh, other_dw ? "DIFFERS" : "identical", other_dw);
-    path = LogprobBwdPath::kAuto;
+                cuda::detail::logprob_bwd_path_name(ran), o.dh ? "DIFFERS" : "identical", o.dh,
+                o.dw ? "DIFFERS" : "identical", o.dw);
+    others.push_back(o);
+  }
+  path = main_path;
+  bool others_same = true;
+  double other_ms = 0;
+  for (const Other& o : others) {
+    others_same = others_same && o.dh == 0 && o.dw == 0;
+    if (o.path == LogprobBwdPath::kWtGemm) other_ms = o.ms;
   }
 
   const double mib = 1.0 / double(1 << 20);
@@ -397,11 +443,10 @@ int main(int argc, char** argv) {
               4 * flop / cold * 1e-9);
   std::printf("| lockstep forward alone | %.2f | %.1f | |\n", fwd_ms, flop / fwd_ms * 1e-9);
   std::printf("| lockstep backward alone | %.2f | %.1f | |\n", bwd_ms, 3 * flop / bwd_ms * 1e-9);
-  if (other_path)
-    std::printf(
-        "| lockstep backward alone, other dh path (W^T + gemm_bf16_nt) | %.2f | %.1f | "
-        "%.1f |\n",
-        other_ms, 3 * flop / other_ms * 1e-9, double(other_used) * mib);
+  for (const Other& o : others)
+    std::printf("| lockstep backward alone, other dh path (%s) | %.2f | %.1f | %.1f |\n",
+                cuda::detail::logprob_bwd_path_name(o.path), o.ms, 3 * flop / o.ms * 1e-9,
+                double(o.used) * mib);
   std::printf(
       "memory beyond the lm_head's fp32 gradient (%.1f MiB) and the inputs h, W: scratch "
       "%.1f + dh (f32) %.1f + [T] vectors %.2f = %.1f MiB = %.3f GiB (target <= 0.5 GiB: "
@@ -409,7 +454,7 @@ int main(int argc, char** argv) {
       double(V * H * 4) * mib, double(used_high) * mib, dh_mib, vec_mib, extra_mib,
       extra_mib / 1024.0, extra_mib <= 512.0 ? "met" : "NOT met", double(reserved_high) * mib,
       double(free0) * mib, double(free1) * mib);
-  const bool ok = self_ok && rerun_dh == 0 && rerun_dw == 0 && other_dh == 0 && other_dw == 0;
+  const bool ok = self_ok && rerun_dh == 0 && rerun_dw == 0 && others_same;
   if (!json.empty()) {
     FILE* f = std::fopen(json.c_str(), "w");
     if (f) {
@@ -421,7 +466,7 @@ int main(int argc, char** argv) {
                    (long long)T, (long long)H, (long long)V, cfg.vocab_segments, ms, cold, fwd_ms,
                    bwd_ms, other_ms, double(used_high) * mib, extra_mib,
                    rerun_dh == 0 && rerun_dw == 0 ? "true" : "false",
-                   other_dh == 0 && other_dw == 0 ? "true" : "false");
+                   others_same ? "true" : "false");
       std::fclose(f);
     }
   }

@@ -13,6 +13,8 @@
 //     its values); dy and x hold ±0, subnormals and rare inf / NaN.
 //   nn (dX, w read in place): detail::gemm_bf16_nn / _partial with each legal plan vs
 //     cpu::gemm_bf16_dx / _partial, S = 1, 2, 4, 8, dx f32 and bf16, strided w rows.
+//   nn accumulate (the log-prob backward's dh): detail::gemm_bf16_nn_accumulate on the gathered
+//     dy transposed (K-major) with each legal plan vs cpu::gemm_bf16_dw (the same chain).
 // Fresh seed each run (printed; pass a number to repeat one). --quick: small sizes.
 #include <cuda_runtime.h>
 
@@ -26,7 +28,7 @@
 #include <vector>
 
 #include "cuda/cuda_ck.h"
-#include "cuda/gemm/internal.h"  // gemm_bf16_tn_accumulate, gemm_tn_problem
+#include "cuda/gemm/internal.h"  // gemm_bf16_{tn,nn}_accumulate, gemm_{tn,nn_accumulate}_problem
 #include "cuda/gemm/plan.h"      // gemm_legal_plans
 #include "cuda/gpu_harness.h"
 #include "lockstep/contract/backward.h"
@@ -116,6 +118,30 @@ void run_case(const Case& c) {
       CK(cudaGetLastError());
       const std::vector<uint8_t> got = download(dw, dw0.size() * 4);
       bitwise(what, got.data(), ref.data(), dw0.size(), 4);
+    }
+    // The nn accumulate layout (the log-prob backward's dh): a K-major — the gathered dy
+    // transposed, [N, Tc] with rows ld8(Tc) + pad apart and NaN past Tc (TMA's zero fill must
+    // stand in) — and b as above: the same bits, with each legal plan.
+    {
+      const int64_t ldt = ld8(Tc) + pad;
+      std::vector<uint16_t> at(size_t(N * ldt), 0xFFFF);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t t = 0; t < Tc; ++t) at[size_t(n * ldt + t)] = a[size_t(t * lda + n)];
+      auto* dat = static_cast<uint16_t*>(pool.upload(at.data(), at.size() * 2));
+      const cuda::GemmProblem qn =
+          cuda::detail::gemm_nn_accumulate_problem(dat, ldt, db, ldb, N, K, Tc);
+      report(qn.tma_ok, name + ": nn accumulate TMA-readable");
+      const std::vector<cuda::GemmPlan> nplans = cuda::gemm_legal_plans(qn);
+      report(nplans.size() == 4u, name + ": legal nn accumulate plans");
+      for (const cuda::GemmPlan& pl : nplans) {
+        const std::string what =
+            name + " nn accumulate ld +" + std::to_string(pad) + " [" + pl.to_string() + "]";
+        CK(cudaMemcpy(dw, dw0.data(), dw0.size() * 4, cudaMemcpyHostToDevice));
+        cuda::detail::gemm_bf16_nn_accumulate(dat, ldt, db, ldb, N, K, Tc, dw, K, &pl);
+        CK(cudaGetLastError());
+        const std::vector<uint8_t> got = download(dw, dw0.size() * 4);
+        bitwise(what, got.data(), ref.data(), dw0.size(), 4);
+      }
     }
     // The chain over two launches (slots split at a block boundary) == one, the planner's plans.
     const int64_t half = (Tc / kTokenBlock / 2) * kTokenBlock;

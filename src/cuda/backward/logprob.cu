@@ -8,10 +8,11 @@
 //       [chunk rows × vocab columns] blocks (the GEMM is row- and column-invariant: the forward's
 //       bits), then G_k = round_bf16(gy ⊘ τ) as [rows, seg_pad] bf16 (and its transpose);
 //     dh's segment value dh_k — one MMA chain over the segment's entries in k-blocks of 16 from +0,
-//       exactly §B.8's per-segment chain — by one of two paths (LogprobBwdPath, same bits):
+//       exactly §B.8's per-segment chain — by one of three paths (LogprobBwdPath, same bits):
 //       B.3's weight-gradient chain with the entries as tokens (cuda::gemm_bf16_dw on Gᵀ_k and W's
-//       rows in place; the default: no Wᵀ exists), or cuda::gemm_bf16_nt(G_k, Wᵀ_k, one segment)
-//       on a device re-layout of W_k;
+//       rows in place; the default: no Wᵀ exists), the same chain from G_k itself and W's rows in
+//       place (gemm_bf16_nn_accumulate: no Gᵀ either), or cuda::gemm_bf16_nt(G_k, Wᵀ_k, one
+//       segment) on a device re-layout of W_k;
 //     dW rows of segment k: cuda::gemm_bf16_dw(G_k's real columns, the chunk's h rows, the chunk's
 //       TokenOrder), which continues each dw element's chain over the chunk's blocks in order.
 //   dh = cuda::gemm_tree_combine of the S_v segment values (the G.4 tree = §B.8's tree).
@@ -28,6 +29,7 @@
 #include "contract/checks.h"
 #include "cuda/backward/logprob.cuh"
 #include "cuda/backward/logprob_plan.h"
+#include "cuda/gemm/internal.h"     // gemm_bf16_nn_accumulate
 #include "cuda/logprob_internal.h"  // Scratch
 #include "lockstep/cuda/backward.h"
 #include "lockstep/cuda/gemm.h"
@@ -110,6 +112,8 @@ const char* logprob_bwd_path_name(LogprobBwdPath p) {
       return "dh by gemm_bf16_dw on G^T and W in place";
     case LogprobBwdPath::kWtGemm:
       return "dh by gemm_bf16_nt on G and a re-laid-out W^T";
+    case LogprobBwdPath::kDxForm:
+      return "dh by gemm_bf16_nn_accumulate on G and W in place";
   }
   return "?";
 }
@@ -127,8 +131,9 @@ bool logprob_rows_in_place(const TokenOrder& order, int64_t T) {
 LogprobBwdPlan logprob_backward_plan(const LogprobVocabLayout& lay, int64_t H, int64_t T,
                                      LogprobBwdPath path, bool in_place) {
   LogprobBwdPlan pl;
-  pl.path = path == LogprobBwdPath::kWtGemm ? path : LogprobBwdPath::kDwForm;
-  const bool dw_form = pl.path == LogprobBwdPath::kDwForm;
+  pl.path = path == LogprobBwdPath::kAuto ? LogprobBwdPath::kDwForm : path;
+  const bool dw_form = pl.path != LogprobBwdPath::kWtGemm;  // kDwForm or kDxForm: dh accumulated
+  const int64_t g_copies = pl.path == LogprobBwdPath::kDwForm ? 2 : 1;  // G (and Gᵀ)
   const int64_t S = lay.segments;
   pl.seg_pad = round_up(lay.segment_len, kTokenBlock);
   const int64_t wt_all = S * H * pl.seg_pad * 2;
@@ -140,16 +145,16 @@ LogprobBwdPlan logprob_backward_plan(const LogprobVocabLayout& lay, int64_t H, i
     pl.gather_bytes = in_place ? 0 : rows * (round_up(H, 8) * 2 + H * 4);  // h rows + dh rows
     const int64_t zc = std::max<int64_t>(kTokenBlock, kLogitsBudget / (rows * 4) / 16 * 16);
     if (dw_form) {
-      // G [rows, slice] + Gᵀ [slice, rows] bf16 and the logits [rows, zcols] f32.
+      // G [rows, slice] (+ Gᵀ [slice, rows]) bf16 and the logits [rows, zcols] f32.
       const int64_t left = kLogprobBwdWorkspaceBudget - pl.partial_bytes - pl.gather_bytes;
       pl.zcols = std::min(zc, pl.seg_pad);
-      int64_t slice = std::max<int64_t>(left - rows * pl.zcols * 4, 0) / (rows * 4);
+      int64_t slice = std::max<int64_t>(left - rows * pl.zcols * 4, 0) / (rows * 2 * g_copies);
       slice = std::min(pl.seg_pad, slice / kTokenBlock * kTokenBlock);
       if (slice >= std::min(pl.seg_pad, kMinSlice) || rows <= kTokenBlock) {
         pl.slice = std::max<int64_t>(slice, kTokenBlock);
         pl.zcols = std::min(pl.zcols, pl.slice);
         pl.z_bytes = rows * pl.zcols * 4;
-        pl.g_bytes = rows * pl.slice * 2 * 2;
+        pl.g_bytes = rows * pl.slice * 2 * g_copies;
         return pl;
       }
       continue;
@@ -236,7 +241,13 @@ LogprobBwdPath linear_logprob_backward_with_path(
   const int S = lay.segments;
   const int64_t seg_len = lay.segment_len;
   const int64_t seg_pad = pl.seg_pad, R = pl.rows;
-  const bool dw_form = pl.path == LogprobBwdPath::kDwForm;
+  const bool dw_form = pl.path != LogprobBwdPath::kWtGemm;  // dh accumulated slice by slice
+  const bool dx_form = pl.path == LogprobBwdPath::kDxForm;  // ... from G itself (no Gᵀ)
+  const uint16_t* const wp = static_cast<const uint16_t*>(w.data);
+  LS_CHECK(!dx_form || (reinterpret_cast<uintptr_t>(wp) % 16 == 0 && w.stride[0] % 8 == 0), op,
+           "the dh path '", logprob_bwd_path_name(pl.path),
+           "' needs w 16-byte aligned with a row stride that is a multiple of 8 (got ", w.stride[0],
+           ")");
   const GemmConfig logits_cfg = logprob_logits_gemm(cfg);
   const GemmConfig seg_cfg{1};  // one vocab segment: one chain over seg_pad entries
 
@@ -260,7 +271,7 @@ LogprobBwdPath linear_logprob_backward_with_path(
   const int64_t slice = pl.slice;  // G columns per pass over a segment (kWtGemm: seg_pad)
   float* z = scratch.alloc_n<float>(R * pl.zcols);
   uint16_t* G = scratch.alloc_n<uint16_t>(R * slice);
-  uint16_t* Gt = dw_form ? scratch.alloc_n<uint16_t>(slice * R) : nullptr;
+  uint16_t* Gt = dw_form && !dx_form ? scratch.alloc_n<uint16_t>(slice * R) : nullptr;
   uint16_t* wt = dw_form ? nullptr : scratch.alloc_n<uint16_t>(pl.wt_bytes / 2);
   float* partials = S > 1 ? scratch.alloc_n<float>(int64_t(S) * R * H) : nullptr;
   const int64_t ldh = round_up(H, 8);
@@ -386,7 +397,11 @@ LogprobBwdPath linear_logprob_backward_with_path(
         }
         // dh's segment value: one chain over the segment's entries in k-blocks of 16 from +0,
         // continued slice by slice.
-        if (dw_form) {
+        if (dx_form) {
+          detail::gemm_bf16_nn_accumulate(G, slice, wp + v0 * w.stride[0], w.stride[0], rows, H, ns,
+                                          static_cast<float*>(part.data), part.stride[0], nullptr,
+                                          s);
+        } else if (dw_form) {
           TensorView gt = TensorView::contiguous(Gt, DType::kBF16, {ns, rows}, Device::kCUDA);
           gt.stride[0] = R;
           const TokenOrder entries = TokenOrder::make(op, {{0, 0, ns}}, ns);

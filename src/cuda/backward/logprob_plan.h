@@ -20,7 +20,10 @@ namespace lockstep::cuda::detail {
 //            cuda::gemm_bf16_dw(Gᵀ_k, W_k, that order, dh_k). W is read in place: no Wᵀ.
 //   kWtGemm: cuda::gemm_bf16_nt(G_k, Wᵀ_k, one segment) over K = seg_pad, Wᵀ_k re-laid out on the
 //            device (in hidden-column slices when it passes the budget).
-enum class LogprobBwdPath : int { kAuto = 0, kDwForm, kWtGemm };
+//   kDxForm: the same chain as kDwForm from G_k itself (K-major) and W's rows in place (MN-major):
+//            gemm_bf16_nn_accumulate (src/cuda/gemm/internal.h), no Gᵀ; W must be TMA-readable
+//            (16-byte aligned, row stride a multiple of 8), else lockstep::Error.
+enum class LogprobBwdPath : int { kAuto = 0, kDwForm, kWtGemm, kDxForm };
 const char* logprob_bwd_path_name(LogprobBwdPath p);
 
 // The workspace budget of one call (G and Gᵀ or Wᵀ, logits, segment partials, gathered rows):

@@ -72,6 +72,18 @@ void gemm_bf16_tn_accumulate_blocked(const uint16_t* a, int64_t lda, const uint1
 void gemm_bf16_dw_gathered(const TensorView& dy, const TensorView& x, const TokenOrder& order,
                            const TensorView& dw, void* stream = nullptr);
 
+// The NN layout's accumulate mode (the log-prob backward's dh, §B.8, without a transposed G):
+// y[M, N] (f32, rows ldy apart) += a[M, K] · b[K, N], a K-major (rows lda apart), b MN-major
+// (rows ldb apart): every output's chain over the k-blocks of 16 of [0, K) (zero fill past K)
+// starts from y's current value; the fp32 result is stored (canonical NaN) — the bits of
+// gemm_bf16_tn_accumulate on aᵀ. Plans: those of the tn layout (gemm_nn_accumulate_problem's
+// gemm_legal_plans: the same tiles); TMA-readable operands (an internal error otherwise).
+GemmProblem gemm_nn_accumulate_problem(const uint16_t* a, int64_t lda, const uint16_t* b,
+                                       int64_t ldb, int64_t M, int64_t N, int64_t K);
+void gemm_bf16_nn_accumulate(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
+                             int64_t M, int64_t N, int64_t K, float* y, int64_t ldy,
+                             const GemmPlan* plan = nullptr, void* stream = nullptr);
+
 // The NN layout (dX = dY · W with W read in place, plan.h): y [M, N] = the GEMM contract of cfg
 // (§G: segments over K, tree, one rounding to y's dtype) of x [M, K] and w [K, N] (MN-major, rows
 // w.stride[0] apart): the bits of cuda::gemm_bf16_nt(x, wᵀ, cfg). The partial: a TP rank's f32

@@ -189,7 +189,9 @@ detail::Sm90Params final_params(int64_t rows, int64_t N, int64_t seg_len, int ns
 // (lockstep::Error unless legal for q) or plan_gemm(q), both operands MN-major, one segment of
 // q.segment_len, each output's chain starting from f32 y's value (rows ldy apart) and stored back.
 // Both forms pick the same tile for the same plan.
-template <typename Epi>
+// AT = false: the NN accumulate launch (x K-major, its tensor map in boxes of the plan's bm rows:
+// gemm_bf16_nn_accumulate), the same tiles.
+template <typename Epi, bool AT = true>
 void launch_tn_accumulate(const char* op, const GemmProblem& q, const GemmPlan* plan,
                           const CUtensorMap& tx, const CUtensorMap& tw,
                           const detail::sm90_blocked_maps_t<Epi>& bmaps, typename Epi::Params p,
@@ -201,13 +203,13 @@ void launch_tn_accumulate(const char* op, const GemmProblem& q, const GemmPlan* 
   static_cast<detail::Sm90Params&>(p) = final_params(q.M, q.N, q.segment_len, 1, y, ldy, true);
   const GemmTile& t = pl.tile;
   if (pl.ping_pong) {
-    launch_sm90_tile<64, 256, 5, 0, Epi, true, true, true>(op, tx, tw, p, s, bmaps);
+    launch_sm90_tile<64, 256, 5, 0, Epi, true, AT, true>(op, tx, tw, p, s, bmaps);
   } else if (t.bm == 128 && t.bn == 128) {
-    launch_sm90_tile<128, 128, 6, 0, Epi, false, true, true>(op, tx, tw, p, s, bmaps);
+    launch_sm90_tile<128, 128, 6, 0, Epi, false, AT, true>(op, tx, tw, p, s, bmaps);
   } else if (t.bm == 64) {
-    launch_sm90_tile<64, 128, 8, 0, Epi, false, true, true>(op, tx, tw, p, s, bmaps);
+    launch_sm90_tile<64, 128, 8, 0, Epi, false, AT, true>(op, tx, tw, p, s, bmaps);
   } else {
-    launch_sm90_tile<128, 256, 4, 0, Epi, false, true, true>(op, tx, tw, p, s, bmaps);
+    launch_sm90_tile<128, 256, 4, 0, Epi, false, AT, true>(op, tx, tw, p, s, bmaps);
   }
 }
 
@@ -528,6 +530,44 @@ void gemm_bf16_tn_accumulate_blocked(const uint16_t* a, int64_t lda, const uint1
   Sm90BlockedParams p{};
   p.blocks = blocks;
   launch_tn_accumulate<Sm90BlockedAccumulateEpilogue>(op, q, plan, tx, tw, bmaps, p, y, ldy,
+                                                      static_cast<cudaStream_t>(stream));
+}
+
+GemmProblem gemm_nn_accumulate_problem(const uint16_t* a, int64_t lda, const uint16_t* b,
+                                       int64_t ldb, int64_t M, int64_t N, int64_t K) {
+  GemmParams c{};
+  c.x = a;
+  c.w = b;
+  c.M = M;
+  c.N = N;
+  c.K = K;
+  c.ldx = lda;
+  c.ldw = ldb;
+  c.seg_len = (K + 15) / 16 * 16;
+  c.segments = 1;
+  c.x_mn = 0;
+  c.w_mn = 1;
+  GemmProblem q = problem_of(c, /*partial=*/false);
+  q.layout = GemmLayout::kTN;  // the tn layout's plans: one segment, the accumulate tiles
+  return q;
+}
+
+void gemm_bf16_nn_accumulate(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
+                             int64_t M, int64_t N, int64_t K, float* y, int64_t ldy,
+                             const GemmPlan* plan, void* stream) {
+  const char* op = "cuda::gemm_bf16_nn_accumulate";
+  LS_CHECK(M >= 0 && N >= 0 && K >= 0 && lda >= K && ldb >= N && ldy >= N, op,
+           "internal: bad sizes M = ", M, ", N = ", N, ", K = ", K);
+  if (M == 0 || N == 0 || K == 0) return;  // no k-block: y unchanged
+  const GemmProblem q = gemm_nn_accumulate_problem(a, lda, b, ldb, M, N, K);
+  LS_CHECK(q.tma_ok, op, "internal: operands not TMA-readable (lda = ", lda, ", ldb = ", ldb, ")");
+  LS_CHECK(!plan || gemm_plan_legal(q, *plan), op, "the plan '", plan ? plan->to_string() : "",
+           "' cannot run the nn accumulate layout M = ", M, ", N = ", N, ", K = ", K);
+  const GemmPlan pl = plan ? *plan : plan_gemm(q);
+  // a K-major [M, K] in boxes of 64 k x the tile's rows; b MN-major [K, N] (zero past K).
+  const CUtensorMap tx = tensor_map(a, M, K, lda, pl.ping_pong ? 64 : pl.tile.bm);
+  const CUtensorMap tw = tensor_map(b, K, N, ldb, kSm90BK);
+  launch_tn_accumulate<Sm90AccumulateEpilogue, false>(op, q, &pl, tx, tw, {}, Sm90Params{}, y, ldy,
                                                       static_cast<cudaStream_t>(stream));
 }
 
