@@ -104,6 +104,9 @@ __device__ __forceinline__ void sm90_logprob_epilogue(const Sm90LpParams& p, flo
   }
   float s[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}}, w[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
   float yt[2] = {0.0f, 0.0f};
+  // tau = 1: y = z ⊘ 1 = z bit for bit (z comes from the MMA: a NaN is already canonical), so the
+  // divide is skipped, as the unfused tile-state kernel's kTemper = false does.
+  const bool temper = tau != 1.0f;
 #pragma unroll 1
   for (int qc = 0; qc < 8; ++qc) {  // columns 32qc .. 32qc + 31 = acc[16qc .. 16qc + 15]
 #pragma unroll
@@ -119,7 +122,8 @@ __device__ __forceinline__ void sm90_logprob_epilogue(const Sm90LpParams& p, flo
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          const float y = __fdiv_rn(buf[(4 * ii + 2 * h + c) * 32 + lane], tau);
+          const float x = buf[(4 * ii + 2 * h + c) * 32 + lane];
+          const float y = temper ? __fdiv_rn(x, tau) : x;
           const float d = __fsub_rn(y, m[h]);
           const float ex = ls_expf(d);
           const bool skip = y == ninf;  // padding / masked: contributes nothing

@@ -54,16 +54,19 @@ struct LpbToken {
   int64_t target;
   bool ignored;
 };
+// tau = 1 skips both divides: x ⊘ 1 = x bit for bit (z comes from the MMA and gy from arithmetic
+// or the constant +0, so a NaN is already canonical).
 __device__ __forceinline__ uint16_t lpb_entry(float z, int64_t v, const LpbToken& tk, bool with_ent,
                                               float tau) {
-  const float y = __fdiv_rn(z, tau);
+  const bool temper = tau != 1.0f;
+  const float y = temper ? __fdiv_rn(z, tau) : z;
   const float pr = ls_expf(__fsub_rn(y, tk.lse));
   // NOTE: an ignored target's logp is the constant +0, so its a is +0 whatever g_lp holds.
   const float a =
       tk.ignored ? 0.0f : __fmul_rn(tk.g_lp, __fsub_rn(v == tk.target ? 1.0f : 0.0f, pr));
   const float gy =
       with_ent ? __fadd_rn(a, __fmul_rn(tk.g_ent, __fmul_rn(pr, __fsub_rn(tk.mu, y)))) : a;
-  return f32_to_bf16_bits(__fdiv_rn(gy, tau));
+  return f32_to_bf16_bits(temper ? __fdiv_rn(gy, tau) : gy);
 }
 
 // Grid (ceil(ncols / 32), ceil(rows / 32)), 32 x 8 threads: a tile of 32 rows x 32 entries,
