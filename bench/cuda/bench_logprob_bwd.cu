@@ -232,6 +232,115 @@ bool plan_self_check() {
   return ok;
 }
 
+// Self-check of the forward recomputed by the backward (LogprobRecompute) on a small micro-batch
+// packed in place (the rows no sequence covers last, a target ignored, temperature 0.7,
+// vocab_tile 208, 4 vocab segments of which the last ends in all-padding tiles, gemm_segments 2):
+// for the automatic plan and forced ones (small chunks and slices, each dh path), the gradients
+// equal the plain backward's and the recomputed logp, lse and entropy equal cuda::linear_logprob's,
+// bit for bit. Returns true if so.
+bool recompute_self_check() {
+  const int64_t H = 72, V = 5000;
+  ContractConfig cfg;
+  cfg.vocab_tile = 208;
+  cfg.vocab_segments = 4;
+  cfg.gemm_segments = 2;
+  const std::vector<int64_t> lens = {100, 5, 64, 37, 1, 17};
+  std::vector<TokenSeq> seqs;
+  int64_t row = 0;
+  for (size_t i = 0; i < lens.size(); ++i) {
+    seqs.push_back({int64_t(i), row, lens[i]});
+    row += lens[i];
+  }
+  const int64_t T = row + 5;  // 5 rows no sequence covers, last
+  const TokenOrder order = TokenOrder::make("bench_logprob_bwd recompute check", seqs, T);
+  uint16_t *h, *w;
+  int64_t* tg;
+  float *vec, *dh, *dw;
+  CK(cudaMalloc(&h, size_t(T * H) * 2));
+  CK(cudaMalloc(&w, size_t(V * H) * 2));
+  CK(cudaMalloc(&tg, size_t(T) * 8));
+  CK(cudaMalloc(&vec, size_t(8 * T) * 4));
+  CK(cudaMalloc(&dh, size_t(T * H) * 4));
+  CK(cudaMalloc(&dw, size_t(V * H) * 4));
+  fill_bf16_kernel<<<256, 256>>>(h, T * H, 21, 2.0f);
+  fill_bf16_kernel<<<256, 256>>>(w, V * H, 22, 0.25f);
+  fill_targets_kernel<<<8, 256>>>(tg, T, V, 23);
+  const int64_t ignored = -100;
+  CK(cudaMemcpy(tg + 7, &ignored, 8, cudaMemcpyHostToDevice));
+  fill_f32_kernel<<<8, 256>>>(vec + 3 * T, 2 * T, 24, 1.0f);
+  CK(cudaGetLastError());
+  const TensorView vh = TensorView::contiguous(h, DType::kBF16, {T, H}, Device::kCUDA);
+  const TensorView vw = TensorView::contiguous(w, DType::kBF16, {V, H}, Device::kCUDA);
+  const TensorView vt = TensorView::contiguous(tg, DType::kI64, {T}, Device::kCUDA);
+  auto vv = [&](int i) {
+    return TensorView::contiguous(vec + int64_t(i) * T, DType::kF32, {T}, Device::kCUDA);
+  };
+  const TensorView lse = vv(1), ent = vv(2), glp = vv(3), gent = vv(4);
+  LogprobParams prm{0.7f};
+  prm.ignore_index = ignored;
+  cuda::linear_logprob(vh, vw, vt, prm, cfg, vv(0), lse, ent);
+  const TensorView vdh = TensorView::contiguous(dh, DType::kF32, {T, H}, Device::kCUDA);
+  const TensorView vdw = TensorView::contiguous(dw, DType::kF32, {V, H}, Device::kCUDA);
+  using cuda::detail::LogprobBwdPath;
+  using cuda::detail::LogprobBwdPlan;
+  auto run = [&](LogprobBwdPath path, const LogprobBwdPlan* plan, bool recompute) {
+    CK(cudaMemset(dh, 0xA5, size_t(T * H) * 4));
+    CK(cudaMemset(vec + 5 * T, 0xA5, size_t(3 * T) * 4));  // poison the recomputed outputs
+    fill_f32_kernel<<<256, 256>>>(dw, V * H, 25, 0.1f);    // a nonzero incoming dw
+    const cuda::detail::LogprobRecompute rc{vv(5), vv(6), vv(7)};
+    cuda::detail::linear_logprob_backward_with_path(vh, vw, vt, prm, cfg, lse, ent, glp, &gent, vdh,
+                                                    order, vdw, path, nullptr, plan,
+                                                    recompute ? &rc : nullptr);
+    CK(cudaDeviceSynchronize());
+    std::vector<float> a(size_t(T * H)), b(size_t(V * H)), f(size_t(3 * T));
+    CK(cudaMemcpy(a.data(), dh, a.size() * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(b.data(), dw, b.size() * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(f.data(), vec + 5 * T, f.size() * 4, cudaMemcpyDeviceToHost));
+    a.insert(a.end(), b.begin(), b.end());
+    return std::make_pair(a, f);
+  };
+  const auto ref = run(LogprobBwdPath::kAuto, nullptr, false);
+  std::vector<float> fwd(size_t(3 * T));
+  CK(cudaMemcpy(fwd.data(), vec, fwd.size() * 4, cudaMemcpyDeviceToHost));  // logp, lse, entropy
+  LogprobBwdPlan small;
+  small.path = LogprobBwdPath::kDwForm;
+  small.rows = 32;
+  small.slice = 416;
+  small.zcols = 208;
+  LogprobBwdPlan dx = small;
+  dx.path = LogprobBwdPath::kDxForm;
+  dx.rows = 48;
+  dx.slice = 208;
+  LogprobBwdPlan wt;
+  wt.path = LogprobBwdPath::kWtGemm;
+  wt.rows = 48;
+  wt.slice = cfg.vocab_tile * logprob_vocab_layout(cfg, V).tiles_per_segment;
+  wt.zcols = 208;
+  wt.hc = 17;
+  const LogprobBwdPlan* plans[4] = {nullptr, &small, &dx, &wt};
+  const char* names[4] = {"automatic plan", "forced rows 32, slice 416, logits 208 columns",
+                          "nn accumulate, rows 48, slice 208", "W^T path, rows 48"};
+  bool ok = true;
+  for (int i = 0; i < 4; ++i) {
+    const auto got = run(LogprobBwdPath::kAuto, plans[i], true);
+    const bool same_g = std::memcmp(got.first.data(), ref.first.data(), got.first.size() * 4) == 0;
+    const bool same_f = std::memcmp(got.second.data(), fwd.data(), fwd.size() * 4) == 0;
+    std::printf(
+        "recompute self-check (T=%lld H=%lld V=%lld, %s): %s: dh and dw %s, the forward's "
+        "logp / lse / entropy %s\n",
+        (long long)T, (long long)H, (long long)V, cfg.to_string().c_str(), names[i],
+        same_g ? "identical" : "DIFFER", same_f ? "identical" : "DIFFER");
+    ok = ok && same_g && same_f;
+  }
+  CK(cudaFree(h));
+  CK(cudaFree(w));
+  CK(cudaFree(tg));
+  CK(cudaFree(vec));
+  CK(cudaFree(dh));
+  CK(cudaFree(dw));
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -295,7 +404,7 @@ int main(int argc, char** argv) {
                                           .c_str());
   }
 
-  const bool self_ok = once || plan_self_check();
+  const bool self_ok = once || (plan_self_check() && recompute_self_check());
   if (self_check_only) return self_ok ? 0 : 1;
   cudaMemPool_t pool;
   CK(cudaDeviceGetDefaultMemPool(&pool, 0));
@@ -423,6 +532,40 @@ int main(int argc, char** argv) {
     others.push_back(o);
   }
   path = main_path;
+  // The forward from the backward (LogprobRecompute): the backward from the forward's lse (as an
+  // on-policy step has it from the rollout) that also returns logp / lse / entropy — the head's
+  // forward + backward in one pass over the vocab (3 GEMM-equivalents). Its gradients equal the
+  // plain backward's and its outputs the forward's, bit for bit (checked here, on the device).
+  float* rcv = nullptr;
+  CK(cudaMalloc(&rcv, size_t(3 * T) * 4));
+  const cuda::detail::LogprobRecompute rcp{
+      TensorView::contiguous(rcv, DType::kF32, {T}, Device::kCUDA),
+      TensorView::contiguous(rcv + T, DType::kF32, {T}, Device::kCUDA),
+      TensorView::contiguous(rcv + 2 * T, DType::kF32, {T}, Device::kCUDA)};
+  auto bwd_rc = [&] {
+    ran = cuda::detail::linear_logprob_backward_with_path(vh, vw, vt, prm, cfg, ls, en, glp,
+                                                          ent ? &gent : nullptr, vdh, order, vdw,
+                                                          path, nullptr, nullptr, &rcp);
+  };
+  CK(cudaMemset(dh, 0xA5, size_t(T * H) * 4));
+  CK(cudaMemset(rcv, 0xA5, size_t(3 * T) * 4));
+  zero_dw();
+  bwd_rc();
+  CK(cudaDeviceSynchronize());
+  const unsigned long long rc_dh = count_diff(dh, dh2, T * H * 4);
+  const unsigned long long rc_dw = count_diff(dw, dw2, V * H * 4);
+  const unsigned long long rc_fwd = count_diff(rcv, vec, 3 * T * 4);  // logp, lse, entropy
+  CK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
+  const double rc_ms = time_ms(reps, zero_dw, bwd_rc);
+  uint64_t rc_used = 0;
+  CK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &rc_used));
+  const bool rc_same = rc_dh == 0 && rc_dw == 0 && rc_fwd == 0;
+  std::printf(
+      "the forward from the backward (dh path %s): dh %s (%llu words differ), dw %s (%llu), the "
+      "forward's logp / lse / entropy %s (%llu words differ)\n",
+      cuda::detail::logprob_bwd_path_name(ran), rc_dh ? "DIFFERS" : "identical", rc_dh,
+      rc_dw ? "DIFFERS" : "identical", rc_dw, rc_fwd ? "DIFFER" : "identical", rc_fwd);
+  CK(cudaFree(rcv));
   bool others_same = true;
   double other_ms = 0;
   for (const Other& o : others) {
@@ -443,6 +586,10 @@ int main(int argc, char** argv) {
               4 * flop / cold * 1e-9);
   std::printf("| lockstep forward alone | %.2f | %.1f | |\n", fwd_ms, flop / fwd_ms * 1e-9);
   std::printf("| lockstep backward alone | %.2f | %.1f | |\n", bwd_ms, 3 * flop / bwd_ms * 1e-9);
+  std::printf(
+      "| lockstep forward + backward in one pass from a given lse (the forward's outputs "
+      "recomputed by the backward) | %.2f | %.1f | %.1f |\n",
+      rc_ms, 3 * flop / rc_ms * 1e-9, double(rc_used) * mib);
   for (const Other& o : others)
     std::printf("| lockstep backward alone, other dh path (%s) | %.2f | %.1f | %.1f |\n",
                 cuda::detail::logprob_bwd_path_name(o.path), o.ms, 3 * flop / o.ms * 1e-9,
@@ -454,7 +601,7 @@ int main(int argc, char** argv) {
       double(V * H * 4) * mib, double(used_high) * mib, dh_mib, vec_mib, extra_mib,
       extra_mib / 1024.0, extra_mib <= 512.0 ? "met" : "NOT met", double(reserved_high) * mib,
       double(free0) * mib, double(free1) * mib);
-  const bool ok = self_ok && rerun_dh == 0 && rerun_dw == 0 && others_same;
+  const bool ok = self_ok && rerun_dh == 0 && rerun_dw == 0 && others_same && rc_same;
   if (!json.empty()) {
     FILE* f = std::fopen(json.c_str(), "w");
     if (f) {
@@ -462,11 +609,13 @@ int main(int argc, char** argv) {
                    "{\"T\": %lld, \"H\": %lld, \"V\": %lld, \"vocab_segments\": %d, \"ms\": %.4f, "
                    "\"cold_ms\": %.4f, \"fwd_ms\": %.4f, \"bwd_ms\": %.4f, \"other_path_ms\": "
                    "%.4f, \"scratch_mib\": %.2f, \"extra_mib\": %.2f, \"rerun_identical\": %s, "
-                   "\"paths_identical\": %s}\n",
+                   "\"paths_identical\": %s, \"one_pass_ms\": %.4f, \"one_pass_identical\": "
+                   "%s, \"one_pass_extra_mib\": %.2f}\n",
                    (long long)T, (long long)H, (long long)V, cfg.vocab_segments, ms, cold, fwd_ms,
                    bwd_ms, other_ms, double(used_high) * mib, extra_mib,
                    rerun_dh == 0 && rerun_dw == 0 ? "true" : "false",
-                   others_same ? "true" : "false");
+                   others_same ? "true" : "false", rc_ms, rc_same ? "true" : "false",
+                   double(rc_used) * mib + dh_mib + vec_mib);
       std::fclose(f);
     }
   }

@@ -129,6 +129,14 @@ def main():
             rows.insert(0, (f"lockstep forward + backward (vocab_segments={o['vocab_segments']})",
                             o["ms"], 4 * flop / o["ms"] * 1e-9, o["extra_mib"],
                             "yes" if o["rerun_identical"] else "NO"))
+            if "one_pass_ms" in o:
+                # The backward from a given lse (the rollout's, on an on-policy step) that also
+                # returns the forward's logp / lse / entropy.
+                rows.insert(1, ("lockstep forward + backward in one pass from the rollout's lse "
+                                "(the forward's outputs recomputed by the backward)",
+                                o["one_pass_ms"], 4 * flop / o["one_pass_ms"] * 1e-9,
+                                o["one_pass_extra_mib"],
+                                "yes" if o["one_pass_identical"] else "NO"))
         else:
             print("(--ours is for another shape; not merged)")
     print("\n| implementation | fwd+bwd ms | TFLOP/s (4 GEMMs) | peak extra MiB | dh, dW identical "

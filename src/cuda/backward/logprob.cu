@@ -30,7 +30,8 @@
 #include "cuda/backward/logprob.cuh"
 #include "cuda/backward/logprob_plan.h"
 #include "cuda/gemm/internal.h"     // gemm_bf16_nn_accumulate
-#include "cuda/logprob_internal.h"  // Scratch
+#include "cuda/logprob.cuh"         // the forward's tile-state and fold kernels (recompute)
+#include "cuda/logprob_internal.h"  // Scratch, launch_tile_states
 #include "lockstep/cuda/backward.h"
 #include "lockstep/cuda/gemm.h"
 #include "lockstep/ops/gemm.h"
@@ -129,8 +130,11 @@ bool logprob_rows_in_place(const TokenOrder& order, int64_t T) {
 }
 
 LogprobBwdPlan logprob_backward_plan(const LogprobVocabLayout& lay, int64_t H, int64_t T,
-                                     LogprobBwdPath path, bool in_place) {
+                                     LogprobBwdPath path, bool in_place, bool recompute) {
   LogprobBwdPlan pl;
+  // recompute: slices and logits blocks of whole vocab tiles (the tile-state kernel's unit).
+  const int64_t unit = recompute ? std::max<int64_t>(lay.tile, kTokenBlock) : kTokenBlock;
+  const int64_t n_tiles = lay.tiles_per_segment * lay.segments;
   pl.path = path == LogprobBwdPath::kAuto ? LogprobBwdPath::kDwForm : path;
   const bool dw_form = pl.path != LogprobBwdPath::kWtGemm;  // kDwForm or kDxForm: dh accumulated
   const int64_t g_copies = pl.path == LogprobBwdPath::kDwForm ? 2 : 1;  // G (and Gᵀ)
@@ -143,15 +147,17 @@ LogprobBwdPlan logprob_backward_plan(const LogprobVocabLayout& lay, int64_t H, i
     pl.rows = rows;
     pl.partial_bytes = S > 1 ? S * rows * H * 4 : 0;
     pl.gather_bytes = in_place ? 0 : rows * (round_up(H, 8) * 2 + H * 4);  // h rows + dh rows
-    const int64_t zc = std::max<int64_t>(kTokenBlock, kLogitsBudget / (rows * 4) / 16 * 16);
+    pl.states_bytes = recompute ? rows * (n_tiles * 12 + 4) : 0;
+    const int64_t zc = std::max<int64_t>(unit, kLogitsBudget / (rows * 4) / unit * unit);
     if (dw_form) {
       // G [rows, slice] (+ Gᵀ [slice, rows]) bf16 and the logits [rows, zcols] f32.
-      const int64_t left = kLogprobBwdWorkspaceBudget - pl.partial_bytes - pl.gather_bytes;
+      const int64_t left =
+          kLogprobBwdWorkspaceBudget - pl.partial_bytes - pl.gather_bytes - pl.states_bytes;
       pl.zcols = std::min(zc, pl.seg_pad);
       int64_t slice = std::max<int64_t>(left - rows * pl.zcols * 4, 0) / (rows * 2 * g_copies);
-      slice = std::min(pl.seg_pad, slice / kTokenBlock * kTokenBlock);
-      if (slice >= std::min(pl.seg_pad, kMinSlice) || rows <= kTokenBlock) {
-        pl.slice = std::max<int64_t>(slice, kTokenBlock);
+      slice = std::min(pl.seg_pad, slice / unit * unit);
+      if (slice >= std::min(pl.seg_pad, std::max(unit, kMinSlice)) || rows <= kTokenBlock) {
+        pl.slice = std::max<int64_t>(slice, unit);
         pl.zcols = std::min(pl.zcols, pl.slice);
         pl.z_bytes = rows * pl.zcols * 4;
         pl.g_bytes = rows * pl.slice * 2 * g_copies;
@@ -164,8 +170,8 @@ LogprobBwdPlan logprob_backward_plan(const LogprobVocabLayout& lay, int64_t H, i
     pl.zcols = std::min(zc, pl.seg_pad);
     pl.z_bytes = rows * pl.zcols * 4;
     pl.g_bytes = rows * pl.seg_pad * 2;
-    const int64_t left =
-        kLogprobBwdWorkspaceBudget - (pl.g_bytes + pl.z_bytes + pl.partial_bytes + pl.gather_bytes);
+    const int64_t left = kLogprobBwdWorkspaceBudget - (pl.g_bytes + pl.z_bytes + pl.partial_bytes +
+                                                       pl.gather_bytes + pl.states_bytes);
     if (wt_all <= left) {
       pl.wt_once = true;
       pl.hc = H;
@@ -183,9 +189,9 @@ LogprobBwdPlan logprob_backward_plan(const LogprobVocabLayout& lay, int64_t H, i
 }
 
 std::string logprob_backward_plan_string(const ContractConfig& cfg, int64_t T, int64_t H, int64_t V,
-                                         LogprobBwdPath path, bool in_place) {
+                                         LogprobBwdPath path, bool in_place, bool recompute) {
   const LogprobVocabLayout lay = logprob_vocab_layout(cfg, V);
-  const LogprobBwdPlan pl = logprob_backward_plan(lay, H, T, path, in_place);
+  const LogprobBwdPlan pl = logprob_backward_plan(lay, H, T, path, in_place, recompute);
   auto mib = [](int64_t b) { return double(b) / double(1 << 20); };
   char wt[160] = "";
   if (pl.path == LogprobBwdPath::kWtGemm)
@@ -199,13 +205,13 @@ std::string logprob_backward_plan_string(const ContractConfig& cfg, int64_t T, i
       "workspace "
       "%.1f MiB = G%s %.1f + logits %.1f + Wt %.1f + segment partials %.1f + gathered "
       "rows %.1f (only when a chunk's rows are not consecutive in h) + the row table "
-      "%.3f",
+      "%.3f + the forward's tile states %.1f (recompute)",
       (long long)T, (long long)H, (long long)V, lay.segments, (long long)lay.segment_len,
       (long long)pl.seg_pad, logprob_bwd_path_name(pl.path), (long long)pl.rows,
       (long long)((T + pl.rows - 1) / pl.rows), (long long)pl.slice, (long long)pl.zcols, wt,
       mib(pl.total_bytes() + T * 8), pl.path == LogprobBwdPath::kDwForm ? " + G^T" : "",
       mib(pl.g_bytes), mib(pl.z_bytes), mib(pl.wt_bytes), mib(pl.partial_bytes),
-      mib(pl.gather_bytes), mib(T * 8));
+      mib(pl.gather_bytes), mib(T * 8), mib(pl.states_bytes));
   return buf;
 }
 
@@ -214,12 +220,26 @@ LogprobBwdPath linear_logprob_backward_with_path(
     const LogprobParams& params, const ContractConfig& cfg, const TensorView& lse,
     const TensorView& entropy, const TensorView& g_lp, const TensorView* g_ent,
     const TensorView& dh, const TokenOrder& order, const TensorView& dw, LogprobBwdPath path,
-    void* stream, const LogprobBwdPlan* force) {
+    void* stream, const LogprobBwdPlan* force, const LogprobRecompute* rc) {
   const char* op = "cuda::linear_logprob_backward";
   const LogprobVocabLayout lay = contract::check_linear_logprob_backward(
       op, Device::kCUDA, h, w, targets, params, cfg, lse, entropy, g_lp, g_ent, dh, order, dw);
   const int64_t T = h.size(0), H = h.size(1), V = w.size(0);
-  LogprobBwdPlan pl = logprob_backward_plan(lay, H, T, path, logprob_rows_in_place(order, T));
+  const bool in_place = logprob_rows_in_place(order, T);
+  const int64_t L = lay.tile;
+  if (rc) {
+    LS_CHECK(in_place, op,
+             "recomputing the forward's outputs needs the rows in place (the order's token "
+             "blocks, then the rows no sequence covers, are rows 0 .. T - 1 in order)");
+    LS_CHECK(L % kTokenBlock == 0, op,
+             "recomputing the forward's outputs needs vocab_tile a multiple of 16, got ", L);
+    for (const TensorView* v : {&rc->logp, &rc->lse, &rc->entropy})
+      LS_CHECK(
+          v->dtype == DType::kF32 && v->device == Device::kCUDA && v->ndim == 1 && v->shape[0] == T,
+          op, "the recomputed forward outputs (logp, lse, entropy) must be [T] = [", T,
+          "] f32 device views");
+  }
+  LogprobBwdPlan pl = logprob_backward_plan(lay, H, T, path, in_place, /*recompute=*/rc != nullptr);
   if (force) {
     pl = *force;
     if (pl.path == LogprobBwdPath::kAuto) pl.path = LogprobBwdPath::kDwForm;
@@ -231,6 +251,10 @@ LogprobBwdPath linear_logprob_backward_with_path(
              op,
              "internal: a forced plan must have rows and slice multiples of 16 and 1 <= zcols "
              "<= slice (kWtGemm: slice = seg_pad, hc in [1, H])");
+    LS_CHECK(!rc || (pl.slice % L == 0 && pl.zcols % L == 0), op,
+             "internal: a forced plan that recomputes the forward needs slice and zcols "
+             "multiples of vocab_tile");
+    pl.states_bytes = rc ? pl.rows * (lay.tiles_per_segment * lay.segments * 12 + 4) : 0;
     if (wt) {
       pl.wt_once = pl.hc == H;
       pl.wt_bytes = (pl.wt_once ? int64_t(lay.segments) : 1) * pl.hc * pl.seg_pad * 2;
@@ -326,6 +350,40 @@ LogprobBwdPath linear_logprob_backward_with_path(
   gp.Gt = Gt;
   gp.ldgt = R;
 
+  // recompute: the forward's unfused producer on the same logits (tile states per z block, then
+  // the fold per chunk), as linear_logprob's; tiles past the last real entry get empty states.
+  const int64_t n_tiles = lay.tiles_per_segment * S, data_tiles = (V + L - 1) / L;
+  float* states = rc ? scratch.alloc_n<float>(R * n_tiles * 3) : nullptr;
+  float* y_target = rc ? scratch.alloc_n<float>(R) : nullptr;
+  TileStateParams tiles{};
+  FoldParams fold{};
+  if (rc) {
+    tiles.L = L;
+    tiles.valid = V;
+    tiles.tau = params.temperature;
+    tiles.states = states;
+    tiles.n_tiles = n_tiles;
+    tiles.y_target = y_target;
+    tiles.targets = gp.targets;
+    tiles.v_begin = 0;
+    tiles.ignore_index = params.ignore_index;
+    fold.mode = kFoldOutputs;
+    fold.states = states;
+    fold.n_tiles = n_tiles;
+    fold.tps = lay.tiles_per_segment;
+    fold.seg_count = S;
+    fold.y_target = y_target;
+    fold.targets = gp.targets;
+    fold.ignore_index = params.ignore_index;
+    fold.logp = rc->logp.ptr<float>();
+    fold.lse = rc->lse.ptr<float>();
+    fold.entropy = rc->entropy.ptr<float>();
+    fold.logp_s = rc->logp.stride[0];
+    fold.lse_s = rc->lse.stride[0];
+    fold.entropy_s = rc->entropy.stride[0];
+  }
+  const bool temper = params.temperature != 1.0f;  // (z from the MMA: z ⊘ 1 = z bit for bit)
+
   for (const Chunk& c : chunks) {
     const int64_t rows = c.rows;
     // Consecutive rows of h (one micro-batch of packed sequences in step order, typically): h
@@ -362,6 +420,7 @@ LogprobBwdPath linear_logprob_backward_with_path(
     const TokenOrder corder = TokenOrder::make(op, seqs, rows);
     gp.rows = rows;
     gp.src = rmap;
+    if (rc) fill_f32(y_target, rows, kCanonicalNanF32, s, op);
 
     std::vector<TensorView> parts;
     for (int k = 0; k < S; ++k) {
@@ -387,6 +446,16 @@ LogprobBwdPath linear_logprob_backward_with_path(
           TensorView zv = TensorView::contiguous(z, DType::kF32, {rows, ncols}, Device::kCUDA);
           zv.stride[0] = pl.zcols;
           gemm_bf16_nt(hx, w.rows(v0 + e0, v0 + e0 + ncols), nullptr, logits_cfg, zv, s);
+          if (rc) {  // (v0 + e0 and zcols are multiples of L: the block is whole tiles)
+            TileStateParams tp = tiles;
+            tp.z = z;
+            tp.ldz = pl.zcols;
+            tp.rows = rows;
+            tp.tile0 = (v0 + e0) / L;
+            tp.ntiles = (ncols + L - 1) / L;
+            tp.row0 = src0;
+            launch_tile_states(tp, temper, s, op);
+          }
           gp.e0 = e0;
           gp.ncols = ncols;
           gp.v_seg = v0;
@@ -427,6 +496,21 @@ LogprobBwdPath linear_logprob_backward_with_path(
           gemm_bf16_dw(dy, hx, corder, dw.rows(v0, v0 + ns), s);
         }
       }
+    }
+    if (rc) {
+      if (data_tiles < n_tiles) {  // all-padding tiles: empty states; nothing is read
+        TileStateParams tp = tiles;
+        tp.z = states;
+        tp.ldz = 0;
+        tp.rows = rows;
+        tp.tile0 = data_tiles;
+        tp.ntiles = n_tiles - data_tiles;
+        tp.y_target = nullptr;
+        launch_tile_states(tp, true, s, op);
+      }
+      fold.rows = rows;
+      fold.row0 = src0;
+      launch_fold(fold, s, op);
     }
     if (S > 1) gemm_tree_combine(parts, nullptr, dh_out, s);
     if (!direct) {

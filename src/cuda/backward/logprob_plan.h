@@ -46,8 +46,11 @@ struct LogprobBwdPlan {
   bool wt_once = false;  // kWtGemm: every segment's Wᵀ_k built once per call
   int64_t g_bytes = 0;   // G_k (+ Gᵀ_k for kDwForm)
   int64_t z_bytes = 0, wt_bytes = 0, partial_bytes = 0, gather_bytes = 0;
+  // recompute (LogprobRecompute): the chunk's tile states [rows, tiles] and target logits [rows];
+  // slice and zcols are then multiples of vocab_tile.
+  int64_t states_bytes = 0;
   int64_t total_bytes() const {
-    return g_bytes + z_bytes + wt_bytes + partial_bytes + gather_bytes;
+    return g_bytes + z_bytes + wt_bytes + partial_bytes + gather_bytes + states_bytes;
   }
 };
 // in_place: every chunk's rows are consecutive rows of h whatever the chunk size (see
@@ -55,7 +58,7 @@ struct LogprobBwdPlan {
 // vocab slices (fewer passes over dh's partials).
 LogprobBwdPlan logprob_backward_plan(const LogprobVocabLayout& lay, int64_t H, int64_t T,
                                      LogprobBwdPath path = LogprobBwdPath::kAuto,
-                                     bool in_place = false);
+                                     bool in_place = false, bool recompute = false);
 // True iff the canonical token blocks of `order` followed by the rows no sequence covers are rows
 // 0, 1, ..., T − 1 in that order (sequences packed in step order with no gaps: the training
 // forward's micro-batches): then no chunk of any size gathers.
@@ -63,17 +66,31 @@ bool logprob_rows_in_place(const TokenOrder& order, int64_t T);
 // The plan in words (benchmarks, audits).
 std::string logprob_backward_plan_string(const ContractConfig& cfg, int64_t T, int64_t H, int64_t V,
                                          LogprobBwdPath path = LogprobBwdPath::kAuto,
-                                         bool in_place = false);
+                                         bool in_place = false, bool recompute = false);
+
+// The forward's outputs recomputed by the backward (docs/contract.md §B.8, "the forward from the
+// backward"): logp, lse, entropy ([T] f32 device views) of every row, the bits of
+// cuda::linear_logprob(h, w, targets, params, cfg) — from the logits the backward computes anyway
+// (the tile-state kernel and the fold of the forward's unfused producer, logprob.cuh), so a
+// caller that holds the forward's lse already (the rollout's, on an on-policy step) skips the
+// forward and checks the given lse bit for bit afterwards: where they differ the gradients were
+// taken at a wrong lse and must be recomputed from the returned one. Needs the rows in place
+// (logprob_rows_in_place) and vocab_tile a multiple of 16; lockstep::Error otherwise.
+struct LogprobRecompute {
+  TensorView logp, lse, entropy;
+};
 
 // cuda::linear_logprob_backward with the dh path as an option (kAuto: what the public function
 // runs) and, for self-checks, the chunk plan's sizes forced (`force`: rows and slice multiples of
-// 16, 1 <= zcols <= slice; kWtGemm needs slice == seg_pad and hc >= 1; path taken from it). The
-// bits never depend on either. Returns the path that ran.
+// 16, 1 <= zcols <= slice; kWtGemm needs slice == seg_pad and hc >= 1; path taken from it; with
+// `recompute`, slice and zcols multiples of vocab_tile). The bits never depend on either. Returns
+// the path that ran.
 LogprobBwdPath linear_logprob_backward_with_path(
     const TensorView& h, const TensorView& w, const TensorView& targets,
     const LogprobParams& params, const ContractConfig& cfg, const TensorView& lse,
     const TensorView& entropy, const TensorView& g_lp, const TensorView* g_ent,
     const TensorView& dh, const TokenOrder& order, const TensorView& dw, LogprobBwdPath path,
-    void* stream = nullptr, const LogprobBwdPlan* force = nullptr);
+    void* stream = nullptr, const LogprobBwdPlan* force = nullptr,
+    const LogprobRecompute* recompute = nullptr);
 
 }  // namespace lockstep::cuda::detail
