@@ -362,6 +362,10 @@ Command add_grpo_command(CLI::App& top) {
   sub->add_flag("--share-prompts", f->cfg.share_prompts,
                 "train each GRPO group's prompt once (its completions attend to it; log-probs "
                 "unchanged, gradients the shared form of docs/contract.md §B.11)");
+  sub->add_flag_callback(
+      "--head-forward", [f] { f->cfg.head_from_rollout = false; },
+      "run the log-prob head's forward on the first mini-batch too (by default it is skipped "
+      "there: the rollout's lse is the trainer's, and the backward recomputes and checks it)");
   sub->add_flag("--json", f->json, "one JSON object per step (JSONL) on stdout");
   sub->add_option("--metrics", f->metrics, "also write the JSONL metrics to this file");
   sub->add_option("--plot", f->plot,

@@ -229,6 +229,15 @@ void OpsBackend::linear_logprob_backward(const TensorView&, const TensorView&, c
                                          const TensorView&) const {
   no_backward(*this, "linear_logprob_backward");
 }
+void OpsBackend::linear_logprob_backward_recompute(
+    const TensorView& h, const TensorView& w, const TensorView& targets,
+    const LogprobParams& params, const ContractConfig& cfg, const TensorView& lse,
+    const TensorView& entropy, const TensorView& g_lp, const TensorView* g_ent,
+    const TensorView& dh, const TokenOrder& order, const TensorView& dw, const TensorView& logp_out,
+    const TensorView& lse_out, const TensorView& entropy_out) const {
+  linear_logprob(h, w, targets, params, cfg, logp_out, lse_out, entropy_out);
+  linear_logprob_backward(h, w, targets, params, cfg, lse, entropy, g_lp, g_ent, dh, order, dw);
+}
 void OpsBackend::attention_backward_varlen(const TensorView&, const TensorView&, const TensorView&,
                                            const TensorView&, const TensorView&, const TensorView&,
                                            const PackedSeqs&, const AttentionConfig&,

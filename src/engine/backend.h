@@ -206,6 +206,19 @@ class OpsBackend {
                                        const TensorView& entropy, const TensorView& g_lp,
                                        const TensorView* g_ent, const TensorView& dh,
                                        const TokenOrder& order, const TensorView& dw) const;
+  // linear_logprob_backward from a given lse / entropy that also writes the forward's outputs of
+  // the same inputs (logp_out, lse_out, entropy_out: [T] f32, the bits linear_logprob writes;
+  // docs/contract.md §B.8 "The forward from the backward"): a caller that holds the forward's lse
+  // already (an on-policy step: the rollout's) skips the forward and compares afterwards; where
+  // the given and the returned values differ, the gradients were taken at a wrong lse. This
+  // default runs linear_logprob, then linear_logprob_backward; the invariant CUDA backend does both
+  // in one pass over the vocab (one logits GEMM fewer).
+  virtual void linear_logprob_backward_recompute(
+      const TensorView& h, const TensorView& w, const TensorView& targets,
+      const LogprobParams& params, const ContractConfig& cfg, const TensorView& lse,
+      const TensorView& entropy, const TensorView& g_lp, const TensorView* g_ent,
+      const TensorView& dh, const TokenOrder& order, const TensorView& dw,
+      const TensorView& logp_out, const TensorView& lse_out, const TensorView& entropy_out) const;
   virtual void attention_backward_varlen(const TensorView& q, const TensorView& k,
                                          const TensorView& v, const TensorView& out,
                                          const TensorView& lse, const TensorView& dout,

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -102,7 +103,9 @@ std::string settings_string(const GrpoConfig& c) {
      << "\n  " << c.contract.to_string() << "\n  " << c.optim.to_string() << "\n  "
      << c.loss.to_string() << "\n  " << c.rollout.to_string()
      << (c.baseline ? "\n  kernels: BASELINE (ordinary, non-invariant)" : "")
-     << (c.share_prompts ? "\n  training: group-shared prompts (docs/contract.md §B.11)" : "");
+     << (c.share_prompts ? "\n  training: group-shared prompts (docs/contract.md §B.11)" : "")
+     << (c.head_from_rollout ? ""
+                             : "\n  training: the log-prob head's forward on every mini-batch");
   return os.str();
 }
 
@@ -536,165 +539,236 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
         auto tick = [&](double& into) {
           if (timing) lap(into);
         };
-        std::unique_ptr<Gradients> grads;
-        // The training model over the optimizer's weights, and its backward's own copies of them
-        // (on the device: device to device). Rank-local: each rank's shards only.
-        Model train_model(mcfg, views_of(adam->bf16_weights()), topt, fwd_ops, comm);
-        const std::unique_ptr<Backprop> bp_own =
-            comm ? std::make_unique<Backprop>(mcfg, views_of(adam->bf16_weights()), topt, *ops,
-                                              *comm)
-                 : std::make_unique<Backprop>(mcfg, views_of(adam->bf16_weights()), topt, *ops);
-        const Backprop& bp = *bp_own;
-        tick(met.weight_sync_s);
-        // Forwards of the micro-batches (consecutive runs of at most micro_batch_tokens tokens).
-        std::vector<MicroBatch> mbs;
-        for (int64_t s = m0; cfg.share_prompts && s < m1;) {
-          // Whole groups while their tokens (each prompt once) fit in micro_batch_tokens.
-          MicroBatch u;
-          u.s0 = s;
-          std::vector<size_t> members;
-          int64_t fill = 0;
-          while (s < m1) {
-            const size_t k = size_t(s / cfg.group);
-            int64_t len = int64_t(prompt_groups[k].prompt.size());
-            for (const auto& c : prompt_groups[k].completions) len += int64_t(c.size());
-            if (!members.empty() && fill + len > cfg.micro_batch_tokens) break;
-            members.push_back(k);
-            fill += len;
-            s += cfg.group;
-          }
-          u.s1 = s;
-          u.pack = pack_prompt_groups(prompt_groups, members);
-          SharedPack& pk = *u.pack;
-          const int64_t T = int64_t(pk.tokens.size()), Th = int64_t(pk.targets.size());
-          train_tokens += T;
-          u.saved = bp.forward_shared(
-              train_model, TensorView::contiguous(pk.tokens.data(), DType::kI32, {T}),
-              TensorView::contiguous(pk.cu.data(), DType::kI32, {int64_t(pk.cu.size())}),
-              TensorView::contiguous(pk.prompt_of.data(), DType::kI32,
-                                     {int64_t(pk.prompt_of.size())}));
-          u.targets = pk.targets;
-          Tensor logp(DType::kF32, {Th});
-          u.lse = Tensor(DType::kF32, {Th});
-          u.ent = Tensor(DType::kF32, {Th});
-          const Tensor hh = bp.head_hidden(u.saved, pk.head);
-          train_model.logprob(hh.view(),
-                              TensorView::contiguous(u.targets.data(), DType::kI64, {Th}),
-                              cfg.temperature, logp.view(), u.lse.view(), u.ent.view());
-          for (int64_t k = u.s0; k < u.s1; ++k) {
-            TrainSeq& q = seqs[size_t(k)];
-            const int64_t base =
-                pk.head_row0[size_t((k - u.s0) / cfg.group)][size_t((k - u.s0) % cfg.group)];
-            const int64_t nc = int64_t(q.c->tokens.size());
-            u.head0.push_back(base);
-            q.logp.assign(logp.ptr<float>() + base, logp.ptr<float>() + base + nc);
-            q.entropy.assign(u.ent.ptr<float>() + base, u.ent.ptr<float>() + base + nc);
-          }
-          mbs.push_back(std::move(u));
-        }
-        for (int64_t s = m0; !cfg.share_prompts && s < m1;) {
-          MicroBatch u;
-          u.s0 = s;
-          std::vector<int32_t> tokens;
-          u.cu = {0};
-          while (s < m1 && (s == u.s0 || int64_t(tokens.size() + seqs[size_t(s)].tokens.size()) <=
-                                             cfg.micro_batch_tokens)) {
-            const TrainSeq& q = seqs[size_t(s)];
-            for (size_t i = 0; i < q.tokens.size(); ++i) {
-              tokens.push_back(q.tokens[i]);
-              // Position i predicts token i+1; only the completion's tokens are targets.
-              const bool target = int64_t(i) + 1 >= q.prompt_len && i + 1 < q.tokens.size();
-              u.targets.push_back(target ? q.tokens[i + 1] : -1);
+        // The head from the rollout (GrpoConfig::head_from_rollout): on the first mini-batch (the
+        // rollout's own weights) with the invariant kernels, the trainer does not run the head's
+        // forward — the rollout's lse / entropy / logp are its bits (the contract) — and the
+        // backward recomputes them from the logits it computes anyway (§B.8 "the forward from the
+        // backward"); they are compared with the rollout's afterwards, and a mismatch (a broken
+        // contract: never expected) redoes the mini-batch with the head's forward.
+        const bool rollout_head_allowed =
+            cfg.head_from_rollout && mb == 0 && !cfg.baseline && !cfg.share_prompts && !comm;
+        const GrpoStepMetrics met_in = met;
+        const int64_t tokens_in = train_tokens;
+        for (int attempt = 0;; ++attempt) {
+          const bool from_rollout = rollout_head_allowed && attempt == 0;
+          met = met_in;
+          train_tokens = tokens_in;
+          int64_t rollout_head_mismatches = 0;
+          std::unique_ptr<Gradients> grads;
+          // The training model over the optimizer's weights, and its backward's own copies of them
+          // (on the device: device to device). Rank-local: each rank's shards only.
+          Model train_model(mcfg, views_of(adam->bf16_weights()), topt, fwd_ops, comm);
+          const std::unique_ptr<Backprop> bp_own =
+              comm ? std::make_unique<Backprop>(mcfg, views_of(adam->bf16_weights()), topt, *ops,
+                                                *comm)
+                   : std::make_unique<Backprop>(mcfg, views_of(adam->bf16_weights()), topt, *ops);
+          const Backprop& bp = *bp_own;
+          tick(met.weight_sync_s);
+          // Forwards of the micro-batches (consecutive runs of at most micro_batch_tokens tokens).
+          std::vector<MicroBatch> mbs;
+          for (int64_t s = m0; cfg.share_prompts && s < m1;) {
+            // Whole groups while their tokens (each prompt once) fit in micro_batch_tokens.
+            MicroBatch u;
+            u.s0 = s;
+            std::vector<size_t> members;
+            int64_t fill = 0;
+            while (s < m1) {
+              const size_t k = size_t(s / cfg.group);
+              int64_t len = int64_t(prompt_groups[k].prompt.size());
+              for (const auto& c : prompt_groups[k].completions) len += int64_t(c.size());
+              if (!members.empty() && fill + len > cfg.micro_batch_tokens) break;
+              members.push_back(k);
+              fill += len;
+              s += cfg.group;
             }
-            u.cu.push_back(int32_t(tokens.size()));
-            ++s;
+            u.s1 = s;
+            u.pack = pack_prompt_groups(prompt_groups, members);
+            SharedPack& pk = *u.pack;
+            const int64_t T = int64_t(pk.tokens.size()), Th = int64_t(pk.targets.size());
+            train_tokens += T;
+            u.saved = bp.forward_shared(
+                train_model, TensorView::contiguous(pk.tokens.data(), DType::kI32, {T}),
+                TensorView::contiguous(pk.cu.data(), DType::kI32, {int64_t(pk.cu.size())}),
+                TensorView::contiguous(pk.prompt_of.data(), DType::kI32,
+                                       {int64_t(pk.prompt_of.size())}));
+            u.targets = pk.targets;
+            Tensor logp(DType::kF32, {Th});
+            u.lse = Tensor(DType::kF32, {Th});
+            u.ent = Tensor(DType::kF32, {Th});
+            const Tensor hh = bp.head_hidden(u.saved, pk.head);
+            train_model.logprob(hh.view(),
+                                TensorView::contiguous(u.targets.data(), DType::kI64, {Th}),
+                                cfg.temperature, logp.view(), u.lse.view(), u.ent.view());
+            for (int64_t k = u.s0; k < u.s1; ++k) {
+              TrainSeq& q = seqs[size_t(k)];
+              const int64_t base =
+                  pk.head_row0[size_t((k - u.s0) / cfg.group)][size_t((k - u.s0) % cfg.group)];
+              const int64_t nc = int64_t(q.c->tokens.size());
+              u.head0.push_back(base);
+              q.logp.assign(logp.ptr<float>() + base, logp.ptr<float>() + base + nc);
+              q.entropy.assign(u.ent.ptr<float>() + base, u.ent.ptr<float>() + base + nc);
+            }
+            mbs.push_back(std::move(u));
           }
-          u.s1 = s;
-          const int64_t T = int64_t(tokens.size());
-          train_tokens += T;
-          u.saved =
-              bp.forward(train_model, TensorView::contiguous(tokens.data(), DType::kI32, {T}),
-                         TensorView::contiguous(u.cu.data(), DType::kI32, {int64_t(u.cu.size())}));
-          Tensor logp(DType::kF32, {T});
-          u.lse = Tensor(DType::kF32, {T});
-          u.ent = Tensor(DType::kF32, {T});
-          train_model.logprob(u.saved.hidden.view(),
-                              TensorView::contiguous(u.targets.data(), DType::kI64, {T}),
-                              cfg.temperature, logp.view(), u.lse.view(), u.ent.view());
-          for (int64_t k = u.s0; k < u.s1; ++k) {
-            TrainSeq& q = seqs[size_t(k)];
-            const int64_t base = u.cu[size_t(k - u.s0)] + q.prompt_len - 1;
-            const int64_t nc = int64_t(q.c->tokens.size());
-            u.head0.push_back(base);
-            q.logp.assign(logp.ptr<float>() + base, logp.ptr<float>() + base + nc);
-            q.entropy.assign(u.ent.ptr<float>() + base, u.ent.ptr<float>() + base + nc);
+          for (int64_t s = m0; !cfg.share_prompts && s < m1;) {
+            MicroBatch u;
+            u.s0 = s;
+            std::vector<int32_t> tokens;
+            u.cu = {0};
+            while (s < m1 && (s == u.s0 || int64_t(tokens.size() + seqs[size_t(s)].tokens.size()) <=
+                                               cfg.micro_batch_tokens)) {
+              const TrainSeq& q = seqs[size_t(s)];
+              for (size_t i = 0; i < q.tokens.size(); ++i) {
+                tokens.push_back(q.tokens[i]);
+                // Position i predicts token i+1; only the completion's tokens are targets.
+                const bool target = int64_t(i) + 1 >= q.prompt_len && i + 1 < q.tokens.size();
+                u.targets.push_back(target ? q.tokens[i + 1] : -1);
+              }
+              u.cu.push_back(int32_t(tokens.size()));
+              ++s;
+            }
+            u.s1 = s;
+            const int64_t T = int64_t(tokens.size());
+            train_tokens += T;
+            u.saved = bp.forward(
+                train_model, TensorView::contiguous(tokens.data(), DType::kI32, {T}),
+                TensorView::contiguous(u.cu.data(), DType::kI32, {int64_t(u.cu.size())}));
+            Tensor logp(DType::kF32, {T});
+            u.lse = Tensor(DType::kF32, {T});
+            u.ent = Tensor(DType::kF32, {T});
+            if (from_rollout) {
+              // Rows without a target: lse a large finite value and entropy 0 (their G is +0 with
+              // any finite p: the bits of the true lse; a finite lse keeps p ⊗ (μ ⊖ y) finite).
+              std::fill_n(u.lse.ptr<float>(), T, 1e30f);
+              std::fill_n(u.ent.ptr<float>(), T, 0.0f);
+              std::fill_n(logp.ptr<float>(), T, 0.0f);
+              for (int64_t k = u.s0; k < u.s1; ++k) {
+                const Completion& c = *seqs[size_t(k)].c;
+                const int64_t base = u.cu[size_t(k - u.s0)] + seqs[size_t(k)].prompt_len - 1;
+                LS_CHECK(c.lse.size() == c.tokens.size() && c.entropy.size() == c.tokens.size() &&
+                             c.logp.size() == c.tokens.size(),
+                         kOp, "request ", c.id, ": the rollout recorded ", c.lse.size(),
+                         " lse and ", c.entropy.size(), " entropies for ", c.tokens.size(),
+                         " tokens");
+                std::copy(c.lse.begin(), c.lse.end(), u.lse.ptr<float>() + base);
+                std::copy(c.entropy.begin(), c.entropy.end(), u.ent.ptr<float>() + base);
+                std::copy(c.logp.begin(), c.logp.end(), logp.ptr<float>() + base);
+              }
+            } else {
+              train_model.logprob(u.saved.hidden.view(),
+                                  TensorView::contiguous(u.targets.data(), DType::kI64, {T}),
+                                  cfg.temperature, logp.view(), u.lse.view(), u.ent.view());
+            }
+            for (int64_t k = u.s0; k < u.s1; ++k) {
+              TrainSeq& q = seqs[size_t(k)];
+              const int64_t base = u.cu[size_t(k - u.s0)] + q.prompt_len - 1;
+              const int64_t nc = int64_t(q.c->tokens.size());
+              u.head0.push_back(base);
+              q.logp.assign(logp.ptr<float>() + base, logp.ptr<float>() + base + nc);
+              q.entropy.assign(u.ent.ptr<float>() + base, u.ent.ptr<float>() + base + nc);
+            }
+            mbs.push_back(std::move(u));
           }
-          mbs.push_back(std::move(u));
-        }
-        // Compare with the rollout's recorded values (first mini-batch of the step: same weights).
-        if (mb == 0) {
-          for (int64_t k = m0; k < m1; ++k) {
-            const TrainSeq& q = seqs[size_t(k)];
-            for (size_t j = 0; j < q.logp.size(); ++j) {
-              ++met.logp_compared;
-              if (f32_bits(q.logp[j]) != f32_bits(q.c->logp[j])) {
-                ++met.logp_mismatches;
-                met.max_abs_dlogp = std::max(met.max_abs_dlogp,
-                                             std::fabs(double(q.logp[j]) - double(q.c->logp[j])));
+          // Compare with the rollout's recorded values (first mini-batch of the step: same weights;
+          // from the rollout: after the backward, with the values it recomputed).
+          if (mb == 0 && !from_rollout) {
+            for (int64_t k = m0; k < m1; ++k) {
+              const TrainSeq& q = seqs[size_t(k)];
+              for (size_t j = 0; j < q.logp.size(); ++j) {
+                ++met.logp_compared;
+                if (f32_bits(q.logp[j]) != f32_bits(q.c->logp[j])) {
+                  ++met.logp_mismatches;
+                  met.max_abs_dlogp = std::max(met.max_abs_dlogp,
+                                               std::fabs(double(q.logp[j]) - double(q.c->logp[j])));
+                }
               }
             }
           }
-        }
-        tick(met.forward_s);
-        // The loss over the mini-batch, then the backward micro-batch by micro-batch.
-        std::vector<SeqLoss> sl;
-        for (int64_t k = m0; k < m1; ++k) {
-          const TrainSeq& q = seqs[size_t(k)];
-          SeqLoss x;
-          x.advantage = q.advantage;
-          x.old_logp = q.c->logp;
-          x.logp = q.logp;
-          x.entropy = q.entropy;
-          sl.push_back(std::move(x));
-        }
-        const LossResult lr = policy_loss(sl, cfg.loss);
-        if (mb == 0) {
-          met.ratio_min = lr.ratio_min;
-          met.ratio_max = lr.ratio_max;
-          met.clip_fraction = lr.clip_fraction;
-          met.kl = lr.kl;
-          met.entropy_mean = lr.entropy_mean;
-          met.loss = lr.loss;
-        }
-        grads = comm ? std::make_unique<Gradients>(mcfg, topt, *comm)
-                     : std::make_unique<Gradients>(mcfg, *ops);
-        for (const MicroBatch& u : mbs) {
-          const int64_t T = int64_t(u.targets.size());
-          std::vector<float> g_lp(size_t(T), 0.0f), g_ent(size_t(T), 0.0f);
-          std::vector<int64_t> idx;
-          for (int64_t k = u.s0; k < u.s1; ++k) {
-            const int64_t base = u.head0[size_t(k - u.s0)];
-            const auto& gl = lr.g_logp[size_t(k - m0)];
-            const auto& ge = lr.g_entropy[size_t(k - m0)];
-            for (size_t j = 0; j < gl.size(); ++j) {
-              g_lp[size_t(base) + j] = gl[j];
-              g_ent[size_t(base) + j] = ge[j];
-            }
-            idx.push_back(k);
+          tick(met.forward_s);
+          // The loss over the mini-batch, then the backward micro-batch by micro-batch.
+          std::vector<SeqLoss> sl;
+          for (int64_t k = m0; k < m1; ++k) {
+            const TrainSeq& q = seqs[size_t(k)];
+            SeqLoss x;
+            x.advantage = q.advantage;
+            x.old_logp = q.c->logp;
+            x.logp = q.logp;
+            x.entropy = q.entropy;
+            sl.push_back(std::move(x));
           }
-          const TensorView ge_v = TensorView::contiguous(g_ent.data(), DType::kF32, {T});
-          LogprobParams params;
-          params.temperature = cfg.temperature;
-          const TensorView tg = TensorView::contiguous(u.targets.data(), DType::kI64, {T});
-          const TensorView gl_v = TensorView::contiguous(g_lp.data(), DType::kF32, {T});
-          if (u.pack)
-            bp.backward_shared(u.saved, u.pack->head, tg, params, u.lse.view(), u.ent.view(), gl_v,
-                               &ge_v, u.pack->step_indices, *grads);
-          else
-            bp.backward(u.saved, tg, params, u.lse.view(), u.ent.view(), gl_v, &ge_v, idx, *grads);
+          const LossResult lr = policy_loss(sl, cfg.loss);
+          if (mb == 0) {
+            met.ratio_min = lr.ratio_min;
+            met.ratio_max = lr.ratio_max;
+            met.clip_fraction = lr.clip_fraction;
+            met.kl = lr.kl;
+            met.entropy_mean = lr.entropy_mean;
+            met.loss = lr.loss;
+          }
+          grads = comm ? std::make_unique<Gradients>(mcfg, topt, *comm)
+                       : std::make_unique<Gradients>(mcfg, *ops);
+          for (const MicroBatch& u : mbs) {
+            const int64_t T = int64_t(u.targets.size());
+            std::vector<float> g_lp(size_t(T), 0.0f), g_ent(size_t(T), 0.0f);
+            std::vector<int64_t> idx;
+            for (int64_t k = u.s0; k < u.s1; ++k) {
+              const int64_t base = u.head0[size_t(k - u.s0)];
+              const auto& gl = lr.g_logp[size_t(k - m0)];
+              const auto& ge = lr.g_entropy[size_t(k - m0)];
+              for (size_t j = 0; j < gl.size(); ++j) {
+                g_lp[size_t(base) + j] = gl[j];
+                g_ent[size_t(base) + j] = ge[j];
+              }
+              idx.push_back(k);
+            }
+            const TensorView ge_v = TensorView::contiguous(g_ent.data(), DType::kF32, {T});
+            LogprobParams params;
+            params.temperature = cfg.temperature;
+            const TensorView tg = TensorView::contiguous(u.targets.data(), DType::kI64, {T});
+            const TensorView gl_v = TensorView::contiguous(g_lp.data(), DType::kF32, {T});
+            if (u.pack) {
+              bp.backward_shared(u.saved, u.pack->head, tg, params, u.lse.view(), u.ent.view(),
+                                 gl_v, &ge_v, u.pack->step_indices, *grads);
+            } else if (from_rollout) {
+              Tensor lp_r(DType::kF32, {T}), lse_r(DType::kF32, {T}), ent_r(DType::kF32, {T});
+              const HeadOutputs ho{lp_r.view(), lse_r.view(), ent_r.view()};
+              bp.backward(u.saved, tg, params, u.lse.view(), u.ent.view(), gl_v, &ge_v, idx, *grads,
+                          &ho);
+              // The trainer's head (recomputed by the backward) vs the rollout's, bit for bit.
+              for (int64_t k = u.s0; k < u.s1; ++k) {
+                const Completion& c = *seqs[size_t(k)].c;
+                const size_t base = size_t(u.head0[size_t(k - u.s0)]);
+                for (size_t j = 0; j < c.logp.size(); ++j) {
+                  ++met.logp_compared;
+                  const float lp = lp_r.ptr<float>()[base + j];
+                  if (f32_bits(lp) != f32_bits(c.logp[j])) {
+                    ++met.logp_mismatches;
+                    met.max_abs_dlogp =
+                        std::max(met.max_abs_dlogp, std::fabs(double(lp) - double(c.logp[j])));
+                  }
+                  if (f32_bits(lp) != f32_bits(c.logp[j]) ||
+                      f32_bits(lse_r.ptr<float>()[base + j]) != f32_bits(c.lse[j]) ||
+                      f32_bits(ent_r.ptr<float>()[base + j]) != f32_bits(c.entropy[j]))
+                    ++rollout_head_mismatches;
+                }
+              }
+            } else {
+              bp.backward(u.saved, tg, params, u.lse.view(), u.ent.view(), gl_v, &ge_v, idx,
+                          *grads);
+            }
+          }
+          if (rollout_head_mismatches > 0) {
+            // The gradients were taken at the rollout's lse, which is not the trainer's: redo.
+            std::fprintf(stderr,
+                         "[grpo] step %lld: %lld of the rollout's head values differ from the "
+                         "trainer's (the contract is broken somewhere); the mini-batch is redone "
+                         "with the trainer's own head\n",
+                         (long long)step, (long long)rollout_head_mismatches);
+            continue;
+          }
+          grads->finish();
+          return grads;
         }
-        grads->finish();
-        return grads;
       };
       Weights gathered;  // rank-local: the gradients of every rank's blocks
       std::unique_ptr<Gradients> grads;

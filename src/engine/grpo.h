@@ -59,6 +59,13 @@ struct GrpoConfig {
   // rounding). Micro-batches hold whole groups (micro_batch_tokens counts a group's prompt once)
   // and mini-batches cut at group boundaries (mini_batches <= prompts). CPU, invariant only.
   bool share_prompts = false;
+  // The first mini-batch's log-prob head from the rollout: the trainer skips the head's forward
+  // there and takes the rollout's lse / entropy / logp (bit for bit its own under the contract);
+  // the backward recomputes them from its logits (docs/contract.md §B.8 "The forward from the
+  // backward") and they are compared with the rollout's (logp_mismatches counts them as before);
+  // a mismatch redoes the mini-batch with the head's forward. Invariant kernels, simulated TP, no
+  // shared prompts; elsewhere (and with false) the head's forward runs. Not a setting of the bits.
+  bool head_from_rollout = true;
   // Where rollout, training forward and backward, and AdamW run (the GrpoDevice given to
   // run_grpo must be of this device). Not a setting of the bits: a checkpoint written on one
   // device resumes on the other.

@@ -359,6 +359,17 @@ void ProfiledBackend::linear_logprob_backward(const TensorView& h, const TensorV
                                     order, dw);
   });
 }
+void ProfiledBackend::linear_logprob_backward_recompute(
+    const TensorView& h, const TensorView& w, const TensorView& targets,
+    const LogprobParams& params, const ContractConfig& cfg, const TensorView& lse,
+    const TensorView& entropy, const TensorView& g_lp, const TensorView* g_ent,
+    const TensorView& dh, const TokenOrder& order, const TensorView& dw, const TensorView& logp_out,
+    const TensorView& lse_out, const TensorView& entropy_out) const {
+  timed("linear_logprob_backward_recompute", [&] {
+    inner_->linear_logprob_backward_recompute(h, w, targets, params, cfg, lse, entropy, g_lp, g_ent,
+                                              dh, order, dw, logp_out, lse_out, entropy_out);
+  });
+}
 void ProfiledBackend::linear_logprob_backward_partial(
     const TensorView& h, const TensorView& w_shard, const TensorView& targets,
     const LogprobParams& params, const ContractConfig& cfg, const LogprobShard& shard,

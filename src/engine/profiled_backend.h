@@ -173,6 +173,14 @@ class ProfiledBackend final : public OpsBackend {
                                const TensorView& g_lp, const TensorView* g_ent,
                                const TensorView& dh, const TokenOrder& order,
                                const TensorView& dw) const override;
+  void linear_logprob_backward_recompute(const TensorView& h, const TensorView& w,
+                                         const TensorView& targets, const LogprobParams& params,
+                                         const ContractConfig& cfg, const TensorView& lse,
+                                         const TensorView& entropy, const TensorView& g_lp,
+                                         const TensorView* g_ent, const TensorView& dh,
+                                         const TokenOrder& order, const TensorView& dw,
+                                         const TensorView& logp_out, const TensorView& lse_out,
+                                         const TensorView& entropy_out) const override;
   void linear_logprob_backward_partial(const TensorView& h, const TensorView& w_shard,
                                        const TensorView& targets, const LogprobParams& params,
                                        const ContractConfig& cfg, const LogprobShard& shard,

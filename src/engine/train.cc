@@ -603,9 +603,14 @@ Tensor Backprop::head_hidden(const SavedForward& f, const HeadRows& head) const 
 void Backprop::backward(const SavedForward& f, const TensorView& targets,
                         const LogprobParams& params, const TensorView& lse,
                         const TensorView& entropy, const TensorView& g_lp, const TensorView* g_ent,
-                        std::span<const int64_t> step_indices, Gradients& grads) const {
+                        std::span<const int64_t> step_indices, Gradients& grads,
+                        const HeadOutputs* head_out) const {
   LS_CHECK(!f.shared, kOp, "a shared-prompt forward (forward_shared) takes backward_shared");
-  backward_impl(f, nullptr, targets, params, lse, entropy, g_lp, g_ent, step_indices, grads);
+  LS_CHECK(!head_out || !(comm_ && opt_.tp > 1), kOp,
+           "the head's forward outputs from the backward (head_out) are not implemented for a "
+           "rank-local backward (tp > 1)");
+  backward_impl(f, nullptr, targets, params, lse, entropy, g_lp, g_ent, step_indices, grads,
+                head_out);
 }
 
 void Backprop::backward_shared(const SavedForward& f, const HeadRows& head,
@@ -621,7 +626,7 @@ void Backprop::backward_impl(const SavedForward& f, const HeadRows* head, const 
                              const LogprobParams& params, const TensorView& lse,
                              const TensorView& entropy, const TensorView& g_lp,
                              const TensorView* g_ent, std::span<const int64_t> step_indices,
-                             Gradients& grads) const {
+                             Gradients& grads, const HeadOutputs* head_out) const {
   const OpsBackend& ops = *ops_;
   const int64_t T = f.tokens.numel();
   const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size, D = cfg_.head_dim;
@@ -752,6 +757,14 @@ void Backprop::backward_impl(const SavedForward& f, const HeadRows* head, const 
   const TensorView w_lm = w(tied ? "model.embed_tokens.weight" : "lm_head.weight");
   const TensorView dw_lm = tied ? grads.tied_lm_head() : grads["lm_head.weight"];
   auto head_backward = [&](const TensorView& h, const TokenOrder& ord, const TensorView& dh) {
+    if (!ranked && head_out) {
+      ops.linear_logprob_backward_recompute(
+          h, w_lm, tg, params, contract, lse_d, ent_d, glp_d, g_ent ? &gent_d : nullptr, dh, ord,
+          dw_lm, stage.output(head_out->logp), stage.output(head_out->lse),
+          stage.output(head_out->entropy));
+      stage.finish();
+      return;
+    }
     if (!ranked) {
       ops.linear_logprob_backward(h, w_lm, tg, params, contract, lse_d, ent_d, glp_d,
                                   g_ent ? &gent_d : nullptr, dh, ord, dw_lm);

@@ -148,6 +148,12 @@ SharedPack pack_prompt_groups(const std::vector<PromptGroup>& groups,
 // host round trip) and options (contract, tp), on a backend: the invariant CPU
 // backend (first form), or `ops` (kept: it must outlive this object; the model whose forward is
 // differentiated must run on a backend of the same device).
+// The log-prob head's forward outputs ([T] f32 views, host or device) a backward may write
+// (Backprop::backward's head_out).
+struct HeadOutputs {
+  TensorView logp, lse, entropy;
+};
+
 class Backprop {
  public:
   Backprop(const Qwen3Config& cfg, const std::map<std::string, TensorView>& weights,
@@ -185,10 +191,15 @@ class Backprop {
   // micro-batch's gradients to `grads`. step_indices[b]: the step index (B.1) of the packed
   // sequence b (any order inside the micro-batch; the micro-batches of a step hold consecutive
   // runs of the step's order and come in that order, else lockstep::Error).
+  // head_out (optional; whole-model backward only, not rank-local): the head's forward outputs
+  // of these inputs written as well ([T] f32 views, host or device: logp, lse, entropy with the
+  // bits Model::logprob writes; OpsBackend::linear_logprob_backward_recompute), so that a caller
+  // holding the forward's lse already (an on-policy step: the rollout's) passes it in without
+  // running the head's forward and compares afterwards.
   void backward(const SavedForward& f, const TensorView& targets, const LogprobParams& params,
                 const TensorView& lse, const TensorView& entropy, const TensorView& g_lp,
-                const TensorView* g_ent, std::span<const int64_t> step_indices,
-                Gradients& grads) const;
+                const TensorView* g_ent, std::span<const int64_t> step_indices, Gradients& grads,
+                const HeadOutputs* head_out = nullptr) const;
   // The backward of a shared-prompt forward (§B.11): the head's inputs (targets, lse, entropy,
   // g_lp, g_ent) are over the head rows of `head` ([Th], lse / entropy from Model::logprob of
   // head_hidden), step_indices[b] is packed segment b's step index (prompts and completions: the
@@ -205,7 +216,8 @@ class Backprop {
   void backward_impl(const SavedForward& f, const HeadRows* head, const TensorView& targets,
                      const LogprobParams& params, const TensorView& lse, const TensorView& entropy,
                      const TensorView& g_lp, const TensorView* g_ent,
-                     std::span<const int64_t> step_indices, Gradients& grads) const;
+                     std::span<const int64_t> step_indices, Gradients& grads,
+                     const HeadOutputs* head_out = nullptr) const;
   Qwen3Config cfg_;
   ModelOptions opt_;
   std::unique_ptr<OpsBackend> own_;  // the CPU backend of the first constructor

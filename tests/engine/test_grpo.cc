@@ -87,6 +87,32 @@ TEST(Grpo, EveryStepZeroMismatchesRatiosExactlyOneAndWeightsMove) {
   }
 }
 
+// The first mini-batch's head from the rollout (the default: no head forward there; the backward
+// recomputes logp / lse / entropy and they are compared) gives, step by step, the weights and the
+// comparison counts of the trainer's own head forward; with 2 mini-batches only the first takes
+// it.
+TEST(Grpo, HeadFromTheRolloutGivesTheWeightsOfTheHeadForward) {
+  for (int64_t mini : {int64_t(1), int64_t(2)}) {
+    GrpoConfig g = small_run();
+    g.mini_batches = mini;
+    ASSERT_TRUE(g.head_from_rollout);
+    const GrpoRun a = run(g);
+    g.head_from_rollout = false;
+    const GrpoRun b = run(g);
+    ASSERT_EQ(a.steps.size(), b.steps.size());
+    for (size_t i = 0; i < a.steps.size(); ++i) {
+      EXPECT_EQ(a.steps[i].weights_sha256, b.steps[i].weights_sha256)
+          << "mini-batches " << mini << ", step " << i;
+      EXPECT_EQ(a.steps[i].logp_compared, b.steps[i].logp_compared) << "step " << i;
+      EXPECT_GT(a.steps[i].logp_compared, 0) << "step " << i;
+      EXPECT_EQ(a.steps[i].logp_mismatches, 0) << "step " << i;
+      EXPECT_EQ(a.steps[i].loss, b.steps[i].loss) << "step " << i;
+      EXPECT_EQ(a.steps[i].entropy_mean, b.steps[i].entropy_mean) << "step " << i;
+    }
+    EXPECT_EQ(a.final_sha, b.final_sha) << "mini-batches " << mini;
+  }
+}
+
 // Several mini-batches per rollout batch: mini-batch m trains on the rollout's version + m, which
 // the metrics show; the warm-up's steps count.
 TEST(Grpo, WeightVersionsShowTheMiniBatchStaleness) {
