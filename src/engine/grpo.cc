@@ -554,6 +554,16 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
           met = met_in;
           train_tokens = tokens_in;
           int64_t rollout_head_mismatches = 0;
+          // One trainer log-prob vs the rollout's, bit for bit, into the step's counts; true if
+          // equal.
+          auto compare_logp = [&](float trainer, float rollout) {
+            ++met.logp_compared;
+            if (f32_bits(trainer) == f32_bits(rollout)) return true;
+            ++met.logp_mismatches;
+            met.max_abs_dlogp =
+                std::max(met.max_abs_dlogp, std::fabs(double(trainer) - double(rollout)));
+            return false;
+          };
           std::unique_ptr<Gradients> grads;
           // The training model over the optimizer's weights, and its backward's own copies of them
           // (on the device: device to device). Rank-local: each rank's shards only.
@@ -674,14 +684,7 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
           if (mb == 0 && !from_rollout) {
             for (int64_t k = m0; k < m1; ++k) {
               const TrainSeq& q = seqs[size_t(k)];
-              for (size_t j = 0; j < q.logp.size(); ++j) {
-                ++met.logp_compared;
-                if (f32_bits(q.logp[j]) != f32_bits(q.c->logp[j])) {
-                  ++met.logp_mismatches;
-                  met.max_abs_dlogp = std::max(met.max_abs_dlogp,
-                                               std::fabs(double(q.logp[j]) - double(q.c->logp[j])));
-                }
-              }
+              for (size_t j = 0; j < q.logp.size(); ++j) compare_logp(q.logp[j], q.c->logp[j]);
             }
           }
           tick(met.forward_s);
@@ -739,14 +742,8 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
                 const Completion& c = *seqs[size_t(k)].c;
                 const size_t base = size_t(u.head0[size_t(k - u.s0)]);
                 for (size_t j = 0; j < c.logp.size(); ++j) {
-                  ++met.logp_compared;
                   const float lp = lp_r.ptr<float>()[base + j];
-                  if (f32_bits(lp) != f32_bits(c.logp[j])) {
-                    ++met.logp_mismatches;
-                    met.max_abs_dlogp =
-                        std::max(met.max_abs_dlogp, std::fabs(double(lp) - double(c.logp[j])));
-                  }
-                  if (f32_bits(lp) != f32_bits(c.logp[j]) ||
+                  if (!compare_logp(lp, c.logp[j]) ||
                       f32_bits(lse_r.ptr<float>()[base + j]) != f32_bits(c.lse[j]) ||
                       f32_bits(ent_r.ptr<float>()[base + j]) != f32_bits(c.entropy[j]))
                     ++rollout_head_mismatches;

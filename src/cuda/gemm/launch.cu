@@ -468,8 +468,9 @@ bool gemm_operands_tma_ok(const void* x, int64_t M, int64_t ldx, const void* w, 
   return M >= 1 && N >= 1 && tma_compatible(x, M, ldx, w, N, ldw, K);
 }
 
-GemmProblem gemm_tn_problem(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
-                            int64_t M, int64_t N, int64_t K) {
+// The accumulate layouts' problem (one segment, b MN-major; a MN-major for tn, K-major for nn).
+static GemmProblem accumulate_problem(const uint16_t* a, int64_t lda, const uint16_t* b,
+                                      int64_t ldb, int64_t M, int64_t N, int64_t K, bool a_mn) {
   GemmParams c{};
   c.x = a;
   c.w = b;
@@ -480,9 +481,14 @@ GemmProblem gemm_tn_problem(const uint16_t* a, int64_t lda, const uint16_t* b, i
   c.ldw = ldb;
   c.seg_len = (K + 15) / 16 * 16;
   c.segments = 1;
-  c.x_mn = 1;
+  c.x_mn = a_mn ? 1 : 0;
   c.w_mn = 1;
   return problem_of(c, /*partial=*/false);
+}
+
+GemmProblem gemm_tn_problem(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
+                            int64_t M, int64_t N, int64_t K) {
+  return accumulate_problem(a, lda, b, ldb, M, N, K, /*a_mn=*/true);
 }
 
 void gemm_bf16_tn_accumulate(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
@@ -535,19 +541,7 @@ void gemm_bf16_tn_accumulate_blocked(const uint16_t* a, int64_t lda, const uint1
 
 GemmProblem gemm_nn_accumulate_problem(const uint16_t* a, int64_t lda, const uint16_t* b,
                                        int64_t ldb, int64_t M, int64_t N, int64_t K) {
-  GemmParams c{};
-  c.x = a;
-  c.w = b;
-  c.M = M;
-  c.N = N;
-  c.K = K;
-  c.ldx = lda;
-  c.ldw = ldb;
-  c.seg_len = (K + 15) / 16 * 16;
-  c.segments = 1;
-  c.x_mn = 0;
-  c.w_mn = 1;
-  GemmProblem q = problem_of(c, /*partial=*/false);
+  GemmProblem q = accumulate_problem(a, lda, b, ldb, M, N, K, /*a_mn=*/false);
   q.layout = GemmLayout::kTN;  // the tn layout's plans: one segment, the accumulate tiles
   return q;
 }
