@@ -138,16 +138,23 @@ IndexRef stage_index(const TensorView& v, Scratch& scratch, cudaStream_t stream)
 void launch_tile_states(const TileStateParams& tp, bool temper, cudaStream_t stream,
                         const char* op) {
   constexpr int kTilesPerCta = kTileThreads / kLpLanes;
-  const dim3 grid(unsigned((tp.ntiles + kTilesPerCta - 1) / kTilesPerCta), unsigned(tp.rows));
+  TileStateParams q = tp;
+  dim3 grid(unsigned((tp.ntiles + kTilesPerCta - 1) / kTilesPerCta), unsigned(tp.rows));
+  // Narrow blocks (at most half a CTA of tiles per row): several rows per CTA.
+  q.rows_per_cta = 1;
+  if (tp.ntiles >= 1 && tp.ntiles <= kTilesPerCta / 2 && tp.rows > 1) {
+    q.rows_per_cta = kTilesPerCta / tp.ntiles;
+    grid = dim3(1u, unsigned((tp.rows + q.rows_per_cta - 1) / q.rows_per_cta));
+  }
   const bool cached = tp.L <= int64_t(kLpLanes) * kLaneCache;
   if (temper && cached) {
-    lp_tile_states_kernel<true, true><<<grid, kTileThreads, 0, stream>>>(tp);
+    lp_tile_states_kernel<true, true><<<grid, kTileThreads, 0, stream>>>(q);
   } else if (temper) {
-    lp_tile_states_kernel<true, false><<<grid, kTileThreads, 0, stream>>>(tp);
+    lp_tile_states_kernel<true, false><<<grid, kTileThreads, 0, stream>>>(q);
   } else if (cached) {
-    lp_tile_states_kernel<false, true><<<grid, kTileThreads, 0, stream>>>(tp);
+    lp_tile_states_kernel<false, true><<<grid, kTileThreads, 0, stream>>>(q);
   } else {
-    lp_tile_states_kernel<false, false><<<grid, kTileThreads, 0, stream>>>(tp);
+    lp_tile_states_kernel<false, false><<<grid, kTileThreads, 0, stream>>>(q);
   }
   check_launch(op);
 }

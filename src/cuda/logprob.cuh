@@ -59,9 +59,14 @@ struct TileStateParams {
   float* y_target;  // [rows]
   IndexRef targets;
   int64_t row0, v_begin, ignore_index;
+  // > 1: each CTA's groups cover rows_per_cta rows of all ntiles tiles (ntiles · rows_per_cta <=
+  // 32, grid (1, ceil(rows / rows_per_cta))), so that narrow logits blocks (the backward's: 4
+  // tiles) keep every group busy; 0 or 1: the grid below.
+  int64_t rows_per_cta;
 };
 
-// Grid (ceil(ntiles / 32), rows), 256 threads: thread group of 8 = one tile of one row.
+// Grid (ceil(ntiles / 32), rows), 256 threads: thread group of 8 = one tile of one row (or
+// rows_per_cta rows per CTA, above). Which group computes a state changes no bit.
 // kCached (vocab_tile <= 256): a lane's <= 32 entries are loaded (and tempered: one IEEE divide
 // each) once into registers, all loads in flight; entries j >= L are −inf and contribute nothing,
 // so the arithmetic is exactly the loop over j < L. Otherwise the entries are re-read per pass.
@@ -69,9 +74,18 @@ template <bool kTemper, bool kCached>
 static __global__ void __launch_bounds__(kTileThreads)
     lp_tile_states_kernel(const TileStateParams p) {
   const int lane = threadIdx.x & (kLpLanes - 1);
-  const int64_t ti = int64_t(blockIdx.x) * (kTileThreads / kLpLanes) + (threadIdx.x / kLpLanes);
-  const int64_t r = blockIdx.y;
-  const bool live = ti < p.ntiles;  // dead groups still run the shuffles (full warps)
+  const int grp = threadIdx.x / kLpLanes;
+  int64_t ti, r;
+  bool live;  // dead groups still run the shuffles (full warps)
+  if (p.rows_per_cta > 1) {
+    r = int64_t(blockIdx.y) * p.rows_per_cta + grp / p.ntiles;
+    ti = grp % p.ntiles;
+    live = grp < p.rows_per_cta * p.ntiles && r < p.rows;
+  } else {
+    ti = int64_t(blockIdx.x) * (kTileThreads / kLpLanes) + grp;
+    r = blockIdx.y;
+    live = ti < p.ntiles;
+  }
   const int64_t tile = p.tile0 + ti;
   const int64_t e0 = tile * p.L;                 // local entry of the tile's j = 0
   const float* zr = p.z + r * p.ldz + ti * p.L;  // its logit
