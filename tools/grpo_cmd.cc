@@ -82,7 +82,8 @@ std::string json_line(const engine::GrpoStepMetrics& s) {
       buf, sizeof buf,
       "{\"step\": %lld, \"reward_mean\": %.9g, \"reward_std\": %.9g, \"sequences\": "
       "%lld, \"generated_tokens\": %lld, \"logp_compared\": %lld, \"logp_mismatches\": "
-      "%lld, \"max_abs_dlogp\": %.9g, \"ratio_min\": %.17g, \"ratio_max\": %.17g, "
+      "%lld, \"max_abs_dlogp\": %.9g, \"head_mismatches\": %lld, \"ratio_min\": %.17g, "
+      "\"ratio_max\": %.17g, "
       "\"clip_fraction\": %.9g, \"kl\": %.9g, \"entropy_mean\": %.9g, \"loss\": %.9g, "
       "\"grad_norm\": %.9g, \"lr\": %.9g, \"rollout_s\": %.4f, \"train_s\": %.4f, "
       "\"step_s\": %.4f, \"reward_s\": %.4f, \"forward_s\": %.4f, \"backward_s\": %.4f, "
@@ -92,9 +93,9 @@ std::string json_line(const engine::GrpoStepMetrics& s) {
       "\"%s\"}",
       (long long)s.step, s.reward_mean, s.reward_std, (long long)s.sequences,
       (long long)s.generated_tokens, (long long)s.logp_compared, (long long)s.logp_mismatches,
-      s.max_abs_dlogp, s.ratio_min, s.ratio_max, s.clip_fraction, s.kl, s.entropy_mean, s.loss,
-      s.grad_norm, s.lr, s.rollout_s, s.train_s, s.step_s, s.reward_s, s.forward_s, s.backward_s,
-      s.optimizer_s, s.weight_sync_s, s.hash_s, s.train_tokens_per_s,
+      s.max_abs_dlogp, (long long)s.head_mismatches, s.ratio_min, s.ratio_max, s.clip_fraction,
+      s.kl, s.entropy_mean, s.loss, s.grad_norm, s.lr, s.rollout_s, s.train_s, s.step_s, s.reward_s,
+      s.forward_s, s.backward_s, s.optimizer_s, s.weight_sync_s, s.hash_s, s.train_tokens_per_s,
       (long long)s.rollout_weight_version, (long long)s.max_staleness, s.weights_sha256.c_str());
   return buf;
 }
@@ -188,11 +189,11 @@ int run_grpo_on(GrpoFlags& f, dist::Communicator* job) {
   PlotSeries reward{cfg.baseline ? "baseline" : "lockstep", {}, {}};
   PlotSeries mism = reward;
   hooks.on_step = [&](const engine::GrpoStepMetrics& s) {
-    mismatches += s.logp_mismatches;
+    mismatches += s.logp_mismatches + s.head_mismatches;
     reward.x.push_back(double(s.step));
     reward.y.push_back(s.reward_mean);
     mism.x.push_back(double(s.step));
-    mism.y.push_back(double(s.logp_mismatches));
+    mism.y.push_back(double(s.logp_mismatches + s.head_mismatches));
     if (!speaks) return;
     if (!f.json && !header) {
       header = true;

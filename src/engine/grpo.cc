@@ -549,9 +549,11 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
             cfg.head_from_rollout && mb == 0 && !cfg.baseline && !cfg.share_prompts && !comm;
         const GrpoStepMetrics met_in = met;
         const int64_t tokens_in = train_tokens;
+        int64_t head_mismatches = 0;  // of the attempts so far (kept when a redo resets met)
         for (int attempt = 0;; ++attempt) {
           const bool from_rollout = rollout_head_allowed && attempt == 0;
           met = met_in;
+          met.head_mismatches += head_mismatches;
           train_tokens = tokens_in;
           int64_t rollout_head_mismatches = 0;
           // One trainer log-prob vs the rollout's, bit for bit, into the step's counts; true if
@@ -761,6 +763,7 @@ Weights run_grpo(const GrpoConfig& cfg, const Qwen3Config& mcfg, const Weights& 
                          "trainer's (the contract is broken somewhere); the mini-batch is redone "
                          "with the trainer's own head\n",
                          (long long)step, (long long)rollout_head_mismatches);
+            head_mismatches += rollout_head_mismatches;
             continue;
           }
           grads->finish();

@@ -96,6 +96,11 @@ struct GrpoStepMetrics {
   int64_t sequences = 0, generated_tokens = 0;
   int64_t logp_compared = 0, logp_mismatches = 0;  // first mini-batch: trainer vs rollout, bits
   double max_abs_dlogp = 0;
+  // The head from the rollout (GrpoConfig::head_from_rollout): values of the rollout's head (logp,
+  // lse or entropy) that differ from those the backward recomputed. Any redoes the mini-batch with
+  // the trainer's own head forward (compared as logp_compared / logp_mismatches); nonzero means the
+  // one-pass backward broke the contract (§B.8), so `lockstep grpo` counts them as a failure too.
+  int64_t head_mismatches = 0;
   double ratio_min = 0, ratio_max = 0;  // first mini-batch
   double clip_fraction = 0, kl = 0, entropy_mean = 0, loss = 0;
   double grad_norm = 0, lr = 0;  // the last mini-batch's optimizer step

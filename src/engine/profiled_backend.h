@@ -48,7 +48,10 @@ struct OpProfile {
   std::vector<OpGap> gaps;    // every transition, largest device idle first (ties: by labels)
 };
 
-class ProfiledBackend final : public OpsBackend {
+// Not final: a forwarding decorator of every op, so a test may derive from it to change one op
+// (tests/engine/test_grpo.cc changes the one-pass log-prob head's output to check the GRPO loop's
+// redo).
+class ProfiledBackend : public OpsBackend {
  public:
   static constexpr size_t kMaxPendingMarks = 4096;
 

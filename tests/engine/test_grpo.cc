@@ -13,6 +13,7 @@
 #include "core/thread_pool.h"
 #include "engine/default_model.h"
 #include "engine/grpo.h"
+#include "engine/profiled_backend.h"
 #include "engine/safetensors.h"
 #include "engine/sha256.h"
 #include "lockstep/error.h"
@@ -111,6 +112,72 @@ TEST(Grpo, HeadFromTheRolloutGivesTheWeightsOfTheHeadForward) {
     }
     EXPECT_EQ(a.final_sha, b.final_sha) << "mini-batches " << mini;
   }
+}
+
+// The CPU's invariant backend whose one-pass log-prob head returns one wrong logp bit on its first
+// `corrupt` calls (the rest forwarded as they are): a broken one-pass head as the GRPO loop would
+// see it.
+class WrongHeadBackend : public ProfiledBackend {
+ public:
+  explicit WrongHeadBackend(int corrupt)
+      : ProfiledBackend(make_invariant_backend()), corrupt_(corrupt) {}
+  void linear_logprob_backward_recompute(const TensorView& h, const TensorView& w,
+                                         const TensorView& targets, const LogprobParams& params,
+                                         const ContractConfig& cfg, const TensorView& lse,
+                                         const TensorView& entropy, const TensorView& g_lp,
+                                         const TensorView* g_ent, const TensorView& dh,
+                                         const TokenOrder& order, const TensorView& dw,
+                                         const TensorView& logp_out, const TensorView& lse_out,
+                                         const TensorView& entropy_out) const override {
+    ProfiledBackend::linear_logprob_backward_recompute(h, w, targets, params, cfg, lse, entropy,
+                                                       g_lp, g_ent, dh, order, dw, logp_out,
+                                                       lse_out, entropy_out);
+    ++calls_;
+    if (calls_ > corrupt_) return;
+    const auto* t = static_cast<const int64_t*>(targets.data);
+    for (int64_t i = 0; i < targets.size(0); ++i)
+      if (t[i] >= 0) {  // the first row with a target: its logp is compared
+        static_cast<uint32_t*>(logp_out.data)[i] ^= 1u;
+        return;
+      }
+  }
+  int calls() const { return calls_; }
+
+ private:
+  int corrupt_;
+  mutable int calls_ = 0;
+};
+
+// A one-pass head that disagrees with the rollout (a broken contract, injected) is caught: the
+// step counts it as head_mismatches and redoes the mini-batch with the trainer's own head forward,
+// so the weights, comparisons and loss are those of the run without the one pass.
+TEST(Grpo, AWrongOnePassHeadIsCountedAndTheMiniBatchRedone) {
+  GrpoConfig g = small_run();
+  const Qwen3Config c = small_config();
+  const Weights w0 = random_qwen3_weights(c, 3);
+  auto wrong = std::make_shared<WrongHeadBackend>(1);
+  GrpoDevice dev = cpu_grpo_device();
+  dev.backend = [wrong, cpu = dev.backend](bool baseline) -> std::shared_ptr<OpsBackend> {
+    if (baseline) return cpu(true);
+    return wrong;
+  };
+  GrpoRun a;
+  GrpoHooks h;
+  h.on_step = [&](const GrpoStepMetrics& m) { a.steps.push_back(m); };
+  a.final_sha = weights_sha256(run_grpo(g, c, w0, dev, h));
+  EXPECT_GE(wrong->calls(), int(g.steps)) << "the one-pass head did not run on every step";
+  g.head_from_rollout = false;
+  const GrpoRun b = run(g);
+  ASSERT_EQ(a.steps.size(), b.steps.size());
+  for (size_t i = 0; i < a.steps.size(); ++i) {
+    EXPECT_EQ(a.steps[i].head_mismatches, i == 0 ? 1 : 0) << "step " << i;
+    EXPECT_EQ(b.steps[i].head_mismatches, 0) << "step " << i;
+    EXPECT_EQ(a.steps[i].weights_sha256, b.steps[i].weights_sha256) << "step " << i;
+    EXPECT_EQ(a.steps[i].logp_compared, b.steps[i].logp_compared) << "step " << i;
+    EXPECT_EQ(a.steps[i].logp_mismatches, 0) << "step " << i;
+    EXPECT_EQ(a.steps[i].loss, b.steps[i].loss) << "step " << i;
+  }
+  EXPECT_EQ(a.final_sha, b.final_sha);
 }
 
 // Several mini-batches per rollout batch: mini-batch m trains on the rollout's version + m, which
