@@ -135,6 +135,19 @@ IndexRef stage_index(const TensorView& v, Scratch& scratch, cudaStream_t stream)
   return r;
 }
 
+void launch_padding_tile_states(const TileStateParams& tiles, int64_t data_tiles, int64_t rows,
+                                cudaStream_t stream, const char* op) {
+  if (data_tiles >= tiles.n_tiles) return;
+  TileStateParams tp = tiles;
+  tp.z = tiles.states;
+  tp.ldz = 0;
+  tp.rows = rows;
+  tp.tile0 = data_tiles;
+  tp.ntiles = tiles.n_tiles - data_tiles;
+  tp.y_target = nullptr;
+  launch_tile_states(tp, true, stream, op);
+}
+
 void launch_tile_states(const TileStateParams& tp, bool temper, cudaStream_t stream,
                         const char* op) {
   constexpr int kTilesPerCta = kTileThreads / kLpLanes;
@@ -228,22 +241,8 @@ detail::LogprobProducer run_states(const char* op, const TensorView& h, const Te
   const int64_t data_tiles = (valid + L - 1) / L;  // tiles holding a real entry (fused)
   // What every tile-state launch below shares (z, rows and the tile range are per launch).
   detail::TileStateParams tiles{};
-  tiles.L = L;
-  tiles.valid = valid;
-  tiles.tau = params.temperature;
-  tiles.states = states;
-  tiles.n_tiles = n_tiles;
-  tiles.y_target = y_target;
-  tiles.targets = targets;
-  tiles.v_begin = v_begin;
-  tiles.ignore_index = params.ignore_index;
-  out.states = states;
-  out.n_tiles = n_tiles;
-  out.tps = lay.tiles_per_segment;
-  out.seg_count = seg_count;
-  out.y_target = y_target;
-  out.targets = targets;
-  out.ignore_index = params.ignore_index;
+  detail::logprob_states_shared(lay, seg_count, valid, v_begin, targets, params, states, y_target,
+                                tiles, out);
 
   for (int64_t r0 = 0; r0 < T; r0 += pl.token_block) {
     const int64_t rows = std::min(pl.token_block, T - r0);
@@ -266,16 +265,7 @@ detail::LogprobProducer run_states(const char* op, const TensorView& h, const Te
                                  static_cast<const uint16_t*>(w_local.data), valid,
                                  w_local.stride[0], H, gemm_k_layout(gcfg, H).segment_len, e,
                                  stream);
-      if (data_tiles < n_tiles) {  // all-padding tiles: empty states; nothing is read
-        detail::TileStateParams tp = tiles;
-        tp.z = states;
-        tp.ldz = 0;
-        tp.rows = rows;
-        tp.tile0 = data_tiles;
-        tp.ntiles = n_tiles - data_tiles;
-        tp.y_target = nullptr;
-        detail::launch_tile_states(tp, true, stream, op);
-      }
+      detail::launch_padding_tile_states(tiles, data_tiles, rows, stream, op);
     } else {
       for (int64_t c = 0; c < pl.chunks; ++c) {
         const int64_t tile0 = c * pl.chunk_tiles;
@@ -323,15 +313,8 @@ LogprobProducer linear_logprob_with_producer(const TensorView& h, const TensorVi
   const LogprobVocabLayout lay = logprob_vocab_layout(cfg, V);
   detail::Scratch scratch(op, s);
   const detail::IndexRef tg = detail::stage_index(targets, scratch, s);
-  detail::FoldParams out{};
-  out.mode = detail::kFoldOutputs;
-  out.logp = logp.ptr<float>();
-  out.lse = lse.ptr<float>();
-  out.entropy = entropy.ptr<float>();
-  out.logp_s = logp.stride[0];
-  out.lse_s = lse.stride[0];
-  out.entropy_s = entropy.stride[0];
-  return run_states(op, h, w, V, 0, lay, lay.segments, tg, params, cfg, out, scratch, producer, s);
+  return run_states(op, h, w, V, 0, lay, lay.segments, tg, params, cfg,
+                    detail::fold_to_outputs(logp, lse, entropy), scratch, producer, s);
 }
 
 LogprobProducer linear_logprob_partial_with_producer(

@@ -226,6 +226,46 @@ inline void launch_fold(const FoldParams& p, cudaStream_t stream, const char* op
   check_launch(op);
 }
 
+// The settings every tile-state launch and the fold of one call share (linear_logprob's and the
+// backward's recompute, §B.8): `states` [rows, n_tiles·3] and `y_target` [rows] are the call's
+// buffers; z, rows, tile range and row0 are per launch, the fold's mode and outputs the caller's.
+inline void logprob_states_shared(const LogprobVocabLayout& lay, int seg_count, int64_t valid,
+                                  int64_t v_begin, const IndexRef& targets,
+                                  const LogprobParams& params, float* states, float* y_target,
+                                  TileStateParams& tiles, FoldParams& fold) {
+  const int64_t n_tiles = lay.tiles_per_segment * seg_count;
+  tiles.L = lay.tile;
+  tiles.valid = valid;
+  tiles.tau = params.temperature;
+  tiles.states = states;
+  tiles.n_tiles = n_tiles;
+  tiles.y_target = y_target;
+  tiles.targets = targets;
+  tiles.v_begin = v_begin;
+  tiles.ignore_index = params.ignore_index;
+  fold.states = states;
+  fold.n_tiles = n_tiles;
+  fold.tps = lay.tiles_per_segment;
+  fold.seg_count = seg_count;
+  fold.y_target = y_target;
+  fold.targets = targets;
+  fold.ignore_index = params.ignore_index;
+}
+
+// The fold into logp / lse / entropy ([T] f32 views, any element stride).
+inline FoldParams fold_to_outputs(const TensorView& logp, const TensorView& lse,
+                                  const TensorView& entropy) {
+  FoldParams f{};
+  f.mode = kFoldOutputs;
+  f.logp = logp.ptr<float>();
+  f.lse = lse.ptr<float>();
+  f.entropy = entropy.ptr<float>();
+  f.logp_s = logp.stride[0];
+  f.lse_s = lse.stride[0];
+  f.entropy_s = entropy.stride[0];
+  return f;
+}
+
 struct LpCombineParams {
   const float* states;  // [R, T, 4]: element (r, t, c) at r·sr + t·st + c
   int64_t sr, st;

@@ -97,6 +97,11 @@ IndexRef stage_index(const TensorView& v, Scratch& scratch, cudaStream_t stream)
 struct TileStateParams;
 void launch_tile_states(const TileStateParams& tp, bool temper, cudaStream_t stream,
                         const char* op);
+// The empty states of tiles.n_tiles's tiles [data_tiles, n_tiles) of `rows` rows (all padding:
+// nothing is read), as the forward gives them; `tiles` as logprob_states_shared (logprob.cuh)
+// sets it.
+void launch_padding_tile_states(const TileStateParams& tiles, int64_t data_tiles, int64_t rows,
+                                cudaStream_t stream, const char* op);
 
 // Fills n floats with the bit pattern `bits` (e.g. canonical NaN) on `stream`.
 void fill_f32(float* p, int64_t n, uint32_t bits, cudaStream_t stream, const char* op);

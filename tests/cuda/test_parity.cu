@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/backward/logprob_plan.h"  // the one-pass log-prob backward (LogprobRecompute)
 #include "cuda/gpu_harness.h"
 #include "lockstep/cuda/attention.h"
 #include "lockstep/cuda/backward.h"
@@ -246,6 +247,29 @@ class CudaOps final : public Ops {
     cuda::linear_logprob_backward(h, w, targets, p, cfg, lse, entropy, g_lp, g_ent, dh, order, dw);
     cuda::synchronize();
   }
+  // The one pass (cuda::detail::LogprobRecompute) where it applies: rows in place, vocab_tile a
+  // multiple of 16 (else the definition: forward, then backward).
+  void linear_logprob_backward_recompute(const TensorView& h, const TensorView& w,
+                                         const TensorView& targets, const LogprobParams& p,
+                                         const ContractConfig& cfg, const TensorView& lse,
+                                         const TensorView& entropy, const TensorView& g_lp,
+                                         const TensorView* g_ent, const TensorView& dh,
+                                         const TokenOrder& order, const TensorView& dw,
+                                         const TensorView& logp_out, const TensorView& lse_out,
+                                         const TensorView& entropy_out) override {
+    if (cfg.vocab_tile % 16 != 0 || !cuda::detail::logprob_rows_in_place(order, h.size(0))) {
+      Ops::linear_logprob_backward_recompute(h, w, targets, p, cfg, lse, entropy, g_lp, g_ent, dh,
+                                             order, dw, logp_out, lse_out, entropy_out);
+      return;
+    }
+    ++one_passes;
+    const cuda::detail::LogprobRecompute rc{logp_out, lse_out, entropy_out};
+    cuda::detail::linear_logprob_backward_with_path(
+        h, w, targets, p, cfg, lse, entropy, g_lp, g_ent, dh, order, dw,
+        cuda::detail::LogprobBwdPath::kAuto, nullptr, nullptr, &rc);
+    cuda::synchronize();
+  }
+  int64_t one_passes = 0;  // calls that ran the one pass (the summary says how many)
   // cu: the host view of the case (Mem::host); validated here as on the CPU.
   void attention_backward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                                  const TensorView& out, const TensorView& lse,
@@ -323,6 +347,11 @@ void run_table() {
     });
   }
   std::printf("table: %zu cases, %d skipped (--quick / --filter)\n", table.size(), skipped);
+  // The relation "the one pass == forward + backward" of the log-prob backward's cases must have
+  // run the one pass (not only its fallback) somewhere.
+  if (!gpu_test::g_quick && gpu_test::g_filter.empty())
+    report(gpu.one_passes > 0,
+           "the one-pass log-prob backward ran (" + std::to_string(gpu.one_passes) + " calls)");
 }
 
 }  // namespace

@@ -129,6 +129,34 @@ class LogprobBackwardCase : public OpCase {
                        }
                      }});
     }
+    rel.push_back(
+        {"the one pass (backward from the forward's lse, writing logp / lse / "
+         "entropy) == forward + backward, rows in place",
+         [this](Ops& ops, Mem& mem, const Outputs& base, const Check& check) {
+           // The sequences in step order from row 0, then two padding rows: the
+           // layout the CUDA one pass takes (rows in place).
+           std::vector<TokenSeq> by_step(base_.seqs.begin(), base_.seqs.end());
+           std::sort(by_step.begin(), by_step.end(), [](const TokenSeq& a, const TokenSeq& b) {
+             return a.step_index < b.step_index;
+           });
+           std::vector<int64_t> at;
+           int64_t row = 0;
+           for (const TokenSeq& q : by_step) {
+             at.push_back(row);
+             row += q.len;
+           }
+           const Batch b = repack(by_step, at, row + 2, 7);
+           const Outputs o = run_batch(ops, mem, b, dw0_, /*one_pass=*/true);
+           for (size_t i = 0; i < by_step.size(); ++i)
+             check_rows(check, "seq " + num(by_step[i].step_index) + " dh", o[0], at[i], base[0],
+                        by_step[i].row, by_step[i].len, s_.H);
+           check_rows(check, "dw", o[1], 0, base[1], 0, s_.V, s_.H);
+           const char* what[] = {"logp", "lse", "entropy"};
+           for (int k = 0; k < 3; ++k)
+             check(
+                 std::string(what[k]) + " (every row) == the forward's",
+                 compare_bits(o[size_t(5 + k)].row(0), o[size_t(2 + k)].row(0), b.T, DType::kF32));
+         }});
     if (base_.seqs.size() >= 2) {
       rel.push_back({"dW: one micro-batch per sequence, applied in step order == one micro-batch",
                      [this](Ops& ops, Mem& mem, const Outputs& base, const Check& check) {
@@ -276,8 +304,11 @@ class LogprobBackwardCase : public OpCase {
   }
 
   // Forward (same backend) for lse / entropy, then the backward into a poisoned dh and a copy
-  // of dw_in. Outputs {dh, dw}.
-  Outputs run_batch(Ops& ops, Mem& mem, const Batch& b, const Tensor& dw_in) const {
+  // of dw_in. Outputs {dh, dw}; one_pass: the backward that also writes the forward's outputs
+  // (Ops::linear_logprob_backward_recompute), outputs {dh, dw, the forward's logp, lse, entropy,
+  // the recomputed logp, lse, entropy}.
+  Outputs run_batch(Ops& ops, Mem& mem, const Batch& b, const Tensor& dw_in,
+                    bool one_pass = false) const {
     const int64_t T = b.T, H = s_.H;
     const TensorView h = mem.in(padded(b.h, strided_ ? 5 : 0));
     const TensorView w = mem.in(padded(w_, strided_ ? 3 : 0));
@@ -290,9 +321,19 @@ class LogprobBackwardCase : public OpCase {
     const TensorView dh = mem.out(DType::kF32, {T, H}, strided_ ? 3 : 0);
     const TensorView dw = mem.in(padded(dw_in, strided_ ? 2 : 0));
     const TokenOrder order = TokenOrder::make("linear_logprob_backward case", b.seqs, T);
-    ops.linear_logprob_backward(h, w, tg, params_, cfg_, lse, ent, g_lp, ent_ ? &g_ent : nullptr,
-                                dh, order, dw);
-    return {mem.read("dh", dh), mem.read("dw", dw)};
+    if (!one_pass) {
+      ops.linear_logprob_backward(h, w, tg, params_, cfg_, lse, ent, g_lp, ent_ ? &g_ent : nullptr,
+                                  dh, order, dw);
+      return {mem.read("dh", dh), mem.read("dw", dw)};
+    }
+    const TensorView logp2 = mem.out(DType::kF32, {T}), lse2 = mem.out(DType::kF32, {T}),
+                     ent2 = mem.out(DType::kF32, {T});
+    ops.linear_logprob_backward_recompute(h, w, tg, params_, cfg_, lse, ent, g_lp,
+                                          ent_ ? &g_ent : nullptr, dh, order, dw, logp2, lse2,
+                                          ent2);
+    return {mem.read("dh", dh),     mem.read("dw", dw),        mem.read("logp", logp),
+            mem.read("lse", lse),   mem.read("entropy", ent),  mem.read("logp2", logp2),
+            mem.read("lse2", lse2), mem.read("entropy2", ent2)};
   }
 };
 
@@ -334,6 +375,14 @@ void add_backward_logprob_cases(CaseList& t) {
   t.push_back(std::make_unique<LogprobBackwardCase>(shapes[5], 17, true, 1.9f, DK::kSpecials,
                                                     DK::kSpecials, i64, false,
                                                     std::vector<int64_t>{}, true));
+  // vocab_tile a multiple of 16 with several segments (the CUDA one pass runs: the relation
+  // "the one pass == forward + backward"), τ = 1 and not.
+  t.push_back(std::make_unique<LogprobBackwardCase>(LpbShape{1000, 40, 48, 2, 1}, 33, true, 1.0f,
+                                                    DK::kNormal, DK::kNormal, i64, false,
+                                                    std::vector<int64_t>{}, true));
+  t.push_back(std::make_unique<LogprobBackwardCase>(LpbShape{700, 24, 16, 4, 2}, 0, false, 0.7f,
+                                                    DK::kNormal, DK::kNormal, i32, false,
+                                                    std::vector<int64_t>{40, 3, 17}, true));
   // More sequences than one token block, several blocks per sequence (5, 16, 1, 17, 33, 2, 12).
   t.push_back(std::make_unique<LogprobBackwardCase>(
       LpbShape{150, 24, 8, 2, 1}, 0, true, 0.9f, DK::kNormal, DK::kNormal, i64, false,

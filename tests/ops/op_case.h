@@ -202,6 +202,18 @@ class Ops {
                                        const TensorView& entropy, const TensorView& g_lp,
                                        const TensorView* g_ent, const TensorView& dh,
                                        const TokenOrder& order, const TensorView& dw) = 0;
+  // The backward from a given lse / entropy that also writes the forward's logp / lse / entropy
+  // (§B.8 "The forward from the backward"). This default is the definition: linear_logprob, then
+  // linear_logprob_backward; the CUDA ops run the one pass where it applies.
+  virtual void linear_logprob_backward_recompute(
+      const TensorView& h, const TensorView& w, const TensorView& targets, const LogprobParams& p,
+      const ContractConfig& cfg, const TensorView& lse, const TensorView& entropy,
+      const TensorView& g_lp, const TensorView* g_ent, const TensorView& dh,
+      const TokenOrder& order, const TensorView& dw, const TensorView& logp_out,
+      const TensorView& lse_out, const TensorView& entropy_out) {
+    linear_logprob(h, w, targets, p, cfg, logp_out, lse_out, entropy_out);
+    linear_logprob_backward(h, w, targets, p, cfg, lse, entropy, g_lp, g_ent, dh, order, dw);
+  }
   virtual void attention_backward_varlen(const TensorView& q, const TensorView& k,
                                          const TensorView& v, const TensorView& out,
                                          const TensorView& lse, const TensorView& dout,

@@ -135,7 +135,9 @@ LogprobBwdPlan logprob_backward_plan(const LogprobVocabLayout& lay, int64_t H, i
   // recompute: slices and logits blocks of whole vocab tiles (the tile-state kernel's unit).
   const int64_t unit = recompute ? std::max<int64_t>(lay.tile, kTokenBlock) : kTokenBlock;
   const int64_t n_tiles = lay.tiles_per_segment * lay.segments;
-  pl.path = path == LogprobBwdPath::kAuto ? LogprobBwdPath::kDwForm : path;
+  // kAuto: dh from G itself (no Gᵀ copy); the caller falls back to kDwForm where W is not
+  // TMA-readable (linear_logprob_backward_with_path).
+  pl.path = path == LogprobBwdPath::kAuto ? LogprobBwdPath::kDxForm : path;
   const bool dw_form = pl.path != LogprobBwdPath::kWtGemm;  // kDwForm or kDxForm: dh accumulated
   const int64_t g_copies = pl.path == LogprobBwdPath::kDwForm ? 2 : 1;  // G (and Gᵀ)
   const int64_t S = lay.segments;
@@ -227,6 +229,10 @@ LogprobBwdPath linear_logprob_backward_with_path(
   const int64_t T = h.size(0), H = h.size(1), V = w.size(0);
   const bool in_place = logprob_rows_in_place(order, T);
   const int64_t L = lay.tile;
+  if (path == LogprobBwdPath::kAuto)  // kDxForm reads W's rows by TMA: 16-byte aligned rows
+    path = reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && w.stride[0] % 8 == 0
+               ? LogprobBwdPath::kDxForm
+               : LogprobBwdPath::kDwForm;
   if (rc) {
     LS_CHECK(in_place, op,
              "recomputing the forward's outputs needs the rows in place (the order's token "
@@ -358,29 +364,8 @@ LogprobBwdPath linear_logprob_backward_with_path(
   TileStateParams tiles{};
   FoldParams fold{};
   if (rc) {
-    tiles.L = L;
-    tiles.valid = V;
-    tiles.tau = params.temperature;
-    tiles.states = states;
-    tiles.n_tiles = n_tiles;
-    tiles.y_target = y_target;
-    tiles.targets = gp.targets;
-    tiles.v_begin = 0;
-    tiles.ignore_index = params.ignore_index;
-    fold.mode = kFoldOutputs;
-    fold.states = states;
-    fold.n_tiles = n_tiles;
-    fold.tps = lay.tiles_per_segment;
-    fold.seg_count = S;
-    fold.y_target = y_target;
-    fold.targets = gp.targets;
-    fold.ignore_index = params.ignore_index;
-    fold.logp = rc->logp.ptr<float>();
-    fold.lse = rc->lse.ptr<float>();
-    fold.entropy = rc->entropy.ptr<float>();
-    fold.logp_s = rc->logp.stride[0];
-    fold.lse_s = rc->lse.stride[0];
-    fold.entropy_s = rc->entropy.stride[0];
+    fold = fold_to_outputs(rc->logp, rc->lse, rc->entropy);
+    logprob_states_shared(lay, S, V, 0, gp.targets, params, states, y_target, tiles, fold);
   }
   const bool temper = params.temperature != 1.0f;  // (z from the MMA: z ⊘ 1 = z bit for bit)
 
@@ -498,16 +483,7 @@ LogprobBwdPath linear_logprob_backward_with_path(
       }
     }
     if (rc) {
-      if (data_tiles < n_tiles) {  // all-padding tiles: empty states; nothing is read
-        TileStateParams tp = tiles;
-        tp.z = states;
-        tp.ldz = 0;
-        tp.rows = rows;
-        tp.tile0 = data_tiles;
-        tp.ntiles = n_tiles - data_tiles;
-        tp.y_target = nullptr;
-        launch_tile_states(tp, true, s, op);
-      }
+      launch_padding_tile_states(tiles, data_tiles, rows, s, op);
       fold.rows = rows;
       fold.row0 = src0;
       launch_fold(fold, s, op);

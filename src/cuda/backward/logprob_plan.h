@@ -23,6 +23,8 @@ namespace lockstep::cuda::detail {
 //   kDxForm: the same chain as kDwForm from G_k itself (K-major) and W's rows in place (MN-major):
 //            gemm_bf16_nn_accumulate (src/cuda/gemm/internal.h), no Gᵀ; W must be TMA-readable
 //            (16-byte aligned, row stride a multiple of 8), else lockstep::Error.
+//   kAuto:   kDxForm where W is TMA-readable (no Gᵀ: the larger slice, -4% at the training
+//            shape, docs/perf.md session 27), else kDwForm.
 enum class LogprobBwdPath : int { kAuto = 0, kDwForm, kWtGemm, kDxForm };
 const char* logprob_bwd_path_name(LogprobBwdPath p);
 
