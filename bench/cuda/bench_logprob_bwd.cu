@@ -130,6 +130,44 @@ double time_ms(int reps, const std::function<void()>& before, const std::functio
   return median(ms);
 }
 
+// A small micro-batch on the device for the self-checks: h [T, H] and W [V, H] bf16 (seeds seed,
+// seed + 1), targets in [0, V) (seed + 2), n_vec [T] f32 vectors of which 3 and 4 (g_lp, g_ent)
+// are filled (seed + 3), dh [T, H] and dw [V, H] f32; freed at the end of its scope.
+struct CheckBatch {
+  int64_t T, H, V;
+  uint16_t *h = nullptr, *w = nullptr;
+  int64_t* tg = nullptr;
+  float *vec = nullptr, *dh = nullptr, *dw = nullptr;
+  CheckBatch(int64_t T_, int64_t H_, int64_t V_, int n_vec, uint64_t seed) : T(T_), H(H_), V(V_) {
+    CK(cudaMalloc(&h, size_t(T * H) * 2));
+    CK(cudaMalloc(&w, size_t(V * H) * 2));
+    CK(cudaMalloc(&tg, size_t(T) * 8));
+    CK(cudaMalloc(&vec, size_t(n_vec * T) * 4));
+    CK(cudaMalloc(&dh, size_t(T * H) * 4));
+    CK(cudaMalloc(&dw, size_t(V * H) * 4));
+    fill_bf16_kernel<<<256, 256>>>(h, T * H, seed, 2.0f);
+    fill_bf16_kernel<<<256, 256>>>(w, V * H, seed + 1, 0.25f);
+    fill_targets_kernel<<<8, 256>>>(tg, T, V, seed + 2);
+    fill_f32_kernel<<<8, 256>>>(vec + 3 * T, 2 * T, seed + 3, 1.0f);
+    CK(cudaGetLastError());
+  }
+  CheckBatch(const CheckBatch&) = delete;
+  CheckBatch& operator=(const CheckBatch&) = delete;
+  ~CheckBatch() {
+    for (void* p : {static_cast<void*>(h), static_cast<void*>(w), static_cast<void*>(tg),
+                    static_cast<void*>(vec), static_cast<void*>(dh), static_cast<void*>(dw)})
+      cudaFree(p);
+  }
+  TensorView vh() const { return TensorView::contiguous(h, DType::kBF16, {T, H}, Device::kCUDA); }
+  TensorView vw() const { return TensorView::contiguous(w, DType::kBF16, {V, H}, Device::kCUDA); }
+  TensorView vt() const { return TensorView::contiguous(tg, DType::kI64, {T}, Device::kCUDA); }
+  TensorView vv(int i) const {
+    return TensorView::contiguous(vec + int64_t(i) * T, DType::kF32, {T}, Device::kCUDA);
+  }
+  TensorView vdh() const { return TensorView::contiguous(dh, DType::kF32, {T, H}, Device::kCUDA); }
+  TensorView vdw() const { return TensorView::contiguous(dw, DType::kF32, {V, H}, Device::kCUDA); }
+};
+
 // Self-check of the chunk plan on a small packed micro-batch (sequences in shuffled rows with
 // padding rows between them, seg_len 8 mod 16, gemm_segments 2): the automatic plan, forced small
 // chunks and slices (several chunks, gathered rows, several slices per segment, narrow logits
@@ -151,26 +189,10 @@ bool plan_self_check() {
   }
   const int64_t T = row + 2;
   const TokenOrder order = TokenOrder::make("bench_logprob_bwd self-check", seqs, T);
-  uint16_t *h, *w;
-  int64_t* tg;
-  float *vec, *dh, *dw;
-  CK(cudaMalloc(&h, size_t(T * H) * 2));
-  CK(cudaMalloc(&w, size_t(V * H) * 2));
-  CK(cudaMalloc(&tg, size_t(T) * 8));
-  CK(cudaMalloc(&vec, size_t(5 * T) * 4));
-  CK(cudaMalloc(&dh, size_t(T * H) * 4));
-  CK(cudaMalloc(&dw, size_t(V * H) * 4));
-  fill_bf16_kernel<<<256, 256>>>(h, T * H, 11, 2.0f);
-  fill_bf16_kernel<<<256, 256>>>(w, V * H, 12, 0.25f);
-  fill_targets_kernel<<<8, 256>>>(tg, T, V, 13);
-  fill_f32_kernel<<<8, 256>>>(vec + 3 * T, 2 * T, 14, 1.0f);
-  CK(cudaGetLastError());
-  const TensorView vh = TensorView::contiguous(h, DType::kBF16, {T, H}, Device::kCUDA);
-  const TensorView vw = TensorView::contiguous(w, DType::kBF16, {V, H}, Device::kCUDA);
-  const TensorView vt = TensorView::contiguous(tg, DType::kI64, {T}, Device::kCUDA);
-  auto vv = [&](int i) {
-    return TensorView::contiguous(vec + int64_t(i) * T, DType::kF32, {T}, Device::kCUDA);
-  };
+  const CheckBatch cb(T, H, V, 5, 11);
+  float *const dh = cb.dh, *const dw = cb.dw;
+  const TensorView vh = cb.vh(), vw = cb.vw(), vt = cb.vt();
+  auto vv = [&](int i) { return cb.vv(i); };
   const TensorView lse = vv(1), ent = vv(2), glp = vv(3), gent = vv(4);
   const LogprobParams prm{0.7f};
   cuda::linear_logprob(vh, vw, vt, prm, cfg, vv(0), lse, ent);
@@ -202,11 +224,9 @@ bool plan_self_check() {
   for (int i = 0; i < 4; ++i) {
     CK(cudaMemset(dh, 0xA5, size_t(T * H) * 4));
     fill_f32_kernel<<<256, 256>>>(dw, V * H, 15, 0.1f);  // a nonzero incoming dw
-    cuda::detail::linear_logprob_backward_with_path(
-        vh, vw, vt, prm, cfg, lse, ent, glp, &gent,
-        TensorView::contiguous(dh, DType::kF32, {T, H}, Device::kCUDA), order,
-        TensorView::contiguous(dw, DType::kF32, {V, H}, Device::kCUDA), LogprobBwdPath::kAuto,
-        nullptr, plans[i]);
+    cuda::detail::linear_logprob_backward_with_path(vh, vw, vt, prm, cfg, lse, ent, glp, &gent,
+                                                    cb.vdh(), order, cb.vdw(),
+                                                    LogprobBwdPath::kAuto, nullptr, plans[i]);
     CK(cudaDeviceSynchronize());
     std::vector<float> a(size_t(T * H)), b(size_t(V * H));
     CK(cudaMemcpy(a.data(), dh, a.size() * 4, cudaMemcpyDeviceToHost));
@@ -223,12 +243,6 @@ bool plan_self_check() {
                 same_dh ? "identical" : "DIFFERS", same_dw ? "identical" : "DIFFERS");
     ok = ok && same_dh && same_dw;
   }
-  CK(cudaFree(h));
-  CK(cudaFree(w));
-  CK(cudaFree(tg));
-  CK(cudaFree(vec));
-  CK(cudaFree(dh));
-  CK(cudaFree(dw));
   return ok;
 }
 
@@ -253,34 +267,17 @@ bool recompute_self_check() {
   }
   const int64_t T = row + 5;  // 5 rows no sequence covers, last
   const TokenOrder order = TokenOrder::make("bench_logprob_bwd recompute check", seqs, T);
-  uint16_t *h, *w;
-  int64_t* tg;
-  float *vec, *dh, *dw;
-  CK(cudaMalloc(&h, size_t(T * H) * 2));
-  CK(cudaMalloc(&w, size_t(V * H) * 2));
-  CK(cudaMalloc(&tg, size_t(T) * 8));
-  CK(cudaMalloc(&vec, size_t(8 * T) * 4));
-  CK(cudaMalloc(&dh, size_t(T * H) * 4));
-  CK(cudaMalloc(&dw, size_t(V * H) * 4));
-  fill_bf16_kernel<<<256, 256>>>(h, T * H, 21, 2.0f);
-  fill_bf16_kernel<<<256, 256>>>(w, V * H, 22, 0.25f);
-  fill_targets_kernel<<<8, 256>>>(tg, T, V, 23);
+  const CheckBatch cb(T, H, V, 8, 21);
+  float *const vec = cb.vec, *const dh = cb.dh, *const dw = cb.dw;
   const int64_t ignored = -100;
-  CK(cudaMemcpy(tg + 7, &ignored, 8, cudaMemcpyHostToDevice));
-  fill_f32_kernel<<<8, 256>>>(vec + 3 * T, 2 * T, 24, 1.0f);
-  CK(cudaGetLastError());
-  const TensorView vh = TensorView::contiguous(h, DType::kBF16, {T, H}, Device::kCUDA);
-  const TensorView vw = TensorView::contiguous(w, DType::kBF16, {V, H}, Device::kCUDA);
-  const TensorView vt = TensorView::contiguous(tg, DType::kI64, {T}, Device::kCUDA);
-  auto vv = [&](int i) {
-    return TensorView::contiguous(vec + int64_t(i) * T, DType::kF32, {T}, Device::kCUDA);
-  };
+  CK(cudaMemcpy(cb.tg + 7, &ignored, 8, cudaMemcpyHostToDevice));
+  const TensorView vh = cb.vh(), vw = cb.vw(), vt = cb.vt();
+  auto vv = [&](int i) { return cb.vv(i); };
   const TensorView lse = vv(1), ent = vv(2), glp = vv(3), gent = vv(4);
   LogprobParams prm{0.7f};
   prm.ignore_index = ignored;
   cuda::linear_logprob(vh, vw, vt, prm, cfg, vv(0), lse, ent);
-  const TensorView vdh = TensorView::contiguous(dh, DType::kF32, {T, H}, Device::kCUDA);
-  const TensorView vdw = TensorView::contiguous(dw, DType::kF32, {V, H}, Device::kCUDA);
+  const TensorView vdh = cb.vdh(), vdw = cb.vdw();
   using cuda::detail::LogprobBwdPath;
   using cuda::detail::LogprobBwdPlan;
   auto run = [&](LogprobBwdPath path, const LogprobBwdPlan* plan, bool recompute) {
@@ -332,12 +329,6 @@ bool recompute_self_check() {
         same_g ? "identical" : "DIFFER", same_f ? "identical" : "DIFFER");
     ok = ok && same_g && same_f;
   }
-  CK(cudaFree(h));
-  CK(cudaFree(w));
-  CK(cudaFree(tg));
-  CK(cudaFree(vec));
-  CK(cudaFree(dh));
-  CK(cudaFree(dw));
   return ok;
 }
 
