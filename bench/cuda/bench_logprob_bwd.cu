@@ -248,14 +248,15 @@ bool plan_self_check() {
 
 // Self-check of the forward recomputed by the backward (LogprobRecompute) on a small micro-batch
 // packed in place (the rows no sequence covers last, a target ignored, temperature 0.7,
-// vocab_tile 208, 4 vocab segments of which the last ends in all-padding tiles, gemm_segments 2):
+// vocab_tile `tile` (208, and 256: the fused epilogue's), 4 vocab segments of which the last
+// ends in all-padding tiles, gemm_segments 2):
 // for the automatic plan and forced ones (small chunks and slices, each dh path), the gradients
 // equal the plain backward's and the recomputed logp, lse and entropy equal cuda::linear_logprob's,
 // bit for bit. Returns true if so.
-bool recompute_self_check() {
+bool recompute_self_check(int tile) {
   const int64_t H = 72, V = 5000;
   ContractConfig cfg;
-  cfg.vocab_tile = 208;
+  cfg.vocab_tile = tile;
   cfg.vocab_segments = 4;
   cfg.gemm_segments = 2;
   const std::vector<int64_t> lens = {100, 5, 64, 37, 1, 17};
@@ -302,21 +303,22 @@ bool recompute_self_check() {
   LogprobBwdPlan small;
   small.path = LogprobBwdPath::kDwForm;
   small.rows = 32;
-  small.slice = 416;
-  small.zcols = 208;
+  small.slice = 2 * tile;
+  small.zcols = tile;
   LogprobBwdPlan dx = small;
   dx.path = LogprobBwdPath::kDxForm;
   dx.rows = 48;
-  dx.slice = 208;
+  dx.slice = tile;
   LogprobBwdPlan wt;
   wt.path = LogprobBwdPath::kWtGemm;
   wt.rows = 48;
   wt.slice = cfg.vocab_tile * logprob_vocab_layout(cfg, V).tiles_per_segment;
-  wt.zcols = 208;
+  wt.zcols = tile;
   wt.hc = 17;
   const LogprobBwdPlan* plans[4] = {nullptr, &small, &dx, &wt};
-  const char* names[4] = {"automatic plan", "forced rows 32, slice 416, logits 208 columns",
-                          "nn accumulate, rows 48, slice 208", "W^T path, rows 48"};
+  const char* names[4] = {"automatic plan (vocab_tile 256: G from the GEMM's epilogue)",
+                          "forced rows 32, slice 2 tiles, logits 1 tile",
+                          "nn accumulate, rows 48, slice 1 tile", "W^T path, rows 48"};
   bool ok = true;
   for (int i = 0; i < 4; ++i) {
     const auto got = run(LogprobBwdPath::kAuto, plans[i], true);
@@ -395,7 +397,8 @@ int main(int argc, char** argv) {
                                           .c_str());
   }
 
-  const bool self_ok = once || (plan_self_check() && recompute_self_check());
+  const bool self_ok =
+      once || (plan_self_check() && recompute_self_check(208) && recompute_self_check(256));
   if (self_check_only) return self_ok ? 0 : 1;
   cudaMemPool_t pool;
   CK(cudaDeviceGetDefaultMemPool(&pool, 0));
@@ -431,12 +434,13 @@ int main(int argc, char** argv) {
   const LogprobParams prm{1.0f};
 
   LogprobBwdPath ran = LogprobBwdPath::kAuto;
-  const LogprobBwdPath main_path = path_arg == "dx"   ? LogprobBwdPath::kDxForm
-                                   : path_arg == "dw" ? LogprobBwdPath::kDwForm
-                                   : path_arg == "wt" ? LogprobBwdPath::kWtGemm
-                                                      : LogprobBwdPath::kAuto;
+  const LogprobBwdPath main_path = path_arg == "dx"      ? LogprobBwdPath::kDxForm
+                                   : path_arg == "fused" ? LogprobBwdPath::kDxFused
+                                   : path_arg == "dw"    ? LogprobBwdPath::kDwForm
+                                   : path_arg == "wt"    ? LogprobBwdPath::kWtGemm
+                                                         : LogprobBwdPath::kAuto;
   if (main_path == LogprobBwdPath::kAuto && path_arg != "auto") {
-    std::fprintf(stderr, "bench_logprob_bwd: --path takes auto, dx, dw or wt, got '%s'\n",
+    std::fprintf(stderr, "bench_logprob_bwd: --path takes auto, fused, dx, dw or wt, got '%s'\n",
                  path_arg.c_str());
     return 2;
   }
@@ -503,8 +507,8 @@ int main(int argc, char** argv) {
   };
   std::vector<Other> others;
   const LogprobBwdPath timed = ran;
-  for (LogprobBwdPath p :
-       {LogprobBwdPath::kDwForm, LogprobBwdPath::kWtGemm, LogprobBwdPath::kDxForm}) {
+  for (LogprobBwdPath p : {LogprobBwdPath::kDwForm, LogprobBwdPath::kWtGemm,
+                           LogprobBwdPath::kDxForm, LogprobBwdPath::kDxFused}) {
     if (!other_path || p == timed) continue;
     Other o{p};
     path = p;
@@ -518,7 +522,7 @@ int main(int argc, char** argv) {
     o.ms = time_ms(reps, zero_dw, bwd);
     CK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &o.used));
     std::printf("other path (%s): dh %s (%llu words differ), dw %s (%llu words differ)\n",
-                cuda::detail::logprob_bwd_path_name(ran), o.dh ? "DIFFERS" : "identical", o.dh,
+                cuda::detail::logprob_bwd_path_name(p), o.dh ? "DIFFERS" : "identical", o.dh,
                 o.dw ? "DIFFERS" : "identical", o.dw);
     others.push_back(o);
   }
@@ -556,6 +560,25 @@ int main(int argc, char** argv) {
       "forward's logp / lse / entropy %s (%llu words differ)\n",
       cuda::detail::logprob_bwd_path_name(ran), rc_dh ? "DIFFERS" : "identical", rc_dh,
       rc_dw ? "DIFFERS" : "identical", rc_dw, rc_fwd ? "DIFFER" : "identical", rc_fwd);
+  // The one pass with the G kernel (kDxForm) beside the automatic path, when that is another.
+  const LogprobBwdPath rc_ran = ran;
+  double rc_dx_ms = 0;
+  bool rc_dx_same = true;
+  if (other_path && rc_ran != LogprobBwdPath::kDxForm) {
+    path = LogprobBwdPath::kDxForm;
+    CK(cudaMemset(dh, 0xA5, size_t(T * H) * 4));
+    CK(cudaMemset(rcv, 0xA5, size_t(3 * T) * 4));
+    zero_dw();
+    bwd_rc();
+    CK(cudaDeviceSynchronize());
+    rc_dx_same = count_diff(dh, dh2, T * H * 4) == 0 && count_diff(dw, dw2, V * H * 4) == 0 &&
+                 count_diff(rcv, vec, 3 * T * 4) == 0;
+    rc_dx_ms = time_ms(reps, zero_dw, bwd_rc);
+    std::printf("the forward from the backward (dh path %s): dh, dw and the forward's outputs %s\n",
+                cuda::detail::logprob_bwd_path_name(LogprobBwdPath::kDxForm),
+                rc_dx_same ? "identical" : "DIFFER");
+    path = main_path;
+  }
   CK(cudaFree(rcv));
   bool others_same = true;
   double other_ms = 0;
@@ -581,6 +604,12 @@ int main(int argc, char** argv) {
       "| lockstep forward + backward in one pass from a given lse (the forward's outputs "
       "recomputed by the backward) | %.2f | %.1f | %.1f |\n",
       rc_ms, 3 * flop / rc_ms * 1e-9, double(rc_used) * mib);
+  std::printf("| the same one pass, dh path: %s | %.2f | %.1f | |\n",
+              cuda::detail::logprob_bwd_path_name(rc_ran), rc_ms, 3 * flop / rc_ms * 1e-9);
+  if (rc_dx_ms > 0)
+    std::printf("| the one pass, dh path: %s | %.2f | %.1f | |\n",
+                cuda::detail::logprob_bwd_path_name(LogprobBwdPath::kDxForm), rc_dx_ms,
+                3 * flop / rc_dx_ms * 1e-9);
   for (const Other& o : others)
     std::printf("| lockstep backward alone, other dh path (%s) | %.2f | %.1f | %.1f |\n",
                 cuda::detail::logprob_bwd_path_name(o.path), o.ms, 3 * flop / o.ms * 1e-9,
@@ -592,7 +621,7 @@ int main(int argc, char** argv) {
       double(V * H * 4) * mib, double(used_high) * mib, dh_mib, vec_mib, extra_mib,
       extra_mib / 1024.0, extra_mib <= 512.0 ? "met" : "NOT met", double(reserved_high) * mib,
       double(free0) * mib, double(free1) * mib);
-  const bool ok = self_ok && rerun_dh == 0 && rerun_dw == 0 && others_same && rc_same;
+  const bool ok = self_ok && rerun_dh == 0 && rerun_dw == 0 && others_same && rc_same && rc_dx_same;
   if (!json.empty()) {
     FILE* f = std::fopen(json.c_str(), "w");
     if (f) {

@@ -28,10 +28,12 @@
 
 #include "contract/checks.h"
 #include "cuda/backward/logprob.cuh"
+#include "cuda/backward/logprob_epilogue.cuh"  // the fused G epilogue (kDxFused)
 #include "cuda/backward/logprob_plan.h"
-#include "cuda/gemm/internal.h"     // gemm_bf16_nn_accumulate
-#include "cuda/logprob.cuh"         // the forward's tile-state and fold kernels (recompute)
-#include "cuda/logprob_internal.h"  // Scratch, launch_tile_states
+#include "cuda/gemm/internal.h"       // gemm_bf16_nn_accumulate, gemm_operands_tma_ok
+#include "cuda/gemm/sm90_launch.cuh"  // the Hopper kernel with the fused G epilogue
+#include "cuda/logprob.cuh"           // the forward's tile-state and fold kernels (recompute)
+#include "cuda/logprob_internal.h"    // Scratch, launch_tile_states
 #include "lockstep/cuda/backward.h"
 #include "lockstep/cuda/gemm.h"
 #include "lockstep/ops/gemm.h"
@@ -103,6 +105,20 @@ std::vector<Chunk> make_chunks(const TokenOrder& order, int64_t T, int64_t max_r
   return chunks;
 }
 
+// G of one slice from the logits GEMM's epilogue (logprob_epilogue.cuh): the Hopper kernel's
+// 128x256 tiles over p.M chunk rows (x: rows ldx apart) and p.N vocab rows of w (ldw apart), one
+// K segment (the head's logits contract) of K = H. Requires gemm_operands_tma_ok.
+void gemm_bf16_nt_logprob_grad(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t ldw,
+                               int64_t K, const Sm90LpbParams& p, cudaStream_t stream) {
+  constexpr const char* op = "cuda::linear_logprob_backward (fused logits GEMM)";
+  LS_CHECK(gemm_operands_tma_ok(x, p.M, ldx, w, p.N, ldw, K), op,
+           "internal: operands not TMA-compatible");
+  static_assert(kLogprobFusedTile == 256, "the fused tile is the 128x256 one");
+  const CUtensorMap tx = sm90_tensor_map(op, x, p.M, K, ldx, 128);
+  const CUtensorMap tw = sm90_tensor_map(op, w, p.N, K, ldw, 256);
+  launch_sm90_tile<128, 256, 4, 0, LogprobGradEpilogue>(op, tx, tw, p, stream);
+}
+
 }  // namespace
 
 const char* logprob_bwd_path_name(LogprobBwdPath p) {
@@ -115,6 +131,8 @@ const char* logprob_bwd_path_name(LogprobBwdPath p) {
       return "dh by gemm_bf16_nt on G and a re-laid-out W^T";
     case LogprobBwdPath::kDxForm:
       return "dh by gemm_bf16_nn_accumulate on G and W in place";
+    case LogprobBwdPath::kDxFused:
+      return "G from the logits GEMM's epilogue, dh by gemm_bf16_nn_accumulate on G and W in place";
   }
   return "?";
 }
@@ -137,8 +155,9 @@ LogprobBwdPlan logprob_backward_plan(const LogprobVocabLayout& lay, int64_t H, i
   const int64_t n_tiles = lay.tiles_per_segment * lay.segments;
   // kAuto: dh from G itself (no Gᵀ copy); the caller falls back to kDwForm where W is not
   // TMA-readable (linear_logprob_backward_with_path).
-  pl.path = path == LogprobBwdPath::kAuto ? LogprobBwdPath::kDxForm : path;
-  const bool dw_form = pl.path != LogprobBwdPath::kWtGemm;  // kDwForm or kDxForm: dh accumulated
+  pl.path = path == LogprobBwdPath::kAuto ? LogprobBwdPath::kDxFused : path;
+  const bool dw_form = pl.path != LogprobBwdPath::kWtGemm;  // kDw/kDx forms: dh accumulated
+  const bool fused = pl.path == LogprobBwdPath::kDxFused;   // no logits buffer
   const int64_t g_copies = pl.path == LogprobBwdPath::kDwForm ? 2 : 1;  // G (and Gᵀ)
   const int64_t S = lay.segments;
   pl.seg_pad = round_up(lay.segment_len, kTokenBlock);
@@ -156,12 +175,13 @@ LogprobBwdPlan logprob_backward_plan(const LogprobVocabLayout& lay, int64_t H, i
       const int64_t left =
           kLogprobBwdWorkspaceBudget - pl.partial_bytes - pl.gather_bytes - pl.states_bytes;
       pl.zcols = std::min(zc, pl.seg_pad);
-      int64_t slice = std::max<int64_t>(left - rows * pl.zcols * 4, 0) / (rows * 2 * g_copies);
+      int64_t slice =
+          std::max<int64_t>(left - (fused ? 0 : rows * pl.zcols * 4), 0) / (rows * 2 * g_copies);
       slice = std::min(pl.seg_pad, slice / unit * unit);
       if (slice >= std::min(pl.seg_pad, std::max(unit, kMinSlice)) || rows <= kTokenBlock) {
         pl.slice = std::max<int64_t>(slice, unit);
-        pl.zcols = std::min(pl.zcols, pl.slice);
-        pl.z_bytes = rows * pl.zcols * 4;
+        pl.zcols = fused ? pl.slice : std::min(pl.zcols, pl.slice);
+        pl.z_bytes = fused ? 0 : rows * pl.zcols * 4;
         pl.g_bytes = rows * pl.slice * 2 * g_copies;
         return pl;
       }
@@ -229,10 +249,18 @@ LogprobBwdPath linear_logprob_backward_with_path(
   const int64_t T = h.size(0), H = h.size(1), V = w.size(0);
   const bool in_place = logprob_rows_in_place(order, T);
   const int64_t L = lay.tile;
-  if (path == LogprobBwdPath::kAuto)  // kDxForm reads W's rows by TMA: 16-byte aligned rows
-    path = reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && w.stride[0] % 8 == 0
-               ? LogprobBwdPath::kDxForm
-               : LogprobBwdPath::kDwForm;
+  // kDxFused reads h's rows and W's by TMA, kDxForm W's (16-byte aligned rows).
+  const bool w_tma = reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && w.stride[0] % 8 == 0;
+  const bool fusable = gemm_operands_tma_ok(h.data, T, h.stride[0], w.data, V, w.stride[0], H) &&
+                       (!rc || L == kLogprobFusedTile);
+  if (path == LogprobBwdPath::kAuto)
+    path = fusable ? LogprobBwdPath::kDxFused
+                   : (w_tma ? LogprobBwdPath::kDxForm : LogprobBwdPath::kDwForm);
+  LS_CHECK(path != LogprobBwdPath::kDxFused || fusable, op, "the dh path '",
+           logprob_bwd_path_name(path),
+           "' needs h and w TMA-readable (16-byte aligned, row strides multiples of 8, H a "
+           "multiple of 8) and, recomputing the forward, vocab_tile 256 (got ",
+           cfg.vocab_tile, ")");
   if (rc) {
     LS_CHECK(in_place, op,
              "recomputing the forward's outputs needs the rows in place (the order's token "
@@ -260,6 +288,9 @@ LogprobBwdPath linear_logprob_backward_with_path(
     LS_CHECK(!rc || (pl.slice % L == 0 && pl.zcols % L == 0), op,
              "internal: a forced plan that recomputes the forward needs slice and zcols "
              "multiples of vocab_tile");
+    LS_CHECK(pl.path != LogprobBwdPath::kDxFused || fusable, op,
+             "internal: a forced fused plan needs h and w TMA-readable (and vocab_tile 256 when "
+             "recomputing)");
     pl.states_bytes = rc ? pl.rows * (lay.tiles_per_segment * lay.segments * 12 + 4) : 0;
     if (wt) {
       pl.wt_once = pl.hc == H;
@@ -272,7 +303,8 @@ LogprobBwdPath linear_logprob_backward_with_path(
   const int64_t seg_len = lay.segment_len;
   const int64_t seg_pad = pl.seg_pad, R = pl.rows;
   const bool dw_form = pl.path != LogprobBwdPath::kWtGemm;  // dh accumulated slice by slice
-  const bool dx_form = pl.path == LogprobBwdPath::kDxForm;  // ... from G itself (no Gᵀ)
+  const bool fused = pl.path == LogprobBwdPath::kDxFused;   // G from the GEMM's epilogue
+  const bool dx_form = pl.path == LogprobBwdPath::kDxForm || fused;  // ... from G (no Gᵀ)
   const uint16_t* const wp = static_cast<const uint16_t*>(w.data);
   LS_CHECK(!dx_form || (reinterpret_cast<uintptr_t>(wp) % 16 == 0 && w.stride[0] % 8 == 0), op,
            "the dh path '", logprob_bwd_path_name(pl.path),
@@ -299,7 +331,7 @@ LogprobBwdPath linear_logprob_backward_with_path(
   }
 
   const int64_t slice = pl.slice;  // G columns per pass over a segment (kWtGemm: seg_pad)
-  float* z = scratch.alloc_n<float>(R * pl.zcols);
+  float* z = fused ? nullptr : scratch.alloc_n<float>(R * pl.zcols);
   uint16_t* G = scratch.alloc_n<uint16_t>(R * slice);
   uint16_t* Gt = dw_form && !dx_form ? scratch.alloc_n<uint16_t>(slice * R) : nullptr;
   uint16_t* wt = dw_form ? nullptr : scratch.alloc_n<uint16_t>(pl.wt_bytes / 2);
@@ -339,16 +371,16 @@ LogprobBwdPath linear_logprob_backward_with_path(
 
   LpbGradParams gp{};
   gp.ldz = pl.zcols;
-  gp.lse = lse.ptr<float>();
-  gp.lse_s = lse.stride[0];
-  gp.entropy = entropy.ptr<float>();
-  gp.entropy_s = entropy.stride[0];
-  gp.g_lp = g_lp.ptr<float>();
-  gp.g_lp_s = g_lp.stride[0];
-  gp.g_ent = g_ent ? g_ent->ptr<float>() : nullptr;
-  gp.g_ent_s = g_ent ? g_ent->stride[0] : 0;
-  gp.targets = index_ref(targets);
-  gp.ignore_index = params.ignore_index;
+  gp.tok.lse = lse.ptr<float>();
+  gp.tok.lse_s = lse.stride[0];
+  gp.tok.entropy = entropy.ptr<float>();
+  gp.tok.entropy_s = entropy.stride[0];
+  gp.tok.g_lp = g_lp.ptr<float>();
+  gp.tok.g_lp_s = g_lp.stride[0];
+  gp.tok.g_ent = g_ent ? g_ent->ptr<float>() : nullptr;
+  gp.tok.g_ent_s = g_ent ? g_ent->stride[0] : 0;
+  gp.tok.targets = index_ref(targets);
+  gp.tok.ignore_index = params.ignore_index;
   gp.tau = params.temperature;
   gp.z = z;
   gp.G = G;
@@ -365,7 +397,7 @@ LogprobBwdPath linear_logprob_backward_with_path(
   FoldParams fold{};
   if (rc) {
     fold = fold_to_outputs(rc->logp, rc->lse, rc->entropy);
-    logprob_states_shared(lay, S, V, 0, gp.targets, params, states, y_target, tiles, fold);
+    logprob_states_shared(lay, S, V, 0, gp.tok.targets, params, states, y_target, tiles, fold);
   }
   const bool temper = params.temperature != 1.0f;  // (z from the MMA: z ⊘ 1 = z bit for bit)
 
@@ -425,8 +457,41 @@ LogprobBwdPath linear_logprob_backward_with_path(
         const int64_t ns = std::min(slice, nk - s0), v0 = v_seg + s0;
         // kWtGemm: G_k's columns [nk, seg_pad) are +0 (its K runs over seg_pad entries).
         if (!dw_form && ns < seg_pad) memset2d(G, slice * 2, slice * 2, rows, "G's padding");
+        // G of the slice straight from the logits GEMM's epilogue (and the forward's tile
+        // states with rc: v0 and the slice are whole 256-entry tiles).
+        if (fused) {
+          Sm90LpbParams fp{};
+          fp.M = rows;
+          fp.N = ns;
+          fp.seg_len = round_up(H, kTokenBlock);
+          fp.nseg = 1;
+          fp.ws_mode = 0;
+          fp.y = G;
+          fp.ldy = slice;
+          fp.y_vec = 1;
+          fp.src = rmap;
+          fp.tok = gp.tok;
+          fp.v0 = v0;
+          fp.tau = params.temperature;
+          fp.states = rc ? 1 : 0;
+          if (rc) {
+            fp.lp.tau = params.temperature;
+            fp.lp.states = states;
+            fp.lp.n_tiles = n_tiles;
+            fp.lp.tile0 = v0 / L;
+            fp.lp.y_target = y_target;
+            fp.lp.targets = gp.tok.targets.p;
+            fp.lp.targets_stride = gp.tok.targets.stride;
+            fp.lp.targets_i64 = gp.tok.targets.is64;
+            fp.lp.row0 = src0;
+            fp.lp.target_base = v0;
+            fp.lp.ignore_index = params.ignore_index;
+          }
+          gemm_bf16_nt_logprob_grad(static_cast<const uint16_t*>(hx.data), hx.stride[0],
+                                    wp + v0 * w.stride[0], w.stride[0], H, fp, s);
+        }
         // G (and Gᵀ) of the slice: the forward's logits per column block, then the entries.
-        for (int64_t e0 = 0; e0 < ns; e0 += pl.zcols) {
+        for (int64_t e0 = 0; !fused && e0 < ns; e0 += pl.zcols) {
           const int64_t ncols = std::min(pl.zcols, ns - e0);
           TensorView zv = TensorView::contiguous(z, DType::kF32, {rows, ncols}, Device::kCUDA);
           zv.stride[0] = pl.zcols;

@@ -23,14 +23,15 @@ namespace lockstep::cuda::detail {
 constexpr int kLpbThreads = 256;
 constexpr int kLpbTransposeTile = 32;  // the Wᵀ transpose: 32 x 32 tiles, 32 x 8 threads
 
-struct LpbGradParams {
-  const float* z;  // [rows, ldz]: column c = segment entry e0 + c
-  int64_t ldz;
-  int64_t e0, ncols;  // segment entries [e0, e0 + ncols), all real (vocab id v_seg + entry < V)
-  int64_t v_seg;      // vocab id of the segment's entry 0
-  int64_t rows;
-  const int64_t* src;  // [rows]: the micro-batch row of chunk row r
-  // Per-token inputs, indexed by the micro-batch row (element strides).
+// One token's inputs to §B.8's entries.
+struct LpbToken {
+  float lse, mu, g_lp, g_ent;
+  int64_t target;
+  bool ignored;
+};
+
+// The per-token inputs, indexed by the micro-batch row (element strides).
+struct LpbTokenInputs {
   const float* lse;
   int64_t lse_s;
   const float* entropy;
@@ -41,6 +42,26 @@ struct LpbGradParams {
   int64_t g_ent_s;
   IndexRef targets;
   int64_t ignore_index;
+  __device__ __forceinline__ LpbToken load(int64_t t) const {
+    LpbToken tk;
+    tk.lse = lse[t * lse_s];
+    tk.mu = __fsub_rn(tk.lse, entropy[t * entropy_s]);  // E_p[y]
+    tk.g_lp = g_lp[t * g_lp_s];
+    tk.g_ent = g_ent ? g_ent[t * g_ent_s] : 0.0f;
+    tk.target = targets[t];
+    tk.ignored = tk.target == ignore_index;
+    return tk;
+  }
+};
+
+struct LpbGradParams {
+  const float* z;  // [rows, ldz]: column c = segment entry e0 + c
+  int64_t ldz;
+  int64_t e0, ncols;  // segment entries [e0, e0 + ncols), all real (vocab id v_seg + entry < V)
+  int64_t v_seg;      // vocab id of the segment's entry 0
+  int64_t rows;
+  const int64_t* src;  // [rows]: the micro-batch row of chunk row r
+  LpbTokenInputs tok;
   float tau;
   uint16_t* G;  // [rows, ldg] bf16 bits: column = segment entry
   int64_t ldg;
@@ -49,15 +70,12 @@ struct LpbGradParams {
 };
 
 // One entry of §B.8 from its forward logit z (the CPU's grad_entry, IEEE intrinsics).
-struct LpbToken {
-  float lse, mu, g_lp, g_ent;
-  int64_t target;
-  bool ignored;
-};
+// G's fp32 value before its rounding to bf16 (lpb_entry rounds it; the fused epilogue of
+// logprob_epilogue.cuh rounds it in its bf16 store, the same RNE with canonical NaN).
 // tau = 1 skips both divides: x ⊘ 1 = x bit for bit (z comes from the MMA and gy from arithmetic
 // or the constant +0, so a NaN is already canonical).
-__device__ __forceinline__ uint16_t lpb_entry(float z, int64_t v, const LpbToken& tk, bool with_ent,
-                                              float tau) {
+__device__ __forceinline__ float lpb_entry_f32(float z, int64_t v, const LpbToken& tk,
+                                               bool with_ent, float tau) {
   const bool temper = tau != 1.0f;
   const float y = temper ? __fdiv_rn(z, tau) : z;
   const float pr = ls_expf(__fsub_rn(y, tk.lse));
@@ -66,7 +84,11 @@ __device__ __forceinline__ uint16_t lpb_entry(float z, int64_t v, const LpbToken
       tk.ignored ? 0.0f : __fmul_rn(tk.g_lp, __fsub_rn(v == tk.target ? 1.0f : 0.0f, pr));
   const float gy =
       with_ent ? __fadd_rn(a, __fmul_rn(tk.g_ent, __fmul_rn(pr, __fsub_rn(tk.mu, y)))) : a;
-  return f32_to_bf16_bits(temper ? __fdiv_rn(gy, tau) : gy);
+  return temper ? __fdiv_rn(gy, tau) : gy;
+}
+__device__ __forceinline__ uint16_t lpb_entry(float z, int64_t v, const LpbToken& tk, bool with_ent,
+                                              float tau) {
+  return f32_to_bf16_bits(lpb_entry_f32(z, v, tk, with_ent, tau));
 }
 
 // Grid (ceil(ncols / 32), ceil(rows / 32)), 32 x 8 threads: a tile of 32 rows x 32 entries,
@@ -81,16 +103,10 @@ static __global__ void lpb_grad_kernel(const LpbGradParams p) {
   for (int i = ty; i < kLpbTransposeTile; i += blockDim.y) {
     const int64_t r = r0 + i;
     if (r >= p.rows || c >= p.ncols) continue;
-    const int64_t t = p.src[r];
-    LpbToken tk;
-    tk.lse = p.lse[t * p.lse_s];
-    tk.mu = __fsub_rn(tk.lse, p.entropy[t * p.entropy_s]);  // E_p[y]
-    tk.g_lp = p.g_lp[t * p.g_lp_s];
-    tk.g_ent = p.g_ent ? p.g_ent[t * p.g_ent_s] : 0.0f;
-    tk.target = p.targets[t];
-    tk.ignored = tk.target == p.ignore_index;
+    const LpbToken tk = p.tok.load(p.src[r]);
     const int64_t e = p.e0 + c;
-    const uint16_t g = lpb_entry(p.z[r * p.ldz + c], p.v_seg + e, tk, p.g_ent != nullptr, p.tau);
+    const uint16_t g =
+        lpb_entry(p.z[r * p.ldz + c], p.v_seg + e, tk, p.tok.g_ent != nullptr, p.tau);
     p.G[r * p.ldg + e] = g;
     tile[i][tx] = g;
   }

@@ -23,9 +23,13 @@ namespace lockstep::cuda::detail {
 //   kDxForm: the same chain as kDwForm from G_k itself (K-major) and W's rows in place (MN-major):
 //            gemm_bf16_nn_accumulate (src/cuda/gemm/internal.h), no Gᵀ; W must be TMA-readable
 //            (16-byte aligned, row stride a multiple of 8), else lockstep::Error.
-//   kAuto:   kDxForm where W is TMA-readable (no Gᵀ: the larger slice, -4% at the training
-//            shape, docs/perf.md session 27), else kDwForm.
-enum class LogprobBwdPath : int { kAuto = 0, kDwForm, kWtGemm, kDxForm };
+//   kDxFused: kDxForm with G straight from the logits GEMM's epilogue
+//   (backward/logprob_epilogue.cuh:
+//            no fp32 logits in memory, one launch per slice instead of GEMM + G kernel per logits
+//            block; with recompute also the forward's tile states there). Needs h and W
+//            TMA-readable (gemm_operands_tma_ok) and, with recompute, vocab_tile 256.
+//   kAuto:   kDxFused where it applies, else kDxForm where W is TMA-readable, else kDwForm.
+enum class LogprobBwdPath : int { kAuto = 0, kDwForm, kWtGemm, kDxForm, kDxFused };
 const char* logprob_bwd_path_name(LogprobBwdPath p);
 
 // The workspace budget of one call (G and Gᵀ or Wᵀ, logits, segment partials, gathered rows):
