@@ -355,7 +355,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
     fence_acc(acc);
     if (rel >= 0) release(rel);
-    if (!first) {
+    // α = 1 on every row of the warp (no row's max rose, the usual case late in a chunk):
+    // acc ⊗ 1 = acc bit for bit (a NaN stays a NaN, and stored NaNs are canonical), so the 64
+    // products are skipped. The vote is per warp: each warp owns its rows' accumulators.
+    if (!first && !__all_sync(0xffffffffu, alpha[0] == 1.0f && alpha[1] == 1.0f)) {
 #pragma unroll
       for (int i = 0; i < 64; ++i) acc[i] = __fmul_rn(alpha[(i >> 1) & 1], acc[i]);
     }
