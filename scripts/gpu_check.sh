@@ -58,6 +58,13 @@ if [ "${1:-}" = "--build" ]; then
 fi
 
 OUT=${OUT:-$PWD/out}
+# A second gpu_check in the same device call keeps the first one's logs: logs.tar.gz -> logs.N.tar.gz
+# (each run packs its own logs and removes the folder at its end).
+if [ -f "$OUT/logs.tar.gz" ]; then
+  n=1
+  while [ -f "$OUT/logs.$n.tar.gz" ]; do n=$((n + 1)); done
+  mv "$OUT/logs.tar.gz" "$OUT/logs.$n.tar.gz"
+fi
 mkdir -p "$OUT/logs"
 log() { echo "[gpu_check] $*" | tee -a "$OUT/summary.txt"; }
 log "date $(date -u +%FT%TZ)"
