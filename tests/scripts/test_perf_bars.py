@@ -95,6 +95,24 @@ with tempfile.TemporaryDirectory() as old:
            line_with("BELOW", "rollout", "0.79x") is not None and
            line_with("NOT MEASURED", "decode step") is not None,
            "unlabelled configuration: training and rollout bars, no decode table", out)
+# The one-pass head (bench_logprob_bwd's --ours row 2, the figures of docs/perf.md session 28, H100):
+# reported beside the two-pass bar, each against torch naive.
+with tempfile.TemporaryDirectory() as one:
+    with open(os.path.join(one, "bench_logprob_bwd.md"), "w") as f:
+        f.write("| implementation | fwd+bwd ms | TFLOP/s (4 GEMMs) | peak extra MiB | dh, dW "
+                "identical run to run |\n|---|---|---|---|---|\n"
+                "| lockstep forward + backward (vocab_segments=1) | 71.65 | 569.4 | 480.0 | yes |\n"
+                "| lockstep forward + backward in one pass from the rollout's lse (the forward's "
+                "outputs recomputed by the backward) | 56.74 | 719.0 | 480.0 | yes |\n"
+                "| torch naive: h@W.T -> float -> log_softmax -> gather, autograd | 61.96 | 658.4 | "
+                "14233.6 | yes |\n")
+    rc, out, _ = run(one)
+    lines = out.splitlines()
+    expect(line_with("BELOW", "log-prob head fwd+bwd faster", "71.65 ms vs torch naive 61.96 ms")
+           is not None and
+           line_with("MET", "in one pass from the rollout's lse", "56.74 ms vs torch naive 61.96 ms",
+                     "480 MiB") is not None,
+           "log-prob head: the two-pass bar below, the one pass met, each on its own line", out)
 rc, _, err = run(os.path.join(LOGS, "no-such-folder"))
 expect(rc == 2 and "not a folder" in err, "missing folder: exit 2 with a message", err)
 
