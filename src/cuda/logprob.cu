@@ -249,18 +249,7 @@ detail::LogprobProducer run_states(const char* op, const TensorView& h, const Te
     detail::fill_f32(y_target, rows, kCanonicalNanF32, stream, op);
     const TensorView h_blk = h.rows(r0, r0 + rows);
     if (fused) {
-      detail::GemmLogprobEpilogue e{};
-      e.tau = params.temperature;
-      e.states = states;
-      e.n_tiles = n_tiles;
-      e.tile0 = 0;
-      e.y_target = y_target;
-      e.targets = targets.p;
-      e.targets_stride = targets.stride;
-      e.targets_i64 = targets.is64;
-      e.row0 = r0;
-      e.target_base = v_begin;
-      e.ignore_index = params.ignore_index;
+      const detail::GemmLogprobEpilogue e = detail::fused_states_epilogue(tiles, r0, 0);
       gemm_bf16_nt_logprob_fused(static_cast<const uint16_t*>(h_blk.data), rows, h.stride[0],
                                  static_cast<const uint16_t*>(w_local.data), valid,
                                  w_local.stride[0], H, gemm_k_layout(gcfg, H).segment_len, e,

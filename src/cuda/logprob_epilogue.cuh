@@ -16,6 +16,7 @@
 
 #include "core/math.h"  // ls_expf
 #include "cuda/gemm/mainloop_sm90.cuh"
+#include "cuda/logprob.cuh"  // TileStateParams (fused_states_epilogue)
 
 namespace lockstep::cuda::detail {
 
@@ -151,6 +152,25 @@ __device__ __forceinline__ void sm90_logprob_epilogue(const Sm90LpParams& p, flo
     }
     if (tk[h] >= 0) e.y_target[row[h]] = yt[h];
   }
+}
+
+// The epilogue's parameters from a call's shared tile-state settings (logprob_states_shared):
+// the launch's row m is targets row row0 + m, its column 0 the start of local vocab tile tile0.
+inline GemmLogprobEpilogue fused_states_epilogue(const TileStateParams& tiles, int64_t row0,
+                                                 int64_t tile0) {
+  GemmLogprobEpilogue e{};
+  e.tau = tiles.tau;
+  e.states = tiles.states;
+  e.n_tiles = tiles.n_tiles;
+  e.tile0 = tile0;
+  e.y_target = tiles.y_target;
+  e.targets = tiles.targets.p;
+  e.targets_stride = tiles.targets.stride;
+  e.targets_i64 = tiles.targets.is64;
+  e.row0 = row0;
+  e.target_base = tiles.v_begin + tile0 * kLogprobFusedTile;
+  e.ignore_index = tiles.ignore_index;
+  return e;
 }
 
 // The epilogue as the Hopper kernel's Epi parameter.

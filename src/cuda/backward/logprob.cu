@@ -474,19 +474,7 @@ LogprobBwdPath linear_logprob_backward_with_path(
           fp.v0 = v0;
           fp.tau = params.temperature;
           fp.states = rc ? 1 : 0;
-          if (rc) {
-            fp.lp.tau = params.temperature;
-            fp.lp.states = states;
-            fp.lp.n_tiles = n_tiles;
-            fp.lp.tile0 = v0 / L;
-            fp.lp.y_target = y_target;
-            fp.lp.targets = gp.tok.targets.p;
-            fp.lp.targets_stride = gp.tok.targets.stride;
-            fp.lp.targets_i64 = gp.tok.targets.is64;
-            fp.lp.row0 = src0;
-            fp.lp.target_base = v0;
-            fp.lp.ignore_index = params.ignore_index;
-          }
+          if (rc) fp.lp = fused_states_epilogue(tiles, src0, v0 / L);
           gemm_bf16_nt_logprob_grad(static_cast<const uint16_t*>(hx.data), hx.stride[0],
                                     wp + v0 * w.stride[0], w.stride[0], H, fp, s);
         }
