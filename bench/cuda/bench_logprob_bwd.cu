@@ -630,12 +630,19 @@ int main(int argc, char** argv) {
                    "\"cold_ms\": %.4f, \"fwd_ms\": %.4f, \"bwd_ms\": %.4f, \"other_path_ms\": "
                    "%.4f, \"scratch_mib\": %.2f, \"extra_mib\": %.2f, \"rerun_identical\": %s, "
                    "\"paths_identical\": %s, \"one_pass_ms\": %.4f, \"one_pass_identical\": "
-                   "%s, \"one_pass_extra_mib\": %.2f}\n",
+                   "%s, \"one_pass_extra_mib\": %.2f, \"path\": \"%s\", \"one_pass_path\": "
+                   "\"%s\", \"one_pass_dx_ms\": %.4f, \"other_paths\": {",
                    (long long)T, (long long)H, (long long)V, cfg.vocab_segments, ms, cold, fwd_ms,
                    bwd_ms, other_ms, double(used_high) * mib, extra_mib,
                    rerun_dh == 0 && rerun_dw == 0 ? "true" : "false",
                    others_same ? "true" : "false", rc_ms, rc_same ? "true" : "false",
-                   double(rc_used) * mib + dh_mib + vec_mib);
+                   double(rc_used) * mib + dh_mib + vec_mib, ran_name,
+                   cuda::detail::logprob_bwd_path_name(rc_ran), rc_dx_ms);
+      // Each other dh path's backward alone (ms), by its name.
+      for (size_t i = 0; i < others.size(); ++i)
+        std::fprintf(f, "%s\"%s\": %.4f", i ? ", " : "",
+                     cuda::detail::logprob_bwd_path_name(others[i].path), others[i].ms);
+      std::fprintf(f, "}}\n");
       std::fclose(f);
     }
   }

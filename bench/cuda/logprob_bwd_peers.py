@@ -144,6 +144,14 @@ def main():
     print("|---|---|---|---|---|")
     for name, ms, tf, mib, same in rows:
         print(f"| {name} | {ms:.2f} | {tf:.1f} | {mib:.1f} | {same} |")
+    if a.ours and (o["T"], o["H"], o["V"]) == (a.T, a.H, a.V) and "path" in o:
+        # lockstep's parts (bench_logprob_bwd's --json), so that this table alone tells them.
+        print(f"\nlockstep: forward {o['fwd_ms']:.2f} ms, backward {o['bwd_ms']:.2f} ms "
+              f"(dh path: {o['path']}); one pass {o['one_pass_ms']:.2f} ms ({o['one_pass_path']})"
+              + (f", one pass with the G kernel {o['one_pass_dx_ms']:.2f} ms"
+                 if o.get("one_pass_dx_ms", 0) > 0 else ""))
+        for name, ms in o.get("other_paths", {}).items():
+            print(f"lockstep backward alone, dh path {name}: {ms:.2f} ms")
     return 0
 
 
