@@ -39,6 +39,7 @@ __all__ = [
     "embedding",
     "linear",
     "linear_logprob",
+    "linear_logprob_given",
     "rmsnorm",
     "rmsnorm_residual",
     "rope",
@@ -838,6 +839,191 @@ def linear_logprob(
         h,
         w,
         targets,
+        temperature,
+        ignore_index,
+        list(_contract_args(contract)),
+        cu_seqlens,
+        step_indices,
+    )
+
+
+def _bits_differ(a: Tensor, b: Tensor) -> Tensor:
+    """Per element: the fp32 bit patterns differ."""
+    return a.to(torch.float32).contiguous().view(torch.int32) != b.contiguous().view(torch.int32)
+
+
+@torch.library.custom_op("lockstep::linear_logprob_given_backward", mutates_args=())
+def _linear_logprob_given_backward(
+    g_lp: Tensor,
+    g_ent: Optional[Tensor],
+    h: Tensor,
+    w: Tensor,
+    targets: Tensor,
+    logp: Tensor,
+    lse: Tensor,
+    entropy: Tensor,
+    temperature: float,
+    ignore_index: int,
+    contract: Sequence[int],
+    cu_seqlens: Optional[Tensor],
+    step_indices: Optional[Tensor],
+) -> Tuple[Tensor, Tensor]:
+    """dh, dw of linear_logprob_given: the backward from the given lse / entropy that also
+    recomputes the forward's logp / lse / entropy (§B.8 "The forward from the backward"), then
+    checks the given values against them bit for bit (RuntimeError if one differs where the
+    gradients depend on it)."""
+    lse32, ent32 = lse.to(torch.float32).contiguous(), entropy.to(torch.float32).contiguous()
+    dh = h.new_empty(h.shape, dtype=torch.float32)
+    dw = torch.zeros(w.shape, dtype=torch.float32, device=w.device)
+    t = _size(h, 0)
+    logp_r, lse_r, ent_r = (h.new_empty((t,), dtype=torch.float32) for _ in range(3))
+    _C.linear_logprob_backward_recompute(
+        _arg(h),
+        _arg(w),
+        _arg(targets),
+        _arg(lse32),
+        _arg(ent32),
+        _arg(g_lp),
+        _opt(g_ent),
+        dh,
+        dw,
+        logp_r,
+        lse_r,
+        ent_r,
+        temperature,
+        ignore_index,
+        _contract_c(*contract),
+        _host(cu_seqlens),
+        _host(step_indices),
+        _stream(h),
+    )
+    # The given values must be the trainer's own bits wherever the gradients depend on them: rows
+    # with a target (logp, lse, entropy), and rows with an ignored target but an entropy gradient
+    # (lse, entropy). Anywhere else G is +0 for any finite lse (§B.8).
+    has_target = targets.to(torch.int64) != ignore_index
+    used = has_target if g_ent is None else has_target | (g_ent != 0)
+    bad = (_bits_differ(logp, logp_r) & has_target) | (
+        (_bits_differ(lse32, lse_r) | _bits_differ(ent32, ent_r)) & used
+    )
+    n = int(bad.sum().item())
+    if n:
+        first = int(bad.nonzero()[0].item())
+        raise RuntimeError(
+            f"lockstep.torch.linear_logprob_given: {n} of the given head values (logp / lse / "
+            f"entropy) differ from the trainer's, first at row {first} (given lse "
+            f"{float(lse32[first])!r}, recomputed {float(lse_r[first])!r}): the gradients were "
+            "taken at a wrong lse and are not returned. The given values must come from the same "
+            "weights, inputs and contract (e.g. the rollout's on an on-policy step); otherwise "
+            "use linear_logprob."
+        )
+    return _rounded(dh, h.dtype), _rounded(dw, w.dtype)
+
+
+@_linear_logprob_given_backward.register_fake
+def _(
+    g_lp,
+    g_ent,
+    h,
+    w,
+    targets,
+    logp,
+    lse,
+    entropy,
+    temperature,
+    ignore_index,
+    contract,
+    cu_seqlens,
+    step_indices,
+):
+    return h.new_empty(h.shape), w.new_empty(w.shape)
+
+
+@torch.library.custom_op("lockstep::linear_logprob_given", mutates_args=())
+def _linear_logprob_given(
+    h: Tensor,
+    w: Tensor,
+    targets: Tensor,
+    logp: Tensor,
+    lse: Tensor,
+    entropy: Tensor,
+    temperature: float,
+    ignore_index: int,
+    contract: Sequence[int],
+    cu_seqlens: Optional[Tensor],
+    step_indices: Optional[Tensor],
+) -> Tuple[Tensor, Tensor]:
+    """The given (logp, entropy) as the op's differentiable outputs: nothing is computed."""
+    return logp.to(torch.float32).clone(), entropy.to(torch.float32).clone()
+
+
+@_linear_logprob_given.register_fake
+def _(h, w, targets, logp, lse, entropy, temperature, ignore_index, contract, cu_seqlens,
+      step_indices):
+    return logp.new_empty(logp.shape, dtype=torch.float32), entropy.new_empty(
+        entropy.shape, dtype=torch.float32)
+
+
+def _linear_logprob_given_setup(ctx, inputs, output):
+    h, w, targets, logp, lse, entropy, temperature, ignore_index, contract, cu, steps = inputs
+    ctx.save_for_backward(h, w, targets, logp, lse, entropy, cu, steps)
+    ctx.set_materialize_grads(False)
+    ctx.args = (temperature, ignore_index, list(contract))
+
+
+def _linear_logprob_given_bwd(ctx, g_lp, g_ent):
+    h, w, targets, logp, lse, entropy, cu_seqlens, step_indices = ctx.saved_tensors
+    temperature, ignore_index, contract = ctx.args
+    dh, dw = torch.ops.lockstep.linear_logprob_given_backward(
+        _grad(g_lp, lse),
+        None if g_ent is None else _grad(g_ent, lse),
+        h,
+        w,
+        targets,
+        logp,
+        lse,
+        entropy,
+        temperature,
+        ignore_index,
+        contract,
+        cu_seqlens,
+        step_indices,
+    )
+    return dh, dw, None, None, None, None, None, None, None, None, None
+
+
+_linear_logprob_given.register_autograd(
+    _linear_logprob_given_bwd, setup_context=_linear_logprob_given_setup)
+
+
+def linear_logprob_given(
+    h: Tensor,
+    w: Tensor,
+    targets: Tensor,
+    logp: Tensor,
+    lse: Tensor,
+    entropy: Tensor,
+    *,
+    temperature: float = 1.0,
+    ignore_index: int = -1,
+    contract: Optional[Contract] = None,
+    cu_seqlens: Optional[Tensor] = None,
+    step_indices: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
+    """linear_logprob's (logp, entropy) when its outputs are known already — on an on-policy step,
+    the rollout's logp / lse / entropy [T] f32 of the same weights, which under the contract are
+    the trainer's bit for bit. The forward computes nothing; the backward (dh, dw) recomputes the
+    forward's values from the logits it forms anyway (on the GPU one pass over the vocabulary,
+    §B.8 "The forward from the backward") and raises RuntimeError if any given value that the
+    gradients depend on differs from them, bit for bit. Rows whose target is ignore_index may
+    carry any finite lse and entropy 0 when their entropy gradient is 0. Gradients flow to h and
+    w, as linear_logprob's."""
+    return _linear_logprob_given(
+        h,
+        w,
+        targets,
+        logp,
+        lse,
+        entropy,
         temperature,
         ignore_index,
         list(_contract_args(contract)),

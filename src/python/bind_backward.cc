@@ -10,6 +10,7 @@
 
 #include "lockstep/ops/backward.h"
 #include "lockstep/ops/gemm.h"
+#include "lockstep/ops/logprob.h"
 // The CUDA ops are declared in every build (plain C++ headers); a CPU build never instantiates
 // the run_on lambdas that call them, so it links without them.
 #include "lockstep/cuda/backward.h"
@@ -174,6 +175,44 @@ void linear_logprob_backward(const Array& h, const Array& w, const Array& target
       });
 }
 
+// The backward from a given lse / entropy that also writes the forward's logp / lse / entropy of
+// the same inputs (B.8 "The forward from the backward"): the CPU runs linear_logprob, then the
+// backward; CUDA cuda::linear_logprob_backward_recompute (one pass where the rows are in place).
+void linear_logprob_backward_recompute(const Array& h, const Array& w, const Array& targets,
+                                       const Array& lse, const Array& entropy, const Array& g_lp,
+                                       const OptArray& g_ent, const Array& dh, const Array& dw,
+                                       const Array& logp_out, const Array& lse_out,
+                                       const Array& entropy_out, float temperature,
+                                       int64_t ignore_index, const ContractConfig& cfg,
+                                       const OptArray& cu_seqlens, const OptArray& step_indices,
+                                       uint64_t stream) {
+  constexpr const char* kOp = "linear_logprob_backward_recompute";
+  const ArgView hv = view_of(kOp, "h", h), wv = view_of(kOp, "w", w);
+  const ArgView tv = view_of(kOp, "targets", targets), lv = view_of(kOp, "lse", lse);
+  const ArgView ev = view_of(kOp, "entropy", entropy), gv = view_of(kOp, "g_lp", g_lp);
+  const ArgView gev = view_of(kOp, "g_ent", g_ent), dhv = view_of(kOp, "dh", dh);
+  const ArgView dwv = view_of(kOp, "dw", dw), pov = view_of(kOp, "logp_out", logp_out);
+  const ArgView lov = view_of(kOp, "lse_out", lse_out);
+  const ArgView eov = view_of(kOp, "entropy_out", entropy_out);
+  const Placement at =
+      place(kOp, {&hv, &wv, &tv, &lv, &ev, &gv, &gev, &dhv, &dwv, &pov, &lov, &eov}, stream);
+  LogprobParams params;
+  params.temperature = temperature;
+  params.ignore_index = ignore_index;
+  const TokenOrder order = token_order(kOp, cu_seqlens, step_indices, rows_of(kOp, "h", hv));
+  const TensorView* ge = g_ent ? &gev : nullptr;
+  run_on(
+      at,
+      [&] {
+        cpu::linear_logprob(hv, wv, tv, params, cfg, pov, lov, eov);
+        cpu::linear_logprob_backward(hv, wv, tv, params, cfg, lv, ev, gv, ge, dhv, order, dwv);
+      },
+      [&](auto s) {
+        cuda::linear_logprob_backward_recompute(hv, wv, tv, params, cfg, lv, ev, gv, ge, dhv, order,
+                                                dwv, pov, lov, eov, s);
+      });
+}
+
 void attention_backward_varlen(const Array& q, const Array& k, const Array& v, const Array& out,
                                const Array& lse, const Array& dout, const Array& cu_seqlens,
                                const Array& dq, const Array& dk, const Array& dv, int kv_chunk,
@@ -295,6 +334,14 @@ void bind_backward(nb::module_& m) {
         arg("cu_seqlens").none() = nb::none(), arg("step_indices").none() = nb::none(),
         arg("stream") = 0,
         "Linear log-prob backward (B.8): dh [T, H] f32 (written), dw [V, H] f32 (in/out).");
+  m.def("linear_logprob_backward_recompute", &linear_logprob_backward_recompute, arg("h"), arg("w"),
+        arg("targets"), arg("lse"), arg("entropy"), arg("g_lp"), arg("g_ent").none(), arg("dh"),
+        arg("dw"), arg("logp_out"), arg("lse_out"), arg("entropy_out"), arg("temperature") = 1.0f,
+        arg("ignore_index") = -1, arg("contract") = ContractConfig{},
+        arg("cu_seqlens").none() = nb::none(), arg("step_indices").none() = nb::none(),
+        arg("stream") = 0,
+        "linear_logprob_backward from a given lse / entropy that also writes the forward's logp, "
+        "lse, entropy [T] f32 of the same inputs (B.8 'The forward from the backward').");
   m.def("attention_backward_varlen", &attention_backward_varlen, arg("q"), arg("k"), arg("v"),
         arg("out"), arg("lse"), arg("dout"), arg("cu_seqlens"), arg("dq"), arg("dk"), arg("dv"),
         arg("kv_chunk") = 1024, arg("softmax_scale") = 0.0, arg("stream") = 0,

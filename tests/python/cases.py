@@ -187,6 +187,37 @@ def op_cases(gen):
         )
     )
 
+    logp_f, lse_f, ent_f = ops.linear_logprob(P["h"], P["w"], P["targets"], 1.0, -1, C, None, None)
+    logp_f, lse_f, ent_f = logp_f.detach(), lse_f.detach(), ent_f.detach()
+    cases.append(
+        (
+            "linear_logprob_given",
+            ops.linear_logprob_given,
+            (P["h"], P["w"], P["targets"], logp_f, lse_f, ent_f, 1.0, -1, C, None, None),
+        )
+    )
+    cases.append(
+        (
+            "linear_logprob_given_backward",
+            ops.linear_logprob_given_backward,
+            (
+                randn(gen, 6, dtype=torch.float32),
+                randn(gen, 6, dtype=torch.float32),
+                P["h"].detach(),
+                P["w"].detach(),
+                P["targets"],
+                logp_f,
+                lse_f,
+                ent_f,
+                1.0,
+                -1,
+                C,
+                None,
+                None,
+            ),
+        )
+    )
+
     S = logprob(gen, T=4, rg=False)
     T = 4
     cases.append(

@@ -296,3 +296,54 @@ def test_nan_is_canonical_through_autograd(gen):
     assert set(y[1].view(torch.int16).tolist()) == {0x7FC0}
     assert set(w.grad[:, 2].view(torch.int16).tolist()) == {0x7FC0}
     assert not torch.isnan(y[0]).any() and not torch.isnan(x.grad).any()
+
+
+def _given_setup(gen):
+    """A log-prob case and its forward outputs (the 'rollout's'), no gradient."""
+    p = cases.logprob(gen)
+    with torch.no_grad():
+        logp, lse, ent = lt.linear_logprob(p["h"], p["w"], p["targets"])
+    return p, logp, lse, ent
+
+
+def test_logprob_given_has_the_gradients_of_linear_logprob(gen):
+    """linear_logprob_given with the forward's own outputs: the same (logp, entropy) bits and the
+    same dh, dw as linear_logprob's autograd, with and without an entropy gradient; the ignored
+    row may carry any finite lse and entropy 0 when its entropy gradient is 0."""
+    p, logp, lse, ent = _given_setup(gen)
+    g = randn(gen, *logp.shape, dtype=torch.float32)
+    g_e = randn(gen, *logp.shape, dtype=torch.float32)
+    for with_ent in (True, False):
+        h0, w0 = p["h"].detach().clone().requires_grad_(), p["w"].detach().clone().requires_grad_()
+        lp0, _, e0 = lt.linear_logprob(h0, w0, p["targets"])
+        h1, w1 = p["h"].detach().clone().requires_grad_(), p["w"].detach().clone().requires_grad_()
+        lse_g, ent_g = lse.clone(), ent.clone()
+        if not with_ent:  # the ignored row (targets[1] = -1): any finite lse, entropy 0
+            lse_g[1], ent_g[1] = 1e30, 0.0
+        lp1, e1 = lt.linear_logprob_given(h1, w1, p["targets"], logp, lse_g, ent_g)
+        assert_bitwise(lp1, logp, "logp passes through")
+        assert_bitwise(e1, ent_g, "entropy passes through")
+        if with_ent:
+            torch.autograd.backward([lp0, e0], [g, g_e])
+            torch.autograd.backward([lp1, e1], [g, g_e])
+        else:
+            lp0.backward(g)
+            lp1.backward(g)
+        assert_bitwise(h1.grad, h0.grad, f"dh (entropy gradient: {with_ent})")
+        assert_bitwise(w1.grad, w0.grad, f"dw (entropy gradient: {with_ent})")
+
+
+@pytest.mark.parametrize("what", ["logp", "lse", "entropy", "ignored row with entropy gradient"])
+def test_logprob_given_wrong_value_raises(gen, what):
+    """One given bit that differs from the trainer's, where the gradients depend on it: the
+    backward raises and returns no gradient."""
+    p, logp, lse, ent = _given_setup(gen)
+    logp, lse, ent = logp.clone(), lse.clone(), ent.clone()
+    row = 1 if what.startswith("ignored") else 0
+    t = {"logp": logp, "lse": lse, "entropy": ent}.get(what, lse)
+    t.view(torch.int32)[row] ^= 1
+    h, w = p["h"].detach().clone().requires_grad_(), p["w"].detach().clone().requires_grad_()
+    lp, e = lt.linear_logprob_given(h, w, p["targets"], logp, lse, ent)
+    with pytest.raises(RuntimeError, match=f"differ from the trainer's, first at row {row}"):
+        torch.autograd.backward([lp, e], [torch.ones_like(lp), torch.ones_like(e)])
+    assert h.grad is None and w.grad is None

@@ -21,5 +21,5 @@ def test_every_op_is_checked():
         for n in torch._C._dispatch_get_all_op_names()
         if n.startswith("lockstep::")
     }
-    assert len(registered) == 17
+    assert len(registered) == 19
     assert checked == registered

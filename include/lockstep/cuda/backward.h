@@ -55,6 +55,22 @@ void linear_logprob_backward(const TensorView& h, const TensorView& w, const Ten
                              const TensorView& lse, const TensorView& entropy,
                              const TensorView& g_lp, const TensorView* g_ent, const TensorView& dh,
                              const TokenOrder& order, const TensorView& dw, void* stream = nullptr);
+// The same backward from a given lse / entropy that also writes the forward's outputs of the same
+// inputs (logp_out, lse_out, entropy_out: [T] f32 device views, the bits linear_logprob writes;
+// §B.8 "The forward from the backward"): one pass over the vocabulary where the rows are in place
+// (the order's token blocks, then the rows no sequence covers, are rows 0 .. T − 1) and
+// vocab_tile is a multiple of 16, else linear_logprob then linear_logprob_backward (the same bits).
+// A caller holding the forward's lse already (an on-policy step: the rollout's) compares the given
+// values with the returned ones afterwards: where they differ, the gradients were taken at a
+// wrong lse.
+void linear_logprob_backward_recompute(const TensorView& h, const TensorView& w,
+                                       const TensorView& targets, const LogprobParams& params,
+                                       const ContractConfig& cfg, const TensorView& lse,
+                                       const TensorView& entropy, const TensorView& g_lp,
+                                       const TensorView* g_ent, const TensorView& dh,
+                                       const TokenOrder& order, const TensorView& dw,
+                                       const TensorView& logp_out, const TensorView& lse_out,
+                                       const TensorView& entropy_out, void* stream = nullptr);
 
 // ---- B.9 Attention (packed varlen, causal, GQA) ---------------------------------------------
 // seqs: validated on the host (its host boundaries plan the launch; a device copy, if it has

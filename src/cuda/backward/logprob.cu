@@ -36,6 +36,7 @@
 #include "cuda/logprob_internal.h"    // Scratch, launch_tile_states
 #include "lockstep/cuda/backward.h"
 #include "lockstep/cuda/gemm.h"
+#include "lockstep/cuda/logprob.h"  // linear_logprob (the two-pass fallback of the recompute)
 #include "lockstep/ops/gemm.h"
 
 namespace lockstep::cuda {
@@ -561,6 +562,28 @@ void linear_logprob_backward(const TensorView& h, const TensorView& w, const Ten
   (void)detail::linear_logprob_backward_with_path(h, w, targets, params, cfg, lse, entropy, g_lp,
                                                   g_ent, dh, order, dw,
                                                   detail::LogprobBwdPath::kAuto, stream);
+}
+
+void linear_logprob_backward_recompute(const TensorView& h, const TensorView& w,
+                                       const TensorView& targets, const LogprobParams& params,
+                                       const ContractConfig& cfg, const TensorView& lse,
+                                       const TensorView& entropy, const TensorView& g_lp,
+                                       const TensorView* g_ent, const TensorView& dh,
+                                       const TokenOrder& order, const TensorView& dw,
+                                       const TensorView& logp_out, const TensorView& lse_out,
+                                       const TensorView& entropy_out, void* stream) {
+  const bool one_pass = cfg.vocab_tile % kTokenBlock == 0 &&
+                        detail::logprob_rows_in_place(order, h.ndim == 2 ? h.size(0) : 0);
+  if (!one_pass) {  // (linear_logprob checks the outputs)
+    linear_logprob(h, w, targets, params, cfg, logp_out, lse_out, entropy_out, stream);
+    linear_logprob_backward(h, w, targets, params, cfg, lse, entropy, g_lp, g_ent, dh, order, dw,
+                            stream);
+    return;
+  }
+  const detail::LogprobRecompute rc{logp_out, lse_out, entropy_out};
+  (void)detail::linear_logprob_backward_with_path(
+      h, w, targets, params, cfg, lse, entropy, g_lp, g_ent, dh, order, dw,
+      detail::LogprobBwdPath::kAuto, stream, nullptr, &rc);
 }
 
 }  // namespace lockstep::cuda

@@ -9,7 +9,6 @@
 #include <mutex>
 #include <tuple>
 
-#include "cuda/backward/logprob_plan.h"  // the one-pass head (LogprobRecompute)
 #include "engine/cuda/backends.h"
 #include "engine/cuda/device_backend.h"
 #include "lockstep/cuda/attention.h"
@@ -56,8 +55,8 @@ class CudaInvariantBackend final : public InvariantOps<CudaDeviceBackend> {
     const DeviceTable& t = device_table(table);
     cuda::rope_backward(gy, positions, t.cos.view(), t.sin.view(), dx, stream_);
   }
-  // One pass over the vocab (cuda::detail::LogprobRecompute) where it applies — rows in place,
-  // vocab_tile a multiple of 16, the outputs device views — else the default's two ops.
+  // cuda::linear_logprob_backward_recompute: one pass over the vocab where it applies (rows in
+  // place, vocab_tile a multiple of 16), else the forward then the backward.
   void linear_logprob_backward_recompute(const TensorView& h, const TensorView& w,
                                          const TensorView& targets, const LogprobParams& params,
                                          const ContractConfig& cfg, const TensorView& lse,
@@ -66,20 +65,8 @@ class CudaInvariantBackend final : public InvariantOps<CudaDeviceBackend> {
                                          const TokenOrder& order, const TensorView& dw,
                                          const TensorView& logp_out, const TensorView& lse_out,
                                          const TensorView& entropy_out) const override {
-    const bool one_pass = cfg.vocab_tile % 16 == 0 &&
-                          cuda::detail::logprob_rows_in_place(order, h.size(0)) &&
-                          logp_out.device == Device::kCUDA && lse_out.device == Device::kCUDA &&
-                          entropy_out.device == Device::kCUDA;
-    if (!one_pass) {
-      OpsBackend::linear_logprob_backward_recompute(h, w, targets, params, cfg, lse, entropy, g_lp,
-                                                    g_ent, dh, order, dw, logp_out, lse_out,
-                                                    entropy_out);
-      return;
-    }
-    const cuda::detail::LogprobRecompute rc{logp_out, lse_out, entropy_out};
-    cuda::detail::linear_logprob_backward_with_path(
-        h, w, targets, params, cfg, lse, entropy, g_lp, g_ent, dh, order, dw,
-        cuda::detail::LogprobBwdPath::kAuto, stream_, nullptr, &rc);
+    cuda::linear_logprob_backward_recompute(h, w, targets, params, cfg, lse, entropy, g_lp, g_ent,
+                                            dh, order, dw, logp_out, lse_out, entropy_out, stream_);
   }
 
  private:
