@@ -602,10 +602,9 @@ int main(int argc, char** argv) {
   std::printf("| lockstep backward alone | %.2f | %.1f | |\n", bwd_ms, 3 * flop / bwd_ms * 1e-9);
   std::printf(
       "| lockstep forward + backward in one pass from a given lse (the forward's outputs "
-      "recomputed by the backward) | %.2f | %.1f | %.1f |\n",
-      rc_ms, 3 * flop / rc_ms * 1e-9, double(rc_used) * mib);
-  std::printf("| the same one pass, dh path: %s | %.2f | %.1f | |\n",
-              cuda::detail::logprob_bwd_path_name(rc_ran), rc_ms, 3 * flop / rc_ms * 1e-9);
+      "recomputed by the backward; dh path: %s) | %.2f | %.1f | %.1f |\n",
+      cuda::detail::logprob_bwd_path_name(rc_ran), rc_ms, 3 * flop / rc_ms * 1e-9,
+      double(rc_used) * mib);
   if (rc_dx_ms > 0)
     std::printf("| the one pass, dh path: %s | %.2f | %.1f | |\n",
                 cuda::detail::logprob_bwd_path_name(LogprobBwdPath::kDxForm), rc_dx_ms,

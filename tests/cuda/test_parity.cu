@@ -247,8 +247,8 @@ class CudaOps final : public Ops {
     cuda::linear_logprob_backward(h, w, targets, p, cfg, lse, entropy, g_lp, g_ent, dh, order, dw);
     cuda::synchronize();
   }
-  // The one pass (cuda::detail::LogprobRecompute) where it applies: rows in place, vocab_tile a
-  // multiple of 16 (else the definition: forward, then backward).
+  // The library's entry: the one pass where it applies (rows in place, vocab_tile a multiple of
+  // 16), else the definition (forward, then backward); the calls that took the one pass counted.
   void linear_logprob_backward_recompute(const TensorView& h, const TensorView& w,
                                          const TensorView& targets, const LogprobParams& p,
                                          const ContractConfig& cfg, const TensorView& lse,
@@ -257,16 +257,9 @@ class CudaOps final : public Ops {
                                          const TokenOrder& order, const TensorView& dw,
                                          const TensorView& logp_out, const TensorView& lse_out,
                                          const TensorView& entropy_out) override {
-    if (cfg.vocab_tile % 16 != 0 || !cuda::detail::logprob_rows_in_place(order, h.size(0))) {
-      Ops::linear_logprob_backward_recompute(h, w, targets, p, cfg, lse, entropy, g_lp, g_ent, dh,
-                                             order, dw, logp_out, lse_out, entropy_out);
-      return;
-    }
-    ++one_passes;
-    const cuda::detail::LogprobRecompute rc{logp_out, lse_out, entropy_out};
-    cuda::detail::linear_logprob_backward_with_path(
-        h, w, targets, p, cfg, lse, entropy, g_lp, g_ent, dh, order, dw,
-        cuda::detail::LogprobBwdPath::kAuto, nullptr, nullptr, &rc);
+    one_passes += cuda::detail::logprob_one_pass_applies(cfg, order, h.size(0)) ? 1 : 0;
+    cuda::linear_logprob_backward_recompute(h, w, targets, p, cfg, lse, entropy, g_lp, g_ent, dh,
+                                            order, dw, logp_out, lse_out, entropy_out);
     cuda::synchronize();
   }
   int64_t one_passes = 0;  // calls that ran the one pass (the summary says how many)

@@ -148,6 +148,10 @@ bool logprob_rows_in_place(const TokenOrder& order, int64_t T) {
   return next == T;
 }
 
+bool logprob_one_pass_applies(const ContractConfig& cfg, const TokenOrder& order, int64_t T) {
+  return cfg.vocab_tile % kTokenBlock == 0 && logprob_rows_in_place(order, T);
+}
+
 LogprobBwdPlan logprob_backward_plan(const LogprobVocabLayout& lay, int64_t H, int64_t T,
                                      LogprobBwdPath path, bool in_place, bool recompute) {
   LogprobBwdPlan pl;
@@ -307,8 +311,7 @@ LogprobBwdPath linear_logprob_backward_with_path(
   const bool fused = pl.path == LogprobBwdPath::kDxFused;   // G from the GEMM's epilogue
   const bool dx_form = pl.path == LogprobBwdPath::kDxForm || fused;  // ... from G (no Gᵀ)
   const uint16_t* const wp = static_cast<const uint16_t*>(w.data);
-  LS_CHECK(!dx_form || (reinterpret_cast<uintptr_t>(wp) % 16 == 0 && w.stride[0] % 8 == 0), op,
-           "the dh path '", logprob_bwd_path_name(pl.path),
+  LS_CHECK(!dx_form || w_tma, op, "the dh path '", logprob_bwd_path_name(pl.path),
            "' needs w 16-byte aligned with a row stride that is a multiple of 8 (got ", w.stride[0],
            ")");
   const GemmConfig logits_cfg = logprob_logits_gemm(cfg);
@@ -572,9 +575,8 @@ void linear_logprob_backward_recompute(const TensorView& h, const TensorView& w,
                                        const TokenOrder& order, const TensorView& dw,
                                        const TensorView& logp_out, const TensorView& lse_out,
                                        const TensorView& entropy_out, void* stream) {
-  const bool one_pass = cfg.vocab_tile % kTokenBlock == 0 &&
-                        detail::logprob_rows_in_place(order, h.ndim == 2 ? h.size(0) : 0);
-  if (!one_pass) {  // (linear_logprob checks the outputs)
+  if (!detail::logprob_one_pass_applies(
+          cfg, order, h.ndim == 2 ? h.size(0) : 0)) {  // (linear_logprob checks the outputs)
     linear_logprob(h, w, targets, params, cfg, logp_out, lse_out, entropy_out, stream);
     linear_logprob_backward(h, w, targets, params, cfg, lse, entropy, g_lp, g_ent, dh, order, dw,
                             stream);
