@@ -237,8 +237,8 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < tn_plans.size(); ++i) std::printf("---|");
   std::printf("\n");
   for (const Shape& s : shapes) {
-    for (const int64_t T :
-         quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{1024, 2048, 4096, 8192, 16384}) {
+    for (const int64_t T : quick ? std::vector<int64_t>{4096}
+                                 : std::vector<int64_t>{1024, 2048, 4096, 8192, 12288, 16384}) {
       const auto* dyp = static_cast<const uint16_t*>(dy);
       const auto* xp = static_cast<const uint16_t*>(x);
       const lockstep::cuda::GemmProblem q =

@@ -595,6 +595,31 @@ TEST(GemmPlan, TnPlansAccumulateOnly) {
   EXPECT_THROW((void)gemm_legal_plans(p), Error);
 }
 
+// The dW launches of the Qwen3-8B shapes (rows, columns of dw; K = token slots) take the 64x256
+// ping-pong tile up to kTnPingPongMaxK slots (a blocked launch over 4,096 or 8,192 tokens spans
+// a few padding slots more), the cost model's job tile past it (measured: docs/perf.md).
+TEST(GemmPlan, TnTakesPingPongUpToItsBound) {
+  const int64_t kShapes[][2] = {{6144, 4096}, {4096, 4096}, {24576, 4096}, {4096, 12288}};
+  for (const auto& sh : kShapes) {
+    for (int64_t K : {int64_t(1024), int64_t(4128), int64_t(8192), int64_t(8448), kTnPingPongMaxK,
+                      kTnPingPongMaxK + 16, int64_t(16384)}) {
+      GemmProblem p = problem(sh[0], sh[1], K, 1);
+      p.layout = GemmLayout::kTN;
+      const GemmPlan chosen = plan_gemm(p);
+      const bool pp = K <= kTnPingPongMaxK;
+      EXPECT_EQ(chosen.ping_pong, pp)
+          << sh[0] << "x" << sh[1] << " K " << K << ": " << chosen.to_string();
+      if (pp) {
+        EXPECT_EQ(chosen.tile, (GemmTile{64, 256, 64, 5})) << chosen.to_string();
+      }
+    }
+  }
+  // Too few 64x256 tiles to fill the multiprocessors: a job tile however short the run.
+  GemmProblem p = problem(256, 1024, 1024, 1);
+  p.layout = GemmLayout::kTN;
+  EXPECT_FALSE(plan_gemm(p).ping_pong) << plan_gemm(p).to_string();
+}
+
 TEST(GemmPlan, BadProblemsThrow) {
   GemmProblem p = problem(64, 64, 64, 1);
   p.segments = 3;

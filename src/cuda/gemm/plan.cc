@@ -232,13 +232,16 @@ GemmPlan plan_wgmma(const GemmProblem& p) {
   return wgmma_jobs(t, S);
 }
 
-// TN (accumulate mode, MN-major operands): the ping-pong tile for short token runs (K <= 4096:
-// each tile's accumulator load and store are then a large share of its time, and ping-pong
-// overlaps them with the other warpgroup's MMAs), else the cheapest wgmma job tile. NOTE: measured
-// on the H200 (docs/perf.md, bench_gemm_bwd's forced TN plans): ping-pong won every Qwen3-8B
-// shape at T = 1024 and 4096, 128x256 at 16384.
+// TN (accumulate mode, MN-major operands): the ping-pong tile for token runs up to
+// kTnPingPongMaxK slots (each tile's accumulator load and store are then a large share of its
+// time, and ping-pong overlaps them with the other warpgroup's MMAs), else the cheapest wgmma job
+// tile. NOTE: measured (docs/perf.md, bench_gemm_bwd's forced TN plans): ping-pong won every
+// Qwen3-8B shape at T = 1024 and 4096 (H200) and at 1024 ... 8192 (H100, session 29); 128x256 won
+// three of four at 16384. The bound sits between (12288: the blocked form's launch over T = 8192
+// tokens spans a few hundred padding slots more than T).
 GemmPlan plan_tn(const GemmProblem& p) {
-  if (p.K <= 4096 && tiles(p, 64, 256) >= kPlanSMs) return wgmma_jobs(kWg64x256, 1, true);
+  if (p.K <= kTnPingPongMaxK && tiles(p, 64, 256) >= kPlanSMs)
+    return wgmma_jobs(kWg64x256, 1, true);
   return wgmma_jobs(wgmma_cost_tile(p), 1);
 }
 
