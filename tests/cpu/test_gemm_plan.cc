@@ -596,13 +596,13 @@ TEST(GemmPlan, TnPlansAccumulateOnly) {
 }
 
 // The dW launches of the Qwen3-8B shapes (rows, columns of dw; K = token slots) take the 64x256
-// ping-pong tile up to kTnPingPongMaxK slots (a blocked launch over 4,096 or 8,192 tokens spans
-// a few padding slots more), the cost model's job tile past it (measured: docs/perf.md).
+// ping-pong tile up to kTnPingPongMaxK slots, the cost model's job tile past it (measured:
+// docs/perf.md).
 TEST(GemmPlan, TnTakesPingPongUpToItsBound) {
   const int64_t kShapes[][2] = {{6144, 4096}, {4096, 4096}, {24576, 4096}, {4096, 12288}};
   for (const auto& sh : kShapes) {
-    for (int64_t K : {int64_t(1024), int64_t(4128), int64_t(8192), int64_t(8448), kTnPingPongMaxK,
-                      kTnPingPongMaxK + 16, int64_t(16384)}) {
+    for (int64_t K : {int64_t(1024), int64_t(2048), kTnPingPongMaxK, kTnPingPongMaxK + 16,
+                      int64_t(8192), int64_t(16384)}) {
       GemmProblem p = problem(sh[0], sh[1], K, 1);
       p.layout = GemmLayout::kTN;
       const GemmPlan chosen = plan_gemm(p);

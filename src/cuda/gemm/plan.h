@@ -87,7 +87,7 @@ constexpr bool gemm_tree_upper_in_smem(int bm, int bn, int tree_levels) {
 
 // TN (dW) launches over at most this many token slots take the 64x256 ping-pong tile when it
 // gives every multiprocessor a tile; longer ones the cost model's job tile (plan.cc, plan_tn).
-constexpr int64_t kTnPingPongMaxK = 12288;
+constexpr int64_t kTnPingPongMaxK = 4096;
 
 // The plan the launchers run. Throws lockstep::Error for NN or TN operands TMA cannot read, for
 // TN with segments != 1 or a partial, and for sizes or segments outside the contract. NN plans are
