@@ -19,7 +19,6 @@
 #include <string>
 #include <vector>
 
-#include "cuda/backward/logprob_plan.h"  // the one-pass log-prob backward (LogprobRecompute)
 #include "cuda/gpu_harness.h"
 #include "lockstep/cuda/attention.h"
 #include "lockstep/cuda/backward.h"
@@ -257,9 +256,11 @@ class CudaOps final : public Ops {
                                          const TokenOrder& order, const TensorView& dw,
                                          const TensorView& logp_out, const TensorView& lse_out,
                                          const TensorView& entropy_out) override {
-    one_passes += cuda::detail::logprob_one_pass_applies(cfg, order, h.size(0)) ? 1 : 0;
-    cuda::linear_logprob_backward_recompute(h, w, targets, p, cfg, lse, entropy, g_lp, g_ent, dh,
-                                            order, dw, logp_out, lse_out, entropy_out);
+    one_passes +=
+        cuda::linear_logprob_backward_recompute(h, w, targets, p, cfg, lse, entropy, g_lp, g_ent,
+                                                dh, order, dw, logp_out, lse_out, entropy_out)
+            ? 1
+            : 0;
     cuda::synchronize();
   }
   int64_t one_passes = 0;  // calls that ran the one pass (the summary says how many)

@@ -62,8 +62,8 @@ void linear_logprob_backward(const TensorView& h, const TensorView& w, const Ten
 // vocab_tile is a multiple of 16, else linear_logprob then linear_logprob_backward (the same bits).
 // A caller holding the forward's lse already (an on-policy step: the rollout's) compares the given
 // values with the returned ones afterwards: where they differ, the gradients were taken at a
-// wrong lse.
-void linear_logprob_backward_recompute(const TensorView& h, const TensorView& w,
+// wrong lse. Returns true iff the one pass ran.
+bool linear_logprob_backward_recompute(const TensorView& h, const TensorView& w,
                                        const TensorView& targets, const LogprobParams& params,
                                        const ContractConfig& cfg, const TensorView& lse,
                                        const TensorView& entropy, const TensorView& g_lp,

@@ -148,10 +148,6 @@ bool logprob_rows_in_place(const TokenOrder& order, int64_t T) {
   return next == T;
 }
 
-bool logprob_one_pass_applies(const ContractConfig& cfg, const TokenOrder& order, int64_t T) {
-  return cfg.vocab_tile % kTokenBlock == 0 && logprob_rows_in_place(order, T);
-}
-
 LogprobBwdPlan logprob_backward_plan(const LogprobVocabLayout& lay, int64_t H, int64_t T,
                                      LogprobBwdPath path, bool in_place, bool recompute) {
   LogprobBwdPlan pl;
@@ -567,7 +563,7 @@ void linear_logprob_backward(const TensorView& h, const TensorView& w, const Ten
                                                   detail::LogprobBwdPath::kAuto, stream);
 }
 
-void linear_logprob_backward_recompute(const TensorView& h, const TensorView& w,
+bool linear_logprob_backward_recompute(const TensorView& h, const TensorView& w,
                                        const TensorView& targets, const LogprobParams& params,
                                        const ContractConfig& cfg, const TensorView& lse,
                                        const TensorView& entropy, const TensorView& g_lp,
@@ -575,17 +571,20 @@ void linear_logprob_backward_recompute(const TensorView& h, const TensorView& w,
                                        const TokenOrder& order, const TensorView& dw,
                                        const TensorView& logp_out, const TensorView& lse_out,
                                        const TensorView& entropy_out, void* stream) {
-  if (!detail::logprob_one_pass_applies(
-          cfg, order, h.ndim == 2 ? h.size(0) : 0)) {  // (linear_logprob checks the outputs)
+  // The one pass where the rows are in place and vocab_tile is a multiple of 16 (a malformed h
+  // takes the two ops, whose checks report it).
+  const int64_t T = h.ndim == 2 ? h.size(0) : 0;
+  if (cfg.vocab_tile % kTokenBlock != 0 || !detail::logprob_rows_in_place(order, T)) {
     linear_logprob(h, w, targets, params, cfg, logp_out, lse_out, entropy_out, stream);
     linear_logprob_backward(h, w, targets, params, cfg, lse, entropy, g_lp, g_ent, dh, order, dw,
                             stream);
-    return;
+    return false;
   }
   const detail::LogprobRecompute rc{logp_out, lse_out, entropy_out};
   (void)detail::linear_logprob_backward_with_path(
       h, w, targets, params, cfg, lse, entropy, g_lp, g_ent, dh, order, dw,
       detail::LogprobBwdPath::kAuto, stream, nullptr, &rc);
+  return true;
 }
 
 }  // namespace lockstep::cuda

@@ -69,10 +69,6 @@ LogprobBwdPlan logprob_backward_plan(const LogprobVocabLayout& lay, int64_t H, i
 // 0, 1, ..., T − 1 in that order (sequences packed in step order with no gaps: the training
 // forward's micro-batches): then no chunk of any size gathers.
 bool logprob_rows_in_place(const TokenOrder& order, int64_t T);
-// True iff cuda::linear_logprob_backward_recompute runs the one pass (LogprobRecompute) for these
-// arguments: the rows in place and vocab_tile a multiple of 16 (else the forward, then the
-// backward).
-bool logprob_one_pass_applies(const ContractConfig& cfg, const TokenOrder& order, int64_t T);
 // The plan in words (benchmarks, audits).
 std::string logprob_backward_plan_string(const ContractConfig& cfg, int64_t T, int64_t H, int64_t V,
                                          LogprobBwdPath path = LogprobBwdPath::kAuto,

@@ -235,12 +235,8 @@ GemmPlan plan_wgmma(const GemmProblem& p) {
 // TN (accumulate mode, MN-major operands): the ping-pong tile for token runs up to
 // kTnPingPongMaxK slots (each tile's accumulator load and store are then a large share of its
 // time, and ping-pong overlaps them with the other warpgroup's MMAs), else the cheapest wgmma job
-// tile. NOTE: measured (docs/perf.md, bench_gemm_bwd's forced TN plans): ping-pong won every
-// Qwen3-8B shape at T = 1024 and 4096 (H200, H100), 128x256 at 16384; at 8192 and 12288 the two
-// were within a few % either way (H100, session 29). A bound of 12288 (session 29) made the
-// blocked form slower at T = 4096 (its launch spans 4,128 slots: ping-pong 0.62-0.71x cuBLAS
-// against 128x256's 0.72-0.75x): the blocked ping-pong kernel trails the in-place one by far
-// more than its extra copies explain (docs/perf.md session 29).
+// tile. The bound and why it is not higher (the blocked form's ping-pong kernel): docs/perf.md,
+// sessions 25 and 29 (bench_gemm_bwd's forced TN plans).
 GemmPlan plan_tn(const GemmProblem& p) {
   if (p.K <= kTnPingPongMaxK && tiles(p, 64, 256) >= kPlanSMs)
     return wgmma_jobs(kWg64x256, 1, true);
