@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What ptxas makes of the Hopper GEMM kernel, in seconds, without building the library: compiles
-# four representative gemm_sm90_kernel instantiations (the 128x256 and 128x128-tree store kernels,
-# the 128x256 and ping-pong accumulate kernels) from the working tree's headers and reports, per
+# five representative gemm_sm90_kernel instantiations (the 128x256 and 128x128-tree store kernels,
+# the 128x256 and ping-pong accumulate kernels, the ping-pong one with y through TMA) from the working tree's headers and reports, per
 # kernel, the stack, the SASS size and the k-loop's wgmma waits, and any ptxas note that costs
 # speed: C7517 (a warpgroup.wait injected), C7520 (every wgmma serialized). Run it after touching
 # src/cuda/gemm/*.cuh (docs/perf.md session 25: an epilogue change can serialize the main loop).
@@ -19,11 +19,13 @@ namespace lockstep::cuda::detail {
 #define LS_K(BM, BN, WGN, NS, L, EPI, PP, AT, BT)                                              \
   template __global__ void gemm_sm90_kernel<BM, BN, WGN, NS, L, EPI, PP, AT, BT>(             \
       const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,                \
-      const EPI::Params, const __grid_constant__ Sm90NoBlockedMaps);
+      const EPI::Params, const __grid_constant__ sm90_blocked_maps_t<EPI>);
+using TmaY = Sm90TmaYEpilogue<Sm90AccumulateEpilogue>;
 LS_K(128, 256, 1, 4, 0, Sm90StoreEpilogue, false, false, false)
 LS_K(128, 128, 1, 4, 2, Sm90StoreEpilogue, false, false, false)
 LS_K(128, 256, 1, 4, 0, Sm90AccumulateEpilogue, false, true, true)
 LS_K(64, 256, 1, 5, 0, Sm90AccumulateEpilogue, true, true, true)
+LS_K(64, 256, 1, 4, 0, TmaY, true, true, true)
 }
 CU
 "$nvcc" -I"$root/include" -I"$root/src" -O3 --generate-code=arch=compute_90a,code=sm_90a \

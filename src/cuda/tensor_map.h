@@ -19,4 +19,9 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder();
 CUresult encode_bf16_tensor_map(CUtensorMap* map, const uint16_t* p, int64_t rows, int64_t K,
                                 int64_t ld, int box_rows);
 
+// [rows, cols] f32 with rows ld elements apart, in boxes of 32 columns (128 bytes) x box_rows
+// with the 128B swizzle, zero fill out of bounds (loads) and clipping (stores).
+CUresult encode_f32_tensor_map(CUtensorMap* map, const float* p, int64_t rows, int64_t cols,
+                               int64_t ld, int box_rows);
+
 }  // namespace lockstep::cuda::detail

@@ -15,6 +15,8 @@
 //     cpu::gemm_bf16_dx / _partial, S = 1, 2, 4, 8, dx f32 and bf16, strided w rows.
 //   nn accumulate (the log-prob backward's dh): detail::gemm_bf16_nn_accumulate on the gathered
 //     dy transposed (K-major) with each legal plan vs cpu::gemm_bf16_dw (the same chain).
+//   at scale, GPU against GPU: the ping-pong kernel (y through TMA, and by scalar loads) with many
+//     jobs per warpgroup, chains over several launches, y over 2 GiB, against the 128x256 tile.
 // Fresh seed each run (printed; pass a number to repeat one). --quick: small sizes.
 #include <cuda_runtime.h>
 
@@ -309,6 +311,122 @@ void run_nn_case(int64_t T, int64_t N, int64_t K, int64_t ldw, int S, DType dx_d
   }
 }
 
+// --- At scale, GPU against GPU (no CPU reference: too large for it) -------------------------
+// The 64x256 ping-pong kernel reads and writes y through TMA when the launch spans at most
+// kTnTmaYMaxK token slots and y is 16-byte aligned with a row stride that is a multiple of 4
+// (mainloop_sm90.cuh Sm90TmaYEpilogue), else by scalar loads and staged stores; the CPU cases
+// above reach both (the 2,100-token one the scalar form), but give each plan at most one job per
+// consumer warpgroup and continue chains over launches only with the planner's tile. These give
+// the TMA-y kernel many jobs per warpgroup, chains continued over several launches, and a y
+// larger than 2 GiB, each against the 128x256 job tile (same bits by the contract).
+
+__global__ void fill_f32_kernel(float* y, int64_t ld, int64_t M, int64_t N, uint64_t seed) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < M * N;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t m = e / N, n = e % N;
+    uint64_t h = (uint64_t(e) + seed) * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 29;
+    y[m * ld + n] = float(int64_t(h % 2001) - 1000) / 256.0f;
+  }
+}
+__global__ void fill_bf16_kernel(uint16_t* a, int64_t n, uint64_t seed) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    uint64_t h = (uint64_t(e) + seed) * 0xD6E8FEB86659FD93ull;
+    h ^= h >> 31;
+    // sign, exponent 2^-3 .. 2^2, mantissa (as random_bf16's common case)
+    a[e] = uint16_t(((h & 1) << 15) | ((124 + (h >> 1) % 6) << 7) | ((h >> 8) & 0x7F));
+  }
+}
+// Words of a [M, N] (rows lda apart) that differ from b (rows ldb apart), counted on the device:
+// out[0] the count, out[1] the first differing element's index m·N + c (the smallest).
+__global__ void count_diff_kernel(const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb,
+                                  int64_t M, int64_t N, unsigned long long* out) {
+  unsigned long long n = 0, first = ~0ull;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < M * N;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t m = e / N, c = e % N;
+    if (a[m * lda + c] != b[m * ldb + c]) {
+      ++n;
+      first = std::min(first, (unsigned long long)e);
+    }
+  }
+  if (n) {
+    atomicAdd(out, n);
+    atomicMin(out + 1, first);
+  }
+}
+
+void run_scale_case(int64_t M, int64_t N, int64_t T, const std::vector<int64_t>& cuts) {
+  const std::string name =
+      "scale M" + std::to_string(M) + " N" + std::to_string(N) + " T" + std::to_string(T);
+  const uint64_t seed = g_rng();
+  DevPool pool;
+  auto* a = static_cast<uint16_t*>(pool.alloc(size_t(T * M) * 2));  // dy [T, M] token-major
+  auto* b = static_cast<uint16_t*>(pool.alloc(size_t(T * N) * 2));  // x [T, N]
+  fill_bf16_kernel<<<1024, 256>>>(a, T * M, seed);
+  fill_bf16_kernel<<<1024, 256>>>(b, T * N, seed ^ 0x5555);
+  const int64_t ld_odd = N + 1;  // not a multiple of 4: the scalar form
+  auto* y_ref = static_cast<float*>(pool.alloc(size_t(M * N) * 4));
+  auto* y_tma = static_cast<float*>(pool.alloc(size_t(M * N) * 4));
+  auto* y_cut = static_cast<float*>(pool.alloc(size_t(M * N) * 4));
+  auto* y_ldg = static_cast<float*>(pool.alloc(size_t(M * ld_odd) * 4));
+  auto* y_auto = static_cast<float*>(pool.alloc(size_t(M * N) * 4));
+  for (float* y : {y_ref, y_tma, y_cut, y_auto}) fill_f32_kernel<<<1024, 256>>>(y, N, M, N, seed);
+  fill_f32_kernel<<<1024, 256>>>(y_ldg, ld_odd, M, N, seed);
+  auto* count = static_cast<unsigned long long*>(pool.alloc(16));
+  CK(cudaGetLastError());
+  const cuda::GemmProblem q = cuda::detail::gemm_tn_problem(a, M, b, N, M, N, T);
+  cuda::GemmPlan pp{}, big{};
+  bool have_pp = false, have_big = false;
+  for (const cuda::GemmPlan& pl : cuda::gemm_legal_plans(q)) {
+    if (pl.ping_pong) pp = pl, have_pp = true;
+    if (!pl.ping_pong && pl.tile.bm == 128 && pl.tile.bn == 256) big = pl, have_big = true;
+  }
+  report(have_pp && have_big, name + ": the ping-pong and 128x256 TN plans are legal");
+  if (!have_pp || !have_big) return;
+  // The same chain in launches over the slot ranges [cuts[i], cuts[i + 1]).
+  auto run = [&](float* y, int64_t ldy, const cuda::GemmPlan* pl, const std::vector<int64_t>& c) {
+    for (size_t i = 0; i + 1 < c.size(); ++i)
+      cuda::detail::gemm_bf16_tn_accumulate(a + c[i] * M, M, b + c[i] * N, N, M, N, c[i + 1] - c[i],
+                                            y, ldy, pl);
+    CK(cudaGetLastError());
+  };
+  const std::vector<int64_t> one = {0, T};
+  run(y_ref, N, &big, one);
+  run(y_tma, N, &pp, one);
+  run(y_ldg, ld_odd, &pp, one);
+  run(y_cut, N, &pp, cuts);
+  run(y_auto, N, nullptr, cuts);
+  auto same = [&](const float* y, int64_t ldy, const std::string& what) {
+    const unsigned long long init[2] = {0, ~0ull};
+    CK(cudaMemcpy(count, init, 16, cudaMemcpyHostToDevice));
+    count_diff_kernel<<<1024, 256>>>(reinterpret_cast<const uint32_t*>(y), ldy,
+                                     reinterpret_cast<const uint32_t*>(y_ref), N, M, N, count);
+    unsigned long long got[2] = {0, 0};
+    CK(cudaMemcpy(got, count, 16, cudaMemcpyDeviceToHost));
+    std::string where;
+    if (got[0]) {  // the first difference: its place (tile, box) and both values
+      const int64_t m = int64_t(got[1] / uint64_t(N)), c = int64_t(got[1] % uint64_t(N));
+      float va = 0, vb = 0;
+      CK(cudaMemcpy(&va, y + m * ldy + c, 4, cudaMemcpyDeviceToHost));
+      CK(cudaMemcpy(&vb, y_ref + m * N + c, 4, cudaMemcpyDeviceToHost));
+      char buf[160];
+      std::snprintf(buf, sizeof buf,
+                    "; first at row %lld col %lld (64x256 tile %lld,%lld): %a vs %a", (long long)m,
+                    (long long)c, (long long)(m / 64), (long long)(c / 256), double(va),
+                    double(vb));
+      where = buf;
+    }
+    report(got[0] == 0, name + ": " + what + " == 128x256 in one launch (" +
+                            std::to_string(got[0]) + " words differ" + where + ")");
+  };
+  same(y_tma, N, "ping-pong, y through TMA, one launch");
+  same(y_ldg, ld_odd, "ping-pong, y by scalar loads (row stride N + 1), one launch");
+  same(y_cut, N, "ping-pong, y through TMA, " + std::to_string(cuts.size() - 1) + " launches");
+  same(y_auto, N, "the planner's tile, " + std::to_string(cuts.size() - 1) + " launches");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -322,6 +440,15 @@ int main(int argc, char** argv) {
   }
   for (const Case& c : cases)
     section("tn N" + std::to_string(c.N) + " K" + std::to_string(c.K), [&] { run_case(c); });
+  if (!g_quick) {
+    // ~4 jobs per consumer warpgroup; then 144 jobs per warpgroup and a 2.5 GB y (the log-prob
+    // head's dW: V = 151,936 rows of H = 4,096), chains over 3 and 11 launches.
+    section("tn scale 8192x2048", [&] { run_scale_case(8192, 2048, 1000, {0, 384, 768, 1000}); });
+    std::vector<int64_t> cuts;
+    for (int64_t k = 0; k < 1024; k += 96) cuts.push_back(k);
+    cuts.push_back(1024);
+    section("tn scale 151936x4096", [&] { run_scale_case(151936, 4096, 1024, cuts); });
+  }
   struct NnCase {
     int64_t T, N, K, ldw;
   };

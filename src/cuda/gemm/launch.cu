@@ -184,6 +184,13 @@ detail::Sm90Params final_params(int64_t rows, int64_t N, int64_t seg_len, int ns
   return p;
 }
 
+// Whether TMA can read and write f32 y [M, N] (rows ldy apart) in place: a 16-byte aligned base
+// and row stride, sizes inside the tensor map's range.
+bool y_tma_ok(const float* y, int64_t M, int64_t N, int64_t ldy) {
+  return aligned16(y) && M < (int64_t(1) << 31) && N < (int64_t(1) << 31) &&
+         (M <= 1 || (ldy % 4 == 0 && ldy >= N && ldy < (int64_t(1) << 37)));
+}
+
 // The TN layout's accumulate launch (dW), plain (Sm90AccumulateEpilogue) or blocked
 // (Sm90BlockedAccumulateEpilogue: the caller set p's block table and the tail maps): `plan`
 // (lockstep::Error unless legal for q) or plan_gemm(q), both operands MN-major, one segment of
@@ -202,7 +209,17 @@ void launch_tn_accumulate(const char* op, const GemmProblem& q, const GemmPlan* 
   const GemmPlan pl = plan ? *plan : plan_gemm(q);
   static_cast<detail::Sm90Params&>(p) = final_params(q.M, q.N, q.segment_len, 1, y, ldy, true);
   const GemmTile& t = pl.tile;
-  if (pl.ping_pong) {
+  if (pl.ping_pong && q.K <= kTnTmaYMaxK && y_tma_ok(y, q.M, q.N, ldy)) {
+    // y through TMA (mainloop_sm90.cuh Sm90TmaYEpilogue): four stages leave room for its slots.
+    // Same values in the same places as the scalar form below: the choice changes no bit.
+    using EpiY = detail::Sm90TmaYEpilogue<Epi>;
+    detail::sm90_blocked_maps_t<EpiY> ym{};
+    if constexpr (detail::sm90_blocked<Epi>::value) ym = bmaps;
+    const CUresult r = detail::encode_f32_tensor_map(&ym.y, y, q.M, q.N, ldy, 64);
+    LS_CHECK(r == CUDA_SUCCESS, op, "cuTensorMapEncodeTiled failed (", int(r), ") for f32 y [", q.M,
+             ", ", q.N, "] with row stride ", ldy);
+    launch_sm90_tile<64, 256, 4, 0, EpiY, true, AT, true>(op, tx, tw, p, s, ym);
+  } else if (pl.ping_pong) {
     launch_sm90_tile<64, 256, 5, 0, Epi, true, AT, true>(op, tx, tw, p, s, bmaps);
   } else if (t.bm == 128 && t.bn == 128) {
     launch_sm90_tile<128, 128, 6, 0, Epi, false, AT, true>(op, tx, tw, p, s, bmaps);

@@ -43,8 +43,13 @@ constexpr int kSm90GroupM = 8;     // tile raster: 8 row tiles share a column sw
 // Dynamic shared memory of one CTA: NS stages of A (BM rows) + B (BN rows) x 128 bytes, the
 // 2·NS mbarriers, the epilogue staging (epilogue.cuh), slack to align the stages to 1024 bytes
 // (the 128B swizzle atom), and that upper level where gemm_tree_upper_in_smem.
-template <int BM, int BN, int NS, int LEVELS = 0>
+// TMAY (the accumulate mode with y through TMA, Sm90TmaYEpilogue): no staging; 1024 bytes of
+// mbarriers, then each consumer warpgroup's y slots (1024-aligned: the 128B swizzle atom).
+constexpr int kSm90YBox = 64 * 32 * 4;  // one y box: 64 rows x 32 f32 columns (128 bytes)
+constexpr int kSm90YSlots = 4;          // y boxes in shared memory per consumer warpgroup
+template <int BM, int BN, int NS, int LEVELS = 0, bool TMAY = false>
 constexpr int sm90_smem_bytes() {
+  if constexpr (TMAY) return NS * (BM + BN) * 128 + 1024 + 2 * kSm90YSlots * kSm90YBox + 1024;
   return NS * (BM + BN) * 128 + 2 * NS * 8 + kSm90EpiBytes + 1024 +
          (gemm_tree_upper_in_smem(BM, BN, LEVELS) ? BM * BN * 4 : 0);
 }
@@ -179,6 +184,23 @@ template <typename Epi>
 struct sm90_accumulates<Epi, std::void_t<decltype(Epi::kAccumulate)>>
     : std::bool_constant<Epi::kAccumulate> {};
 
+// The accumulate mode with y through TMA (the 64 x 256 ping-pong tile only; docs/cuda-gemm.md
+// "Backward"): a consumer warpgroup reads its tile's y values as eight 64 x 32 f32 boxes that one
+// of its threads loads by TMA into its kSm90YSlots shared-memory slots (zero fill outside y, like
+// sm90_load_acc's +0), and stores the k-loop's values back as eight boxes that the same thread
+// writes by TMA stores from those slots (clipped to y; canonical NaN written into the slots), so
+// neither the load nor the store holds the warpgroup's threads on global memory. The same values
+// in the same places as the plain accumulate mode: the bits do not change. Needs y 16-byte
+// aligned with a row stride that is a multiple of 4 (the launcher falls back otherwise).
+template <typename Base>
+struct Sm90TmaYEpilogue : Base {
+  static constexpr bool kTmaY = true;
+};
+template <typename Epi, typename = void>
+struct sm90_tma_y : std::false_type {};
+template <typename Epi>
+struct sm90_tma_y<Epi, std::void_t<decltype(Epi::kTmaY)>> : std::bool_constant<Epi::kTmaY> {};
+
 // The blocked accumulate mode (dW on token blocks read in place, docs/cuda-gemm.md "Backward"):
 // the k axis is a list of 16-slot token blocks; block j's 16 rows start at row blocks[j] of the
 // operands' tensor maps (tm_x, tm_w: [rows, M] / [rows, N] in boxes of 64 columns x 16 rows) when
@@ -209,16 +231,22 @@ struct sm90_blocked<Epi, std::void_t<decltype(Epi::kBlocked)>> : std::bool_const
 // epilogue of every GEMM); the parameter comes last (p's offsets stay) and Sm90NoBlockedMaps holds
 // an unused int64_t (an empty, 1-byte-aligned last parameter made nvcc load p's first field byte
 // by byte). With both, the other kernels' PTX is the same as without the parameter.
+// The TMA-y mode's y map ([M, N] f32 in 64 x 32 boxes) rides in the same parameter.
 struct Sm90BlockedMaps {
   CUtensorMap tail_x, tail_w;  // [tail rows, M] / [tail rows, N]; no tail rows: tm_x / tm_w
   CUtensorMap run_x, run_w;    // tm_x / tm_w's operands in boxes of 64 columns x 64 rows
+  CUtensorMap y;               // Sm90TmaYEpilogue only
+};
+struct Sm90YMaps {
+  CUtensorMap y;
 };
 struct Sm90NoBlockedMaps {
   int64_t unused;
 };
 template <typename Epi>
 using sm90_blocked_maps_t =
-    std::conditional_t<sm90_blocked<Epi>::value, Sm90BlockedMaps, Sm90NoBlockedMaps>;
+    std::conditional_t<sm90_blocked<Epi>::value, Sm90BlockedMaps,
+                       std::conditional_t<sm90_tma_y<Epi>::value, Sm90YMaps, Sm90NoBlockedMaps>>;
 
 // The 4 block entries of k-tile kt (blocked mode).
 template <typename P>
@@ -244,6 +272,98 @@ __device__ __forceinline__ void sm90_load_acc(const Sm90Params& p, float (&acc)[
         const int64_t col = col0 + 8 * i + 2 * (lane & 3) + c;
         acc[4 * i + 2 * h + c] = (row < p.M && col < p.N) ? y[row * p.ldy + col] : 0.0f;
       }
+}
+
+// The TMA-y mode (Sm90TmaYEpilogue): byte offset of (row r, column c) inside a 64 x 32 f32 box
+// written by TMA with the 128B swizzle (box base 1024-aligned: the 16-byte chunk index XOR r % 8).
+__device__ __forceinline__ uint32_t sm90_ybox_off(int r, int c) {
+  return uint32_t(r) * 128u + ((uint32_t(c >> 2) ^ uint32_t(r & 7)) << 4) + uint32_t(c & 3) * 4u;
+}
+
+// acc = y's values of this warpgroup's 64 x 256 tile at (m0, n0) (acc[4i + 2h + c]: row
+// 16·warp + lane/4 + 8h, column 8i + 2(lane%4) + c), +0 outside y (TMA zero fill): box b (columns
+// 32b ..) through slot b % 4 (ring + slot · kSm90YBox, mbarrier bar0 + 8 · slot: two loads per
+// slot and job, so box b completes the barrier's phase b / 4). Thread wt = 0 issues the copies,
+// after the previous job's stores have read the slots; named barrier `bar` (this warpgroup's 128
+// threads) frees a slot for its second box.
+__device__ __forceinline__ void sm90_load_acc_tma(const CUtensorMap* ymap, float (&acc)[128],
+                                                  uint32_t ring, uint32_t bar0, int bar, int64_t m0,
+                                                  int64_t n0, int warp, int lane, int wt) {
+  if (wt == 0) {
+    bulk_wait_group_read<0>();
+#pragma unroll
+    for (int k = 0; k < kSm90YSlots; ++k) {
+      mbar_arrive_expect_tx(bar0 + 8u * k, uint32_t(kSm90YBox));
+      tma_load_2d(ring + uint32_t(k * kSm90YBox), ymap, int32_t(n0 + 32 * k), int32_t(m0),
+                  bar0 + 8u * k);
+    }
+  }
+#pragma unroll
+  for (int b = 0; b < 8; ++b) {
+    const int k = b % kSm90YSlots;
+    const uint32_t box = ring + uint32_t(k * kSm90YBox);
+    mbar_wait(bar0 + 8u * k, uint32_t(b / kSm90YSlots));
+#pragma unroll
+    for (int ii = 0; ii < 4; ++ii)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int i = 4 * b + ii;
+        const int r = warp * 16 + (lane >> 2) + 8 * h, c = 8 * ii + 2 * (lane & 3);
+        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+                     : "=f"(acc[4 * i + 2 * h]), "=f"(acc[4 * i + 2 * h + 1])
+                     : "r"(box + sm90_ybox_off(r, c))
+                     : "memory");
+      }
+    if (b < 8 - kSm90YSlots) {
+      // Every thread has read slot k (generic proxy) before the TMA overwrites it (async proxy).
+      fence_proxy_async_shared();
+      named_bar_sync(bar, 128);
+      if (wt == 0) {
+        mbar_arrive_expect_tx(bar0 + 8u * k, uint32_t(kSm90YBox));
+        tma_load_2d(box, ymap, int32_t(n0 + 32 * (b + kSm90YSlots)), int32_t(m0), bar0 + 8u * k);
+      }
+    }
+  }
+}
+
+// y's 64 x 256 tile at (m0, n0) = acc (canonical NaN), as two halves of four boxes written into
+// the slots and stored by TMA (thread wt = 0 commits each half as one bulk group; the second half
+// waits until the first has been read out of the slots). The warpgroup's threads return once
+// their values are in shared memory: the stores complete in the background (the next job's load
+// waits for their reads, the kernel's end for their writes).
+__device__ __forceinline__ void sm90_store_acc_tma(const CUtensorMap* ymap, const float (&acc)[128],
+                                                   uint32_t ring, int bar, int64_t m0, int64_t n0,
+                                                   int warp, int lane, int wt) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    if (half == 1 && wt == 0) bulk_wait_group_read<0>();
+    named_bar_sync(bar, 128);  // the slots are free (the load's reads; the first half's stores)
+#pragma unroll
+    for (int k = 0; k < kSm90YSlots; ++k) {
+      const int b = kSm90YSlots * half + k;
+      const uint32_t box = ring + uint32_t(k * kSm90YBox);
+#pragma unroll
+      for (int ii = 0; ii < 4; ++ii)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int i = 4 * b + ii;
+          const int r = warp * 16 + (lane >> 2) + 8 * h, c = 8 * ii + 2 * (lane & 3);
+          asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(box + sm90_ybox_off(r, c)),
+                       "r"(canonical_f32_bits(acc[4 * i + 2 * h])),
+                       "r"(canonical_f32_bits(acc[4 * i + 2 * h + 1]))
+                       : "memory");
+        }
+    }
+    fence_proxy_async_shared();
+    named_bar_sync(bar, 128);
+    if (wt == 0) {
+#pragma unroll
+      for (int k = 0; k < kSm90YSlots; ++k)
+        tma_store_2d(ymap, ring + uint32_t(k * kSm90YBox),
+                     int32_t(n0 + 32 * (kSm90YSlots * half + k)), int32_t(m0));
+      bulk_commit_group();
+    }
+  }
 }
 
 // BM x BN tile per job; WGN = consumer warpgroups along N (1: they split the rows, 64 each;
@@ -299,6 +419,9 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
                 "accumulate: one segment per job");
   static_assert(!sm90_blocked<Epi>::value || (AT && BT && sm90_accumulates<Epi>::value),
                 "blocked: MN-major operands in accumulate mode");
+  constexpr bool kTmaY = sm90_tma_y<Epi>::value;
+  static_assert(!kTmaY || (PP && BN == 256 && sm90_accumulates<Epi>::value),
+                "TMA y: the 64 x 256 ping-pong tile in accumulate mode");
 
   extern __shared__ uint8_t sm90_smem[];
   const uint32_t raw = smem_u32(sm90_smem);
@@ -316,6 +439,8 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       // lane 0 of each consumer warp that reads the stage: all 8, or one warpgroup's 4 (PP)
       mbar_init(empty_bar(s), PP ? 4 : 8);
     }
+    if constexpr (kTmaY)
+      for (int k = 0; k < 2 * kSm90YSlots; ++k) mbar_init(bars + 16u * NS + 8u * k, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_x)) : "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_w)) : "memory");
@@ -425,6 +550,9 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
     // kTopSmem: this thread's words of the tree's upper level (gemm_tree_upper_in_smem).
     float* const top = epi + kSm90EpiBytes / 4 + cw * 64 * WN + wt;
 
+    // kTmaY: this warpgroup's y slots and their mbarriers (named barrier 3 + cw: its threads).
+    const uint32_t yring = base + NS * kStageBytes + 1024u + uint32_t(cw * kSm90YSlots * kSm90YBox);
+    const uint32_t ybar0 = bars + 16u * NS + 8u * uint32_t(cw * kSm90YSlots);
     int stage = 0;
     uint32_t phase = 0;
     // PP: a job belongs to one warpgroup (alternate jobs; kTurns: alternate segments of a tile
@@ -447,8 +575,11 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       };
       auto owner = [&](int64_t i) { return sm90_job_owner<PP, LEVELS>(i, n_tiles, p.nseg); };
       if constexpr (PP) {
-        if constexpr (sm90_accumulates<Epi>::value)
-          sm90_load_acc(p, acc, j.m0 + warp * 16, j.n0, lane);  // while the other computes
+        // y's values while the other warpgroup computes
+        if constexpr (kTmaY)
+          sm90_load_acc_tma(&bmaps.y, acc, yring, ybar0, 3 + cw, j.m0, j.n0, warp, lane, wt);
+        else if constexpr (sm90_accumulates<Epi>::value)
+          sm90_load_acc(p, acc, j.m0 + warp * 16, j.n0, lane);
         if (l > 0 && owner(l - 1) != cw)
           named_bar_sync(1 + cw, 256);  // the other's previous k-loop is done
       }
@@ -535,6 +666,10 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
         if (tu.sg0 + 1 < p.nseg) continue;
       }
 
+      if constexpr (kTmaY) {
+        sm90_store_acc_tma(&bmaps.y, acc, yring, 3 + cw, j.m0, j.n0, warp, lane, wt);
+        continue;
+      }
       if constexpr (Epi::kFused) {
         Epi::apply(p, acc, epi + (cw * 4 + warp) * 16 * kSm90EpiLd, j.m0 + row_off + warp * 16,
                    j.n0, lane);
@@ -568,6 +703,9 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
         sm90_store_rows(p, j.s, stg, wrow0, j.n0 + col_off + q * kSm90EpiCols, lane);
         __syncwarp();
       }
+    }
+    if constexpr (kTmaY) {
+      if (wt == 0) bulk_wait_group<0>();  // the last stores' writes are done
     }
   }
 }

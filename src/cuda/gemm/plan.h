@@ -89,6 +89,12 @@ constexpr bool gemm_tree_upper_in_smem(int bm, int bn, int tree_levels) {
 // gives every multiprocessor a tile; longer ones the cost model's job tile (plan.cc, plan_tn).
 constexpr int64_t kTnPingPongMaxK = 4096;
 
+// Ping-pong TN launches over at most this many token slots load and store y (the f32 dW being
+// accumulated) through TMA, four pipeline stages; longer ones with scalar loads and stores, five
+// stages (y's share of a job shrinks with K, the fifth stage's does not). The choice changes no
+// bit. Measured: docs/perf.md, session 30.
+constexpr int64_t kTnTmaYMaxK = 2048;
+
 // The plan the launchers run. Throws lockstep::Error for NN or TN operands TMA cannot read, for
 // TN with segments != 1 or a partial, and for sizes or segments outside the contract. NN plans are
 // the wgmma plans of the NT layout (the same cost model); TN plans are the wgmma job tiles
