@@ -20,12 +20,14 @@ namespace lockstep::cuda::detail {
   template __global__ void gemm_sm90_kernel<BM, BN, WGN, NS, L, EPI, PP, AT, BT>(             \
       const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,                \
       const EPI::Params, const __grid_constant__ sm90_blocked_maps_t<EPI>);
-using TmaY = Sm90TmaYEpilogue<Sm90AccumulateEpilogue>;
+using TmaY = Sm90TmaYEpilogue<Sm90AccumulateEpilogue, 4>;
+using TmaY1 = Sm90TmaYEpilogue<Sm90AccumulateEpilogue, 1>;
 LS_K(128, 256, 1, 4, 0, Sm90StoreEpilogue, false, false, false)
 LS_K(128, 128, 1, 4, 2, Sm90StoreEpilogue, false, false, false)
 LS_K(128, 256, 1, 4, 0, Sm90AccumulateEpilogue, false, true, true)
 LS_K(64, 256, 1, 5, 0, Sm90AccumulateEpilogue, true, true, true)
 LS_K(64, 256, 1, 4, 0, TmaY, true, true, true)
+LS_K(64, 256, 1, 5, 0, TmaY1, true, true, true)
 }
 CU
 "$nvcc" -I"$root/include" -I"$root/src" -O3 --generate-code=arch=compute_90a,code=sm_90a \

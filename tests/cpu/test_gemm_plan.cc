@@ -601,8 +601,8 @@ TEST(GemmPlan, TnPlansAccumulateOnly) {
 TEST(GemmPlan, TnTakesPingPongUpToItsBound) {
   const int64_t kShapes[][2] = {{6144, 4096}, {4096, 4096}, {24576, 4096}, {4096, 12288}};
   for (const auto& sh : kShapes) {
-    for (int64_t K : {int64_t(1024), int64_t(2048), kTnPingPongMaxK, kTnPingPongMaxK + 16,
-                      int64_t(8192), int64_t(16384)}) {
+    for (int64_t K : {int64_t(1024), int64_t(2048), int64_t(4096), int64_t(8192), kTnPingPongMaxK,
+                      kTnPingPongMaxK + 16, int64_t(65536)}) {
       GemmProblem p = problem(sh[0], sh[1], K, 1);
       p.layout = GemmLayout::kTN;
       const GemmPlan chosen = plan_gemm(p);

@@ -312,13 +312,14 @@ void run_nn_case(int64_t T, int64_t N, int64_t K, int64_t ldw, int S, DType dx_d
 }
 
 // --- At scale, GPU against GPU (no CPU reference: too large for it) -------------------------
-// The 64x256 ping-pong kernel reads and writes y through TMA when the launch spans at most
-// kTnTmaYMaxK token slots and y is 16-byte aligned with a row stride that is a multiple of 4
-// (mainloop_sm90.cuh Sm90TmaYEpilogue), else by scalar loads and staged stores; the CPU cases
-// above reach both (the 2,100-token one the scalar form), but give each plan at most one job per
-// consumer warpgroup and continue chains over launches only with the planner's tile. These give
-// the TMA-y kernel many jobs per warpgroup, chains continued over several launches, and a y
-// larger than 2 GiB, each against the 128x256 job tile (same bits by the contract).
+// The 64x256 ping-pong kernel reads and writes y through TMA when y is 16-byte aligned with a row
+// stride that is a multiple of 4 (mainloop_sm90.cuh Sm90TmaYEpilogue: four y slots per warpgroup
+// for launches of at most kTnFourYSlotsMaxK token slots, one slot above), else by scalar loads and
+// staged stores; the CPU cases above reach all three (the 2,100-token one the one-slot form), but
+// give each plan at most one job per consumer warpgroup and continue chains over launches only
+// with the planner's tile. These give the TMA-y kernel many jobs per warpgroup, chains continued
+// over several launches (also from the one-slot form into the four-slot one), and a y larger than
+// 2 GiB, each against the 128x256 job tile (same bits by the contract).
 
 __global__ void fill_f32_kernel(float* y, int64_t ld, int64_t M, int64_t N, uint64_t seed) {
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < M * N;
@@ -444,6 +445,9 @@ int main(int argc, char** argv) {
     // ~4 jobs per consumer warpgroup; then 144 jobs per warpgroup and a 2.5 GB y (the log-prob
     // head's dW: V = 151,936 rows of H = 4,096), chains over 3 and 11 launches.
     section("tn scale 8192x2048", [&] { run_scale_case(8192, 2048, 1000, {0, 384, 768, 1000}); });
+    // One launch of 3,000 slots (one y slot per warpgroup), then 2,608 + 392 (one slot, four; a
+    // chain continues over launches cut at a 16-slot block boundary only, §B.3).
+    section("tn scale 8192x2048 T3000", [&] { run_scale_case(8192, 2048, 3000, {0, 2608, 3000}); });
     std::vector<int64_t> cuts;
     for (int64_t k = 0; k < 1024; k += 96) cuts.push_back(k);
     cuts.push_back(1024);

@@ -191,6 +191,21 @@ bool y_tma_ok(const float* y, int64_t M, int64_t N, int64_t ldy) {
          (M <= 1 || (ldy % 4 == 0 && ldy >= N && ldy < (int64_t(1) << 37)));
 }
 
+// The ping-pong accumulate launch with y through TMA: YS y slots per consumer warpgroup, NS
+// pipeline stages (mainloop_sm90.cuh Sm90TmaYEpilogue).
+template <typename Epi, int YS, int NS, bool AT>
+void launch_tn_tma_y(const char* op, const GemmProblem& q, const CUtensorMap& tx,
+                     const CUtensorMap& tw, const detail::sm90_blocked_maps_t<Epi>& bmaps,
+                     const typename Epi::Params& p, float* y, int64_t ldy, cudaStream_t s) {
+  using EpiY = detail::Sm90TmaYEpilogue<Epi, YS>;
+  detail::sm90_blocked_maps_t<EpiY> ym{};
+  if constexpr (detail::sm90_blocked<Epi>::value) ym = bmaps;
+  const CUresult r = detail::encode_f32_tensor_map(&ym.y, y, q.M, q.N, ldy, 64);
+  LS_CHECK(r == CUDA_SUCCESS, op, "cuTensorMapEncodeTiled failed (", int(r), ") for f32 y [", q.M,
+           ", ", q.N, "] with row stride ", ldy);
+  detail::launch_sm90_tile<64, 256, NS, 0, EpiY, true, AT, true>(op, tx, tw, p, s, ym);
+}
+
 // The TN layout's accumulate launch (dW), plain (Sm90AccumulateEpilogue) or blocked
 // (Sm90BlockedAccumulateEpilogue: the caller set p's block table and the tail maps): `plan`
 // (lockstep::Error unless legal for q) or plan_gemm(q), both operands MN-major, one segment of
@@ -209,16 +224,15 @@ void launch_tn_accumulate(const char* op, const GemmProblem& q, const GemmPlan* 
   const GemmPlan pl = plan ? *plan : plan_gemm(q);
   static_cast<detail::Sm90Params&>(p) = final_params(q.M, q.N, q.segment_len, 1, y, ldy, true);
   const GemmTile& t = pl.tile;
-  if (pl.ping_pong && q.K <= kTnTmaYMaxK && y_tma_ok(y, q.M, q.N, ldy)) {
-    // y through TMA (mainloop_sm90.cuh Sm90TmaYEpilogue): four stages leave room for its slots.
-    // Same values in the same places as the scalar form below: the choice changes no bit.
-    using EpiY = detail::Sm90TmaYEpilogue<Epi>;
-    detail::sm90_blocked_maps_t<EpiY> ym{};
-    if constexpr (detail::sm90_blocked<Epi>::value) ym = bmaps;
-    const CUresult r = detail::encode_f32_tensor_map(&ym.y, y, q.M, q.N, ldy, 64);
-    LS_CHECK(r == CUDA_SUCCESS, op, "cuTensorMapEncodeTiled failed (", int(r), ") for f32 y [", q.M,
-             ", ", q.N, "] with row stride ", ldy);
-    launch_sm90_tile<64, 256, 4, 0, EpiY, true, AT, true>(op, tx, tw, p, s, ym);
+  if (pl.ping_pong && y_tma_ok(y, q.M, q.N, ldy)) {
+    // y through TMA (mainloop_sm90.cuh Sm90TmaYEpilogue): launches of at most kTnFourYSlotsMaxK
+    // slots with four y slots per warpgroup and four stages, longer ones with one slot and five
+    // stages. Same values in the same places as the scalar form below: the choice changes no bit.
+    if (q.K <= kTnFourYSlotsMaxK) {
+      launch_tn_tma_y<Epi, 4, 4, AT>(op, q, tx, tw, bmaps, p, y, ldy, s);
+    } else {
+      launch_tn_tma_y<Epi, 1, 5, AT>(op, q, tx, tw, bmaps, p, y, ldy, s);
+    }
   } else if (pl.ping_pong) {
     launch_sm90_tile<64, 256, 5, 0, Epi, true, AT, true>(op, tx, tw, p, s, bmaps);
   } else if (t.bm == 128 && t.bn == 128) {

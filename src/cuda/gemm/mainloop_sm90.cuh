@@ -43,13 +43,13 @@ constexpr int kSm90GroupM = 8;     // tile raster: 8 row tiles share a column sw
 // Dynamic shared memory of one CTA: NS stages of A (BM rows) + B (BN rows) x 128 bytes, the
 // 2·NS mbarriers, the epilogue staging (epilogue.cuh), slack to align the stages to 1024 bytes
 // (the 128B swizzle atom), and that upper level where gemm_tree_upper_in_smem.
-// TMAY (the accumulate mode with y through TMA, Sm90TmaYEpilogue): no staging; 1024 bytes of
-// mbarriers, then each consumer warpgroup's y slots (1024-aligned: the 128B swizzle atom).
+// YSLOTS > 0 (the accumulate mode with y through TMA, Sm90TmaYEpilogue: YSLOTS y boxes in shared
+// memory per consumer warpgroup): no staging; 1024 bytes of mbarriers, then each consumer
+// warpgroup's y slots (1024-aligned: the 128B swizzle atom).
 constexpr int kSm90YBox = 64 * 32 * 4;  // one y box: 64 rows x 32 f32 columns (128 bytes)
-constexpr int kSm90YSlots = 4;          // y boxes in shared memory per consumer warpgroup
-template <int BM, int BN, int NS, int LEVELS = 0, bool TMAY = false>
+template <int BM, int BN, int NS, int LEVELS = 0, int YSLOTS = 0>
 constexpr int sm90_smem_bytes() {
-  if constexpr (TMAY) return NS * (BM + BN) * 128 + 1024 + 2 * kSm90YSlots * kSm90YBox + 1024;
+  if constexpr (YSLOTS > 0) return NS * (BM + BN) * 128 + 1024 + 2 * YSLOTS * kSm90YBox + 1024;
   return NS * (BM + BN) * 128 + 2 * NS * 8 + kSm90EpiBytes + 1024 +
          (gemm_tree_upper_in_smem(BM, BN, LEVELS) ? BM * BN * 4 : 0);
 }
@@ -186,20 +186,27 @@ struct sm90_accumulates<Epi, std::void_t<decltype(Epi::kAccumulate)>>
 
 // The accumulate mode with y through TMA (the 64 x 256 ping-pong tile only; docs/cuda-gemm.md
 // "Backward"): a consumer warpgroup reads its tile's y values as eight 64 x 32 f32 boxes that one
-// of its threads loads by TMA into its kSm90YSlots shared-memory slots (zero fill outside y, like
+// of its threads loads by TMA into its Slots shared-memory slots (zero fill outside y, like
 // sm90_load_acc's +0), and stores the k-loop's values back as eight boxes that the same thread
 // writes by TMA stores from those slots (clipped to y; canonical NaN written into the slots), so
 // neither the load nor the store holds the warpgroup's threads on global memory. The same values
 // in the same places as the plain accumulate mode: the bits do not change. Needs y 16-byte
-// aligned with a row stride that is a multiple of 4 (the launcher falls back otherwise).
-template <typename Base>
+// aligned with a row stride that is a multiple of 4 (the launcher falls back otherwise). Slots
+// (1, 2 or 4: eight boxes per job pass through each slot an even number of times) trades
+// pipeline stages for boxes in flight: four slots leave room for four stages, one for five.
+template <typename Base, int Slots>
 struct Sm90TmaYEpilogue : Base {
-  static constexpr bool kTmaY = true;
+  static_assert(Slots == 1 || Slots == 2 || Slots == 4, "y slots per warpgroup: 1, 2 or 4");
+  static constexpr int kYSlots = Slots;
 };
+// The y slots per consumer warpgroup of an epilogue: 0 unless it is a Sm90TmaYEpilogue.
 template <typename Epi, typename = void>
-struct sm90_tma_y : std::false_type {};
+struct sm90_y_slots : std::integral_constant<int, 0> {};
 template <typename Epi>
-struct sm90_tma_y<Epi, std::void_t<decltype(Epi::kTmaY)>> : std::bool_constant<Epi::kTmaY> {};
+struct sm90_y_slots<Epi, std::void_t<decltype(Epi::kYSlots)>>
+    : std::integral_constant<int, Epi::kYSlots> {};
+template <typename Epi>
+using sm90_tma_y = std::bool_constant<(sm90_y_slots<Epi>::value > 0)>;
 
 // The blocked accumulate mode (dW on token blocks read in place, docs/cuda-gemm.md "Backward"):
 // the k axis is a list of 16-slot token blocks; block j's 16 rows start at row blocks[j] of the
@@ -282,17 +289,18 @@ __device__ __forceinline__ uint32_t sm90_ybox_off(int r, int c) {
 
 // acc = y's values of this warpgroup's 64 x 256 tile at (m0, n0) (acc[4i + 2h + c]: row
 // 16·warp + lane/4 + 8h, column 8i + 2(lane%4) + c), +0 outside y (TMA zero fill): box b (columns
-// 32b ..) through slot b % 4 (ring + slot · kSm90YBox, mbarrier bar0 + 8 · slot: two loads per
-// slot and job, so box b completes the barrier's phase b / 4). Thread wt = 0 issues the copies,
-// after the previous job's stores have read the slots; named barrier `bar` (this warpgroup's 128
-// threads) frees a slot for its second box.
+// 32b ..) through slot b % YS (ring + slot · kSm90YBox, mbarrier bar0 + 8 · slot: 8 / YS loads
+// per slot and job, an even number, so box b completes the barrier's phase b / YS and every job
+// starts on parity 0). Thread wt = 0 issues the copies, after the previous job's stores have read
+// the slots; named barrier `bar` (this warpgroup's 128 threads) frees a slot for its next box.
+template <int YS>
 __device__ __forceinline__ void sm90_load_acc_tma(const CUtensorMap* ymap, float (&acc)[128],
                                                   uint32_t ring, uint32_t bar0, int bar, int64_t m0,
                                                   int64_t n0, int warp, int lane, int wt) {
   if (wt == 0) {
     bulk_wait_group_read<0>();
 #pragma unroll
-    for (int k = 0; k < kSm90YSlots; ++k) {
+    for (int k = 0; k < YS; ++k) {
       mbar_arrive_expect_tx(bar0 + 8u * k, uint32_t(kSm90YBox));
       tma_load_2d(ring + uint32_t(k * kSm90YBox), ymap, int32_t(n0 + 32 * k), int32_t(m0),
                   bar0 + 8u * k);
@@ -300,9 +308,9 @@ __device__ __forceinline__ void sm90_load_acc_tma(const CUtensorMap* ymap, float
   }
 #pragma unroll
   for (int b = 0; b < 8; ++b) {
-    const int k = b % kSm90YSlots;
+    const int k = b % YS;
     const uint32_t box = ring + uint32_t(k * kSm90YBox);
-    mbar_wait(bar0 + 8u * k, uint32_t(b / kSm90YSlots));
+    mbar_wait(bar0 + 8u * k, uint32_t((b / YS) & 1));
 #pragma unroll
     for (int ii = 0; ii < 4; ++ii)
 #pragma unroll
@@ -314,33 +322,34 @@ __device__ __forceinline__ void sm90_load_acc_tma(const CUtensorMap* ymap, float
                      : "r"(box + sm90_ybox_off(r, c))
                      : "memory");
       }
-    if (b < 8 - kSm90YSlots) {
+    if (b < 8 - YS) {
       // Every thread has read slot k (generic proxy) before the TMA overwrites it (async proxy).
       fence_proxy_async_shared();
       named_bar_sync(bar, 128);
       if (wt == 0) {
         mbar_arrive_expect_tx(bar0 + 8u * k, uint32_t(kSm90YBox));
-        tma_load_2d(box, ymap, int32_t(n0 + 32 * (b + kSm90YSlots)), int32_t(m0), bar0 + 8u * k);
+        tma_load_2d(box, ymap, int32_t(n0 + 32 * (b + YS)), int32_t(m0), bar0 + 8u * k);
       }
     }
   }
 }
 
-// y's 64 x 256 tile at (m0, n0) = acc (canonical NaN), as two halves of four boxes written into
-// the slots and stored by TMA (thread wt = 0 commits each half as one bulk group; the second half
-// waits until the first has been read out of the slots). The warpgroup's threads return once
-// their values are in shared memory: the stores complete in the background (the next job's load
-// waits for their reads, the kernel's end for their writes).
+// y's 64 x 256 tile at (m0, n0) = acc (canonical NaN), in 8 / YS rounds of YS boxes written into
+// the slots and stored by TMA (thread wt = 0 commits each round as one bulk group; a round waits
+// until the previous one has been read out of the slots). The warpgroup's threads return once
+// their values are in shared memory: the last stores complete in the background (the next job's
+// load waits for their reads, the kernel's end for their writes).
+template <int YS>
 __device__ __forceinline__ void sm90_store_acc_tma(const CUtensorMap* ymap, const float (&acc)[128],
                                                    uint32_t ring, int bar, int64_t m0, int64_t n0,
                                                    int warp, int lane, int wt) {
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    if (half == 1 && wt == 0) bulk_wait_group_read<0>();
-    named_bar_sync(bar, 128);  // the slots are free (the load's reads; the first half's stores)
+  for (int q = 0; q < 8 / YS; ++q) {
+    if (q > 0 && wt == 0) bulk_wait_group_read<0>();
+    named_bar_sync(bar, 128);  // the slots are free (the load's reads; the previous round's stores)
 #pragma unroll
-    for (int k = 0; k < kSm90YSlots; ++k) {
-      const int b = kSm90YSlots * half + k;
+    for (int k = 0; k < YS; ++k) {
+      const int b = YS * q + k;
       const uint32_t box = ring + uint32_t(k * kSm90YBox);
 #pragma unroll
       for (int ii = 0; ii < 4; ++ii)
@@ -358,9 +367,9 @@ __device__ __forceinline__ void sm90_store_acc_tma(const CUtensorMap* ymap, cons
     named_bar_sync(bar, 128);
     if (wt == 0) {
 #pragma unroll
-      for (int k = 0; k < kSm90YSlots; ++k)
-        tma_store_2d(ymap, ring + uint32_t(k * kSm90YBox),
-                     int32_t(n0 + 32 * (kSm90YSlots * half + k)), int32_t(m0));
+      for (int k = 0; k < YS; ++k)
+        tma_store_2d(ymap, ring + uint32_t(k * kSm90YBox), int32_t(n0 + 32 * (YS * q + k)),
+                     int32_t(m0));
       bulk_commit_group();
     }
   }
@@ -419,7 +428,8 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
                 "accumulate: one segment per job");
   static_assert(!sm90_blocked<Epi>::value || (AT && BT && sm90_accumulates<Epi>::value),
                 "blocked: MN-major operands in accumulate mode");
-  constexpr bool kTmaY = sm90_tma_y<Epi>::value;
+  constexpr int kYSlots = sm90_y_slots<Epi>::value;
+  constexpr bool kTmaY = kYSlots > 0;
   static_assert(!kTmaY || (PP && BN == 256 && sm90_accumulates<Epi>::value),
                 "TMA y: the 64 x 256 ping-pong tile in accumulate mode");
 
@@ -440,7 +450,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       mbar_init(empty_bar(s), PP ? 4 : 8);
     }
     if constexpr (kTmaY)
-      for (int k = 0; k < 2 * kSm90YSlots; ++k) mbar_init(bars + 16u * NS + 8u * k, 1);
+      for (int k = 0; k < 2 * kYSlots; ++k) mbar_init(bars + 16u * NS + 8u * k, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_x)) : "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tm_w)) : "memory");
@@ -551,8 +561,8 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
     float* const top = epi + kSm90EpiBytes / 4 + cw * 64 * WN + wt;
 
     // kTmaY: this warpgroup's y slots and their mbarriers (named barrier 3 + cw: its threads).
-    const uint32_t yring = base + NS * kStageBytes + 1024u + uint32_t(cw * kSm90YSlots * kSm90YBox);
-    const uint32_t ybar0 = bars + 16u * NS + 8u * uint32_t(cw * kSm90YSlots);
+    const uint32_t yring = base + NS * kStageBytes + 1024u + uint32_t(cw * kYSlots * kSm90YBox);
+    const uint32_t ybar0 = bars + 16u * NS + 8u * uint32_t(cw * kYSlots);
     int stage = 0;
     uint32_t phase = 0;
     // PP: a job belongs to one warpgroup (alternate jobs; kTurns: alternate segments of a tile
@@ -577,7 +587,8 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       if constexpr (PP) {
         // y's values while the other warpgroup computes
         if constexpr (kTmaY)
-          sm90_load_acc_tma(&bmaps.y, acc, yring, ybar0, 3 + cw, j.m0, j.n0, warp, lane, wt);
+          sm90_load_acc_tma<kYSlots>(&bmaps.y, acc, yring, ybar0, 3 + cw, j.m0, j.n0, warp, lane,
+                                     wt);
         else if constexpr (sm90_accumulates<Epi>::value)
           sm90_load_acc(p, acc, j.m0 + warp * 16, j.n0, lane);
         if (l > 0 && owner(l - 1) != cw)
@@ -667,7 +678,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       }
 
       if constexpr (kTmaY) {
-        sm90_store_acc_tma(&bmaps.y, acc, yring, 3 + cw, j.m0, j.n0, warp, lane, wt);
+        sm90_store_acc_tma<kYSlots>(&bmaps.y, acc, yring, 3 + cw, j.m0, j.n0, warp, lane, wt);
         continue;
       }
       if constexpr (Epi::kFused) {

@@ -233,10 +233,9 @@ GemmPlan plan_wgmma(const GemmProblem& p) {
 }
 
 // TN (accumulate mode, MN-major operands): the ping-pong tile for token runs up to
-// kTnPingPongMaxK slots (each tile's accumulator load and store are then a large share of its
-// time, and ping-pong overlaps them with the other warpgroup's MMAs), else the cheapest wgmma job
-// tile. The bound and why it is not higher (the blocked form's ping-pong kernel): docs/perf.md,
-// sessions 25 and 29 (bench_gemm_bwd's forced TN plans).
+// kTnPingPongMaxK slots (ping-pong overlaps each job's accumulator load and store, through TMA
+// since session 30, with the other warpgroup's MMAs), else the cheapest wgmma job tile. The bound
+// is the longest launch measured (bench_gemm_bwd's forced TN plans, docs/perf.md session 30).
 GemmPlan plan_tn(const GemmProblem& p) {
   if (p.K <= kTnPingPongMaxK && tiles(p, 64, 256) >= kPlanSMs)
     return wgmma_jobs(kWg64x256, 1, true);

@@ -86,14 +86,15 @@ constexpr bool gemm_tree_upper_in_smem(int bm, int bn, int tree_levels) {
 }
 
 // TN (dW) launches over at most this many token slots take the 64x256 ping-pong tile when it
-// gives every multiprocessor a tile; longer ones the cost model's job tile (plan.cc, plan_tn).
-constexpr int64_t kTnPingPongMaxK = 4096;
+// gives every multiprocessor a tile; longer ones (not measured) the cost model's job tile
+// (plan.cc, plan_tn). With y through TMA the ping-pong tile won at every measured length.
+constexpr int64_t kTnPingPongMaxK = 16384;
 
-// Ping-pong TN launches over at most this many token slots load and store y (the f32 dW being
-// accumulated) through TMA, four pipeline stages; longer ones with scalar loads and stores, five
-// stages (y's share of a job shrinks with K, the fifth stage's does not). The choice changes no
-// bit. Measured: docs/perf.md, session 30.
-constexpr int64_t kTnTmaYMaxK = 2048;
+// Ping-pong TN launches load and store y (the f32 dW being accumulated) through TMA: over at most
+// this many token slots with four y slots per warpgroup and four pipeline stages, longer ones
+// with one slot and five stages (y's share of a job shrinks with K, the fifth stage's does not).
+// The choice changes no bit. Measured: docs/perf.md, session 30.
+constexpr int64_t kTnFourYSlotsMaxK = 2048;
 
 // The plan the launchers run. Throws lockstep::Error for NN or TN operands TMA cannot read, for
 // TN with segments != 1 or a partial, and for sizes or segments outside the contract. NN plans are

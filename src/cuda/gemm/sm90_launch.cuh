@@ -57,7 +57,7 @@ void launch_sm90_tile(const char* op, const CUtensorMap& tx, const CUtensorMap& 
                       const typename Epi::Params& p, cudaStream_t s,
                       const sm90_blocked_maps_t<Epi>& bmaps = {}) {
   constexpr int WGN = (BM == 64 && !PP) ? 2 : 1;
-  constexpr int kSmem = sm90_smem_bytes<BM, BN, NS, LEVELS, sm90_tma_y<Epi>::value>();
+  constexpr int kSmem = sm90_smem_bytes<BM, BN, NS, LEVELS, sm90_y_slots<Epi>::value>();
   allow_dynamic_smem<gemm_sm90_kernel<BM, BN, WGN, NS, LEVELS, Epi, PP, AT, BT>>(op, kSmem);
   LS_CHECK(LEVELS == 0 || p.nseg <= (1 << LEVELS), op, "internal: ", p.nseg,
            " segments for an in-CTA tree of ", LEVELS, " levels");
