@@ -315,7 +315,7 @@ void run_nn_case(int64_t T, int64_t N, int64_t K, int64_t ldw, int S, DType dx_d
 // The 64x256 ping-pong kernel reads and writes y through TMA when y is 16-byte aligned with a row
 // stride that is a multiple of 4 (mainloop_sm90.cuh Sm90TmaYEpilogue: four y slots per warpgroup
 // for launches of at most kTnFourYSlotsMaxK token slots, one slot above), else by scalar loads and
-// staged stores; the CPU cases above reach all three (the 2,100-token one the one-slot form), but
+// staged stores; the CPU cases above reach all three (the 2,100-token ones the one-slot form), but
 // give each plan at most one job per consumer warpgroup and continue chains over launches only
 // with the planner's tile. These give the TMA-y kernel many jobs per warpgroup, chains continued
 // over several launches (also from the one-slot form into the four-slot one), and a y larger than
@@ -434,7 +434,8 @@ int main(int argc, char** argv) {
   if (!start("test_gemm_bwd_plans", argc, argv)) return 2;
   std::vector<Case> cases = {
       {1, 1, {1}},        {3, 17, {5, 16, 1}},       {17, 111, {40, 3, 33}},
-      {64, 64, {64, 64}}, {130, 136, {100, 7, 200}}, {257, 300, {31, 17, 500, 16}}};
+      {64, 64, {64, 64}}, {130, 136, {100, 7, 200}}, {257, 300, {31, 17, 500, 16}},
+      {130, 300, {2100}}};  // > kTnFourYSlotsMaxK slots: the one-y-slot kernel, also in --quick
   if (!g_quick) {
     cases.push_back({1024, 512, {700, 300, 1100}});
     cases.push_back({4096, 256, {1000, 24}});
