@@ -286,6 +286,16 @@ __device__ __forceinline__ void sm90_load_acc(const Sm90Params& p, float (&acc)[
 __device__ __forceinline__ uint32_t sm90_ybox_off(int r, int c) {
   return uint32_t(r) * 128u + ((uint32_t(c >> 2) ^ uint32_t(r & 7)) << 4) + uint32_t(c & 3) * 4u;
 }
+// This thread's column pair (ii, h) of box b (ii < 4, h < 2): its first accumulator (acc[4i + 2h],
+// i = 4b + ii, and the next) and the pair's byte offset in the box.
+struct Sm90YPair {
+  int acc;
+  uint32_t off;
+};
+__device__ __forceinline__ Sm90YPair sm90_ybox_pair(int b, int ii, int h, int warp, int lane) {
+  const int r = warp * 16 + (lane >> 2) + 8 * h, c = 8 * ii + 2 * (lane & 3);
+  return {4 * (4 * b + ii) + 2 * h, sm90_ybox_off(r, c)};
+}
 
 // acc = y's values of this warpgroup's 64 x 256 tile at (m0, n0) (acc[4i + 2h + c]: row
 // 16·warp + lane/4 + 8h, column 8i + 2(lane%4) + c), +0 outside y (TMA zero fill): box b (columns
@@ -315,11 +325,10 @@ __device__ __forceinline__ void sm90_load_acc_tma(const CUtensorMap* ymap, float
     for (int ii = 0; ii < 4; ++ii)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int i = 4 * b + ii;
-        const int r = warp * 16 + (lane >> 2) + 8 * h, c = 8 * ii + 2 * (lane & 3);
+        const Sm90YPair q = sm90_ybox_pair(b, ii, h, warp, lane);
         asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
-                     : "=f"(acc[4 * i + 2 * h]), "=f"(acc[4 * i + 2 * h + 1])
-                     : "r"(box + sm90_ybox_off(r, c))
+                     : "=f"(acc[q.acc]), "=f"(acc[q.acc + 1])
+                     : "r"(box + q.off)
                      : "memory");
       }
     if (b < 8 - YS) {
@@ -355,11 +364,10 @@ __device__ __forceinline__ void sm90_store_acc_tma(const CUtensorMap* ymap, cons
       for (int ii = 0; ii < 4; ++ii)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int i = 4 * b + ii;
-          const int r = warp * 16 + (lane >> 2) + 8 * h, c = 8 * ii + 2 * (lane & 3);
-          asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(box + sm90_ybox_off(r, c)),
-                       "r"(canonical_f32_bits(acc[4 * i + 2 * h])),
-                       "r"(canonical_f32_bits(acc[4 * i + 2 * h + 1]))
+          const Sm90YPair pr = sm90_ybox_pair(b, ii, h, warp, lane);
+          asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(box + pr.off),
+                       "r"(canonical_f32_bits(acc[pr.acc])),
+                       "r"(canonical_f32_bits(acc[pr.acc + 1]))
                        : "memory");
         }
     }
