@@ -3,23 +3,28 @@
 # item 5). Binaries built here (stripped, xz, ignored folders), carried with build-gpu-pack (main):
 #   .v5  main 91d1766 + 0001-blocked-table-in-shared-memory.patch: test_gemm_bwd_plans, bench_gemm_bwd
 #   .v6  main 91d1766 + 0002-timing-one-box-k-tiles.patch (WRONG VALUES, timing only): bench_gemm_bwd
-#   device: run(command="bash dev/gemm_s30/run_ab_blocked.sh", carry=["build-gpu-pack", ".v5", ".v6"])
+#   .v7  main 91d1766 + 0003-dw-gathers-in-one-launch.patch: test_gemm_bwd_plans, bench_gemm_bwd
+#   device: run(command="bash dev/gemm_s30/run_ab_blocked.sh",
+#               carry=["build-gpu-pack", ".v5", ".v6", ".v7"])   (~64 MB with the tree: the limit)
 # If .v6's blocked rows match in place, the sequence-end k-tiles (four 16-row boxes) are the lag;
-# if .v5's do, the table reads were.
+# if .v5's do, the table reads were. .v7: predicted blocked T = 1,024 ~5 µs faster per call (one
+# gather launch of a few blocks instead of two of 1,056), the gathered (forced) rows likewise.
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 bash scripts/gpu_check.sh none >/dev/null 2>&1
 python3 -c "import lzma, shutil, glob, os
-for f in glob.glob('.v5/*.xz') + glob.glob('.v6/*.xz'):
+for f in glob.glob('.v5/*.xz') + glob.glob('.v6/*.xz') + glob.glob('.v7/*.xz'):
     shutil.copyfileobj(lzma.open(f), open(f[:-3], 'wb')); os.chmod(f[:-3], 0o755)"
 nvidia-smi --query-gpu=name --format=csv,noheader
-timeout 150 .v5/test_gemm_bwd_plans >"$OUT/v5_plans.txt" 2>&1
-echo "v5 test_gemm_bwd_plans rc=$? $(tail -1 "$OUT/v5_plans.txt")"
-grep FAIL "$OUT/v5_plans.txt" | head -5
-f() { "$1" 2>&1 | grep "| dW" | grep -v gathered | awk -F'|' '{printf "%s %s %s %s cu %s r %s\n",$3,$4,$7,$8,$10,$12}'; }
+for v in v5 v7; do
+  timeout 150 .$v/test_gemm_bwd_plans >"$OUT/${v}_plans.txt" 2>&1
+  echo "$v test_gemm_bwd_plans rc=$? $(tail -1 "$OUT/${v}_plans.txt")"
+  grep FAIL "$OUT/${v}_plans.txt" | head -5
+done
+f() { "$1" 2>&1 | grep "| dW" | awk -F'|' '{printf "%s %s %s %s cu %s r %s\n",$3,$4,$7,$8,$10,$12}'; }
 for r in 1 2; do
-  for v in main v5 v6; do
+  for v in main v5 v6 v7; do
     b=build-gpu/bench_gemm_bwd; [ "$v" != main ] && b=.$v/bench_gemm_bwd
     echo "== $v round $r"; f "$b"
   done
