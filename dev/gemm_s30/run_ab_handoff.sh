@@ -3,10 +3,11 @@
 # (0004-pp-handoff-after-last-issue.patch). Today the other warpgroup may start only after this
 # one's wgmmas drained (wait_group 0) — and in the TMA-y kernels ptxas even placed the bar.arrive
 # after the ~400 instructions that canonicalize the 128 accumulators for the store (SASS,
-# docs/perf.md session 30). Same chains: no bit changes. .v8 = main 91d1766 + 0004:
+# docs/perf.md session 30); in the stash turns (S = 4 / 8) after each segment's drain too. Same chains: no bit changes. .v8 = main 91d1766 + 0004:
 # test_gemm_parity, test_gemm_bwd_plans, bench_gemm_cuda, bench_gemm_bwd.
 #   device: run(command="bash dev/gemm_s30/run_ab_handoff.sh", carry=["build-gpu-pack", ".v8"])
-# Predicted: TN four-slot (T = 1,024) +5-10%, forward and TN ping-pong at 4,096 +1-3%.
+# Predicted: TN four-slot (T = 1,024) +5-10%, forward and TN ping-pong at 4,096 +1-3%, the
+# ping-pong stash (S = 4 row-parallel: 16-k-tile segments, a drain per segment) +3-5%.
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
@@ -20,7 +21,7 @@ for t in test_gemm_parity test_gemm_bwd_plans; do
   echo "v8 $t rc=$? $(tail -1 "$OUT/v8_$t.txt")"
   grep FAIL "$OUT/v8_$t.txt" | head -3
 done
-fw() { "$1" --quick 2>&1 | grep -E "^\| (qkv|o_proj|gate_up|down) " | head -24; }
+fw() { "$1" --quick 2>&1 | grep -E "^\| (qkv|o_proj|gate_up|down) " | head -80; }
 bw() { "$1" 2>&1 | grep "| dW" | grep -v gathered | awk -F'|' '{printf "%s %s %s %s cu %s r %s\n",$3,$4,$7,$8,$10,$12}'; }
 for r in 1 2; do
   echo "== main round $r"; fw build-gpu/bench_gemm_cuda; bw build-gpu/bench_gemm_bwd
