@@ -63,10 +63,12 @@ GemmParams core_params(const TensorView& x, const TensorView& w, const TensorVie
   return p;
 }
 
-// TMA needs 16-byte aligned bases and row strides (and a row stride that covers the row): a bf16
-// matrix of `rows` rows of `cols` elements, rows ld apart.
-bool tma_matrix_ok(const void* p, int64_t rows, int64_t cols, int64_t ld) {
-  return aligned16(p) && (rows <= 1 || (ld % 8 == 0 && ld >= cols && ld < (int64_t(1) << 38)));
+// TMA needs 16-byte aligned bases and row strides (and a row stride that covers the row, under
+// 2^39 bytes): a matrix of `rows` rows of `cols` elements of elem_bytes bytes (bf16 unless
+// given), rows ld apart.
+bool tma_matrix_ok(const void* p, int64_t rows, int64_t cols, int64_t ld, int elem_bytes = 2) {
+  return aligned16(p) && (rows <= 1 || (ld % (16 / elem_bytes) == 0 && ld >= cols &&
+                                        ld < (int64_t(1) << 39) / elem_bytes));
 }
 bool tma_compatible(const void* x, int64_t M, int64_t ldx, const void* w, int64_t N, int64_t ldw,
                     int64_t K) {
@@ -184,11 +186,9 @@ detail::Sm90Params final_params(int64_t rows, int64_t N, int64_t seg_len, int ns
   return p;
 }
 
-// Whether TMA can read and write f32 y [M, N] (rows ldy apart) in place: a 16-byte aligned base
-// and row stride, sizes inside the tensor map's range.
+// Whether TMA can read and write f32 y [M, N] (rows ldy apart) in place.
 bool y_tma_ok(const float* y, int64_t M, int64_t N, int64_t ldy) {
-  return aligned16(y) && M < (int64_t(1) << 31) && N < (int64_t(1) << 31) &&
-         (M <= 1 || (ldy % 4 == 0 && ldy >= N && ldy < (int64_t(1) << 37)));
+  return M < (int64_t(1) << 31) && N < (int64_t(1) << 31) && tma_matrix_ok(y, M, N, ldy, 4);
 }
 
 // The ping-pong accumulate launch with y through TMA: YS y slots per consumer warpgroup, NS

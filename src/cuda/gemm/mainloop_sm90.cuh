@@ -192,11 +192,12 @@ struct sm90_accumulates<Epi, std::void_t<decltype(Epi::kAccumulate)>>
 // neither the load nor the store holds the warpgroup's threads on global memory. The same values
 // in the same places as the plain accumulate mode: the bits do not change. Needs y 16-byte
 // aligned with a row stride that is a multiple of 4 (the launcher falls back otherwise). Slots
-// (1, 2 or 4: eight boxes per job pass through each slot an even number of times) trades
-// pipeline stages for boxes in flight: four slots leave room for four stages, one for five.
+// (4 or 1, the two the launcher takes; eight boxes per job pass through each slot an even number
+// of times) trades pipeline stages for boxes in flight: four slots leave room for four stages,
+// one for five.
 template <typename Base, int Slots>
 struct Sm90TmaYEpilogue : Base {
-  static_assert(Slots == 1 || Slots == 2 || Slots == 4, "y slots per warpgroup: 1, 2 or 4");
+  static_assert(Slots == 1 || Slots == 4, "y slots per warpgroup: 1 or 4");
   static constexpr int kYSlots = Slots;
 };
 // The y slots per consumer warpgroup of an epilogue: 0 unless it is a Sm90TmaYEpilogue.
