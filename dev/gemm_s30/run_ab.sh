@@ -9,10 +9,9 @@
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-bash scripts/gpu_check.sh none >/dev/null 2>&1  # unpacks build-gpu-pack into build-gpu
-python3 -c "import lzma, shutil, glob, os
-for f in glob.glob('.v1/*.xz') + glob.glob('.v2/*.xz'):
-    shutil.copyfileobj(lzma.open(f), open(f[:-3], 'wb')); os.chmod(f[:-3], 0o755)"
+. dev/ab_common.sh
+ab_setup_runtime  # unpacks build-gpu-pack into build-gpu
+ab_unxz .v1 .v2
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 echo "main: $(cat build-gpu/BUILT_FROM 2>/dev/null)"
 s() { echo "== $* ($(date -u +%T))"; }

@@ -12,10 +12,9 @@
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-bash scripts/gpu_check.sh none >/dev/null 2>&1
-python3 -c "import lzma, shutil, glob, os
-for f in glob.glob('.v5/*.xz') + glob.glob('.v6/*.xz') + glob.glob('.v7/*.xz'):
-    shutil.copyfileobj(lzma.open(f), open(f[:-3], 'wb')); os.chmod(f[:-3], 0o755)"
+. dev/ab_common.sh
+ab_setup_runtime  # unpacks build-gpu-pack into build-gpu
+ab_unxz .v5 .v6 .v7
 nvidia-smi --query-gpu=name --format=csv,noheader
 for v in v5 v7; do
   timeout 150 .$v/test_gemm_bwd_plans >"$OUT/${v}_plans.txt" 2>&1

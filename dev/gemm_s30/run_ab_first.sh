@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # One device call (docs/perf.md session 30): the blocked dW producer reads k-tile 0's table
-# entries once per kernel instead of at every job's start. .v3 = main + that change
+# entries once per kernel instead of at every job's start (0005-blocked-first-entries-once.patch;
+# measured within noise, not landed). .v3 = main 30e31fb + that patch
 # (test_gemm_bwd_plans, bench_gemm_bwd), carried with build-gpu-pack (main):
 #   device: run(command="bash dev/gemm_s30/run_ab_first.sh", carry=["build-gpu-pack", ".v3"])
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-bash scripts/gpu_check.sh none >/dev/null 2>&1
-python3 -c "import lzma, shutil, glob, os
-for f in glob.glob('.v3/*.xz'):
-    shutil.copyfileobj(lzma.open(f), open(f[:-3], 'wb')); os.chmod(f[:-3], 0o755)"
+. dev/ab_common.sh
+ab_setup_runtime  # unpacks build-gpu-pack into build-gpu
+ab_unxz .v3
 nvidia-smi --query-gpu=name --format=csv,noheader
 timeout 120 .v3/test_gemm_bwd_plans >"$OUT/v3_plans.txt" 2>&1
 echo "v3 test_gemm_bwd_plans rc=$? $(tail -1 "$OUT/v3_plans.txt")"

@@ -11,10 +11,9 @@
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-bash scripts/gpu_check.sh none >/dev/null 2>&1
-python3 -c "import lzma, shutil, glob, os
-for f in glob.glob('.v8/*.xz'):
-    shutil.copyfileobj(lzma.open(f), open(f[:-3], 'wb')); os.chmod(f[:-3], 0o755)"
+. dev/ab_common.sh
+ab_setup_runtime  # unpacks build-gpu-pack into build-gpu
+ab_unxz .v8
 nvidia-smi --query-gpu=name --format=csv,noheader
 for t in test_gemm_parity test_gemm_bwd_plans; do
   timeout 150 .v8/$t >"$OUT/v8_$t.txt" 2>&1
