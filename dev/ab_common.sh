@@ -27,3 +27,19 @@ ab_pack_logs() {
   (cd "$OUT" && shopt -s nullglob && f=(*.txt *.csv *.log) && [ ${#f[@]} -gt 0 ] &&
     tar czf ab_logs.tgz "${f[@]}" && rm -f "${f[@]}")
 }
+
+# The start of a one-call A/B script (after `cd` to the repository and OUT set): $OUT made, the
+# carried build's runtime (when a pack is carried), the variant folders given unpacked, the GPU
+# named.
+ab_start() {
+  mkdir -p "$OUT"
+  ab_setup_runtime
+  ab_unxz "$@"
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+}
+
+# Filter: bench_gemm_bwd's dW rows, a line each (shape, T, form, plan, ms, "cu" cuBLAS's ms,
+# "r" the ratio).
+ab_dw_rows() {
+  grep "| dW" | awk -F'|' '{printf "%s %s %s %s cu %s r %s\n",$3,$4,$7,$8,$10,$12}'
+}

@@ -8,11 +8,8 @@
 # Correctness first (the parity tests, the log-prob paths), then the A/B, two rounds.
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
 . dev/ab_common.sh
-ab_setup_runtime  # unpacks build-gpu-pack into build-gpu
-ab_unxz .v1 .v2
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+ab_start .v1 .v2  # (build-gpu-pack unpacked into build-gpu)
 echo "main: $(cat build-gpu/BUILT_FROM 2>/dev/null)"
 s() { echo "== $* ($(date -u +%T))"; }
 s test_gemm_bwd_plans

@@ -11,17 +11,14 @@
 # gather launch of a few blocks instead of two of 1,056), the gathered (forced) rows likewise.
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
 . dev/ab_common.sh
-ab_setup_runtime  # unpacks build-gpu-pack into build-gpu
-ab_unxz .v5 .v6 .v7
-nvidia-smi --query-gpu=name --format=csv,noheader
+ab_start .v5 .v6 .v7  # (build-gpu-pack unpacked into build-gpu)
 for v in v5 v7; do
   timeout 150 .$v/test_gemm_bwd_plans >"$OUT/${v}_plans.txt" 2>&1
   echo "$v test_gemm_bwd_plans rc=$? $(tail -1 "$OUT/${v}_plans.txt")"
   grep FAIL "$OUT/${v}_plans.txt" | head -5
 done
-f() { "$1" 2>&1 | grep "| dW" | awk -F'|' '{printf "%s %s %s %s cu %s r %s\n",$3,$4,$7,$8,$10,$12}'; }
+f() { "$1" 2>&1 | ab_dw_rows; }
 for r in 1 2; do
   for v in main v5 v6 v7; do
     b=build-gpu/bench_gemm_bwd; [ "$v" != main ] && b=.$v/bench_gemm_bwd

@@ -6,14 +6,11 @@
 #   device: run(command="bash dev/gemm_s30/run_ab_first.sh", carry=["build-gpu-pack", ".v3"])
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
 . dev/ab_common.sh
-ab_setup_runtime  # unpacks build-gpu-pack into build-gpu
-ab_unxz .v3
-nvidia-smi --query-gpu=name --format=csv,noheader
+ab_start .v3  # (build-gpu-pack unpacked into build-gpu)
 timeout 120 .v3/test_gemm_bwd_plans >"$OUT/v3_plans.txt" 2>&1
 echo "v3 test_gemm_bwd_plans rc=$? $(tail -1 "$OUT/v3_plans.txt")"
-f() { "$1" --quick 2>&1 | grep "| dW" | grep -v gathered | awk -F'|' '{printf "%s %s %s %s cu %s r %s\n",$3,$4,$7,$8,$10,$12}'; }
+f() { "$1" --quick 2>&1 | grep -v gathered | ab_dw_rows; }
 for r in 1 2; do
   echo "== main $r"; f build-gpu/bench_gemm_bwd
   echo "== v3 $r"; f .v3/bench_gemm_bwd

@@ -10,18 +10,15 @@
 # ping-pong stash (S = 4 row-parallel: 16-k-tile segments, a drain per segment) +3-5%.
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
 . dev/ab_common.sh
-ab_setup_runtime  # unpacks build-gpu-pack into build-gpu
-ab_unxz .v8
-nvidia-smi --query-gpu=name --format=csv,noheader
+ab_start .v8  # (build-gpu-pack unpacked into build-gpu)
 for t in test_gemm_parity test_gemm_bwd_plans; do
   timeout 150 .v8/$t >"$OUT/v8_$t.txt" 2>&1
   echo "v8 $t rc=$? $(tail -1 "$OUT/v8_$t.txt")"
   grep FAIL "$OUT/v8_$t.txt" | head -3
 done
 fw() { "$1" --quick 2>&1 | grep -E "^\| (qkv|o_proj|gate_up|down) " | head -80; }
-bw() { "$1" 2>&1 | grep "| dW" | grep -v gathered | awk -F'|' '{printf "%s %s %s %s cu %s r %s\n",$3,$4,$7,$8,$10,$12}'; }
+bw() { "$1" 2>&1 | grep -v gathered | ab_dw_rows; }
 for r in 1 2; do
   echo "== main round $r"; fw build-gpu/bench_gemm_cuda; bw build-gpu/bench_gemm_bwd
   echo "== v8 round $r"; fw .v8/bench_gemm_cuda; bw .v8/bench_gemm_bwd
