@@ -9,7 +9,7 @@
 // (--json PATH) that bench/cuda/logprob_torch.py prints next to PyTorch's numbers:
 //   ./build-gpu-lp/bench_logprob --json /tmp/lp.json && python3 bench/cuda/logprob_torch.py \
 //       --ours /tmp/lp.json
-// Sampling's choice stage (filters + Gumbel-max after the logits and the LogP state exist:
+// Sampling's choice stage (filters + the mass choice after the logits and the LogP state exist:
 // cuda::detail::sample_block_choose) is timed alone on --choice-rows rows (default 128) per
 // setting, at temperature 1 (flat rows: z has std ~1.3) and 0.25 (peaked), next to the whole
 // cuda::sample on the same rows (whose ids must equal the stage's; the exit status says so too).
@@ -371,7 +371,7 @@ int main(int argc, char** argv) {
   std::printf("device memory: free before %.1f MiB, after %.1f MiB (inputs %.1f MiB)\n",
               double(free0) * mib, double(free1) * mib, double((T + V) * H * 2) * mib);
   std::printf(
-      "\nsampling, %lld rows x V=%lld: the choice stage alone (filters + Gumbel-max after "
+      "\nsampling, %lld rows x V=%lld: the choice stage alone (filters + mass choice after "
       "the logits and the LogP state; %s) and the whole cuda::sample\n",
       (long long)Rc, (long long)V, cuda::detail::sample_choose_config().c_str());
   std::printf("| setting | temperature | choice stage us | whole cuda::sample ms | ids equal |\n");

@@ -2,7 +2,7 @@
 // rows (bounded: whole padded vocab rows, sample_plan): logits by the GEMM contract into scratch,
 // then sample_block_state (y = z / τ_lp, the LogP tile states / fold / finish: lse, entropy, §S.3
 // = §L exactly) and sample_block_choose (one CTA per row: greedy's argmax, or the filters by an
-// exact radix select on the canonical order and the Gumbel-max; sampling.cuh). Results go to [T]
+// exact radix select on the canonical order, then the mass choice; sampling.cuh). Results go to [T]
 // scratch; the op then synchronizes the stream, throws lockstep::Error naming the first row whose
 // lse is not finite (writing nothing), and otherwise scatters ids, logp, lse, entropy into the
 // outputs.
@@ -100,23 +100,10 @@ std::string sample_choose_config() {
   std::snprintf(buf, sizeof buf,
                 "choice: 1 CTA of %d threads per row, %.1f KiB shared memory; top-k/top-p: level "
                 "0 = %d bins of 1/128 nat of lse - y + tail, list of %d boundary entries, %d-bit "
-                "list digits, %d-bit row digits past the list; Gumbel bound table %d",
+                "list digits, %d-bit row digits past the list; choice: %d segments' masses",
                 kChooseThreads, double(sizeof(ChooseSmem)) / 1024.0, kBuckets - 1, kListCap,
-                kListDigitBits, kBucketBits, kGumbelBounds);
+                kListDigitBits, kBucketBits, kChooseWarps);
   return buf;
-}
-
-int64_t sample_gumbel_bound_violations(cudaStream_t stream) {
-  const char* op = "sample_gumbel_bound_violations";
-  Scratch scratch(op, stream);
-  auto* bad = scratch.alloc_n<unsigned long long>(1);
-  check_cuda(op, cudaMemsetAsync(bad, 0, sizeof(unsigned long long), stream), "memset");
-  sample_gumbel_bound_check_kernel<<<1024, 256, 0, stream>>>(bad);
-  check_launch(op);
-  unsigned long long host = 0;
-  check_cuda(op, cudaMemcpyAsync(&host, bad, sizeof host, cudaMemcpyDeviceToHost, stream), "copy");
-  check_cuda(op, cudaStreamSynchronize(stream), "stream synchronize");
-  return int64_t(host);
 }
 
 }  // namespace detail

@@ -1,6 +1,6 @@
 // Host-side pieces of cuda::sample (docs/contract.md §S; kernels: sampling.cuh) that the parity
 // test and the sampling benchmark call directly: a block of rows is (1) its LogP state (y = z /
-// τ_lp, tile states, fold -> lse, entropy: §S.3 = §L) and (2) the choice (filters + Gumbel-max:
+// τ_lp, tile states, fold -> lse, entropy: §S.3 = §L) and (2) the choice (filters + the mass choice:
 // §S.4-S.7). The op runs (1) then (2) per row block after the logits GEMM; the benchmark times
 // (2) alone.
 #pragma once
@@ -53,8 +53,5 @@ void sample_block_state(const SampleBlockParams& p, const LogprobVocabLayout& la
 void sample_block_choose(const SampleBlockParams& p, cudaStream_t stream, const char* op);
 // The choice kernel's configuration (threads, shared memory, bucket and list sizes), printable.
 std::string sample_choose_config();
-// How many of the 2^23 uniforms break the choice kernel's Gumbel upper bound (g <= bound of the
-// uniform's top bits, which lets it skip the two logs of an entry that cannot win); must be 0.
-int64_t sample_gumbel_bound_violations(cudaStream_t stream);
 
 }  // namespace lockstep::cuda::detail
