@@ -120,7 +120,9 @@ std::vector<ChoiceResult> bench_choice(const TensorView& vh, const TensorView& v
   float *z, *states, *stats, *logp;
   int64_t *ids, *ids_op, *idx;
   d::SampleRow* info;
+  unsigned long long* seg;
   CK(cudaMalloc(&z, size_t(R * lay.padded) * 4));
+  CK(cudaMalloc(&seg, size_t(R * d::sample_seg_count()) * 8));
   CK(cudaMalloc(&states, size_t(R * n_tiles * 3) * 4));
   CK(cudaMalloc(&stats, size_t(4 * R) * 4));
   CK(cudaMalloc(&logp, size_t(R) * 4));
@@ -146,7 +148,8 @@ std::vector<ChoiceResult> bench_choice(const TensorView& vh, const TensorView& v
                                 .lse = stats,
                                 .entropy = stats + R,
                                 .out_id = ids,
-                                .out_logp = logp};
+                                .out_logp = logp,
+                                .seg = seg};
   const ChoiceCase cases[] = {
       {"greedy", 0.0f, 0, 1.0f, 0.0f},
       {"plain", 1.0f, 0, 1.0f, 0.0f},
@@ -202,7 +205,7 @@ std::vector<ChoiceResult> bench_choice(const TensorView& vh, const TensorView& v
   }
   for (void* p : {static_cast<void*>(z), static_cast<void*>(states), static_cast<void*>(stats),
                   static_cast<void*>(logp), static_cast<void*>(ids), static_cast<void*>(ids_op),
-                  static_cast<void*>(idx), static_cast<void*>(info)})
+                  static_cast<void*>(idx), static_cast<void*>(info), static_cast<void*>(seg)})
     CK(cudaFree(p));
   return out;
 }

@@ -91,17 +91,22 @@ void sample_block_choose(const SampleBlockParams& p, cudaStream_t stream, const 
       op,
       cudaFuncSetAttribute(sample_choose_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
       "shared memory size of the choice kernel");
+  sample_plain_sums_kernel<<<dim3(kPlainSlices, unsigned(p.rows)), kPlainThreads, 0, stream>>>(p);
+  check_launch(op);
   sample_choose_kernel<<<unsigned(p.rows), kChooseThreads, size_t(smem), stream>>>(p);
   check_launch(op);
 }
 
+int64_t sample_seg_count() { return kPlainSegs; }
+
 std::string sample_choose_config() {
   char buf[320];
   std::snprintf(buf, sizeof buf,
-                "choice: 1 CTA of %d threads per row, %.1f KiB shared memory; top-k/top-p: level "
+                "choice: 1 CTA of %d threads per row, %.1f KiB shared memory (plain rows' masses: %d CTAs of %d threads per row); top-k/top-p: level "
                 "0 = %d bins of 1/128 nat of lse - y + tail, list of %d boundary entries, %d-bit "
                 "list digits, %d-bit row digits past the list; choice: %d segments' masses",
-                kChooseThreads, double(sizeof(ChooseSmem)) / 1024.0, kBuckets - 1, kListCap,
+                kChooseThreads, double(sizeof(ChooseSmem)) / 1024.0, kPlainSlices, kPlainThreads,
+                kBuckets - 1, kListCap,
                 kListDigitBits, kBucketBits, kChooseWarps);
   return buf;
 }
@@ -152,7 +157,9 @@ void sample_rows(const char* op, int64_t T, int64_t V, std::span<const SamplingP
                                .lse = out_lse,
                                .entropy = out_ent,
                                .out_id = out_id,
-                               .out_logp = out_logp};
+                               .out_logp = out_logp,
+                               .seg = scratch.alloc_n<unsigned long long>(
+                                   rows_max * detail::sample_seg_count())};
   for (int64_t r0 = 0; r0 < T; r0 += sp.row_block) {
     const int64_t rows = std::min(sp.row_block, T - r0);
     TensorView zv = TensorView::contiguous(z, DType::kF32, {rows, V}, Device::kCUDA);

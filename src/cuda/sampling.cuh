@@ -49,6 +49,13 @@ constexpr int kListCap = 8192;       // boundary entries kept in shared memory
 constexpr int kListDigitBits = 8;
 constexpr int kListBins = 1 << kListDigitBits;
 constexpr int kFew = 32;  // a key window this small is ranked by one warp
+// Plain rows' masses are summed by a grid of kPlainSlices CTAs per row (sample_plain_sums_kernel):
+// kPlainSegs segments of consecutive groups, one per warp.
+constexpr int kPlainThreads = 256;
+constexpr int kPlainWarps = kPlainThreads / 32;
+constexpr int kPlainSlices = 16;
+constexpr int kPlainSegs = kPlainSlices * kPlainWarps;
+static_assert(kPlainSegs % 32 == 0 && kPlainSegs >= kChooseWarps, "one warp scans the segments");
 
 // p_v = exp(d), d = y − lse (§S.5), and its mass q = floor(p · 2^32) (sample_mass_q32).
 __device__ __forceinline__ float row_prob(float y, float lse) { return ls_expf(__fsub_rn(y, lse)); }
@@ -127,7 +134,7 @@ struct ChooseSmem {
     } digit;  // row digits (only while the list is being rebuilt)
   } u;
   uint32_t sub_cnt[kListBins], sub_lo[kListBins], sub_hi[kListBins];  // list digits
-  unsigned long long seg_mass[kChooseWarps];  // the candidates' mass of each segment of the row
+  unsigned long long seg_mass[kPlainSegs];  // the candidates' mass of each segment of the row
   uint64_t few_key[kFew], few_q[kFew];
   union {
     ChooseScan::TempStorage scan;
@@ -347,29 +354,28 @@ struct Cands {
   }
 };
 
-// The row's 4-entry groups cut into kChooseWarps segments of consecutive groups (segment s:
-// groups [s·S, (s + 1)·S), S = seg_groups(V)), segment s read by warp s. A prefix over the
-// segments in order is a prefix over ascending ids.
-__device__ __forceinline__ int seg_groups(int64_t V) {
+// The row's 4-entry groups cut into n segments of consecutive groups (segment s: groups
+// [s·S, (s + 1)·S), S = seg_groups(V, n)). A prefix over the segments in order is a prefix over
+// ascending ids.
+__device__ __forceinline__ int seg_groups(int64_t V, int n) {
   const int ng = int((V + 3) >> 2);  // V < 2^21
-  return (ng + kChooseWarps - 1) / kChooseWarps;
+  return (ng + n - 1) / n;
 }
 
-// Calls fn(g, ys, nv) for the 4-entry groups g of this warp's segment (ys = y[4g .. 4g+3], nv of
-// them below V), 32 consecutive groups per step (one per lane: coalesced), the next kAhead steps'
-// loads in flight; descending group order when `reverse`. Every lane of a warp calls fn together
-// (a lane past the segment's end with nv = 0 and ys = −inf), and the warp reconverges after each
-// call: lanes whose group took a rare path would otherwise run the rest of the loop apart from the
-// others, each subset issuing every instruction again.
+// Calls fn(g, ys, nv) for the 4-entry groups g in [g0, g1) of the row (ys = y[4g .. 4g+3], nv of
+// them below V), one warp: 32 consecutive groups per step (one per lane: coalesced), the next
+// kAhead steps' loads in flight; descending group order when `reverse`. Every lane of the warp
+// calls fn together (a lane past g1 with nv = 0 and ys = −inf), and the warp reconverges after
+// each call: lanes whose group took a rare path would otherwise run the rest of the loop apart
+// from the others, each subset issuing every instruction again.
 // NOTE: fn is inlined once (a small loop body: the kernel's code is large, and unrolling the
 // groups with two load buffers cost more in instruction fetch than it gained in loads in flight;
 // docs/perf.md, 2026-12-04).
 template <class Fn>
-__device__ __forceinline__ void for_each_group(const float* __restrict__ y, int64_t V, bool reverse,
-                                               Fn&& fn) {
+__device__ __forceinline__ void for_each_group_in(const float* __restrict__ y, int64_t V, int g0,
+                                                  int g1, bool reverse, Fn&& fn) {
   const int ng = int((V + 3) >> 2), nv_last = int(V - 4 * int64_t(ng - 1));
-  const int S = seg_groups(V), warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
-  const int g0 = min(ng, warp * S), g1 = min(ng, g0 + S), n = g1 - g0;
+  const int lane = int(threadIdx.x) & 31, n = g1 - g0;
   const float4* y4 = reinterpret_cast<const float4*>(y);
   auto at = [&](int i) {
     return i < n ? __ldg(y4 + (reverse ? g1 - 1 - i : g0 + i))
@@ -391,25 +397,37 @@ __device__ __forceinline__ void for_each_group(const float* __restrict__ y, int6
   }
 }
 
-// This warp's segment mass: the lanes' sums added (any tree: integers), stored by lane 0.
-__device__ __forceinline__ void store_segment_mass(ChooseSmem& sm, uint64_t acc) {
-#pragma unroll
-  for (int o = 16; o >= 1; o >>= 1) acc += shfl_xor_any(acc, o);
-  if ((threadIdx.x & 31) == 0) sm.seg_mass[threadIdx.x >> 5] = acc;
+// for_each_group_in over this warp's segment of the CTA's kChooseWarps segments of the row.
+template <class Fn>
+__device__ __forceinline__ void for_each_group(const float* __restrict__ y, int64_t V, bool reverse,
+                                               Fn&& fn) {
+  const int ng = int((V + 3) >> 2), S = seg_groups(V, kChooseWarps);
+  const int g0 = min(ng, (int(threadIdx.x) >> 5) * S);
+  for_each_group_in(y, V, g0, min(ng, g0 + S), reverse, fn);
 }
 
-// The choice (§S.7) once sm.seg_mass holds every segment's candidate mass (c's candidates): Q,
-// the target floor(u · Q / 2^64), the segment holding it, then the segment's entries in id order
-// (a contiguous run of groups per thread, their sums scanned) to the one whose mass interval
-// holds it. Returns the id (−1 only if Q = 0, which a row with a finite lse cannot have: its
-// argmax is a candidate of mass > 0).
+// The lanes' sums added (any tree: integers), in every lane.
+__device__ __forceinline__ uint64_t warp_sum(uint64_t acc) {
+#pragma unroll
+  for (int o = 16; o >= 1; o >>= 1) acc += shfl_xor_any(acc, o);
+  return acc;
+}
+
+// The choice (§S.7) once sm.seg_mass[0, n_segs) holds every segment's candidate mass (c's
+// candidates; segments of seg_groups(V, n_segs) groups): Q, the target floor(u · Q / 2^64), the
+// segment holding it (one warp: each lane a run of consecutive segments, the runs' sums scanned),
+// then the segment's entries in id order (a contiguous run of groups per thread, the runs' sums
+// scanned across the CTA) to the one whose mass interval holds it. Returns the id (−1 only if
+// Q = 0, which a row with a finite lse cannot have: its argmax is a candidate of mass > 0).
 __device__ int choose_by_mass(ChooseSmem& sm, const float* __restrict__ y, int64_t V,
-                              const Cands& c, uint64_t u) {
+                              const Cands& c, uint64_t u, int n_segs) {
   __syncthreads();  // every segment's mass is in
   if (threadIdx.x < 32) {
-    const int lane = int(threadIdx.x);
-    const uint64_t m = lane < kChooseWarps ? sm.seg_mass[lane] : 0;
-    uint64_t incl = m;
+    const int lane = int(threadIdx.x), per = (n_segs + 31) / 32;
+    const int j0 = min(n_segs, lane * per), j1 = min(n_segs, j0 + per);
+    uint64_t run = 0;
+    for (int j = j0; j < j1; ++j) run += sm.seg_mass[j];
+    uint64_t incl = run;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
       unsigned long long w = incl;
@@ -419,19 +437,29 @@ __device__ int choose_by_mass(ChooseSmem& sm, const float* __restrict__ y, int64
     const uint64_t total = __shfl_sync(0xffffffffu, (unsigned long long)incl, 31);
     const uint64_t target = total == 0 ? 0 : sample_target(u, total);
     const unsigned hit = __ballot_sync(0xffffffffu, incl > target);
-    const int s = hit == 0 ? -1 : __ffs(int(hit)) - 1;
     if (lane == 0) {
-      sm.found[0] = uint64_t(int64_t(s));
+      sm.found[0] = ~uint64_t(0);  // no segment (Q = 0)
       sm.found[1] = target;
     }
-    if (s >= 0 && lane == s) sm.found[2] = incl - m;  // the mass before segment s
+    __syncwarp();
+    if (hit != 0 && lane == __ffs(int(hit)) - 1) {
+      uint64_t below = incl - run;  // the mass before this lane's run
+      for (int j = j0; j < j1; ++j) {
+        if (below + sm.seg_mass[j] > target) {
+          sm.found[0] = uint64_t(j);
+          sm.found[2] = below;
+          break;
+        }
+        below += sm.seg_mass[j];
+      }
+    }
   }
   if (threadIdx.x == 0) sm.choice = -1;
   __syncthreads();
-  const int s = int(int64_t(sm.found[0]));
-  if (s >= 0) {
+  if (sm.found[0] != ~uint64_t(0)) {
+    const int s = int(sm.found[0]);
     const uint64_t t = sm.found[1] - sm.found[2];  // the target inside segment s
-    const int ng = int((V + 3) >> 2), S = seg_groups(V);
+    const int ng = int((V + 3) >> 2), S = seg_groups(V, n_segs);
     const int g0 = min(ng, s * S), n = min(ng, g0 + S) - g0;
     const int per = (n + kChooseThreads - 1) / kChooseThreads;
     const int a = g0 + min(n, int(threadIdx.x) * per), b = g0 + min(n, int(threadIdx.x) * per + per);
@@ -490,6 +518,45 @@ __device__ __forceinline__ void write_choice(const SampleBlockParams& p, int64_t
   const bool ok = id >= 0;
   p.out_id[t] = ok ? id : -1;
   p.out_logp[t] = ok ? canonical(__fsub_rn(y[id], lse)) : __uint_as_float(kCanonicalNanF32);
+}
+
+// The plain rows' (kPlain: no filter, or min-p only) candidate masses per segment: grid
+// (kPlainSlices, rows), warp w of CTA x sums segment x·kPlainWarps + w of the row's kPlainSegs
+// into p.seg[r, ·] (other rows' CTAs return at once). Many small CTAs per row keep enough loads in
+// flight; one 512-thread CTA per row streamed its row at a fraction of the bandwidth (docs/perf.md).
+static __global__ void __launch_bounds__(kPlainThreads) sample_plain_sums_kernel(
+    const SampleBlockParams p) {
+  const int64_t r = blockIdx.y, t = p.row0 + r, V = p.V;
+  const SampleRow info = p.info[t];
+  const float lse = p.lse[t];
+  if (info.mode != kPlain || !isfinite(lse)) return;
+  const float* y = p.y + r * p.ldy;
+  const int tid = int(threadIdx.x), warp = tid >> 5;
+  float min_p_thr = 0.0f;
+  if (info.min_p > 0.0f) {  // p_max from the tile maxima, as sample_choose_kernel
+    __shared__ float red[kPlainWarps];
+    const float* st = p.states + r * p.n_tiles * 3;
+    float ym = neg_inf_f32();
+    for (int64_t i = tid; i < p.n_tiles; i += kPlainThreads) ym = lp_max(ym, st[3 * i]);
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) ym = lp_max(ym, __shfl_xor_sync(0xffffffffu, ym, o));
+    if ((tid & 31) == 0) red[warp] = ym;
+    __syncthreads();
+    ym = red[0];
+    for (int w = 1; w < kPlainWarps; ++w) ym = lp_max(ym, red[w]);
+    min_p_thr = __fmul_rn(info.min_p, row_prob(ym, lse));
+  }
+  const Cands c{lse, min_p_thr, info.min_p > 0.0f ? 1 : 0, ~uint64_t(0), kFiniteLow};
+  const int ng = int((V + 3) >> 2), S = seg_groups(V, kPlainSegs);
+  const int seg = int(blockIdx.x) * kPlainWarps + warp, g0 = min(ng, seg * S);
+  uint64_t acc = 0;
+  for_each_group_in(y, V, g0, min(ng, g0 + S), false, [&](int64_t g, const float* ys, int nv) {
+    if (nv == 0) return;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc += c.mass(ys[e], 4 * g + e);  // (padding: −inf, mass 0)
+  });
+  acc = warp_sum(acc);
+  if ((tid & 31) == 0) p.seg[r * kPlainSegs + seg] = acc;
 }
 
 // Every row of the block, one CTA each (grid: rows; dynamic shared memory: ChooseSmem).
@@ -558,12 +625,13 @@ static __global__ void __launch_bounds__(kChooseThreads)
       for (int e = 0; e < 4; ++e)  // (entries past V are the row's −inf padding: never >= y_lo)
         acc += c.mass(ys[e], 4 * g + e);
     });
-    store_segment_mass(sm, acc);
+    acc = warp_sum(acc);
+    if ((tid & 31) == 0) sm.seg_mass[tid >> 5] = acc;
   };
 
-  if (!filtered) {
-    mass_pass(false, every, false, kFiniteLow);
-    write_choice(p, t, y, lse, choose_by_mass(sm, y, V, every, u));
+  if (!filtered) {  // the segments' masses are sample_plain_sums_kernel's
+    for (int i = tid; i < kPlainSegs; i += kChooseThreads) sm.seg_mass[i] = p.seg[r * kPlainSegs + i];
+    write_choice(p, t, y, lse, choose_by_mass(sm, y, V, every, u, kPlainSegs));
     return;
   }
 
@@ -732,7 +800,7 @@ static __global__ void __launch_bounds__(kChooseThreads)
   cands.last = last;
   if (fast) {
     // The list's candidates add their masses (bins < b_lo were summed in pass 2).
-    const int S = seg_groups(V);
+    const int S = seg_groups(V, kChooseWarps);
     for (int i = tid; i < int(list.w.m); i += kChooseThreads) {
       const uint64_t key = sm.u.list.key[i];
       const int64_t v = int64_t(key & kVocabMask);
@@ -746,7 +814,7 @@ static __global__ void __launch_bounds__(kChooseThreads)
     __syncthreads();  // every thread is past the list's reads
     mass_pass(false, cands, false, kFiniteLow);
   }
-  write_choice(p, t, y, lse, choose_by_mass(sm, y, V, cands, u));
+  write_choice(p, t, y, lse, choose_by_mass(sm, y, V, cands, u, kChooseWarps));
 }
 
 struct SampleScatterParams {

@@ -43,6 +43,7 @@ struct SampleBlockParams {
   float* entropy;         // [T]
   int64_t* out_id;        // [T]
   float* out_logp;        // [T]
+  unsigned long long* seg;  // [rows, sample_seg_count()]: plain rows' segment masses (scratch)
 };
 
 // (1) y = z / τ_lp, the tile states and fold of every row of the block: lse, entropy (§S.3).
@@ -51,6 +52,8 @@ void sample_block_state(const SampleBlockParams& p, const LogprobVocabLayout& la
 // (2) The filters and the choice of every row of the block (one CTA per row): out_id, out_logp
 // (−1 / NaN for a row whose lse is not finite).
 void sample_block_choose(const SampleBlockParams& p, cudaStream_t stream, const char* op);
+// Segments of a plain row's mass sums (SampleBlockParams::seg holds rows × this many).
+int64_t sample_seg_count();
 // The choice kernel's configuration (threads, shared memory, bucket and list sizes), printable.
 std::string sample_choose_config();
 
