@@ -15,9 +15,7 @@ namespace lockstep {
 // q = floor(p · 2^32) of p = ls_expf(d), d = y − lse (p · 2^32 is exact in fp32; the conversion
 // truncates). d < −23 gives 0 without the exp: p <= e^-23 (1 + 2^-23) < 2^-32 (ls_expf errs by
 // < 1 ulp), so floor(p · 2^32) = 0 (−inf, the padding, included).
-LS_HD uint64_t sample_mass_q32(float d) {
-  return d < -23.0f ? 0 : uint64_t(ls_expf(d) * 0x1p32f);
-}
+LS_HD uint64_t sample_mass_q32(float d) { return d < -23.0f ? 0 : uint64_t(ls_expf(d) * 0x1p32f); }
 
 // The Philox counter's first word of the row uniform: above every vocab group's (v >> 2 < 2^19),
 // so the row's word never equals an entry's word of the same key and counter.

@@ -186,7 +186,8 @@ SampledRow sample_row(const char* op, int64_t t, float* y, int64_t V, const Logp
     r.id = argmax_lowest(y, V);  // y = z / 1 = z
   } else {
     const bool filtered = filter_row(y, V, r.lse, p, order, kept);
-    r.id = mass_choice(y, V, !filtered, *kept, r.lse, sample_row_uniform(p.seed, request_id, position));
+    r.id = mass_choice(y, V, !filtered, *kept, r.lse,
+                       sample_row_uniform(p.seed, request_id, position));
   }
   r.logp = canonical_f32(y[r.id] - r.lse);
   return r;

@@ -100,14 +100,14 @@ void sample_block_choose(const SampleBlockParams& p, cudaStream_t stream, const 
 int64_t sample_seg_count() { return kPlainSegs; }
 
 std::string sample_choose_config() {
-  char buf[320];
+  char buf[400];
   std::snprintf(buf, sizeof buf,
-                "choice: 1 CTA of %d threads per row, %.1f KiB shared memory (plain rows' masses: %d CTAs of %d threads per row); top-k/top-p: level "
+                "choice: 1 CTA of %d threads per row, %.1f KiB shared memory (plain rows' "
+                "masses: %d CTAs of %d threads per row); top-k/top-p: level "
                 "0 = %d bins of 1/128 nat of lse - y + tail, list of %d boundary entries, %d-bit "
-                "list digits, %d-bit row digits past the list; choice: %d segments' masses",
+                "list digits, %d-bit row digits past the list, then %d segments' masses",
                 kChooseThreads, double(sizeof(ChooseSmem)) / 1024.0, kPlainSlices, kPlainThreads,
-                kBuckets - 1, kListCap,
-                kListDigitBits, kBucketBits, kChooseWarps);
+                kBuckets - 1, kListCap, kListDigitBits, kBucketBits, kChooseWarps);
   return buf;
 }
 
@@ -145,21 +145,21 @@ void sample_rows(const char* op, int64_t T, int64_t V, std::span<const SamplingP
   const int64_t rows_max = std::min(T, sp.row_block);
   float* z = scratch.alloc_n<float>(rows_max * lay.padded);
 
-  detail::SampleBlockParams bp{.y = z,
-                               .ldy = lay.padded,
-                               .V = V,
-                               .states = scratch.alloc_n<float>(rows_max * n_tiles * 3),
-                               .n_tiles = n_tiles,
-                               .tile = lay.tile,
-                               .info = d_info,
-                               .rid = detail::stage_index(request_ids, scratch, s),
-                               .pos = detail::stage_index(positions, scratch, s),
-                               .lse = out_lse,
-                               .entropy = out_ent,
-                               .out_id = out_id,
-                               .out_logp = out_logp,
-                               .seg = scratch.alloc_n<unsigned long long>(
-                                   rows_max * detail::sample_seg_count())};
+  detail::SampleBlockParams bp{
+      .y = z,
+      .ldy = lay.padded,
+      .V = V,
+      .states = scratch.alloc_n<float>(rows_max * n_tiles * 3),
+      .n_tiles = n_tiles,
+      .tile = lay.tile,
+      .info = d_info,
+      .rid = detail::stage_index(request_ids, scratch, s),
+      .pos = detail::stage_index(positions, scratch, s),
+      .lse = out_lse,
+      .entropy = out_ent,
+      .out_id = out_id,
+      .out_logp = out_logp,
+      .seg = scratch.alloc_n<unsigned long long>(rows_max * detail::sample_seg_count())};
   for (int64_t r0 = 0; r0 < T; r0 += sp.row_block) {
     const int64_t rows = std::min(sp.row_block, T - r0);
     TensorView zv = TensorView::contiguous(z, DType::kF32, {rows, V}, Device::kCUDA);

@@ -462,7 +462,8 @@ __device__ int choose_by_mass(ChooseSmem& sm, const float* __restrict__ y, int64
     const int ng = int((V + 3) >> 2), S = seg_groups(V, n_segs);
     const int g0 = min(ng, s * S), n = min(ng, g0 + S) - g0;
     const int per = (n + kChooseThreads - 1) / kChooseThreads;
-    const int a = g0 + min(n, int(threadIdx.x) * per), b = g0 + min(n, int(threadIdx.x) * per + per);
+    const int a = g0 + min(n, int(threadIdx.x) * per),
+              b = g0 + min(n, int(threadIdx.x) * per + per);
     auto q_at = [&](int64_t v) { return v < V ? c.mass(__ldg(y + v), v) : uint64_t(0); };
     unsigned long long sum = 0, ex = 0;
     for (int g = a; g < b; ++g)
@@ -523,9 +524,10 @@ __device__ __forceinline__ void write_choice(const SampleBlockParams& p, int64_t
 // The plain rows' (kPlain: no filter, or min-p only) candidate masses per segment: grid
 // (kPlainSlices, rows), warp w of CTA x sums segment x·kPlainWarps + w of the row's kPlainSegs
 // into p.seg[r, ·] (other rows' CTAs return at once). Many small CTAs per row keep enough loads in
-// flight; one 512-thread CTA per row streamed its row at a fraction of the bandwidth (docs/perf.md).
-static __global__ void __launch_bounds__(kPlainThreads) sample_plain_sums_kernel(
-    const SampleBlockParams p) {
+// flight; one 512-thread CTA per row streamed its row at a fraction of the bandwidth
+// (docs/perf.md).
+static __global__ void __launch_bounds__(kPlainThreads)
+    sample_plain_sums_kernel(const SampleBlockParams p) {
   const int64_t r = blockIdx.y, t = p.row0 + r, V = p.V;
   const SampleRow info = p.info[t];
   const float lse = p.lse[t];
@@ -630,7 +632,8 @@ static __global__ void __launch_bounds__(kChooseThreads)
   };
 
   if (!filtered) {  // the segments' masses are sample_plain_sums_kernel's
-    for (int i = tid; i < kPlainSegs; i += kChooseThreads) sm.seg_mass[i] = p.seg[r * kPlainSegs + i];
+    for (int i = tid; i < kPlainSegs; i += kChooseThreads)
+      sm.seg_mass[i] = p.seg[r * kPlainSegs + i];
     write_choice(p, t, y, lse, choose_by_mass(sm, y, V, every, u, kPlainSegs));
     return;
   }

@@ -1,8 +1,8 @@
 // Host-side pieces of cuda::sample (docs/contract.md §S; kernels: sampling.cuh) that the parity
 // test and the sampling benchmark call directly: a block of rows is (1) its LogP state (y = z /
-// τ_lp, tile states, fold -> lse, entropy: §S.3 = §L) and (2) the choice (filters + the mass choice:
-// §S.4-S.7). The op runs (1) then (2) per row block after the logits GEMM; the benchmark times
-// (2) alone.
+// τ_lp, tile states, fold -> lse, entropy: §S.3 = §L) and (2) the choice (the filters, then the
+// mass choice: §S.4-S.7). The op runs (1) then (2) per row block after the logits GEMM; the
+// benchmark times (2) alone.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -37,12 +37,12 @@ struct SampleBlockParams {
   int64_t ldy, rows, row0, V;
   float* states;  // [rows, n_tiles, 3]: the rows' LogP tile states (m, s, w)
   int64_t n_tiles, tile;
-  const SampleRow* info;  // [T]
-  IndexRef rid, pos;      // [T]
-  float* lse;             // [T] (row stats, canonical)
-  float* entropy;         // [T]
-  int64_t* out_id;        // [T]
-  float* out_logp;        // [T]
+  const SampleRow* info;    // [T]
+  IndexRef rid, pos;        // [T]
+  float* lse;               // [T] (row stats, canonical)
+  float* entropy;           // [T]
+  int64_t* out_id;          // [T]
+  float* out_logp;          // [T]
   unsigned long long* seg;  // [rows, sample_seg_count()]: plain rows' segment masses (scratch)
 };
 

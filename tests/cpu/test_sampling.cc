@@ -207,9 +207,8 @@ TEST(SamplingUniform, OnePhiloxCallPerRow) {
   for (int i = 0; i < 50; ++i) {
     const uint64_t seed = g(), rid = g();
     const uint32_t pos = uint32_t(g());
-    const Philox4 w = philox4x32_10(
-        Philox4{{0xffffffffu, pos, uint32_t(rid), uint32_t(rid >> 32)}}, uint32_t(seed),
-        uint32_t(seed >> 32));
+    const Philox4 w = philox4x32_10(Philox4{{0xffffffffu, pos, uint32_t(rid), uint32_t(rid >> 32)}},
+                                    uint32_t(seed), uint32_t(seed >> 32));
     EXPECT_EQ(sampling_uniform(seed, rid, pos), (uint64_t(w.v[0]) << 32) | w.v[1]);
     // Each input moves it (high words included).
     EXPECT_NE(sampling_uniform(seed, rid, pos), sampling_uniform(seed ^ (1ull << 40), rid, pos));
@@ -244,9 +243,9 @@ TEST(SamplingChoice, IdIsTheTargetsMassInterval) {
     logits[size_t(V / 2)] = -INFINITY;
     Tensor h, w;
     one_hot_problem(logits, N, &h, &w);
-    for (SamplingParams p : {params(g(), 1.0f), params(g(), 0.4f), params(g(), 1.0f, 2),
-                             params(g(), 1.3f, 0, 0.7f), params(g(), 1.0f, 0, 1.0f, 0.1f),
-                             params(g(), 2.0f, 5, 0.9f, 0.02f)}) {
+    for (SamplingParams p :
+         {params(g(), 1.0f), params(g(), 0.4f), params(g(), 1.0f, 2), params(g(), 1.3f, 0, 0.7f),
+          params(g(), 1.0f, 0, 1.0f, 0.1f), params(g(), 2.0f, 5, 0.9f, 0.02f)}) {
       std::vector<float> y(logits.size());
       for (size_t v = 0; v < y.size(); ++v) y[v] = logits[v] / p.temperature;
       const float lse = row_lse(y);
@@ -260,10 +259,10 @@ TEST(SamplingChoice, IdIsTheTargetsMassInterval) {
         rows.params.push_back(p);
         rows.request_ids.push_back(int64_t(g()));
         rows.positions.push_back(int64_t(g() % 100000));
-        const uint64_t target = sampling_target(
-            sampling_uniform(p.seed, uint64_t(rows.request_ids.back()),
-                             uint32_t(rows.positions.back())),
-            total);
+        const uint64_t target =
+            sampling_target(sampling_uniform(p.seed, uint64_t(rows.request_ids.back()),
+                                             uint32_t(rows.positions.back())),
+                            total);
         uint64_t cum = 0;
         for (int64_t v : cand) {
           cum += mass(v);
