@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # Session 31's one device call, most important first (a call cut at its limit still returns what
-# it printed): the contract 0.6 sampler (dev/sampling_s31/run_ab.sh: parity, the choice stage old
-# vs new), then dev/gemm_s30/run_ab_both.sh's A/B (0004 handoff, then the blocked variants), then
-# the sanitizers, then the torch sampler beside the new one.
+# it printed): the contract 0.6 sampler (test_logprob_parity: ids / logp / lse / entropy ==
+# cpu::sample for every setting; then the choice stage, 128 rows x 151,936, main's Gumbel-max vs
+# the mass choice, two rounds), then dev/gemm_s30/run_ab_both.sh's A/B (0004 handoff, then the
+# blocked variants), then compute-sanitizer memcheck / racecheck (the new sampler kernels; the
+# one-slot TMA-y dW kernel), then the torch sampler beside the new one. Binaries (stripped, xz,
+# git-ignored): .vs = branch s31-cdf's test_logprob_parity and bench_logprob, .vsm = main's
+# bench_logprob (30e31fb pack); the GEMM folders as in dev/gemm_s30/run_ab_both.sh.
+# Predicted (docs/perf.md, session 31): plain / min-p 88 -> ~30-35 us, top-k / top-p within 10%.
 #   device: run(command="bash dev/sampling_s31/run_all.sh",
 #               carry=[".vm", ".v5", ".v6", ".v7", ".v8", ".vs", ".vsm"])
 cd "$(dirname "$0")/../.."
