@@ -9,7 +9,7 @@
 // (--json PATH) that bench/cuda/logprob_torch.py prints next to PyTorch's numbers:
 //   ./build-gpu-lp/bench_logprob --json /tmp/lp.json && python3 bench/cuda/logprob_torch.py \
 //       --ours /tmp/lp.json
-// Sampling's choice stage (filters + Gumbel-max after the logits and the LogP state exist:
+// Sampling's choice stage (filters + the mass choice after the logits and the LogP state exist:
 // cuda::detail::sample_block_choose) is timed alone on --choice-rows rows (default 128) per
 // setting, at temperature 1 (flat rows: z has std ~1.3) and 0.25 (peaked), next to the whole
 // cuda::sample on the same rows (whose ids must equal the stage's; the exit status says so too).
@@ -120,7 +120,9 @@ std::vector<ChoiceResult> bench_choice(const TensorView& vh, const TensorView& v
   float *z, *states, *stats, *logp;
   int64_t *ids, *ids_op, *idx;
   d::SampleRow* info;
+  unsigned long long* seg;
   CK(cudaMalloc(&z, size_t(R * lay.padded) * 4));
+  CK(cudaMalloc(&seg, size_t(R * d::sample_seg_count()) * 8));
   CK(cudaMalloc(&states, size_t(R * n_tiles * 3) * 4));
   CK(cudaMalloc(&stats, size_t(4 * R) * 4));
   CK(cudaMalloc(&logp, size_t(R) * 4));
@@ -146,7 +148,8 @@ std::vector<ChoiceResult> bench_choice(const TensorView& vh, const TensorView& v
                                 .lse = stats,
                                 .entropy = stats + R,
                                 .out_id = ids,
-                                .out_logp = logp};
+                                .out_logp = logp,
+                                .seg = seg};
   const ChoiceCase cases[] = {
       {"greedy", 0.0f, 0, 1.0f, 0.0f},
       {"plain", 1.0f, 0, 1.0f, 0.0f},
@@ -202,7 +205,7 @@ std::vector<ChoiceResult> bench_choice(const TensorView& vh, const TensorView& v
   }
   for (void* p : {static_cast<void*>(z), static_cast<void*>(states), static_cast<void*>(stats),
                   static_cast<void*>(logp), static_cast<void*>(ids), static_cast<void*>(ids_op),
-                  static_cast<void*>(idx), static_cast<void*>(info)})
+                  static_cast<void*>(idx), static_cast<void*>(info), static_cast<void*>(seg)})
     CK(cudaFree(p));
   return out;
 }
@@ -371,7 +374,7 @@ int main(int argc, char** argv) {
   std::printf("device memory: free before %.1f MiB, after %.1f MiB (inputs %.1f MiB)\n",
               double(free0) * mib, double(free1) * mib, double((T + V) * H * 2) * mib);
   std::printf(
-      "\nsampling, %lld rows x V=%lld: the choice stage alone (filters + Gumbel-max after "
+      "\nsampling, %lld rows x V=%lld: the choice stage alone (filters + mass choice after "
       "the logits and the LogP state; %s) and the whole cuda::sample\n",
       (long long)Rc, (long long)V, cuda::detail::sample_choose_config().c_str());
   std::printf("| setting | temperature | choice stage us | whole cuda::sample ms | ids equal |\n");

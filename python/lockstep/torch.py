@@ -1098,8 +1098,9 @@ def sample(
     min_p: Union[float, Tensor] = 0.0,
     contract: Optional[Contract] = None,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(token_ids int64, logp, lse, entropy): one Gumbel-max sample per row (§S). h [T, H],
-    w [V, H] bf16; request_ids [T] int64 and positions [T] int32/int64 count the Philox noise.
+    """(token_ids int64, logp, lse, entropy): one sample per row (§S: the filters, then the
+    inverse CDF of exact integer masses at one Philox uniform per row). h [T, H], w [V, H] bf16;
+    request_ids [T] int64 and positions [T] int32/int64 count the Philox uniform.
     Settings are scalars or per-row [T] host tensors (seed int64, the uint64 bit pattern;
     temperature float32, 0 = greedy; top_k int64; top_p, min_p float32). logp / lse / entropy are
     linear_logprob's values for the sampled ids (no gradient)."""

@@ -6,7 +6,7 @@
 
 namespace lockstep {
 
-const char* const kContractVersion = "0.5";
+const char* const kContractVersion = "0.6";
 
 void ContractConfig::validate() const {
   auto pow2_upto8 = [](int s) { return s == 1 || s == 2 || s == 4 || s == 8; };

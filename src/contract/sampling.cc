@@ -1,4 +1,5 @@
-// The sampling contract (docs/contract.md §S): settings, the Philox noise, argument checks.
+// The sampling contract (docs/contract.md §S): settings, the row uniform, the baseline's noise,
+// argument checks.
 #include "lockstep/contract/sampling.h"
 
 #include <cmath>
@@ -8,6 +9,7 @@
 #include "contract/checks.h"
 #include "core/math.h"
 #include "core/philox.h"
+#include "core/sample_choice.h"
 
 namespace lockstep {
 
@@ -30,6 +32,12 @@ std::string SamplingParams::to_string() const {
                 (long long)top_k, double(top_p), double(top_p), double(min_p), double(min_p));
   return buf;
 }
+
+uint64_t sampling_uniform(uint64_t seed, uint64_t request_id, uint32_t position) {
+  return sample_row_uniform(seed, request_id, position);
+}
+
+uint64_t sampling_target(uint64_t u, uint64_t total) { return sample_target(u, total); }
 
 uint32_t sampling_noise_word(uint64_t seed, uint64_t request_id, uint32_t position, int64_t v) {
   Philox4 ctr{{uint32_t(v >> 2), position, uint32_t(request_id), uint32_t(request_id >> 32)}};

@@ -127,7 +127,7 @@ float ex2_sfu_host(float x);  // src/core/ex2_sfu.cc
 // (contract §P.11; tests/cuda/test_math_parity checks all 2^32 inputs). Error vs 2^x: -2.06 to
 // +1.39 ulp over every input with a normal result; inputs |x| < 2^-23 (and subnormals) give 1,
 // results below 2^-126 are +0, x >= 128 gives +inf, NaN gives 0x7FFFFFFF (not the canonical
-// 0x7FC00000: callers that store it canonicalize). Attention's softmax (contract 0.5) uses it.
+// 0x7FC00000: callers that store it canonicalize). Attention's softmax (contract 0.5 on) uses it.
 LS_HD float ls_ex2_sfu(float x) {
 #if defined(__CUDA_ARCH__)
   float y;

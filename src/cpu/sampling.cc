@@ -1,7 +1,8 @@
 // Sampling on the CPU, the executable form of docs/contract.md §S: one token row at a time
 // (a [V] row is the largest buffer), logits by the GEMM contract, the LogP state of the row by the
 // LogP op's own tile/fold/tree code, filters top-k → top-p (exact integer masses) → min-p, then
-// Gumbel-max with Philox noise, ties to the lowest vocab index. Each row is computed by one task.
+// the id whose mass interval (ascending ids) holds the row's Philox target. Each row is computed by
+// one task.
 #include "lockstep/ops/sampling.h"
 
 #include <algorithm>
@@ -10,7 +11,7 @@
 
 #include "contract/checks.h"
 #include "core/math.h"
-#include "core/philox.h"
+#include "core/sample_choice.h"
 #include "core/thread_pool.h"
 #include "cpu/logprob_internal.h"
 #include "lockstep/ops/logprob.h"
@@ -39,8 +40,8 @@ int64_t argmax_lowest(const float* y, int64_t V) {
 
 inline float prob(float y, float lse) { return ls_expf(y - lse); }
 
-// p as a 32-bit fixed-point mass: floor(p · 2^32) (p·2^32 is exact in fp32; p <= 1).
-inline uint64_t mass_q32(float p) { return uint64_t(p * 0x1p32f); }
+// y's 32-bit fixed-point mass floor(p · 2^32) (§S.5), p = exp(y − lse).
+inline uint64_t mass_q32(float y, float lse) { return sample_mass_q32(y - lse); }
 
 // Candidates after the filters into *kept (ascending ids). Returns false (kept untouched) when no
 // filter is active: every id is a candidate. `order` is scratch.
@@ -70,14 +71,14 @@ bool filter_row(const float* y, int64_t V, float lse, const SamplingParams& p,
       // NOTE: masses are integers, so the sums are exact in any order (a GPU scan gives the same
       // bits); the threshold is one IEEE double multiply, rounded up to an integer.
       uint64_t total = 0;
-      for (int64_t i = 0; i < n; ++i) total += mass_q32(prob(y[(*order)[size_t(i)]], lse));
+      for (int64_t i = 0; i < n; ++i) total += mass_q32(y[(*order)[size_t(i)]], lse);
       const uint64_t thr = uint64_t(std::ceil(double(p.top_p) * double(total)));
       uint64_t cum = 0;
       int64_t keep = 0;
       for (int64_t want = kFirstSort;; want *= 16) {
         sort_first(want);
         while (keep < sorted && (cum < thr || keep == 0))
-          cum += mass_q32(prob(y[(*order)[size_t(keep++)]], lse));
+          cum += mass_q32(y[(*order)[size_t(keep++)]], lse);
         if (cum >= thr || sorted == n) break;
       }
       n = keep;
@@ -96,32 +97,25 @@ bool filter_row(const float* y, int64_t V, float lse, const SamplingParams& p,
   return true;
 }
 
-// Gumbel-max over the candidates (all ids when `all`), ties to the lowest id.
-int64_t gumbel_argmax(const float* y, int64_t V, bool all, const std::vector<int64_t>& kept,
-                      uint64_t seed, uint64_t request_id, uint32_t position) {
-  int64_t best = -1;
-  float best_score = 0.0f;
-  int64_t group = -1;
-  Philox4 words{};
-  const uint32_t key0 = uint32_t(seed), key1 = uint32_t(seed >> 32);
+// The choice (§S.7) over the candidates (all ids when `all`): q_v = floor(p_v · 2^32), Q = Σ q,
+// target = floor(U · Q / 2^64); the first id (ascending) whose inclusive mass prefix exceeds the
+// target. Entries with q = 0 (y = −inf among them) are never chosen.
+int64_t mass_choice(const float* y, int64_t V, bool all, const std::vector<int64_t>& kept,
+                    float lse, uint64_t u) {
   const int64_t n = all ? V : int64_t(kept.size());
+  auto id = [&](int64_t i) { return all ? i : kept[size_t(i)]; };
+  uint64_t total = 0;
+  for (int64_t i = 0; i < n; ++i) total += mass_q32(y[id(i)], lse);
+  // NOTE: Q > 0: the argmax is a candidate of every row, and its p is about 1/V or more, V < 2^21.
+  LS_CHECK(total > 0, "sample", "internal: the candidates' mass is 0");
+  const uint64_t target = sample_target(u, total);
+  uint64_t cum = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t v = all ? i : kept[size_t(i)];
-    if (y[v] == kNegInf) continue;  // probability 0: never sampled
-    if ((v >> 2) != group) {        // one Philox call serves 4 consecutive ids
-      group = v >> 2;
-      words = philox4x32_10(
-          Philox4{{uint32_t(group), position, uint32_t(request_id), uint32_t(request_id >> 32)}},
-          key0, key1);
-    }
-    const float u = philox_uniform(words.v[v & 3]);
-    const float score = y[v] + -ls_logf(-ls_logf(u));
-    if (best < 0 || score > best_score) {
-      best = v;
-      best_score = score;
-    }
+    cum += mass_q32(y[id(i)], lse);
+    if (cum > target) return id(i);
   }
-  return best;
+  LS_CHECK(false, "sample", "internal: the target ", target, " is not below the mass ", total);
+  return -1;
 }
 
 }  // namespace
@@ -192,7 +186,8 @@ SampledRow sample_row(const char* op, int64_t t, float* y, int64_t V, const Logp
     r.id = argmax_lowest(y, V);  // y = z / 1 = z
   } else {
     const bool filtered = filter_row(y, V, r.lse, p, order, kept);
-    r.id = gumbel_argmax(y, V, !filtered, *kept, p.seed, request_id, position);
+    r.id = mass_choice(y, V, !filtered, *kept, r.lse,
+                       sample_row_uniform(p.seed, request_id, position));
   }
   r.logp = canonical_f32(y[r.id] - r.lse);
   return r;

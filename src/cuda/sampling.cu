@@ -2,7 +2,7 @@
 // rows (bounded: whole padded vocab rows, sample_plan): logits by the GEMM contract into scratch,
 // then sample_block_state (y = z / τ_lp, the LogP tile states / fold / finish: lse, entropy, §S.3
 // = §L exactly) and sample_block_choose (one CTA per row: greedy's argmax, or the filters by an
-// exact radix select on the canonical order and the Gumbel-max; sampling.cuh). Results go to [T]
+// exact radix select on the canonical order, then the mass choice; sampling.cuh). Results go to [T]
 // scratch; the op then synchronizes the stream, throws lockstep::Error naming the first row whose
 // lse is not finite (writing nothing), and otherwise scatters ids, logp, lse, entropy into the
 // outputs.
@@ -91,32 +91,24 @@ void sample_block_choose(const SampleBlockParams& p, cudaStream_t stream, const 
       op,
       cudaFuncSetAttribute(sample_choose_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
       "shared memory size of the choice kernel");
+  sample_plain_sums_kernel<<<dim3(kPlainSlices, unsigned(p.rows)), kPlainThreads, 0, stream>>>(p);
+  check_launch(op);
   sample_choose_kernel<<<unsigned(p.rows), kChooseThreads, size_t(smem), stream>>>(p);
   check_launch(op);
 }
 
-std::string sample_choose_config() {
-  char buf[320];
-  std::snprintf(buf, sizeof buf,
-                "choice: 1 CTA of %d threads per row, %.1f KiB shared memory; top-k/top-p: level "
-                "0 = %d bins of 1/128 nat of lse - y + tail, list of %d boundary entries, %d-bit "
-                "list digits, %d-bit row digits past the list; Gumbel bound table %d",
-                kChooseThreads, double(sizeof(ChooseSmem)) / 1024.0, kBuckets - 1, kListCap,
-                kListDigitBits, kBucketBits, kGumbelBounds);
-  return buf;
-}
+int64_t sample_seg_count() { return kPlainSegs; }
 
-int64_t sample_gumbel_bound_violations(cudaStream_t stream) {
-  const char* op = "sample_gumbel_bound_violations";
-  Scratch scratch(op, stream);
-  auto* bad = scratch.alloc_n<unsigned long long>(1);
-  check_cuda(op, cudaMemsetAsync(bad, 0, sizeof(unsigned long long), stream), "memset");
-  sample_gumbel_bound_check_kernel<<<1024, 256, 0, stream>>>(bad);
-  check_launch(op);
-  unsigned long long host = 0;
-  check_cuda(op, cudaMemcpyAsync(&host, bad, sizeof host, cudaMemcpyDeviceToHost, stream), "copy");
-  check_cuda(op, cudaStreamSynchronize(stream), "stream synchronize");
-  return int64_t(host);
+std::string sample_choose_config() {
+  char buf[400];
+  std::snprintf(buf, sizeof buf,
+                "choice: 1 CTA of %d threads per row, %.1f KiB shared memory (plain rows' "
+                "masses: %d CTAs of %d threads per row); top-k/top-p: level "
+                "0 = %d bins of 1/128 nat of lse - y + tail, list of %d boundary entries, %d-bit "
+                "list digits, %d-bit row digits past the list, then %d segments' masses",
+                kChooseThreads, double(sizeof(ChooseSmem)) / 1024.0, kPlainSlices, kPlainThreads,
+                kBuckets - 1, kListCap, kListDigitBits, kBucketBits, kChooseWarps);
+  return buf;
 }
 
 }  // namespace detail
@@ -153,19 +145,21 @@ void sample_rows(const char* op, int64_t T, int64_t V, std::span<const SamplingP
   const int64_t rows_max = std::min(T, sp.row_block);
   float* z = scratch.alloc_n<float>(rows_max * lay.padded);
 
-  detail::SampleBlockParams bp{.y = z,
-                               .ldy = lay.padded,
-                               .V = V,
-                               .states = scratch.alloc_n<float>(rows_max * n_tiles * 3),
-                               .n_tiles = n_tiles,
-                               .tile = lay.tile,
-                               .info = d_info,
-                               .rid = detail::stage_index(request_ids, scratch, s),
-                               .pos = detail::stage_index(positions, scratch, s),
-                               .lse = out_lse,
-                               .entropy = out_ent,
-                               .out_id = out_id,
-                               .out_logp = out_logp};
+  detail::SampleBlockParams bp{
+      .y = z,
+      .ldy = lay.padded,
+      .V = V,
+      .states = scratch.alloc_n<float>(rows_max * n_tiles * 3),
+      .n_tiles = n_tiles,
+      .tile = lay.tile,
+      .info = d_info,
+      .rid = detail::stage_index(request_ids, scratch, s),
+      .pos = detail::stage_index(positions, scratch, s),
+      .lse = out_lse,
+      .entropy = out_ent,
+      .out_id = out_id,
+      .out_logp = out_logp,
+      .seg = scratch.alloc_n<unsigned long long>(rows_max * detail::sample_seg_count())};
   for (int64_t r0 = 0; r0 < T; r0 += sp.row_block) {
     const int64_t rows = std::min(sp.row_block, T - r0);
     TensorView zv = TensorView::contiguous(z, DType::kF32, {rows, V}, Device::kCUDA);

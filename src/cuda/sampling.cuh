@@ -2,8 +2,11 @@
 // (padding −inf) sit in a [rows, ldy] scratch and whose LogP tile states, lse and entropy the
 // LogP kernels (logprob.cuh) already wrote. One CTA per row (sample_choose_kernel):
 //   - the argmax (lowest index among the largest y) from the tile maxima: greedy rows stop here;
-//   - plain rows (no filter, or min-p only): one pass, Gumbel-max over the entries with
-//     y != −inf (and p_v >= min_p·p_max);
+//   - the choice (§S.7) of every other row: each warp sums the candidates' masses
+//     q = floor(p · 2^32) over its segment of the row (kChooseWarps segments of consecutive
+//     ids), a scan over the segments finds the one holding the target floor(U · Q / 2^64), and
+//     the CTA scans that segment's masses in id order for the entry whose interval holds it;
+//   - plain rows (no filter, or min-p only): one pass over the row (the masses), then that;
 //   - top-k / top-p rows: a radix select on the canonical order instead of a sort. Pass 1: a
 //     histogram over lse − y in bins of 1/128 nat (4095 bins, then a tail) of counts (top-k) or
 //     exact integer masses floor(p·2^32) (top-p alone); the scans give the bins [b_lo, b_hi]
@@ -11,15 +14,13 @@
 //     kListCap entries, they all go to the list (b_lo = 0) and top-p's boundary is found there:
 //     no row masses at all (otherwise pass 1 runs again with masses, and b_lo is top-p's
 //     bin). Pass 2: a bin is a range of y (bin_cut), so each entry is two compares: y above
-//     b_lo's range is a candidate (Gumbel now), y inside [b_lo, b_hi] goes to a shared-memory
-//     list, where 8-bit digit histograms of the unique keys (y descending, v ascending) narrow
-//     each boundary to one key. If the list overflows, extra passes narrow by 12-bit key digits
-//     over the row, then one last pass scores the candidates.
-// Every count and mass is an integer sum, the order is strict and total, so the boundaries are
-// those of a full sort whatever the reduction order. Every argmax is a reduction with the total
-// order "greater score, or equal score and lower id" (§S.7); entries whose score bound
-// y + G(u's top bits) is below a score already found are skipped (they cannot win: G bounds g for
-// every uniform, checked on the device for all 2^23 of them).
+//     b_lo's range is a candidate (its mass goes to its segment's sum now), y inside
+//     [b_lo, b_hi] goes to a shared-memory list, where 8-bit digit histograms of the unique keys
+//     (y descending, v ascending) narrow each boundary to one key; the list's candidates then add
+//     their masses. If the list overflows, extra passes narrow by 12-bit key digits over the row,
+//     then one last pass sums the candidates' masses.
+// Every count and mass is an integer sum and the order is strict and total, so the boundaries are
+// those of a full sort and the segment sums and prefixes are exact whatever the reduction order.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -28,7 +29,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "core/math.h"
-#include "core/philox.h"
+#include "core/sample_choice.h"
 #include "cuda/logprob.cuh"
 #include "cuda/sampling_internal.h"
 
@@ -48,55 +49,17 @@ constexpr int kListCap = 8192;       // boundary entries kept in shared memory
 constexpr int kListDigitBits = 8;
 constexpr int kListBins = 1 << kListDigitBits;
 constexpr int kFew = 32;  // a key window this small is ranked by one warp
-constexpr int kGumbelBoundBits = 10;
-constexpr int kGumbelBounds = 1 << kGumbelBoundBits;
+// Plain rows' masses are summed by a grid of kPlainSlices CTAs per row (sample_plain_sums_kernel):
+// kPlainSegs segments of consecutive groups, one per warp.
+constexpr int kPlainThreads = 256;
+constexpr int kPlainWarps = kPlainThreads / 32;
+constexpr int kPlainSlices = 16;
+constexpr int kPlainSegs = kPlainSlices * kPlainWarps;
+static_assert(kPlainSegs % 32 == 0 && kPlainSegs >= kChooseWarps, "one warp scans the segments");
 
-struct Cand {
-  float score;
-  int v;
-};
-
-__device__ __forceinline__ bool better(const Cand& a, const Cand& b) {
-  return a.score > b.score || (a.score == b.score && a.v < b.v);
-}
-
-__device__ __forceinline__ Cand no_cand() { return Cand{neg_inf_f32(), 0x7fffffff}; }
-
-// p_v = exp(d), d = y − lse (§S.5), and its mass q = floor(p · 2^32) (p·2^32 is exact in fp32;
-// the conversion truncates).
-// NOTE: d < −23 skips the exp: p <= e^-23 (1 + 2^-23) < 2^-32 (ls_expf errs by < 1 ulp), so q = 0.
+// p_v = exp(d), d = y − lse (§S.5), and its mass q = floor(p · 2^32) (sample_mass_q32).
 __device__ __forceinline__ float row_prob(float y, float lse) { return ls_expf(__fsub_rn(y, lse)); }
-__device__ __forceinline__ uint64_t mass_q32(float d) {
-  return d < -23.0f ? 0 : uint64_t(__fmul_rn(ls_expf(d), 0x1p32f));
-}
-
-// g_v from one Philox word (§S.6).
-__device__ __forceinline__ float gumbel_from_word(uint32_t word) {
-  return -ls_logf(-ls_logf(philox_uniform(word)));
-}
-
-// An upper bound of g over the words whose top kGumbelBoundBits bits are j: g of the bin's largest
-// uniform, plus a margin for the logs' rounding (the bound is checked for every uniform:
-// sample_gumbel_bound_violations).
-__device__ __forceinline__ float gumbel_bound(int j) {
-  const uint32_t top = (uint32_t(j + 1) << (32 - kGumbelBoundBits)) - 1u;
-  return __fadd_rn(gumbel_from_word(top), 0x1p-10f);
-}
-
-__device__ __forceinline__ Philox4 noise_words(uint64_t seed, uint64_t rid, uint32_t pos,
-                                               int64_t group) {
-  return philox4x32_10(Philox4{{uint32_t(group), pos, uint32_t(rid), uint32_t(rid >> 32)}},
-                       uint32_t(seed), uint32_t(seed >> 32));
-}
-
-// A shared word that other threads update atomically, read as an atomic (relaxed) load.
-__device__ __forceinline__ uint32_t load_relaxed(const uint32_t* shared) {
-  uint32_t v;
-  asm volatile("ld.relaxed.cta.shared.u32 %0, [%1];"
-               : "=r"(v)
-               : "r"(uint32_t(__cvta_generic_to_shared(shared))));
-  return v;
-}
+__device__ __forceinline__ uint64_t mass_q32(float d) { return sample_mass_q32(d); }
 
 // A float's bits as an unsigned integer in the float's order (−0 just below +0).
 __device__ __forceinline__ uint32_t ordered(float f) {
@@ -171,14 +134,15 @@ struct ChooseSmem {
     } digit;  // row digits (only while the list is being rebuilt)
   } u;
   uint32_t sub_cnt[kListBins], sub_lo[kListBins], sub_hi[kListBins];  // list digits
-  float gbound[kGumbelBounds];
+  unsigned long long seg_mass[kPlainSegs];  // the candidates' mass of each segment of the row
   uint64_t few_key[kFew], few_q[kFew];
   union {
     ChooseScan::TempStorage scan;
     uint64_t red[33];  // block_all
   } t;
   uint64_t found[3];
-  uint32_t list_n, few_n, score_thr;
+  uint32_t list_n, few_n;
+  int choice;
 };
 
 template <class T>
@@ -371,72 +335,168 @@ __device__ __forceinline__ float bin_cut(int b, float lse) {
   return from_ordered(lo);
 }
 
-// What the slow path of an entry needs from its row.
-struct GumbelRow {
+// Which entries of a row are candidates of the choice, and their masses (§S.5-S.7).
+struct Cands {
   float lse, min_p_thr;
   int min_p;      // the min-p filter is on
   uint64_t last;  // candidates have key <= last (all ones: no such bound)
+  float y_lo;     // candidates have y >= y_lo (implied by key <= last; a cheap first test)
+  // q of the entry (yv, v) if it is a candidate, else 0. NOTE: d < −23 gives q = 0 whether or not
+  // the entry passes min-p (sample_mass_q32), so it needs neither test.
+  __device__ __forceinline__ uint64_t mass(float yv, int64_t v) const {
+    if (!(yv >= y_lo)) return 0;
+    const float d = __fsub_rn(yv, lse);
+    if (d < -23.0f) return 0;
+    if (last != ~uint64_t(0) && sample_key(yv, v) > last) return 0;
+    const float pv = ls_expf(d);
+    if (min_p && !(pv >= min_p_thr)) return 0;
+    return uint64_t(__fmul_rn(pv, 0x1p32f));
+  }
 };
 
-// An entry whose bound y + G(u's top bits) reached the best score: its exact score (§S.6-S.7) if
-// it is a candidate; the better of it and best. Not inlined: rare, and the passes inline their
-// per-group code many times (for_each_group).
-static __device__ __noinline__ Cand consider_slow(Cand best, float yv, int v, uint32_t word,
-                                                  GumbelRow gr, uint32_t* score_thr) {
-  if (gr.last != ~uint64_t(0) && sample_key(yv, v) > gr.last) return best;
-  if (gr.min_p && !(row_prob(yv, gr.lse) >= gr.min_p_thr)) return best;
-  const Cand c{__fadd_rn(yv, gumbel_from_word(word)), v};
-  if (!better(c, best)) return best;
-  atomicMax(score_thr, ordered(c.score));
-  return c;
+// The row's 4-entry groups cut into n segments of consecutive groups (segment s: groups
+// [s·S, (s + 1)·S), S = seg_groups(V, n)). A prefix over the segments in order is a prefix over
+// ascending ids.
+__device__ __forceinline__ int seg_groups(int64_t V, int n) {
+  const int ng = int((V + 3) >> 2);  // V < 2^21
+  return (ng + n - 1) / n;
 }
 
-// Calls fn(g, ys, nv) for this thread's 4-entry groups g of the row (ys = y[4g .. 4g+3], nv of
-// them below V), the next kAhead groups' loads in flight; descending group order when `reverse`.
-// Every lane of a warp calls fn together (a lane past the row's end with nv = 0 and ys = −inf),
-// and the warp reconverges after each call: lanes whose group took a rare path would otherwise
-// run the rest of the loop apart from the others, each subset issuing every instruction again.
+// Calls fn(g, ys, nv) for the 4-entry groups g in [g0, g1) of the row (ys = y[4g .. 4g+3], nv of
+// them below V), one warp: 32 consecutive groups per step (one per lane: coalesced), the next
+// kAhead steps' loads in flight; descending group order when `reverse`. Every lane of the warp
+// calls fn together (a lane past g1 with nv = 0 and ys = −inf), and the warp reconverges after
+// each call: lanes whose group took a rare path would otherwise run the rest of the loop apart
+// from the others, each subset issuing every instruction again.
 // NOTE: fn is inlined once (a small loop body: the kernel's code is large, and unrolling the
 // groups with two load buffers cost more in instruction fetch than it gained in loads in flight;
 // docs/perf.md, 2026-12-04).
 template <class Fn>
-__device__ __forceinline__ void for_each_group(const float* __restrict__ y, int64_t V, bool reverse,
-                                               Fn&& fn) {
-  const int ng = int((V + 3) >> 2), nv_last = int(V - 4 * int64_t(ng - 1));  // V < 2^21
+__device__ __forceinline__ void for_each_group_in(const float* __restrict__ y, int64_t V, int g0,
+                                                  int g1, bool reverse, Fn&& fn) {
+  const int ng = int((V + 3) >> 2), nv_last = int(V - 4 * int64_t(ng - 1));
+  const int lane = int(threadIdx.x) & 31, n = g1 - g0;
   const float4* y4 = reinterpret_cast<const float4*>(y);
   auto at = [&](int i) {
-    return i < ng ? __ldg(y4 + (reverse ? ng - 1 - i : i))
-                  : make_float4(neg_inf_f32(), neg_inf_f32(), neg_inf_f32(), neg_inf_f32());
+    return i < n ? __ldg(y4 + (reverse ? g1 - 1 - i : g0 + i))
+                 : make_float4(neg_inf_f32(), neg_inf_f32(), neg_inf_f32(), neg_inf_f32());
   };
   float4 ahead[kAhead];
 #pragma unroll
-  for (int j = 0; j < kAhead; ++j) ahead[j] = at(int(threadIdx.x) + j * kChooseThreads);
-  const int lane0 = int(threadIdx.x) & ~31;  // the warp's first thread: warp-uniform trip count
-  for (int k = 0; lane0 + k < ng; k += kChooseThreads) {
-    const int i = int(threadIdx.x) + k;
+  for (int j = 0; j < kAhead; ++j) ahead[j] = at(lane + j * 32);
+  for (int k = 0; k < n; k += 32) {
+    const int i = lane + k;
     const float4 cur = ahead[0];
 #pragma unroll
     for (int j = 0; j + 1 < kAhead; ++j) ahead[j] = ahead[j + 1];
-    ahead[kAhead - 1] = at(i + kAhead * kChooseThreads);
-    const int g = reverse ? ng - 1 - i : i;
+    ahead[kAhead - 1] = at(i + kAhead * 32);
+    const int g = reverse ? g1 - 1 - i : g0 + i;
     const float ys[4] = {cur.x, cur.y, cur.z, cur.w};
-    fn(int64_t(i < ng ? g : 0), ys, i >= ng ? 0 : g == ng - 1 ? nv_last : 4);
+    fn(int64_t(i < n ? g : 0), ys, i >= n ? 0 : g == ng - 1 ? nv_last : 4);
     __syncwarp();
   }
 }
 
+// for_each_group_in over this warp's segment of the CTA's kChooseWarps segments of the row.
+template <class Fn>
+__device__ __forceinline__ void for_each_group(const float* __restrict__ y, int64_t V, bool reverse,
+                                               Fn&& fn) {
+  const int ng = int((V + 3) >> 2), S = seg_groups(V, kChooseWarps);
+  const int g0 = min(ng, (int(threadIdx.x) >> 5) * S);
+  for_each_group_in(y, V, g0, min(ng, g0 + S), reverse, fn);
+}
+
+// The lanes' sums added (any tree: integers), in every lane.
+__device__ __forceinline__ uint64_t warp_sum(uint64_t acc) {
+#pragma unroll
+  for (int o = 16; o >= 1; o >>= 1) acc += shfl_xor_any(acc, o);
+  return acc;
+}
+
+// The choice (§S.7) once sm.seg_mass[0, n_segs) holds every segment's candidate mass (c's
+// candidates; segments of seg_groups(V, n_segs) groups): Q, the target floor(u · Q / 2^64), the
+// segment holding it (one warp: each lane a run of consecutive segments, the runs' sums scanned),
+// then the segment's entries in id order (a contiguous run of groups per thread, the runs' sums
+// scanned across the CTA) to the one whose mass interval holds it. Returns the id (−1 only if
+// Q = 0, which a row with a finite lse cannot have: its argmax is a candidate of mass > 0).
+__device__ int choose_by_mass(ChooseSmem& sm, const float* __restrict__ y, int64_t V,
+                              const Cands& c, uint64_t u, int n_segs) {
+  __syncthreads();  // every segment's mass is in
+  if (threadIdx.x < 32) {
+    const int lane = int(threadIdx.x), per = (n_segs + 31) / 32;
+    const int j0 = min(n_segs, lane * per), j1 = min(n_segs, j0 + per);
+    uint64_t run = 0;
+    for (int j = j0; j < j1; ++j) run += sm.seg_mass[j];
+    uint64_t incl = run;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      unsigned long long w = incl;
+      w = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) incl += w;
+    }
+    const uint64_t total = __shfl_sync(0xffffffffu, (unsigned long long)incl, 31);
+    const uint64_t target = total == 0 ? 0 : sample_target(u, total);
+    const unsigned hit = __ballot_sync(0xffffffffu, incl > target);
+    if (lane == 0) {
+      sm.found[0] = ~uint64_t(0);  // no segment (Q = 0)
+      sm.found[1] = target;
+    }
+    __syncwarp();
+    if (hit != 0 && lane == __ffs(int(hit)) - 1) {
+      uint64_t below = incl - run;  // the mass before this lane's run
+      for (int j = j0; j < j1; ++j) {
+        if (below + sm.seg_mass[j] > target) {
+          sm.found[0] = uint64_t(j);
+          sm.found[2] = below;
+          break;
+        }
+        below += sm.seg_mass[j];
+      }
+    }
+  }
+  if (threadIdx.x == 0) sm.choice = -1;
+  __syncthreads();
+  if (sm.found[0] != ~uint64_t(0)) {
+    const int s = int(sm.found[0]);
+    const uint64_t t = sm.found[1] - sm.found[2];  // the target inside segment s
+    const int ng = int((V + 3) >> 2), S = seg_groups(V, n_segs);
+    const int g0 = min(ng, s * S), n = min(ng, g0 + S) - g0;
+    const int per = (n + kChooseThreads - 1) / kChooseThreads;
+    const int a = g0 + min(n, int(threadIdx.x) * per),
+              b = g0 + min(n, int(threadIdx.x) * per + per);
+    auto q_at = [&](int64_t v) { return v < V ? c.mass(__ldg(y + v), v) : uint64_t(0); };
+    unsigned long long sum = 0, ex = 0;
+    for (int g = a; g < b; ++g)
+      for (int e = 0; e < 4; ++e) sum += q_at(4 * int64_t(g) + e);
+    ChooseScan(sm.t.scan).ExclusiveSum(sum, ex);
+    if (ex <= t && t - ex < sum) {  // exactly one thread: its run holds the target
+      uint64_t cum = ex;
+      for (int64_t v = 4 * int64_t(a); v < 4 * int64_t(b); ++v) {
+        cum += q_at(v);
+        if (cum > t) {
+          sm.choice = int(v);
+          break;
+        }
+      }
+    }
+  }
+  __syncthreads();
+  const int id = sm.choice;
+  __syncthreads();
+  return id;
+}
+
 // The entries v0 + e (e < nv) with list_lo <= y < cand_lo onto the shared-memory list, with
-// their masses when hp (entries past kListCap are counted, not stored: the list then overflows).
+// their masses (entries past kListCap are counted, not stored: the list then overflows).
 static __device__ __forceinline__ void list_append(ChooseSmem& sm, float4 y4, int64_t v0, int nv,
-                                                   float list_lo, float cand_lo, bool hp,
-                                                   float lse) {
+                                                   float list_lo, float cand_lo, float lse) {
   const float ys[4] = {y4.x, y4.y, y4.z, y4.w};
   for (int e = 0; e < nv; ++e) {
     if (!(ys[e] >= list_lo) || ys[e] >= cand_lo) continue;
     const uint32_t i = atomicAdd(&sm.list_n, 1u);
     if (i < uint32_t(kListCap)) {
       sm.u.list.key[i] = sample_key(ys[e], v0 + e);
-      sm.u.list.q[i] = hp ? mass_q32(__fsub_rn(ys[e], lse)) : 0;
+      sm.u.list.q[i] = mass_q32(__fsub_rn(ys[e], lse));
     }
   }
 }
@@ -452,13 +512,53 @@ static __global__ void sample_temper_kernel(const SampleBlockParams p) {
 }
 
 // Writes the sampled id and logp = y[id] − lse of a row (or −1 / NaN for a row that cannot be
-// sampled: the launcher throws for it before any output is written).
+// sampled, id < 0: the launcher throws for it before any output is written).
 __device__ __forceinline__ void write_choice(const SampleBlockParams& p, int64_t t, const float* y,
-                                             float lse, const Cand& best) {
+                                             float lse, int id) {
   if (threadIdx.x != 0) return;
-  const bool ok = best.v != 0x7fffffff;
-  p.out_id[t] = ok ? best.v : -1;
-  p.out_logp[t] = ok ? canonical(__fsub_rn(y[best.v], lse)) : __uint_as_float(kCanonicalNanF32);
+  const bool ok = id >= 0;
+  p.out_id[t] = ok ? id : -1;
+  p.out_logp[t] = ok ? canonical(__fsub_rn(y[id], lse)) : __uint_as_float(kCanonicalNanF32);
+}
+
+// The plain rows' (kPlain: no filter, or min-p only) candidate masses per segment: grid
+// (kPlainSlices, rows), warp w of CTA x sums segment x·kPlainWarps + w of the row's kPlainSegs
+// into p.seg[r, ·] (other rows' CTAs return at once). Many small CTAs per row keep enough loads in
+// flight; one 512-thread CTA per row streamed its row at a fraction of the bandwidth
+// (docs/perf.md).
+static __global__ void __launch_bounds__(kPlainThreads)
+    sample_plain_sums_kernel(const SampleBlockParams p) {
+  const int64_t r = blockIdx.y, t = p.row0 + r, V = p.V;
+  const SampleRow info = p.info[t];
+  const float lse = p.lse[t];
+  if (info.mode != kPlain || !isfinite(lse)) return;
+  const float* y = p.y + r * p.ldy;
+  const int tid = int(threadIdx.x), warp = tid >> 5;
+  float min_p_thr = 0.0f;
+  if (info.min_p > 0.0f) {  // p_max from the tile maxima, as sample_choose_kernel
+    __shared__ float red[kPlainWarps];
+    const float* st = p.states + r * p.n_tiles * 3;
+    float ym = neg_inf_f32();
+    for (int64_t i = tid; i < p.n_tiles; i += kPlainThreads) ym = lp_max(ym, st[3 * i]);
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) ym = lp_max(ym, __shfl_xor_sync(0xffffffffu, ym, o));
+    if ((tid & 31) == 0) red[warp] = ym;
+    __syncthreads();
+    ym = red[0];
+    for (int w = 1; w < kPlainWarps; ++w) ym = lp_max(ym, red[w]);
+    min_p_thr = __fmul_rn(info.min_p, row_prob(ym, lse));
+  }
+  const Cands c{lse, min_p_thr, info.min_p > 0.0f ? 1 : 0, ~uint64_t(0), kFiniteLow};
+  const int ng = int((V + 3) >> 2), S = seg_groups(V, kPlainSegs);
+  const int seg = int(blockIdx.x) * kPlainWarps + warp, g0 = min(ng, seg * S);
+  uint64_t acc = 0;
+  for_each_group_in(y, V, g0, min(ng, g0 + S), false, [&](int64_t g, const float* ys, int nv) {
+    if (nv == 0) return;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc += c.mass(ys[e], 4 * g + e);  // (padding: −inf, mass 0)
+  });
+  acc = warp_sum(acc);
+  if ((tid & 31) == 0) p.seg[r * kPlainSegs + seg] = acc;
 }
 
 // Every row of the block, one CTA each (grid: rows; dynamic shared memory: ChooseSmem).
@@ -472,13 +572,9 @@ static __global__ void __launch_bounds__(kChooseThreads)
   const float* y = p.y + r * p.ldy;
   const float lse = p.lse[t];
   if (!isfinite(lse)) {
-    write_choice(p, t, y, lse, no_cand());
+    write_choice(p, t, y, lse, -1);
     return;
   }
-  auto best_of = [&](Cand c) {
-    return block_all(
-        c, [](Cand a, Cand b) { return better(a, b) ? a : b; }, sm);
-  };
 
   // The argmax, lowest index among the largest y (greedy's choice, min-p's p_max, always a
   // candidate): the largest tile max, the first tile holding it, its first entry equal to it.
@@ -497,67 +593,48 @@ static __global__ void __launch_bounds__(kChooseThreads)
     if (y[v] == ym) va = min_u64(va, uint64_t(v));
   va = block_all(va, min_u64, sm);
   if (info.mode == kGreedy) {
-    write_choice(p, t, y, lse, Cand{ym, int(va)});
+    write_choice(p, t, y, lse, int(va));
     return;
   }
 
-  const uint64_t rid = uint64_t(p.rid[t]);
-  const uint32_t pos = uint32_t(p.pos[t]);
-  auto words_of = [&](int64_t group) { return noise_words(info.seed, rid, pos, group); };
+  const uint64_t u = sample_row_uniform(info.seed, uint64_t(p.rid[t]), uint32_t(p.pos[t]));
   const bool hk = info.top_k_on != 0, hp = info.top_p < 1.0f, filtered = info.mode == kFiltered;
   const bool min_p = info.min_p > 0.0f;
   const float min_p_thr = min_p ? __fmul_rn(info.min_p, row_prob(ym, lse)) : 0.0f;
-  const float gmax = gumbel_bound(kGumbelBounds - 1);
-  const Cand arg{__fadd_rn(ym, gumbel_from_word(words_of(int64_t(va) >> 2).v[va & 3])), int(va)};
-  for (int j = tid; j < kGumbelBounds; j += kChooseThreads) sm.gbound[j] = gumbel_bound(j);
+  const Cands every{lse, min_p_thr, min_p ? 1 : 0, ~uint64_t(0), kFiniteLow};
   const Hist h0{sm.cnt, sm.lo, sm.hi};
   if (filtered) h0.clear(kBuckets);
-  if (tid == 0) {
-    sm.score_thr = ordered(arg.score);
-    sm.list_n = 0;
-  }
+  if (tid == 0) sm.list_n = 0;
   __syncthreads();
 
-  // The Gumbel-max. score_thr: the best score found so far by any thread (a candidate's); an
-  // entry whose bound y + G is below it cannot win (strictly below: a tie might have a lower id).
-  // A thread reads it once per group: a stale value is lower, so it only skips less.
-  Cand best = arg;
-  auto threshold = [&] { return from_ordered(load_relaxed(&sm.score_thr)); };
-  const GumbelRow gr{lse, min_p_thr, min_p ? 1 : 0, ~uint64_t(0)};
-  // One pass over the row scoring the candidates, the entries with y >= cand_lo (and key <= last),
-  // and, with_list, appending the entries with list_lo <= y < cand_lo to the list (with their
-  // masses when hp). One Philox call per group with an entry that might win.
-  auto gumbel_pass = [&](bool reverse, float cand_lo, bool with_list, float list_lo,
-                         uint64_t last) {
-    GumbelRow g_row = gr;
-    g_row.last = last;
+  // One pass over the row summing each segment's candidate masses (c's: the entries with
+  // y >= c.y_lo and key <= c.last) and, with_list, appending the entries with
+  // list_lo <= y < c.y_lo to the list.
+  auto mass_pass = [&](bool reverse, const Cands& c, bool with_list, float list_lo) {
+    uint64_t acc = 0;
     for_each_group(y, V, reverse, [&](int64_t g, const float* ys, int nv) {
       const float m = fmaxf(fmaxf(ys[0], ys[1]), fmaxf(ys[2], ys[3]));
       if (with_list && nv > 0 && m >= list_lo) {
         bool any = false;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) any = any || (ys[e] >= list_lo && !(ys[e] >= cand_lo));
+        for (int e = 0; e < 4; ++e) any = any || (ys[e] >= list_lo && !(ys[e] >= c.y_lo));
         if (any)
-          list_append(sm, make_float4(ys[0], ys[1], ys[2], ys[3]), 4 * g, nv, list_lo, cand_lo, hp,
-                      lse);
+          list_append(sm, make_float4(ys[0], ys[1], ys[2], ys[3]), 4 * g, nv, list_lo, c.y_lo, lse);
       }
       __syncwarp();
-      const float s = threshold();
-      if (!(nv > 0 && m >= cand_lo && !(__fadd_rn(m, gmax) < s))) return;
-      const Philox4 w = words_of(g);
+      if (!(nv > 0 && m >= c.y_lo)) return;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        // (entries past V are the row's −inf padding: never >= cand_lo, a finite value)
-        if (ys[e] >= cand_lo &&
-            !(__fadd_rn(ys[e], sm.gbound[w.v[e] >> (32 - kGumbelBoundBits)]) < s))
-          best = consider_slow(best, ys[e], int(4 * g + e), w.v[e], g_row, &sm.score_thr);
-      }
+      for (int e = 0; e < 4; ++e)  // (entries past V are the row's −inf padding: never >= y_lo)
+        acc += c.mass(ys[e], 4 * g + e);
     });
+    acc = warp_sum(acc);
+    if ((tid & 31) == 0) sm.seg_mass[tid >> 5] = acc;
   };
 
-  if (!filtered) {
-    gumbel_pass(false, kFiniteLow, false, kFiniteLow, ~uint64_t(0));
-    write_choice(p, t, y, lse, best_of(best));
+  if (!filtered) {  // the segments' masses are sample_plain_sums_kernel's
+    for (int i = tid; i < kPlainSegs; i += kChooseThreads)
+      sm.seg_mass[i] = p.seg[r * kPlainSegs + i];
+    write_choice(p, t, y, lse, choose_by_mass(sm, y, V, every, u, kPlainSegs));
     return;
   }
 
@@ -622,9 +699,12 @@ static __global__ void __launch_bounds__(kChooseThreads)
     b_lo = b_hi = mass_bin(thr_of(h0.mass(kTail)));
   }
 
-  // Pass 2 (descending: the row's end is the most recently read): bins < b_lo are candidates,
-  // [b_lo, b_hi] go to the list. A bin is a range of y (level0_bin is non-increasing in y).
-  gumbel_pass(true, bin_cut(b_lo, lse), true, bin_cut(b_hi + 1, lse), ~uint64_t(0));
+  // Pass 2 (descending: a segment's end is its warp's most recently read): bins < b_lo are
+  // candidates, [b_lo, b_hi] go to the list. A bin is a range of y (level0_bin is non-increasing
+  // in y). NaN cut (b_lo = 0): no entry is surely a candidate.
+  Cands sure = every;
+  sure.y_lo = bin_cut(b_lo, lse);
+  mass_pass(true, sure, true, bin_cut(b_hi + 1, lse));
   __syncthreads();
 
   // The list's window: its smallest and largest key, its count and mass.
@@ -719,38 +799,25 @@ static __global__ void __launch_bounds__(kChooseThreads)
     }
   }
 
+  Cands cands = every;
+  cands.last = last;
   if (fast) {
-    // The list's candidates (bins < b_lo were scored in pass 2).
+    // The list's candidates add their masses (bins < b_lo were summed in pass 2).
+    const int S = seg_groups(V, kChooseWarps);
     for (int i = tid; i < int(list.w.m); i += kChooseThreads) {
       const uint64_t key = sm.u.list.key[i];
-      if (key > last) continue;
       const int64_t v = int64_t(key & kVocabMask);
-      const float yv = y[v];
-      if (yv == neg_inf_f32() || __fadd_rn(yv, gmax) < threshold()) continue;
-      const uint32_t word = words_of(v >> 2).v[v & 3];
-      if (__fadd_rn(yv, sm.gbound[word >> (32 - kGumbelBoundBits)]) < threshold()) continue;
-      best = consider_slow(best, yv, int(v), word, gr, &sm.score_thr);
+      const uint64_t q = cands.mass(y[v], v);
+      if (q != 0) atomicAdd(&sm.seg_mass[int(v >> 2) / S], (unsigned long long)q);
     }
   } else {
-    // Pass 2's candidates may not be this row's: score every candidate again from the argmax.
-    best = arg;
-    __syncthreads();
-    if (tid == 0) sm.score_thr = ordered(arg.score);
-    __syncthreads();
+    // Pass 2's sums may not be this row's candidates': sum every candidate again.
     const float y_last = from_ordered(~uint32_t(last >> kVocabBits));  // key <= last => y >= y_last
-    gumbel_pass(false, fmaxf(y_last, kFiniteLow), false, kFiniteLow, last);
+    cands.y_lo = fmaxf(y_last, kFiniteLow);
+    __syncthreads();  // every thread is past the list's reads
+    mass_pass(false, cands, false, kFiniteLow);
   }
-  write_choice(p, t, y, lse, best_of(best));
-}
-
-// Counts the 23-bit uniforms k whose g exceeds gumbel_bound of their top bits.
-static __global__ void sample_gumbel_bound_check_kernel(unsigned long long* bad) {
-  for (uint32_t k = blockIdx.x * blockDim.x + threadIdx.x; k < (1u << 23);
-       k += gridDim.x * blockDim.x) {
-    const uint32_t word = k << 9;
-    if (!(gumbel_from_word(word) <= gumbel_bound(int(word >> (32 - kGumbelBoundBits)))))
-      atomicAdd(bad, 1ull);
-  }
+  write_choice(p, t, y, lse, choose_by_mass(sm, y, V, cands, u, kChooseWarps));
 }
 
 struct SampleScatterParams {

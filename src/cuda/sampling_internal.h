@@ -1,8 +1,8 @@
 // Host-side pieces of cuda::sample (docs/contract.md §S; kernels: sampling.cuh) that the parity
 // test and the sampling benchmark call directly: a block of rows is (1) its LogP state (y = z /
-// τ_lp, tile states, fold -> lse, entropy: §S.3 = §L) and (2) the choice (filters + Gumbel-max:
-// §S.4-S.7). The op runs (1) then (2) per row block after the logits GEMM; the benchmark times
-// (2) alone.
+// τ_lp, tile states, fold -> lse, entropy: §S.3 = §L) and (2) the choice (the filters, then the
+// mass choice: §S.4-S.7). The op runs (1) then (2) per row block after the logits GEMM; the
+// benchmark times (2) alone.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -37,12 +37,13 @@ struct SampleBlockParams {
   int64_t ldy, rows, row0, V;
   float* states;  // [rows, n_tiles, 3]: the rows' LogP tile states (m, s, w)
   int64_t n_tiles, tile;
-  const SampleRow* info;  // [T]
-  IndexRef rid, pos;      // [T]
-  float* lse;             // [T] (row stats, canonical)
-  float* entropy;         // [T]
-  int64_t* out_id;        // [T]
-  float* out_logp;        // [T]
+  const SampleRow* info;    // [T]
+  IndexRef rid, pos;        // [T]
+  float* lse;               // [T] (row stats, canonical)
+  float* entropy;           // [T]
+  int64_t* out_id;          // [T]
+  float* out_logp;          // [T]
+  unsigned long long* seg;  // [rows, sample_seg_count()]: plain rows' segment masses (scratch)
 };
 
 // (1) y = z / τ_lp, the tile states and fold of every row of the block: lse, entropy (§S.3).
@@ -51,10 +52,9 @@ void sample_block_state(const SampleBlockParams& p, const LogprobVocabLayout& la
 // (2) The filters and the choice of every row of the block (one CTA per row): out_id, out_logp
 // (−1 / NaN for a row whose lse is not finite).
 void sample_block_choose(const SampleBlockParams& p, cudaStream_t stream, const char* op);
+// Segments of a plain row's mass sums (SampleBlockParams::seg holds rows × this many).
+int64_t sample_seg_count();
 // The choice kernel's configuration (threads, shared memory, bucket and list sizes), printable.
 std::string sample_choose_config();
-// How many of the 2^23 uniforms break the choice kernel's Gumbel upper bound (g <= bound of the
-// uniform's top bits, which lets it skip the two logs of an entry that cannot win); must be 0.
-int64_t sample_gumbel_bound_violations(cudaStream_t stream);
 
 }  // namespace lockstep::cuda::detail

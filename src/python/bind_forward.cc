@@ -229,7 +229,8 @@ void bind_forward(nb::module_& m) {
         arg("top_p"), arg("min_p"), arg("request_ids"), arg("positions"), arg("token_ids"),
         arg("logp"), arg("lse"), arg("entropy"), arg("contract") = ContractConfig{},
         arg("stream") = 0,
-        "Gumbel-max sampling (§S), per-row settings as [T] host arrays (seed i64, temperature "
+        "Sampling (§S: filters, then the inverse CDF of exact integer masses), per-row "
+        "settings as [T] host arrays (seed i64, temperature "
         "f32, top_k i64, top_p f32, min_p f32); request_ids [T] i64, positions [T] i32/i64; "
         "writes token_ids [T] i32/i64 and logp, lse, entropy [T] f32.");
 }

@@ -116,7 +116,7 @@ TEST(Contract, ValidatesAndPrints) {
   EXPECT_NO_THROW(c.validate());
   c.gemm_segments = 3;
   EXPECT_THROW(c.validate(), Error);
-  EXPECT_NE(ContractConfig().to_string().find("contract 0.5"), std::string::npos);
+  EXPECT_NE(ContractConfig().to_string().find("contract 0.6"), std::string::npos);
 }
 
 // Contract 0.3 (§G.5): only a row-parallel layer's forward GEMM takes the contract's K segments;

@@ -1,7 +1,8 @@
-// Sampling: the noise mapping (Philox known answers), determinism and thread-count independence,
-// row invariance inside batches, the recorded logp/lse/entropy equal to linear_logprob, the
-// Gumbel-max distribution (chi-square vs softmax, also after filters), top-k/top-p/min-p sets on
-// hand-built logits, ties to the lowest index, greedy, and bad inputs.
+// Sampling: the row uniform and the baseline's noise (Philox known answers), the target, the
+// choice as the contract writes it, determinism and thread-count independence, row invariance
+// inside batches, the recorded logp/lse/entropy equal to linear_logprob, the distribution
+// (chi-square vs softmax, also after filters), top-k/top-p/min-p sets on hand-built logits, ties
+// to the lowest index, greedy, and bad inputs.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -153,6 +154,7 @@ std::vector<float> logs(const std::vector<double>& probs) {
   return y;
 }
 
+// The per-entry Gumbel noise (the baseline backend's sampler; the contract's choice until 0.5).
 TEST(SamplingNoise, MappingMatchesPhiloxKnownAnswers) {
   // seed 0, request 0, position 0: counter (0, 0, 0, 0), key (0, 0) -> Random123's vector.
   const uint32_t kat[4] = {0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u};
@@ -198,6 +200,82 @@ TEST(SamplingNoise, DifferentKeysAndCountersGiveDifferentNoise) {
   std::set<uint32_t> words;
   for (int64_t v = 0; v < V; ++v) words.insert(sampling_noise_word(seed, rid, pos, v));
   EXPECT_GE(int64_t(words.size()), V - 2);
+}
+
+TEST(SamplingUniform, OnePhiloxCallPerRow) {
+  auto g = test::rng(21);
+  for (int i = 0; i < 50; ++i) {
+    const uint64_t seed = g(), rid = g();
+    const uint32_t pos = uint32_t(g());
+    const Philox4 w = philox4x32_10(Philox4{{0xffffffffu, pos, uint32_t(rid), uint32_t(rid >> 32)}},
+                                    uint32_t(seed), uint32_t(seed >> 32));
+    EXPECT_EQ(sampling_uniform(seed, rid, pos), (uint64_t(w.v[0]) << 32) | w.v[1]);
+    // Each input moves it (high words included).
+    EXPECT_NE(sampling_uniform(seed, rid, pos), sampling_uniform(seed ^ (1ull << 40), rid, pos));
+    EXPECT_NE(sampling_uniform(seed, rid, pos), sampling_uniform(seed, rid ^ (1ull << 33), pos));
+    EXPECT_NE(sampling_uniform(seed, rid, pos), sampling_uniform(seed, rid, pos + 1));
+  }
+}
+
+TEST(SamplingUniform, TargetIsTheHighWordOfTheProduct) {
+  const uint64_t kMax = ~uint64_t(0);
+  for (uint64_t q : {uint64_t(1), uint64_t(7), uint64_t(1) << 32, (uint64_t(1) << 40) + 3, kMax}) {
+    EXPECT_EQ(sampling_target(0, q), 0u) << q;
+    EXPECT_EQ(sampling_target(kMax, q), q - 1) << q;  // always below Q
+  }
+  EXPECT_EQ(sampling_target(uint64_t(1) << 63, 3), 1u);
+  EXPECT_EQ(sampling_target(uint64_t(1) << 63, 4), 2u);
+  auto g = test::rng(22);
+  for (int i = 0; i < 10000; ++i) {
+    const uint64_t u = g(), q = i % 2 ? g() : g() >> 29;
+    EXPECT_EQ(sampling_target(u, q), uint64_t((unsigned __int128)u * q >> 64)) << u << " " << q;
+  }
+}
+
+// §S.7 written out: masses of the candidates (ascending ids), the row's target, the first id
+// whose inclusive prefix exceeds it; against cpu::sample end to end on hand-built rows.
+TEST(SamplingChoice, IdIsTheTargetsMassInterval) {
+  auto g = test::rng(23);
+  const int64_t N = 400;
+  for (int64_t V : {3, 9, 40}) {
+    std::vector<float> logits(static_cast<size_t>(V));
+    for (float& x : logits) x = bf16_to_f32(f32_to_bf16(float(int(g() % 200) - 100) / 16.0f));
+    logits[size_t(V / 2)] = -INFINITY;
+    Tensor h, w;
+    one_hot_problem(logits, N, &h, &w);
+    for (SamplingParams p :
+         {params(g(), 1.0f), params(g(), 0.4f), params(g(), 1.0f, 2), params(g(), 1.3f, 0, 0.7f),
+          params(g(), 1.0f, 0, 1.0f, 0.1f), params(g(), 2.0f, 5, 0.9f, 0.02f)}) {
+      std::vector<float> y(logits.size());
+      for (size_t v = 0; v < y.size(); ++v) y[v] = logits[v] / p.temperature;
+      const float lse = row_lse(y);
+      const std::vector<int64_t> cand = sampling_candidates(y.data(), V, lse, p);
+      auto mass = [&](int64_t v) { return uint64_t(ls_expf(y[size_t(v)] - lse) * 0x1p32f); };
+      uint64_t total = 0;
+      for (int64_t v : cand) total += mass(v);
+      Rows rows;
+      std::vector<int64_t> want;
+      for (int64_t i = 0; i < N; ++i) {
+        rows.params.push_back(p);
+        rows.request_ids.push_back(int64_t(g()));
+        rows.positions.push_back(int64_t(g() % 100000));
+        const uint64_t target =
+            sampling_target(sampling_uniform(p.seed, uint64_t(rows.request_ids.back()),
+                                             uint32_t(rows.positions.back())),
+                            total);
+        uint64_t cum = 0;
+        for (int64_t v : cand) {
+          cum += mass(v);
+          if (cum > target) {
+            want.push_back(v);
+            break;
+          }
+        }
+      }
+      Result r = run(h.view(), w.view(), rows, config(8, 1));
+      EXPECT_EQ(r.ids, want) << p.to_string() << " V=" << V;
+    }
+  }
 }
 
 TEST(SamplingDeterminism, SameSeedSameIdsAnyThreadCount) {
@@ -401,7 +479,7 @@ double chi_square(const std::vector<int64_t>& counts, const std::vector<double>&
   return x2;
 }
 
-TEST(SamplingDistribution, GumbelMaxMatchesSoftmax) {
+TEST(SamplingDistribution, MassChoiceMatchesSoftmax) {
   // V = 8 hand-built logits, N samples at distinct positions. Chi-square with 7 (or fewer)
   // degrees of freedom; thresholds at a false-alarm rate of 1e-7 (df 7: 45.7, df 2: 32.2,
   // df 3: 35.4).

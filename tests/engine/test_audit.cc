@@ -491,7 +491,7 @@ TEST(Audit, ReportsCarryTheRequiredFields) {
   EXPECT_TRUE(r.passed());
   const std::string human = format_audit_report(r);
   for (const char* s : {"tokens compared", "logp mismatches", "max |Δlogp|", "first divergence",
-                        "invariant", "perturbed", "contract 0.5: gemm_segments=4",
+                        "invariant", "perturbed", "contract 0.6: gemm_segments=4",
                         "PASS:", "rollout   tp=2", "training  tp=1", "no tokenizer"})
     EXPECT_NE(human.find(s), std::string::npos) << s << "\n" << human;
   std::printf("%s", human.c_str());
