@@ -135,21 +135,21 @@ std::vector<ChoiceResult> bench_choice(const TensorView& vh, const TensorView& v
   CK(cudaMemcpy(idx, hidx.data(), hidx.size() * 8, cudaMemcpyHostToDevice));
   const TensorView rid = TensorView::contiguous(idx, DType::kI64, {R}, Device::kCUDA);
   const TensorView pos = TensorView::contiguous(idx + R, DType::kI64, {R}, Device::kCUDA);
-  const d::SampleBlockParams bp{.y = z,
-                                .ldy = lay.padded,
-                                .rows = R,
-                                .V = V,
-                                .states = states,
-                                .n_tiles = n_tiles,
-                                .tile = lay.tile,
-                                .info = info,
-                                .rid = d::index_ref(rid),
-                                .pos = d::index_ref(pos),
-                                .lse = stats,
-                                .entropy = stats + R,
-                                .out_id = ids,
-                                .out_logp = logp,
-                                .seg = seg};
+  d::SampleBlockParams bp{.y = z,
+                          .ldy = lay.padded,
+                          .rows = R,
+                          .V = V,
+                          .states = states,
+                          .n_tiles = n_tiles,
+                          .tile = lay.tile,
+                          .info = info,
+                          .rid = d::index_ref(rid),
+                          .pos = d::index_ref(pos),
+                          .lse = stats,
+                          .entropy = stats + R,
+                          .out_id = ids,
+                          .out_logp = logp,
+                          .seg = seg};
   const ChoiceCase cases[] = {
       {"greedy", 0.0f, 0, 1.0f, 0.0f},
       {"plain", 1.0f, 0, 1.0f, 0.0f},
@@ -182,6 +182,7 @@ std::vector<ChoiceResult> bench_choice(const TensorView& vh, const TensorView& v
         rows[size_t(t)] = d::sample_row(ps[size_t(t)], V);
       }
       CK(cudaMemcpy(info, rows.data(), rows.size() * sizeof(d::SampleRow), cudaMemcpyHostToDevice));
+      bp.any_plain = rows[0].mode == d::kPlain ? 1 : 0;  // (every row has the setting)
       // The logits and the LogP state at this setting's τ_lp (the stage reads them only).
       cuda::gemm_bf16_nt(vh.rows(0, R), vw, nullptr, logprob_logits_gemm(cfg), zv);
       d::sample_block_state(bp, lay, nullptr, "bench_choice");

@@ -13,6 +13,9 @@ GPU_CHECK_TESTS=test_logprob_parity,test_parity,test_baseline_cuda,test_grpo_cud
   bash scripts/gpu_check.sh tests audit
 GPU_CHECK_TESTS=test_logprob_parity bash scripts/gpu_check.sh sanitize
 ab_start .vt .v8b
+# The landed sampler's choice stage (the pack's bench_logprob; the torch sampler beside it).
+timeout 100 build-gpu/bench_logprob --json "$OUT/lp_cdf.json" >"$OUT/lp_cdf.txt" 2>&1
+echo "bench_logprob rc=$?"; awk '/^sampling, /{p=1} p' "$OUT/lp_cdf.txt"
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
 # Every launch of the choice stage's kernels (greedy, plain, min-p, top-k 50, top-p 0.9, ... at
 # tau = 1 first), one metric each: the kernel, its grid, its time.

@@ -91,8 +91,10 @@ void sample_block_choose(const SampleBlockParams& p, cudaStream_t stream, const 
       op,
       cudaFuncSetAttribute(sample_choose_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
       "shared memory size of the choice kernel");
-  sample_plain_sums_kernel<<<dim3(kPlainSlices, unsigned(p.rows)), kPlainThreads, 0, stream>>>(p);
-  check_launch(op);
+  if (p.any_plain) {
+    sample_plain_sums_kernel<<<dim3(kPlainSlices, unsigned(p.rows)), kPlainThreads, 0, stream>>>(p);
+    check_launch(op);
+  }
   sample_choose_kernel<<<unsigned(p.rows), kChooseThreads, size_t(smem), stream>>>(p);
   check_launch(op);
 }
@@ -167,6 +169,9 @@ void sample_rows(const char* op, int64_t T, int64_t V, std::span<const SamplingP
     logits(r0, rows, zv);
     bp.rows = rows;
     bp.row0 = r0;
+    bp.any_plain = 0;
+    for (int64_t t = r0; t < r0 + rows; ++t)
+      bp.any_plain |= info[size_t(t)].mode == detail::kPlain ? 1 : 0;
     detail::sample_block_state(bp, lay, s, op);
     detail::sample_block_choose(bp, s, op);
   }

@@ -44,6 +44,9 @@ struct SampleBlockParams {
   int64_t* out_id;          // [T]
   float* out_logp;          // [T]
   unsigned long long* seg;  // [rows, sample_seg_count()]: plain rows' segment masses (scratch)
+  // The block holds a plain row (its segment masses are needed; set on the host from the rows'
+  // modes: 0 skips the masses' kernel).
+  int any_plain = 1;
 };
 
 // (1) y = z / τ_lp, the tile states and fold of every row of the block: lse, entropy (§S.3).
