@@ -138,17 +138,15 @@ LS_HD float ls_ex2_sfu(float x) {
 #endif
 }
 
-// e^x. Max error 0.874 ulp (all inputs). Direct reduction x = k ln2 + r (not exp2(x log2 e)):
-// k = nearest integer to x * log2 e, r = (x - k * kLn2) - k * kLn2Lo (the first step exact).
-// Special values, overflow and subnormal policy as ls_exp2f.
-LS_HD float ls_expf(float x) {
-  using namespace math_detail;
-  // e^-105 < 2^-151 rounds to 0; e^90 overflows.
-  float xc = x < -105.0f ? -105.0f : x;
-  xc = xc > 90.0f ? 90.0f : xc;
+namespace math_detail {
+// ls_expf's reduction and polynomial for a clamped x: e^x = p · 2^k with k = the low bits of kt's
+// pattern minus kRoundMagicBits (kt = x · log2 e + kRoundMagic, rounded once).
+struct ExpReduced {
+  float p, kt;
+};
+LS_HD ExpReduced expf_reduced(float xc) {
   float kt = fmaf(xc, kLog2e, kRoundMagic);
   float kf = kt - kRoundMagic;
-  int32_t k = int32_t(f32_bits(kt) - kRoundMagicBits);
   float r = fmaf(-kf, kLn2, xc);  // exact, |r| <= 0.3466
   r = fmaf(-kf, kLn2Lo, r);
   // e^r = 1 + r (1 + r * Q(r)), Q = minimax fit of (e^r - 1 - r) / r^2 on |r| <= 0.3468.
@@ -159,8 +157,20 @@ LS_HD float ls_expf(float x) {
   q = fmaf(q, r, 0x1.555554p-3f);
   q = fmaf(q, r, 0x1.000000p-1f);
   q = fmaf(q, r, 1.0f);
-  float p = fmaf(q, r, 1.0f);
-  float y = scale_pow2(p, k);
+  return ExpReduced{fmaf(q, r, 1.0f), kt};
+}
+}  // namespace math_detail
+
+// e^x. Max error 0.874 ulp (all inputs). Direct reduction x = k ln2 + r (not exp2(x log2 e)):
+// k = nearest integer to x * log2 e, r = (x - k * kLn2) - k * kLn2Lo (the first step exact).
+// Special values, overflow and subnormal policy as ls_exp2f.
+LS_HD float ls_expf(float x) {
+  using namespace math_detail;
+  // e^-105 < 2^-151 rounds to 0; e^90 overflows.
+  float xc = x < -105.0f ? -105.0f : x;
+  xc = xc > 90.0f ? 90.0f : xc;
+  const ExpReduced e = expf_reduced(xc);
+  float y = scale_pow2(e.p, int32_t(f32_bits(e.kt) - kRoundMagicBits));
   return is_nan_bits(f32_bits(x)) ? f32_from_bits(kCanonicalNanF32) : y;
 }
 

@@ -17,6 +17,28 @@ namespace lockstep {
 // < 1 ulp), so floor(p · 2^32) = 0 (−inf, the padding, included).
 LS_HD uint64_t sample_mass_q32(float d) { return d < -23.0f ? 0 : uint64_t(ls_expf(d) * 0x1p32f); }
 
+// ls_expf and the mass in fewer instructions, for the sampler's passes over a row. For
+// −86 <= d <= 88 (the passes need −23 <= d <= 0: d = y − lse <= 0, lse >= max y by §L.7) ls_expf's
+// clamps and NaN test do nothing and p · 2^k is normal (k = round(d · log2 e) in [−124, 127],
+// e^r in [0.70, 1.42]), so scale_pow2's two exact products are an add to the exponent field: the
+// same bits as ls_expf there (tests/cpu/test_sampling.cc).
+LS_HD float sample_expf_normal(float d) {
+  using namespace math_detail;
+  const ExpReduced e = expf_reduced(d);
+  return f32_from_bits(f32_bits(e.p) + ((f32_bits(e.kt) - kRoundMagicBits) << 23));
+}
+// floor(p · 2^32) for 0 <= p < 2^32 (p · 2^32 is exact): a 32-bit conversion below 2^32 (every
+// p < 1), a 64-bit one above. Equals sample_mass_q32's uint64_t(ls_expf(d) * 0x1p32f).
+LS_HD uint64_t sample_q32(float p) {
+  const float t = p * 0x1p32f;
+  return t < 0x1p32f ? uint64_t(uint32_t(t)) : uint64_t(t);
+}
+// The same for 0 <= p <= 1 (every mass: d <= 0), without the 64-bit conversion.
+LS_HD uint64_t sample_q32_unit(float p) {
+  const float t = p * 0x1p32f;
+  return t < 0x1p32f ? uint64_t(uint32_t(t)) : uint64_t(1) << 32;
+}
+
 // The Philox counter's first word of the row uniform: above every vocab group's (v >> 2 < 2^19),
 // so the row's word never equals an entry's word of the same key and counter.
 constexpr uint32_t kSampleUniformCounter = 0xffffffffu;

@@ -59,7 +59,9 @@ static_assert(kPlainSegs % 32 == 0 && kPlainSegs >= kChooseWarps, "one warp scan
 
 // p_v = exp(d), d = y − lse (§S.5), and its mass q = floor(p · 2^32) (sample_mass_q32).
 __device__ __forceinline__ float row_prob(float y, float lse) { return ls_expf(__fsub_rn(y, lse)); }
-__device__ __forceinline__ uint64_t mass_q32(float d) { return sample_mass_q32(d); }
+__device__ __forceinline__ uint64_t mass_q32(float d) {
+  return d < -23.0f ? 0 : sample_q32(sample_expf_normal(d));  // sample_mass_q32 (d <= 0)
+}
 
 // A float's bits as an unsigned integer in the float's order (−0 just below +0).
 __device__ __forceinline__ uint32_t ordered(float f) {
@@ -341,16 +343,16 @@ struct Cands {
   int min_p;      // the min-p filter is on
   uint64_t last;  // candidates have key <= last (all ones: no such bound)
   float y_lo;     // candidates have y >= y_lo (implied by key <= last; a cheap first test)
-  // q of the entry (yv, v) if it is a candidate, else 0. NOTE: d < −23 gives q = 0 whether or not
-  // the entry passes min-p (sample_mass_q32), so it needs neither test.
+  // q of the entry (yv, v) if it is a candidate, else 0 (sample_mass_q32's number: the exp and the
+  // conversion in their short forms, sample_expf_normal / sample_q32, since −23 <= d <= 0 here).
+  // NOTE: d < −23 gives q = 0 whether or not the entry passes min-p, so it needs neither test.
   __device__ __forceinline__ uint64_t mass(float yv, int64_t v) const {
-    if (!(yv >= y_lo)) return 0;
     const float d = __fsub_rn(yv, lse);
-    if (d < -23.0f) return 0;
+    if (!(yv >= y_lo) || d < -23.0f) return 0;
     if (last != ~uint64_t(0) && sample_key(yv, v) > last) return 0;
-    const float pv = ls_expf(d);
+    const float pv = sample_expf_normal(d);
     if (min_p && !(pv >= min_p_thr)) return 0;
-    return uint64_t(__fmul_rn(pv, 0x1p32f));
+    return sample_q32(pv);
   }
 };
 
@@ -394,6 +396,31 @@ __device__ __forceinline__ void for_each_group_in(const float* __restrict__ y, i
     const float ys[4] = {cur.x, cur.y, cur.z, cur.w};
     fn(int64_t(i < n ? g : 0), ys, i >= n ? 0 : g == ng - 1 ? nv_last : 4);
     __syncwarp();
+  }
+}
+
+// The groups [g0, g1) of a row, ascending, in loads of kAhead groups per lane issued together
+// and then handed to fn(ys) one by one (unrolled: no register rotation between iterations);
+// groups past g1 read as −inf, like the row's padding past V. For kernels with many warps per SM
+// (sample_plain_sums_kernel), whose other warps hide the loads' latency.
+template <class Fn>
+__device__ __forceinline__ void for_each_group_batched(const float* __restrict__ y, int g0, int g1,
+                                                       Fn&& fn) {
+  const int lane = int(threadIdx.x) & 31;
+  const float4* y4 = reinterpret_cast<const float4*>(y);
+  for (int base = g0; base < g1; base += 32 * kAhead) {  // (warp-uniform)
+    float4 v[kAhead];
+#pragma unroll
+    for (int j = 0; j < kAhead; ++j) {
+      const int g = base + lane + 32 * j;
+      v[j] = g < g1 ? __ldg(y4 + g)
+                    : make_float4(neg_inf_f32(), neg_inf_f32(), neg_inf_f32(), neg_inf_f32());
+    }
+#pragma unroll
+    for (int j = 0; j < kAhead; ++j) {
+      const float ys[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+      fn(ys);
+    }
   }
 }
 
@@ -548,14 +575,29 @@ static __global__ void __launch_bounds__(kPlainThreads)
     for (int w = 1; w < kPlainWarps; ++w) ym = lp_max(ym, red[w]);
     min_p_thr = __fmul_rn(info.min_p, row_prob(ym, lse));
   }
-  const Cands c{lse, min_p_thr, info.min_p > 0.0f ? 1 : 0, ~uint64_t(0), kFiniteLow};
+  const bool min_p = info.min_p > 0.0f;
   const int ng = int((V + 3) >> 2), S = seg_groups(V, kPlainSegs);
   const int seg = int(blockIdx.x) * kPlainWarps + warp, g0 = min(ng, seg * S);
   uint64_t acc = 0;
-  for_each_group_in(y, V, g0, min(ng, g0 + S), false, [&](int64_t g, const float* ys, int nv) {
-    if (nv == 0) return;
+  // Cands::mass of a plain row (no key bound; y >= kFiniteLow is d >= −23's consequence) for the
+  // group's four entries at once: one branch per group (rows where most entries lie below −23 skip
+  // them), none per entry.
+  for_each_group_batched(y, g0, min(ng, g0 + S), [&](const float* ys) {
+    float d[4];
+    bool any = false;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc += c.mass(ys[e], 4 * g + e);  // (padding: −inf, mass 0)
+    for (int e = 0; e < 4; ++e) {
+      d[e] = __fsub_rn(ys[e], lse);  // (padding and entries past the segment: −inf)
+      any |= d[e] >= -23.0f;
+    }
+    if (!any) return;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float pv = sample_expf_normal(fmaxf(d[e], -23.0f));
+      const bool keep = d[e] >= -23.0f && !(min_p && !(pv >= min_p_thr));
+      const uint64_t q = sample_q32_unit(pv);
+      acc += keep ? q : 0;
+    }
   });
   acc = warp_sum(acc);
   if ((tid & 31) == 0) p.seg[r * kPlainSegs + seg] = acc;

@@ -14,6 +14,7 @@
 
 #include "core/math.h"
 #include "core/philox.h"
+#include "core/sample_choice.h"
 #include "core/thread_pool.h"
 #include "lockstep/contract.h"
 #include "lockstep/ops/logprob.h"
@@ -230,6 +231,31 @@ TEST(SamplingUniform, TargetIsTheHighWordOfTheProduct) {
     const uint64_t u = g(), q = i % 2 ? g() : g() >> 29;
     EXPECT_EQ(sampling_target(u, q), uint64_t((unsigned __int128)u * q >> 64)) << u << " " << q;
   }
+}
+
+// The sampler kernels' short forms (sample_expf_normal: the exponent added, not two products;
+// sample_q32: a 32-bit conversion below 2^32) give ls_expf's and sample_mass_q32's bits: every
+// 251st float of [−86, 88] here, every float of it once by dev/sample_mass_sweep.cc.
+TEST(SamplingMass, ShortFormsAreTheSpecsBits) {
+  int64_t checked = 0, bad = 0;
+  float first_bad = 0.0f;
+  auto check = [&](uint32_t u) {
+    const float d = f32_from_bits(u);
+    const bool same_p = f32_bits(sample_expf_normal(d)) == f32_bits(ls_expf(d));
+    const bool same_q =
+        !(d >= -23.0f && d <= 22.0f) || sample_q32(sample_expf_normal(d)) == sample_mass_q32(d);
+    ++checked;
+    if (!(same_p && same_q) && bad++ == 0) first_bad = d;
+  };
+  for (uint64_t u = 0x80000000u; u <= 0xc2ac0000u; u += 251) check(uint32_t(u));  // −0 .. −86
+  for (uint64_t u = 0; u <= 0x42b00000u; u += 251) check(uint32_t(u));            // +0 .. 88
+  for (float d : {0.0f, -0.0f, -23.0f, -0x1p-24f, -0x1p-30f, -86.0f, 88.0f, 22.0f})
+    check(f32_bits(d));
+  EXPECT_GT(checked, 8'000'000);
+  EXPECT_EQ(bad, 0) << "first at d = " << first_bad;
+  EXPECT_EQ(sample_q32(1.0f), uint64_t(1) << 32);
+  EXPECT_EQ(sample_q32(0.0f), 0u);
+  EXPECT_EQ(sample_mass_q32(0.0f), uint64_t(1) << 32);
 }
 
 // §S.7 written out: masses of the candidates (ascending ids), the row's target, the first id
