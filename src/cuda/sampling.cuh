@@ -337,6 +337,71 @@ __device__ __forceinline__ float bin_cut(int b, float lse) {
   return from_ordered(lo);
 }
 
+// thr = ceil(top_p · Q) in one double multiply (§S.5).
+__device__ __forceinline__ uint64_t topp_threshold(float top_p, uint64_t Q) {
+  return uint64_t(ceil(__dmul_rn(double(top_p), double(Q))));
+}
+
+// Bounds on the mass q = floor(ls_expf(d) · 2^32) of any entry in level-0 bin b. level0_bin rounds
+// 32 − d to 2^-18, so an entry of bin b < kTail has d in [−(b + 1)/128 − 2^-19, −b/128 + 2^-19];
+// ls_expf errs by < 1 ulp (< 2^-23 relative), the double exp by far less than the 2^-21 margin;
+// d < −23 gives q = 0. The tail's entries (−d >= 31.99, or −inf) have q = 0.
+__device__ __forceinline__ void bin_mass_bounds(int b, uint64_t& lo, uint64_t& hi) {
+  if (b >= kTail) {
+    lo = hi = 0;
+    return;
+  }
+  const double d_hi = -double(b) * 0x1p-7 + 0x1p-19, d_lo = -double(b + 1) * 0x1p-7 - 0x1p-19;
+  hi = uint64_t(fmin(exp(d_hi) * (1.0 + 0x1p-21), 1.0) * 0x1p32);
+  lo = d_lo < -23.0 ? 0 : uint64_t(exp(d_lo) * (1.0 - 0x1p-21) * 0x1p32);
+}
+
+// top-p's bracket is used up to this top_p: below it ceil(top_p · Q) grows by at most 1 when Q
+// grows by 1 (top_p + ulp(top_p · Q) < 1 for Q < 2^33), which topp_bracket relies on.
+constexpr float kBracketTopPMax = 0x1.fffep-1f;  // 1 − 2^-16
+
+// The level-0 bins [b_lo, b_hi] that hold top-p's boundary (over every entry: no top-k), from the
+// bins' counts alone (h: level 0's counts, not yet scanned). Each bin's mass lies between its count
+// times bin_mass_bounds' lo and hi. With C(b) the mass of the bins <= b and R(b) = Q − C(b) the
+// mass after them, the boundary's bin is the first b with C(b) >= thr(C(b) + R(b));
+// C − thr(C + R) is non-decreasing in C (top_p <= kBracketTopPMax) and non-increasing in R, so a
+// bin with C_hi < thr(C_hi + R_lo) surely precedes the boundary's and one with C_lo >= thr(C_lo +
+// R_hi) surely does not: b_lo is the first bin that does not surely precede it, b_hi the first that
+// surely does not (the tail always: thr(Q) <= Q). The width is the bounds' spread weighted by
+// 1 − top_p on C and top_p on R (about 0.8% · 2·top_p·(1 − top_p) of Q): a few hundred entries of a
+// flat row at top_p 0.9, where Q's own spread (0.8%) would be thousands.
+__device__ int2 topp_bracket(const Hist& h, float top_p, ChooseSmem& sm) {
+  constexpr int per = kBuckets / kChooseThreads;
+  static_assert(kBuckets % kChooseThreads == 0, "whole runs of bins per thread");
+  const int b0 = int(threadIdx.x) * per;
+  unsigned long long run_lo = 0, run_hi = 0;
+  for (int b = b0; b < b0 + per; ++b) {
+    uint64_t lo, hi;
+    bin_mass_bounds(b, lo, hi);
+    run_lo += uint64_t(h.cnt[b]) * lo;
+    run_hi += uint64_t(h.cnt[b]) * hi;
+  }
+  unsigned long long c_lo, c_hi, q_lo, q_hi;
+  ChooseScan(sm.t.scan).ExclusiveSum(run_lo, c_lo, q_lo);
+  __syncthreads();
+  ChooseScan(sm.t.scan).ExclusiveSum(run_hi, c_hi, q_hi);
+  __syncthreads();
+  uint64_t first_open = uint64_t(kTail), first_after = uint64_t(kTail);
+  for (int b = b0; b < b0 + per; ++b) {
+    uint64_t lo, hi;
+    bin_mass_bounds(b, lo, hi);
+    c_lo += uint64_t(h.cnt[b]) * lo;
+    c_hi += uint64_t(h.cnt[b]) * hi;
+    const bool before = c_hi < topp_threshold(top_p, c_hi + (q_lo - c_lo));
+    const bool after = c_lo >= topp_threshold(top_p, c_lo + (q_hi - c_hi));
+    if (!before && first_open == uint64_t(kTail)) first_open = uint64_t(b);
+    if (after && first_after == uint64_t(kTail)) first_after = uint64_t(b);
+  }
+  const int b_lo = int(block_all(first_open, min_u64, sm));
+  const int b_hi = int(block_all(first_after, min_u64, sm));
+  return make_int2(b_lo, b_hi);
+}
+
 // Which entries of a row are candidates of the choice, and their masses (§S.5-S.7).
 struct Cands {
   float lse, min_p_thr;
@@ -705,6 +770,126 @@ static __global__ void __launch_bounds__(kChooseThreads)
     if (tail_q != 0) add_mass(&sm.lo[kTail], &sm.hi[kTail], tail_q);
     __syncthreads();
   };
+  // The list's window: its smallest and largest key, its count and mass.
+  auto finish_list = [&](int n, uint64_t below_c, uint64_t below_m) {
+    uint64_t lo = ~uint64_t(0), hi = 0, tm = 0;
+    for (int i = tid; i < n; i += kChooseThreads) {
+      lo = min_u64(lo, sm.u.list.key[i]);
+      hi = max_u64(hi, sm.u.list.key[i]);
+      tm += sm.u.list.q[i];
+    }
+    lo = block_all(lo, min_u64, sm);
+    hi = block_all(hi, max_u64, sm);
+    return ListRange{true, Window{lo, hi, below_c, below_m, uint64_t(n)},
+                     block_all(tm, sum_u64, sm)};
+  };
+
+  // The choice once `last` (the last kept key of the canonical order) is known and the segments'
+  // sums hold every candidate outside the list: the list's candidates add their masses.
+  auto choose_with_list = [&](uint64_t last, int n) {
+    Cands cands = every;
+    cands.last = last;
+    const int S = seg_groups(V, kChooseWarps);
+    for (int i = tid; i < n; i += kChooseThreads) {
+      const uint64_t key = sm.u.list.key[i];
+      const int64_t v = int64_t(key & kVocabMask);
+      const uint64_t q = cands.mass(y[v], v);
+      if (q != 0) atomicAdd(&sm.seg_mass[int(v >> 2) / S], (unsigned long long)q);
+    }
+    return choose_by_mass(sm, y, V, cands, u, kChooseWarps);
+  };
+  const uint64_t k = uint64_t(info.top_k);
+  auto thr_of = [&](uint64_t Q) { return topp_threshold(info.top_p, Q); };
+
+  // Bounds first: a list found without level 0 over the row's entries. When it overflows (ties,
+  // a bin holding much of the row) or does not hold the boundary, the exact path below runs.
+  // top-k (k <= the tile count): the maxima of k tiles are k entries in the bins up to the k-th
+  // largest tile maximum's bin b_k, so every top-k entry lies there too: level 0 of the tile
+  // maxima gives b_k, and one pass of compares copies the bins <= b_k to the list.
+  if (hk && k <= uint64_t(p.n_tiles)) {
+    for (int64_t i = tid; i < p.n_tiles; i += kChooseThreads)
+      atomicAdd(&sm.cnt[level0_bin(__fsub_rn(st[3 * i], lse))], 1u);
+    __syncthreads();
+    scan_hist(h0, kBuckets, sm);
+    const int b_k = first_reaching(h0, kBuckets, k, false, sm);
+    if (b_k < kTail) {
+      Cands none = every;
+      none.y_lo = bin_cut(0, lse);  // NaN: nothing is summed, every entry of the bins <= b_k listed
+      mass_pass(true, none, true, bin_cut(b_k + 1, lse));
+      __syncthreads();
+      const int n = int(sm.list_n);
+      const ListRange list =
+          n <= kListCap ? finish_list(n, 0, 0) : ListRange{false, Window{0, 0, 0, 0, 0}, 0};
+      if (list.covers(k, false)) {
+        const Found f = list_locate(sm, n, list.w, k, false);
+        uint64_t last = f.key;
+        if (hp) {
+          const uint64_t thr = thr_of(f.mass);
+          last = thr == 0 ? sample_key(ym, int64_t(va)) : list_locate(sm, n, list.w, thr, true).key;
+        }
+        write_choice(p, t, y, lse, choose_with_list(last, n));
+        return;
+      }
+    }
+  }
+  // top-p alone: level 0's counts bracket the boundary's bins (topp_bracket); one pass then takes
+  // every entry's mass once: Q, the sums of the bins before the bracket per segment, the bracket's
+  // entries to the list.
+  if (!hk && info.top_p <= kBracketTopPMax) {
+    level0_pass(true, false);
+    const int2 br = topp_bracket(h0, info.top_p, sm);
+    scan_hist(h0, kBuckets, sm);
+    const uint64_t below_c = h0.count(br.x - 1);
+    if (h0.count(br.y) - below_c <= uint64_t(kListCap)) {
+      const float sure_lo = bin_cut(br.x, lse), list_lo = bin_cut(br.y + 1, lse);
+      uint64_t q_all = 0, q_sure = 0, acc = 0;
+      for_each_group(y, V, false, [&](int64_t g, const float* ys, int nv) {
+        float d[4];
+        bool any = false;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          d[e] = __fsub_rn(ys[e], lse);  // (entries past V: −inf)
+          any |= d[e] >= -23.0f;
+        }
+        if (!any) return;  // (q = 0: such entries need no place in the list either)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float pv = sample_expf_normal(fmaxf(d[e], -23.0f));
+          const uint64_t q = d[e] >= -23.0f ? sample_q32_unit(pv) : 0;  // sample_mass_q32
+          q_all += q;
+          if (ys[e] >= sure_lo) {
+            q_sure += q;
+            acc += min_p && !(pv >= min_p_thr) ? 0 : q;  // Cands::mass
+          } else if (e < nv && ys[e] >= list_lo) {
+            const uint32_t i = atomicAdd(&sm.list_n, 1u);
+            if (i < uint32_t(kListCap)) {
+              sm.u.list.key[i] = sample_key(ys[e], 4 * g + e);
+              sm.u.list.q[i] = q;
+            }
+          }
+        }
+      });
+      acc = warp_sum(acc);
+      if ((tid & 31) == 0) sm.seg_mass[tid >> 5] = acc;
+      const uint64_t Q = block_all(q_all, sum_u64, sm);
+      const uint64_t sure = block_all(q_sure, sum_u64, sm);
+      const int n = int(sm.list_n);
+      const ListRange list = n <= kListCap ? finish_list(n, below_c, sure)
+                                           : ListRange{false, Window{0, 0, 0, 0, 0}, 0};
+      const uint64_t thr = thr_of(Q);
+      if (list.covers(thr, true)) {
+        write_choice(p, t, y, lse, choose_with_list(list_locate(sm, n, list.w, thr, true).key, n));
+        return;
+      }
+    }
+  }
+
+  // The exact path: level 0 over the row's entries (pass 1), then the boundary bins' entries to
+  // the list (pass 2); a bin too large for the list is narrowed over the row.
+  __syncthreads();  // every thread is past the bounds' reads of h0 and the list
+  h0.clear(kBuckets);
+  if (tid == 0) sm.list_n = 0;
+  __syncthreads();
   level0_pass(hk, hp && !hk);
   scan_hist(h0, kBuckets, sm);
 
@@ -712,10 +897,6 @@ static __global__ void __launch_bounds__(kChooseThreads)
   // (after top-k, Q lies between the mass before b_k and the mass up to b_k; thr is monotone).
   // With top-k, when the bins up to b_k fit the list, they are the list (b_lo = 0): top-p's
   // boundary is then found in the list, and the row's masses are never needed.
-  const uint64_t k = uint64_t(info.top_k);
-  auto thr_of = [&](uint64_t Q) {
-    return uint64_t(ceil(__dmul_rn(double(info.top_p), double(Q))));
-  };
   auto mass_bin = [&](uint64_t thr) {
     return first_reaching(h0, kBuckets, thr > 1 ? thr : 1, true, sm);
   };
@@ -749,19 +930,6 @@ static __global__ void __launch_bounds__(kChooseThreads)
   mass_pass(true, sure, true, bin_cut(b_hi + 1, lse));
   __syncthreads();
 
-  // The list's window: its smallest and largest key, its count and mass.
-  auto finish_list = [&](int n, uint64_t below_c, uint64_t below_m) {
-    uint64_t lo = ~uint64_t(0), hi = 0, tm = 0;
-    for (int i = tid; i < n; i += kChooseThreads) {
-      lo = min_u64(lo, sm.u.list.key[i]);
-      hi = max_u64(hi, sm.u.list.key[i]);
-      tm += sm.u.list.q[i];
-    }
-    lo = block_all(lo, min_u64, sm);
-    hi = block_all(hi, max_u64, sm);
-    return ListRange{true, Window{lo, hi, below_c, below_m, uint64_t(n)},
-                     block_all(tm, sum_u64, sm)};
-  };
   const int n2 = int(sm.list_n);
   ListRange list = n2 <= kListCap ? finish_list(n2, h0.count(b_lo - 1), h0.mass(b_lo - 1))
                                   : ListRange{false, Window{0, 0, 0, 0, 0}, 0};
@@ -841,24 +1009,17 @@ static __global__ void __launch_bounds__(kChooseThreads)
     }
   }
 
+  if (fast) {  // bins < b_lo were summed in pass 2
+    write_choice(p, t, y, lse, choose_with_list(last, int(list.w.m)));
+    return;
+  }
+  // Pass 2's sums may not be this row's candidates': sum every candidate again.
   Cands cands = every;
   cands.last = last;
-  if (fast) {
-    // The list's candidates add their masses (bins < b_lo were summed in pass 2).
-    const int S = seg_groups(V, kChooseWarps);
-    for (int i = tid; i < int(list.w.m); i += kChooseThreads) {
-      const uint64_t key = sm.u.list.key[i];
-      const int64_t v = int64_t(key & kVocabMask);
-      const uint64_t q = cands.mass(y[v], v);
-      if (q != 0) atomicAdd(&sm.seg_mass[int(v >> 2) / S], (unsigned long long)q);
-    }
-  } else {
-    // Pass 2's sums may not be this row's candidates': sum every candidate again.
-    const float y_last = from_ordered(~uint32_t(last >> kVocabBits));  // key <= last => y >= y_last
-    cands.y_lo = fmaxf(y_last, kFiniteLow);
-    __syncthreads();  // every thread is past the list's reads
-    mass_pass(false, cands, false, kFiniteLow);
-  }
+  const float y_last = from_ordered(~uint32_t(last >> kVocabBits));  // key <= last => y >= y_last
+  cands.y_lo = fmaxf(y_last, kFiniteLow);
+  __syncthreads();  // every thread is past the list's reads
+  mass_pass(false, cands, false, kFiniteLow);
   write_choice(p, t, y, lse, choose_by_mass(sm, y, V, cands, u, kChooseWarps));
 }
 

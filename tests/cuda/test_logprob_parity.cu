@@ -833,9 +833,10 @@ struct SampleSetting {
 };
 
 // Every filter off, greedy, top-k 1 / 2 / at and around a tie group of `group` entries / V/2 /
-// V-1, top-p tiny to 0.999 (boundaries inside ties), top-k 2 with top-p, min-p, combinations;
-// `tau` for the rows at temperature 1.
-std::vector<SamplingParams> stress_params(int64_t V, int64_t group, float tau) {
+// V-1 / at and past the tile count (the largest k whose list the tile maxima bound), top-p tiny
+// to 0.99999 (boundaries inside ties; 0.99999 past the kernel's bracket of top-p's bins), top-k 2
+// with top-p, min-p, combinations; `tau` for the rows at temperature 1.
+std::vector<SamplingParams> stress_params(int64_t V, int64_t group, float tau, int64_t tiles) {
   const SampleSetting set[] = {
       {tau, 0, 1.0f, 0.0f},          {0.0f, 0, 1.0f, 0.0f},
       {tau, 1, 1.0f, 0.0f},          {tau, 2, 1.0f, 0.0f},
@@ -846,6 +847,8 @@ std::vector<SamplingParams> stress_params(int64_t V, int64_t group, float tau) {
       {tau, 0, 0.97f, 0.0f},         {tau, 0, 1e-6f, 0.0f},
       {tau, 0, 1.0f, 0.5f},          {tau, V - 1, 0.999f, 0.01f},
       {0.5f, group + 1, 0.7f, 0.2f}, {2.0f, 0, 0.8f, 0.0f},
+      {tau, tiles, 1.0f, 0.0f},      {tau, tiles + 1, 0.9f, 0.05f},
+      {tau, 0, 0.99f, 0.1f},         {tau, 0, 0.99999f, 0.0f},
   };
   std::vector<SamplingParams> ps;
   for (const SampleSetting& x : set) {
@@ -869,14 +872,15 @@ void test_sampling_stress() {
   if (!g_quick) sizes.push_back(151936);
   for (int64_t V : sizes) {
     const ContractConfig cfg = V > 5000 ? make_cfg(256, 2, 1) : make_cfg(8, 4, 1);
-    const int64_t T = int64_t(stress_params(V, 1, 1.0f).size());
+    const int64_t tiles = logprob_vocab_layout(cfg, V).padded / cfg.vocab_tile;
+    const int64_t T = int64_t(stress_params(V, 1, 1.0f, tiles).size());
     auto w_at = [](Problem& pb, int64_t v, int64_t k) -> bf16& {
       return pb.w.ptr<bf16>()[v * pb.H + k];
     };
     auto run = [&](const std::string& what, Problem& pb, int64_t group, float tau) {
       pb.upload();
       check_sample("stress " + what + " V=" + std::to_string(V), pb, cfg,
-                   stress_params(V, group, tau), true, false);
+                   stress_params(V, group, tau, tiles), true, false);
     };
     {  // Every logit of a row equal.
       Problem pb(T, H, V, 1.0f);
