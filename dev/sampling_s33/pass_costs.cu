@@ -125,6 +125,32 @@ __global__ void __launch_bounds__(kChooseThreads)
   if ((threadIdx.x & 31) == 0) atomicAdd(out, acc);
 }
 
+// The read alone, one CTA per row, with kDepth float4 loads in flight per lane (the passes use
+// kAhead = 4): each warp streams its segment of the row.
+template <int kDepth>
+__global__ void __launch_bounds__(kChooseThreads)
+    read_deep(const float* __restrict__ ys, int64_t ldy, unsigned long long* out) {
+  const int r = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float4* y4 = reinterpret_cast<const float4*>(ys + r * ldy);
+  const int ng = int((kV + 3) >> 2), S = seg_groups(kV, kChooseWarps);
+  const int g0 = min(ng, warp * S), g1 = min(ng, g0 + S);
+  uint32_t acc = 0;
+  for (int base = g0; base < g1; base += 32 * kDepth) {
+    float4 v[kDepth];
+#pragma unroll
+    for (int j = 0; j < kDepth; ++j) {
+      const int g = base + lane + 32 * j;
+      v[j] = g < g1 ? __ldg(y4 + g) : make_float4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < kDepth; ++j)
+      acc += __float_as_uint(v[j].x) ^ __float_as_uint(v[j].y) ^ __float_as_uint(v[j].z) ^
+             __float_as_uint(v[j].w);
+  }
+  acc = uint32_t(warp_sum(acc));
+  if ((threadIdx.x & 31) == 0) atomicAdd(out, (unsigned long long)acc);
+}
+
 // 16 CTAs of 256 threads per row (sample_plain_sums_kernel's shape), per-CTA shared histograms.
 template <int kVar>
 __global__ void __launch_bounds__(kPlainThreads)
@@ -211,10 +237,11 @@ int main(int argc, char** argv) {
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
   const size_t smem1 = (3 * kBuckets + 2 * kChooseWarps * 256) * 4;
+  bool do_flush = true;
   auto time = [&](auto launch) {
     std::vector<float> t;
     for (int i = 0; i < reps + 2; ++i) {
-      flush<<<1024, 256>>>(fl, nfl);
+      if (do_flush) flush<<<1024, 256>>>(fl, nfl);
       CK(cudaEventRecord(a));
       launch();
       CK(cudaEventRecord(b));
@@ -255,5 +282,13 @@ int main(int argc, char** argv) {
   row(std::integral_constant<int, kSfuCount>{}, false);
   row(std::integral_constant<int, kCoarseWarp>{}, false);
   row(std::integral_constant<int, kCompare>{}, false);
+  for (bool f : {true, false}) {
+    do_flush = f;
+    const char* how = f ? "L2 flushed" : "no flush (the data of the previous call)";
+    std::printf("read, 1 CTA/row, loads in flight per lane, %s: 4 %.1f us, 8 %.1f us, 16 %.1f us\n",
+                how, time([&] { read_deep<4><<<kRows, kChooseThreads>>>(y, ldy, out); }),
+                time([&] { read_deep<8><<<kRows, kChooseThreads>>>(y, ldy, out); }),
+                time([&] { read_deep<16><<<kRows, kChooseThreads>>>(y, ldy, out); }));
+  }
   return 0;
 }

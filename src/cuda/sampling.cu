@@ -102,14 +102,17 @@ void sample_block_choose(const SampleBlockParams& p, cudaStream_t stream, const 
 int64_t sample_seg_count() { return kPlainSegs; }
 
 std::string sample_choose_config() {
-  char buf[400];
+  char buf[600];
   std::snprintf(buf, sizeof buf,
                 "choice: 1 CTA of %d threads per row, %.1f KiB shared memory (plain rows' "
                 "masses: %d CTAs of %d threads per row); top-k/top-p: level "
-                "0 = %d bins of 1/128 nat of lse - y + tail, list of %d boundary entries, %d-bit "
-                "list digits, %d-bit row digits past the list, then %d segments' masses",
+                "0 = %d bins of 1/128 nat of lse - y + tail, list of %d boundary entries (top-k "
+                "<= tiles: bins from the tile maxima; top-p <= %.6f alone: bins bracketed from "
+                "level 0's counts, one mass pass), %d-bit list digits, %d-bit row digits past the "
+                "list, then %d segments' masses",
                 kChooseThreads, double(sizeof(ChooseSmem)) / 1024.0, kPlainSlices, kPlainThreads,
-                kBuckets - 1, kListCap, kListDigitBits, kBucketBits, kChooseWarps);
+                kBuckets - 1, kListCap, double(kBracketTopPMax), kListDigitBits, kBucketBits,
+                kChooseWarps);
   return buf;
 }
 

@@ -7,7 +7,13 @@
 //     ids), a scan over the segments finds the one holding the target floor(U · Q / 2^64), and
 //     the CTA scans that segment's masses in id order for the entry whose interval holds it;
 //   - plain rows (no filter, or min-p only): one pass over the row (the masses), then that;
-//   - top-k / top-p rows: a radix select on the canonical order instead of a sort. Pass 1: a
+//   - top-k / top-p rows, bounds first: with k <= the tile count, the level-0 bin of the k-th
+//     largest tile maximum bounds every top-k entry (k tiles' maxima are k entries at or above
+//     it), so one pass of compares copies those bins to the list; top-p alone: level 0's counts
+//     bound each bin's mass (topp_bracket), which brackets the boundary's bins, and one pass takes
+//     every entry's mass once (Q, the sums before the bracket, the bracket to the list). When a
+//     bound's list overflows, the exact path below runs;
+//   - top-k / top-p rows, exact: a radix select on the canonical order instead of a sort. Pass 1: a
 //     histogram over lse − y in bins of 1/128 nat (4095 bins, then a tail) of counts (top-k) or
 //     exact integer masses floor(p·2^32) (top-p alone); the scans give the bins [b_lo, b_hi]
 //     that can hold the boundaries. With top-k, when the bins up to top-k's bin hold at most
