@@ -840,8 +840,7 @@ static __global__ void __launch_bounds__(kChooseThreads)
   }
   // top-p alone: level 0's counts bracket the boundary's bins (topp_bracket); one pass then takes
   // every entry's mass once: Q, the sums of the bins before the bracket per segment, the bracket's
-  // entries to the list (descending, as pass 2 below: the end of each warp's segment, read last by
-  // level 0, may still be in L2).
+  // entries to the list.
   if (!hk && info.top_p <= kBracketTopPMax) {
     level0_pass(true, false);
     const int2 br = topp_bracket(h0, info.top_p, sm);
@@ -850,7 +849,7 @@ static __global__ void __launch_bounds__(kChooseThreads)
     if (h0.count(br.y) - below_c <= uint64_t(kListCap)) {
       const float sure_lo = bin_cut(br.x, lse), list_lo = bin_cut(br.y + 1, lse);
       uint64_t q_all = 0, q_sure = 0, acc = 0;
-      for_each_group(y, V, true, [&](int64_t g, const float* ys, int nv) {
+      for_each_group(y, V, false, [&](int64_t g, const float* ys, int nv) {
         float d[4];
         bool any = false;
 #pragma unroll
