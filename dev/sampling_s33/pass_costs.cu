@@ -5,7 +5,7 @@
 // mass histogram's atomics, the exp on the SFU, per-warp coarse mass bins, a compare-only pass.
 // Timing only (no bits are checked here): median of cudaEvent times, L2 flushed between calls.
 // Build (here): nvcc -std=c++20 -O3 -arch=sm_90a -Isrc -Iinclude dev/sampling_s33/pass_costs.cu
-//   -o .vp/pass_costs
+//   -o .v33pass/pass_costs (build_variants.sh does)
 #include <cuda_runtime.h>
 
 #include <algorithm>

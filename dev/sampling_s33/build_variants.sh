@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Builds the sampler's variants for one device call (here, after `scripts/gpu_check.sh --build`):
+# each dev/sampling_s33/NNNN-NAME.patch applied to a copy of src/, its sampling.cu compiled with
+# build-gpu's flags, swapped into a copy of liblockstep_cuda.a, and test_logprob_parity +
+# bench_logprob relinked into .v33NAME/ (stripped, xz); `main` = this tree unpatched, `phases` = it
+# instrumented by phases.py (bench_logprob only); `.v33pass` = pass_costs.cu. All git-ignored; the
+# device call: dev/sampling_s33/run_next.sh (it names its carry).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+b=$root/build-gpu
+[ -f "$b/liblockstep_cuda.a" ] || { echo "build-gpu missing: bash scripts/gpu_check.sh --build first"; exit 1; }
+flags=(-O3 -DNDEBUG "--generate-code=arch=compute_90a,code=[compute_90a,sm_90a]" -fmad=false
+  --expt-relaxed-constexpr -Xcompiler=-ffp-contract=off -std=c++20)
+link() {  # link OUT OBJECT LIB
+  (cd "$b" && /usr/bin/c++ -O3 -DNDEBUG -Wl,--as-needed "$2" -o "$1" -L/usr/local/cuda/targets/x86_64-linux/lib \
+    -Wl,-rpath,/usr/local/cuda/lib liblockstep_engine_cuda.a liblockstep_op_cases.a "$3" \
+    liblockstep_gemm_plan.a liblockstep_baseline_cuda.a /usr/local/cuda/lib/libcudart.so \
+    /usr/local/cuda/lib/libcublas.so /usr/local/cuda/lib/libcublasLt.so /usr/local/cuda/lib/libculibos.a \
+    liblockstep.a liblockstep_cpu.a liblockstep_contract.a liblockstep_core.a \
+    /usr/lib/x86_64-linux-gnu/libopenblas.so -lcudadevrt -lcudart_static -lrt -lpthread -ldl)
+}
+variant() {  # variant NAME [PATCH]: builds .v33NAME from src/ (+ PATCH, or phases.py for "phases")
+  local name=$1 patch=${2:-} tmp
+  tmp=$(mktemp -d)
+  cp -r src "$tmp/src"
+  if [ "$name" = phases ]; then
+    python3 dev/sampling_s33/phases.py "$tmp" >/dev/null
+  elif [ -n "$patch" ]; then
+    (cd "$tmp" && patch -s -p1 <"$root/$patch")
+  fi
+  (cd "$b" && /usr/local/cuda/bin/nvcc -I"$tmp/src" "${flags[@]}" --options-file \
+    CMakeFiles/lockstep_cuda.dir/includes_CUDA.rsp -c "$tmp/src/cuda/sampling.cu" -o "$tmp/sampling.cu.o")
+  cp "$b/liblockstep_cuda.a" "$tmp/" && (cd "$tmp" && ar r liblockstep_cuda.a sampling.cu.o)
+  rm -rf ".v33$name" && mkdir -p ".v33$name"
+  link "$root/.v33$name/bench_logprob" CMakeFiles/bench_logprob.dir/bench/cuda/bench_logprob.cu.o "$tmp/liblockstep_cuda.a"
+  [ "$name" = phases ] || link "$root/.v33$name/test_logprob_parity" \
+    CMakeFiles/test_logprob_parity.dir/tests/cuda/test_logprob_parity.cu.o "$tmp/liblockstep_cuda.a"
+  strip ".v33$name"/* && xz -9 -T1 ".v33$name"/*
+  grep -qx ".v33$name" .git/info/exclude 2>/dev/null || echo ".v33$name" >>.git/info/exclude
+  rm -rf "$tmp"
+  echo "built .v33$name ($(du -sh ".v33$name" | cut -f1))"
+}
+variant main
+for p in dev/sampling_s33/[0-9][0-9][0-9][0-9]-*.patch; do
+  n=${p##*/}; n=${n#*-}; n=${n%.patch}
+  variant "$n" "$p"
+done
+variant phases
+mkdir -p .v33pass && /usr/local/cuda/bin/nvcc -std=c++20 -O3 -arch=sm_90a -Isrc -Iinclude \
+  dev/sampling_s33/pass_costs.cu -o .v33pass/pass_costs && strip .v33pass/pass_costs
+grep -qx ".v33pass" .git/info/exclude || echo ".v33pass" >>.git/info/exclude
+echo "built .v33pass"

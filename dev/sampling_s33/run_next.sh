@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The sampler's next call (session 33 ran out of device time before it): main's filtered-row bounds
+# under racecheck and memcheck, row 0's phases in SM clocks, the two variants' parity and choice
+# stage beside main's (0001-desc: top-p's mass pass descending; 0002-deep: compare passes with 8
+# loads in flight per lane), and pass_costs' load-depth rows (flushed and not). Build here first:
+#   bash scripts/gpu_check.sh --build && bash dev/sampling_s33/build_variants.sh
+#   device: run(command="bash dev/sampling_s33/run_next.sh",
+#               carry=[".v33main", ".v33desc", ".v33deep", ".v33phases", ".v33pass"])
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/out}
+. dev/ab_common.sh
+ab_start .v33main .v33desc .v33deep .v33phases
+for v in main desc deep; do
+  timeout 90 ".v33$v/test_logprob_parity" >"$OUT/parity_$v.txt" 2>&1
+  echo "$v test_logprob_parity rc=$? $(tail -1 "$OUT/parity_$v.txt")"; grep FAIL "$OUT/parity_$v.txt" | head -5
+done
+for tool in racecheck memcheck; do
+  timeout 150 compute-sanitizer --tool $tool --error-exitcode 99 .v33main/test_logprob_parity --quick \
+    >"$OUT/$tool.txt" 2>&1
+  echo "main $tool rc=$? $(grep -E 'SUMMARY|passed' "$OUT/$tool.txt" | tail -2 | tr '\n' ' ')"
+done
+timeout 60 .v33phases/bench_logprob --reps 3 --sample-rows 1 512 4096 151936 >"$OUT/phases.txt" 2>&1
+echo "phases rc=$?"
+python3 - "$OUT/phases.txt" <<'PY'
+import re, sys, statistics
+rows = {}
+for line in open(sys.argv[1]):
+    m = re.match(r"PHASES V=(\d+) k=(\d+) p=(\S+) minp=(\S+) tau=(\S+) (.*)", line)
+    if not m or m.group(1) != "151936":
+        continue
+    f = dict(re.findall(r"(\w+) (-?\d+)", m.group(6)))
+    rows.setdefault(m.groups()[1:5], []).append(f)
+print("row 0's phases, median SM clocks (k, top_p, min_p, tau): argmax bound pass window keys choice exact_at")
+for key, fs in sorted(rows.items()):
+    med = {n: int(statistics.median(int(f[n]) for f in fs)) for n in fs[0]}
+    print(key, len(fs), " ".join(f"{n}={med[n]}" for n in ["argmax", "bound", "pass", "window", "keys", "choice", "exact_at"]))
+PY
+sampler() {  # sampler NAME ROUND
+  timeout 40 ".v33$1/bench_logprob" --json "$OUT/lp_$1_$2.json" >"$OUT/lp_$1_$2.txt" 2>&1
+  echo "== sampler $1 round $2 rc=$?"; awk '/^sampling, /{p=1} p' "$OUT/lp_$1_$2.txt" | grep -E '^\| (greedy|plain|min-p|top)'
+}
+for r in 1 2; do for v in main desc deep; do sampler $v $r; done; done
+timeout 60 .v33pass/pass_costs 10 >"$OUT/pass_costs.txt" 2>&1; cat "$OUT/pass_costs.txt"
+ab_pack_logs
