@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the sampler's variants for one device call (here, after `scripts/gpu_check.sh --build`):
-# each dev/sampling_s33/NNNN-NAME.patch applied to a copy of src/, its sampling.cu compiled with
-# build-gpu's flags, swapped into a copy of liblockstep_cuda.a, and test_logprob_parity +
-# bench_logprob relinked into .v33NAME/ (stripped, xz); `main` = this tree unpatched, `phases` = it
+# each dev/sampling_s33/NNNN-NAME.patch applied to a copy of src/, bench/ and tests/, its
+# sampling.cu compiled with build-gpu's flags and swapped into a copy of liblockstep_cuda.a,
+# bench_logprob.cu and test_logprob_parity.cu compiled from the same copy, both linked into
+# .v33NAME/ (stripped, xz); `main` = this tree unpatched, `phases` = it
 # instrumented by phases.py (bench_logprob only); `.v33pass` = pass_costs.cu. All git-ignored; the
 # device call: dev/sampling_s33/run_next.sh (it names its carry).
 set -euo pipefail
@@ -23,7 +24,7 @@ link() {  # link OUT OBJECT LIB
 variant() {  # variant NAME [PATCH]: builds .v33NAME from src/ (+ PATCH, or phases.py for "phases")
   local name=$1 patch=${2:-} tmp
   tmp=$(mktemp -d)
-  cp -r src "$tmp/src"
+  cp -r src bench tests "$tmp/"
   if [ "$name" = phases ]; then
     python3 dev/sampling_s33/phases.py "$tmp" >/dev/null
   elif [ -n "$patch" ]; then
@@ -32,10 +33,17 @@ variant() {  # variant NAME [PATCH]: builds .v33NAME from src/ (+ PATCH, or phas
   (cd "$b" && /usr/local/cuda/bin/nvcc -I"$tmp/src" "${flags[@]}" --options-file \
     CMakeFiles/lockstep_cuda.dir/includes_CUDA.rsp -c "$tmp/src/cuda/sampling.cu" -o "$tmp/sampling.cu.o")
   cp "$b/liblockstep_cuda.a" "$tmp/" && (cd "$tmp" && ar r liblockstep_cuda.a sampling.cu.o)
+  # The benchmark and the test from the same tree (a patch may change SampleBlockParams).
+  (cd "$b" && /usr/local/cuda/bin/nvcc -I"$tmp/src" -I"$tmp/tests" "${flags[@]}" \
+    "-DLOCKSTEP_SOURCE_DIR=\"$root\"" --options-file CMakeFiles/bench_logprob.dir/includes_CUDA.rsp \
+    -c "$tmp/bench/cuda/bench_logprob.cu" -o "$tmp/bench_logprob.cu.o")
+  [ "$name" = phases ] || (cd "$b" && /usr/local/cuda/bin/nvcc -I"$tmp/src" -I"$tmp/tests" "${flags[@]}" \
+    "-DLOCKSTEP_SOURCE_DIR=\"$root\"" --options-file CMakeFiles/test_logprob_parity.dir/includes_CUDA.rsp \
+    -c "$tmp/tests/cuda/test_logprob_parity.cu" -o "$tmp/test_logprob_parity.cu.o")
   rm -rf ".v33$name" && mkdir -p ".v33$name"
-  link "$root/.v33$name/bench_logprob" CMakeFiles/bench_logprob.dir/bench/cuda/bench_logprob.cu.o "$tmp/liblockstep_cuda.a"
-  [ "$name" = phases ] || link "$root/.v33$name/test_logprob_parity" \
-    CMakeFiles/test_logprob_parity.dir/tests/cuda/test_logprob_parity.cu.o "$tmp/liblockstep_cuda.a"
+  link "$root/.v33$name/bench_logprob" "$tmp/bench_logprob.cu.o" "$tmp/liblockstep_cuda.a"
+  [ "$name" = phases ] || link "$root/.v33$name/test_logprob_parity" "$tmp/test_logprob_parity.cu.o" \
+    "$tmp/liblockstep_cuda.a"
   strip ".v33$name"/* && xz -9 -T1 ".v33$name"/*
   grep -qx ".v33$name" .git/info/exclude 2>/dev/null || echo ".v33$name" >>.git/info/exclude
   rm -rf "$tmp"

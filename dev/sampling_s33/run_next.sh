@@ -1,24 +1,27 @@
 #!/usr/bin/env bash
-# The sampler's next call (session 33 ran out of device time before it): main's filtered-row bounds
-# under racecheck and memcheck, row 0's phases in SM clocks, the two variants' parity and choice
-# stage beside main's (0001-desc: top-p's mass pass descending; 0002-deep: compare passes with 8
-# loads in flight per lane), and pass_costs' load-depth rows (flushed and not). Build here first:
+# The sampler's next call (session 33 ran out of device time before it): racecheck of main's
+# filtered-row bounds, row 0's phases in SM clocks, the three variants' parity and choice stage
+# beside main's (0001-desc: top-p's mass pass descending; 0002-deep: compare passes with 8
+# loads in flight per lane; 0003-fuse: a plain row chosen by its last sums CTA), memcheck of fuse's
+# arrival counts, and pass_costs' load-depth rows (flushed and not). Build here first:
 #   bash scripts/gpu_check.sh --build && bash dev/sampling_s33/build_variants.sh
 #   device: run(command="bash dev/sampling_s33/run_next.sh",
-#               carry=[".v33main", ".v33desc", ".v33deep", ".v33phases", ".v33pass"])
+#               carry=[".v33main", ".v33desc", ".v33deep", ".v33fuse", ".v33phases", ".v33pass"])
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out}
 . dev/ab_common.sh
-ab_start .v33main .v33desc .v33deep .v33phases
-for v in main desc deep; do
+ab_start .v33main .v33desc .v33deep .v33fuse .v33phases
+variants="main desc deep fuse"
+for v in $variants; do
   timeout 90 ".v33$v/test_logprob_parity" >"$OUT/parity_$v.txt" 2>&1
   echo "$v test_logprob_parity rc=$? $(tail -1 "$OUT/parity_$v.txt")"; grep FAIL "$OUT/parity_$v.txt" | head -5
 done
-for tool in racecheck memcheck; do
-  timeout 150 compute-sanitizer --tool $tool --error-exitcode 99 .v33main/test_logprob_parity --quick \
-    >"$OUT/$tool.txt" 2>&1
-  echo "main $tool rc=$? $(grep -E 'SUMMARY|passed' "$OUT/$tool.txt" | tail -2 | tr '\n' ' ')"
-done
+sanitize() {  # sanitize TOOL VARIANT
+  timeout 120 compute-sanitizer --tool "$1" --error-exitcode 99 ".v33$2/test_logprob_parity" --quick \
+    >"$OUT/$1_$2.txt" 2>&1
+  echo "$2 $1 rc=$? $(grep -E 'SUMMARY|passed' "$OUT/$1_$2.txt" | tail -2 | tr '\n' ' ')"
+}
+sanitize racecheck main
 timeout 60 .v33phases/bench_logprob --reps 3 --sample-rows 1 512 4096 151936 >"$OUT/phases.txt" 2>&1
 echo "phases rc=$?"
 python3 - "$OUT/phases.txt" <<'PY'
@@ -39,6 +42,8 @@ sampler() {  # sampler NAME ROUND
   timeout 40 ".v33$1/bench_logprob" --json "$OUT/lp_$1_$2.json" >"$OUT/lp_$1_$2.txt" 2>&1
   echo "== sampler $1 round $2 rc=$?"; awk '/^sampling, /{p=1} p' "$OUT/lp_$1_$2.txt" | grep -E '^\| (greedy|plain|min-p|top)'
 }
-for r in 1 2; do for v in main desc deep; do sampler $v $r; done; done
+for v in $variants; do sampler $v 1; done
+sanitize memcheck fuse
+for v in $variants; do sampler $v 2; done
 timeout 60 .v33pass/pass_costs 10 >"$OUT/pass_costs.txt" 2>&1; cat "$OUT/pass_costs.txt"
 ab_pack_logs
