@@ -808,7 +808,10 @@ static __global__ void __launch_bounds__(kChooseThreads)
   auto thr_of = [&](uint64_t Q) { return topp_threshold(info.top_p, Q); };
 
   // Bounds first: a list found without level 0 over the row's entries. When it overflows (ties,
-  // a bin holding much of the row) or does not hold the boundary, the exact path below runs.
+  // a bin holding much of the row) or does not hold the boundary, the exact path below runs. Each
+  // list is a run of the canonical order whose count and mass before it are exact (nothing before
+  // it for top-k; the sure bins' summed masses for top-p), and `covers` checks the boundary's
+  // target against them, so a bound that was too tight costs the exact path's time, never bits.
   // top-k (k <= the tile count): the maxima of k tiles are k entries in the bins up to the k-th
   // largest tile maximum's bin b_k, so every top-k entry lies there too: level 0 of the tile
   // maxima gives b_k, and one pass of compares copies the bins <= b_k to the list.
