@@ -1,30 +1,43 @@
 #!/usr/bin/env bash
-# The sampler's next call (session 33 ran out of device time before it): racecheck of main's
-# filtered-row bounds, row 0's phases in SM clocks, the three variants' parity and choice stage
-# beside main's (0001-desc: top-p's mass pass descending; 0002-deep: compare passes with 8
-# loads in flight per lane; 0003-fuse: a plain row chosen by its last sums CTA), memcheck of fuse's
-# arrival counts, and pass_costs' load-depth rows (flushed and not). Build here first:
+# The sampler's next call(s) (session 33 ran out of device time before them). Parts (default both;
+# each fits one call, both together ~8–10 min):
+#   check: test_logprob_parity of main and of the variants (0001-desc: top-p's mass pass
+#          descending; 0002-deep: compare passes with 8 loads in flight per lane; 0003-fuse: a plain
+#          row chosen by its last sums CTA), racecheck of main's filtered-row bounds, memcheck of
+#          fuse's arrival counts;
+#   perf:  row 0's phases in SM clocks (.v33phases), the choice stage of main and every variant,
+#          two rounds, and pass_costs' load-depth rows (flushed and not).
+# Build here first:
 #   bash scripts/gpu_check.sh --build && bash dev/sampling_s33/build_variants.sh
-#   device: run(command="bash dev/sampling_s33/run_next.sh",
+#   device: run(command="bash dev/sampling_s33/run_next.sh [check|perf]",
 #               carry=[".v33main", ".v33desc", ".v33deep", ".v33fuse", ".v33phases", ".v33pass"])
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out}
 . dev/ab_common.sh
+parts=${1:-check perf}
 ab_start .v33main .v33desc .v33deep .v33fuse .v33phases
 variants="main desc deep fuse"
-for v in $variants; do
-  timeout 90 ".v33$v/test_logprob_parity" >"$OUT/parity_$v.txt" 2>&1
-  echo "$v test_logprob_parity rc=$? $(tail -1 "$OUT/parity_$v.txt")"; grep FAIL "$OUT/parity_$v.txt" | head -5
-done
 sanitize() {  # sanitize TOOL VARIANT
-  timeout 120 compute-sanitizer --tool "$1" --error-exitcode 99 ".v33$2/test_logprob_parity" --quick \
+  timeout 150 compute-sanitizer --tool "$1" --error-exitcode 99 ".v33$2/test_logprob_parity" --quick \
     >"$OUT/$1_$2.txt" 2>&1
   echo "$2 $1 rc=$? $(grep -E 'SUMMARY|passed' "$OUT/$1_$2.txt" | tail -2 | tr '\n' ' ')"
 }
-sanitize racecheck main
-timeout 60 .v33phases/bench_logprob --reps 3 --sample-rows 1 512 4096 151936 >"$OUT/phases.txt" 2>&1
-echo "phases rc=$?"
-python3 - "$OUT/phases.txt" <<'PY'
+sampler() {  # sampler NAME ROUND
+  timeout 40 ".v33$1/bench_logprob" --json "$OUT/lp_$1_$2.json" >"$OUT/lp_$1_$2.txt" 2>&1
+  echo "== sampler $1 round $2 rc=$?"; awk '/^sampling, /{p=1} p' "$OUT/lp_$1_$2.txt" | grep -E '^\| (greedy|plain|min-p|top)'
+}
+if [[ " $parts " == *" check "* ]]; then
+  sanitize racecheck main
+  for v in $variants; do
+    timeout 90 ".v33$v/test_logprob_parity" >"$OUT/parity_$v.txt" 2>&1
+    echo "$v test_logprob_parity rc=$? $(tail -1 "$OUT/parity_$v.txt")"; grep FAIL "$OUT/parity_$v.txt" | head -5
+  done
+  sanitize memcheck fuse
+fi
+if [[ " $parts " == *" perf "* ]]; then
+  timeout 60 .v33phases/bench_logprob --reps 3 --sample-rows 1 512 4096 151936 >"$OUT/phases.txt" 2>&1
+  echo "phases rc=$?"
+  python3 - "$OUT/phases.txt" <<'PY'
 import re, sys, statistics
 rows = {}
 for line in open(sys.argv[1]):
@@ -38,12 +51,7 @@ for key, fs in sorted(rows.items()):
     med = {n: int(statistics.median(int(f[n]) for f in fs)) for n in fs[0]}
     print(key, len(fs), " ".join(f"{n}={med[n]}" for n in ["argmax", "bound", "pass", "window", "keys", "choice", "exact_at"]))
 PY
-sampler() {  # sampler NAME ROUND
-  timeout 40 ".v33$1/bench_logprob" --json "$OUT/lp_$1_$2.json" >"$OUT/lp_$1_$2.txt" 2>&1
-  echo "== sampler $1 round $2 rc=$?"; awk '/^sampling, /{p=1} p' "$OUT/lp_$1_$2.txt" | grep -E '^\| (greedy|plain|min-p|top)'
-}
-for v in $variants; do sampler $v 1; done
-sanitize memcheck fuse
-for v in $variants; do sampler $v 2; done
-timeout 60 .v33pass/pass_costs 10 >"$OUT/pass_costs.txt" 2>&1; cat "$OUT/pass_costs.txt"
+  for r in 1 2; do for v in $variants; do sampler $v $r; done; done
+  timeout 60 .v33pass/pass_costs 10 >"$OUT/pass_costs.txt" 2>&1; cat "$OUT/pass_costs.txt"
+fi
 ab_pack_logs
