@@ -32,8 +32,13 @@ cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--build" ]; then
   set -e
   # NOTE: no -march=native: the binaries run on the GPU host's CPU.
-  cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_CUDA=ON -DLOCKSTEP_TESTS=OFF \
-    -DLOCKSTEP_BENCH=OFF -DLOCKSTEP_NATIVE=OFF >/dev/null
+  if ! cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_CUDA=ON -DLOCKSTEP_TESTS=OFF \
+    -DLOCKSTEP_BENCH=OFF -DLOCKSTEP_NATIVE=OFF >build-gpu.configure.log 2>&1; then
+    grep -E -A4 'CMake Error' build-gpu.configure.log | head -20
+    echo "[gpu_check] configure failed (build-gpu.configure.log); on a fresh machine the Debian"
+    echo "[gpu_check] packages come first: bash scripts/setup.sh (installs them, then builds ./build)"
+    exit 1
+  fi
   if ! cmake --build build-gpu -j"$(nproc)" >build-gpu.log 2>&1; then
     grep -E -A3 'error' build-gpu.log | head -40
     echo "[gpu_check] build failed (build-gpu.log)"
