@@ -374,8 +374,7 @@ constexpr float kBracketTopPMax = 0x1.fffep-1f;  // 1 − 2^-16
 // bin with C_hi < thr(C_hi + R_lo) surely precedes the boundary's and one with C_lo >= thr(C_lo +
 // R_hi) surely does not: b_lo is the first bin that does not surely precede it, b_hi the first that
 // surely does not (the tail always: thr(Q) <= Q). The width is the bounds' spread weighted by
-// 1 − top_p on C and top_p on R (about 0.8% · 2·top_p·(1 − top_p) of Q): a few hundred entries of a
-// flat row at top_p 0.9, where Q's own spread (0.8%) would be thousands.
+// 1 − top_p on C and top_p on R, not Q's own spread (docs/perf.md, session 33, for its size).
 __device__ int2 topp_bracket(const Hist& h, float top_p, ChooseSmem& sm) {
   constexpr int per = kBuckets / kChooseThreads;
   static_assert(kBuckets % kChooseThreads == 0, "whole runs of bins per thread");
