@@ -6,9 +6,12 @@
 # .v33NAME/ (stripped, xz); `main` = this tree unpatched, `phases` = it
 # instrumented by phases.py (bench_logprob only); `.v33pass` = pass_costs.cu. All git-ignored; the
 # device call: dev/sampling_s33/run_next.sh (it names its carry).
+# Other sessions: PREFIX=.v34 bash dev/sampling_s33/build_variants.sh main PATH/NNNN-NAME.patch ...
+# builds just those (main, patches, phases, pass) as .v34NAME.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
+prefix=${PREFIX:-.v33}
 b=$root/build-gpu
 [ -f "$b/liblockstep_cuda.a" ] || { echo "build-gpu missing: bash scripts/gpu_check.sh --build first"; exit 1; }
 flags=(-O3 -DNDEBUG "--generate-code=arch=compute_90a,code=[compute_90a,sm_90a]" -fmad=false
@@ -40,22 +43,35 @@ variant() {  # variant NAME [PATCH]: builds .v33NAME from src/ (+ PATCH, or phas
   [ "$name" = phases ] || (cd "$b" && /usr/local/cuda/bin/nvcc -I"$tmp/src" -I"$tmp/tests" "${flags[@]}" \
     "-DLOCKSTEP_SOURCE_DIR=\"$root\"" --options-file CMakeFiles/test_logprob_parity.dir/includes_CUDA.rsp \
     -c "$tmp/tests/cuda/test_logprob_parity.cu" -o "$tmp/test_logprob_parity.cu.o")
-  rm -rf ".v33$name" && mkdir -p ".v33$name"
-  link "$root/.v33$name/bench_logprob" "$tmp/bench_logprob.cu.o" "$tmp/liblockstep_cuda.a"
-  [ "$name" = phases ] || link "$root/.v33$name/test_logprob_parity" "$tmp/test_logprob_parity.cu.o" \
+  rm -rf "$prefix$name" && mkdir -p "$prefix$name"
+  link "$root/$prefix$name/bench_logprob" "$tmp/bench_logprob.cu.o" "$tmp/liblockstep_cuda.a"
+  [ "$name" = phases ] || link "$root/$prefix$name/test_logprob_parity" "$tmp/test_logprob_parity.cu.o" \
     "$tmp/liblockstep_cuda.a"
-  strip ".v33$name"/* && xz -9 -T1 ".v33$name"/*
-  grep -qx ".v33$name" .git/info/exclude 2>/dev/null || echo ".v33$name" >>.git/info/exclude
+  strip "$prefix$name"/* && xz -9 -T1 "$prefix$name"/*
+  grep -qx "$prefix$name" .git/info/exclude 2>/dev/null || echo "$prefix$name" >>.git/info/exclude
   rm -rf "$tmp"
-  echo "built .v33$name ($(du -sh ".v33$name" | cut -f1))"
+  echo "built $prefix$name ($(du -sh "$prefix$name" | cut -f1))"
 }
+build_pass() {
+  mkdir -p "${prefix}pass" && /usr/local/cuda/bin/nvcc -std=c++20 -O3 -arch=sm_90a -Isrc -Iinclude \
+    dev/sampling_s33/pass_costs.cu -o "${prefix}pass/pass_costs" && strip "${prefix}pass/pass_costs"
+  grep -qx "${prefix}pass" .git/info/exclude || echo "${prefix}pass" >>.git/info/exclude
+  echo "built ${prefix}pass"
+}
+if [ $# -gt 0 ]; then
+  for a in "$@"; do
+    case $a in
+      main | phases) variant "$a" ;;
+      pass) build_pass ;;
+      *) n=${a##*/}; n=${n#*-}; n=${n%.patch}; variant "$n" "$a" ;;
+    esac
+  done
+  exit 0
+fi
 variant main
 for p in dev/sampling_s33/[0-9][0-9][0-9][0-9]-*.patch; do
   n=${p##*/}; n=${n#*-}; n=${n%.patch}
   variant "$n" "$p"
 done
 variant phases
-mkdir -p .v33pass && /usr/local/cuda/bin/nvcc -std=c++20 -O3 -arch=sm_90a -Isrc -Iinclude \
-  dev/sampling_s33/pass_costs.cu -o .v33pass/pass_costs && strip .v33pass/pass_costs
-grep -qx ".v33pass" .git/info/exclude || echo ".v33pass" >>.git/info/exclude
-echo "built .v33pass"
+build_pass

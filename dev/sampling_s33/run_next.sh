@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
-# The sampler's next call(s) (session 33 ran out of device time before them). Parts (default both;
-# each fits one call, both together ~8–10 min):
-#   check: test_logprob_parity of main and of the variants (0001-desc: top-p's mass pass
-#          descending; 0002-deep: compare passes with 8 loads in flight per lane; 0003-fuse: a plain
-#          row chosen by its last sums CTA), racecheck of main's filtered-row bounds, memcheck of
-#          fuse's arrival counts;
-#   perf:  row 0's phases in SM clocks (.v33phases), the choice stage of main and every variant,
-#          two rounds, and pass_costs' load-depth rows (flushed and not).
+# The sampler's next call(s) (session 33 ran out of device time before them). Parts (default all;
+# each fits one call):
+#   parity:   test_logprob_parity of main and of every variant (0001-desc: top-p's mass pass
+#             descending; 0002-deep: compare passes with 8 loads in flight per lane; 0003-fuse: a
+#             plain row chosen by its last sums CTA; session 34's dev/sampling_s34/0004-list: a
+#             top-k row chosen from its list, argmax index only when needed; 0005-bounds: the bin
+#             mass bounds by products of one exp);
+#   sanitize: racecheck of main (the filtered-row bounds) and of list, memcheck of fuse;
+#   check:    both;
+#   perf:     row 0's phases in SM clocks (.v33phases), the choice stage of main and every
+#             variant, two rounds, and pass_costs' load-depth rows (flushed and not).
 # Build here first:
-#   bash scripts/gpu_check.sh --build && bash dev/sampling_s33/build_variants.sh
-#   device: run(command="bash dev/sampling_s33/run_next.sh [check|perf]",
-#               carry=[".v33main", ".v33desc", ".v33deep", ".v33fuse", ".v33phases", ".v33pass"])
+#   bash scripts/gpu_check.sh --build && bash dev/sampling_s33/build_variants.sh &&
+#   bash dev/sampling_s33/build_variants.sh dev/sampling_s34/0004-list.patch dev/sampling_s34/0005-bounds.patch
+#   device: run(command="bash dev/sampling_s33/run_next.sh [parity|sanitize|check|perf]",
+#               carry=[".v33main", ".v33desc", ".v33deep", ".v33fuse", ".v33list", ".v33bounds",
+#                      ".v33phases", ".v33pass"])
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out}
 . dev/ab_common.sh
-parts=${1:-check perf}
-ab_start .v33main .v33desc .v33deep .v33fuse .v33phases
-variants="main desc deep fuse"
+parts=${1:-check perf}  # check = parity + sanitize
+ab_start .v33main .v33desc .v33deep .v33fuse .v33list .v33bounds .v33phases
+variants=${VARIANTS:-"main desc deep fuse list bounds"}
 sanitize() {  # sanitize TOOL VARIANT
   timeout 150 compute-sanitizer --tool "$1" --error-exitcode 99 ".v33$2/test_logprob_parity" --quick \
     >"$OUT/$1_$2.txt" 2>&1
@@ -26,12 +31,15 @@ sampler() {  # sampler NAME ROUND
   timeout 40 ".v33$1/bench_logprob" --json "$OUT/lp_$1_$2.json" >"$OUT/lp_$1_$2.txt" 2>&1
   echo "== sampler $1 round $2 rc=$?"; awk '/^sampling, /{p=1} p' "$OUT/lp_$1_$2.txt" | grep -E '^\| (greedy|plain|min-p|top)'
 }
-if [[ " $parts " == *" check "* ]]; then
-  sanitize racecheck main
+if [[ " $parts " == *" check "* || " $parts " == *" parity "* ]]; then
   for v in $variants; do
     timeout 90 ".v33$v/test_logprob_parity" >"$OUT/parity_$v.txt" 2>&1
     echo "$v test_logprob_parity rc=$? $(tail -1 "$OUT/parity_$v.txt")"; grep FAIL "$OUT/parity_$v.txt" | head -5
   done
+fi
+if [[ " $parts " == *" check "* || " $parts " == *" sanitize "* ]]; then
+  sanitize racecheck main
+  sanitize racecheck list
   sanitize memcheck fuse
 fi
 if [[ " $parts " == *" perf "* ]]; then
