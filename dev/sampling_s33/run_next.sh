@@ -5,23 +5,25 @@
 #             descending; 0002-deep: compare passes with 8 loads in flight per lane; 0003-fuse: a
 #             plain row chosen by its last sums CTA; session 34's dev/sampling_s34/0004-list: a
 #             top-k row chosen from its list, argmax index only when needed; 0005-bounds: the bin
-#             mass bounds by products of one exp);
-#   sanitize: racecheck of main (the filtered-row bounds) and of list, memcheck of fuse;
+#             mass bounds by products of one exp; 0006-small: 0004 + a top-k list of <= 512 keys
+#             ranked one key per thread, no digit rounds);
+#   sanitize: racecheck of main (the filtered-row bounds) and of small, memcheck of fuse;
 #   check:    both;
 #   perf:     row 0's phases in SM clocks (.v33phases), the choice stage of main and every
 #             variant, two rounds, and pass_costs' load-depth rows (flushed and not).
 # Build here first:
 #   bash scripts/gpu_check.sh --build && bash dev/sampling_s33/build_variants.sh &&
-#   bash dev/sampling_s33/build_variants.sh dev/sampling_s34/0004-list.patch dev/sampling_s34/0005-bounds.patch
+#   bash dev/sampling_s33/build_variants.sh dev/sampling_s34/0004-list.patch dev/sampling_s34/0005-bounds.patch \
+#     dev/sampling_s34/0006-small.patch
 #   device: run(command="bash dev/sampling_s33/run_next.sh [parity|sanitize|check|perf]",
 #               carry=[".v33main", ".v33desc", ".v33deep", ".v33fuse", ".v33list", ".v33bounds",
-#                      ".v33phases", ".v33pass"])
+#                      ".v33small", ".v33phases", ".v33pass"])
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out}
 . dev/ab_common.sh
 parts=${1:-check perf}  # check = parity + sanitize
-ab_start .v33main .v33desc .v33deep .v33fuse .v33list .v33bounds .v33phases
-variants=${VARIANTS:-"main desc deep fuse list bounds"}
+ab_start .v33main .v33desc .v33deep .v33fuse .v33list .v33bounds .v33small .v33phases
+variants=${VARIANTS:-"main desc deep fuse list bounds small"}
 sanitize() {  # sanitize TOOL VARIANT
   timeout 150 compute-sanitizer --tool "$1" --error-exitcode 99 ".v33$2/test_logprob_parity" --quick \
     >"$OUT/$1_$2.txt" 2>&1
@@ -39,7 +41,7 @@ if [[ " $parts " == *" check "* || " $parts " == *" parity "* ]]; then
 fi
 if [[ " $parts " == *" check "* || " $parts " == *" sanitize "* ]]; then
   sanitize racecheck main
-  sanitize racecheck list
+  sanitize racecheck small
   sanitize memcheck fuse
 fi
 if [[ " $parts " == *" perf "* ]]; then
