@@ -39,11 +39,6 @@ if [[ " $parts " == *" check "* || " $parts " == *" parity "* ]]; then
     echo "$v test_logprob_parity rc=$? $(tail -1 "$OUT/parity_$v.txt")"; grep FAIL "$OUT/parity_$v.txt" | head -5
   done
 fi
-if [[ " $parts " == *" check "* || " $parts " == *" sanitize "* ]]; then
-  sanitize racecheck main
-  sanitize racecheck small
-  sanitize memcheck fuse
-fi
 if [[ " $parts " == *" perf "* ]]; then
   timeout 60 .v33phases/bench_logprob --reps 3 --sample-rows 1 512 4096 151936 >"$OUT/phases.txt" 2>&1
   echo "phases rc=$?"
@@ -63,5 +58,10 @@ for key, fs in sorted(rows.items()):
 PY
   for r in 1 2; do for v in $variants; do sampler $v $r; done; done
   timeout 60 .v33pass/pass_costs 10 >"$OUT/pass_costs.txt" 2>&1; cat "$OUT/pass_costs.txt"
+fi
+if [[ " $parts " == *" check "* || " $parts " == *" sanitize "* ]]; then
+  sanitize racecheck main
+  sanitize racecheck small
+  sanitize memcheck fuse
 fi
 ab_pack_logs
