@@ -17,7 +17,7 @@
 #     dev/sampling_s34/0006-small.patch
 #   device: run(command="bash dev/sampling_s33/run_next.sh [parity|sanitize|check|perf]",
 #               carry=[".v33main", ".v33desc", ".v33deep", ".v33fuse", ".v33list", ".v33bounds",
-#                      ".v33small", ".v33phases", ".v33pass"])
+#                      ".v33small", ".v33phases"]; pass_costs copied into .v33phases: 8 carry paths at most)
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out}
 . dev/ab_common.sh
@@ -57,7 +57,7 @@ for key, fs in sorted(rows.items()):
     print(key, len(fs), " ".join(f"{n}={med[n]}" for n in ["argmax", "bound", "pass", "window", "keys", "choice", "exact_at"]))
 PY
   for r in 1 2; do for v in $variants; do sampler $v $r; done; done
-  timeout 60 .v33pass/pass_costs 10 >"$OUT/pass_costs.txt" 2>&1; cat "$OUT/pass_costs.txt"
+  timeout 60 .v33phases/pass_costs 10 >"$OUT/pass_costs.txt" 2>&1; cat "$OUT/pass_costs.txt"
 fi
 if [[ " $parts " == *" check "* || " $parts " == *" sanitize "* ]]; then
   sanitize racecheck main
