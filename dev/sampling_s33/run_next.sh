@@ -5,8 +5,9 @@
 #             descending; 0002-deep: compare passes with 8 loads in flight per lane; 0003-fuse: a
 #             plain row chosen by its last sums CTA; session 34's dev/sampling_s34/0004-list: a
 #             top-k row chosen from its list, argmax index only when needed; 0005-bounds: the bin
-#             mass bounds by products of one exp; 0006-small: 0004 + a top-k list of <= 512 keys
-#             ranked one key per thread, no digit rounds);
+#             mass bounds by products of one exp; 0006-small: 0004 + a top-k list of <= 128 keys
+#             ranked one key per thread, no digit rounds; 0007-smalldeep: 0006 + 0002; 0004 alone
+#             (.v33list) waits for a later call: 8 carry paths at most);
 #   sanitize: racecheck of main (the filtered-row bounds) and of small, memcheck of fuse;
 #   check:    both;
 #   perf:     row 0's phases in SM clocks (.v33phases), the choice stage of main and every
@@ -14,16 +15,16 @@
 # Build here first:
 #   bash scripts/gpu_check.sh --build && bash dev/sampling_s33/build_variants.sh &&
 #   bash dev/sampling_s33/build_variants.sh dev/sampling_s34/0004-list.patch dev/sampling_s34/0005-bounds.patch \
-#     dev/sampling_s34/0006-small.patch
+#     dev/sampling_s34/0006-small.patch dev/sampling_s34/0007-smalldeep.patch
 #   device: run(command="bash dev/sampling_s33/run_next.sh [parity|sanitize|check|perf]",
-#               carry=[".v33main", ".v33desc", ".v33deep", ".v33fuse", ".v33list", ".v33bounds",
-#                      ".v33small", ".v33phases"]; pass_costs copied into .v33phases: 8 carry paths at most)
+#               carry=[".v33main", ".v33desc", ".v33deep", ".v33fuse", ".v33bounds", ".v33small",
+#                      ".v33smalldeep", ".v33phases"]; pass_costs copied into .v33phases: 8 carry paths at most)
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out}
 . dev/ab_common.sh
 parts=${1:-check perf}  # check = parity + sanitize
-ab_start .v33main .v33desc .v33deep .v33fuse .v33list .v33bounds .v33small .v33phases
-variants=${VARIANTS:-"main desc deep fuse list bounds small"}
+ab_start .v33main .v33desc .v33deep .v33fuse .v33bounds .v33small .v33smalldeep .v33phases
+variants=${VARIANTS:-"main desc deep fuse bounds small smalldeep"}
 sanitize() {  # sanitize TOOL VARIANT
   timeout 150 compute-sanitizer --tool "$1" --error-exitcode 99 ".v33$2/test_logprob_parity" --quick \
     >"$OUT/$1_$2.txt" 2>&1
