@@ -57,7 +57,7 @@ for key, fs in sorted(rows.items()):
     med = {n: int(statistics.median(int(f[n]) for f in fs)) for n in fs[0]}
     print(key, len(fs), " ".join(f"{n}={med[n]}" for n in ["argmax", "bound", "pass", "window", "keys", "choice", "exact_at"]))
 PY
-  for r in 1 2; do for v in $variants; do sampler $v $r; done; done
+  for r in $(seq 1 "${ROUNDS:-2}"); do for v in $variants; do sampler $v $r; done; done
   timeout 60 .v33phases/pass_costs 10 >"$OUT/pass_costs.txt" 2>&1; cat "$OUT/pass_costs.txt"
 fi
 if [[ " $parts " == *" check "* || " $parts " == *" sanitize "* ]]; then
