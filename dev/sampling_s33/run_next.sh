@@ -41,6 +41,7 @@ if [[ " $parts " == *" check "* || " $parts " == *" parity "* ]]; then
   done
 fi
 if [[ " $parts " == *" perf "* ]]; then
+  if [ "${EXTRA:-1}" = 1 ]; then  # EXTRA=0: the choice stages only
   timeout 60 .v33phases/bench_logprob --reps 3 --sample-rows 1 512 4096 151936 >"$OUT/phases.txt" 2>&1
   echo "phases rc=$?"
   python3 - "$OUT/phases.txt" <<'PY'
@@ -57,8 +58,11 @@ for key, fs in sorted(rows.items()):
     med = {n: int(statistics.median(int(f[n]) for f in fs)) for n in fs[0]}
     print(key, len(fs), " ".join(f"{n}={med[n]}" for n in ["argmax", "bound", "pass", "window", "keys", "choice", "exact_at"]))
 PY
+  fi
   for r in $(seq 1 "${ROUNDS:-2}"); do for v in $variants; do sampler $v $r; done; done
-  timeout 60 .v33phases/pass_costs 10 >"$OUT/pass_costs.txt" 2>&1; cat "$OUT/pass_costs.txt"
+  if [ "${EXTRA:-1}" = 1 ]; then
+    timeout 60 .v33phases/pass_costs 10 >"$OUT/pass_costs.txt" 2>&1; cat "$OUT/pass_costs.txt"
+  fi
 fi
 if [[ " $parts " == *" check "* || " $parts " == *" sanitize "* ]]; then
   sanitize racecheck main
