@@ -15,7 +15,7 @@
 # Build here first:
 #   bash scripts/gpu_check.sh --build && bash dev/sampling_s33/build_variants.sh &&
 #   bash dev/sampling_s33/build_variants.sh dev/sampling_s34/0004-list.patch dev/sampling_s34/0005-bounds.patch \
-#     dev/sampling_s34/0006-small.patch dev/sampling_s34/0007-smalldeep.patch
+#     dev/sampling_s34/0006-small.patch dev/sampling_s34/0007-smalldeep.patch && cp .v33pass/pass_costs .v33phases/
 #   device: run(command="bash dev/sampling_s33/run_next.sh [parity|sanitize|check|perf]",
 #               carry=[".v33main", ".v33desc", ".v33deep", ".v33fuse", ".v33bounds", ".v33small",
 #                      ".v33smalldeep", ".v33phases"]; pass_costs copied into .v33phases: 8 carry paths at most)
